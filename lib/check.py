@@ -1,0 +1,274 @@
+"""The checker framework: run a learner's function on simulated ranks, compare, enforce budgets.
+
+A puzzle module binds a `Puzzle` to its inputs, reference and budgets; this module knows
+nothing of any particular puzzle. A check runs several randomised cases (world sizes,
+shapes, values) so that only the algorithm can pass, and explains the first failure.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from lib.compare import first_difference
+from lib.device import device
+from lib.errors import PuzzleError, RankFailed
+from lib.sim import CostModel, PerRank, SimResult, run
+from lib.units import fmt_bytes, fmt_time
+
+METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory", "time": "simulated time"}
+
+
+class CheckFailed(PuzzleError):
+    """Strict mode: the learner's function gave a wrong answer or broke a budget."""
+
+
+class NotSolved(PuzzleError):
+    """Strict mode: the function is still the stub (it raises NotImplementedError)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A ceiling on one measurement, with the formula it comes from (said to the learner)."""
+
+    metric: str                          # bytes_sent, bytes_received, peak_memory (per rank) or time (the run)
+    limit: float | Sequence[float]       # one value for every rank, or one per rank
+    why: str                             # e.g. "2(N-1)/N × 4.00 KiB, what a ring all-reduce sends"
+    hint: str = ""
+
+    def limit_for(self, rank: int) -> float:
+        return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
+
+    def fmt(self, value: float) -> str:
+        return fmt_time(value) if self.metric == "time" else fmt_bytes(value)
+
+
+@dataclass
+class Case:
+    """One configuration to run: arguments (wrap per-rank ones in lib.sim.per_rank), expected results."""
+
+    world_size: int
+    args: tuple
+    expected: list                       # rank r's expected return value
+    label: str                           # how the case reads in messages
+    budgets: list[Budget] = field(default_factory=list)
+    cost: Optional[CostModel] = None
+    allowed_ops: Optional[frozenset] = None   # the communication this puzzle is about, if restricted
+
+
+@dataclass
+class Outcome:
+    """What one check found: ok, not solved, or the failure message; and the last run."""
+
+    ok: bool
+    solved: bool
+    message: str
+    result: Optional[SimResult] = None
+    case: Optional[Case] = None
+
+
+def strict_default() -> bool:
+    """Tests and grading set COURSE_STRICT=1 so that a failing check raises instead of printing."""
+    return os.environ.get("COURSE_STRICT", "") not in ("", "0")
+
+
+class Puzzle:
+    """One puzzle: the function `name` a learner writes in notebook `notebook`."""
+
+    def __init__(self, name: str, notebook: str, make_case: Callable[[random.Random, int], Case],
+                 world_sizes: Sequence[int] = (2, 3, 4, 5, 8), hints: Sequence[str] = (),
+                 oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
+                 atol: float = 1e-6, describe: str = "") -> None:
+        self.name = name
+        self.notebook = notebook
+        self.make_case = make_case
+        self.world_sizes = tuple(world_sizes)
+        self.hints = list(hints)
+        self.oracle = oracle
+        self.oracle_name = oracle_name
+        self.rtol, self.atol = rtol, atol
+        self.describe = describe
+        self._hints_shown = 0
+
+    def __repr__(self) -> str:
+        return f"<puzzle {self.notebook}/{self.name}>"
+
+    def cases(self, seed: int = 0) -> list[Case]:
+        rng = random.Random(f"{self.name}:{seed}")
+        return [self.make_case(rng, n) for n in self.world_sizes]
+
+    # ---- simulated check -------------------------------------------------------------
+    def evaluate(self, fn: Callable, seed: int = 0) -> Outcome:
+        """Run every case; stop at the first failure. Never raises for a learner's mistake."""
+        if not callable(fn):
+            return Outcome(False, True, f"{self.name} should be a function, got {type(fn).__name__}.")
+        last: Optional[SimResult] = None
+        for case in self.cases(seed):
+            try:
+                result = run(fn, case.world_size, *case.args, cost=case.cost)
+            except RankFailed as e:
+                if isinstance(getattr(e, "exception", None), NotImplementedError):
+                    return Outcome(False, False, f"{self.name} is not solved yet: write its body, then run this cell again.")
+                return Outcome(False, True, f"on {case.label}: {e}", case=case)
+            except PuzzleError as e:
+                return Outcome(False, True, f"on {case.label}: {type(e).__name__}: {e}", case=case)
+            problem = self._judge(case, result)
+            if problem:
+                return Outcome(False, True, f"on {case.label}: {problem}", result, case)
+            last = result
+        return Outcome(True, True, self._success(last, case), last, case)
+
+    def _judge(self, case: Case, result: SimResult) -> Optional[str]:
+        if case.allowed_ops is not None:
+            for s in result.stats:
+                extra = sorted(set(s.calls) - case.allowed_ops)
+                if extra:
+                    return (f"rank {s.rank} used {', '.join(extra)}; this puzzle is to be built from "
+                            f"{', '.join(sorted(case.allowed_ops))} only.")
+        for rank, (want, got) in enumerate(zip(case.expected, result.results)):
+            diff = first_difference(want, got, self.rtol, self.atol, where="the result")
+            if diff:
+                return f"rank {rank}: {diff}."
+        for b in case.budgets:
+            if b.metric == "time":
+                if result.time > b.limit_for(0) * (1 + 1e-9):
+                    return self._over(b, "the run", result.time, b.limit_for(0))
+                continue
+            for s in result.stats:
+                value = getattr(s, b.metric)
+                if value > b.limit_for(s.rank) * (1 + 1e-9) + 1e-12:
+                    return self._over(b, f"rank {s.rank}", value, b.limit_for(s.rank))
+        return None
+
+    @staticmethod
+    def _over(b: Budget, who: str, value: float, limit: float) -> str:
+        text = f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, over the budget of {b.fmt(limit)} ({b.why})."
+        return text + (f"\nHint: {b.hint}" if b.hint else "")
+
+    def _success(self, result: SimResult, case: Case) -> str:
+        sizes = ", ".join(str(n) for n in self.world_sizes)
+        text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases (world sizes {sizes})."
+        for b in case.budgets:
+            if b.metric == "time":
+                value, limit = result.time, b.limit_for(0)
+            else:
+                worst = max(result.stats, key=lambda s: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30))
+                value, limit = getattr(worst, b.metric), b.limit_for(worst.rank)
+            text += f"\n  {METRICS[b.metric]} at N={case.world_size}: {b.fmt(value)} of a {b.fmt(limit)} budget ({b.why})."
+        return text
+
+    def check(self, fn: Callable, strict: Optional[bool] = None, seed: int = 0, show: bool = True) -> bool:
+        """The check cell: True when `fn` is right and within budget. Prints why not, with a hint."""
+        strict = strict_default() if strict is None else strict
+        outcome = self.evaluate(fn, seed)
+        if outcome.ok:
+            print(outcome.message)
+            if show and outcome.result is not None and _in_notebook():
+                from IPython.display import display
+                display(outcome.result.timeline(title=f"{self.name}, {outcome.case.label}"))
+            return True
+        if not outcome.solved:
+            print(f"○ {outcome.message}")
+            if strict:
+                raise NotSolved(outcome.message)
+            return False
+        text = f"✗ {self.name} failed {outcome.message}"
+        if self.hints and "Hint:" not in outcome.message:
+            text += f"\nHint: {self.hints[0]}" + ("  (puzzle.hint() gives another)" if len(self.hints) > 1 else "")
+        print(text)
+        if strict:
+            raise CheckFailed(text)
+        return False
+
+    def hint(self) -> str:
+        """Show the next hint, in tiers from a nudge to nearly the answer."""
+        if not self.hints:
+            text = "No hints for this one."
+        else:
+            i = min(self._hints_shown, len(self.hints) - 1)
+            self._hints_shown = i + 1
+            text = f"Hint {i + 1} of {len(self.hints)}: {self.hints[i]}"
+        print(text)
+        return text
+
+    def run(self, fn: Callable, world_size: Optional[int] = None, seed: int = 0) -> SimResult:
+        """Run one case on simulated ranks, for exploring: look at .stats and .timeline()."""
+        n = world_size or self.world_sizes[-1]
+        case = self.make_case(random.Random(f"{self.name}:{seed}"), n)
+        return run(fn, n, *case.args, cost=case.cost)
+
+    # ---- real processes --------------------------------------------------------------
+    def real(self, fn: Callable, world_size: int = 4, backend: Optional[str] = None, seed: int = 0,
+             strict: Optional[bool] = None, timeout: float = 60.0) -> bool:
+        """The real cell: the same function on `world_size` real processes (gloo, or NCCL on GPUs)."""
+        from lib.launch import launch
+
+        strict = strict_default() if strict is None else strict
+        case = self.make_case(random.Random(f"{self.name}:{seed}"), world_size)
+        try:
+            outputs = launch(_real_rank, world_size, fn, self.oracle, case.args, backend=backend, timeout=timeout)
+        except RankFailed as e:
+            if "NotImplementedError" in str(e).split("\n", 1)[0]:
+                print(f"○ {self.name} is not solved yet: the real run waits for your answer.")
+                if strict:
+                    raise NotSolved(str(e)) from None
+                return False
+            return self._real_failed(f"{e}", strict)
+        except PuzzleError as e:
+            return self._real_failed(f"{type(e).__name__}: {e}", strict)
+        for rank, ((mine, theirs), want) in enumerate(zip(outputs, case.expected)):
+            diff = first_difference(want, mine, self.rtol, self.atol, where="the result")
+            if diff:
+                return self._real_failed(f"on {case.label}, rank {rank}: {diff}.", strict)
+            if self.oracle is not None:
+                diff = first_difference(theirs, mine, self.rtol, self.atol, where="the result")
+                if diff:
+                    return self._real_failed(f"rank {rank} differs from {self.oracle_name}: {diff}.", strict)
+        against = f" and agrees with {self.oracle_name}" if self.oracle is not None else ""
+        print(f"✓ real run on {world_size} processes ({case.label}): {self.name} matches the reference{against} "
+              "on every rank.")
+        return True
+
+    def _real_failed(self, message: str, strict: bool) -> bool:
+        text = f"✗ real run of {self.name} failed: {message}"
+        print(text)
+        if strict:
+            raise CheckFailed(text)
+        return False
+
+
+def _real_rank(dist, fn: Callable, oracle: Optional[Callable], args: tuple):
+    """What each real process runs: the learner's function, then the PyTorch oracle on fresh inputs."""
+    rank, where = dist.get_rank(), device()
+
+    def mine_of(a):
+        return _to_device(copy.deepcopy(a.values[rank] if isinstance(a, PerRank) else a), where)
+
+    mine = fn(dist, *map(mine_of, args))
+    theirs = oracle(dist, *map(mine_of, args)) if oracle is not None else None
+    return mine, theirs
+
+
+def _to_device(obj: Any, where) -> Any:
+    """Inputs follow the rank's device (a GPU on NCCL), so one function serves both worlds."""
+    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+        return obj.to(where)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(o, where) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, where) for k, v in obj.items()}
+    return obj
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"

@@ -1,0 +1,85 @@
+"""Compare a rank's result with the reference and describe the first difference in words."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+
+def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 1e-6, where: str = "result") -> Optional[str]:
+    """None when `got` matches `expected`; otherwise one sentence naming the place and the values.
+
+    Walks tensors, numbers, lists, tuples, dicts and modules (by their named parameters).
+    """
+    if isinstance(expected, torch.nn.Module):
+        expected = dict(expected.named_parameters())
+        if not isinstance(got, torch.nn.Module):
+            return f"{where} should be the model (an nn.Module), got {_kind(got)}"
+        got = dict(got.named_parameters())
+    if isinstance(expected, torch.Tensor):
+        return _tensor_difference(expected, got, rtol, atol, where)
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            return f"{where} should be a {type(expected).__name__} of {len(expected)} items, got {_kind(got)}"
+        if len(got) != len(expected):
+            return f"{where} should hold {len(expected)} items, got {len(got)}"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            diff = first_difference(e, g, rtol, atol, f"{where}[{i}]")
+            if diff:
+                return diff
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"{where} should be a dict with keys {sorted(expected)}, got {_kind(got)}"
+        if set(got) != set(expected):
+            missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+            return f"{where} keys differ: missing {missing}, unexpected {extra}"
+        for k in expected:
+            diff = first_difference(expected[k], got[k], rtol, atol, f"{where}[{k!r}]")
+            if diff:
+                return diff
+        return None
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
+            return f"{where}: expected {expected!r}, got {_kind(got)}"
+        return None
+    if expected != got:
+        return f"{where}: expected {expected!r}, got {got!r}"
+    return None
+
+
+def _tensor_difference(expected: torch.Tensor, got: Any, rtol: float, atol: float, where: str) -> Optional[str]:
+    if not isinstance(got, torch.Tensor):
+        return f"{where} should be a tensor of shape {tuple(expected.shape)}, got {_kind(got)}"
+    if got.shape != expected.shape:
+        return f"{where} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    if got.dtype != expected.dtype:
+        return f"{where} has dtype {_dtype(got)}, expected {_dtype(expected)}"
+    e, g = expected.detach().cpu(), got.detach().cpu()
+    if e.is_floating_point():
+        bad = ~torch.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        bad = g != e
+    if not bool(bad.any()):
+        return None
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    count, total = int(bad.sum()), bad.numel()
+    at = f" at index {index}" if index else ""
+    return (f"{where}{at}: expected {e[index].item():.6g}, got {g[index].item():.6g} "
+            f"({count} of {total} values differ)")
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)} {_dtype(x)}"
+    if x is None:
+        return "None (did the function forget to return?)"
+    return f"{type(x).__name__} {x!r}"[:120]

@@ -1,0 +1,20 @@
+"""The device a rank should put its tensors on, in either world."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def device() -> torch.device:
+    """CPU in simulation and on gloo; the rank's own GPU when the process group runs on NCCL."""
+    from lib.sim.runtime import current_rank
+
+    if current_rank() is not None:
+        return torch.device("cpu")
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+    return torch.device("cpu")

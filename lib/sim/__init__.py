@@ -1,0 +1,13 @@
+"""Simulated ranks: run SPMD code written against torch.distributed inside one process.
+
+    result = lib.sim.run(ring_all_reduce, 4, lib.sim.per_rank(xs))
+    result.results[r], result.stats[r].bytes_sent, result.timeline()
+"""
+
+from lib.sim.cost import CostModel
+from lib.sim.errors import CollectiveMismatch, Deadlock, InvalidCall, SimTimeout
+from lib.sim.result import Event, RankStats, SimResult
+from lib.sim.runtime import PerRank, current_rank, per_rank, run
+
+__all__ = ["run", "per_rank", "PerRank", "CostModel", "SimResult", "RankStats", "Event", "Deadlock",
+           "CollectiveMismatch", "InvalidCall", "SimTimeout", "current_rank"]

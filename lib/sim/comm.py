@@ -1,0 +1,268 @@
+"""Matching and executing the communication of simulated ranks.
+
+Every call is *posted* by one rank and *completes* once all its participants have posted:
+the last member of a collective, or the second side of a send/recv pair. Completion
+computes the results (from the inputs as they are at that moment, like a real transfer),
+prices the transfer with the cost model, and records it. A rank sees the results in its
+buffers only when it waits on the work, as with real asynchronous ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+
+from lib.sim.cost import ring_traffic
+from lib.sim.errors import CollectiveMismatch, InvalidCall
+
+if TYPE_CHECKING:
+    from lib.sim.runtime import RankState, Runtime
+
+Deliver = Callable[[], None]
+
+
+class Group:
+    """A process group: an ordered set of global ranks sharing a collective sequence."""
+
+    def __init__(self, gid: int, ranks: tuple[int, ...]) -> None:
+        self.gid = gid
+        self.ranks = ranks
+        self.pending: dict[int, dict[int, "Call"]] = {}   # sequence number -> rank -> call
+        self.next_seq: dict[int, int] = {r: 0 for r in ranks}
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank_of(self, global_rank: int) -> int:
+        return self.ranks.index(global_rank) if global_rank in self.ranks else -1
+
+    def __repr__(self) -> str:
+        return "WORLD" if self.gid == 0 else f"group {self.gid} (ranks {', '.join(map(str, self.ranks))})"
+
+
+def describe_tensor(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+
+
+@dataclass(eq=False)
+class Call:
+    """One rank's part in one communication."""
+
+    rank: int
+    name: str
+    text: str                        # how the call reads in messages, e.g. "send(dst=1, (4,) float32)"
+    post_time: float
+    order: int                       # global posting order, for any-source receives
+    receives: bool                   # whether the rank must wait to see its results
+    group: Optional[Group] = None
+    seq: int = -1
+    signature: tuple = ()
+    payload: object = None
+    peer: Optional[int] = None       # p2p: the other side (None: any source)
+    tag: int = 0
+    complete: bool = False
+    end_time: float = 0.0
+    deliver: Optional[Deliver] = None
+    waited: bool = False
+    waiting_on: list[int] = field(default_factory=list)
+
+
+class Work:
+    """What an async call returns: `wait()` blocks until the transfer is done and shows its results."""
+
+    def __init__(self, runtime: "Runtime", call: Call) -> None:
+        self._runtime = runtime
+        self._call = call
+
+    def wait(self, timeout=None) -> bool:
+        self._runtime.wait_call(self._call)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._call.complete
+
+    def is_success(self) -> bool:
+        return self._call.complete
+
+    def __repr__(self) -> str:
+        state = "done" if self._call.complete else "pending"
+        return f"<Work {self._call.text} on rank {self._call.rank}: {state}>"
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> Deliver:
+    def deliver() -> None:
+        with torch.no_grad():
+            dst.copy_(src.reshape(dst.shape))
+    return deliver
+
+
+class Communicator:
+    """Posting, matching and completing calls for one simulated run."""
+
+    def __init__(self, runtime: "Runtime") -> None:
+        self.rt = runtime
+        self.world = Group(0, tuple(range(runtime.world_size)))
+        self.groups: list[Group] = [self.world]
+        self.group_calls: dict[int, int] = {}            # rank -> how many new_group calls
+        self.sends: list[Call] = []                      # posted, unmatched, in posting order
+        self.recvs: list[Call] = []
+        self.order = 0
+        self.unmatched_at_exit: list[Call] = []
+
+    # ---- groups -------------------------------------------------------------------
+    def new_group(self, me: int, ranks) -> Group:
+        ranks = tuple(sorted(range(self.rt.world_size) if ranks is None else (int(r) for r in ranks)))
+        bad = [r for r in ranks if not 0 <= r < self.rt.world_size]
+        if bad or len(set(ranks)) != len(ranks) or not ranks:
+            raise InvalidCall(f"rank {me} called new_group(ranks={list(ranks)}): ranks must be distinct "
+                              f"and between 0 and {self.rt.world_size - 1}.")
+        k = self.group_calls.get(me, 0) + 1
+        self.group_calls[me] = k
+        if k < len(self.groups):
+            group = self.groups[k]
+            if group.ranks != ranks:
+                raise CollectiveMismatch(
+                    f"rank {me}'s new_group call #{k} asks for ranks {list(ranks)}, but another rank's "
+                    f"call #{k} asked for {list(group.ranks)}.\nHint: every rank must call new_group "
+                    "for every group, members or not, in the same order and with the same ranks.")
+            return group
+        group = Group(k, ranks)
+        self.groups.append(group)
+        return group
+
+    def resolve(self, me: int, group: Optional[Group], what: str) -> Group:
+        group = self.world if group is None else group
+        if not isinstance(group, Group):
+            raise InvalidCall(f"rank {me} passed group={group!r} to {what}: pass a group made by dist.new_group.")
+        if me not in group.ranks:
+            raise InvalidCall(f"rank {me} called {what} on {group}, which it is not a member of.\n"
+                              "Hint: only the members of a group take part in its collectives; "
+                              "guard the call with `if rank in ranks:`.")
+        return group
+
+    # ---- collectives --------------------------------------------------------------
+    def post_collective(self, me: int, name: str, group: Group, text: str, signature: tuple,
+                        payload: object, nbytes: int, finish: Callable[[dict[int, object]], dict[int, Deliver]],
+                        root: Optional[int] = None) -> Call:
+        """Post rank `me`'s part; the last member to arrive runs `finish` on everyone's payloads."""
+        state = self.rt.ranks[me]
+        seq = group.next_seq[me]
+        group.next_seq[me] = seq + 1
+        call = Call(me, name, text, state.clock, self._next_order(), receives=True, group=group, seq=seq,
+                    signature=(name,) + signature, payload=payload)
+        calls = group.pending.setdefault(seq, {})
+        for other in calls.values():
+            if other.signature != call.signature:
+                raise CollectiveMismatch(
+                    f"collective #{seq + 1} on {group}: rank {other.rank} called {other.text}, "
+                    f"but rank {me} called {text}.\n"
+                    "Hint: every rank of a group must call the same collectives, in the same order, "
+                    "with tensors of the same shape and dtype (and the same op and root).")
+            break
+        calls[me] = call
+        if len(calls) < group.size():
+            return call
+        del group.pending[seq]
+        deliveries = finish({r: c.payload for r, c in calls.items()})
+        members = [self.rt.ranks[r] for r in group.ranks]
+        start = max(max(c.post_time for c in calls.values()),
+                    max(max(m.send_free, m.recv_free) for m in members))
+        end = start + self.rt.cost.collective_time(name, nbytes, group.ranks)
+        root_pos = group.rank_of(root) if root is not None else 0
+        for pos, m in enumerate(members):
+            sent, received = ring_traffic(name, nbytes, group.size(), pos, root_pos)
+            m.send_free = m.recv_free = end
+            c = calls[m.rank]
+            c.complete, c.end_time, c.deliver = True, end, deliveries.get(m.rank)
+            self.rt.record(m.rank, name, str(group), None, sent, received, start, end)
+        return call
+
+    def waiting_for(self, call: Call) -> list[int]:
+        """The ranks whose posting `call` still needs."""
+        if call.complete:
+            return []
+        if call.group is not None and call.seq >= 0 and call.name not in ("send", "recv"):
+            arrived = call.group.pending.get(call.seq, {})
+            return [r for r in call.group.ranks if r not in arrived]
+        if call.peer is None:
+            return [r for r in range(self.rt.world_size) if r != call.rank]
+        return [call.peer]
+
+    # ---- point to point -----------------------------------------------------------
+    def post_send(self, me: int, tensor: torch.Tensor, dst: int, tag: int, text: str) -> Call:
+        self._check_peer(me, dst, "send")
+        call = Call(me, "send", text, self.rt.ranks[me].clock, self._next_order(), receives=False,
+                    payload=tensor, peer=dst, tag=tag)
+        for recv in self.recvs:
+            if recv.rank == dst and recv.peer in (me, None) and recv.tag == tag:
+                self.recvs.remove(recv)
+                self._match(call, recv)
+                return call
+        self.sends.append(call)
+        return call
+
+    def post_recv(self, me: int, tensor: torch.Tensor, src: Optional[int], tag: int, text: str) -> Call:
+        if src is not None:
+            self._check_peer(me, src, "recv")
+        call = Call(me, "recv", text, self.rt.ranks[me].clock, self._next_order(), receives=True,
+                    payload=tensor, peer=src, tag=tag)
+        for send in self.sends:
+            if send.peer == me and src in (send.rank, None) and send.tag == tag:
+                self.sends.remove(send)
+                self._match(send, call)
+                return call
+        self.recvs.append(call)
+        return call
+
+    def _match(self, send: Call, recv: Call) -> None:
+        data, buf = send.payload, recv.payload
+        if data.dtype != buf.dtype or data.numel() != buf.numel():
+            raise CollectiveMismatch(
+                f"rank {send.rank} sent {describe_tensor(data)} to rank {recv.rank}, but rank {recv.rank} "
+                f"receives into {describe_tensor(buf)} ({recv.text}).\n"
+                "Hint: a recv buffer must have the same number of elements and the same dtype as the send.")
+        with self.rt.untracked(), torch.no_grad():
+            copy = data.detach().clone()
+        recv.peer = send.rank
+        recv.deliver = _copy(buf, copy)
+        nbytes = data.numel() * data.element_size()
+        s, r = self.rt.ranks[send.rank], self.rt.ranks[recv.rank]
+        start = max(send.post_time, recv.post_time, s.send_free, r.recv_free)
+        end = start + self.rt.cost.p2p_time(nbytes, send.rank, recv.rank)
+        s.send_free, r.recv_free = end, end
+        for c in (send, recv):
+            c.complete, c.end_time = True, end
+        self.rt.record(send.rank, "send", "p2p", recv.rank, nbytes, 0, start, end)
+        self.rt.record(recv.rank, "recv", "p2p", send.rank, 0, nbytes, start, end)
+
+    def _check_peer(self, me: int, peer, what: str) -> None:
+        n = self.rt.world_size
+        if not isinstance(peer, int) or not 0 <= peer < n:
+            raise InvalidCall(f"rank {me} called {what} with peer {peer!r}: ranks go from 0 to {n - 1}.\n"
+                              "Hint: wrap around the ring with `% world_size`.")
+        if peer == me:
+            raise InvalidCall(f"rank {me} called {what} to itself: a rank cannot {what} to its own rank.")
+
+    def _next_order(self) -> int:
+        self.order += 1
+        return self.order
+
+    # ---- end of run ---------------------------------------------------------------
+    def leftovers(self) -> Optional[str]:
+        """What was posted but never matched once every rank returned, or None."""
+        lines = []
+        for s in self.sends:
+            lines.append(f"rank {s.rank}'s {s.text} was never received: rank {s.peer} returned without "
+                         f"a matching recv (tag {s.tag}).")
+        for r in self.recvs:
+            who = f"rank {r.peer}" if r.peer is not None else "any rank"
+            lines.append(f"rank {r.rank}'s {r.text} never got a message: {who} returned without sending it.")
+        for g in self.groups:
+            for seq, calls in g.pending.items():
+                missing = [r for r in g.ranks if r not in calls]
+                first = next(iter(calls.values()))
+                lines.append(f"rank(s) {', '.join(map(str, sorted(calls)))} called {first.text} as collective "
+                             f"#{seq + 1} on {g}, but rank(s) {', '.join(map(str, missing))} returned without calling it.")
+        return "\n".join(lines) or None

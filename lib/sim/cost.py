@@ -1,0 +1,137 @@
+"""How long simulated work takes, and how many bytes each rank moves.
+
+Compute costs FLOPs / device speed. Communication follows the alpha-beta model of the
+ring algorithms NCCL uses: each of the algorithm's steps pays a latency, and each rank
+moves a known fraction of the data over the slowest link the group spans. The fractions
+are the nccl-tests "bus bandwidth" factors: 2(N-1)/N for all-reduce, (N-1)/N for
+all-gather, reduce-scatter and all-to-all, 1 for broadcast and reduce.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+# The collectives whose traffic the model knows, with the fraction of the data S each rank
+# sends (and receives) in the algorithm NCCL runs for them, and their number of latency steps.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+               "gather", "scatter", "barrier")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """Fraction of the message each rank sends in `op` over `n` ranks (nccl-tests' busbw factor)."""
+    if n <= 1 or op == "barrier":
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    if op in ("gather", "scatter"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective {op!r}; known: {', '.join(COLLECTIVES)}")
+
+
+def latency_steps(op: str, n: int) -> int:
+    """How many sequential messages the algorithm needs (each pays the link latency once)."""
+    if n <= 1:
+        return 0
+    if op == "all_reduce":
+        return 2 * (n - 1)
+    if op == "barrier":
+        return 2 * math.ceil(math.log2(n))
+    return n - 1
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Device speed and links of the simulated cluster. Defaults follow an H100 SXM node.
+
+    flops_per_s: dense bf16 tensor-core peak of an H100 SXM (989 TFLOP/s).
+    intra_node_bandwidth: NVLink 4 per GPU and direction (450 GB/s).
+    inter_node_bandwidth: one 400 Gb/s InfiniBand NIC per GPU (50 GB/s).
+    latency: per message; a few microseconds for NCCL on NVLink.
+    ranks_per_node: GPUs per node (8).
+    """
+
+    flops_per_s: float = 989e12
+    intra_node_bandwidth: float = 450e9
+    inter_node_bandwidth: float = 50e9
+    latency: float = 5e-6
+    ranks_per_node: int = 8
+
+    def with_(self, **changes) -> "CostModel":
+        """A copy with some fields changed, e.g. `CostModel().with_(ranks_per_node=4)`."""
+        return replace(self, **changes)
+
+    def compute_time(self, flops: float) -> float:
+        return flops / self.flops_per_s
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def bandwidth(self, ranks: Sequence[int]) -> float:
+        """The slowest link a group uses: NVLink inside one node, the network once it spans nodes."""
+        nodes = {self.node_of(r) for r in ranks}
+        return self.intra_node_bandwidth if len(nodes) <= 1 else self.inter_node_bandwidth
+
+    def p2p_time(self, nbytes: int, src: int, dst: int) -> float:
+        return self.latency + nbytes / self.bandwidth((src, dst))
+
+    def collective_time(self, op: str, nbytes: int, ranks: Sequence[int]) -> float:
+        """Time of one collective over `ranks` moving a message of `nbytes`.
+
+        nbytes is the size of the whole buffer the collective works on: the tensor for
+        all_reduce/broadcast/reduce, the gathered output for all_gather, the input for
+        reduce_scatter, the per-rank input for all_to_all and gather/scatter's big buffer.
+        """
+        n = len(ranks)
+        if n <= 1:
+            return 0.0
+        return (latency_steps(op, n) * self.latency
+                + bus_factor(op, n) * nbytes / self.bandwidth(ranks))
+
+    def all_reduce_time(self, algorithm: str, nbytes: int, ranks: Sequence[int]) -> float:
+        """All-reduce by another algorithm than the ring, for comparing them.
+
+        parameter_server: everyone sends to one rank, which sends the sum back; its link
+        carries 2(N-1) messages. tree: recursive halving and doubling, 2 log2 N steps.
+        """
+        n = len(ranks)
+        if n <= 1:
+            return 0.0
+        bw = self.bandwidth(ranks)
+        if algorithm == "ring":
+            return self.collective_time("all_reduce", nbytes, ranks)
+        if algorithm == "parameter_server":
+            return 2 * (n - 1) * (self.latency + nbytes / bw)
+        if algorithm == "tree":
+            return 2 * math.ceil(math.log2(n)) * self.latency + 2 * (n - 1) / n * nbytes / bw
+        raise ValueError(f"unknown all-reduce algorithm {algorithm!r}: ring, tree or parameter_server")
+
+
+def ring_traffic(op: str, nbytes: int, n: int, position: int, root_position: int = 0) -> tuple[float, float]:
+    """(bytes sent, bytes received) by the rank at `position` in a group of `n` for one collective.
+
+    Broadcast and reduce are pipelined along the ring starting (ending) at the root; the
+    gather/scatter root receives (sends) every other rank's share.
+    """
+    if n <= 1 or op == "barrier":
+        return 0.0, 0.0
+    if op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        share = bus_factor(op, n) * nbytes
+        return share, share
+    last = (root_position - 1) % n           # the ring's end, one step before the root
+    if op == "broadcast":
+        return (0.0 if position == last else float(nbytes)), (0.0 if position == root_position else float(nbytes))
+    if op == "reduce":
+        first = (root_position + 1) % n       # reduce runs the ring backwards into the root
+        return (0.0 if position == root_position else float(nbytes)), (0.0 if position == first else float(nbytes))
+    share = nbytes / n
+    if op == "gather":
+        return (0.0, (n - 1) * share) if position == root_position else (share, 0.0)
+    if op == "scatter":
+        return ((n - 1) * share, 0.0) if position == root_position else (0.0, share)
+    raise ValueError(f"unknown collective {op!r}")

@@ -1,0 +1,469 @@
+"""`dist` for a simulated rank: the torch.distributed functions the course uses, same names,
+same arguments, same in-place semantics. A puzzle written against it runs unchanged on
+real ranks with `torch.distributed` itself."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as _td
+
+from lib.errors import PuzzleError
+from lib.sim.comm import Call, Communicator, Group, Work, _copy, describe_tensor
+from lib.sim.errors import CollectiveMismatch, InvalidCall
+
+if TYPE_CHECKING:
+    from lib.sim.runtime import Runtime
+
+ReduceOp = _td.ReduceOp          # the real enum, so `dist.ReduceOp.SUM` means one thing in both worlds
+
+_REDUCERS: dict[object, Callable[[torch.Tensor], torch.Tensor]] = {
+    ReduceOp.SUM: lambda s: s.sum(0),
+    ReduceOp.PRODUCT: lambda s: s.prod(0),
+    ReduceOp.MIN: lambda s: s.amin(0),
+    ReduceOp.MAX: lambda s: s.amax(0),
+    ReduceOp.AVG: lambda s: s.sum(0) / s.shape[0],
+}
+
+
+def _op_name(op) -> str:
+    return str(op).split(".")[-1]
+
+
+def _rule(method):
+    """Errors the simulator raises inside a dist call end the run: a learner's try/except can't hide them."""
+    @functools.wraps(method)
+    def wrapper(self: "SimDist", *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except PuzzleError as e:
+            self._rt.fail(e)
+    return wrapper
+
+
+class P2POp:
+    """A point-to-point op for `batch_isend_irecv`, as `torch.distributed.P2POp`."""
+
+    def __init__(self, op: Callable, tensor: torch.Tensor, peer: Optional[int] = None, group=None, tag: int = 0,
+                 group_peer: Optional[int] = None) -> None:
+        self.op, self.tensor, self.peer, self.group, self.tag, self.group_peer = op, tensor, peer, group, tag, group_peer
+
+
+class _GroupNamespace:
+    WORLD = None
+
+
+class SimDist:
+    """The `dist` object one simulated rank receives."""
+
+    ReduceOp = ReduceOp
+    P2POp = P2POp
+    group = _GroupNamespace
+    GroupMember = _GroupNamespace
+
+    def __init__(self, runtime: "Runtime", rank: int) -> None:
+        self._rt = runtime
+        self._rank = rank
+        self._comm: Communicator = runtime.comm
+
+    def __repr__(self) -> str:
+        return f"<simulated torch.distributed, rank {self._rank} of {self._rt.world_size}>"
+
+    # ---- who am I -----------------------------------------------------------------
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_backend(self, group=None) -> str:
+        return "sim"
+
+    @_rule
+    def get_rank(self, group: Optional[Group] = None) -> int:
+        return self._group(group).rank_of(self._rank)
+
+    @_rule
+    def get_world_size(self, group: Optional[Group] = None) -> int:
+        return self._group(group).size()
+
+    @_rule
+    def new_group(self, ranks: Optional[Sequence[int]] = None, timeout=None, backend=None, pg_options=None,
+                  use_local_synchronization: bool = False, group_desc=None, device_id=None,
+                  sort_ranks: bool = True) -> Group:
+        return self._comm.new_group(self._rank, ranks)
+
+    @_rule
+    def get_process_group_ranks(self, group: Optional[Group]) -> list[int]:
+        return list(self._group(group).ranks)
+
+    @_rule
+    def get_global_rank(self, group: Optional[Group], group_rank: int) -> int:
+        return self._group(group).ranks[group_rank]
+
+    @_rule
+    def get_group_rank(self, group: Optional[Group], global_rank: int) -> int:
+        return self._group(group).rank_of(global_rank)
+
+    def _group(self, group) -> Group:
+        if group is None:
+            return self._comm.world
+        if not isinstance(group, Group):
+            raise InvalidCall(f"rank {self._rank} passed group={group!r}: pass a group made by dist.new_group.")
+        return group
+
+    # ---- helpers ------------------------------------------------------------------
+    def _tensor(self, t, what: str, arg: str = "tensor") -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise InvalidCall(f"rank {self._rank} called {what} with {arg}={type(t).__name__}: it takes a torch.Tensor.")
+        if not t.is_contiguous():
+            raise InvalidCall(
+                f"rank {self._rank} called {what} with a non-contiguous {arg} of shape {tuple(t.shape)} "
+                "(a transpose or a strided slice). torch.distributed rejects these.\n"
+                "Hint: communicate a contiguous tensor (`.contiguous()` makes a copy; copy the "
+                "result back into the view if you need it there).")
+        return t
+
+    def _root(self, group: Group, root, group_root, arg: str, what: str) -> int:
+        if group_root is not None:
+            if not 0 <= group_root < group.size():
+                raise InvalidCall(f"rank {self._rank} called {what} with group_{arg}={group_root}: "
+                                  f"{group} has {group.size()} ranks.")
+            return group.ranks[group_root]
+        if root is None:
+            raise InvalidCall(f"rank {self._rank} called {what} without {arg}=: name the root rank.")
+        if root not in group.ranks:
+            raise InvalidCall(f"rank {self._rank} called {what} with {arg}={root}, which is not in {group}. "
+                              f"{arg} is a global rank.")
+        return root
+
+    def _finish(self, call: Call, async_op: bool):
+        work = Work(self._rt, self._rt.post(call))
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def _collective(self, name: str, group, text: str, signature: tuple, payload, nbytes: int,
+                    finish, async_op: bool, root: Optional[int] = None):
+        g = self._comm.resolve(self._rank, group, name)
+        self._rt.close_compute(self._rt.me())
+        call = self._comm.post_collective(self._rank, name, g, text, signature, payload, nbytes, finish, root)
+        return self._finish(call, async_op)
+
+    def _check_op(self, op) -> None:
+        if op not in _REDUCERS:
+            raise InvalidCall(f"rank {self._rank}: unsupported reduce op {op!r}; use dist.ReduceOp.SUM, AVG, "
+                              "PRODUCT, MIN or MAX.")
+
+    @staticmethod
+    def _reduce(tensors: list[torch.Tensor], op) -> torch.Tensor:
+        return _REDUCERS[op](torch.stack([t.detach() for t in tensors]))
+
+    @staticmethod
+    def _nbytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    # ---- collectives --------------------------------------------------------------
+    @_rule
+    def barrier(self, group=None, async_op: bool = False, device_ids=None):
+        return self._collective("barrier", group, "barrier()", (), None, 0, lambda p: {}, async_op)
+
+    @_rule
+    def all_reduce(self, tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+        t = self._tensor(tensor, "all_reduce")
+        self._check_op(op)
+
+        def finish(payloads):
+            with self._rt.untracked():
+                total = self._reduce([payloads[r] for r in sorted(payloads)], op)
+            return {r: _copy(payloads[r], total) for r in payloads}
+        return self._collective("all_reduce", group, f"all_reduce({describe_tensor(t)}, {_op_name(op)})",
+                                (tuple(t.shape), t.dtype, _op_name(op)), t, self._nbytes(t), finish, async_op)
+
+    @_rule
+    def broadcast(self, tensor, src: Optional[int] = None, group=None, async_op: bool = False,
+                  group_src: Optional[int] = None):
+        t = self._tensor(tensor, "broadcast")
+        g = self._comm.resolve(self._rank, group, "broadcast")
+        root = self._root(g, src, group_src, "src", "broadcast")
+
+        def finish(payloads):
+            with self._rt.untracked():
+                data = payloads[root].detach().clone()
+            return {r: _copy(payloads[r], data) for r in payloads if r != root}
+        return self._collective("broadcast", g, f"broadcast({describe_tensor(t)}, src={root})",
+                                (tuple(t.shape), t.dtype, root), t, self._nbytes(t), finish, async_op, root)
+
+    @_rule
+    def reduce(self, tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
+               group_dst: Optional[int] = None):
+        t = self._tensor(tensor, "reduce")
+        self._check_op(op)
+        g = self._comm.resolve(self._rank, group, "reduce")
+        root = self._root(g, dst, group_dst, "dst", "reduce")
+
+        def finish(payloads):
+            with self._rt.untracked():
+                total = self._reduce([payloads[r] for r in sorted(payloads)], op)
+            return {root: _copy(payloads[root], total)}
+        return self._collective("reduce", g, f"reduce({describe_tensor(t)}, dst={root}, {_op_name(op)})",
+                                (tuple(t.shape), t.dtype, root, _op_name(op)), t, self._nbytes(t), finish,
+                                async_op, root)
+
+    @_rule
+    def all_gather(self, tensor_list, tensor, group=None, async_op: bool = False):
+        t = self._tensor(tensor, "all_gather")
+        g = self._comm.resolve(self._rank, group, "all_gather")
+        outs = self._list(tensor_list, g, "all_gather", "tensor_list", like=t)
+
+        def finish(payloads):
+            with self._rt.untracked():
+                datas = [payloads[r][1].detach().clone() for r in g.ranks]
+            return {r: _copy_all(payloads[r][0], datas) for r in payloads}
+        return self._collective("all_gather", g, f"all_gather({describe_tensor(t)})", (tuple(t.shape), t.dtype),
+                                (outs, t), self._nbytes(t) * g.size(), finish, async_op)
+
+    @_rule
+    def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op: bool = False):
+        return self._gather_into("all_gather_into_tensor", output_tensor, input_tensor, group, async_op)
+
+    @_rule
+    def all_gather_single(self, output_tensor, input_tensor, group=None, async_op: bool = False):
+        return self._gather_into("all_gather_single", output_tensor, input_tensor, group, async_op)
+
+    def _gather_into(self, what, output_tensor, input_tensor, group, async_op):
+        out = self._tensor(output_tensor, what, "output_tensor")
+        inp = self._tensor(input_tensor, what, "input_tensor")
+        g = self._comm.resolve(self._rank, group, what)
+        if out.numel() != inp.numel() * g.size() or out.dtype != inp.dtype:
+            raise InvalidCall(f"rank {self._rank} called {what} with input {describe_tensor(inp)} and output "
+                              f"{describe_tensor(out)}: the output must hold world_size ({g.size()}) inputs "
+                              "of the same dtype, stacked along dim 0.")
+
+        def finish(payloads):
+            with self._rt.untracked():
+                data = torch.cat([payloads[r][1].detach().reshape(-1) for r in g.ranks])
+            return {r: _copy(payloads[r][0], data) for r in payloads}
+        return self._collective("all_gather", g, f"{what}({describe_tensor(inp)})", (tuple(inp.shape), inp.dtype),
+                                (out, inp), self._nbytes(out), finish, async_op)
+
+    @_rule
+    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
+        out = self._tensor(output, "reduce_scatter", "output")
+        self._check_op(op)
+        g = self._comm.resolve(self._rank, group, "reduce_scatter")
+        ins = self._list(input_list, g, "reduce_scatter", "input_list", like=out)
+
+        def finish(payloads):
+            with self._rt.untracked():
+                parts = {r: self._reduce([payloads[s][1][i] for s in g.ranks], op) for i, r in enumerate(g.ranks)}
+            return {r: _copy(payloads[r][0], parts[r]) for r in payloads}
+        return self._collective("reduce_scatter", g, f"reduce_scatter({describe_tensor(out)}, {_op_name(op)})",
+                                (tuple(out.shape), out.dtype, _op_name(op)), (out, ins),
+                                self._nbytes(out) * g.size(), finish, async_op)
+
+    @_rule
+    def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
+        return self._scatter_from("reduce_scatter_tensor", output, input, op, group, async_op)
+
+    @_rule
+    def reduce_scatter_single(self, output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
+        return self._scatter_from("reduce_scatter_single", output, input, op, group, async_op)
+
+    def _scatter_from(self, what, output, input, op, group, async_op):
+        out = self._tensor(output, what, "output")
+        inp = self._tensor(input, what, "input")
+        self._check_op(op)
+        g = self._comm.resolve(self._rank, group, what)
+        if inp.numel() != out.numel() * g.size() or out.dtype != inp.dtype:
+            raise InvalidCall(f"rank {self._rank} called {what} with input {describe_tensor(inp)} and output "
+                              f"{describe_tensor(out)}: the input must hold world_size ({g.size()}) outputs "
+                              "of the same dtype, stacked along dim 0.")
+
+        def finish(payloads):
+            with self._rt.untracked():
+                total = self._reduce([payloads[r][1].reshape(g.size(), -1) for r in g.ranks], op)
+            return {r: _copy(payloads[r][0], total[i]) for i, r in enumerate(g.ranks)}
+        return self._collective("reduce_scatter", g, f"{what}({describe_tensor(inp)}, {_op_name(op)})",
+                                (tuple(inp.shape), inp.dtype, _op_name(op)), (out, inp), self._nbytes(inp),
+                                finish, async_op)
+
+    @_rule
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op: bool = False):
+        out = self._tensor(output, "all_to_all_single", "output")
+        inp = self._tensor(input, "all_to_all_single", "input")
+        g = self._comm.resolve(self._rank, group, "all_to_all_single")
+        n = g.size()
+        in_splits = self._splits(input_split_sizes, inp, n, "input")
+        out_splits = self._splits(output_split_sizes, out, n, "output")
+
+        def finish(payloads):
+            with self._rt.untracked():
+                chunks = {r: list(payloads[r][1].detach().split(payloads[r][2])) for r in g.ranks}
+                deliveries = {}
+                for i, r in enumerate(g.ranks):
+                    for j, s in enumerate(g.ranks):
+                        if payloads[s][2][i] != payloads[r][3][j]:
+                            raise CollectiveMismatch(
+                                f"all_to_all_single on {g}: rank {s} sends {payloads[s][2][i]} rows to rank {r}, "
+                                f"but rank {r} expects {payloads[r][3][j]} rows from rank {s} "
+                                "(its output_split_sizes).\nHint: rank r's output_split_sizes[s] must equal "
+                                "rank s's input_split_sizes[r].")
+                    data = torch.cat([chunks[s][i] for s in g.ranks]) if n else None
+                    deliveries[r] = _copy(payloads[r][0], data)
+            return deliveries
+        rows = inp.shape[0] if inp.dim() else 1
+        return self._collective("all_to_all", g, f"all_to_all_single({describe_tensor(inp)})",
+                                (tuple(inp.shape[1:]), inp.dtype), (out, inp, in_splits, out_splits),
+                                self._nbytes(inp) if rows else 0, finish, async_op)
+
+    @_rule
+    def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
+        g = self._comm.resolve(self._rank, group, "all_to_all")
+        outs = self._list(output_tensor_list, g, "all_to_all", "output_tensor_list")
+        ins = self._list(input_tensor_list, g, "all_to_all", "input_tensor_list")
+
+        def finish(payloads):
+            with self._rt.untracked():
+                deliveries = {}
+                for i, r in enumerate(g.ranks):
+                    datas = []
+                    for s in g.ranks:
+                        sent, buf = payloads[s][1][i], payloads[r][0][g.rank_of(s)]
+                        if sent.numel() != buf.numel() or sent.dtype != buf.dtype:
+                            raise CollectiveMismatch(
+                                f"all_to_all on {g}: rank {s} sends {describe_tensor(sent)} to rank {r}, whose "
+                                f"output_tensor_list[{g.rank_of(s)}] is {describe_tensor(buf)}.")
+                        datas.append(sent.detach().clone())
+                    deliveries[r] = _copy_all(payloads[r][0], datas)
+            return deliveries
+        dtype = ins[0].dtype if ins else None
+        return self._collective("all_to_all", g, "all_to_all()", (dtype,), (outs, ins),
+                                sum(self._nbytes(t) for t in ins), finish, async_op)
+
+    @_rule
+    def gather(self, tensor, gather_list=None, dst: Optional[int] = None, group=None, async_op: bool = False,
+               group_dst: Optional[int] = None):
+        t = self._tensor(tensor, "gather")
+        g = self._comm.resolve(self._rank, group, "gather")
+        root = self._root(g, dst, group_dst, "dst", "gather")
+        outs = self._list(gather_list, g, "gather", "gather_list", like=t) if self._rank == root else None
+
+        def finish(payloads):
+            with self._rt.untracked():
+                datas = [payloads[r][1].detach().clone() for r in g.ranks]
+            return {root: _copy_all(payloads[root][0], datas)}
+        return self._collective("gather", g, f"gather({describe_tensor(t)}, dst={root})",
+                                (tuple(t.shape), t.dtype, root), (outs, t), self._nbytes(t) * g.size(), finish,
+                                async_op, root)
+
+    @_rule
+    def scatter(self, tensor, scatter_list=None, src: Optional[int] = None, group=None, async_op: bool = False,
+                group_src: Optional[int] = None):
+        t = self._tensor(tensor, "scatter")
+        g = self._comm.resolve(self._rank, group, "scatter")
+        root = self._root(g, src, group_src, "src", "scatter")
+        ins = self._list(scatter_list, g, "scatter", "scatter_list", like=t) if self._rank == root else None
+
+        def finish(payloads):
+            with self._rt.untracked():
+                datas = [x.detach().clone() for x in payloads[root][1]]
+            return {r: _copy(payloads[r][0], datas[i]) for i, r in enumerate(g.ranks)}
+        return self._collective("scatter", g, f"scatter({describe_tensor(t)}, src={root})",
+                                (tuple(t.shape), t.dtype, root), (t, ins), self._nbytes(t) * g.size(), finish,
+                                async_op, root)
+
+    def _list(self, tensors, g: Group, what: str, arg: str, like: Optional[torch.Tensor] = None):
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != g.size():
+            got = f"{len(tensors)} tensors" if isinstance(tensors, (list, tuple)) else type(tensors).__name__
+            raise InvalidCall(f"rank {self._rank} called {what} with {arg} of {got}; it needs one tensor per rank "
+                              f"of the group ({g.size()}).")
+        for i, t in enumerate(tensors):
+            self._tensor(t, what, f"{arg}[{i}]")
+            if like is not None and (t.numel() != like.numel() or t.dtype != like.dtype):
+                raise InvalidCall(f"rank {self._rank} called {what} with {arg}[{i}] of {describe_tensor(t)}; "
+                                  f"each must match {describe_tensor(like)}.")
+        return list(tensors)
+
+    def _splits(self, sizes, t: torch.Tensor, n: int, which: str) -> list[int]:
+        rows = t.shape[0] if t.dim() else 0
+        if sizes is None:
+            if rows % n:
+                raise InvalidCall(f"rank {self._rank} called all_to_all_single with an {which} of {rows} rows and no "
+                                  f"{which}_split_sizes: {rows} rows do not split evenly over {n} ranks.")
+            return [rows // n] * n
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != n or sum(sizes) != rows or min(sizes) < 0:
+            raise InvalidCall(f"rank {self._rank} called all_to_all_single with {which}_split_sizes={sizes}: it needs "
+                              f"{n} non-negative sizes adding up to the {which}'s {rows} rows.")
+        return sizes
+
+    # ---- point to point -----------------------------------------------------------
+    def _peer(self, group, peer, group_peer, what: str) -> int:
+        if group is None and group_peer is None:
+            return peer
+        g = self._comm.resolve(self._rank, group, what)
+        if group_peer is not None:
+            return g.ranks[group_peer]
+        if peer is not None and peer not in g.ranks:
+            raise InvalidCall(f"rank {self._rank} called {what} with peer {peer} outside {g}.")
+        return peer
+
+    def _post_send(self, tensor, dst, group, tag, group_dst, what):
+        t = self._tensor(tensor, what)
+        dst = self._peer(group, dst, group_dst, what)
+        self._rt.close_compute(self._rt.me())
+        return self._rt.post(self._comm.post_send(self._rank, t, dst, tag, f"{what}(dst={dst}, {describe_tensor(t)})"))
+
+    def _post_recv(self, tensor, src, group, tag, group_src, what):
+        t = self._tensor(tensor, what)
+        src = self._peer(group, src, group_src, what)
+        self._rt.close_compute(self._rt.me())
+        where = "any" if src is None else src
+        return self._rt.post(self._comm.post_recv(self._rank, t, src, tag, f"{what}(src={where}, {describe_tensor(t)})"))
+
+    @_rule
+    def send(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0, group_dst: Optional[int] = None) -> None:
+        Work(self._rt, self._post_send(tensor, dst, group, tag, group_dst, "send")).wait()
+
+    @_rule
+    def recv(self, tensor, src: Optional[int] = None, group=None, tag: int = 0, group_src: Optional[int] = None) -> int:
+        call = self._post_recv(tensor, src, group, tag, group_src, "recv")
+        Work(self._rt, call).wait()
+        return call.peer
+
+    @_rule
+    def isend(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0, group_dst: Optional[int] = None) -> Work:
+        return Work(self._rt, self._post_send(tensor, dst, group, tag, group_dst, "isend"))
+
+    @_rule
+    def irecv(self, tensor, src: Optional[int] = None, group=None, tag: int = 0, group_src: Optional[int] = None) -> Work:
+        return Work(self._rt, self._post_recv(tensor, src, group, tag, group_src, "irecv"))
+
+    @_rule
+    def batch_isend_irecv(self, p2p_op_list) -> list[Work]:
+        works = []
+        for p in p2p_op_list:
+            if not isinstance(p, P2POp):
+                raise InvalidCall(f"rank {self._rank}: batch_isend_irecv takes a list of dist.P2POp, got {type(p).__name__}.")
+            kind = getattr(p.op, "__name__", "")
+            if kind not in ("isend", "irecv"):
+                raise InvalidCall(f"rank {self._rank}: a P2POp's op must be dist.isend or dist.irecv, got {p.op!r}.")
+            if kind == "isend":
+                works.append(Work(self._rt, self._post_send(p.tensor, p.peer, p.group, p.tag, p.group_peer, "isend")))
+            else:
+                works.append(Work(self._rt, self._post_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer, "irecv")))
+        return works
+
+
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]):
+    copies = [_copy(d, s) for d, s in zip(dsts, srcs)]
+
+    def deliver() -> None:
+        for c in copies:
+            c()
+    return deliver

@@ -1,0 +1,21 @@
+"""Errors of simulated runs: each names the ranks involved and says how to fix it."""
+
+from __future__ import annotations
+
+from lib.errors import PuzzleError
+
+
+class Deadlock(PuzzleError):
+    """Every live rank is blocked and none can proceed; the message lists who waits on whom."""
+
+
+class CollectiveMismatch(PuzzleError):
+    """Ranks disagree: different collectives, shapes or dtypes, or a message never received."""
+
+
+class InvalidCall(PuzzleError):
+    """One rank called a `dist` function with arguments torch.distributed would reject."""
+
+
+class SimTimeout(PuzzleError):
+    """A rank ran past the time limit without communicating or returning (an endless loop?)."""

@@ -1,0 +1,66 @@
+"""What a simulated run leaves behind: per-rank results, statistics and the event trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from lib.sim.cost import CostModel
+
+
+@dataclass(frozen=True)
+class Event:
+    """One stretch of work on one rank: op is "compute" or the communication's name."""
+
+    rank: int
+    op: str
+    group: str
+    peer: Optional[int]
+    bytes: float
+    start: float
+    end: float
+
+    @property
+    def lane(self) -> str:
+        return "compute" if self.op == "compute" else "comm"
+
+
+@dataclass
+class RankStats:
+    """Per-rank totals: bytes moved, peak bytes of live tensors, simulated clock at return."""
+
+    rank: int
+    bytes_sent: float
+    bytes_received: float
+    peak_memory: int
+    clock: float
+    flops: float = 0.0
+    calls: dict[str, int] = field(default_factory=dict)
+    memory: list[tuple[float, int]] = field(default_factory=list)   # (simulated time, live bytes)
+
+
+@dataclass
+class SimResult:
+    results: list[Any]
+    stats: list[RankStats]
+    trace: list[Event]
+    cost: CostModel
+
+    @property
+    def world_size(self) -> int:
+        return len(self.results)
+
+    @property
+    def time(self) -> float:
+        """Simulated wall time of the run: the latest rank's clock."""
+        return max(s.clock for s in self.stats)
+
+    def timeline(self, title: str = ""):
+        """A matplotlib figure: one row per rank, compute and communication in separate lanes."""
+        from lib.viz.timeline import draw_timeline
+        return draw_timeline(self.trace, self.world_size, title=title)
+
+    def save_trace(self, path) -> None:
+        """Write a Chrome / Perfetto trace (open it at ui.perfetto.dev or chrome://tracing)."""
+        from lib.viz.timeline import save_chrome_trace
+        save_chrome_trace(self.trace, path)

@@ -1,0 +1,323 @@
+"""The SPMD runtime: N simulated ranks in one process, one running at a time.
+
+Each rank is a thread, but only one holds the baton: a rank runs until it must wait for a
+communication, then hands control back to the scheduler, which resumes the next rank
+that can make progress (lowest rank first, round robin). Switching only at communication
+makes every run deterministic (global RNG included) and makes deadlock a plain fact:
+every live rank is waiting and no wait can be satisfied.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import threading
+import time
+import traceback
+from collections import Counter
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+
+from lib.errors import PuzzleError, RankFailed
+from lib.sim.comm import Call, Communicator
+from lib.sim.cost import CostModel
+from lib.sim.errors import CollectiveMismatch, Deadlock, InvalidCall, SimTimeout
+from lib.sim.result import Event, RankStats, SimResult
+from lib.sim.tracker import RankTracker
+
+_LIB_DIR = str(Path(__file__).resolve().parents[1])
+_current = threading.local()
+
+
+class _Abort(BaseException):
+    """Unwinds a rank's thread when the run is over; BaseException so `except Exception` can't keep it."""
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """An argument that differs per rank: rank r receives `values[r]`."""
+
+    values: Sequence[Any]
+
+
+def per_rank(values: Sequence[Any]) -> PerRank:
+    """Mark an argument of `run` as one value per rank, e.g. `per_rank([x0, x1, x2, x3])`."""
+    return PerRank(list(values))
+
+
+class RankState:
+    """Everything the runtime knows about one rank."""
+
+    def __init__(self, rank: int, runtime: "Runtime") -> None:
+        self.rank = rank
+        self.clock = 0.0                 # simulated seconds
+        self.segment_start = 0.0         # start of the compute stretch now running
+        self.send_free = 0.0             # when this rank's outgoing link is free again
+        self.recv_free = 0.0
+        self.bytes_sent = 0.0
+        self.bytes_received = 0.0
+        self.calls: Counter[str] = Counter()
+        self.posted: list[Call] = []
+        self.waiting: Optional[Call] = None
+        self.finished = False
+        self.result: Any = None
+        self.abort = False
+        self.resume = threading.Semaphore(0)
+        self.thread: Optional[threading.Thread] = None
+        self.tracker = RankTracker(on_flops=self._add_flops, now=lambda: self.clock)
+        self._cost = runtime.cost
+
+    def _add_flops(self, flops: float) -> None:
+        self.clock += self._cost.compute_time(flops)
+
+
+class Runtime:
+    """One simulated run of `fn` on `world_size` ranks."""
+
+    def __init__(self, world_size: int, cost: CostModel, timeout: float) -> None:
+        self.world_size = world_size
+        self.cost = cost
+        self.timeout = timeout
+        self.ranks = [RankState(r, self) for r in range(world_size)]
+        self.comm = Communicator(self)
+        self.events: list[Event] = []
+        self.error: Optional[BaseException] = None
+        self._yielded = threading.Semaphore(0)
+
+    # ---- called from rank threads -------------------------------------------------
+    def me(self) -> RankState:
+        return self.ranks[_current.rank]
+
+    def fail(self, error: PuzzleError) -> None:
+        """Stop the run with `error` (raised where a rank broke a rule); the learner can't catch it."""
+        if self.error is None:
+            self.error = error
+        raise _Abort()
+
+    @contextmanager
+    def untracked(self) -> Iterator[None]:
+        tracker = getattr(_current, "tracker", None)
+        with tracker.paused() if tracker is not None else nullcontext():
+            yield
+
+    def close_compute(self, state: RankState) -> None:
+        """End the compute stretch before a communication, as a timeline event."""
+        if state.clock > state.segment_start:
+            self.events.append(Event(state.rank, "compute", "compute", None, 0, state.segment_start, state.clock))
+        state.segment_start = state.clock
+
+    def record(self, rank: int, op: str, group: str, peer: Optional[int], sent: float, received: float,
+               start: float, end: float) -> None:
+        state = self.ranks[rank]
+        state.bytes_sent += sent
+        state.bytes_received += received
+        state.calls[op] += 1
+        self.events.append(Event(rank, op, group, peer, sent or received, start, end))
+
+    def post(self, call: Call) -> Call:
+        self.me().posted.append(call)
+        return call
+
+    def wait_call(self, call: Call) -> None:
+        state = self.me()
+        if call.rank != state.rank:
+            self.fail(InvalidCall(f"rank {state.rank} waited on a work object of rank {call.rank}."))
+        self.close_compute(state)
+        while not call.complete:
+            state.waiting = call
+            self._yield(state)
+        state.waiting = None
+        call.waited = True
+        if call.deliver is not None:
+            with self.untracked():
+                call.deliver()
+            call.deliver = None
+        state.clock = max(state.clock, call.end_time)
+        state.segment_start = state.clock
+
+    def _yield(self, state: RankState) -> None:
+        self._yielded.release()
+        state.resume.acquire()
+        if state.abort:
+            raise _Abort()
+
+    # ---- rank threads -------------------------------------------------------------
+    def _rank_main(self, state: RankState, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
+        _current.rank = state.rank
+        _current.runtime = self
+        _current.tracker = state.tracker
+        state.resume.acquire()
+        try:
+            if state.abort:
+                return
+            with state.tracker:
+                my_args = copy.deepcopy(tuple(a.values[state.rank] if isinstance(a, PerRank) else a for a in args))
+                my_kwargs = copy.deepcopy({k: v.values[state.rank] if isinstance(v, PerRank) else v
+                                           for k, v in kwargs.items()})
+                state.result = fn(make_dist(self, state.rank), *my_args, **my_kwargs)
+                self.close_compute(state)
+        except _Abort:
+            pass
+        except PuzzleError as e:          # a sim rule broken inside a helper the learner called
+            if self.error is None:
+                self.error = e
+        except BaseException as e:         # the learner's code raised
+            if self.error is None:
+                failure = RankFailed(state.rank, f"{type(e).__name__}: {e}", _learner_traceback(e))
+                failure.exception = e
+                self.error = failure
+        finally:
+            state.finished = True
+            _current.rank = None
+            self._yielded.release()
+
+    def run(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
+        for state in self.ranks:
+            state.thread = threading.Thread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
+                                            name=f"sim-rank-{state.rank}", daemon=True)
+            state.thread.start()
+        deadline = time.monotonic() + self.timeout
+        try:
+            self._schedule(deadline)
+        except BaseException:
+            self._abort_all()
+            raise
+        self._abort_all()
+        if self.error is not None:
+            raise self.error
+        leftovers = self.comm.leftovers()
+        if leftovers:
+            raise CollectiveMismatch("the run ended with communication left unmatched:\n" + leftovers +
+                                     "\nHint: every send needs a recv on the other side, and every member "
+                                     "of a group must call each of its collectives.")
+        self._check_waited()
+
+    def _schedule(self, deadline: float) -> None:
+        while True:
+            live = [s for s in self.ranks if not s.finished]
+            if not live or self.error is not None:
+                return
+            progressed = False
+            for state in live:
+                if state.finished or (state.waiting is not None and not state.waiting.complete):
+                    continue
+                progressed = True
+                state.resume.release()
+                if not self._yielded.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    self._stuck(state)
+                if self.error is not None:
+                    return
+            if not progressed:
+                raise Deadlock(self._deadlock_report())
+
+    def _stuck(self, state: RankState) -> None:
+        """A rank ran past the deadline without yielding: interrupt its thread and report it."""
+        if state.thread is not None and state.thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(state.thread.ident), ctypes.py_object(_Abort))
+            self._yielded.acquire(timeout=1.0)
+        raise SimTimeout(
+            f"rank {state.rank} ran for more than {self.timeout:g} s without returning or communicating.\n"
+            "Hint: look for a loop whose condition never changes, e.g. a `while` waiting for data that "
+            "only a communication call would bring.")
+
+    def _abort_all(self) -> None:
+        for state in self.ranks:
+            if state.finished or state.thread is None:
+                continue
+            state.abort = True
+            state.resume.release()
+            self._yielded.acquire(timeout=1.0)
+
+    # ---- diagnostics --------------------------------------------------------------
+    def _deadlock_report(self) -> str:
+        def doing(r: int) -> str:
+            s = self.ranks[r]
+            if s.finished:
+                return "has already returned"
+            return f"is blocked in {s.waiting.text}" if s.waiting is not None else "is running"
+
+        lines = ["every rank is blocked and none can proceed:"]
+        kinds = set()
+        for s in self.ranks:
+            if s.finished:
+                lines.append(f"  rank {s.rank} has returned")
+                continue
+            call = s.waiting
+            kinds.add(call.name)
+            peers = self.comm.waiting_for(call)
+            if call.peer is None and call.name == "recv":
+                lines.append(f"  rank {s.rank} waits in {call.text} for a message from any rank")
+                continue
+            needs = "; ".join(f"rank {p}, which {doing(p)}" for p in peers)
+            lines.append(f"  rank {s.rank} waits in {call.text} for {needs}")
+        returned = [s.rank for s in self.ranks if s.finished]
+        if returned:
+            hint = (f"rank(s) {', '.join(map(str, returned))} returned while others still expected them "
+                    "in a communication: every rank must make the same sequence of calls.")
+        elif kinds <= {"send"}:
+            hint = ("a blocking send waits until the receiver posts its recv. When every rank sends "
+                    "first, nobody receives. Use dist.isend / dist.irecv (then .wait()), "
+                    "dist.batch_isend_irecv, or let even ranks send first and odd ranks receive first.")
+        else:
+            hint = ("ranks wait for each other in a cycle. Every rank of a group must call that group's "
+                    "collectives in the same order, and each send must meet its recv.")
+        return "\n".join(lines) + "\nHint: " + hint
+
+    def _check_waited(self) -> None:
+        for state in self.ranks:
+            for call in state.posted:
+                if call.receives and not call.waited:
+                    raise InvalidCall(
+                        f"rank {state.rank} returned without waiting on its {call.text}. In real "
+                        "torch.distributed the result may not have arrived yet.\n"
+                        "Hint: keep the work object that async_op=True / isend / irecv returns and call .wait().")
+
+    def result(self) -> SimResult:
+        stats = [RankStats(rank=s.rank, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
+                           peak_memory=s.tracker.peak, clock=s.clock, flops=s.tracker.flops,
+                           calls=dict(s.calls), memory=list(s.tracker.samples))
+                 for s in self.ranks]
+        trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))
+        return SimResult([s.result for s in self.ranks], stats, trace, self.cost)
+
+
+def _learner_traceback(e: BaseException) -> str:
+    """The traceback without the simulator's own frames: what a learner needs to see."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_LIB_DIR)]
+    text = "".join(traceback.format_list(frames))
+    return "Traceback (most recent call last):\n" + text + "".join(traceback.format_exception_only(e))
+
+
+def current_rank() -> Optional[int]:
+    """The simulated rank running in this thread, or None outside a simulation."""
+    return getattr(_current, "rank", None)
+
+
+def current_runtime() -> "Runtime":
+    return _current.runtime
+
+
+def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, timeout: float = 30.0,
+        **kwargs) -> SimResult:
+    """Run `fn(dist, *args, **kwargs)` on `world_size` simulated ranks and return what they did.
+
+    Every rank gets its own deep copy of the arguments (wrap one in `per_rank([...])` to
+    give each rank its own value). Raises Deadlock, CollectiveMismatch, InvalidCall,
+    SimTimeout or RankFailed (all PuzzleErrors) with a message that names the ranks.
+    """
+    from lib.sim.dist import SimDist
+
+    if not isinstance(world_size, int) or world_size < 1:
+        raise InvalidCall(f"world_size must be a positive integer, got {world_size!r}.")
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, PerRank) and len(a.values) != world_size:
+            raise InvalidCall(f"per_rank(...) holds {len(a.values)} values for {world_size} ranks.")
+    if current_rank() is not None:
+        raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
+    runtime = Runtime(world_size, cost or CostModel(), timeout)
+    runtime.run(fn, args, kwargs, SimDist)
+    return runtime.result()

@@ -1,0 +1,1 @@
+"""Pictures of runs: timelines, memory plots, widgets."""

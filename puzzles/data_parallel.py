@@ -1,0 +1,270 @@
+"""Notebook 02, data parallel and collectives: the puzzles, their inputs, references and budgets.
+
+Every budget is computed from the algorithm's own cost formula for the case at hand,
+never copied from a run.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from lib.check import Budget, Case, Puzzle
+from lib.models import mlp, param_bytes
+from lib.sim import CostModel, per_rank
+from lib.units import fmt_bytes
+
+NOTEBOOK = "02_data_parallel"
+P2P = frozenset({"send", "recv"})
+
+
+def _vectors(rng: random.Random, world: int, length: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    return [torch.randn(length, generator=gen) for _ in range(world)]
+
+
+def _total(xs: list[torch.Tensor]) -> torch.Tensor:
+    """The single-device reference of a sum: in float64, then back to the inputs' dtype."""
+    return torch.stack([x.double() for x in xs]).sum(0).to(xs[0].dtype)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# ---- 1. all-reduce through a parameter server -------------------------------------------
+def _param_server_case(rng: random.Random, world: int) -> Case:
+    xs = _vectors(rng, world, rng.randint(3, 40))
+    size = _nbytes(xs[0])
+    star = [(world - 1) * size] + [size] * (world - 1)    # the server talks to everyone, the others once
+    why = "the server sends the sum to N-1 workers; a worker sends its tensor once"
+    return Case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 per rank",
+                budgets=[Budget("bytes_sent", star, why),
+                         Budget("bytes_received", star, "the server receives N-1 tensors; a worker receives the sum")],
+                allowed_ops=P2P)
+
+
+def _all_reduce_oracle(dist, x):
+    dist.all_reduce(x)
+    return x
+
+
+param_server_all_reduce = Puzzle(
+    "param_server_all_reduce", NOTEBOOK, _param_server_case,
+    hints=["Rank 0 is the server: it receives every other rank's x, adds them to its own, then sends the sum back.",
+           "Workers call dist.send(x, 0) then dist.recv(x, 0). The server loops over the workers twice: "
+           "once receiving into a scratch buffer (x += buf), once sending x.",
+           "A blocking recv on the server pairs with each worker's send in turn, so no deadlock is possible."],
+    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce",
+    atol=1e-5, describe="Sum x over all ranks through rank 0; every rank returns the sum.")
+
+
+# ---- 2-4. the ring --------------------------------------------------------------------
+def _ring_input(rng: random.Random, world: int) -> list[torch.Tensor]:
+    return _vectors(rng, world, world * rng.randint(1, 9))
+
+
+def _ring_budget(factor: float, formula: str, size: int, what: str) -> Budget:
+    return Budget("bytes_sent", factor * size, f"{formula} × {fmt_bytes(size)}, what {what} sends per rank",
+                  hint="each step sends one chunk (1/N of the tensor) to the right neighbour; never the whole tensor.")
+
+
+def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
+    xs = _ring_input(rng, world)
+    total = _total(xs)
+    return Case(world, (per_rank(xs),), list(total.chunk(world)),
+                f"N={world}, x of {xs[0].numel()} float32 per rank",
+                budgets=[_ring_budget((world - 1) / world, "(N-1)/N", _nbytes(xs[0]), "a ring reduce-scatter")],
+                allowed_ops=P2P)
+
+
+def _reduce_scatter_oracle(dist, x):
+    out = torch.empty_like(x.chunk(dist.get_world_size())[0])
+    dist.reduce_scatter_tensor(out, x)
+    return out
+
+
+ring_reduce_scatter = Puzzle(
+    "ring_reduce_scatter", NOTEBOOK, _reduce_scatter_case,
+    hints=["Cut x into N chunks (x.chunk(N)). In N-1 steps, every rank sends one chunk to its right "
+           "neighbour and adds the chunk coming from its left neighbour into its own copy of that chunk.",
+           "At step s, rank r sends chunk (r - s - 1) % N and receives into chunk (r - s - 2) % N. "
+           "After N-1 steps chunk r holds the full sum on rank r.",
+           "Send without blocking (req = dist.isend(...)), then dist.recv(buf, left), then req.wait(): "
+           "if every rank does a blocking send first, nobody is receiving."],
+    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_tensor", atol=1e-5,
+    describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring.")
+
+
+def _all_gather_case(rng: random.Random, world: int) -> Case:
+    chunks = _vectors(rng, world, rng.randint(1, 9))
+    out = torch.cat(chunks)
+    return Case(world, (per_rank(chunks),), [out] * world,
+                f"N={world}, chunk of {chunks[0].numel()} float32 per rank",
+                budgets=[_ring_budget((world - 1) / world, "(N-1)/N", _nbytes(out), "a ring all-gather")],
+                allowed_ops=P2P)
+
+
+def _all_gather_oracle(dist, chunk):
+    out = torch.empty(dist.get_world_size() * chunk.numel(), dtype=chunk.dtype, device=chunk.device)
+    dist.all_gather_into_tensor(out, chunk)
+    return out
+
+
+ring_all_gather = Puzzle(
+    "ring_all_gather", NOTEBOOK, _all_gather_case,
+    hints=["Make the output (N chunks), put your own chunk in place r, then pass chunks around the ring for N-1 steps.",
+           "At step s, rank r sends chunk (r - s) % N to the right and receives chunk (r - s - 1) % N from the left, "
+           "straight into its place in the output.",
+           "dist.recv writes into the tensor you give it, and a chunk of out (out.chunk(N)[i]) is a view: "
+           "receiving into it fills the output."],
+    oracle=_all_gather_oracle, oracle_name="dist.all_gather_into_tensor",
+    describe="Every rank returns the concatenation of all ranks' chunks, in rank order, built from send/recv.")
+
+
+def _all_reduce_case(rng: random.Random, world: int) -> Case:
+    xs = _ring_input(rng, world)
+    return Case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 per rank",
+                budgets=[_ring_budget(2 * (world - 1) / world, "2(N-1)/N", _nbytes(xs[0]), "a ring all-reduce")],
+                allowed_ops=P2P)
+
+
+ring_all_reduce = Puzzle(
+    "ring_all_reduce", NOTEBOOK, _all_reduce_case,
+    hints=["All-reduce = reduce-scatter, then all-gather of the reduced chunks.",
+           "Call your ring_reduce_scatter, then your ring_all_gather on its result.",
+           "Each phase sends (N-1)/N of the data per rank, 2(N-1)/N in all: independent of N for large N."],
+    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5,
+    describe="Every rank returns the sum over ranks of x, using 2(N-1)/N of the data per rank.")
+
+
+# ---- 5-6. data-parallel training ----------------------------------------------------------
+SIZES = (8, 32, 32, 32, 32, 32, 4)
+STEPS = 3
+
+
+def _batches(rng: random.Random, world: int, local: int, steps: int):
+    """Per-rank shards of `steps` global batches, and the global batches themselves."""
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    shards = [[] for _ in range(world)]
+    full = []
+    for _ in range(steps):
+        x = torch.randn(world * local, SIZES[0], generator=gen, dtype=torch.float64)
+        y = torch.randn(world * local, SIZES[-1], generator=gen, dtype=torch.float64)
+        full.append((x, y))
+        for r in range(world):
+            shards[r].append((x[r * local:(r + 1) * local].clone(), y[r * local:(r + 1) * local].clone()))
+    return shards, full
+
+
+def train_single(model, batches, lr: float):
+    """The single-device reference: plain SGD on the whole batch, mean squared error."""
+    model = copy.deepcopy(model)
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return model
+
+
+def _all_reduce_grads_budget(model, world: int, steps: int) -> Budget:
+    size = param_bytes(model)
+    return Budget("bytes_sent", steps * 2 * (world - 1) / world * size,
+                  f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)",
+                  hint="all-reduce each gradient once per step: nothing else needs to travel.")
+
+
+def _ddp_case(rng: random.Random, world: int) -> Case:
+    model = mlp(SIZES, seed=rng.randrange(2**31))
+    shards, full = _batches(rng, world, local=rng.randint(2, 5), steps=STEPS)
+    lr = 0.1
+    expected = train_single(model, full, lr)
+    return Case(world, (model, per_rank(shards), lr), [expected] * world,
+                f"N={world}, {STEPS} steps of {len(shards[0][0][0])} samples per rank",
+                budgets=[_all_reduce_grads_budget(model, world, STEPS)])
+
+
+def _ddp_oracle(dist, model, batches, lr, *_):
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return model
+
+
+data_parallel_train = Puzzle(
+    "data_parallel_train", NOTEBOOK, _ddp_case, world_sizes=(2, 3, 4),
+    hints=["Each rank computes the loss on its own shard and calls backward. Before the update, every rank "
+           "needs the gradient of the loss on the whole batch.",
+           "The whole-batch loss is the mean of the shard losses (shards are equal), so its gradient is the "
+           "average of the ranks' gradients: all-reduce each p.grad, then divide by the world size.",
+           "Loop: model.zero_grad(); F.mse_loss(model(x), y).backward(); for p: dist.all_reduce(p.grad); "
+           "p.grad /= world; then under torch.no_grad(): p -= lr * p.grad."],
+    oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9,
+    describe="Train a copy of the model on each rank's shard for several SGD steps; end equal to "
+             "single-device training on the whole batch.")
+
+
+BUCKET_ELEMENTS = 1000        # about one 32x32 layer: a bucket per layer, five per backward pass
+OVERLAP = 0.5                 # the share of the shorter of backward and all-reduce that must be hidden
+
+
+def _phase_flops(model, x, y) -> tuple[float, float]:
+    """FLOPs of the forward and of the backward pass on one shard, counted on the reference model."""
+    model = copy.deepcopy(model)
+    with FlopCounterMode(display=False) as forward:
+        loss = F.mse_loss(model(x), y)
+    with FlopCounterMode(display=False) as backward:
+        loss.backward()
+    return forward.get_total_flops(), backward.get_total_flops()
+
+
+def _bucketed_case(rng: random.Random, world: int) -> Case:
+    model = mlp(SIZES, seed=rng.randrange(2**31))
+    local, steps, lr = 16, 2, 0.1
+    shards, full = _batches(rng, world, local=local, steps=steps)
+    f_flops, b_flops = _phase_flops(model, *shards[0][0])
+    # A link chosen so that all-reducing the gradients takes as long as the backward pass:
+    # the regime where overlapping the two pays off most.
+    cost = CostModel(flops_per_s=1e9, latency=1e-6)
+    t_fwd, t_bwd = cost.compute_time(f_flops), cost.compute_time(b_flops)
+    comm_bytes = 2 * (world - 1) / world * param_bytes(model)
+    cost = cost.with_(intra_node_bandwidth=comm_bytes / t_bwd)
+    t_comm = cost.collective_time("all_reduce", param_bytes(model), range(world))
+    serial = t_fwd + t_bwd + t_comm
+    budget = steps * (serial - OVERLAP * min(t_bwd, t_comm))
+    why = (f"{steps} steps × (forward + backward + all-reduce = {serial * 1e3:.3f} ms, minus half of the "
+           "shorter of backward and all-reduce, which overlap can hide)")
+    return Case(world, (model, per_rank(shards), lr, BUCKET_ELEMENTS), [train_single(model, full, lr)] * world,
+                f"N={world}, {steps} steps, all-reduce of the gradients as long as the backward pass",
+                budgets=[Budget("time", budget, why,
+                                hint="launch each bucket's all_reduce with async_op=True from a gradient hook as "
+                                     "soon as its last gradient is ready, and wait only after backward."),
+                         _all_reduce_grads_budget(model, world, steps)],
+                cost=cost)
+
+
+bucketed_data_parallel_train = Puzzle(
+    "bucketed_data_parallel_train", NOTEBOOK, _bucketed_case, world_sizes=(2, 4),
+    hints=["Gradients become ready layer by layer, from the last layer back. Start all-reducing a group of "
+           "them (a bucket) as soon as all its gradients exist, while backward goes on.",
+           "p.register_post_accumulate_grad_hook(hook) calls hook(p) once p.grad is final (note: it receives the "
+           "parameter, not the gradient). Build buckets of about bucket_size elements in reverse parameter order.",
+           "In the hook, when a bucket is complete: flat = torch.cat of its grads; work = dist.all_reduce(flat, "
+           "async_op=True). After backward: work.wait(), divide by the world size, copy back into each p.grad."],
+    oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9,
+    describe="Data-parallel training whose gradient all-reduce overlaps the backward pass.")
+
+
+PUZZLES = [param_server_all_reduce, ring_reduce_scatter, ring_all_gather, ring_all_reduce,
+           data_parallel_train, bucketed_data_parallel_train]
