@@ -86,6 +86,8 @@ class Puzzle:
                  atol: float = 1e-6, describe: str = "") -> None:
         self.name = name
         self.notebook = notebook
+        # The problem-set module that builds the cases; solutions/ has a module of the same name.
+        self.module = make_case.__module__.rsplit(".", 1)[-1]
         self.make_case = make_case
         self.world_sizes = tuple(world_sizes)
         self.hints = list(hints)
@@ -202,6 +204,16 @@ class Puzzle:
         case = self.make_case(random.Random(f"{self.name}:{seed}"), n)
         return run(fn, n, *case.args, cost=case.cost)
 
+    def explore(self, fn: Callable, world_size: Optional[int] = None) -> Optional[SimResult]:
+        """Like run, for figures in a notebook: None (with a note) while the puzzle is unsolved or failing."""
+        try:
+            return self.run(fn, world_size)
+        except PuzzleError as e:
+            stub = isinstance(getattr(e, "exception", None), NotImplementedError)
+            print(f"○ solve {self.name} first to see this." if stub else f"✗ {self.name} does not run yet: "
+                  f"{str(e).splitlines()[0]}")
+            return None
+
     # ---- real processes --------------------------------------------------------------
     def real(self, fn: Callable, world_size: int = 4, backend: Optional[str] = None, seed: int = 0,
              strict: Optional[bool] = None, timeout: float = 60.0) -> bool:
@@ -211,7 +223,10 @@ class Puzzle:
         strict = strict_default() if strict is None else strict
         case = self.make_case(random.Random(f"{self.name}:{seed}"), world_size)
         try:
-            outputs = launch(_real_rank, world_size, fn, self.oracle, case.args, backend=backend, timeout=timeout)
+            # DETAIL debugging counts point-to-point calls in its collective sequence numbers, so it
+            # rejects correct programs whose ranks send different numbers of messages.
+            outputs = launch(_real_rank, world_size, fn, self.oracle, case.args, backend=backend, timeout=timeout,
+                             debug=False)
         except RankFailed as e:
             if "NotImplementedError" in str(e).split("\n", 1)[0]:
                 print(f"○ {self.name} is not solved yet: the real run waits for your answer.")

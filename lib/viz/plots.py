@@ -1,0 +1,116 @@
+"""Static figures for the lessons: what a collective costs, and who sends the bytes.
+
+Every number drawn here comes from `lib.sim.cost`; this module only asks and plots.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from lib.sim.cost import CostModel, bus_factor
+from lib.units import fmt_time
+
+ALGORITHMS = ("parameter_server", "ring", "tree")
+COLOURS = {"parameter_server": "#C44E52", "ring": "#4C72B0", "tree": "#55A868"}
+LABELS = {"parameter_server": "parameter server", "ring": "ring", "tree": "tree"}
+
+
+def link_cost(cost: Optional[CostModel] = None, bandwidth: Optional[float] = None,
+              latency: Optional[float] = None) -> CostModel:
+    """`cost` with every link set to `bandwidth` (bytes/s) and `latency` (s) where they are given."""
+    cost = cost or CostModel()
+    if bandwidth is not None:
+        cost = cost.with_(intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth)
+    if latency is not None:
+        cost = cost.with_(latency=latency)
+    return cost
+
+
+def all_reduce_point(cost: CostModel, algorithm: str, nbytes: float, world_size: int) -> tuple[float, float]:
+    """(time in s, bus bandwidth in bytes/s) of one all-reduce: busbw = size / time × 2(N-1)/N (nccl-tests)."""
+    t = cost.all_reduce_time(algorithm, nbytes, range(world_size))
+    return t, (nbytes / t * bus_factor("all_reduce", world_size) if t > 0 else 0.0)
+
+
+def fmt_rate(bytes_per_s: float) -> str:
+    """Bandwidth in decimal GB/s, as NVLink specs and nccl-tests report it."""
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+def fmt_size(nbytes: float, _pos=None) -> str:
+    """Message size in decimal units (1 KB = 1000 B), matching the size slider and GB/s links."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes:.3g} B"
+
+
+def collective_cost_figure(algorithms: Sequence[str] = ALGORITHMS, world_size: int = 8,
+                           nbytes_range: tuple[float, float] = (1e3, 1e9), bandwidth: Optional[float] = None,
+                           latency: Optional[float] = None, cost: Optional[CostModel] = None,
+                           mark_nbytes: Optional[float] = None):
+    """All-reduce time (left) and achieved bus bandwidth (right) against message size, per algorithm.
+
+    bandwidth (bytes/s) and latency (s) override `cost`'s links; mark_nbytes draws a vertical line there.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    cost = link_cost(cost, bandwidth, latency)
+    link = cost.bandwidth(range(world_size))
+    sizes = np.logspace(np.log10(nbytes_range[0]), np.log10(nbytes_range[1]), 200)
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")   # laid out when drawn
+    for alg in algorithms:
+        points = [all_reduce_point(cost, alg, s, world_size) for s in sizes]
+        style = dict(color=COLOURS.get(alg), label=LABELS.get(alg, alg), linewidth=2)
+        ax_t.loglog(sizes, [t for t, _ in points], **style)
+        ax_b.loglog(sizes, [b / 1e9 for _, b in points], **style)
+    ax_b.axhline(link / 1e9, color="0.3", linestyle="--", linewidth=1,
+                 label=f"link bandwidth ({fmt_rate(link)})")
+    for ax in (ax_t, ax_b):
+        ax.xaxis.set_major_formatter(FuncFormatter(fmt_size))
+        ax.set_xlabel("message size (bytes, decimal units)")
+        ax.grid(True, which="major", alpha=0.3)
+        if mark_nbytes is not None:
+            ax.axvline(mark_nbytes, color="0.5", linewidth=1, linestyle=":")
+    ax_t.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: fmt_time(y).replace(".00", "")))
+    ax_t.set_ylabel("all-reduce time")
+    ax_t.set_title("time: latency-bound left, bandwidth-bound right")
+    ax_b.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}"))
+    ax_b.set_ylabel("bus bandwidth (GB/s)")
+    ax_b.set_title("bus bandwidth = size / time × 2(N-1)/N")
+    ax_b.set_ylim(top=link / 1e9 * 2)
+    ax_t.legend(loc="upper left", frameon=False)
+    ax_b.legend(loc="lower right", frameon=False, fontsize="small")
+    fig.suptitle(f"All-reduce over N = {world_size} ranks, {fmt_time(cost.latency)} per message, "
+                 f"{fmt_rate(link)} links")
+    plt.close(fig)          # returned, not shown twice in a notebook
+    return fig
+
+
+def bytes_per_rank_figure(results: dict[str, list[float]], title: str = ""):
+    """Grouped bars of bytes sent by each rank, one colour per named algorithm."""
+    import matplotlib.pyplot as plt
+
+    n = max((len(v) for v in results.values()), default=0)
+    peak = max((max(v, default=0.0) for v in results.values()), default=0.0)
+    unit, scale = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if peak >= s),
+                       ("B", 1))
+    width = 0.8 / max(len(results), 1)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * n * max(len(results), 1) + 2), 3.6), layout="constrained")
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, sent) in enumerate(results.items()):
+        colour = COLOURS.get(name.replace(" ", "_"), palette[i % len(palette)])
+        x = np.arange(len(sent)) + (i - (len(results) - 1) / 2) * width
+        ax.bar(x, np.asarray(sent, dtype=float) / scale, width, label=name, color=colour)
+    ax.set_xticks(range(n))
+    ax.set_xticklabels([f"rank {r}" for r in range(n)])
+    ax.set_ylabel(f"bytes sent ({unit})")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(frameon=False)
+    if title:
+        ax.set_title(title)
+    plt.close(fig)
+    return fig
