@@ -20,6 +20,17 @@ def _scale(end: float) -> tuple[float, str]:
     return 1e9, "ns"
 
 
+def _lane(e, row: int) -> tuple[float, float]:
+    """Compute on top; below it collectives, or sends over receives, which run at the same time."""
+    if e.lane == "compute":
+        return row + 0.52, 0.4
+    if e.op == "send":
+        return row + 0.29, 0.2
+    if e.op == "recv":
+        return row + 0.07, 0.2
+    return row + 0.07, 0.42
+
+
 def draw_timeline(events: Sequence, world_size: int, title: str = ""):
     """One row per rank with a compute lane (top) and a communication lane (bottom)."""
     import matplotlib.pyplot as plt
@@ -30,16 +41,15 @@ def draw_timeline(events: Sequence, world_size: int, title: str = ""):
     fig, ax = plt.subplots(figsize=(10, 0.55 * world_size + 1.2))
     used = set()
     for e in events:
-        row = world_size - 1 - e.rank
-        y = row + (0.52 if e.lane == "compute" else 0.08)
-        ax.broken_barh([(e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3))], (y, 0.4),
+        y, height = _lane(e, world_size - 1 - e.rank)
+        ax.broken_barh([(e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3))], (y, height),
                        facecolors=COLOURS.get(e.op, "#999999"), edgecolor="white", linewidth=0.3)
         used.add(e.op)
     ax.set_yticks([world_size - 1 - r + 0.5 for r in range(world_size)])
     ax.set_yticklabels([f"rank {r}" for r in range(world_size)])
     ax.set_ylim(0, world_size)
     ax.set_xlim(0, end * factor * 1.01 or 1)
-    ax.set_xlabel(f"simulated time ({unit})   each row: compute above, communication below")
+    ax.set_xlabel(f"simulated time ({unit})   each rank: compute above; communication below (sends over receives)")
     if title:
         ax.set_title(title)
     ax.legend(handles=[Patch(color=COLOURS.get(op, "#999999"), label=op) for op in sorted(used)],
