@@ -9,8 +9,7 @@ storage dies, wherever the last reference was hidden.
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -28,15 +27,12 @@ class RankTracker(TorchDispatchMode):
         self.flops = 0.0
         self.samples: list[tuple[float, int]] = [(0.0, 0)]
         self._sizes: dict[int, int] = {}
-        self._paused = 0
         self._on_flops = on_flops
         self._now = now
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self._paused:
-            return out
         counter = flop_registry.get(func._overloadpacket)
         if counter is not None:
             flops = counter(*args, **kwargs, out_val=out)
@@ -73,12 +69,3 @@ class RankTracker(TorchDispatchMode):
         if self.current > self.peak:
             self.peak = self.current
         self.samples.append((self._now(), self.current))
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        """The runtime's own temporaries (message copies, reductions) are not the rank's memory."""
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._paused -= 1
