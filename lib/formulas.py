@@ -143,8 +143,8 @@ def bus_bandwidth(algbw: float, n: int, op: str) -> float:
 def expert_capacity(tokens: int, experts: int, capacity_factor: float) -> int:
     """Tokens each expert accepts, ceil(tokens / experts × capacity_factor); top-1 routing drops the rest.
 
-    Rounded up as DeepSpeed and Megatron-LM do (flaxformer rounds to nearest, Mesh TensorFlow down), so that
-    a balanced batch is never dropped at capacity_factor >= 1; computed in exact fractions: 150/3 × 1.1 is 55, where floats give 56.
+    Rounded up as DeepSpeed and Megatron-LM do (flaxformer rounds to nearest, Mesh TensorFlow down) so that a
+    balanced batch is never dropped at capacity_factor >= 1; in exact fractions: 150/3 × 1.1 is 55, floats give 56.
     Source: Fedus et al. 2021, Switch Transformers, section 2.2.
     """
     _whole("tokens", tokens, 0)

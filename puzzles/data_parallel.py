@@ -84,7 +84,8 @@ def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
 
 def _reduce_scatter_oracle(dist, x):
     out = torch.empty_like(x.chunk(dist.get_world_size())[0])
-    dist.reduce_scatter_tensor(out, x)
+    # torch 2.13 renamed reduce_scatter_tensor (which now warns) to reduce_scatter_single.
+    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, x)
     return out
 
 
@@ -96,7 +97,7 @@ ring_reduce_scatter = Puzzle(
            "After N-1 steps chunk r holds the full sum on rank r.",
            "Send without blocking (req = dist.isend(...)), then dist.recv(buf, left), then req.wait(): "
            "if every rank does a blocking send first, nobody is receiving."],
-    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_tensor", atol=1e-5,
+    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5,
     describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring.")
 
 
@@ -111,7 +112,7 @@ def _all_gather_case(rng: random.Random, world: int) -> Case:
 
 def _all_gather_oracle(dist, chunk):
     out = torch.empty(dist.get_world_size() * chunk.numel(), dtype=chunk.dtype, device=chunk.device)
-    dist.all_gather_into_tensor(out, chunk)
+    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, chunk)
     return out
 
 
@@ -122,7 +123,7 @@ ring_all_gather = Puzzle(
            "straight into its place in the output.",
            "dist.recv writes into the tensor you give it, and a chunk of out (out.chunk(N)[i]) is a view: "
            "receiving into it fills the output."],
-    oracle=_all_gather_oracle, oracle_name="dist.all_gather_into_tensor",
+    oracle=_all_gather_oracle, oracle_name="dist.all_gather_single",
     describe="Every rank returns the concatenation of all ranks' chunks, in rank order, built from send/recv.")
 
 
