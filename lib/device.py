@@ -18,3 +18,11 @@ def device() -> torch.device:
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
     return torch.device("cpu")
+
+
+def host() -> torch.device:
+    """Host (CPU) memory, for offloading. In simulation it is `cpu:1`, which the simulator counts
+    as host memory; on real ranks it is the CPU, so `.to(lib.host())` really leaves the GPU."""
+    from lib.sim.runtime import current_rank
+
+    return torch.device("cpu", 1) if current_rank() is not None else torch.device("cpu")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -25,3 +27,86 @@ def mlp(sizes: Sequence[int], seed: int = 0, dtype: torch.dtype = torch.float64)
 
 def param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """A GPT's shape. `tied`: the output head reuses the token embedding (GPT-2 does)."""
+
+    vocab: int = 64
+    seq: int = 16
+    hidden: int = 32
+    heads: int = 4
+    layers: int = 2
+    dropout: float = 0.0
+    tied: bool = True
+
+
+class Dropout(nn.Module):
+    """Dropout whose saved mask takes one byte per element, as in Korthikanti et al.'s count
+    (PyTorch's CPU dropout keeps its mask in the activations' dtype)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.rand_like(x, dtype=torch.float32) >= self.p
+        return x * keep / (1 - self.p)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block laid out as in Korthikanti et al. 2022 (section 4.1), so that the
+    tensors autograd saves are the ones their activation formula counts."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        h = cfg.hidden
+        self.heads = cfg.heads
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        self.attn_drop, self.proj_drop, self.mlp_drop = (Dropout(cfg.dropout) for _ in range(3))
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(h, dim=-1))
+        scores = (q @ k.transpose(-2, -1)) * (h // self.heads) ** -0.5
+        # An additive mask: autograd saves nothing for it (masked_fill would save an s×s mask).
+        causal = torch.full((s, s), float("-inf"), dtype=x.dtype, device=x.device).triu(1)
+        weights = self.attn_drop((scores + causal).softmax(-1))
+        out = (weights @ v).transpose(1, 2).reshape(b, s, h)
+        return self.proj_drop(self.proj(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x))
+        return x + self.mlp_drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class TinyGPT(nn.Module):
+    """Token and position embeddings, `layers` blocks, a final LayerNorm and the output head."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tied:
+            self.head.weight = self.tok.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok(tokens) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(tokens)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -54,6 +54,8 @@ class CostModel:
     inter_node_bandwidth: one 400 Gb/s InfiniBand NIC per GPU (50 GB/s).
     latency: per message; a few microseconds for NCCL on NVLink.
     ranks_per_node: GPUs per node (8).
+    host_flops_per_s: the host CPU for offloaded work (about 2 TFLOP/s fp32 for a two-socket server).
+    pcie_bandwidth: copies between host and device memory (PCIe 5 x16, about 50 GB/s in practice).
     """
 
     flops_per_s: float = 989e12
@@ -61,13 +63,19 @@ class CostModel:
     inter_node_bandwidth: float = 50e9
     latency: float = 5e-6
     ranks_per_node: int = 8
+    host_flops_per_s: float = 2e12
+    pcie_bandwidth: float = 50e9
 
     def with_(self, **changes) -> "CostModel":
         """A copy with some fields changed, e.g. `CostModel().with_(ranks_per_node=4)`."""
         return replace(self, **changes)
 
-    def compute_time(self, flops: float) -> float:
-        return flops / self.flops_per_s
+    def compute_time(self, flops: float, on_host: bool = False) -> float:
+        return flops / (self.host_flops_per_s if on_host else self.flops_per_s)
+
+    def transfer_time(self, nbytes: int) -> float:
+        """A copy between host and device memory."""
+        return nbytes / self.pcie_bandwidth
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node

@@ -87,7 +87,8 @@ class SimDist:
 
     @_rule
     def get_world_size(self, group: Optional[Group] = None) -> int:
-        return self._group(group).size()
+        g = self._group(group)
+        return g.size() if self._rank in g.ranks else -1     # as torch: -1 outside the group
 
     @_rule
     def new_group(self, ranks: Optional[Sequence[int]] = None, timeout=None, backend=None, pg_options=None,
@@ -153,10 +154,14 @@ class SimDist:
         call = self._comm.post_collective(self._rank, name, g, text, signature, payload, nbytes, finish, root)
         return self._finish(call, async_op)
 
-    def _check_op(self, op) -> None:
+    def _check_op(self, op, t: Optional[torch.Tensor] = None) -> None:
         if op not in _REDUCERS:
             raise InvalidCall(f"rank {self._rank}: unsupported reduce op {op!r}; use dist.ReduceOp.SUM, AVG, "
                               "PRODUCT, MIN or MAX.")
+        if op == ReduceOp.AVG and t is not None and not (t.is_floating_point() or t.is_complex()):
+            raise InvalidCall(f"rank {self._rank}: ReduceOp.AVG on a {describe_tensor(t)} tensor: an average of "
+                              "integers is not an integer, and torch.distributed rejects it. Use SUM and divide "
+                              "a floating-point copy.")
 
     @staticmethod
     def _reduce(tensors: list[torch.Tensor], op) -> torch.Tensor:
@@ -168,13 +173,13 @@ class SimDist:
 
     # ---- collectives --------------------------------------------------------------
     @_rule
-    def barrier(self, group=None, async_op: bool = False, device_ids=None):
+    def barrier(self, group=None, async_op: bool = False, device_ids=None, timeout=None):
         return self._collective("barrier", group, "barrier()", (), None, 0, lambda p: {}, async_op)
 
     @_rule
     def all_reduce(self, tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         t = self._tensor(tensor, "all_reduce")
-        self._check_op(op)
+        self._check_op(op, t)
 
         def finish(payloads):
             with self._rt.untracked():
@@ -201,7 +206,7 @@ class SimDist:
     def reduce(self, tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
                group_dst: Optional[int] = None):
         t = self._tensor(tensor, "reduce")
-        self._check_op(op)
+        self._check_op(op, t)
         g = self._comm.resolve(self._rank, group, "reduce")
         root = self._root(g, dst, group_dst, "dst", "reduce")
 
@@ -238,10 +243,10 @@ class SimDist:
         out = self._tensor(output_tensor, what, "output_tensor")
         inp = self._tensor(input_tensor, what, "input_tensor")
         g = self._comm.resolve(self._rank, group, what)
-        if out.numel() != inp.numel() * g.size() or out.dtype != inp.dtype:
+        if not _concatenated(out, inp, g.size()):
             raise InvalidCall(f"rank {self._rank} called {what} with input {describe_tensor(inp)} and output "
-                              f"{describe_tensor(out)}: the output must hold world_size ({g.size()}) inputs "
-                              "of the same dtype, stacked along dim 0.")
+                              f"{describe_tensor(out)}: the output must be world_size ({g.size()}) inputs of the "
+                              "same dtype concatenated along dim 0 (gloo rejects a stacked (N, ...) output).")
 
         def finish(payloads):
             with self._rt.untracked():
@@ -253,7 +258,7 @@ class SimDist:
     @_rule
     def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
         out = self._tensor(output, "reduce_scatter", "output")
-        self._check_op(op)
+        self._check_op(op, out)
         g = self._comm.resolve(self._rank, group, "reduce_scatter")
         ins = self._list(input_list, g, "reduce_scatter", "input_list", like=out)
 
@@ -276,12 +281,12 @@ class SimDist:
     def _scatter_from(self, what, output, input, op, group, async_op):
         out = self._tensor(output, what, "output")
         inp = self._tensor(input, what, "input")
-        self._check_op(op)
+        self._check_op(op, inp)
         g = self._comm.resolve(self._rank, group, what)
-        if inp.numel() != out.numel() * g.size() or out.dtype != inp.dtype:
+        if not _concatenated(inp, out, g.size()):
             raise InvalidCall(f"rank {self._rank} called {what} with input {describe_tensor(inp)} and output "
-                              f"{describe_tensor(out)}: the input must hold world_size ({g.size()}) outputs "
-                              "of the same dtype, stacked along dim 0.")
+                              f"{describe_tensor(out)}: the input must be world_size ({g.size()}) outputs of the "
+                              "same dtype concatenated along dim 0 (gloo rejects a stacked (N, ...) input).")
 
         def finish(payloads):
             with self._rt.untracked():
@@ -351,6 +356,9 @@ class SimDist:
         t = self._tensor(tensor, "gather")
         g = self._comm.resolve(self._rank, group, "gather")
         root = self._root(g, dst, group_dst, "dst", "gather")
+        if self._rank != root and gather_list is not None:
+            raise InvalidCall(f"rank {self._rank} passed gather_list to gather(dst={root}): only the destination "
+                              "rank may (torch.distributed raises ValueError). Pass gather_list=None elsewhere.")
         outs = self._list(gather_list, g, "gather", "gather_list", like=t) if self._rank == root else None
 
         def finish(payloads):
@@ -367,6 +375,9 @@ class SimDist:
         t = self._tensor(tensor, "scatter")
         g = self._comm.resolve(self._rank, group, "scatter")
         root = self._root(g, src, group_src, "src", "scatter")
+        if self._rank != root and scatter_list is not None:
+            raise InvalidCall(f"rank {self._rank} passed scatter_list to scatter(src={root}): only the source "
+                              "rank may (torch.distributed raises ValueError). Pass scatter_list=None elsewhere.")
         ins = self._list(scatter_list, g, "scatter", "scatter_list", like=t) if self._rank == root else None
 
         def finish(payloads):
@@ -458,6 +469,15 @@ class SimDist:
             else:
                 works.append(Work(self._rt, self._post_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer, "irecv")))
         return works
+
+
+def _concatenated(big: torch.Tensor, part: torch.Tensor, n: int) -> bool:
+    """`big` is n copies of `part`'s shape concatenated along dim 0: the layout every backend takes."""
+    if big.dtype != part.dtype:
+        return False
+    if part.dim() == 0:
+        return tuple(big.shape) == (n,)
+    return big.dim() == part.dim() and big.shape[0] == n * part.shape[0] and big.shape[1:] == part.shape[1:]
 
 
 def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]):

@@ -27,7 +27,7 @@ class Event:
 
 @dataclass
 class RankStats:
-    """Per-rank totals: bytes moved, peak bytes of live tensors, simulated clock at return."""
+    """Per-rank totals: bytes moved, peak bytes of live tensors (device, and host), simulated clock at return."""
 
     rank: int
     bytes_sent: float
@@ -35,6 +35,7 @@ class RankStats:
     peak_memory: int
     clock: float
     flops: float = 0.0
+    host_peak_memory: int = 0                                         # offloaded to lib.host()
     calls: dict[str, int] = field(default_factory=dict)
     memory: list[tuple[float, int]] = field(default_factory=list)   # (simulated time, live bytes)
 

@@ -70,11 +70,21 @@ class RankState:
         self.abort = False
         self.resume = threading.Semaphore(0)
         self.thread: Optional[threading.Thread] = None
-        self.tracker = RankTracker(on_flops=self._add_flops, now=lambda: self.clock)
-        self._cost = runtime.cost
+        self.tracker = RankTracker(on_flops=self._add_flops, now=lambda: self.clock, on_transfer=self._transfer,
+                                   on_violation=runtime.fail)
+        self._runtime = runtime
 
-    def _add_flops(self, flops: float) -> None:
-        self.clock += self._cost.compute_time(flops)
+    def _add_flops(self, flops: float, on_host: bool) -> None:
+        self.clock += self._runtime.cost.compute_time(flops, on_host)
+
+    def _transfer(self, nbytes: int, to_host: bool) -> None:
+        """A host-device copy: blocks the rank for nbytes over PCIe, drawn as a transfer."""
+        self._runtime.close_compute(self)
+        op = "to_host" if to_host else "to_device"
+        start, self.clock = self.clock, self.clock + self._runtime.cost.transfer_time(nbytes)
+        self._runtime.events.append(Event(self.rank, op, "pcie", None, nbytes, start, self.clock))
+        self.calls[op] += 1
+        self.segment_start = self.clock
 
 
 class Runtime:
@@ -294,6 +304,7 @@ class Runtime:
     def result(self) -> SimResult:
         stats = [RankStats(rank=s.rank, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
                            peak_memory=s.tracker.peak, clock=s.clock, flops=s.tracker.flops,
+                           host_peak_memory=s.tracker.host_peak,
                            calls=dict(s.calls), memory=list(s.tracker.samples))
                  for s in self.ranks]
         trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))

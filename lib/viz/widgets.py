@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from lib.sim.cost import CostModel
 from lib.units import fmt_time
@@ -25,14 +25,47 @@ class ExplorerState:
     points: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def collective_cost_explorer(cost: Optional[CostModel] = None):
-    """Algorithm, N, message size, bandwidth and latency controls over `collective_cost_figure`."""
+def slider_options(width: str = "480px", label_width: str = "110px") -> dict[str, Any]:
+    """Keyword arguments shared by the explorers' sliders: redraw on release, aligned descriptions."""
+    import ipywidgets as widgets
+
+    return dict(continuous_update=False, style={"description_width": label_width},
+                layout=widgets.Layout(width=width))
+
+
+def live_box(rows: Sequence[Any], controls: dict[str, Any], state: Any, update: Callable[[], None]):
+    """A VBox of `rows` above an Output showing `state.fig` (if any) and `state.readout`.
+
+    `update()` refills the state; it runs now and synchronously on every control's value change.
+    The box carries `.controls` and `.state` so that tests can drive it.
+    """
     import ipywidgets as widgets
     from IPython.display import display
 
+    out = widgets.Output()
+
+    def redraw(_change=None) -> None:
+        update()
+        out.clear_output(wait=True)
+        with out:
+            if state.fig is not None:
+                display(state.fig)
+            print(state.readout)
+
+    for w in controls.values():
+        w.observe(redraw, names="value")
+    redraw()
+    box = widgets.VBox([*rows, out])
+    box.controls, box.state = controls, state
+    return box
+
+
+def collective_cost_explorer(cost: Optional[CostModel] = None):
+    """Algorithm, N, message size, bandwidth and latency controls over `collective_cost_figure`."""
+    import ipywidgets as widgets
+
     cost = cost or CostModel()
-    slider = dict(continuous_update=False, style={"description_width": "110px"},
-                  layout=widgets.Layout(width="480px"))
+    slider = slider_options()
     controls = {alg: widgets.Checkbox(value=True, description=LABELS[alg], indent=False,
                                       layout=widgets.Layout(width="150px")) for alg in ALGORITHMS}
     controls["N"] = widgets.SelectionSlider(options=RANKS, value=8, description="N (ranks)", **slider)
@@ -43,10 +76,9 @@ def collective_cost_explorer(cost: Optional[CostModel] = None):
                                                    **slider)
     controls["latency"] = widgets.FloatLogSlider(value=cost.latency * 1e6, base=10, min=-1, max=3, step=0.05,
                                                  readout_format=".3g", description="latency (µs)", **slider)
-    out = widgets.Output()
     state = ExplorerState()
 
-    def redraw(_change=None) -> None:
+    def update() -> None:
         algs = [a for a in ALGORITHMS if controls[a].value]
         n, size = controls["N"].value, controls["size"].value
         bw, lat = controls["bandwidth"].value * 1e9, controls["latency"].value * 1e-6
@@ -58,15 +90,7 @@ def collective_cost_explorer(cost: Optional[CostModel] = None):
                   for a, (t, b) in state.points.items()] or ["  (tick at least one algorithm)"]
         state.readout = "\n".join(lines)
         state.fig = collective_cost_figure(algs, n, (1e3, 1e10), cost=model, mark_nbytes=size)
-        out.clear_output(wait=True)
-        with out:
-            display(state.fig)
-            print(state.readout)
 
-    for w in controls.values():
-        w.observe(redraw, names="value")
-    redraw()
-    box = widgets.VBox([widgets.HBox([controls[a] for a in ALGORITHMS]),
-                        *(controls[k] for k in ("N", "size", "bandwidth", "latency")), out])
-    box.controls, box.state = controls, state
-    return box
+    rows = [widgets.HBox([controls[a] for a in ALGORITHMS]),
+            *(controls[k] for k in ("N", "size", "bandwidth", "latency"))]
+    return live_box(rows, controls, state, update)

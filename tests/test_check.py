@@ -1,0 +1,279 @@
+"""The checker framework on a tiny puzzle defined here: verdicts, messages, strictness, budgets, hints.
+
+The puzzle: every rank holds a vector; return the sum over ranks, sending no more than a ring
+all-reduce would. Cases vary world size, length and values, so a memorised answer cannot pass.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import lib.check
+from lib.check import Budget, Case, CheckFailed, NotSolved, Puzzle
+from lib.compare import first_difference
+from lib.sim import per_rank
+from lib.units import fmt_bytes
+
+RING = "2(N-1)/N × the vector's bytes, what a ring all-reduce sends"
+
+
+def _sum_case(rng: random.Random, n: int, allowed=None) -> Case:
+    length = n * rng.randint(1, 4)
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    xs = [torch.randn(length, generator=g) for _ in range(n)]
+    nbytes = length * 4
+    return Case(world_size=n, args=(per_rank(xs),), expected=[sum(xs)] * n, label=f"N={n}, length {length}",
+                budgets=[Budget("bytes_sent", 2 * (n - 1) / n * nbytes, RING, hint="reduce-scatter, then all-gather")],
+                allowed_ops=allowed)
+
+
+def make_puzzle(**kwargs) -> Puzzle:
+    return Puzzle("sum_vectors", "00_test", _sum_case, world_sizes=(2, 3, 4),
+                  hints=["Every rank needs everyone's vector.", "dist.all_reduce sums in place.",
+                         "dist.all_reduce(x); return x"], **kwargs)
+
+
+def make_p2p_puzzle() -> Puzzle:
+    return Puzzle("sum_vectors_p2p", "00_test",
+                  lambda rng, n: _sum_case(rng, n, allowed=frozenset({"send", "recv"})), world_sizes=(2, 3))
+
+
+# ---- learner functions ---------------------------------------------------------------------------
+
+def correct(dist, x):
+    dist.all_reduce(x)
+    return x
+
+
+def forgets_to_communicate(dist, x):
+    return x
+
+
+def stub(dist, x):
+    raise NotImplementedError
+
+
+def gathers_everything(dist, x):
+    """Right answer, but each rank receives every vector whole: (N-1)/N·N× the bytes, over budget at N ≥ 3."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    return sum(parts)
+
+
+def ring_from_p2p(dist, x):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = x.chunk(n)
+    buf = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        work = dist.isend(chunks[(rank - step) % n], (rank + 1) % n)
+        dist.recv(buf, (rank - 1) % n)
+        work.wait()
+        chunks[(rank - step - 1) % n].add_(buf)
+    for step in range(n - 1):
+        work = dist.isend(chunks[(rank + 1 - step) % n], (rank + 1) % n)
+        dist.recv(chunks[(rank - step) % n], (rank - 1) % n)
+        work.wait()
+    return x
+
+
+def deadlocks(dist, x):
+    dist.send(x, (dist.get_rank() + 1) % dist.get_world_size())
+    return x
+
+
+@pytest.fixture(autouse=True)
+def not_strict(monkeypatch):
+    monkeypatch.delenv("COURSE_STRICT", raising=False)
+
+
+# ---- verdicts and messages -----------------------------------------------------------------------
+
+def test_correct_function_passes(capsys):
+    puzzle = make_puzzle()
+    assert puzzle.check(correct) is True
+    out = capsys.readouterr().out
+    assert out.startswith("✓")
+    assert "sum_vectors" in out and "3 cases" in out
+    assert "budget" in out and RING in out
+
+
+def test_wrong_function_fails_and_says_where(capsys):
+    puzzle = make_puzzle()
+    assert puzzle.check(forgets_to_communicate) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗")
+    case = puzzle.cases()[0]
+    xs = case.args[0].values
+    want, got = case.expected[0], xs[0]
+    i = int((~torch.isclose(got, want, rtol=1e-5, atol=1e-6)).nonzero()[0])
+    assert "rank 0" in out
+    assert f"index ({i},)" in out
+    assert f"expected {want[i].item():.6g}" in out and f"got {got[i].item():.6g}" in out
+    assert case.label in out
+    assert "Hint: Every rank needs everyone's vector." in out
+
+
+def test_strict_raises_check_failed(capsys):
+    with pytest.raises(CheckFailed, match="rank 0"):
+        make_puzzle().check(forgets_to_communicate, strict=True)
+    assert make_puzzle().check(correct, strict=True) is True
+
+
+def test_stub_is_not_solved_yet(capsys):
+    puzzle = make_puzzle()
+    assert puzzle.check(stub) is False
+    out = capsys.readouterr().out
+    assert "not solved yet" in out
+    assert "✗" not in out and "Traceback" not in out
+    with pytest.raises(NotSolved):
+        puzzle.check(stub, strict=True)
+
+
+def test_course_strict_environment_makes_check_strict(monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_STRICT", "1")
+    with pytest.raises(CheckFailed):
+        make_puzzle().check(forgets_to_communicate)
+    with pytest.raises(NotSolved):
+        make_puzzle().check(stub)
+    assert make_puzzle().check(forgets_to_communicate, strict=False) is False
+    monkeypatch.setenv("COURSE_STRICT", "0")
+    assert make_puzzle().check(forgets_to_communicate) is False
+
+
+def test_a_learner_error_is_reported_not_raised(capsys):
+    assert make_puzzle().check(deadlocks) is False
+    out = capsys.readouterr().out
+    assert "Deadlock" in out and "rank 0" in out
+
+
+def test_budget_names_metric_value_limit_and_formula(capsys):
+    puzzle = make_puzzle()
+    assert puzzle.check(gathers_everything) is False
+    out = capsys.readouterr().out
+    case = puzzle.cases()[1]                           # N=3: the first case over budget
+    assert case.world_size == 3
+    nbytes = case.args[0].values[0].numel() * 4
+    value, limit = 2 * nbytes, 2 * (3 - 1) / 3 * nbytes    # all_gather sends (N-1)/N of N vectors
+    assert "the answer is right" in out
+    assert "sent" in out
+    assert fmt_bytes(value) in out and fmt_bytes(limit) in out
+    assert RING in out
+    assert "Hint: reduce-scatter, then all-gather" in out
+
+
+def test_allowed_ops_reject_a_collective_where_p2p_is_asked(capsys):
+    puzzle = make_p2p_puzzle()
+    assert puzzle.check(correct) is False
+    out = capsys.readouterr().out
+    assert "all_reduce" in out and "recv, send only" in out
+    assert puzzle.check(ring_from_p2p) is True
+
+
+def test_hints_come_in_tiers(capsys):
+    puzzle = make_puzzle()
+    shown = [puzzle.hint() for _ in range(4)]
+    assert shown[:3] == ["Hint 1 of 3: Every rank needs everyone's vector.", "Hint 2 of 3: dist.all_reduce sums in place.",
+                         "Hint 3 of 3: dist.all_reduce(x); return x"]
+    assert shown[3] == shown[2]                      # the last tier stays once reached
+    assert capsys.readouterr().out.splitlines()[0] == shown[0]
+    assert Puzzle("p", "nb", _sum_case).hint() == "No hints for this one."
+
+
+def test_a_hard_coded_answer_fails():
+    puzzle = make_puzzle()
+    cases = puzzle.cases()
+    first = cases[0]
+    answer = first.expected[0]
+
+    def memorised(dist, x):
+        return answer.clone()
+    assert puzzle.evaluate(correct).ok
+    outcome = puzzle.evaluate(memorised)
+    assert not outcome.ok and outcome.solved
+    assert outcome.case is not first and outcome.case.label != first.label
+    # the cases really differ: world sizes, lengths and values
+    assert len({c.world_size for c in cases}) == 3
+    assert len({c.label for c in cases}) == 3
+    assert [c.label for c in puzzle.cases(seed=0)] == [c.label for c in cases]
+    other = puzzle.cases(seed=1)
+    assert any(a.label != b.label or not torch.equal(a.expected[0], b.expected[0]) for a, b in zip(cases, other))
+
+
+def test_real_check_on_gloo(capsys):
+    puzzle = make_puzzle()
+    assert puzzle.real(correct, world_size=2) is True
+    assert "✓ real run on 2 processes" in capsys.readouterr().out
+    assert puzzle.real(forgets_to_communicate, world_size=2) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ real run") and "rank 0" in out
+
+
+def test_not_a_function():
+    outcome = make_puzzle().evaluate(42)
+    assert not outcome.ok and "should be a function" in outcome.message
+
+
+# ---- first_difference ----------------------------------------------------------------------------
+
+def test_first_difference_equal_and_within_tolerance():
+    t = torch.tensor([1.0, 2.0, float("nan")])
+    assert first_difference(t, t.clone()) is None
+    assert first_difference([t, {"a": 1, "b": (2.0, "x")}], [t.clone(), {"a": 1, "b": (2.0 + 1e-9, "x")}]) is None
+    assert first_difference(torch.tensor([1.0]), torch.tensor([1.0 + 1e-7])) is None
+    assert first_difference(torch.tensor([1.0]), torch.tensor([1.1]), rtol=0.2) is None
+    assert first_difference(3.0, torch.tensor(3.0)) is None
+
+
+def test_first_difference_nested():
+    expected = [torch.zeros(2), {"w": torch.zeros(2, 3), "n": 4}]
+    got = [torch.zeros(2), {"w": torch.zeros(2, 3), "n": 4}]
+    got[1]["w"][1, 2] = 0.5
+    assert first_difference(expected, got) == (
+        "result[1]['w'] at index (1, 2): expected 0, got 0.5 (1 of 6 values differ)")
+    got[1]["w"][1, 2] = 0
+    got[1]["n"] = 5
+    assert first_difference(expected, got, where="the result") == "the result[1]['n']: expected 4, got int 5"
+
+
+def test_first_difference_structure():
+    assert first_difference([1, 2], [1, 2, 3]) == "result should hold 2 items, got 3"
+    assert "should be a list of 2 items" in first_difference([1, 2], torch.zeros(2))
+    assert first_difference({"a": 1, "b": 2}, {"a": 1, "c": 2}) == "result keys differ: missing ['b'], unexpected ['c']"
+    assert "should be a dict" in first_difference({"a": 1}, [1])
+    assert "forget to return" in first_difference(torch.zeros(2), None)
+    assert "forget to return" in first_difference(1.0, None)
+    assert first_difference("ok", "ko") == "result: expected 'ok', got 'ko'"
+
+
+def test_first_difference_shape_and_dtype():
+    assert first_difference(torch.zeros(2, 3), torch.zeros(3, 2)) == "result has shape (3, 2), expected (2, 3)"
+    assert first_difference(torch.zeros(2), torch.zeros(2, dtype=torch.float64)) == (
+        "result has dtype float64, expected float32")
+    assert first_difference(torch.tensor([1, 2]), torch.tensor([1, 3])) == (
+        "result at index (1,): expected 2, got 3 (1 of 2 values differ)")
+    assert first_difference(torch.tensor(1.0), torch.tensor(2.0)) == "result: expected 1, got 2 (1 of 1 values differ)"
+
+
+def test_first_difference_modules():
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    b = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    b.load_state_dict(a.state_dict())
+    assert first_difference(a, b) is None
+    with torch.no_grad():
+        b[2].bias += 1
+    diff = first_difference(a, b)
+    assert diff.startswith("result['2.bias'] at index (0,): expected")
+    assert "should be the model" in first_difference(a, {"0.weight": a[0].weight})
+    c = torch.nn.Linear(3, 2)
+    assert first_difference(a, c).startswith("result keys differ")
+
+
+def test_strict_default_reads_the_environment(monkeypatch):
+    assert lib.check.strict_default() is False
+    for value, strict in (("1", True), ("yes", True), ("0", False), ("", False)):
+        monkeypatch.setenv("COURSE_STRICT", value)
+        assert lib.check.strict_default() is strict

@@ -1,0 +1,510 @@
+"""The simulator's statistics and failure modes on cases computed by hand.
+
+Bytes moved, peak memory, simulated clocks, traces, determinism, and each way a program can go
+wrong: every failure must raise the right PuzzleError quickly and leave no rank thread behind.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+import lib
+import lib.sim
+from lib.errors import PuzzleError, RankFailed
+from lib.sim import CollectiveMismatch, CostModel, Deadlock, InvalidCall, SimTimeout, per_rank
+
+
+def _sim_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("sim-rank-") and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def no_rank_thread_left():
+    yield
+    deadline = time.monotonic() + 2.0
+    while _sim_threads() and time.monotonic() < deadline:
+        for t in _sim_threads():
+            t.join(timeout=0.05)
+    assert _sim_threads() == [], "a simulated rank's thread outlived its run"
+
+
+def _fails(fn, n, error, *args, limit=5.0, **kwargs) -> PuzzleError:
+    """Run fn on n ranks; it must raise `error` within `limit` seconds. Returns the exception."""
+    start = time.monotonic()
+    with pytest.raises(error) as info:
+        lib.sim.run(fn, n, *args, **kwargs)
+    elapsed = time.monotonic() - start
+    assert elapsed < limit, f"{error.__name__} took {elapsed:.2f} s"
+    assert isinstance(info.value, PuzzleError)
+    return info.value
+
+
+# ---- programs -----------------------------------------------------------------------------------
+
+def ring_all_reduce(dist, x):
+    """Reduce-scatter then all-gather around the ring, from isend/recv; x holds world_size equal chunks."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks = x.chunk(n)
+    buf = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        work = dist.isend(chunks[(rank - step) % n], right)
+        dist.recv(buf, left)
+        work.wait()
+        chunks[(rank - step - 1) % n].add_(buf)
+    for step in range(n - 1):
+        work = dist.isend(chunks[(rank + 1 - step) % n], right)
+        dist.recv(chunks[(rank - step) % n], left)
+        work.wait()
+    return x
+
+
+# ---- bytes --------------------------------------------------------------------------------------
+
+def test_ring_all_reduce_from_p2p_bytes():
+    n = 4
+    xs = [torch.arange(1000, dtype=torch.float32) * (r + 1) for r in range(n)]
+    result = lib.sim.run(ring_all_reduce, n, per_rank(xs))
+    for r in range(n):
+        torch.testing.assert_close(result.results[r], sum(xs))
+        assert result.stats[r].bytes_sent == 2 * (n - 1) / n * 4000 == 6000
+        assert result.stats[r].bytes_received == 6000
+        assert result.stats[r].calls == {"send": 2 * (n - 1), "recv": 2 * (n - 1)}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_all_reduce_bytes_follow_the_ring(n):
+    def prog(dist):
+        t = torch.ones(1000)
+        dist.all_reduce(t)
+        return t
+    result = lib.sim.run(prog, n)
+    for s in result.stats:
+        assert s.bytes_sent == pytest.approx(2 * (n - 1) / n * 4000, rel=1e-12)
+        assert s.bytes_received == pytest.approx(2 * (n - 1) / n * 4000, rel=1e-12)
+        assert s.calls == {"all_reduce": 1}
+    assert all(torch.equal(t, torch.full((1000,), float(n))) for t in result.results)
+
+
+def test_send_counts_bytes_on_both_sides():
+    def prog(dist):
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(10), dst=1)
+        elif dist.get_rank() == 1:
+            dist.recv(torch.zeros(10), src=0)
+    stats = lib.sim.run(prog, 3).stats
+    assert (stats[0].bytes_sent, stats[0].bytes_received) == (40, 0)
+    assert (stats[1].bytes_sent, stats[1].bytes_received) == (0, 40)
+    assert (stats[2].bytes_sent, stats[2].bytes_received) == (0, 0)
+
+
+def test_broadcast_root_sends_the_tensor_once():
+    def prog(dist):
+        t = torch.full((250,), float(dist.get_rank()))
+        dist.broadcast(t, src=2)
+        return t
+    result = lib.sim.run(prog, 4)
+    assert result.stats[2].bytes_sent == 1000
+    assert result.stats[2].bytes_received == 0
+    assert all(torch.equal(t, torch.full((250,), 2.0)) for t in result.results)
+    assert all(s.bytes_received == 1000 for s in result.stats if s.rank != 2)
+
+
+# ---- peak memory --------------------------------------------------------------------------------
+
+def test_peak_memory_by_hand():
+    def prog(dist):
+        a = torch.zeros(1000)          # 4000 B
+        v = a.view(10, 100)            # a view: no new storage
+        b = torch.ones(500)            # 2000 B, freed again
+        del b
+        c = a * 2                      # 4000 B more: peak 8000
+        del v, c
+    for s in lib.sim.run(prog, 2).stats:
+        assert s.peak_memory == 8000
+        assert max(m for _, m in s.memory) == 8000
+        assert s.memory[-1][1] == 0          # everything freed once the rank returned
+
+
+def test_views_share_one_storage():
+    def prog(dist):
+        x = torch.zeros(1000)
+        views = [x.view(10, 100), x[::2], x[10:20], x.reshape(100, 10).t()]
+        return len(views)
+    assert lib.sim.run(prog, 1).stats[0].peak_memory == 4000
+
+
+HIDDEN: list = []
+
+
+def test_tensor_hidden_in_a_global_still_counts():
+    def prog(dist):
+        HIDDEN.append(torch.zeros(1000))
+        for _ in range(3):
+            tmp = torch.ones(100)      # 400 B that come and go
+            del tmp
+    try:
+        s = lib.sim.run(prog, 1).stats[0]
+        assert s.peak_memory == 4400
+        after = [m for _, m in s.memory][1:]          # from the allocation on
+        assert min(after) >= 4000, "memory dropped below the hidden tensor while it was alive"
+    finally:
+        HIDDEN.clear()
+
+
+def test_backward_buffers_count():
+    def prog(dist):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(64, 64)
+        x = torch.randn(8, 64, requires_grad=True)
+        layer(x).square().sum().backward()
+        return sum(p.numel() * p.element_size() for p in layer.parameters())
+    result = lib.sim.run(prog, 1)
+    params = result.results[0]
+    assert params == (64 * 64 + 64) * 4
+    # parameters, their gradients (as big again), the input and its gradient
+    assert result.stats[0].peak_memory >= 2 * params + 2 * 8 * 64 * 4
+
+
+def test_memory_of_one_rank_does_not_leak_into_another():
+    def prog(dist):
+        rank = dist.get_rank()
+        big = torch.zeros(262144) if rank == 0 else None      # 1 MiB, alive across the barrier
+        dist.barrier()
+        small = torch.zeros(25) if rank == 1 else None         # 100 B
+        dist.barrier()
+        return big is not None, small is not None
+    stats = lib.sim.run(prog, 4).stats
+    assert stats[0].peak_memory == 2**20
+    assert stats[1].peak_memory == 100
+    assert stats[2].peak_memory == stats[3].peak_memory == 0
+
+
+# ---- clocks and traces --------------------------------------------------------------------------
+
+def test_compute_clock_counts_matmul_flops():
+    def prog(dist):
+        a, b = torch.randn(64, 64), torch.randn(64, 64)
+        return a @ b
+    result = lib.sim.run(prog, 2, cost=CostModel(flops_per_s=1e9))
+    for s in result.stats:
+        assert s.flops == 2 * 64**3
+        assert s.clock == pytest.approx(2 * 64**3 / 1e9, abs=1e-12)
+    compute = [e for e in result.trace if e.op == "compute"]
+    assert sorted((e.rank, e.start, e.end) for e in compute) == [(0, 0.0, pytest.approx(2 * 64**3 / 1e9, abs=1e-12)),
+                                                                 (1, 0.0, pytest.approx(2 * 64**3 / 1e9, abs=1e-12))]
+
+
+SLOW_LINKS = CostModel(intra_node_bandwidth=1e6, inter_node_bandwidth=1e5, latency=1e-3)
+
+
+def _send_1000_floats(dist):
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(1000), dst=1)
+    else:
+        dist.recv(torch.zeros(1000), src=0)
+
+
+@pytest.mark.parametrize("cost, expected", [
+    (SLOW_LINKS, 1e-3 + 4000 / 1e6),                              # one node: NVLink-like
+    (SLOW_LINKS.with_(ranks_per_node=1), 1e-3 + 4000 / 1e5),      # one rank per node: the network
+])
+def test_p2p_clock_is_latency_plus_bytes_over_bandwidth(cost, expected):
+    result = lib.sim.run(_send_1000_floats, 2, cost=cost)
+    assert [s.clock for s in result.stats] == [pytest.approx(expected, abs=1e-12)] * 2
+    assert result.time == pytest.approx(expected, abs=1e-12)
+    comm = [e for e in result.trace if e.op != "compute"]
+    assert [(e.rank, e.op, e.group, e.peer, e.bytes) for e in comm] == [(0, "send", "p2p", 1, 4000),
+                                                                        (1, "recv", "p2p", 0, 4000)]
+    for e in comm:
+        assert e.start == 0.0 and e.end == pytest.approx(expected, abs=1e-12)
+
+
+OVERLAP = CostModel(flops_per_s=1e9, intra_node_bandwidth=4e6, latency=5e-6)
+COMM = 2 * (2 - 1) * 5e-6 + 2 * (2 - 1) / 2 * 4000 / 4e6     # ring all-reduce of 4000 B on 2 ranks
+
+
+def _overlap(dist, size, async_op):
+    t = torch.ones(1000)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    work = dist.all_reduce(t, async_op=async_op)
+    c = a @ b
+    if async_op:
+        work.wait()
+    return t, c
+
+
+@pytest.mark.parametrize("size", [64, 128])
+def test_async_all_reduce_overlaps_compute(size):
+    compute = 2 * size**3 / 1e9
+    overlapped = lib.sim.run(_overlap, 2, size, True, cost=OVERLAP)
+    serial = lib.sim.run(_overlap, 2, size, False, cost=OVERLAP)
+    for s in overlapped.stats:
+        assert s.clock == pytest.approx(max(compute, COMM), abs=1e-12)
+    for s in serial.stats:
+        assert s.clock == pytest.approx(compute + COMM, abs=1e-12)
+    assert all(torch.equal(t, torch.full((1000,), 2.0)) for t, _ in overlapped.results)
+    events = {(e.rank, e.op): e for e in overlapped.trace}
+    for r in range(2):
+        ar, comp = events[(r, "all_reduce")], events[(r, "compute")]
+        assert (ar.group, ar.peer, ar.bytes) == ("WORLD", None, 4000)
+        assert ar.start == 0.0 and ar.end == pytest.approx(COMM, abs=1e-12)
+        assert comp.start == 0.0 and comp.end == pytest.approx(compute, abs=1e-12)
+
+
+def test_timeline_and_chrome_trace(tmp_path):
+    import matplotlib.figure
+
+    result = lib.sim.run(ring_all_reduce, 4, per_rank([torch.ones(8) * r for r in range(4)]))
+    fig = result.timeline(title="ring")
+    assert isinstance(fig, matplotlib.figure.Figure)
+    ax = fig.axes[0]
+    assert len(ax.get_yticks()) == 4
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r}" for r in range(4)]
+
+    path = tmp_path / "trace.json"
+    result.save_trace(path)
+    data = json.loads(path.read_text())
+    events = data["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert processes == {r: f"rank {r}" for r in range(4)}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == len(result.trace)
+    assert {e["pid"] for e in spans} == {0, 1, 2, 3}
+    assert sum(e["args"]["bytes"] for e in spans if e["name"] == "send") == sum(s.bytes_sent for s in result.stats)
+
+
+# ---- determinism --------------------------------------------------------------------------------
+
+def _noisy(dist):
+    """Draws from the global RNG between communications: the draws interleave across ranks."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(16)
+    dist.all_reduce(x)
+    y = torch.randn(16) + rank
+    buf = torch.empty(16)
+    work = dist.isend(y, (rank + 1) % n)
+    dist.recv(buf, (rank - 1) % n)
+    work.wait()
+    z = torch.randn(32, 32) @ torch.randn(32, 32)
+    keep = [torch.randn(100) for _ in range(rank + 1)]
+    dist.barrier()
+    return x, y, buf, z, len(keep)
+
+
+def test_same_program_same_everything():
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(1234)
+        runs.append(lib.sim.run(_noisy, 4))
+    a, b = runs
+    for ra, rb in zip(a.results, b.results):
+        for ta, tb in zip(ra[:4], rb[:4]):
+            assert torch.equal(ta, tb)
+    assert a.stats == b.stats
+    assert a.trace == b.trace
+    assert not torch.equal(a.results[0][1] - 0, a.results[1][1] - 1), "ranks drew the same numbers"
+
+
+# ---- failure modes ------------------------------------------------------------------------------
+
+def test_deadlock_when_every_rank_sends_first():
+    def prog(dist):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        dist.send(torch.ones(4), dst=(rank + 1) % n)
+        dist.recv(torch.zeros(4), src=(rank - 1) % n)
+    message = str(_fails(prog, 4, Deadlock))
+    for r in range(4):
+        assert f"rank {r} waits" in message
+    assert "send" in message
+
+
+def test_deadlock_when_a_rank_returns_early():
+    def prog(dist):
+        if dist.get_rank() == 2:
+            return None
+        dist.all_reduce(torch.ones(3))
+    message = str(_fails(prog, 3, Deadlock))
+    assert "rank 2 has returned" in message
+    assert "rank 0 waits in all_reduce" in message and "rank 1 waits in all_reduce" in message
+    assert "returned while others still expected them" in message
+
+
+@pytest.mark.parametrize("case", ["op", "shape", "dtype"])
+def test_mismatched_collectives(case):
+    def prog(dist):
+        rank = dist.get_rank()
+        if case == "op":
+            t = torch.ones(4)
+            if rank == 0:
+                dist.all_reduce(t)
+            else:
+                dist.all_gather([torch.zeros(4) for _ in range(2)], t)
+        elif case == "shape":
+            dist.all_reduce(torch.ones(4 + rank))
+        else:
+            dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64))
+    message = str(_fails(prog, 2, CollectiveMismatch))
+    assert "rank 0" in message and "rank 1" in message
+
+
+def test_isend_never_received():
+    def prog(dist):
+        if dist.get_rank() == 0:
+            dist.isend(torch.ones(4), dst=1)
+    message = str(_fails(prog, 2, CollectiveMismatch))
+    assert "never received" in message and "rank 0" in message
+
+
+def test_send_recv_size_mismatch():
+    def prog(dist):
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(4), dst=1)
+        else:
+            dist.recv(torch.zeros(5), src=0)
+    _fails(prog, 2, CollectiveMismatch)
+
+
+def test_send_recv_dtype_mismatch():
+    def prog(dist):
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(4), dst=1)
+        else:
+            dist.recv(torch.zeros(4, dtype=torch.float64), src=0)
+    _fails(prog, 2, CollectiveMismatch)
+
+
+def test_rank_raising_names_rank_line_and_error():
+    def prog(dist):
+        if dist.get_rank() == 1:
+            raise ValueError("shard size 7 does not divide 10")
+        dist.all_reduce(torch.ones(2))
+    error = _fails(prog, 3, RankFailed)
+    text = str(error)
+    assert error.rank == 1
+    assert isinstance(error.exception, ValueError)
+    assert "ValueError: shard size 7 does not divide 10" in text
+    assert 'raise ValueError("shard size 7 does not divide 10")' in text
+    assert "test_sim_runtime.py" in text
+    assert "lib/sim" not in text and "lib\\sim" not in text
+
+
+def test_a_bad_argument_inside_a_dist_call_is_invalid_call():
+    def prog(dist):
+        t = torch.ones(2)
+        dist.all_reduce(t, op="sum")       # not a ReduceOp: a learner mistake inside a sim call
+    error = _fails(prog, 2, InvalidCall)
+    assert "rank 0" in str(error) and "ReduceOp.SUM" in str(error)
+    assert "lib/sim" not in str(error)
+
+
+def _spin(dist):
+    if dist.get_rank() == 1:
+        while True:
+            pass
+
+
+def _spin_with_torch(dist):
+    x = torch.zeros(1)
+    if dist.get_rank() == 0:
+        while x.item() < 1:
+            x = x * 1.0
+
+
+@pytest.mark.parametrize("prog", [_spin, _spin_with_torch])
+def test_endless_loop_times_out(prog):
+    message = str(_fails(prog, 2, SimTimeout, timeout=1.0, limit=4.0))
+    assert "rank" in message
+
+
+@pytest.mark.parametrize("case", ["non_contiguous", "send_to_self", "dst_out_of_range", "all_gather_list",
+                                  "irecv_not_waited", "async_all_reduce_not_waited"])
+def test_invalid_calls(case):
+    def prog(dist):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        if case == "non_contiguous":
+            dist.all_reduce(torch.zeros(4, 3).t())
+        elif case == "send_to_self":
+            dist.send(torch.ones(2), dst=rank)
+        elif case == "dst_out_of_range":
+            dist.send(torch.ones(2), dst=n)
+        elif case == "all_gather_list":
+            dist.all_gather([torch.zeros(2) for _ in range(n - 1)], torch.ones(2))
+        elif case == "irecv_not_waited":
+            if rank == 0:
+                dist.irecv(torch.zeros(2), src=1)
+            else:
+                dist.send(torch.ones(2), dst=0)
+        else:
+            dist.all_reduce(torch.ones(2), async_op=True)
+    message = str(_fails(prog, 2, InvalidCall))
+    assert "rank" in message
+
+
+@pytest.mark.parametrize("catch", ["Exception", "PuzzleError", "bare"])
+def test_learner_cannot_swallow_a_mismatch(catch):
+    def prog(dist):
+        t = torch.ones(4)
+        try:
+            if dist.get_rank() == 0:
+                dist.all_reduce(t)
+            else:
+                dist.all_gather([torch.zeros(4), torch.zeros(4)], t)
+        except PuzzleError if catch == "PuzzleError" else Exception:
+            pass
+        return t
+
+    def prog_bare(dist):
+        t = torch.ones(4)
+        try:
+            if dist.get_rank() == 0:
+                dist.all_reduce(t)
+            else:
+                dist.all_gather([torch.zeros(4), torch.zeros(4)], t)
+        except:  # noqa: E722  (what a learner might write)
+            pass
+        return t
+    _fails(prog_bare if catch == "bare" else prog, 2, CollectiveMismatch)
+
+
+# ---- scale, arguments, device -------------------------------------------------------------------
+
+def test_ring_all_reduce_on_64_ranks():
+    n = 64
+    xs = [torch.full((n * 2,), float(r)) for r in range(n)]
+    result = lib.sim.run(ring_all_reduce, n, per_rank(xs))
+    want = torch.full((n * 2,), float(sum(range(n))))
+    assert all(torch.equal(t, want) for t in result.results)
+
+
+def test_per_rank_values_and_deep_copies():
+    shared = torch.zeros(3)
+
+    def prog(dist, mine, common):
+        if dist.get_rank() == 0:
+            common.add_(100)
+            mine.add_(1)
+        dist.barrier()
+        return mine.clone(), common.clone()
+    mine = [torch.full((2,), float(r)) for r in range(3)]
+    result = lib.sim.run(prog, 3, per_rank(mine), shared)
+    assert result.results[0][0].tolist() == [1.0, 1.0]
+    assert [r[0].tolist() for r in result.results[1:]] == [[1.0, 1.0], [2.0, 2.0]]
+    assert result.results[0][1].tolist() == [100.0] * 3
+    assert result.results[1][1].tolist() == result.results[2][1].tolist() == [0.0] * 3
+    assert shared.tolist() == [0.0] * 3
+    assert mine[0].tolist() == [0.0, 0.0]
+
+
+def test_per_rank_needs_one_value_per_rank():
+    with pytest.raises(InvalidCall):
+        lib.sim.run(lambda dist, x: x, 3, per_rank([1, 2]))
+
+
+def test_device_is_cpu_inside_a_simulated_rank():
+    assert lib.sim.run(lambda dist: lib.device(), 2).results == [torch.device("cpu")] * 2
