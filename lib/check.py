@@ -8,6 +8,7 @@ shapes, values) so that only the algorithm can pass, and explains the first fail
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import random
 from dataclasses import dataclass, field
@@ -21,7 +22,9 @@ from lib.errors import PuzzleError, RankFailed
 from lib.sim import CostModel, PerRank, SimResult, run
 from lib.units import fmt_bytes, fmt_time
 
-METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory", "time": "simulated time"}
+METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory",
+           "host_peak_memory": "peak host memory", "host_flops": "FLOPs computed in host memory",
+           "time": "simulated time"}
 
 
 class CheckFailed(PuzzleError):
@@ -45,7 +48,9 @@ class Budget:
         return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
 
     def fmt(self, value: float) -> str:
-        return fmt_time(value) if self.metric == "time" else fmt_bytes(value)
+        if self.metric == "time":
+            return fmt_time(value)
+        return f"{value:,.0f}" if self.metric == "host_flops" else fmt_bytes(value)
 
 
 @dataclass
@@ -83,7 +88,7 @@ class Puzzle:
     def __init__(self, name: str, notebook: str, make_case: Callable[[random.Random, int], Case],
                  world_sizes: Sequence[int] = (2, 3, 4, 5, 8), hints: Sequence[str] = (),
                  oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
-                 atol: float = 1e-6, describe: str = "") -> None:
+                 atol: float = 1e-6, describe: str = "", takes_dist: bool = True) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -95,10 +100,17 @@ class Puzzle:
         self.oracle_name = oracle_name
         self.rtol, self.atol = rtol, atol
         self.describe = describe
+        self.takes_dist = takes_dist       # False: a plain function of the inputs (a prediction, a count)
         self._hints_shown = 0
 
     def __repr__(self) -> str:
         return f"<puzzle {self.notebook}/{self.name}>"
+
+    def _spmd(self, fn: Callable) -> Callable:
+        """Every run takes `dist` first; a plain puzzle function is wrapped to ignore it."""
+        if self.takes_dist or not callable(fn):
+            return fn
+        return functools.partial(_without_dist, fn)
 
     def cases(self, seed: int = 0) -> list[Case]:
         rng = random.Random(f"{self.name}:{seed}")
@@ -110,6 +122,7 @@ class Puzzle:
         if not callable(fn):
             return Outcome(False, True, f"{self.name} should be a function, got {type(fn).__name__}.")
         last: Optional[SimResult] = None
+        fn = self._spmd(fn)
         for case in self.cases(seed):
             try:
                 result = run(fn, case.world_size, *case.args, cost=case.cost)
@@ -154,14 +167,16 @@ class Puzzle:
 
     def _success(self, result: SimResult, case: Case) -> str:
         sizes = ", ".join(str(n) for n in self.world_sizes)
-        text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases (world sizes {sizes})."
+        where = f" (world sizes {sizes})" if self.takes_dist else ""
+        text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
         for b in case.budgets:
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
                 worst = max(result.stats, key=lambda s: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30))
                 value, limit = getattr(worst, b.metric), b.limit_for(worst.rank)
-            text += f"\n  {METRICS[b.metric]} at N={case.world_size}: {b.fmt(value)} of a {b.fmt(limit)} budget ({b.why})."
+            at = f" at N={case.world_size}" if self.takes_dist else ""
+            text += f"\n  {METRICS[b.metric]}{at}: {b.fmt(value)} of a {b.fmt(limit)} budget ({b.why})."
         return text
 
     def check(self, fn: Callable, strict: Optional[bool] = None, seed: int = 0, show: bool = True) -> bool:
@@ -202,7 +217,7 @@ class Puzzle:
         """Run one case on simulated ranks, for exploring: look at .stats and .timeline()."""
         n = world_size or self.world_sizes[-1]
         case = self.make_case(random.Random(f"{self.name}:{seed}"), n)
-        return run(fn, n, *case.args, cost=case.cost)
+        return run(self._spmd(fn), n, *case.args, cost=case.cost)
 
     def explore(self, fn: Callable, world_size: Optional[int] = None) -> Optional[SimResult]:
         """Like run, for figures in a notebook: None (with a note) while the puzzle is unsolved or failing."""
@@ -223,7 +238,8 @@ class Puzzle:
         strict = strict_default() if strict is None else strict
         case = self.make_case(random.Random(f"{self.name}:{seed}"), world_size)
         try:
-            outputs = launch(_real_rank, world_size, fn, self.oracle, case.args, backend=backend, timeout=timeout)
+            outputs = launch(_real_rank, world_size, self._spmd(fn), self.oracle, case.args, backend=backend,
+                             timeout=timeout)
         except RankFailed as e:
             if "NotImplementedError" in str(e).split("\n", 1)[0]:
                 print(f"○ {self.name} is not solved yet: the real run waits for your answer.")
@@ -258,7 +274,7 @@ class Puzzle:
         Every rank builds the same case from the seed; returns None when this rank's result is right.
         """
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
-        mine, theirs = _real_rank(dist, fn, self.oracle, case.args)
+        mine, theirs = _real_rank(dist, self._spmd(fn), self.oracle, case.args)
         return self._real_difference(dist.get_rank(), mine, theirs, case)
 
     def _real_failed(self, message: str, strict: bool) -> bool:
@@ -267,6 +283,10 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _without_dist(fn: Callable, dist, *args):
+    return fn(*args)
 
 
 def _real_rank(dist, fn: Callable, oracle: Optional[Callable], args: tuple):

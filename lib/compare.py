@@ -14,10 +14,9 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
     Walks tensors, numbers, lists, tuples, dicts and modules (by their named parameters).
     """
     if isinstance(expected, torch.nn.Module):
-        expected = dict(expected.named_parameters())
         if not isinstance(got, torch.nn.Module):
             return f"{where} should be the model (an nn.Module), got {_kind(got)}"
-        got = dict(got.named_parameters())
+        return _module_difference(expected, got, rtol, atol, where)
     if isinstance(expected, torch.Tensor):
         return _tensor_difference(expected, got, rtol, atol, where)
     if isinstance(expected, (list, tuple)):
@@ -52,6 +51,25 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
     return None
 
 
+def _module_difference(expected: torch.nn.Module, got: torch.nn.Module, rtol: float, atol: float,
+                       where: str) -> Optional[str]:
+    """Parameters by name, and their gradients wherever the reference has one."""
+    want, have = dict(expected.named_parameters()), dict(got.named_parameters())
+    diff = first_difference({k: v.detach() for k, v in want.items()}, {k: v.detach() for k, v in have.items()},
+                            rtol, atol, where)
+    if diff:
+        return diff
+    for name, p in want.items():
+        if p.grad is None:
+            continue
+        if have[name].grad is None:
+            return f"{where}: {name}.grad is None, expected a gradient (did backward run on this parameter?)"
+        diff = _tensor_difference(p.grad, have[name].grad, rtol, atol, f"{where}: {name}.grad")
+        if diff:
+            return diff
+    return None
+
+
 def _tensor_difference(expected: torch.Tensor, got: Any, rtol: float, atol: float, where: str) -> Optional[str]:
     if not isinstance(got, torch.Tensor):
         return f"{where} should be a tensor of shape {tuple(expected.shape)}, got {_kind(got)}"
@@ -69,8 +87,17 @@ def _tensor_difference(expected: torch.Tensor, got: Any, rtol: float, atol: floa
     index = tuple(int(i) for i in bad.nonzero()[0])
     count, total = int(bad.sum()), bad.numel()
     at = f" at index {index}" if index else ""
-    return (f"{where}{at}: expected {e[index].item():.6g}, got {g[index].item():.6g} "
-            f"({count} of {total} values differ)")
+    want, have = _digits(e[index].item(), g[index].item())
+    return f"{where}{at}: expected {want}, got {have} ({count} of {total} values differ)"
+
+
+def _digits(want: Any, have: Any) -> tuple[str, str]:
+    """Enough significant digits for the two numbers to read differently."""
+    for digits in (6, 9, 12, 17):
+        a, b = f"{want:.{digits}g}", f"{have:.{digits}g}"
+        if a != b:
+            break
+    return a, b
 
 
 def _dtype(t: torch.Tensor) -> str:

@@ -8,11 +8,14 @@ import torch
 
 
 def device() -> torch.device:
-    """CPU in simulation and on gloo; the rank's own GPU when the process group runs on NCCL."""
+    """CPU in simulation and on gloo; the rank's own GPU when the process group runs on NCCL.
+
+    In simulation it is `cpu:0`, so that `.to(lib.device())` really copies a tensor back from
+    host memory (`lib.host()`, `cpu:1`) instead of being skipped as a move from CPU to CPU."""
     from lib.sim.runtime import current_rank
 
     if current_rank() is not None:
-        return torch.device("cpu")
+        return torch.device("cpu", 0)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":

@@ -100,13 +100,24 @@ class TinyGPT(nn.Module):
         if cfg.tied:
             self.head.weight = self.tok.weight
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings: the input of the first block."""
+        return self.tok(tokens) + self.pos.weight[: tokens.shape[1]]
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """From the last block's output to the mean cross-entropy (computed in fp32)."""
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok(tokens) + self.pos(positions)
+        x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(tokens)
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        """embed, every block, head_loss: the whole forward pass to the loss."""
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head_loss(x, targets)

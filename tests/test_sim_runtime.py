@@ -507,4 +507,7 @@ def test_per_rank_needs_one_value_per_rank():
 
 
 def test_device_is_cpu_inside_a_simulated_rank():
-    assert lib.sim.run(lambda dist: lib.device(), 2).results == [torch.device("cpu")] * 2
+    # cpu:0, so that .to(lib.device()) copies back from host memory (lib.host() is cpu:1 there)
+    assert lib.sim.run(lambda dist: lib.device(), 2).results == [torch.device("cpu", 0)] * 2
+    assert lib.sim.run(lambda dist: lib.host(), 2).results == [torch.device("cpu", 1)] * 2
+    assert lib.device() == lib.host() == torch.device("cpu")        # outside: the real CPU

@@ -36,6 +36,7 @@ class RankStats:
     clock: float
     flops: float = 0.0
     host_peak_memory: int = 0                                         # offloaded to lib.host()
+    host_flops: float = 0.0                                           # of `flops`, computed in host memory
     calls: dict[str, int] = field(default_factory=dict)
     memory: list[tuple[float, int]] = field(default_factory=list)   # (simulated time, live bytes)
 

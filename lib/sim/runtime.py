@@ -304,7 +304,7 @@ class Runtime:
     def result(self) -> SimResult:
         stats = [RankStats(rank=s.rank, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
                            peak_memory=s.tracker.peak, clock=s.clock, flops=s.tracker.flops,
-                           host_peak_memory=s.tracker.host_peak,
+                           host_peak_memory=s.tracker.host_peak, host_flops=s.tracker.host_flops,
                            calls=dict(s.calls), memory=list(s.tracker.samples))
                  for s in self.ranks]
         trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))

@@ -6,8 +6,10 @@ output's storage is counted once (views share it) and released by a finalizer wh
 storage dies, wherever the last reference was hidden.
 
 Device and host memory are told apart by placement: in simulation `lib.host()` is the
-device `cpu:1`, so a tensor made with `device=lib.host()` or moved with `.to(lib.host())`
-is host memory, and so is whatever an op computes from host tensors.
+device `cpu:1` and `lib.device()` is `cpu:0`, so a tensor made with `device=lib.host()` or
+moved with `.to(lib.host())` is host memory, and so is whatever an op computes from host
+tensors. A tensor made with a plain `cpu` device (`device=x.device`, since a host tensor's
+device reads `cpu`) is neutral: it goes with either side and counts as device memory.
 """
 
 from __future__ import annotations
@@ -23,8 +25,20 @@ from torch.utils.flop_counter import flop_registry
 from lib.sim.errors import InvalidCall
 
 HOST = torch.device("cpu", 1)
+DEVICE, ON_HOST, NEUTRAL = 0, 1, 2      # where a storage lives
 # Ops that may take a host tensor and a device tensor together, as on a GPU.
 _CROSSING = {torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}
+
+
+_ALIASING: dict = {}
+
+
+def _aliases_input(func) -> bool:
+    """Whether the op returns (a view of) one of its inputs, from its schema; cached per op."""
+    known = _ALIASING.get(func)
+    if known is None:
+        known = _ALIASING[func] = any(r.alias_info is not None for r in func._schema.returns)
+    return known
 
 
 def _raise(error: Exception) -> None:
@@ -46,54 +60,69 @@ class RankTracker(TorchDispatchMode):
         self.current = self.peak = 0
         self.host_current = self.host_peak = 0
         self.flops = 0.0
+        self.host_flops = 0.0
         self.samples: list[tuple[float, int]] = [(0.0, 0)]
-        self._sizes: dict[int, tuple[int, bool]] = {}
+        self._sizes: dict[int, tuple[int, int]] = {}     # storage -> (bytes, DEVICE / ON_HOST / NEUTRAL)
+        self._hosted = 0                                  # how many live storages are on the host
         self._on_flops = on_flops
         self._on_transfer = on_transfer
         self._now = now
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        on_host = self._placement(func, args, kwargs)
+        place = self._placement(func, args, kwargs)
+        on_host = place == ON_HOST
         out = func(*args, **kwargs)
         counter = flop_registry.get(func._overloadpacket)
         if counter is not None:
             flops = counter(*args, **kwargs, out_val=out)
             self.flops += flops
+            if on_host:
+                self.host_flops += flops
             self._on_flops(flops, on_host)
         if func in _CROSSING:
             source, target = (args[0], out) if func is torch.ops.aten._to_copy.default else (args[1], args[0])
-            if isinstance(source, torch.Tensor) and self._is_host(source) != self._is_host(target, on_host):
-                self._on_transfer(source.numel() * source.element_size(), not self._is_host(source))
+            if isinstance(source, torch.Tensor):
+                sides = {self._place(source), self._place(target, place)}
+                if sides == {DEVICE, ON_HOST}:
+                    self._on_transfer(source.numel() * source.element_size(), self._place(source) == DEVICE)
+        if _aliases_input(func):
+            return out                     # a view or an in-place result: no new storage
         if isinstance(out, torch.Tensor):
-            self.adopt(out, on_host)
+            self.adopt(out, place)
         else:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
-                    self.adopt(t, on_host)
+                    self.adopt(t, place)
         return out
 
-    def _placement(self, func, args, kwargs) -> bool:
-        """Whether the op's outputs live in host memory; mixing host and device inputs is an error."""
+    def _placement(self, func, args, kwargs) -> int:
+        """Where the op's outputs live; mixing host and device inputs is an error."""
         target = kwargs.get("device")
         if target is not None:
-            return torch.device(target) == HOST
-        if not any(host for _, host in self._sizes.values()):
-            return False                   # nothing on the host yet: the common, fast case
-        places = {self._is_host(t) for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor) and t.dim() > 0}
+            target = torch.device(target)
+            if target.index is not None:
+                return ON_HOST if target == HOST else DEVICE
+        if not self._hosted:
+            return DEVICE                  # nothing on the host yet: the common, fast case
+        seen = {self._place(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() > 0}
+        places = seen - {NEUTRAL}
         if len(places) > 1 and func not in _CROSSING:
             self._on_violation(InvalidCall(
                 f"{func._overloadpacket.__name__} was given a tensor in host memory and one in device "
                 "memory. On a GPU this fails (tensors must be on the same device).\n"
-                "Hint: bring one to the other's side first, with .to(lib.device()) or .to(lib.host())."))
-        return places == {True}
+                "Hint: bring one to the other's side first, with .to(lib.device()) or .to(lib.host()). In "
+                "simulation, place new tensors with device=lib.device() or lib.host(): a host tensor's .device "
+                "reads plain 'cpu' there."))
+        if places:
+            return places.pop() if len(places) == 1 else DEVICE
+        return NEUTRAL if target is not None or NEUTRAL in seen else DEVICE
 
-    def _is_host(self, t: torch.Tensor, default: bool = False) -> bool:
+    def _place(self, t: torch.Tensor, default: int = DEVICE) -> int:
         known = self._sizes.get(t.untyped_storage()._cdata)
         return known[1] if known is not None else default
 
-    def adopt(self, t: torch.Tensor, on_host: bool = False) -> None:
+    def adopt(self, t: torch.Tensor, place: int = DEVICE) -> None:
         """Count `t`'s storage as this rank's until it is freed (once, however many views)."""
         storage = t.untyped_storage()
         key = storage._cdata
@@ -104,14 +133,16 @@ class RankTracker(TorchDispatchMode):
         elif known[0] == size:
             return
         else:
-            on_host = known[1]             # a storage resized in place stays where it is
-        self._sizes[key] = (size, on_host)
-        self._change(size - (known[0] if known else 0), on_host)
+            place = known[1]               # a storage resized in place stays where it is
+        self._sizes[key] = (size, place)
+        self._hosted += (place == ON_HOST) - (known is not None and known[1] == ON_HOST)
+        self._change(size - (known[0] if known else 0), place == ON_HOST)
 
     def _release(self, key: int) -> None:
-        size, on_host = self._sizes.pop(key, (0, False))
+        size, place = self._sizes.pop(key, (0, DEVICE))
+        self._hosted -= place == ON_HOST
         if size:
-            self._change(-size, on_host)
+            self._change(-size, place == ON_HOST)
 
     def _change(self, delta: int, on_host: bool) -> None:
         if on_host:

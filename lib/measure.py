@@ -26,7 +26,7 @@ def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor
     return sum(seen.values())
 
 
-def measure(fn: Callable[[], Any]) -> tuple[Any, int, int]:
+def allocated(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     """Run `fn()` counting the bytes it allocates: (its result, peak bytes, bytes still live at the end)."""
     tracker = RankTracker(on_flops=lambda flops, on_host: None, now=lambda: 0.0)
     with tracker:

@@ -1,0 +1,242 @@
+"""Notebook 01, where the memory goes: the puzzles, their inputs, references and budgets.
+
+Predictions are checked against measurements of the real thing (the module's parameters,
+the bytes a training step keeps, the tensors autograd saves). Memory budgets are built from
+measured pieces of the algorithm (one layer's activations, a layer boundary, the states),
+never from a run of the answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+
+from lib.check import Budget, Case, Puzzle
+from lib.formulas import model_state_bytes
+from lib.measure import allocated, saved_activation_bytes
+from lib.models import Block, GPTConfig, TinyGPT
+from lib.units import fmt_bytes
+
+NOTEBOOK = "01_memory"
+ONE_DEVICE = (1, 1, 1)          # three random cases, each on one device
+
+
+def _config(rng: random.Random, **fixed) -> GPTConfig:
+    heads = rng.choice([1, 2, 4])
+    shape = dict(vocab=rng.randint(16, 100), seq=rng.choice([8, 16, 32]), hidden=heads * rng.choice([4, 8, 16]),
+                 heads=heads, layers=rng.randint(1, 4), tied=rng.random() < 0.5)
+    shape.update(fixed)
+    return GPTConfig(**shape)
+
+
+def _describe(cfg: GPTConfig) -> str:
+    return (f"vocab {cfg.vocab}, seq {cfg.seq}, hidden {cfg.hidden}, {cfg.heads} heads, {cfg.layers} layers, "
+            f"{'tied' if cfg.tied else 'untied'} embeddings")
+
+
+# ---- 1. counting parameters --------------------------------------------------------------
+def _count_case(rng: random.Random, _world: int) -> Case:
+    cfg = _config(rng)
+    return Case(1, (cfg,), [sum(p.numel() for p in TinyGPT(cfg).parameters())], _describe(cfg))
+
+
+count_parameters = Puzzle(
+    "count_parameters", NOTEBOOK, _count_case, world_sizes=ONE_DEVICE, takes_dist=False, rtol=0, atol=0,
+    hints=["Count each piece: the token embedding (vocab × hidden), the position embedding (seq × hidden), "
+           "`layers` blocks, the final LayerNorm, and the output head.",
+           "A block: qkv Linear h→3h and proj h→h, fc1 h→4h and fc2 4h→h (all with biases), two LayerNorms "
+           "(a weight and a bias of h each): 12h² + 13h.",
+           "With tied embeddings the head *is* the token embedding: count it once. Untied, add vocab × hidden "
+           "(the head has no bias)."],
+    describe="The number of parameters of TinyGPT(config), from the config alone.")
+
+
+# ---- 2. the bytes of mixed-precision Adam ----------------------------------------------------
+def _mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: torch.Tensor):
+    """One step as in Micikevicius et al. 2018 with Adam: bf16 weights and gradients, fp32 master
+    weights, momentum and variance. Returns everything that must live on to the next step."""
+    torch.manual_seed(0)
+    model = TinyGPT(cfg).to(torch.bfloat16)
+    master = [p.detach().float() for p in model.parameters()]
+    momentum = [torch.zeros_like(w) for w in master]
+    variance = [torch.zeros_like(w) for w in master]
+    model.loss(tokens, targets).backward()
+    with torch.no_grad():
+        for p, w, m, v in zip(model.parameters(), master, momentum, variance):
+            g = p.grad.float()
+            m.mul_(0.9).add_(g, alpha=0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            w.addcdiv_(m, v.sqrt().add_(1e-8), value=-1e-3)
+            p.copy_(w)
+    return model, master, momentum, variance
+
+
+def _adam_case(rng: random.Random, _world: int) -> Case:
+    cfg = _config(rng)
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.seq))
+    _, peak, kept = allocated(lambda: _mixed_precision_adam_step(cfg, tokens, tokens))
+    n = sum(p.numel() for p in TinyGPT(cfg).parameters())
+    assert kept == model_state_bytes(n), "the reference step should keep exactly the ZeRO paper's (2+2+12)Ψ"
+    return Case(1, (cfg,), [kept], f"{_describe(cfg)}: the step keeps {fmt_bytes(kept)} "
+                f"(its peak, with activations, is {fmt_bytes(peak)})")
+
+
+training_state_bytes = Puzzle(
+    "training_state_bytes", NOTEBOOK, _adam_case, world_sizes=ONE_DEVICE, takes_dist=False, rtol=0, atol=0,
+    hints=["Between two steps, mixed-precision Adam keeps: the bf16 weights, their bf16 gradients, and in fp32 "
+           "a master copy of the weights plus Adam's two moving averages.",
+           "Bytes per parameter: 2 + 2 + (4 + 4 + 4). Multiply by the parameter count (your count_parameters).",
+           "The fp32 master copy exists because bf16 cannot hold small updates: w + lr·u rounds back to w."],
+    describe="Bytes that mixed-precision Adam keeps alive between steps, for TinyGPT(config).")
+
+
+# ---- 3. activations of one layer -------------------------------------------------------------
+def _activation_case(rng: random.Random, _world: int) -> Case:
+    heads = rng.choice([1, 2, 4, 8])
+    s, b, h = rng.choice([8, 16, 32, 64]), rng.randint(1, 4), heads * rng.choice([8, 16])
+    block = Block(GPTConfig(seq=s, hidden=h, heads=heads, dropout=0.1)).to(torch.bfloat16)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    saved = saved_activation_bytes(lambda: block(x), exclude=list(block.parameters()))
+    return Case(1, (s, b, h, heads), [saved],
+                f"s={s}, b={b}, h={h}, a={heads}: autograd saves {fmt_bytes(saved)} in one bf16 block")
+
+
+layer_activation_bytes = Puzzle(
+    "layer_activation_bytes", NOTEBOOK, _activation_case, world_sizes=ONE_DEVICE, takes_dist=False,
+    rtol=0.02, atol=0,
+    hints=["List what backward needs from one block: the input of every matmul, the softmax output, the GeLU "
+           "input, each dropout mask (1 byte per element), each LayerNorm input. Activations are bf16 (2 bytes).",
+           "Attention: qkv input 2sbh, Q and K 4sbh, softmax output 2as²b, its dropout mask as²b, the dropped "
+           "scores and V 2as²b + 2sbh, proj input 2sbh, dropout mask sbh: 11sbh + 5as²b.",
+           "MLP: 2sbh + 8sbh (GeLU input, 4h wide) + 8sbh (fc2 input) + sbh (mask) = 19sbh; LayerNorms 4sbh. "
+           "Total 34sbh + 5as²b (Korthikanti et al. 2022)."],
+    describe="Bytes of the activations autograd saves in one transformer block (bf16, with dropout).")
+
+
+# ---- 4-5. training within a memory budget ---------------------------------------------------------
+def _training_inputs(rng: random.Random, layers: int, batch: int):
+    cfg = GPTConfig(vocab=32, seq=32, hidden=32, heads=4, layers=layers)
+    torch.manual_seed(rng.randrange(2**31))
+    model = TinyGPT(cfg).double()
+    tokens = torch.randint(0, cfg.vocab, (batch, cfg.seq))
+    targets = torch.randint(0, cfg.vocab, (batch, cfg.seq))
+    return cfg, model, tokens, targets
+
+
+def _reference_grads(model, tokens, targets):
+    model = copy.deepcopy(model)
+    model.loss(tokens, targets).backward()
+    return model
+
+
+def _pieces(model, tokens, targets) -> dict[str, int]:
+    """Measured parts of a training step's memory: states, one layer's activations, the head's, a boundary."""
+    x = model.embed(tokens).detach().requires_grad_()
+    params = list(model.parameters())
+    states = 2 * sum(p.numel() * p.element_size() for p in params)           # weights and their gradients
+    return {"states": states,
+            "layer": saved_activation_bytes(lambda: model.blocks[0](x), exclude=params),
+            "head": saved_activation_bytes(lambda: model.head_loss(x, targets), exclude=params),
+            "boundary": x.numel() * x.element_size(),
+            "inputs": 2 * tokens.numel() * tokens.element_size()}
+
+
+def _checkpoint_case(rng: random.Random, _world: int) -> Case:
+    layers = rng.randint(4, 6)
+    cfg, model, tokens, targets = _training_inputs(rng, layers, batch=rng.randint(2, 4))
+    p = _pieces(model, tokens, targets)
+    budget = p["states"] + p["inputs"] + layers * p["boundary"] + p["head"] + 2 * p["layer"]
+    why = (f"weights and gradients {fmt_bytes(p['states'])} + {layers} layer inputs of {fmt_bytes(p['boundary'])} "
+           f"+ the head's activations + two layers' worth ({fmt_bytes(p['layer'])} each); without recomputation "
+           f"the {layers} layers alone keep {fmt_bytes(layers * p['layer'])}")
+    return Case(1, (model, tokens, targets), [_reference_grads(model, tokens, targets)],
+                f"{layers} layers, batch {tokens.shape[0]}",
+                budgets=[Budget("peak_memory", budget, why,
+                                hint="keep only each block's input; recompute the block's activations during backward "
+                                     "(torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)).")])
+
+
+checkpointed_step = Puzzle(
+    "checkpointed_step", NOTEBOOK, _checkpoint_case, world_sizes=ONE_DEVICE, takes_dist=False,
+    rtol=1e-10, atol=1e-12,
+    hints=["Run model.embed(tokens), then the blocks one by one, then model.head_loss(x, targets).backward(). "
+           "The plain version keeps every block's activations until backward reaches it.",
+           "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) runs the block without saving its "
+           "activations, keeps only x, and runs the block again inside backward.",
+           "Wrap every block, not the whole model: recomputation then needs one block's activations at a time."],
+    describe="One forward and backward of the model whose peak memory holds one block's activations at a time.")
+
+
+def _accumulation_case(rng: random.Random, _world: int) -> Case:
+    k = rng.choice([2, 4])
+    cfg, model, tokens, targets = _training_inputs(rng, layers=3, batch=2 * k)
+    micro = _pieces(model, tokens[: len(tokens) // k], targets[: len(targets) // k])
+    full_inputs = 2 * tokens.numel() * tokens.element_size()
+    budget = micro["states"] + full_inputs + (cfg.layers + 1) * micro["layer"] + micro["head"]
+    why = (f"weights and gradients {fmt_bytes(micro['states'])} + one micro-batch's activations "
+           f"({cfg.layers} layers and the head) + one more layer's worth for backward's temporaries")
+    return Case(1, (model, tokens, targets, k), [_reference_grads(model, tokens, targets)],
+                f"batch {len(tokens)} in k={k} micro-batches",
+                budgets=[Budget("peak_memory", budget, why,
+                                hint="run forward and backward on one micro-batch at a time; gradients add up in p.grad.")])
+
+
+accumulated_step = Puzzle(
+    "accumulated_step", NOTEBOOK, _accumulation_case, world_sizes=ONE_DEVICE, takes_dist=False,
+    rtol=1e-10, atol=1e-12,
+    hints=["Split tokens and targets into k micro-batches (tensor.chunk(k)); forward and backward each in turn. "
+           "backward() adds into p.grad, so the gradients accumulate by themselves.",
+           "The loss is a mean over the batch: the mean over the whole batch is the average of the k micro-batch "
+           "means. Divide each micro-batch's loss by k before backward.",
+           "Only one micro-batch's activations exist at a time: the peak falls by about k."],
+    describe="Gradients of the whole batch, computed k micro-batches at a time.")
+
+
+# ---- 6. optimizer state in host memory -------------------------------------------------------------
+def _adam_reference(model, batches, lr: float):
+    model = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for tokens, targets in batches:
+        opt.zero_grad()
+        model.loss(tokens, targets).backward()
+        opt.step()
+    return model
+
+
+def _offload_case(rng: random.Random, _world: int) -> Case:
+    cfg, model, tokens, targets = _training_inputs(rng, layers=2, batch=2)
+    batches = [(tokens, targets)] + [(torch.randint(0, cfg.vocab, tokens.shape), torch.randint(0, cfg.vocab, tokens.shape))
+                                     for _ in range(2)]
+    lr = 1e-2
+    params = list(model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    _, step_peak, _ = allocated(lambda: _reference_grads(model, tokens, targets))
+    largest = max(p.numel() * p.element_size() for p in params)
+    return Case(1, (model, batches, lr), [_adam_reference(model, batches, lr)],
+                f"{len(batches)} Adam steps, {fmt_bytes(param_bytes)} of parameters",
+                budgets=[Budget("peak_memory", step_peak + 2 * largest,
+                                f"a plain forward and backward ({fmt_bytes(step_peak)}, weights and gradients "
+                                f"included) + two of the largest parameter in flight; Adam's m and v would add "
+                                f"{fmt_bytes(2 * param_bytes)}",
+                                hint="make m and v with device=lib.host(), bring each gradient over with "
+                                     "p.grad.to(lib.host()), and send only the update back to the device."),
+                         Budget("host_flops", 0, "forward and backward belong on the device; only the optimizer "
+                                "step moves to the host",
+                                hint="keep the model where it is; move gradients to the host, not the model.")])
+
+
+offloaded_adam_train = Puzzle(
+    "offloaded_adam_train", NOTEBOOK, _offload_case, world_sizes=ONE_DEVICE, takes_dist=False,
+    rtol=1e-6, atol=1e-9,
+    hints=["Forward and backward stay on the device. Adam's two moving averages m and v live in host memory: "
+           "create them with device=lib.host().",
+           "Each step: p.grad.to(lib.host()); update m and v there; compute the step "
+           "lr · m̂ / (√v̂ + eps) with the bias corrections 1 - β^t; bring it back with .to(lib.device()) and subtract.",
+           "Match torch.optim.Adam exactly: m̂ = m / (1 - β1^t), v̂ = v / (1 - β2^t), p -= lr · m̂ / (√v̂ + eps)."],
+    describe="Adam training whose optimizer state lives in host memory (ZeRO-Offload's idea, on one device).")
+
+
+PUZZLES = [count_parameters, training_state_bytes, layer_activation_bytes, checkpointed_step, accumulated_step,
+           offloaded_adam_train]
