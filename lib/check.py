@@ -101,6 +101,8 @@ class Puzzle:
         self.rtol, self.atol = rtol, atol
         self.describe = describe
         self.takes_dist = takes_dist       # False: a plain function of the inputs (a prediction, a count)
+        # A real cell's default: one process for single-device lessons, four otherwise.
+        self.real_world_size = 1 if max(self.world_sizes) == 1 else 4
         self._hints_shown = 0
 
     def __repr__(self) -> str:
@@ -185,9 +187,10 @@ class Puzzle:
         outcome = self.evaluate(fn, seed)
         if outcome.ok:
             print(outcome.message)
-            if show and outcome.result is not None and _in_notebook():
+            picture = self.picture(outcome) if show and _in_notebook() else None
+            if picture is not None:
                 from IPython.display import display
-                display(outcome.result.timeline(title=f"{self.name}, {outcome.case.label}"))
+                display(picture)
             return True
         if not outcome.solved:
             print(f"○ {outcome.message}")
@@ -201,6 +204,20 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+    def picture(self, outcome: Outcome):
+        """The figure that shows what the lesson is about: memory over time when memory is the budget,
+        the per-rank timeline when ranks talk; nothing for a plain prediction."""
+        result, case = outcome.result, outcome.case
+        if result is None:
+            return None
+        title = f"{self.name}, {case.label}"
+        if any(b.metric == "peak_memory" for b in case.budgets):
+            from lib.viz.plots import memory_over_time_figure
+            return memory_over_time_figure({self.name: result}, title=title)
+        if any(e.lane == "comm" or e.op in ("to_host", "to_device") for e in result.trace):
+            return result.timeline(title=title)
+        return None
 
     def hint(self) -> str:
         """Show the next hint, in tiers from a nudge to nearly the answer."""
@@ -230,16 +247,20 @@ class Puzzle:
             return None
 
     # ---- real processes --------------------------------------------------------------
-    def real(self, fn: Callable, world_size: int = 4, backend: Optional[str] = None, seed: int = 0,
+    def real(self, fn: Callable, world_size: Optional[int] = None, backend: Optional[str] = None, seed: int = 0,
              strict: Optional[bool] = None, timeout: float = 60.0) -> bool:
-        """The real cell: the same function on `world_size` real processes (gloo, or NCCL on GPUs)."""
+        """The real cell: the same function on `world_size` real processes (gloo, or NCCL on GPUs).
+
+        Each rank builds the same case from the seed and judges its own result where it was computed
+        (results need not survive a trip between processes: a pickled Parameter loses its .grad)."""
         from lib.launch import launch
 
         strict = strict_default() if strict is None else strict
-        case = self.make_case(random.Random(f"{self.name}:{seed}"), world_size)
+        world_size = world_size or self.real_world_size
+        if max(self.world_sizes) == 1 and world_size != 1:
+            return self._real_failed(f"{self.name} is a single-device lesson: run it with world_size=1.", strict)
         try:
-            outputs = launch(_real_rank, world_size, self._spmd(fn), self.oracle, case.args, backend=backend,
-                             timeout=timeout)
+            verdicts = launch(_judge_rank, world_size, self, fn, seed, backend=backend, timeout=timeout)
         except RankFailed as e:
             if "NotImplementedError" in str(e).split("\n", 1)[0]:
                 print(f"○ {self.name} is not solved yet: the real run waits for your answer.")
@@ -249,33 +270,34 @@ class Puzzle:
             return self._real_failed(f"{e}", strict)
         except PuzzleError as e:
             return self._real_failed(f"{type(e).__name__}: {e}", strict)
-        for rank, (mine, theirs) in enumerate(outputs):
-            problem = self._real_difference(rank, mine, theirs, case)
+        for problem, _ in verdicts:
             if problem:
                 return self._real_failed(problem, strict)
         against = f" and agrees with {self.oracle_name}" if self.oracle is not None else ""
-        print(f"✓ real run on {world_size} processes ({case.label}): {self.name} matches the reference{against} "
+        processes = "1 process" if world_size == 1 else f"{world_size} processes"
+        print(f"✓ real run on {processes} ({verdicts[0][1]}): {self.name} matches the reference{against} "
               "on every rank.")
         return True
-
-    def _real_difference(self, rank: int, mine: Any, theirs: Any, case: Case) -> Optional[str]:
-        diff = first_difference(case.expected[rank], mine, self.rtol, self.atol, where="the result")
-        if diff:
-            return f"on {case.label}, rank {rank}: {diff}."
-        if self.oracle is not None:
-            diff = first_difference(theirs, mine, self.rtol, self.atol, where="the result")
-            if diff:
-                return f"rank {rank} differs from {self.oracle_name}: {diff}."
-        return None
 
     def check_in_group(self, fn: Callable, dist, seed: int = 0) -> Optional[str]:
         """This rank's part of the real check inside a process group someone else started (torchrun).
 
         Every rank builds the same case from the seed; returns None when this rank's result is right.
         """
+        return self._judge_in_group(fn, dist, seed)[0]
+
+    def _judge_in_group(self, fn: Callable, dist, seed: int) -> tuple[Optional[str], str]:
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
         mine, theirs = _real_rank(dist, self._spmd(fn), self.oracle, case.args)
-        return self._real_difference(dist.get_rank(), mine, theirs, case)
+        rank = dist.get_rank()
+        diff = first_difference(case.expected[rank], mine, self.rtol, self.atol, where="the result")
+        if diff:
+            return f"on {case.label}, rank {rank}: {diff}.", case.label
+        if self.oracle is not None:
+            diff = first_difference(theirs, mine, self.rtol, self.atol, where="the result")
+            if diff:
+                return f"rank {rank} differs from {self.oracle_name}: {diff}.", case.label
+        return None, case.label
 
     def _real_failed(self, message: str, strict: bool) -> bool:
         text = f"✗ real run of {self.name} failed: {message}"
@@ -283,6 +305,11 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str]:
+    """What each process of a real cell runs: (what is wrong on this rank or None, the case's label)."""
+    return puzzle._judge_in_group(fn, dist, seed)
 
 
 def _without_dist(fn: Callable, dist, *args):

@@ -30,8 +30,9 @@ def test_solution_passes_in_simulation(puzzle, solution):
 @pytest.mark.slow
 @pytest.mark.parametrize("puzzle,solution", SOLVED, ids=IDS)
 def test_solution_passes_on_real_gloo_ranks(puzzle, solution, capsys):
-    assert puzzle.real(solution, world_size=4, strict=True)
-    assert "✓ real run on 4 processes" in capsys.readouterr().out
+    assert puzzle.real(solution, strict=True)
+    n = puzzle.real_world_size
+    assert f"✓ real run on {n} process{'es' if n > 1 else ''}" in capsys.readouterr().out
 
 
 def _stub(dist, *args):
@@ -48,8 +49,15 @@ def test_stub_is_reported_not_solved(puzzle, capsys):
 
 @pytest.mark.slow
 def test_stub_real_run_is_reported_not_solved(capsys):
-    assert puzzles.ALL[0].real(_stub, world_size=2, strict=False) is False
+    multi_rank = next(p for p in puzzles.ALL if p.real_world_size > 1)
+    assert multi_rank.real(_stub, world_size=2, strict=False) is False
     assert "not solved yet" in capsys.readouterr().out
+
+
+def test_single_device_lesson_refuses_several_processes(capsys):
+    single = next(p for p in puzzles.ALL if p.real_world_size == 1)
+    assert single.real(_stub, world_size=4, strict=False) is False
+    assert "single-device lesson: run it with world_size=1" in capsys.readouterr().out
 
 
 # ---- the catalogue of wrong answers: each must fail, with the reason in the message ------------

@@ -114,3 +114,29 @@ def bytes_per_rank_figure(results: dict[str, list[float]], title: str = ""):
         ax.set_title(title)
     plt.close(fig)
     return fig
+
+
+def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
+    """Live device memory of one rank through each run, with each run's peak marked: what grows in
+    forward, what backward frees, what the step keeps. The x axis is the sequence of allocations and
+    frees, so the shape reads the same whether compute or host transfers dominate the clock."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
+    for label, result in runs.items():
+        samples = result.stats[rank].memory
+        progress = [i / max(len(samples) - 1, 1) for i in range(len(samples))]
+        line, = ax.step(progress, [b / 2**20 for _, b in samples], where="post", label=label)
+        peak = result.stats[rank].peak_memory / 2**20
+        ax.axhline(peak, color=line.get_color(), linestyle=":", linewidth=1)
+        ax.annotate(f"peak {peak:.2f} MiB", (1.0, peak), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize="small", color=line.get_color())
+    ax.set_xlabel("progress through the run (each allocation or free is one step)")
+    ax.set_ylabel("live memory (MiB)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", frameon=False)
+    if title:
+        ax.set_title(title)
+    plt.close(fig)
+    return fig
