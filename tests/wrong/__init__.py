@@ -1,0 +1,1 @@
+"""Catalogues of wrong answers, one module per notebook (see tests/test_content.py)."""
