@@ -108,8 +108,10 @@ class Puzzle:
     def __repr__(self) -> str:
         return f"<puzzle {self.notebook}/{self.name}>"
 
-    def _spmd(self, fn: Callable) -> Callable:
-        """Every run takes `dist` first; a plain puzzle function is wrapped to ignore it."""
+    def wrap(self, fn: Callable) -> Callable:
+        """The function each rank runs, made from the learner's: it takes `dist` first (a plain puzzle
+        function is wrapped to ignore it). Subclasses may wrap further, e.g. to run backward after the
+        learner's forward; the simulated and the real checks both run what this returns."""
         if self.takes_dist or not callable(fn):
             return fn
         return functools.partial(_without_dist, fn)
@@ -124,7 +126,7 @@ class Puzzle:
         if not callable(fn):
             return Outcome(False, True, f"{self.name} should be a function, got {type(fn).__name__}.")
         last: Optional[SimResult] = None
-        fn = self._spmd(fn)
+        fn = self.wrap(fn)
         for case in self.cases(seed):
             try:
                 result = run(fn, case.world_size, *case.args, cost=case.cost)
@@ -187,10 +189,10 @@ class Puzzle:
         outcome = self.evaluate(fn, seed)
         if outcome.ok:
             print(outcome.message)
-            picture = self.picture(outcome) if show and _in_notebook() else None
-            if picture is not None:
+            if show and _in_notebook():
                 from IPython.display import display
-                display(picture)
+                for figure in self.picture(outcome):
+                    display(figure)
             return True
         if not outcome.solved:
             print(f"○ {outcome.message}")
@@ -205,19 +207,20 @@ class Puzzle:
             raise CheckFailed(text)
         return False
 
-    def picture(self, outcome: Outcome):
-        """The figure that shows what the lesson is about: memory over time when memory is the budget,
-        the per-rank timeline when ranks talk; nothing for a plain prediction."""
+    def picture(self, outcome: Outcome) -> list:
+        """The figures that show what the lesson is about: the per-rank timeline when ranks talk (or
+        copy to the host), memory over time when memory is a budget; none for a plain prediction."""
         result, case = outcome.result, outcome.case
         if result is None:
-            return None
+            return []
         title = f"{self.name}, {case.label}"
+        figures = []
+        if any(e.lane == "comm" or e.op in ("to_host", "to_device") for e in result.trace):
+            figures.append(result.timeline(title=title))
         if any(b.metric == "peak_memory" for b in case.budgets):
             from lib.viz.plots import memory_over_time_figure
-            return memory_over_time_figure({self.name: result}, title=title)
-        if any(e.lane == "comm" or e.op in ("to_host", "to_device") for e in result.trace):
-            return result.timeline(title=title)
-        return None
+            figures.append(memory_over_time_figure({f"{self.name}, rank 0": result}, title=title))
+        return figures
 
     def hint(self) -> str:
         """Show the next hint, in tiers from a nudge to nearly the answer."""
@@ -234,7 +237,7 @@ class Puzzle:
         """Run one case on simulated ranks, for exploring: look at .stats and .timeline()."""
         n = world_size or self.world_sizes[-1]
         case = self.make_case(random.Random(f"{self.name}:{seed}"), n)
-        return run(self._spmd(fn), n, *case.args, cost=case.cost)
+        return run(self.wrap(fn), n, *case.args, cost=case.cost)
 
     def explore(self, fn: Callable, world_size: Optional[int] = None) -> Optional[SimResult]:
         """Like run, for figures in a notebook: None (with a note) while the puzzle is unsolved or failing."""
@@ -288,7 +291,7 @@ class Puzzle:
 
     def _judge_in_group(self, fn: Callable, dist, seed: int) -> tuple[Optional[str], str]:
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
-        mine, theirs = _real_rank(dist, self._spmd(fn), self.oracle, case.args)
+        mine, theirs = _real_rank(dist, self.wrap(fn), self.oracle, case.args)
         rank = dist.get_rank()
         diff = first_difference(case.expected[rank], mine, self.rtol, self.atol, where="the result")
         if diff:
@@ -330,8 +333,13 @@ def _real_rank(dist, fn: Callable, oracle: Optional[Callable], args: tuple):
 
 def _to_device(obj: Any, where) -> Any:
     """Inputs follow the rank's device (a GPU on NCCL), so one function serves both worlds."""
-    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+    if isinstance(obj, torch.nn.Module):
         return obj.to(where)
+    if isinstance(obj, torch.Tensor):
+        if obj.device == torch.device(where) or not obj.is_leaf:
+            return obj.to(where)
+        # A leaf that needs a gradient must stay a leaf on the GPU, or its .grad stays None.
+        return obj.detach().to(where).requires_grad_(obj.requires_grad)
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_device(o, where) for o in obj)
     if isinstance(obj, dict):

@@ -176,6 +176,7 @@ class Communicator:
             m.send_free = m.recv_free = end
             c = calls[m.rank]
             c.complete, c.end_time, c.deliver = True, end, deliveries.get(m.rank)
+            c.payload = None               # the buffers are the rank's; the call must not keep them alive
             self.rt.record(m.rank, name, str(group), None, sent, received, start, end)
         return call
 
@@ -227,6 +228,7 @@ class Communicator:
             copy = data.detach().clone()
         recv.peer = send.rank
         recv.deliver = _copy(buf, copy)
+        send.payload = recv.payload = None     # matched: the call must not keep the rank's tensors alive
         nbytes = data.numel() * data.element_size()
         s, r = self.rt.ranks[send.rank], self.rt.ranks[recv.rank]
         start = max(send.post_time, recv.post_time, s.send_free, r.recv_free)

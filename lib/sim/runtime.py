@@ -189,6 +189,7 @@ class Runtime:
                 my_args = copy.deepcopy(tuple(a.values[state.rank] if isinstance(a, PerRank) else a for a in args))
                 my_kwargs = copy.deepcopy({k: v.values[state.rank] if isinstance(v, PerRank) else v
                                            for k, v in kwargs.items()})
+                state.tracker.adopt_all((my_args, my_kwargs))
                 state.result = fn(make_dist(self, state.rank), *my_args, **my_kwargs)
                 self.close_compute(state)
         except _Abort:

@@ -118,6 +118,23 @@ class RankTracker(TorchDispatchMode):
             return places.pop() if len(places) == 1 else DEVICE
         return NEUTRAL if target is not None or NEUTRAL in seen else DEVICE
 
+    def adopt_all(self, obj) -> None:
+        """Count every tensor reachable in `obj` (containers, modules): a rank's copy of its arguments.
+
+        Deep-copying a plain tensor copies its storage outside the dispatcher, so the tracker does not
+        see it being made."""
+        if isinstance(obj, torch.Tensor):
+            self.adopt(obj)
+        elif isinstance(obj, torch.nn.Module):
+            for t in [*obj.parameters(), *obj.buffers()]:
+                self.adopt(t)
+        elif isinstance(obj, (list, tuple, set)):
+            for item in obj:
+                self.adopt_all(item)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                self.adopt_all(item)
+
     def _place(self, t: torch.Tensor, default: int = DEVICE) -> int:
         known = self._sizes.get(t.untyped_storage()._cdata)
         return known[1] if known is not None else default

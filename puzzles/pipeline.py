@@ -1,0 +1,232 @@
+"""Notebook 05, pipeline parallelism: the puzzles, their inputs, references and budgets.
+
+The model is an MLP of constant width cut into p stages of LAYERS linear layers, one stage per rank.
+Time budgets come from FLOPs counted on one stage and one micro-batch; memory budgets from the
+activations one micro-batch leaves on a stage, measured with lib.measure. Nothing is copied from a run.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from lib.check import Budget, Case, Puzzle
+from lib.formulas import bubble_fraction
+from lib.measure import allocated, saved_activation_bytes
+from lib.models import mlp
+from lib.sim import CostModel, SimResult, per_rank
+from lib.units import fmt_bytes, fmt_time
+
+NOTEBOOK = "05_pipeline"
+WIDTH = 16           # every layer is WIDTH -> WIDTH, so every message between stages has a known shape
+LAYERS = 2           # linear layers per stage
+MICRO = 8            # rows per micro-batch
+# A device of 1 GFLOP/s and links so fast that only compute counts: what the bubble formula assumes.
+COST = CostModel(flops_per_s=1e9, latency=1e-9, intra_node_bandwidth=1e15, inter_node_bandwidth=1e15)
+SLACK = 1e-3         # the latencies of the messages on the critical path, and no more
+
+
+def stage_slices(p: int) -> list[slice]:
+    """Stage r holds linear layers r·LAYERS .. (r+1)·LAYERS - 1 (and the ReLUs after them)."""
+    return [slice(2 * LAYERS * r, 2 * LAYERS * (r + 1)) for r in range(p)]
+
+
+def _model_and_data(rng: random.Random, p: int, m: int):
+    model = mlp([WIDTH] * (LAYERS * p + 1), seed=rng.randrange(2**31))
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    batch = torch.randn(m * MICRO, WIDTH, generator=gen, dtype=torch.float64)
+    targets = torch.randn(m * MICRO, WIDTH, generator=gen, dtype=torch.float64)
+    return model, batch, targets
+
+
+def reference(model, batch, targets, p: int) -> list[torch.nn.Module]:
+    """The single-device reference: the whole model on the whole batch, cut into p stages afterwards."""
+    model = copy.deepcopy(model)
+    F.mse_loss(model(batch), targets).backward()
+    return [model[s] for s in stage_slices(p)]
+
+
+def stage_times(stage, micro: torch.Tensor, cost: CostModel = COST) -> tuple[float, float]:
+    """(t_f, t_b): one micro-batch's forward and backward through `stage`, from counted FLOPs.
+
+    The input requires a gradient, as on every stage but the first: the first stage may skip that
+    matmul, which only makes it faster."""
+    stage = copy.deepcopy(stage)
+    x = micro.clone().requires_grad_()
+    with FlopCounterMode(display=False) as fwd:
+        out = stage(x)
+    with FlopCounterMode(display=False) as bwd:
+        out.sum().backward()
+    return cost.compute_time(fwd.get_total_flops()), cost.compute_time(bwd.get_total_flops())
+
+
+def stage_memory(stage, micro: torch.Tensor, targets: torch.Tensor, last: bool) -> tuple[int, int]:
+    """(stash, step): the activations one micro-batch leaves on `stage` until its backward, and the peak
+    of one micro-batch's forward and backward there, weights and gradients included (both measured)."""
+    x, y = micro.clone().requires_grad_(), targets.clone()
+
+    def forward(s):
+        out = s(x)
+        return F.mse_loss(out, y) if last else out
+
+    stash = saved_activation_bytes(lambda: forward(stage), exclude=[*stage.parameters(), y])
+
+    def step():
+        s = copy.deepcopy(stage)
+        out = forward(s)
+        (out if last else out.sum()).backward()
+    return stash, allocated(step)[1]
+
+
+def measured_bubble(result: SimResult) -> float:
+    """Bubble time over ideal time from the simulated clocks: (step time - busiest rank's compute) / compute."""
+    busy = max(sum(e.end - e.start for e in result.trace if e.rank == r and e.lane == "compute")
+               for r in range(result.world_size))
+    return (result.time - busy) / busy
+
+
+def bubble_report(result: SimResult, m: int, v: int = 1) -> float:
+    """Print the bubble measured on a run next to lib.formulas.bubble_fraction, and return the measured one."""
+    p = result.world_size
+    got, formula = measured_bubble(result), bubble_fraction(p, m, v)
+    same = abs(got - formula) <= SLACK * (1 + formula) + 1e-9
+    print(f"bubble from the simulated clocks: {got:.4f}; (p-1)/(v·m) with p={p}, m={m}, v={v}: {formula:.4f}"
+          + ("" if same else "  (they differ: the formula assumes equal stages and free communication)"))
+    return got
+
+
+# ---- the cases -----------------------------------------------------------------------------------
+def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
+    model, batch, targets = _model_and_data(rng, p, m)
+    stages = [model[s] for s in stage_slices(p)]
+    expected = reference(model, batch, targets, p)
+    micro, micro_y = batch[:MICRO], targets[:MICRO]
+    t_f, t_b = stage_times(stages[0], micro)
+    boundary = micro.numel() * micro.element_size()
+    budgets = []
+    if schedule == "one batch":
+        args = (per_rank(stages), batch, targets)
+        sent = [boundary * m * ((r < p - 1) + (r > 0)) for r in range(p)]
+        budgets.append(Budget("bytes_sent", sent, "the activation to the next stage and the input gradient "
+                                                  "back to the previous one, once each",
+                              hint="send each stage's output forward once and its input gradient back once."))
+        label = f"p={p} stages, one batch of {len(batch)}"
+    else:
+        args = (per_rank(stages), batch, targets, m)
+        ideal = (m + p - 1) * (t_f + t_b)
+        budgets.append(Budget(
+            "time", ideal * (1 + SLACK),
+            f"(m+p-1)(t_f+t_b) = {m + p - 1} × {fmt_time(t_f + t_b)}: the ideal m(t_f+t_b) plus the bubble, "
+            f"(p-1)/m = {bubble_fraction(p, m):.3f} of it",
+            hint="a stage must start micro-batch j+1 while the next stage works on micro-batch j: do not wait "
+                 "for a micro-batch to go all the way through before sending the next."))
+        limits, whys = [], []
+        inputs = batch.numel() * batch.element_size() + targets.numel() * targets.element_size()
+        for r in range(p):
+            stash, step = stage_memory(stages[r], micro, micro_y, last=r == p - 1)
+            n = m if schedule == "gpipe" else p - r
+            limits.append(inputs + step + n * stash + 3 * boundary)
+            whys.append((n, stash, step))
+        n0, stash0, step0 = whys[0]
+        who = "m micro-batches on every stage (GPipe keeps them all)" if schedule == "gpipe" else \
+              "p - r micro-batches on stage r (1F1B's warm-up depth)"
+        budgets.append(Budget(
+            "peak_memory", limits,
+            f"the batch and targets every rank is given ({fmt_bytes(inputs)}) + "
+            f"one micro-batch's forward and backward ({fmt_bytes(step0)} on rank 0, weights and gradients included) "
+            f"+ stashed activations of {who}, {fmt_bytes(stash0)} each on rank 0, + 3 boundary tensors in flight "
+            f"of {fmt_bytes(boundary)}",
+            hint="free a micro-batch's activations as soon as its backward is done (drop your references), and "
+                 "do not run more forwards ahead than the schedule needs."))
+        label = f"p={p} stages, m={m} micro-batches of {MICRO}"
+    return Case(p, args, expected, label, budgets=budgets, cost=COST)
+
+
+def _stages_case(rng: random.Random, p: int) -> Case:
+    return _case(rng, p, 1, "one batch")
+
+
+def _gpipe_case(rng: random.Random, p: int) -> Case:
+    return _case(rng, p, rng.randint(2, 2 * p + 1), "gpipe")
+
+
+def _one_f_one_b_case(rng: random.Random, p: int) -> Case:
+    return _case(rng, p, rng.randint(p + 2, 2 * p + 2), "1f1b")
+
+
+def _torch_pipelining(schedule_name: str):
+    """The oracle: torch.distributed.pipelining's own schedule on an identical copy of the stage."""
+
+    def oracle(dist, stage, batch, targets, m: int = 1):
+        from torch.distributed import pipelining
+
+        rank, p = dist.get_rank(), dist.get_world_size()
+        pipe = pipelining.PipelineStage(stage, rank, p, batch.device)
+        schedule = getattr(pipelining, schedule_name)(pipe, n_microbatches=m, loss_fn=F.mse_loss)
+        if rank == 0:
+            schedule.step(batch)
+        elif rank == p - 1:
+            schedule.step(target=targets, losses=[])
+        else:
+            schedule.step()
+        return stage
+    oracle.__name__ = f"torch_{schedule_name}"
+    return oracle
+
+
+SIGNATURE_HELP = ("`stage` is this rank's nn.Module; rank 0 feeds it `batch`, the last rank compares its output "
+                  "with `targets` by F.mse_loss")
+
+pipeline_stages = Puzzle(
+    "pipeline_stages", NOTEBOOK, _stages_case, world_sizes=(2, 3, 4),
+    hints=["Forward: rank 0 runs stage(batch); every other rank first receives its input from rank-1 "
+           "(dist.recv into torch.empty_like(batch)), then sends its output to rank+1.",
+           "Backward: the last rank calls F.mse_loss(out, targets).backward(); every other rank receives the "
+           "gradient of its output from rank+1 and calls out.backward(grad). Mark the received input with "
+           "x.requires_grad_() so that x.grad is there to send back to rank-1.",
+           "Send out.detach() (a message carries values, not the graph) and return the stage: its parameters' "
+           ".grad are what the check compares."],
+    oracle=_torch_pipelining("ScheduleGPipe"), oracle_name="torch.distributed.pipelining (ScheduleGPipe, 1 micro-batch)",
+    rtol=1e-9, atol=1e-12,
+    describe="The model cut into p stages, one batch forward then backward, activations and gradients by send/recv.")
+
+gpipe = Puzzle(
+    "gpipe", NOTEBOOK, _gpipe_case, world_sizes=(2, 3, 4),
+    hints=["Cut batch and targets into m micro-batches (tensor.chunk(m)). Run every micro-batch's forward, "
+           "keeping each (input, output) pair, then every backward.",
+           "The loss is the mean over micro-batches: divide each micro-batch's loss by m before backward "
+           "(the gradients add up in .grad). A blocking send waits for the receiver: use dist.isend for sends "
+           "and wait on them at the end, so that a stage can go on to the next micro-batch.",
+           "Rank 0 must start micro-batch j+1 as soon as it has sent micro-batch j; each micro-batch's input "
+           "gets x.requires_grad_() and its x.grad goes back to rank-1 after out.backward(grad)."],
+    oracle=_torch_pipelining("ScheduleGPipe"), oracle_name="torch.distributed.pipelining.ScheduleGPipe",
+    rtol=1e-9, atol=1e-12,
+    describe="GPipe: m micro-batches, all forwards then all backwards, gradients of the mean loss.")
+
+one_f_one_b = Puzzle(
+    "one_f_one_b", NOTEBOOK, _one_f_one_b_case, world_sizes=(2, 3, 4),
+    hints=["Rank r runs p-r-1 forwards (warm-up), then alternates one forward and one backward until every "
+           "forward is done (steady state), then runs the remaining backwards (cool-down).",
+           "Keep the stash in a dict by micro-batch and pop it in backward, so its activations are freed. "
+           "Backwards run in micro-batch order 0, 1, 2, ...",
+           "Write forward(j) and backward(j) helpers (from your gpipe) and call them in the three phases: "
+           "for j < warm: forward(j); for i < m - warm: forward(warm + i), backward(i); then the last warm backwards."],
+    oracle=_torch_pipelining("Schedule1F1B"), oracle_name="torch.distributed.pipelining.Schedule1F1B",
+    rtol=1e-9, atol=1e-12,
+    describe="1F1B: warm-up, steady state of one forward and one backward, cool-down; at most p-r micro-batches "
+             "of activations on stage r.")
+
+PUZZLES = [pipeline_stages, gpipe, one_f_one_b]
+
+
+def explore_bubble(puzzle: Puzzle, fn, p: int = 4):
+    """Run `fn` on the puzzle's p-rank case, print its bubble against the formula, return the run (for
+    .timeline()); None with a note while the puzzle is unsolved or failing."""
+    result = puzzle.explore(fn, p)
+    if result is not None:
+        bubble_report(result, puzzle.make_case(random.Random(f"{puzzle.name}:0"), p).args[3])
+    return result

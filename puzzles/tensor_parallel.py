@@ -1,0 +1,612 @@
+"""Notebook 04, tensor and sequence parallelism: the puzzles, their inputs, references and budgets.
+
+Every layer is checked three ways: its output and every gradient against the single-device layer
+(float64, Megatron's [s, b, h] layout); the collectives it issues in forward and in backward, by kind
+and size, against Megatron-LM's pattern; and the bytes each rank sends, from the ring formulas.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from lib.check import Budget, Case, Puzzle
+from lib.errors import PuzzleError
+from lib.sim import per_rank
+from lib.units import fmt_bytes
+
+NOTEBOOK = "04_tensor_parallel"
+WORLDS = (2, 4)
+ITEM = 8                      # float64: the comparison with the single-device layer can be strict
+
+
+class CollectivePattern(PuzzleError):
+    """The layer is right but talks differently from Megatron's pattern."""
+
+
+# ---- running a layer: forward by the learner, backward by the check ------------------------------
+@dataclass
+class Upstream:
+    """What the check holds back from the learner: the gradient flowing into the layer's output, and
+    the collectives Megatron-LM issues for it, as {"forward": [(op, elements)], "backward": [...]}."""
+
+    grad: torch.Tensor
+    pattern: Optional[dict] = None
+
+
+_KIND = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
+         "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+         "all_to_all_single": "all_to_all"}
+_COUNTED = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send", "recv",
+            "isend", "irecv", "gather", "scatter", *_KIND}
+
+
+def _elements(name: str, args: tuple, kwargs: dict) -> int:
+    """Elements of the whole buffer a collective works on (the gathered output, the scattered input)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    lists = [a for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple))]
+    if name in ("all_gather_into_tensor", "all_gather_single"):
+        return max(t.numel() for t in tensors)
+    if name in ("reduce_scatter_tensor", "reduce_scatter_single"):
+        return max(t.numel() for t in tensors)
+    if name in ("all_gather", "reduce_scatter") and lists:
+        return sum(t.numel() for t in lists[0])
+    return tensors[0].numel() if tensors else 0
+
+
+class CountingDist:
+    """`dist` as the learner sees it: every call passes through, each collective is written down."""
+
+    def __init__(self, dist) -> None:
+        self._dist = dist
+        self.log: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._dist, name)
+        if name not in _COUNTED:
+            return attr
+
+        def counted(*args, **kwargs):
+            self.log.append((_KIND.get(name, name), _elements(name, args, kwargs)))
+            return attr(*args, **kwargs)
+        return counted
+
+
+def _describe_calls(calls: Sequence[tuple[str, int]]) -> str:
+    if not calls:
+        return "no collective"
+    counts = Counter(calls)
+    return ", ".join(f"{n} × {op} of {size:,} elements" if n > 1 else f"one {op} of {size:,} elements"
+                     for (op, size), n in sorted(counts.items()))
+
+
+def _leaves(names: Sequence[str], inputs: tuple) -> dict[str, torch.Tensor]:
+    return {n: a for n, a in zip(names, inputs) if isinstance(a, torch.Tensor) and a.requires_grad}
+
+
+NO_GRADIENT = "no gradient: backward never reached this input"
+
+
+def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
+    """Run the learner's forward, then backward from the held-back upstream gradient.
+
+    Returns {"output": ..., "<input>.grad": ...}; raises CollectivePattern when the collectives of
+    either pass differ from Megatron's."""
+    *inputs, upstream = args
+    counting = CountingDist(dist)
+    out = fn(counting, *inputs)
+    forward = list(counting.log)
+    if not isinstance(out, torch.Tensor):
+        raise CollectivePattern(f"the layer should return a tensor, got {type(out).__name__}.")
+    if out.shape != upstream.grad.shape:
+        raise CollectivePattern(f"the output should have shape {tuple(upstream.grad.shape)} on this rank, "
+                                f"got {tuple(out.shape)}.")
+    if not out.requires_grad:
+        raise CollectivePattern("the output does not depend on any input through autograd: no gradient "
+                                "can flow back (was a result computed under torch.no_grad or detached?).")
+    out.backward(upstream.grad)
+    backward = counting.log[len(forward):]
+    if upstream.pattern is not None:
+        for phase, calls in (("forward", forward), ("backward", backward)):
+            want = upstream.pattern[phase]
+            if sorted(calls) != sorted(want):
+                raise CollectivePattern(
+                    f"the {phase} pass should issue {_describe_calls(want)} (Megatron-LM's pattern); "
+                    f"rank {dist.get_rank()} issued {_describe_calls(calls)}.")
+    result = {"output": out.detach()}
+    result.update({f"{n}.grad": NO_GRADIENT if t.grad is None else t.grad
+                   for n, t in _leaves(names, tuple(inputs)).items()})
+    return result
+
+
+class LayerPuzzle(Puzzle):
+    """A puzzle whose answer is a layer's forward pass: the check runs backward itself and compares the
+    output and the gradient of every input that requires one."""
+
+    def __init__(self, name: str, make_case: Callable, arg_names: Sequence[str], **kw) -> None:
+        super().__init__(name, NOTEBOOK, make_case, world_sizes=WORLDS, rtol=1e-9, atol=1e-10, **kw)
+        self.arg_names = tuple(arg_names)
+
+    def wrap(self, fn: Callable) -> Callable:
+        """Each rank runs the learner's forward, then backward against the kept upstream gradient."""
+        if not callable(fn):
+            return fn
+        return functools.partial(forward_backward, fn, self.arg_names)
+
+
+# ---- the single-device layers ---------------------------------------------------------------
+def _gen(rng: random.Random) -> torch.Generator:
+    return torch.Generator().manual_seed(rng.randrange(2**31))
+
+
+def _rand(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+
+def _shape(rng: random.Random, world: int) -> tuple[int, int, int, int]:
+    """(s, b, h, a): two heads per rank, the sequence a multiple of the world size."""
+    a = 2 * world
+    return world * rng.randint(1, 3), rng.randint(1, 2), a * rng.choice([2, 4]), a
+
+
+def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
+    """Causal self-attention of [s, b, 3·w] (q, k and v side by side, `heads` heads each) to [s, b, w]."""
+    s, b, three_w = qkv.shape
+    w = three_w // 3
+    d = w // heads
+    q, k, v = (t.reshape(s, b, heads, d).permute(1, 2, 0, 3) for t in qkv.split(w, dim=-1))
+    causal = torch.full((s, s), float("-inf"), dtype=qkv.dtype, device=qkv.device).triu(1)
+    weights = ((q @ k.transpose(-2, -1)) * d ** -0.5 + causal).softmax(-1)
+    return (weights @ v).permute(2, 0, 1, 3).reshape(s, b, w)
+
+
+def _reference(fn: Callable, upstream: torch.Tensor, **inputs: torch.Tensor) -> dict:
+    """The single-device layer: output and the gradient of every floating-point input."""
+    leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
+    out = fn(**leaves)
+    out.backward(upstream)
+    return {"output": out.detach(), **{k: v.grad for k, v in leaves.items() if v.requires_grad}}
+
+
+def _req(*ts: torch.Tensor) -> list[torch.Tensor]:
+    return [t.clone().requires_grad_(True) for t in ts]
+
+
+def _ring(op: str, elements: int, world: int) -> float:
+    """Bytes a rank sends in one ring collective over a buffer of `elements` float64."""
+    factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+    return factor * elements * ITEM
+
+
+def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:
+    calls = pattern["forward"] + pattern["backward"]
+    total = sum(_ring(op, n, world) for op, n in calls)
+    why = f"{words}: {_describe_calls(calls)} per layer, ring cost 2(N-1)/N or (N-1)/N each"
+    return [Budget("bytes_sent", total, why), Budget("bytes_received", total, why)]
+
+
+def _label(world: int, s: int, b: int, h: int, extra: str = "") -> str:
+    return f"N={world}, s={s}, b={b}, h={h}{extra}"
+
+
+# ---- 1. column-parallel linear -----------------------------------------------------------------
+def _column_case(rng: random.Random, world: int) -> Case:
+    s, b, h, _ = _shape(rng, world)
+    out_f = world * rng.randint(1, 4) * 2
+    gen = _gen(rng)
+    x, w, bias = _rand(gen, s, b, h), _rand(gen, out_f, h, scale=h ** -0.5), _rand(gen, out_f, scale=0.1)
+    dy = _rand(gen, s, b, out_f)
+    ref = _reference(lambda x, w, bias: F.linear(x, w, bias), dy, x=x, w=w, bias=bias)
+    ws, bs, dys, gw, gb = (t.chunk(world, dim) for t, dim in
+                           ((w, 0), (bias, 0), (dy, -1), (ref["w"], 0), (ref["bias"], 0)))
+    pattern = {"forward": [], "backward": [("all_reduce", s * b * h)]}
+    expected = [{"output": ref["output"].chunk(world, -1)[r], "x.grad": ref["x"], "weight.grad": gw[r],
+                 "bias.grad": gb[r]} for r in range(world)]
+    args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*ws)), per_rank(_req(*bs)),
+            per_rank([Upstream(d, pattern) for d in dys]))
+    return Case(world, args, expected, _label(world, s, b, h, f", {out_f} output features"),
+                budgets=_bytes_budgets(pattern, world, "f's backward"), allowed_ops=frozenset({"all_reduce"}))
+
+
+def _gather_full(dist, shard: torch.Tensor, dim: int) -> torch.Tensor:
+    """The oracle's way back to the full weight the learner only has a shard of."""
+    parts = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, shard.detach().contiguous())
+    return torch.cat(parts, dim)
+
+
+def _linear(dist, w: torch.Tensor, bias: Optional[torch.Tensor], w_dim: int, bias_sharded: bool):
+    full_w = _gather_full(dist, w, w_dim)
+    layer = torch.nn.Linear(full_w.shape[1], full_w.shape[0], bias=bias is not None, dtype=full_w.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(full_w)
+        if bias is not None:
+            layer.bias.copy_(_gather_full(dist, bias, 0) if bias_sharded else bias.detach())
+    return layer
+
+
+def _mesh(dist):
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _column_oracle(dist, x, weight, bias, upstream):
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    module = torch.nn.Module()
+    module.fc = _linear(dist, weight, bias, 0, True)
+    parallelize_module(module, _mesh(dist), {"fc": ColwiseParallel()})
+    out = module.fc(x)
+    out.backward(upstream.grad)
+    return {"output": out.detach(), "x.grad": x.grad, "weight.grad": _local(module.fc.weight.grad),
+            "bias.grad": _local(module.fc.bias.grad)}
+
+
+column_parallel_linear = LayerPuzzle(
+    "column_parallel_linear", _column_case, ("x", "weight", "bias"),
+    hints=["Forward needs no communication: each rank computes its slice of the output features, "
+           "F.linear(x, weight, bias). The trouble is backward: x.grad on one rank only has the part that "
+           "flows through this rank's output features.",
+           "Megatron's f operator: identity in forward, all-reduce of the gradient in backward. Write it as a "
+           "torch.autograd.Function with staticmethods forward(ctx, x) and backward(ctx, grad), and apply it "
+           "to x before the matmul.",
+           "class Copy(torch.autograd.Function): forward returns x.view_as(x); backward clones grad, calls "
+           "dist.all_reduce on it and returns it. Define the class inside your function so it can use dist."],
+    oracle=_column_oracle, oracle_name="parallelize_module with ColwiseParallel",
+    describe="y_r = x A_rᵀ + b_r for this rank's rows of A; x.grad complete on every rank.")
+
+
+# ---- 2. row-parallel linear ------------------------------------------------------------------
+def _row_case(rng: random.Random, world: int) -> Case:
+    s, b, h, _ = _shape(rng, world)
+    in_f = world * rng.randint(1, 4) * 2
+    gen = _gen(rng)
+    x, w, bias = _rand(gen, s, b, in_f), _rand(gen, h, in_f, scale=in_f ** -0.5), _rand(gen, h, scale=0.1)
+    dy = _rand(gen, s, b, h)
+    ref = _reference(lambda x, w, bias: F.linear(x, w, bias), dy, x=x, w=w, bias=bias)
+    xs, ws, gx, gw = x.chunk(world, -1), w.chunk(world, 1), ref["x"].chunk(world, -1), ref["w"].chunk(world, 1)
+    pattern = {"forward": [("all_reduce", s * b * h)], "backward": []}
+    expected = [{"output": ref["output"], "x.grad": gx[r], "weight.grad": gw[r], "bias.grad": ref["bias"]}
+                for r in range(world)]
+    args = (per_rank(_req(*xs)), per_rank(_req(*ws)), per_rank([_req(bias)[0] for _ in range(world)]),
+            per_rank([Upstream(dy, pattern) for _ in range(world)]))
+    return Case(world, args, expected, _label(world, s, b, h, f", {in_f} input features"),
+                budgets=_bytes_budgets(pattern, world, "g's forward"), allowed_ops=frozenset({"all_reduce"}))
+
+
+def _row_oracle(dist, x, weight, bias, upstream):
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    module = torch.nn.Module()
+    module.fc = _linear(dist, weight, bias, 1, False)
+    parallelize_module(module, _mesh(dist), {"fc": RowwiseParallel()})
+    out = module.fc(x)
+    out.backward(upstream.grad)
+    return {"output": out.detach(), "x.grad": x.grad, "weight.grad": _local(module.fc.weight.grad),
+            "bias.grad": _local(module.fc.bias.grad).clone()}
+
+
+row_parallel_linear = LayerPuzzle(
+    "row_parallel_linear", _row_case, ("x", "weight", "bias"),
+    hints=["Each rank holds a slice of the input features and the matching columns of the weight: "
+           "x_r A_rᵀ is a partial sum, and the output is the sum of the partial sums over ranks. Add the bias "
+           "once, after the sum.",
+           "Megatron's g operator: all-reduce in forward, identity in backward (every rank already receives the "
+           "whole output gradient). A torch.autograd.Function again, the mirror image of f.",
+           "class Reduce(torch.autograd.Function): forward clones x, dist.all_reduce(x), returns it; backward "
+           "returns grad unchanged. y = Reduce.apply(F.linear(x, weight)) + bias."],
+    oracle=_row_oracle, oracle_name="parallelize_module with RowwiseParallel",
+    describe="y = Σ_r x_r A_rᵀ + b on every rank, one all-reduce in forward, none in backward.")
+
+
+# ---- 3. the Megatron MLP ---------------------------------------------------------------------
+def _mlp(x, fc1_w, fc1_b, fc2_w, fc2_b):
+    return F.linear(F.gelu(F.linear(x, fc1_w, fc1_b)), fc2_w, fc2_b)
+
+
+def _mlp_weights(gen: torch.Generator, h: int):
+    return (_rand(gen, 4 * h, h, scale=h ** -0.5), _rand(gen, 4 * h, scale=0.1),
+            _rand(gen, h, 4 * h, scale=(4 * h) ** -0.5), _rand(gen, h, scale=0.1))
+
+
+def _mlp_case(rng: random.Random, world: int) -> Case:
+    s, b, h, _ = _shape(rng, world)
+    gen = _gen(rng)
+    x, (w1, b1, w2, b2) = _rand(gen, s, b, h), _mlp_weights(gen, h)
+    dy = _rand(gen, s, b, h)
+    ref = _reference(_mlp, dy, x=x, fc1_w=w1, fc1_b=b1, fc2_w=w2, fc2_b=b2)
+    pattern = {"forward": [("all_reduce", s * b * h)], "backward": [("all_reduce", s * b * h)]}
+    split = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}
+    expected = [{"output": ref["output"], "x.grad": ref["x"], "fc2_b.grad": ref["fc2_b"],
+                 **{f"{k}.grad": ref[k].chunk(world, d)[r] for k, d in split.items()}} for r in range(world)]
+    args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*w1.chunk(world, 0))),
+            per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
+            per_rank([_req(b2)[0] for _ in range(world)]), per_rank([Upstream(dy, pattern)] * world))
+    return Case(world, args, expected, _label(world, s, b, h),
+                budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
+                allowed_ops=frozenset({"all_reduce"}))
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, fc1, fc2) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def _mlp_oracle(dist, x, fc1_w, fc1_b, fc2_w, fc2_b, upstream):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    module = _MLP(_linear(dist, fc1_w, fc1_b, 0, True), _linear(dist, fc2_w, fc2_b, 1, False))
+    parallelize_module(module, _mesh(dist), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    out = module(x)
+    out.backward(upstream.grad)
+    return {"output": out.detach(), "x.grad": x.grad,
+            "fc1_w.grad": _local(module.fc1.weight.grad), "fc1_b.grad": _local(module.fc1.bias.grad),
+            "fc2_w.grad": _local(module.fc2.weight.grad), "fc2_b.grad": _local(module.fc2.bias.grad).clone()}
+
+
+megatron_mlp = LayerPuzzle(
+    "megatron_mlp", _mlp_case, ("x", "fc1_w", "fc1_b", "fc2_w", "fc2_b"),
+    hints=["fc1 is column-parallel (this rank's 4h/N hidden units), GeLU acts on each unit alone, fc2 is "
+           "row-parallel (the matching 4h/N inputs). No communication is needed between them.",
+           "Reuse your two answers: row_parallel_linear(dist, F.gelu(column_parallel_linear(dist, x, fc1_w, "
+           "fc1_b)), fc2_w, fc2_b).",
+           "If the check counts two all-reduces in backward, g's backward is communicating: it must be the "
+           "identity. If it counts none, f is missing its backward."],
+    oracle=_mlp_oracle, oracle_name="parallelize_module (fc1 ColwiseParallel, fc2 RowwiseParallel)",
+    describe="The transformer MLP split over N ranks: one all-reduce in forward, one in backward.")
+
+
+# ---- 4. attention split by heads ---------------------------------------------------------------
+def _attention(x, qkv_w, qkv_b, proj_w, proj_b, heads):
+    return F.linear(attention_core(F.linear(x, qkv_w, qkv_b), heads), proj_w, proj_b)
+
+
+def _qkv_shards(t: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """Rank r's rows of a fused [q; k; v] weight (or bias): its heads of q, of k and of v."""
+    q, k, v = (p.chunk(world, 0) for p in t.chunk(3, 0))
+    return [torch.cat([q[r], k[r], v[r]]) for r in range(world)]
+
+
+def _attention_case(rng: random.Random, world: int) -> Case:
+    s, b, h, a = _shape(rng, world)
+    gen = _gen(rng)
+    x, qkv_w, qkv_b = _rand(gen, s, b, h), _rand(gen, 3 * h, h, scale=h ** -0.5), _rand(gen, 3 * h, scale=0.1)
+    proj_w, proj_b, dy = _rand(gen, h, h, scale=h ** -0.5), _rand(gen, h, scale=0.1), _rand(gen, s, b, h)
+    ref = _reference(lambda **kw: _attention(heads=a, **kw), dy, x=x, qkv_w=qkv_w, qkv_b=qkv_b, proj_w=proj_w,
+                     proj_b=proj_b)
+    pattern = {"forward": [("all_reduce", s * b * h)], "backward": [("all_reduce", s * b * h)]}
+    gqw, gqb, gpw = _qkv_shards(ref["qkv_w"], world), _qkv_shards(ref["qkv_b"], world), ref["proj_w"].chunk(world, 1)
+    expected = [{"output": ref["output"], "x.grad": ref["x"], "qkv_w.grad": gqw[r], "qkv_b.grad": gqb[r],
+                 "proj_w.grad": gpw[r], "proj_b.grad": ref["proj_b"]} for r in range(world)]
+    args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*_qkv_shards(qkv_w, world))),
+            per_rank(_req(*_qkv_shards(qkv_b, world))), per_rank(_req(*proj_w.chunk(world, 1))),
+            per_rank([_req(proj_b)[0] for _ in range(world)]), a, per_rank([Upstream(dy, pattern)] * world))
+    return Case(world, args, expected, _label(world, s, b, h, f", {a} heads"),
+                budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
+                allowed_ops=frozenset({"all_reduce"}))
+
+
+class _Attention(torch.nn.Module):
+    """torchtitan's layout: separate q, k, v projections (a fused qkv cannot be split evenly by
+    ColwiseParallel: rank 0 would get all of q)."""
+
+    def __init__(self, q, k, v, proj, heads: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.proj, self.heads = q, k, v, proj, heads
+
+    def forward(self, x):
+        qkv = torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
+        return self.proj(attention_core(qkv, self.heads))
+
+
+def _attention_oracle(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads, upstream):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    world = dist.get_world_size()
+    q, k, v = (_linear(dist, w, bias, 0, True) for w, bias in zip(qkv_w.chunk(3), qkv_b.chunk(3)))
+    module = _Attention(q, k, v, _linear(dist, proj_w, proj_b, 1, False), heads // world)
+    parallelize_module(module, _mesh(dist), {"q": ColwiseParallel(), "k": ColwiseParallel(),
+                                             "v": ColwiseParallel(), "proj": RowwiseParallel()})
+    out = module(x)
+    out.backward(upstream.grad)
+    grads = [(_local(m.weight.grad), _local(m.bias.grad)) for m in (module.q, module.k, module.v)]
+    return {"output": out.detach(), "x.grad": x.grad, "qkv_w.grad": torch.cat([g[0] for g in grads]),
+            "qkv_b.grad": torch.cat([g[1] for g in grads]), "proj_w.grad": _local(module.proj.weight.grad),
+            "proj_b.grad": _local(module.proj.bias.grad).clone()}
+
+
+parallel_attention = LayerPuzzle(
+    "parallel_attention", _attention_case, ("x", "qkv_w", "qkv_b", "proj_w", "proj_b", "heads"),
+    hints=["Heads are independent: a rank holding heads/N whole heads of q, k and v computes their attention "
+           "alone. The qkv projection is column-parallel, the output projection row-parallel.",
+           "qkv = column_parallel_linear(dist, x, qkv_w, qkv_b) gives [s, b, 3w] with w = h/N: this rank's q, then "
+           "k, then v. attention_core(qkv, heads // N) does the rest; then row_parallel_linear with proj_w, proj_b.",
+           "A head is a block of d = h/heads consecutive features: reshape [s, b, w] as [s, b, heads/N, d], "
+           "never [s, b, d, heads/N]."],
+    oracle=_attention_oracle, oracle_name="parallelize_module (q, k, v ColwiseParallel, proj RowwiseParallel)",
+    describe="Causal self-attention split by heads: one all-reduce forward, one backward.")
+
+
+# ---- 5. sequence parallelism ----------------------------------------------------------------------
+def _sp_mlp(x, fc1_w, fc1_b, fc2_w):
+    """The MLP half of a block with its residual, x + MLP(LayerNorm(x)); fc2 without bias, the norm
+    without weights (their gradients would need one more all-reduce over the sequence shards)."""
+    return x + _mlp(F.layer_norm(x, x.shape[-1:]), fc1_w, fc1_b, fc2_w, None)
+
+
+def _sp_case(rng: random.Random, world: int) -> Case:
+    s, b, h, _ = _shape(rng, world)
+    gen = _gen(rng)
+    x, (w1, b1, w2, _) = _rand(gen, s, b, h), _mlp_weights(gen, h)
+    dy = _rand(gen, s, b, h)
+    ref = _reference(_sp_mlp, dy, x=x, fc1_w=w1, fc1_b=b1, fc2_w=w2)
+    sbh = s * b * h
+    pattern = {"forward": [("all_gather", sbh), ("reduce_scatter", sbh)],
+               "backward": [("all_gather", sbh), ("reduce_scatter", sbh)]}
+    split = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}
+    expected = [{"output": ref["output"].chunk(world, 0)[r], "x.grad": ref["x"].chunk(world, 0)[r],
+                 **{f"{k}.grad": ref[k].chunk(world, d)[r] for k, d in split.items()}}
+                for r in range(world)]
+    args = (per_rank(_req(*x.chunk(world, 0))), per_rank(_req(*w1.chunk(world, 0))),
+            per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
+            per_rank([Upstream(d, pattern) for d in dy.chunk(world, 0)]))
+    return Case(world, args, expected, _label(world, s, b, h, f", {s // world} tokens of the sequence per rank"),
+                budgets=_bytes_budgets(pattern, world, "the all-gather before and the reduce-scatter after the "
+                                                       "tensor-parallel region, and their conjugates"),
+                allowed_ops=frozenset({"all_gather", "reduce_scatter", "all_gather_into_tensor",
+                                       "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single"}))
+
+
+class _SPMLP(torch.nn.Module):
+    def __init__(self, h: int, fc1, fc2) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(h, elementwise_affine=False, dtype=torch.float64)
+        self.fc1, self.fc2 = fc1, fc2
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+def _sp_oracle(dist, x, fc1_w, fc1_b, fc2_w, upstream):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    module = _SPMLP(x.shape[-1], _linear(dist, fc1_w, fc1_b, 0, True), _linear(dist, fc2_w, None, 1, False))
+    parallelize_module(module, _mesh(dist), {
+        "norm": SequenceParallel(sequence_dim=0),
+        "fc1": ColwiseParallel(input_layouts=Shard(0)),
+        "fc2": RowwiseParallel(output_layouts=Shard(0))})
+    out = x + module(x)
+    out.backward(upstream.grad)
+    return {"output": out.detach(), "x.grad": x.grad,
+            "fc1_w.grad": _local(module.fc1.weight.grad), "fc1_b.grad": _local(module.fc1.bias.grad),
+            "fc2_w.grad": _local(module.fc2.weight.grad)}
+
+
+sequence_parallel_mlp = LayerPuzzle(
+    "sequence_parallel_mlp", _sp_case, ("x", "fc1_w", "fc1_b", "fc2_w"),
+    hints=["Outside the tensor-parallel region (LayerNorm, the residual, dropout) every token is independent: "
+           "each rank works on its s/N tokens. Inside it (fc1, GeLU, fc2) each rank needs all s tokens.",
+           "Two new operators, conjugate like f and g: all-gather along the sequence in forward and "
+           "reduce-scatter in backward; reduce-scatter in forward and all-gather in backward. They replace "
+           "f and g: reduce-scatter + all-gather cost exactly one all-reduce.",
+           "In [s, b, h] the sequence is dim 0, so dist.all_gather_single(out, x) with out of shape [s, b, h] "
+           "and dist.reduce_scatter_single(out, y) with out of shape [s/N, b, h] work on contiguous memory "
+           "(before torch 2.13: all_gather_into_tensor, reduce_scatter_tensor). "
+           "Add the residual x after the reduce-scatter."],
+    oracle=_sp_oracle, oracle_name="parallelize_module (SequenceParallel norm, ColwiseParallel, RowwiseParallel)",
+    describe="x + MLP(LayerNorm(x)) on this rank's tokens: all-gather before fc1, reduce-scatter after fc2.")
+
+
+# ---- 6. vocabulary-parallel embedding and cross-entropy --------------------------------------------
+def _vocab_loss(emb_w, head_w, tokens, targets):
+    logits = F.linear(F.embedding(tokens, emb_w), head_w)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _vocab_case(rng: random.Random, world: int) -> Case:
+    s, b, h = world * rng.randint(2, 3), rng.randint(1, 2), rng.choice([4, 8])
+    vocab = world * 32 * rng.randint(2, 3)              # logits dominate memory, as in a real LM head
+    gen = _gen(rng)
+    tokens = torch.randint(vocab, (s, b), generator=gen)
+    targets = torch.randint(vocab, (s, b), generator=gen)
+    emb_w, head_w = _rand(gen, vocab, h), _rand(gen, vocab, h, scale=h ** -0.5)
+    ref = _reference(lambda emb_w, head_w: _vocab_loss(emb_w, head_w, tokens, targets), torch.tensor(1.0,
+                     dtype=torch.float64), emb_w=emb_w, head_w=head_w)
+    ge, gh = ref["emb_w"].chunk(world, 0), ref["head_w"].chunk(world, 0)
+    expected = [{"output": ref["output"], "emb_w.grad": ge[r], "head_w.grad": gh[r]} for r in range(world)]
+    one = torch.tensor(1.0, dtype=torch.float64)
+    args = (tokens, targets, per_rank(_req(*emb_w.chunk(world, 0))), per_rank(_req(*head_w.chunk(world, 0))),
+            Upstream(one))
+    sb, sbh, part = s * b, s * b * h, vocab // world
+    # Megatron-LM: all-reduce the embedding (sbh) and three scalars per token (max, sum of exponentials,
+    # target logit) in forward; all-reduce the gradient of the head's input (sbh) in backward.
+    sent = _ring("all_reduce", sbh, world) * 2 + 3 * _ring("all_reduce", sb, world)
+    why_bytes = ("one all-reduce of s·b·h for the embedding and one for the head input's gradient, three of s·b "
+                 "for the softmax statistics")
+    # Memory: the inputs and weight shards with their gradients, a few [s, b, h] activations, and at most
+    # LOGIT_COPIES [s, b, V/N] tensors alive at once (logits, exponentials, their gradient...).
+    held = 2 * sb * 8 + 4 * part * h * ITEM + 6 * sbh * ITEM + 16 * sb * ITEM
+    memory = held + LOGIT_COPIES * sb * part * ITEM
+    why_mem = (f"{LOGIT_COPIES} tensors of this rank's logits shard s·b·V/N = {fmt_bytes(sb * part * ITEM)} "
+               f"alive at once, plus inputs, weight shards, their gradients and s·b·h activations "
+               f"({fmt_bytes(held)}); the full logits are {fmt_bytes(sb * vocab * ITEM)}")
+    return Case(world, args, expected, _label(world, s, b, h, f", vocabulary {vocab}"),
+                # Memory first: it is the point of this puzzle (a gather also sends too much).
+                budgets=[Budget("peak_memory", memory, why_mem,
+                                hint="never build [s, b, V]: reduce the max, the sum of exponentials and the "
+                                     "target's logit across ranks instead, each [s, b]."),
+                         Budget("bytes_sent", sent, why_bytes), Budget("bytes_received", sent, why_bytes)])
+
+
+LOGIT_COPIES = 4
+
+
+class _VocabModel(torch.nn.Module):
+    def __init__(self, emb, head) -> None:
+        super().__init__()
+        self.tok, self.head = emb, head
+
+    def forward(self, tokens):
+        return self.head(self.tok(tokens))
+
+
+def _vocab_oracle(dist, tokens, targets, emb_w, head_w, upstream):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, loss_parallel,
+                                                   parallelize_module)
+
+    full_emb, full_head = _gather_full(dist, emb_w, 0), _gather_full(dist, head_w, 0)
+    emb = torch.nn.Embedding(*full_emb.shape, dtype=full_emb.dtype)
+    head = torch.nn.Linear(full_head.shape[1], full_head.shape[0], bias=False, dtype=full_head.dtype)
+    with torch.no_grad():
+        emb.weight.copy_(full_emb)
+        head.weight.copy_(full_head)
+    model = _VocabModel(emb, head)
+    parallelize_module(model, _mesh(dist), {"tok": RowwiseParallel(input_layouts=Replicate()),
+                                             "head": ColwiseParallel(output_layouts=Shard(-1),
+                                                                     use_local_output=False)})
+    logits = model(tokens)
+    with loss_parallel():
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # The embedding's weight gradient may come back in another placement than its weight: take our rows.
+    emb_grad = model.tok.weight.grad.full_tensor().chunk(world, 0)[rank]
+    return {"output": _local(loss).detach().reshape(()), "emb_w.grad": emb_grad,
+            "head_w.grad": _local(model.head.weight.grad)}
+
+
+vocab_parallel_loss = LayerPuzzle(
+    "vocab_parallel_loss", _vocab_case, ("tokens", "targets", "emb_w", "head_w"),
+    hints=["Rank r holds vocabulary rows [r·V/N, (r+1)·V/N) of both the embedding and the head. Embedding: look "
+           "up the tokens this rank owns, zeros for the others, and sum over ranks (g). Head: column-parallel "
+           "(f), giving this rank's slice of the logits.",
+           "Cross-entropy = log Σ_v exp(z_v) − z_target. Subtract the row maximum (all-reduce with "
+           "dist.ReduceOp.MAX, no gradient needed), then all-reduce Σ exp over this rank's slice, and the target's "
+           "logit (only the owning rank contributes, the others add 0). Both all-reduces need g's backward.",
+           "loss = (sumexp.log() - target_logit).mean() with sumexp and target_logit each Reduce.apply(...) of "
+           "an [s, b] tensor: every rank holds the same loss, and backward gives each rank the gradient of "
+           "its own logits slice, softmax − one-hot, without ever building [s, b, V]."],
+    oracle=_vocab_oracle, oracle_name="parallelize_module with loss_parallel()",
+    describe="Mean cross-entropy of a vocabulary-parallel embedding and head, never gathering the logits.")
+
+
+PUZZLES = [column_parallel_linear, row_parallel_linear, megatron_mlp, parallel_attention, sequence_parallel_mlp,
+           vocab_parallel_loss]

@@ -1,0 +1,378 @@
+"""Notebook 03, ZeRO and FSDP: the puzzles, their inputs, references and budgets.
+
+Sharding convention (the notebook states it): a parameter of n elements is flattened and padded with
+zeros to N·ceil(n/N) elements; rank r keeps elements [r·c, (r+1)·c) with c = ceil(n/N). Every budget
+is computed from the padded sizes of that convention and from lib.formulas, never copied from a run.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+
+from lib.check import Budget, Case, Puzzle
+from lib.formulas import model_state_bytes
+from lib.measure import saved_activation_bytes
+from lib.models import mlp
+from lib.sim import CostModel, per_rank
+from lib.sim.cost import bus_factor
+from lib.units import fmt_bytes
+
+NOTEBOOK = "03_zero"
+SIZES = (6, 20, 20, 20, 20, 20, 20, 20, 3)    # 8 Linear layers; 400, 20 and 3 leave remainders at N = 2, 3, 4
+STEPS = 3
+LOCAL = 4                                     # samples per rank per step
+LR = 1e-2
+WORD = 8                                      # bytes per float64 element
+# lib.formulas counts 2-byte weights and gradients and K bytes of optimizer state per parameter. Everything
+# here is float64: weights 8 + gradients 8 bytes, and the optimizer keeps m and v (16) plus, in stages 1 and 2,
+# its own copy of its shard of the weights (8, the paper's fp32 master copy): 4 × model_state_bytes(Ψ, N, stage, k).
+# In stage 3 the shard *is* the parameter, so K = 4.
+SCALE, K = 4, {1: 6, 2: 6, 3: 4}
+
+
+# ---- the one tool the learner is given: Adam's update, as torch.optim.Adam computes it ---------------
+def adam_update(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
+                lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    """One Adam step in place on `param`, `m`, `v` (any shard of them; step counts from 1)."""
+    b1, b2 = betas
+    m.mul_(b1).add_(grad, alpha=1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (v.sqrt() / math.sqrt(1 - b2 ** step)).add_(eps)
+    param.addcdiv_(m, denom, value=-lr / (1 - b1 ** step))
+
+
+# ---- inputs and the single-device reference ------------------------------------------------------------
+def _batches(rng: random.Random, world: int):
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    shards, full = [[] for _ in range(world)], []
+    for _ in range(STEPS):
+        x = torch.randn(world * LOCAL, SIZES[0], generator=gen, dtype=torch.float64)
+        y = torch.randn(world * LOCAL, SIZES[-1], generator=gen, dtype=torch.float64)
+        full.append((x, y))
+        for r in range(world):
+            shards[r].append((x[r * LOCAL:(r + 1) * LOCAL].clone(), y[r * LOCAL:(r + 1) * LOCAL].clone()))
+    return shards, full
+
+
+def full_parameters(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train_single(model, batches, lr: float) -> dict[str, torch.Tensor]:
+    """The single-device reference: torch.optim.Adam on the whole batch, mean squared error."""
+    model = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return full_parameters(model)
+
+
+def ddp_adam_train(dist, model, batches, lr):
+    """Data parallelism with Adam, for comparison: every rank keeps everything (ZeRO's baseline)."""
+    world = dist.get_world_size()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+    return full_parameters(model)
+
+
+# ---- the sizes every budget is made of ---------------------------------------------------------------
+def padded(n: int, world: int) -> int:
+    """Elements of a parameter of n elements once padded to a multiple of the world size."""
+    return world * math.ceil(n / world)
+
+
+def _layers(model):
+    return [m for m in model if any(True for _ in m.parameters())]
+
+
+class _Sizes:
+    """Padded parameter sizes of `model` on `world` ranks, and the measured activations of one step."""
+
+    def __init__(self, model, world: int, shard: tuple) -> None:
+        params = list(model.parameters())
+        self.world = world
+        self.psi = sum(padded(p.numel(), world) for p in params)                  # Ψ, padded
+        self.layer = max(sum(padded(p.numel(), world) for p in m.parameters()) for m in _layers(model)) * WORD
+        self.shard = max(padded(p.numel(), world) // world for p in params) * WORD
+        self.inputs = sum(t.numel() * t.element_size() for x, y in shard for t in (x, y))
+        x, y = shard[0]
+        probe = copy.deepcopy(model)
+        saved = saved_activation_bytes(lambda: F.mse_loss(probe(x), y), exclude=list(probe.parameters()))
+        widest = max(x.shape[0] * s for s in SIZES) * WORD
+        self.act = saved + 2 * widest                 # what autograd saves, and the gradient flowing back
+
+    def states(self, stage: int) -> float:
+        return SCALE * model_state_bytes(self.psi, self.world, stage, k=K[stage])
+
+    def traffic(self, all_gathers: int, reduce_scatters: int) -> float:
+        n = self.world
+        return (all_gathers * bus_factor("all_gather", n) + reduce_scatters * bus_factor("reduce_scatter", n)) \
+            * WORD * self.psi
+
+
+def _bytes_budget(s: _Sizes, per_step: int, final_gather: bool, what: str) -> Budget:
+    total = STEPS * s.traffic(per_step - 1, 1) + (s.traffic(1, 0) if final_gather else 0)
+    dp = STEPS * s.traffic(1, 1)
+    end = " + one all-gather at the end to return the full parameters" if final_gather else ""
+    return Budget("bytes_sent", total,
+                  f"{STEPS} steps × {per_step} × (N-1)/N × {fmt_bytes(WORD * s.psi)} of padded parameters: "
+                  f"{what}{end}; data parallelism's all-reduce sends {fmt_bytes(dp)}",
+                  hint="reduce-scatter each gradient and all-gather each parameter once per use; an all-reduce "
+                       "sends twice what a reduce-scatter does.")
+
+
+def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint: str,
+                   states: float | None = None, formula: str = "") -> Budget:
+    states = s.states(stage) if states is None else states
+    formula = formula or f"4 × model_state_bytes(Ψ={s.psi}, N={s.world}, stage {stage}, K={K[stage]})"
+    work = layers_at_once * s.layer + 3 * s.shard
+    why = (f"{label}: {formula} = {fmt_bytes(states)} "
+           f"+ the batches {fmt_bytes(s.inputs)} + one step's activations {fmt_bytes(s.act)} + "
+           f"{layers_at_once} layers' worth in flight and shard temporaries {fmt_bytes(work)}")
+    limit = states + s.inputs + s.act + work
+    if stage == 3:
+        # To return them, the full parameters come back at the end (the optimizer state dropped first).
+        final = WORD * s.psi * (1 + 1 / s.world) + s.inputs + 2 * s.layer + 3 * s.shard
+        if final > limit:
+            why += (f"; here the end is larger: the full parameters, the shards, the batches and two layers' "
+                    f"buffers, {fmt_bytes(final)}")
+            limit = final
+    return Budget("peak_memory", limit, why, hint=hint)
+
+
+def _case(rng: random.Random, world: int, budgets, cost=None) -> Case:
+    model = mlp(SIZES, seed=rng.randrange(2**31))
+    shards, full = _batches(rng, world)
+    s = _Sizes(model, world, shards[0])
+    return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
+                f"N={world}, {STEPS} Adam steps of {LOCAL} samples per rank, {s.psi} padded parameters",
+                budgets=budgets(s, model), cost=cost)
+
+
+def _params_of(model) -> dict[str, torch.Tensor]:
+    out = {}
+    for n, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[n] = full.detach().clone()
+    return out
+
+
+def _fsdp_oracle(reshard_after_forward: bool):
+    def oracle(dist, model, batches, lr):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in _layers(model):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        for x, y in batches:
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+        return _params_of(model)
+    return oracle
+
+
+def _zero_redundancy_oracle(dist, model, batches, lr):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    world = dist.get_world_size()
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+    return _params_of(model)
+
+
+SHARD_HINT = ("shard each parameter flat, padded to a multiple of N: c = ceil(n/N); rank r keeps "
+              "F.pad(p.reshape(-1), (0, N*c - n))[r*c:(r+1)*c]. Every element must live on some rank.")
+RTOL, ATOL = 1e-7, 1e-10
+WORLDS = (2, 3, 4)
+
+
+# ---- 1. ZeRO-1 ------------------------------------------------------------------------------------------
+def _zero1_case(rng: random.Random, world: int) -> Case:
+    return _case(rng, world, lambda s, m: [
+        _memory_budget(s, 1, 2, "stage 1, (8+8)Ψ + 24Ψ/N",
+                       "keep Adam's m and v for your shard only (c elements per parameter), not for the whole model."),
+        _bytes_budget(s, 2, False, "a reduce-scatter of the gradients and an all-gather of the parameters per step")])
+
+
+zero1_train = Puzzle(
+    "zero1_train", NOTEBOOK, _zero1_case, world_sizes=WORLDS,
+    hints=["Every rank computes all gradients as in data parallelism, but keeps Adam's m and v only for its "
+           "shard of each parameter, updates only that shard, then the ranks exchange the updated shards. "
+           + SHARD_HINT,
+           "Per parameter: pad the gradient, dist.reduce_scatter_single(g_shard, padded_grad) (then divide by N: "
+           "the sum of the ranks' gradients); adam_update(p_shard, g_shard, m, v, step, lr); "
+           "dist.all_gather_single(padded_param, p_shard); copy padded_param[:n] back into p.",
+           "You need only your shard of the averaged gradient: a reduce-scatter gives exactly that, and sends half "
+           "of what an all-reduce does. With the all-gather of the parameters, a step sends what data parallelism "
+           "sends."],
+    oracle=_zero_redundancy_oracle, oracle_name="torch.distributed.optim.ZeroRedundancyOptimizer",
+    rtol=RTOL, atol=ATOL,
+    describe="Data-parallel Adam whose optimizer state is sharded across the ranks (ZeRO stage 1).")
+
+
+# ---- 2. ZeRO-2 ------------------------------------------------------------------------------------------
+def _zero2_case(rng: random.Random, world: int) -> Case:
+    return _case(rng, world, lambda s, m: [
+        _memory_budget(s, 2, 2, "stage 2, 8Ψ + (8+24)Ψ/N",
+                       "reduce-scatter each gradient from a hook as soon as backward produces it, keep the shard, "
+                       "and drop the full gradient (p.grad = None)."),
+        _bytes_budget(s, 2, False, "a reduce-scatter of the gradients and an all-gather of the parameters per step")])
+
+
+zero2_train = Puzzle(
+    "zero2_train", NOTEBOOK, _zero2_case, world_sizes=WORLDS,
+    hints=["Like zero1_train, but the full gradients must never all exist at once: reduce-scatter each one during "
+           "backward, as soon as it is ready, and free it.",
+           "p.register_post_accumulate_grad_hook(hook) calls hook(p) when p.grad is final. In the hook: pad p.grad, "
+           "reduce-scatter into a shard buffer of c elements, then p.grad = None.",
+           "Keep the shard buffers (one per parameter) for the step; after backward: divide by N, adam_update each "
+           "shard, all-gather each parameter. Remove the hooks before returning."],
+    oracle=_fsdp_oracle(reshard_after_forward=False), oracle_name="fully_shard(reshard_after_forward=False)",
+    rtol=RTOL, atol=ATOL,
+    describe="ZeRO stage 2: optimizer state and gradients sharded; gradients reduce-scattered during backward.")
+
+
+# ---- 3. ZeRO-3 / FSDP -----------------------------------------------------------------------------------
+def _zero3_case(rng: random.Random, world: int) -> Case:
+    return _case(rng, world, lambda s, m: [
+        _memory_budget(s, 3, 5, "stage 3, (8+8+16)Ψ/N",
+                       "all-gather a layer's parameters just before you use it, and free them right after "
+                       "(p.data = torch.empty(0, dtype=p.dtype)), in forward and again in backward."),
+        _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")])
+
+
+zero3_train = Puzzle(
+    "zero3_train", NOTEBOOK, _zero3_case, world_sizes=WORLDS,
+    hints=["First cut your shards and free the full parameters (p.data = torch.empty(0, dtype=p.dtype)). Then per "
+           "step: forward layer by layer under torch.no_grad(), gathering each layer just before it runs and "
+           "freeing it after; keep each layer's input. " + SHARD_HINT,
+           "Backward layer by layer, last first: gather the layer again, recompute out = layer(inp.requires_grad_()), "
+           "out.backward(grad_out), grad_out = inp.grad; reduce-scatter each p.grad into its shard, free p.grad and "
+           "the gathered parameter. The loss's gradient: h.requires_grad_(); F.mse_loss(h, y).backward(); h.grad.",
+           "Gather: buf = torch.empty(N*c, dtype=...); dist.all_gather_single(buf, shard); p.data = buf[:n].view(shape). "
+           "After the steps, gather every parameter once more and return {name: full tensor}."],
+    oracle=_fsdp_oracle(reshard_after_forward=True), oracle_name="torch.distributed.fsdp.fully_shard",
+    rtol=RTOL, atol=ATOL,
+    describe="ZeRO stage 3 (FSDP): parameters sharded too, each layer gathered just before use and freed after.")
+
+
+# ---- 4. FSDP with prefetching ----------------------------------------------------------------------------
+OVERLAP = 0.75     # the share of what prefetching can hide that the budget asks to hide
+
+
+def _step_times(s: _Sizes, model, cost: CostModel) -> tuple[float, float, float]:
+    """Per step, from the layers' FLOPs and all-gather sizes: serial time, the part prefetching can hide,
+    and the final all-gather."""
+    ranks = range(s.world)
+    layers = list(model)
+    fwd, ag, rs = [], [], []
+    for layer in layers:
+        params = list(layer.parameters())
+        fwd.append(cost.compute_time(2 * LOCAL * layer.in_features * layer.out_features) if params else 0.0)
+        ag.append(sum(cost.collective_time("all_gather", WORD * padded(p.numel(), s.world), ranks) for p in params))
+        rs.append(sum(cost.collective_time("reduce_scatter", WORD * padded(p.numel(), s.world), ranks)
+                      for p in params))
+    bwd = [3 * f for f in fwd]         # recompute the layer's forward, then the two matmuls of its backward
+    serial = sum(ag) + sum(fwd) + sum(ag) + sum(bwd) + sum(rs)
+    idx = [i for i, layer in enumerate(layers) if list(layer.parameters())]
+    hide = sum(min(ag[b], fwd[a]) for a, b in zip(idx, idx[1:]))              # forward: gather the next layer
+    hide += sum(min(ag[a], bwd[b]) for a, b in zip(idx, idx[1:]))             # backward: gather the previous one
+    return serial, hide, sum(ag)
+
+
+def _prefetch_case(rng: random.Random, world: int) -> Case:
+    model = mlp(SIZES, seed=rng.randrange(2**31))
+    biggest = max(_layers(model), key=lambda m: m.weight.numel())
+    flops = 2 * LOCAL * biggest.in_features * biggest.out_features
+    cost = CostModel(flops_per_s=1e9, latency=1e-8)
+    gathered = WORD * sum(padded(p.numel(), world) for p in biggest.parameters())
+    # A link on which gathering the largest layer takes as long as computing its forward.
+    cost = cost.with_(intra_node_bandwidth=bus_factor("all_gather", world) * gathered / cost.compute_time(flops))
+
+    def budgets(s, m):
+        serial, hide, final = _step_times(s, m, cost)
+        limit = STEPS * (serial - OVERLAP * hide) + final
+        why = (f"{STEPS} steps × (gathers, compute and reduce-scatters one after another = "
+               f"{serial * 1e6:.1f} µs, minus {OVERLAP:.0%} of the {hide * 1e6:.1f} µs of gathers that can run "
+               "under the neighbouring layer's compute) + the final gather")
+        return [Budget("time", limit, why,
+                       hint="issue the next layer's all-gather with async_op=True before computing the current "
+                            "layer, and .wait() on it only when you reach that layer (in backward: the previous one)."),
+                _memory_budget(s, 3, 6, "stage 3, (8+8+16)Ψ/N, with one more layer prefetched",
+                               "prefetch one layer ahead, not all of them; free each layer after use."),
+                _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")]
+
+    shards, full = _batches(rng, world)
+    s = _Sizes(model, world, shards[0])
+    return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
+                f"N={world}, {STEPS} Adam steps, gathering a layer takes as long as computing it",
+                budgets=budgets(s, model), cost=cost)
+
+
+fsdp_prefetch_train = Puzzle(
+    "fsdp_prefetch_train", NOTEBOOK, _prefetch_case, world_sizes=(2, 4),
+    hints=["Same algorithm as zero3_train. While layer i computes, the network is idle: start layer i+1's "
+           "all-gather before computing layer i (in backward, layer i-1's before recomputing layer i).",
+           "work = dist.all_gather_single(buf, shard, async_op=True) returns at once. Keep (buf, work) for the next "
+           "layer; when you reach it, work.wait() and point p.data at buf.",
+           "Prefetch only one layer ahead: gathering all of them at once would break the memory budget."],
+    oracle=_fsdp_oracle(reshard_after_forward=True), oracle_name="torch.distributed.fsdp.fully_shard",
+    rtol=RTOL, atol=ATOL,
+    describe="ZeRO-3 whose next layer's all-gather overlaps the current layer's compute.")
+
+
+# ---- 5. ZeRO-Offload ---------------------------------------------------------------------------------------
+def _offload_case(rng: random.Random, world: int) -> Case:
+    def budgets(s, m):
+        device = _memory_budget(s, 2, 2, "device memory keeps the weights only",
+                                "keep m, v, the shard's gradients and its master parameters in host memory "
+                                "(device=lib.host()); send the device only updated shards.",
+                                states=SCALE * 2 * s.psi, formula="the float64 weights, 4 × 2Ψ")
+        host = SCALE * model_state_bytes(s.psi, s.world, 3, k=K[3])
+        return [device,
+                Budget("host_peak_memory", host + 3 * s.shard,
+                       f"the shard's parameters, gradients, m and v, (8+8+16)Ψ/N = {fmt_bytes(host)}, "
+                       f"+ Adam's temporaries on one shard",
+                       hint="keep one copy of each shard on the host; free per-step temporaries."),
+                _bytes_budget(s, 2, False, "a reduce-scatter of the gradients and an all-gather of the parameters "
+                                           "per step")]
+    return _case(rng, world, budgets)
+
+
+zero_offload_train = Puzzle(
+    "zero_offload_train", NOTEBOOK, _offload_case, world_sizes=WORLDS,
+    hints=["ZeRO-2 with the optimizer on the host: the device keeps the weights and computes forward and "
+           "backward; each rank's shard of the gradients goes to host memory, where Adam runs.",
+           "Per parameter, once: a host shard of the parameter, m and v (torch.zeros(c, dtype=..., device=lib.host())). "
+           "In the gradient hook: reduce-scatter on the device, then g_host = shard.to(lib.host()).",
+           "After backward: adam_update on the host shards; bring the updated shard back with .to(lib.device()) "
+           "and all-gather it into the parameter."],
+    oracle=_zero_redundancy_oracle, oracle_name="torch.distributed.optim.ZeroRedundancyOptimizer",
+    rtol=RTOL, atol=ATOL,
+    describe="ZeRO-Offload: gradients reduce-scattered, optimizer state and step in host memory.")
+
+
+PUZZLES = [zero1_train, zero2_train, zero3_train, fsdp_prefetch_train, zero_offload_train]

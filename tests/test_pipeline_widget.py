@@ -1,0 +1,87 @@
+"""The schedule explorer draws GPipe, 1F1B and interleaved 1F1B from their orders, with the paper's bubble;
+and 1F1B refuses m < p with a clear error, in the widget and in the reference solution."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+import puzzles.pipeline as P  # noqa: E402
+import solutions.pipeline as S  # noqa: E402
+from lib.errors import RankFailed  # noqa: E402
+from lib.formulas import bubble_fraction  # noqa: E402
+from lib.sim import per_rank, run  # noqa: E402
+from lib.viz.pipeline import (ScheduleError, Work, bubble_of, draw_schedule, peak_in_flight, play,  # noqa: E402
+                              schedule_explorer, schedule_orders)
+
+
+@pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 8, 1), ("gpipe", 3, 2, 1), ("1f1b", 4, 8, 1),
+                                        ("1f1b", 2, 5, 1), ("1f1b", 8, 8, 1), ("interleaved", 4, 8, 2),
+                                        ("interleaved", 4, 12, 3), ("interleaved", 2, 6, 2)])
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 3.5])
+def test_bubble_of_every_schedule_is_the_formula(name, p, m, v, ratio):
+    slots = play(schedule_orders(name, p, m, v), v, 1.0, ratio)
+    assert bubble_of(slots) == pytest.approx(bubble_fraction(p, m, v))
+    assert max(s.end for s in slots) == pytest.approx((m * v + p - 1) * (1 + ratio) / v)
+
+
+def test_every_micro_batch_runs_forward_then_backward_once_on_every_stage():
+    for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+        orders = schedule_orders(name, 4, 8, v)
+        for order in orders:
+            assert sorted((w.kind, w.chunk, w.mb) for w in order) == sorted(
+                (k, c, j) for k in "FB" for c in range(v) for j in range(8))
+
+
+def test_memory_gpipe_holds_m_and_1f1b_holds_p_minus_r():
+    assert peak_in_flight(schedule_orders("gpipe", 4, 8)) == [8] * 4
+    assert peak_in_flight(schedule_orders("1f1b", 4, 8)) == [4, 3, 2, 1]
+    assert peak_in_flight(schedule_orders("1f1b", 4, 32)) == [4, 3, 2, 1]
+
+
+def test_an_order_that_waits_forever_is_reported():
+    orders = [[Work("B", 0, 0), Work("F", 0, 0)], [Work("F", 0, 0), Work("B", 0, 0)]]
+    with pytest.raises(ScheduleError, match="waits forever"):
+        play(orders)
+
+
+@pytest.mark.parametrize("name,p,m,v,words", [("1f1b", 4, 3, 1, "m=3 < p=4"), ("interleaved", 4, 6, 2, "multiple of p"),
+                                              ("gpipe", 4, 8, 2, "v must be 1")])
+def test_refused_settings_say_why(name, p, m, v, words):
+    with pytest.raises(ScheduleError, match=words):
+        schedule_orders(name, p, m, v)
+    state = draw_schedule(name, p, m, v)
+    assert state.fig is None and words in state.readout
+
+
+def test_one_f_one_b_with_too_few_micro_batches_is_a_clear_error_not_a_hang():
+    case = P.one_f_one_b.make_case(__import__("random").Random(0), 4)
+    stages, batch, targets, _ = case.args
+    with pytest.raises(RankFailed, match=r"needs at least as many micro-batches as stages: m=2 < p=4"):
+        run(S.one_f_one_b, 4, stages, batch, targets, 2, cost=case.cost)
+
+
+def test_explorer_redraws_and_reports_the_bubble():
+    box = schedule_explorer()
+    s = box.state
+    assert s.bubble == pytest.approx(bubble_fraction(4, 8)) and s.in_flight == [4, 3, 2, 1]
+    assert "0.375" in s.readout and s.fig.number not in plt.get_fignums()
+    box.controls["schedule"].value = "interleaved"
+    assert s.bubble == pytest.approx(bubble_fraction(4, 8, 2))
+    box.controls["m"].value = 16
+    assert s.bubble == pytest.approx(bubble_fraction(4, 16, 2))
+    box.controls["schedule"].value = "gpipe"
+    assert s.in_flight == [16] * 4 and s.bubble == pytest.approx(bubble_fraction(4, 16))
+    box.controls["schedule"].value = "1f1b"
+    box.controls["m"].value = 2
+    assert s.fig is None and "m=2 < p=4" in s.readout
+
+
+def test_simulated_bubble_of_the_solutions_is_the_formula():
+    for puzzle, fn in ((P.gpipe, S.gpipe), (P.one_f_one_b, S.one_f_one_b)):
+        for p in (2, 4):
+            case = puzzle.make_case(__import__("random").Random(1), p)
+            result = run(fn, p, *case.args, cost=case.cost)
+            assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, case.args[3]), rel=P.SLACK)

@@ -1,0 +1,153 @@
+"""Wrong answers to notebook 04's puzzles, each with the words its failure message must contain.
+
+A wrong answer must fail, whatever else it gets right; tests/test_content.py runs every catalogue.
+"""
+
+import torch
+import torch.nn.functional as F
+
+import solutions.tensor_parallel as S
+
+
+class _Reduce(torch.autograd.Function):
+    """g done right, for the wrong answers that get something else wrong."""
+
+    @staticmethod
+    def forward(ctx, x, dist):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def column_without_f(dist, x, weight, bias):
+    """No f: x.grad on each rank holds only the part flowing through its own output features."""
+    return F.linear(x, weight, bias)
+
+
+def column_gathers_the_output(dist, x, weight, bias):
+    """Megatron's gather_output=True: a full output nobody asked for, and an all-gather."""
+    local = F.linear(x, weight, bias)
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local.detach().contiguous())
+    return torch.cat(parts, -1)
+
+
+def row_g_without_backward(dist, x, weight, bias):
+    """The all-reduce on a detached copy: right output, but no gradient reaches the weight or the input."""
+    partial = F.linear(x, weight).detach().clone()
+    dist.all_reduce(partial)
+    return partial + bias
+
+
+def row_bias_before_all_reduce(dist, x, weight, bias):
+    """The all-reduce in the wrong place: after the bias, which every rank adds, so it counts N times."""
+    return _Reduce.apply(F.linear(x, weight, bias), dist)
+
+
+def mlp_g_reduces_in_backward(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """g all-reducing in backward too: the gradient, already whole on every rank, is summed N times."""
+
+    class ReduceBoth(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            y = y.clone()
+            dist.all_reduce(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            dist.all_reduce(grad)
+            return grad
+
+    hidden = F.gelu(S.column_parallel_linear(dist, x, fc1_w, fc1_b))
+    return ReduceBoth.apply(F.linear(hidden, fc2_w)) + fc2_b
+
+
+def mlp_g_without_backward(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    hidden = F.gelu(S.column_parallel_linear(dist, x, fc1_w, fc1_b))
+    return row_g_without_backward(dist, hidden, fc2_w, fc2_b)
+
+
+def attention_heads_on_the_wrong_dimension(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads):
+    """[s, b, w] read as [s, b, d, heads] instead of [s, b, heads, d]: each "head" mixes every head."""
+    qkv = S.column_parallel_linear(dist, x, qkv_w, qkv_b)
+    s, b, three_w = qkv.shape
+    w, n = three_w // 3, heads // dist.get_world_size()
+    d = w // n
+    q, k, v = (t.reshape(s, b, d, n).permute(1, 3, 0, 2) for t in qkv.split(w, -1))
+    causal = torch.full((s, s), float("-inf"), dtype=x.dtype).triu(1)
+    out = (((q @ k.transpose(-2, -1)) * d ** -0.5 + causal).softmax(-1) @ v).permute(2, 0, 1, 3).reshape(s, b, w)
+    return S.row_parallel_linear(dist, out, proj_w, proj_b)
+
+
+def sp_all_reduce_instead(dist, x, fc1_w, fc1_b, fc2_w):
+    """Right answer the old way: gather the tokens, run the plain Megatron MLP (all-reduces), keep ours."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.detach().contiguous())
+    parts[rank] = x
+    full = torch.cat(parts)
+    normed = F.layer_norm(full, full.shape[-1:])
+    hidden = F.gelu(S.column_parallel_linear(dist, normed, fc1_w, fc1_b))
+    out = _Reduce.apply(F.linear(hidden, fc2_w), dist)
+    return x + out.chunk(world)[rank]
+
+
+def loss_gathers_the_logits(dist, tokens, targets, emb_w, head_w):
+    """Right loss and gradients, but every rank builds the full [s, b, V] logits."""
+    world, rank, part = dist.get_world_size(), dist.get_rank(), emb_w.shape[0]
+    mine = (tokens >= rank * part) & (tokens < (rank + 1) * part)
+    x = _Reduce.apply(F.embedding(torch.where(mine, tokens - rank * part, 0), emb_w) * mine.unsqueeze(-1), dist)
+    logits = S.column_parallel_linear(dist, x, head_w, None)
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, local):
+            parts = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(parts, local.contiguous())
+            return torch.cat(parts, -1)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.chunk(world, -1)[rank]
+
+    full = Gather.apply(logits)
+    return F.cross_entropy(full.flatten(0, 1), targets.flatten())
+
+
+def loss_without_max_all_reduce(dist, tokens, targets, emb_w, head_w):
+    """Each rank subtracts its own maximum: the sum of exponentials mixes different shifts."""
+    part, first = emb_w.shape[0], dist.get_rank() * emb_w.shape[0]
+
+    def local(ids):
+        mine = (ids >= first) & (ids < first + part)
+        return torch.where(mine, ids - first, 0), mine
+
+    rows, mine = local(tokens)
+    x = _Reduce.apply(F.embedding(rows, emb_w) * mine.unsqueeze(-1), dist)
+    logits = S.column_parallel_linear(dist, x, head_w, None)
+    shifted = logits - logits.detach().amax(-1, keepdim=True)
+    sum_exp = _Reduce.apply(shifted.exp().sum(-1), dist)
+    rows, mine = local(targets)
+    target = _Reduce.apply(shifted.gather(-1, rows.unsqueeze(-1)).squeeze(-1) * mine, dist)
+    dist.all_reduce(torch.zeros_like(target))
+    return (sum_exp.log() - target).mean()
+
+
+WRONG = [
+    ("column_parallel_linear", column_without_f, "backward pass should issue one all_reduce"),
+    ("column_parallel_linear", column_gathers_the_output, "should have shape"),
+    ("row_parallel_linear", row_g_without_backward, "no gradient: backward never reached"),
+    ("row_parallel_linear", row_bias_before_all_reduce, "the result['output']"),
+    ("megatron_mlp", mlp_g_reduces_in_backward, "issued 2 × all_reduce"),
+    ("megatron_mlp", mlp_g_without_backward, "backward pass should issue one all_reduce"),
+    ("parallel_attention", attention_heads_on_the_wrong_dimension, "the result['output']"),
+    ("sequence_parallel_mlp", sp_all_reduce_instead, "one all_reduce of"),
+    ("vocab_parallel_loss", loss_gathers_the_logits, "peak memory"),
+    ("vocab_parallel_loss", loss_without_max_all_reduce, "the result['output']"),
+]

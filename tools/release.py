@@ -1,0 +1,66 @@
+"""The student release: the course as shipped, without the answer key.
+
+    python -m tools.release DEST
+
+Copies the notebooks (as shipped: stubs, no outputs), the engine, the problem set, the tools,
+the install files and the README into DEST, and leaves out solutions/, the tests (they need
+the solutions) and the benchmarks. A release can be checked with `python -m tools.release --verify DEST`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from tools import ROOT
+
+SHIPPED = ["README.md", "course", "pyproject.toml", "environment.yml", ".gitignore", "lib", "puzzles", "tools",
+           "notebooks"]
+WITHHELD = ["solutions", "tests", "bench", ".ci"]
+
+
+def make_release(dest: Path) -> Path:
+    if dest.exists() and any(dest.iterdir()):
+        raise SystemExit(f"release: {dest} exists and is not empty; choose a new folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in SHIPPED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+        else:
+            shutil.copy2(source, dest / name)
+    problems = verify(dest)
+    if problems:
+        raise SystemExit("release: " + "; ".join(problems))
+    return dest
+
+
+def verify(dest: Path) -> list[str]:
+    """What would make `dest` leak the answers or fail to work: empty when it is a good release."""
+    problems = [f"{name}/ must not be shipped" for name in WITHHELD if (dest / name).exists()]
+    for path in (dest / "lib").rglob("*.py"):
+        text = path.read_text()
+        if "import solutions" in text or "from solutions" in text:
+            problems.append(f"{path.relative_to(dest)} imports the solutions")
+    for path in (dest / "notebooks").glob("*.ipynb"):
+        if '"outputs": [\n' in path.read_text() and '"output_type"' in path.read_text():
+            problems.append(f"{path.name} carries outputs")
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tools.release", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dest", type=Path)
+    parser.add_argument("--verify", action="store_true", help="check an existing release instead of making one")
+    args = parser.parse_args()
+    if args.verify:
+        problems = verify(args.dest)
+        print("\n".join(problems) or "release looks right")
+        sys.exit(1 if problems else 0)
+    print(f"student release written to {make_release(args.dest)}")
+
+
+if __name__ == "__main__":
+    main()

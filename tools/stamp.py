@@ -1,0 +1,37 @@
+"""Keep the notebooks' course furniture in step (run after editing or adding a notebook):
+nbgrader metadata on puzzle and check cells, and the progress cell at the top.
+
+    python -m tools.stamp          # rewrites notebooks/*.ipynb in place; idempotent
+"""
+
+from __future__ import annotations
+
+import nbformat
+
+from lib.nbtools import add_grading_metadata
+from tools import course_notebooks
+
+
+def with_progress_cell(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """A first code cell that reports which puzzles of this notebook the saved copy solves."""
+    if not any("progress" in c.metadata.get("tags", []) for c in nb.cells):
+        first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+        cell = nbformat.v4.new_code_cell(f'from tools.progress import progress\n\nprogress("{name}")  # of your saved copy: save (Ctrl-S) first')
+        cell.metadata["tags"] = ["progress"]
+        nb.cells[first_code:first_code] = [
+            nbformat.v4.new_markdown_cell("Your progress in this notebook (run it again any time):"), cell]
+    return nb
+
+
+def main() -> None:
+    for path in course_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        before = nbformat.writes(nb)
+        after = nbformat.writes(add_grading_metadata(with_progress_cell(nb, path.stem)))
+        if after != before:
+            path.write_text(after + "\n" if not after.endswith("\n") else after)
+            print(f"stamped {path.name}")
+
+
+if __name__ == "__main__":
+    main()

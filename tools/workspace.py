@@ -1,0 +1,71 @@
+"""A learner's own copies of the notebooks, in work/ (ignored by git), never overwritten.
+
+    python -m tools.workspace          # create missing copies; refresh the others
+
+Refreshing takes the course's current notebook and puts the learner's answers (puzzle
+cells) and any cells the learner added back in; the previous copy is kept in work/.backup/.
+Pulling course updates therefore never conflicts with, or loses, a learner's work.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+from lib.nbtools import puzzle_cells
+from tools import NOTEBOOKS, WORK, course_notebooks
+
+
+def _cell_ids(nb) -> set[str]:
+    return {c.get("id") for c in nb.cells if c.get("id")}
+
+
+def refreshed(course: nbformat.NotebookNode, mine: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The course's notebook with the learner's answers and own cells carried over."""
+    new = nbformat.from_dict(course)
+    answers = puzzle_cells(mine)
+    for name, cell in puzzle_cells(new).items():
+        if name in answers:
+            cell.source = answers[name].source
+    theirs = [c for c in mine.cells if c.get("id") not in _cell_ids(course)]
+    if theirs:
+        new.cells.append(nbformat.v4.new_markdown_cell("## Your own cells (kept from your earlier copy)"))
+        new.cells.extend(nbformat.from_dict(c) for c in theirs)
+    return new
+
+
+def sync(source: Path = NOTEBOOKS, work: Path = WORK) -> list[tuple[str, str]]:
+    """Create or refresh every learner copy; returns (notebook, what happened) pairs."""
+    work.mkdir(exist_ok=True)
+    report = []
+    for path in course_notebooks(source):
+        target = work / path.name
+        if not target.exists():
+            shutil.copyfile(path, target)
+            report.append((path.name, "created"))
+            continue
+        course, mine = nbformat.read(path, as_version=4), nbformat.read(target, as_version=4)
+        new = refreshed(course, mine)
+        if nbformat.writes(new) == nbformat.writes(mine):
+            report.append((path.name, "up to date"))
+            continue
+        backup = work / ".backup" / f"{target.stem}.{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+        backup.parent.mkdir(exist_ok=True)
+        shutil.copyfile(target, backup)
+        nbformat.write(new, target)
+        report.append((path.name, f"refreshed (your answers kept; the old copy is in {backup.relative_to(work.parent)})"))
+    return report
+
+
+def main() -> None:
+    for name, what in sync():
+        print(f"work/{name}: {what}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
