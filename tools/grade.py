@@ -10,8 +10,10 @@ Each notebook runs in its own process, in a fresh sandbox folder that holds a co
 engine and the problem set and nothing else: the answer key (solutions/) is neither
 importable nor on disk there, other submissions are not there, and the process has a
 memory limit and a wall-clock limit after which it and everything it started are killed.
-This keeps honest mistakes and casual peeking out; a student determined to tamper with the
-checker inside its own process is not stopped by it: for high stakes, run it in a container.
+This keeps honest mistakes and casual peeking out. It is not a security boundary: the
+process runs as the grader's user, so code that knows the instructor's absolute paths could
+read them, and code determined to tamper with the checker inside its own process could.
+For high stakes, run the grader in a container that holds no answer key.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ Pulling course updates therefore never conflicts with, or loses, a learner's wor
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import time
@@ -20,8 +21,21 @@ from lib.nbtools import puzzle_cells
 from tools import NOTEBOOKS, WORK, course_notebooks
 
 
+OWN_CELLS = "own-cells"          # tag of the heading above the learner's own cells
+
+
+def version(course: nbformat.NotebookNode) -> str:
+    """A fingerprint of the course's notebook: a learner's copy records the one it was made from."""
+    return hashlib.sha256(nbformat.writes(course).encode()).hexdigest()[:16]
+
+
 def _cell_ids(nb) -> set[str]:
     return {c.get("id") for c in nb.cells if c.get("id")}
+
+
+def stamped(nb: nbformat.NotebookNode, course_version: str) -> nbformat.NotebookNode:
+    nb.metadata.setdefault("course", {})["made_from"] = course_version
+    return nb
 
 
 def refreshed(course: nbformat.NotebookNode, mine: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -31,11 +45,14 @@ def refreshed(course: nbformat.NotebookNode, mine: nbformat.NotebookNode) -> nbf
     for name, cell in puzzle_cells(new).items():
         if name in answers:
             cell.source = answers[name].source
-    theirs = [c for c in mine.cells if c.get("id") not in _cell_ids(course)]
+    theirs = [c for c in mine.cells
+              if c.get("id") not in _cell_ids(course) and OWN_CELLS not in c.metadata.get("tags", [])]
     if theirs:
-        new.cells.append(nbformat.v4.new_markdown_cell("## Your own cells (kept from your earlier copy)"))
+        heading = nbformat.v4.new_markdown_cell("## Your own cells (kept from your earlier copy)")
+        heading.metadata["tags"] = [OWN_CELLS]
+        new.cells.append(heading)
         new.cells.extend(nbformat.from_dict(c) for c in theirs)
-    return new
+    return stamped(new, version(course))
 
 
 def sync(source: Path = NOTEBOOKS, work: Path = WORK) -> list[tuple[str, str]]:
@@ -44,15 +61,16 @@ def sync(source: Path = NOTEBOOKS, work: Path = WORK) -> list[tuple[str, str]]:
     report = []
     for path in course_notebooks(source):
         target = work / path.name
+        course = nbformat.read(path, as_version=4)
         if not target.exists():
-            shutil.copyfile(path, target)
+            nbformat.write(stamped(course, version(course)), target)
             report.append((path.name, "created"))
             continue
-        course, mine = nbformat.read(path, as_version=4), nbformat.read(target, as_version=4)
-        new = refreshed(course, mine)
-        if nbformat.writes(new) == nbformat.writes(mine):
+        mine = nbformat.read(target, as_version=4)
+        if mine.metadata.get("course", {}).get("made_from") == version(course):
             report.append((path.name, "up to date"))
             continue
+        new = refreshed(course, mine)
         backup = work / ".backup" / f"{target.stem}.{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
         backup.parent.mkdir(exist_ok=True)
         shutil.copyfile(target, backup)
