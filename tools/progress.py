@@ -7,7 +7,9 @@ In a notebook, `progress("02_data_parallel")` reports on that notebook's saved c
 
 from __future__ import annotations
 
+import io
 import sys
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Optional
 
@@ -25,7 +27,8 @@ def notebook_progress(path: Path) -> list[tuple[str, str, str]]:
     module = {m.NOTEBOOK: m for m in puzzles.MODULES}.get(path.stem)
     if module is None:
         return []
-    namespace, errors = load_answers(nbformat.read(path, as_version=4))
+    with redirect_stdout(io.StringIO()):          # the notebook's own prints are not the report
+        namespace, errors = load_answers(nbformat.read(path, as_version=4))
     rows = []
     for p in module.PUZZLES:
         fn = namespace.get(p.name)
@@ -34,14 +37,15 @@ def notebook_progress(path: Path) -> list[tuple[str, str, str]]:
         elif fn is None:
             rows.append((p.name, "missing", f"no function named {p.name} in the notebook"))
         else:
-            outcome = p.evaluate(fn)
+            with redirect_stdout(io.StringIO()):
+                outcome = p.evaluate(fn)
             status = "solved" if outcome.ok else "not solved" if not outcome.solved else "failing"
             rows.append((p.name, status, "" if outcome.ok else outcome.message.splitlines()[0]))
     return rows
 
 
-def progress(notebook: Optional[str] = None, folder: Optional[Path] = None) -> dict[str, list]:
-    """Print and return the progress of one notebook (by name, e.g. "01_memory") or all of them.
+def progress(notebook: Optional[str] = None, folder: Optional[Path] = None) -> None:
+    """Print the progress of one notebook (by name, e.g. "01_memory") or of all of them.
 
     Looks in the current folder when it holds the notebook (a learner's kernel runs in work/),
     otherwise in work/, otherwise in notebooks/."""
@@ -49,18 +53,15 @@ def progress(notebook: Optional[str] = None, folder: Optional[Path] = None) -> d
         here = Path.cwd()
         folder = here if notebook and (here / f"{notebook}.ipynb").exists() else WORK if WORK.exists() else NOTEBOOKS
     paths = [folder / f"{notebook}.ipynb"] if notebook else course_notebooks(folder)
-    report = {}
     for path in paths:
         if not path.exists():
             print(f"{path.name}: not found in {folder}")
             continue
         rows = notebook_progress(path)
-        report[path.stem] = rows
         done = sum(status == "solved" for _, status, _ in rows)
         print(f"{path.stem}: {done} of {len(rows)} solved (saved copy: {path})")
         for name, status, detail in rows:
             print(f"  {SYMBOLS[status]} {name}" + (f": {detail}" if detail and status != "not solved" else ""))
-    return report
 
 
 def main() -> None:

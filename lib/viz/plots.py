@@ -123,16 +123,18 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
+    top = max(result.stats[rank].peak_memory for result in runs.values())
+    unit, scale = ("MiB", 2**20) if top >= 2**20 else ("KiB", 2**10)
     for label, result in runs.items():
         samples = result.stats[rank].memory
         progress = [i / max(len(samples) - 1, 1) for i in range(len(samples))]
-        line, = ax.step(progress, [b / 2**20 for _, b in samples], where="post", label=label)
-        peak = result.stats[rank].peak_memory / 2**20
+        line, = ax.step(progress, [b / scale for _, b in samples], where="post", label=label)
+        peak = result.stats[rank].peak_memory / scale
         ax.axhline(peak, color=line.get_color(), linestyle=":", linewidth=1)
-        ax.annotate(f"peak {peak:.2f} MiB", (1.0, peak), xytext=(4, 0), textcoords="offset points",
+        ax.annotate(f"peak {peak:.2f} {unit}", (1.0, peak), xytext=(4, 0), textcoords="offset points",
                     va="center", fontsize="small", color=line.get_color())
     ax.set_xlabel("progress through the run (each allocation or free is one step)")
-    ax.set_ylabel("live memory (MiB)")
+    ax.set_ylabel(f"live memory ({unit})")
     ax.set_xlim(0, 1)
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", frameon=False)
