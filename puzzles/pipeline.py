@@ -17,9 +17,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from lib.check import Budget, Case, Puzzle
 from lib.formulas import bubble_fraction
 from lib.measure import allocated, saved_activation_bytes
-from lib.models import mlp
+from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time
+from lib.viz.pipeline import peak_in_flight, schedule_orders
 
 NOTEBOOK = "05_pipeline"
 WIDTH = 16           # every layer is WIDTH -> WIDTH, so every message between stages has a known shape
@@ -158,6 +159,51 @@ def _one_f_one_b_case(rng: random.Random, p: int) -> Case:
     return _case(rng, p, rng.randint(p + 2, 2 * p + 2), "1f1b")
 
 
+def _interleaved_case(rng: random.Random, p: int) -> Case:
+    """p ranks, v chunks of LAYERS layers each (virtual stage c·p + r on rank r), m a multiple of p."""
+    v, m = rng.choice((2, 3)), p * rng.randint(1, 3)
+    model, batch, targets = _model_and_data(rng, p * v, m)
+    stages = [model[s] for s in stage_slices(p * v)]
+    chunks = [[stages[c * p + r] for c in range(v)] for r in range(p)]
+    expected = [[e for e in reference(model, batch, targets, p * v)[r::p]] for r in range(p)]
+    micro, micro_y = batch[:MICRO], targets[:MICRO]
+    t_f, t_b = stage_times(stages[0], micro)           # every chunk is the same shape: one chunk's times
+    boundary = micro.numel() * micro.element_size()
+    ideal = (m * v + p - 1) * (t_f + t_b)
+    budgets = [Budget(
+        "time", ideal * (1 + SLACK),
+        f"(m·v+p-1)(t_f+t_b) = {m * v + p - 1} × {fmt_time(t_f + t_b)} with t_f, t_b one chunk's: the ideal "
+        f"m·v(t_f+t_b) plus the bubble, (p-1)/(v·m) = {bubble_fraction(p, m, v):.3f} of it",
+        hint="run Megatron's order (rank r: (p-r-1)·2 + (v-1)·p warm-up forwards, then one forward and one "
+             "backward), and post the dist.irecv of the next input before computing the current one: a send waits "
+             "for its receiver, and the sends a rank posts after it queue behind it.")]
+    # Memory: rank r holds v chunks' weights and gradients, one chunk's forward and backward at a time, and at its
+    # peak the activations of as many (chunk, micro-batch) pairs as Megatron's order keeps between their forward
+    # and backward (peak_in_flight of the schedule, e.g. (p-r-1)·2 + (v-1)·p + 1 on rank r when m > p).
+    held = peak_in_flight(schedule_orders("interleaved", p, m, v))
+    inputs = batch.numel() * batch.element_size() + targets.numel() * targets.element_size()
+    limits, whys = [], []
+    for r in range(p):
+        mem = [stage_memory(chunks[r][c], micro, micro_y, last=c * p + r == p * v - 1) for c in range(v)]
+        stash, step = max(a for a, _ in mem), max(b for _, b in mem)
+        others = (v - 1) * 2 * param_bytes(chunks[r][0])
+        limits.append(inputs + step + others + held[r] * stash + 5 * boundary)
+        whys.append((stash, step, others))
+    stash0, step0, others0 = whys[0]
+    budgets.append(Budget(
+        "peak_memory", limits,
+        f"the batch and targets ({fmt_bytes(inputs)}) + one chunk's forward and backward ({fmt_bytes(step0)} on rank 0, "
+        f"its weights and gradients included) + the other {v - 1} chunks' weights and gradients ({fmt_bytes(others0)}) "
+        f"+ the chunk activations Megatron's order holds at its peak, {', '.join(map(str, held))} on ranks 0..{p - 1} "
+        f"({fmt_bytes(stash0)} each on rank 0) + 4 boundary tensors of {fmt_bytes(boundary)} in flight (the next "
+        f"forward's input and the next backward's gradient received ahead, the gradient in use, the input gradient "
+        f"being sent) and one more for the loss and small temporaries",
+        hint="free each (chunk, micro-batch) stash as soon as its backward has run, and do not run more forwards "
+             "ahead than (p-r-1)·2 + (v-1)·p."))
+    return Case(p, (per_rank(chunks), batch, targets, m), expected,
+                f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}", budgets=budgets, cost=COST)
+
+
 def _torch_pipelining(schedule_name: str):
     """The oracle: torch.distributed.pipelining's own schedule on an identical copy of the stage."""
 
@@ -176,6 +222,23 @@ def _torch_pipelining(schedule_name: str):
         return stage
     oracle.__name__ = f"torch_{schedule_name}"
     return oracle
+
+
+def _torch_interleaved(dist, chunks, batch, targets, m: int):
+    """The oracle: ScheduleInterleaved1F1B with this rank's chunks as its stages c·p + rank of p·v."""
+    from torch.distributed import pipelining
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    v = len(chunks)
+    stages = [pipelining.PipelineStage(chunk, c * p + rank, p * v, batch.device) for c, chunk in enumerate(chunks)]
+    schedule = pipelining.ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=F.mse_loss)
+    if rank == 0:
+        schedule.step(batch)
+    elif rank == p - 1:
+        schedule.step(target=targets, losses=[])
+    else:
+        schedule.step()
+    return chunks
 
 
 SIGNATURE_HELP = ("`stage` is this rank's nn.Module; rank 0 feeds it `batch`, the last rank compares its output "
@@ -220,7 +283,22 @@ one_f_one_b = Puzzle(
     describe="1F1B: warm-up, steady state of one forward and one backward, cool-down; at most p-r micro-batches "
              "of activations on stage r.")
 
-PUZZLES = [pipeline_stages, gpipe, one_f_one_b]
+interleaved_1f1b = Puzzle(
+    "interleaved_1f1b", NOTEBOOK, _interleaved_case, world_sizes=(2, 3, 4),
+    hints=["Number this rank's work: its k-th forward is micro-batch (k // (p·v))·p + k % p on chunk (k // p) % v; "
+           "its k-th backward is the same micro-batch on chunk v-1-(k // p) % v. Chunk c is stage s = c·p + rank: "
+           "its input comes from rank (rank-1) % p, its output goes to rank (rank+1) % p.",
+           "Warm-up: min((p-rank-1)·2 + (v-1)·p, m·v) forwards; then one forward and one backward until the forwards "
+           "are done; then the remaining backwards. Stage 0 reads the batch, stage p·v-1 computes the loss / m; "
+           "keep the stash in a dict by (chunk, micro-batch).",
+           "With p = 2 the same pair of ranks carries activations one way and gradients the other, both ways: give "
+           "activations and gradients different tags (dist.isend(t, peer, tag=0) / dist.recv(t, peer, tag=0) for "
+           "activations, tag=1 for gradients) so a recv cannot take the other kind. Raise ValueError when m % p."],
+    oracle=_torch_interleaved, oracle_name="torch.distributed.pipelining.ScheduleInterleaved1F1B",
+    rtol=1e-9, atol=1e-12,
+    describe="Interleaved 1F1B (Megatron-LM): v chunks per rank, the bubble divided by v.")
+
+PUZZLES = [pipeline_stages, gpipe, one_f_one_b, interleaved_1f1b]
 
 
 def explore_bubble(puzzle: Puzzle, fn, p: int = 4):
@@ -228,5 +306,6 @@ def explore_bubble(puzzle: Puzzle, fn, p: int = 4):
     .timeline()); None with a note while the puzzle is unsolved or failing."""
     result = puzzle.explore(fn, p)
     if result is not None:
-        bubble_report(result, puzzle.make_case(random.Random(f"{puzzle.name}:0"), p).args[3])
+        args = puzzle.make_case(random.Random(f"{puzzle.name}:0"), p).args
+        bubble_report(result, args[3], len(args[0].values[0]) if puzzle is interleaved_1f1b else 1)
     return result

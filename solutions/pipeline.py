@@ -101,3 +101,70 @@ def one_f_one_b(dist, stage, batch, targets, m):
     for s in sends:
         s.wait()
     return stage
+
+
+def interleaved_1f1b(dist, chunks, batch, targets, m):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    v = len(chunks)                                      # chunk c of this rank is virtual stage c·p + rank
+    if m % p:
+        raise ValueError(f"interleaved 1F1B runs micro-batches in groups of p: m={m} must be a multiple of p={p}")
+    xs, ys = batch.chunk(m), targets.chunk(m)
+    last = p * v - 1
+    ahead, behind = (rank + 1) % p, (rank - 1) % p       # stage s+1 is on the next rank, round the ring
+    ACT, GRAD = 0, 1                                     # tags: rank p-1 -> 0 carries both when p = 2
+    sends, stash, inbox = [], {}, {}
+    total = m * v
+
+    def unit(k, forward):
+        """This rank's k-th forward (or backward): micro-batches in groups of p, each group through
+        every chunk (forwards chunk 0, 1, ..., backwards chunk v-1, ..., 0)."""
+        c, j = k // p % v, k // (p * v) * p + k % p
+        return (c, j) if forward else (v - 1 - c, j)
+
+    def take(kind, k):
+        """The input of this rank's k-th forward ("F") or backward ("B"), received ahead: the irecv for
+        the next one is posted now, so a sender never waits for this rank to reach its recv."""
+        for i in (k, k + 1):
+            c, j = unit(i, kind == "F") if i < total else (None, None)
+            s = None if c is None else c * p + rank
+            if (kind, i) not in inbox and s is not None and (s > 0 if kind == "F" else s < last):
+                buf = torch.empty_like(xs[j])
+                inbox[kind, i] = buf, dist.irecv(buf, behind if kind == "F" else ahead, tag=ACT if kind == "F" else GRAD)
+        buf, work = inbox.pop((kind, k))
+        work.wait()
+        return buf
+
+    def forward(k):
+        c, j = unit(k, True)
+        s = c * p + rank
+        x = xs[j].clone() if s == 0 else take("F", k)
+        x.requires_grad_()
+        out = chunks[c](x)
+        if s == last:
+            out = F.mse_loss(out, ys[j]) / m
+        else:
+            sends.append(dist.isend(out.detach(), ahead, tag=ACT))
+        stash[c, j] = (x, out)
+
+    def backward(k):
+        c, j = unit(k, False)
+        s = c * p + rank
+        x, out = stash.pop((c, j))
+        if s == last:
+            out.backward()
+        else:
+            out.backward(take("B", k))
+        if s > 0:
+            sends.append(dist.isend(x.grad, behind, tag=GRAD))
+
+    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)  # Megatron-LM's warm-up depth
+    for k in range(warm):
+        forward(k)
+    for i in range(total - warm):                        # steady state: one forward, one backward
+        forward(warm + i)
+        backward(i)
+    for k in range(total - warm, total):                 # cool-down
+        backward(k)
+    for s in sends:
+        s.wait()
+    return chunks

@@ -85,3 +85,20 @@ def test_simulated_bubble_of_the_solutions_is_the_formula():
             case = puzzle.make_case(__import__("random").Random(1), p)
             result = run(fn, p, *case.args, cost=case.cost)
             assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, case.args[3]), rel=P.SLACK)
+
+
+def test_interleaved_with_m_not_a_multiple_of_p_is_a_clear_error_not_a_hang():
+    case = P.interleaved_1f1b.make_case(__import__("random").Random(0), 4)
+    chunks, batch, targets, _ = case.args
+    with pytest.raises(RankFailed, match=r"m=6 must be a multiple of p=4"):
+        run(S.interleaved_1f1b, 4, chunks, batch[:48], targets[:48], 6, cost=case.cost)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_simulated_bubble_of_interleaved_is_the_formula_and_the_explorer_agrees(p):
+    case = P.interleaved_1f1b.make_case(__import__("random").Random(2), p)
+    chunks, _, _, m = case.args
+    v = len(chunks.values[0])
+    result = run(S.interleaved_1f1b, p, *case.args, cost=case.cost)
+    assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, m, v), rel=P.SLACK)
+    assert bubble_of(play(schedule_orders("interleaved", p, m, v), v)) == pytest.approx(bubble_fraction(p, m, v))

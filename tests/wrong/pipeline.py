@@ -121,7 +121,130 @@ def stages_only_the_last_trains(dist, stage, batch, targets):
     return stage
 
 
+def _interleaved(dist, chunks, batch, targets, m, warm_of=None, tags=(0, 1), ahead_by=1, contiguous=False,
+                 backward_chunks_reversed=True):
+    """Interleaved 1F1B with knobs for the classic mistakes (the reference solution when left alone)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    v = len(chunks)
+    xs, ys = batch.chunk(m), targets.chunk(m)
+    last, total = p * v - 1, m * v
+    ACT, GRAD = tags
+    sends, stash, inbox = [], {}, {}
+
+    def stage_of(c):
+        return rank * v + c if contiguous else c * p + rank
+
+    def peer(s):
+        return s // v if contiguous else s % p
+
+    def unit(k, forward):
+        c, j = k // p % v, k // (p * v) * p + k % p
+        return (c, j) if forward or not backward_chunks_reversed else (v - 1 - c, j)
+
+    def take(kind, k):
+        for i in range(k, k + ahead_by + 1):
+            if i >= total or (kind, i) in inbox:
+                continue
+            c, j = unit(i, kind == "F")
+            s = stage_of(c)
+            if (s > 0 and peer(s - 1) != rank) if kind == "F" else (s < last and peer(s + 1) != rank):
+                buf = torch.empty_like(xs[j])
+                src = peer(s - 1) if kind == "F" else peer(s + 1)
+                inbox[kind, i] = buf, dist.irecv(buf, src, tag=ACT if kind == "F" else GRAD)
+        buf, work = inbox.pop((kind, k))
+        work.wait()
+        return buf
+
+    local = {}                                           # contiguous chunks: stage s+1 on the same rank
+
+    def forward(k):
+        c, j = unit(k, True)
+        s = stage_of(c)
+        if s == 0:
+            x = xs[j].clone()
+        elif peer(s - 1) == rank:
+            x = local.pop(("F", s, j))
+        else:
+            x = take("F", k)
+        x.requires_grad_()
+        out = chunks[c](x)
+        if s == last:
+            out = F.mse_loss(out, ys[j]) / m
+        elif peer(s + 1) == rank:
+            local["F", s + 1, j] = out.detach()
+        else:
+            sends.append(dist.isend(out.detach(), peer(s + 1), tag=ACT))
+        stash[c, j] = (x, out)
+
+    def backward(k):
+        c, j = unit(k, False)
+        s = stage_of(c)
+        x, out = stash.pop((c, j))
+        if s == last:
+            out.backward()
+        elif peer(s + 1) == rank:
+            out.backward(local.pop(("B", s, j)))
+        else:
+            out.backward(take("B", k))
+        if s > 0:
+            if peer(s - 1) == rank:
+                local["B", s - 1, j] = x.grad
+            else:
+                sends.append(dist.isend(x.grad, peer(s - 1), tag=GRAD))
+
+    warm = min((warm_of or (lambda p, r, v: (p - r - 1) * 2 + (v - 1) * p))(p, rank, v), total)
+    for k in range(warm):
+        forward(k)
+    for i in range(total - warm):
+        forward(warm + i)
+        backward(i)
+    for k in range(total - warm, total):
+        backward(k)
+    for s in sends:
+        s.wait()
+    return chunks
+
+
+def interleaved_warm_up_of_1f1b(dist, chunks, batch, targets, m):
+    """1F1B's warm-up depth, p-r-1, with the interleaved order: rank 0 waits for a gradient of chunk v-1
+    whose forward has not even started on the ranks after it."""
+    return _interleaved(dist, chunks, batch, targets, m, warm_of=lambda p, r, v: p - r - 1)
+
+
+def interleaved_backwards_in_forward_chunk_order(dist, chunks, batch, targets, m):
+    """Backwards through chunk 0 first, as the forwards: chunk 0's gradient comes from chunk 1, whose
+    backward this order has not reached, so every rank waits for another."""
+    return _interleaved(dist, chunks, batch, targets, m, backward_chunks_reversed=False)
+
+
+def interleaved_all_forwards_first(dist, chunks, batch, targets, m):
+    """Every (chunk, micro-batch) forward, then every backward: m·v chunk activations held."""
+    return _interleaved(dist, chunks, batch, targets, m, warm_of=lambda p, r, v: 10 ** 9)
+
+
+def interleaved_one_tag(dist, chunks, batch, targets, m):
+    """Activations and gradients on the same tag: with p = 2 a recv can take the wrong kind of message."""
+    return _interleaved(dist, chunks, batch, targets, m, tags=(0, 0))
+
+
+def interleaved_receives_late(dist, chunks, batch, targets, m):
+    """Each input received only when it is needed: a send posted early waits for that recv, and the sends
+    the rank posts after it (a gradient the previous rank is waiting for) queue behind it."""
+    return _interleaved(dist, chunks, batch, targets, m, ahead_by=0)
+
+
+def interleaved_contiguous_chunks(dist, chunks, batch, targets, m):
+    """Takes rank r's chunks for stages r·v .. r·v+v-1 (a plain cut into p·v stages), not c·p + r."""
+    return _interleaved(dist, chunks, batch, targets, m, contiguous=True)
+
+
 WRONG = [
+    ("interleaved_1f1b", interleaved_warm_up_of_1f1b, "KeyError"),
+    ("interleaved_1f1b", interleaved_backwards_in_forward_chunk_order, "Deadlock"),
+    ("interleaved_1f1b", interleaved_all_forwards_first, "peak memory"),
+    ("interleaved_1f1b", interleaved_one_tag, ".grad"),
+    ("interleaved_1f1b", interleaved_receives_late, "simulated time"),
+    ("interleaved_1f1b", interleaved_contiguous_chunks, "Deadlock"),
     ("one_f_one_b", one_f_one_b_warm_up_one_too_many, "peak memory"),
     ("one_f_one_b", one_f_one_b_blocking_sends, "waits in send"),
     ("one_f_one_b", one_f_one_b_stashes_everything, "peak memory"),
