@@ -21,7 +21,7 @@ from tools import NOTEBOOKS, ROOT, course_notebooks
 from tools.grade import grade
 from tools.progress import notebook_progress
 from tools.release import make_release, verify
-from tools.stamp import with_progress_cell
+from tools.stamp import marked_as_course, with_progress_cell
 from tools.workspace import sync
 
 NB02 = NOTEBOOKS / "02_data_parallel.ipynb"
@@ -43,8 +43,10 @@ def test_sync_creates_copies_then_keeps_answers_and_own_cells_when_the_course_ch
     nbformat.write(mine, work / NB02.name)
     assert dict(sync(source, work))[NB02.name] == "up to date"
 
-    course = _read(source / NB02.name)                 # the course is updated upstream
+    course = _read(source / NB02.name)                 # the course is updated upstream, cells renumbered
     course.cells[0].source += "\n\nA new paragraph from the course."
+    for cell in course.cells:
+        cell.id = f"new-{cell.id}"
     nbformat.write(course, source / NB02.name)
     assert dict(sync(source, work))[NB02.name].startswith("refreshed")
 
@@ -82,7 +84,8 @@ def test_progress_tells_solved_unsolved_and_broken_apart(tmp_path):
 def test_notebooks_carry_grading_metadata_and_a_progress_cell(path):
     """`python -m tools.stamp` has been run: stamping again changes nothing."""
     nb = _read(path)
-    assert nbformat.writes(add_grading_metadata(with_progress_cell(_read(path), path.stem))) == nbformat.writes(nb)
+    again = marked_as_course(add_grading_metadata(with_progress_cell(_read(path), path.stem)))
+    assert nbformat.writes(again) == nbformat.writes(nb)
     graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
     assert len(graded) == len(answers) == len(puzzle_cells(nb))

@@ -1,5 +1,6 @@
 """Keep the notebooks' course furniture in step (run after editing or adding a notebook):
-nbgrader metadata on puzzle and check cells, and the progress cell at the top.
+nbgrader metadata on puzzle and check cells, the progress cell at the top, and a mark on every
+course cell (`metadata.course.origin`), by which a refresh tells a learner's own cells apart.
 
     python -m tools.stamp          # rewrites notebooks/*.ipynb in place; idempotent
 """
@@ -23,11 +24,18 @@ def with_progress_cell(nb: nbformat.NotebookNode, name: str) -> nbformat.Noteboo
     return nb
 
 
+def marked_as_course(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Every cell the course ships says so, so a learner's own cells can be told apart on refresh."""
+    for cell in nb.cells:
+        cell.metadata.setdefault("course", {})["origin"] = "course"
+    return nb
+
+
 def main() -> None:
     for path in course_notebooks():
         nb = nbformat.read(path, as_version=4)
         before = nbformat.writes(nb)
-        after = nbformat.writes(add_grading_metadata(with_progress_cell(nb, path.stem)))
+        after = nbformat.writes(marked_as_course(add_grading_metadata(with_progress_cell(nb, path.stem))))
         if after != before:
             path.write_text(after + "\n" if not after.endswith("\n") else after)
             print(f"stamped {path.name}")

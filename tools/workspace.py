@@ -29,8 +29,9 @@ def version(course: nbformat.NotebookNode) -> str:
     return hashlib.sha256(nbformat.writes(course).encode()).hexdigest()[:16]
 
 
-def _cell_ids(nb) -> set[str]:
-    return {c.get("id") for c in nb.cells if c.get("id")}
+def _is_own(cell) -> bool:
+    """A cell the learner made: the course marks every cell it ships (tools.stamp)."""
+    return cell.metadata.get("course", {}).get("origin") != "course" and OWN_CELLS not in cell.metadata.get("tags", [])
 
 
 def stamped(nb: nbformat.NotebookNode, course_version: str) -> nbformat.NotebookNode:
@@ -45,8 +46,7 @@ def refreshed(course: nbformat.NotebookNode, mine: nbformat.NotebookNode) -> nbf
     for name, cell in puzzle_cells(new).items():
         if name in answers:
             cell.source = answers[name].source
-    theirs = [c for c in mine.cells
-              if c.get("id") not in _cell_ids(course) and OWN_CELLS not in c.metadata.get("tags", [])]
+    theirs = [c for c in mine.cells if _is_own(c)]
     if theirs:
         heading = nbformat.v4.new_markdown_cell("## Your own cells (kept from your earlier copy)")
         heading.metadata["tags"] = [OWN_CELLS]
