@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle
 from lib.errors import PuzzleError
+from lib.measure import saved_activation_bytes
 from lib.sim import per_rank
 from lib.units import fmt_bytes
 
@@ -39,6 +40,7 @@ class Upstream:
 
     grad: torch.Tensor
     pattern: Optional[dict] = None
+    activations: Optional[tuple[float, str]] = None     # (bytes autograd may save in forward, why)
 
 
 _KIND = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
@@ -101,7 +103,14 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     either pass differ from Megatron's."""
     *inputs, upstream = args
     counting = CountingDist(dist)
-    out = fn(counting, *inputs)
+    given = [a for a in inputs if isinstance(a, torch.Tensor)]
+    out = None
+
+    def forward_pass() -> None:
+        nonlocal out
+        out = fn(counting, *inputs)
+
+    saved = saved_activation_bytes(forward_pass, exclude=given)
     forward = list(counting.log)
     if not isinstance(out, torch.Tensor):
         raise CollectivePattern(f"the layer should return a tensor, got {type(out).__name__}.")
@@ -111,6 +120,12 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     if not out.requires_grad:
         raise CollectivePattern("the output does not depend on any input through autograd: no gradient "
                                 "can flow back (was a result computed under torch.no_grad or detached?).")
+    if upstream.activations is not None and saved > upstream.activations[0]:
+        limit, why = upstream.activations
+        raise CollectivePattern(
+            f"rank {dist.get_rank()}'s forward saved {fmt_bytes(saved)} of activations for backward; the "
+            f"tensor-parallel layer needs at most {fmt_bytes(limit)} ({why}).\nHint: a rank should keep only its "
+            "1/N of the 4h-wide activations, once each: use F.gelu, and gather no hidden units.")
     out.backward(upstream.grad)
     backward = counting.log[len(forward):]
     if upstream.pattern is not None:
@@ -327,12 +342,18 @@ def _mlp_case(rng: random.Random, world: int) -> Case:
     dy = _rand(gen, s, b, h)
     ref = _reference(_mlp, dy, x=x, fc1_w=w1, fc1_b=b1, fc2_w=w2, fc2_b=b2)
     pattern = {"forward": [("all_reduce", s * b * h)], "backward": [("all_reduce", s * b * h)]}
+    # Korthikanti et al. 2022 (section 4.2.1), the MLP's part of sbh(10 + 24/t) in 16-bit: a copy of the
+    # input 2sbh, the GeLU input 8sbh/t and fc2's input 8sbh/t (no dropout here); float64 is 4x wider.
+    wide = x.element_size() / 2
+    activations = (wide * s * b * h * (2 + 16 / world),
+                   f"Korthikanti et al.'s MLP terms with t={world}: 2sbh + 8sbh/t + 8sbh/t bytes in 16-bit, "
+                   f"x{wide:.0f} in {str(x.dtype).replace('torch.', '')}")
     split = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}
     expected = [{"output": ref["output"], "x.grad": ref["x"], "fc2_b.grad": ref["fc2_b"],
                  **{f"{k}.grad": ref[k].chunk(world, d)[r] for k, d in split.items()}} for r in range(world)]
     args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*w1.chunk(world, 0))),
             per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
-            per_rank([_req(b2)[0] for _ in range(world)]), per_rank([Upstream(dy, pattern)] * world))
+            per_rank([_req(b2)[0] for _ in range(world)]), per_rank([Upstream(dy, pattern, activations)] * world))
     return Case(world, args, expected, _label(world, s, b, h),
                 budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
                 allowed_ops=frozenset({"all_reduce"}))
@@ -366,7 +387,8 @@ megatron_mlp = LayerPuzzle(
            "Reuse your two answers: row_parallel_linear(dist, F.gelu(column_parallel_linear(dist, x, fc1_w, "
            "fc1_b)), fc2_w, fc2_b).",
            "If the check counts two all-reduces in backward, g's backward is communicating: it must be the "
-           "identity. If it counts none, f is missing its backward."],
+           "identity. If it counts none, f is missing its backward. The check also measures what your forward "
+           "saves for backward: use F.gelu (a hand-written GeLU keeps several 4h-wide intermediates)."],
     oracle=_mlp_oracle, oracle_name="parallelize_module (fc1 ColwiseParallel, fc2 RowwiseParallel)",
     describe="The transformer MLP split over N ranks: one all-reduce in forward, one in backward.")
 
