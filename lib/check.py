@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
+import inspect
 import os
 import random
 from dataclasses import dataclass, field
@@ -232,6 +234,24 @@ class Puzzle:
             text = f"Hint {i + 1} of {len(self.hints)}: {self.hints[i]}"
         print(text)
         return text
+
+    def solution(self, confirm: bool = False) -> Optional[str]:
+        """The reference solution, on explicit request only: `puzzle.solution(confirm=True)`.
+
+        Looked up by name in the solutions package (`solutions.<module>.<name>`), which a student
+        release does not ship."""
+        if not confirm:
+            print(f"This would show the reference solution of {self.name}. To see it, ask on purpose: "
+                  f"P.{self.name}.solution(confirm=True)")
+            return None
+        try:
+            module = importlib.import_module(f"solutions.{self.module}")
+        except ModuleNotFoundError:
+            print("The reference solutions are not part of this release of the course.")
+            return None
+        source = inspect.getsource(getattr(module, self.name))
+        print(source)
+        return source
 
     def run(self, fn: Callable, world_size: Optional[int] = None, seed: int = 0) -> SimResult:
         """Run one case on simulated ranks, for exploring: look at .stats and .timeline()."""

@@ -277,3 +277,15 @@ def test_strict_default_reads_the_environment(monkeypatch):
     for value, strict in (("1", True), ("yes", True), ("0", False), ("", False)):
         monkeypatch.setenv("COURSE_STRICT", value)
         assert lib.check.strict_default() is strict
+
+
+def test_the_reference_solution_is_shown_only_on_explicit_request(capsys):
+    from puzzles import data_parallel
+    import solutions.data_parallel as S
+    puzzle = data_parallel.ring_all_reduce
+    assert puzzle.solution() is None
+    assert "solution(confirm=True)" in capsys.readouterr().out
+    source = puzzle.solution(confirm=True)
+    assert source.startswith("def ring_all_reduce(dist, x):") and "ring_all_gather" in source
+    assert source in capsys.readouterr().out
+    assert S.ring_all_reduce.__name__ == "ring_all_reduce"
