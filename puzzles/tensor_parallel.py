@@ -2,7 +2,9 @@
 
 Every layer is checked three ways: its output and every gradient against the single-device layer
 (float64, Megatron's [s, b, h] layout); the collectives it issues in forward and in backward, by kind
-and size, against Megatron-LM's pattern; and the bytes each rank sends, from the ring formulas.
+and size, against Megatron-LM's pattern; and the bytes each rank sends, from the ring formulas. The MLP, the
+attention block and the sequence-parallel MLP are also checked for the bytes autograd saves in forward, against
+Korthikanti et al.'s per-rank activation terms (lib.formulas.activation_bytes_per_layer) adapted to these layers.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Upstream:
 
     grad: torch.Tensor
     pattern: Optional[dict] = None
-    activations: Optional[tuple[float, str]] = None     # (bytes autograd may save in forward, why)
+    activations: Optional[tuple] = None     # (bytes autograd may save in forward, why[, hint])
 
 
 _KIND = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
@@ -96,11 +98,19 @@ def _leaves(names: Sequence[str], inputs: tuple) -> dict[str, torch.Tensor]:
 NO_GRADIENT = "no gradient: backward never reached this input"
 
 
+def _check_pattern(phase: str, calls: list, pattern: dict, dist) -> None:
+    want = pattern[phase]
+    if sorted(calls) != sorted(want):
+        raise CollectivePattern(f"the {phase} pass should issue {_describe_calls(want)} (Megatron-LM's pattern); "
+                                f"rank {dist.get_rank()} issued {_describe_calls(calls)}.")
+
+
 def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     """Run the learner's forward, then backward from the held-back upstream gradient.
 
     Returns {"output": ..., "<input>.grad": ...}; raises CollectivePattern when the collectives of
-    either pass differ from Megatron's."""
+    either pass differ from Megatron's (forward's checked first), or when the forward saves more bytes for
+    backward than upstream.activations allows."""
     *inputs, upstream = args
     counting = CountingDist(dist)
     given = [a for a in inputs if isinstance(a, torch.Tensor)]
@@ -120,21 +130,19 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     if not out.requires_grad:
         raise CollectivePattern("the output does not depend on any input through autograd: no gradient "
                                 "can flow back (was a result computed under torch.no_grad or detached?).")
+    if upstream.pattern is not None:
+        _check_pattern("forward", forward, upstream.pattern, dist)     # before memory: the deeper mistake
     if upstream.activations is not None and saved > upstream.activations[0]:
-        limit, why = upstream.activations
+        limit, why, *hint = upstream.activations
+        hint = hint[0] if hint else ("a rank should keep only its 1/N of the 4h-wide activations, once each: "
+                                     "use F.gelu, and gather no hidden units.")
         raise CollectivePattern(
             f"rank {dist.get_rank()}'s forward saved {fmt_bytes(saved)} of activations for backward; the "
-            f"tensor-parallel layer needs at most {fmt_bytes(limit)} ({why}).\nHint: a rank should keep only its "
-            "1/N of the 4h-wide activations, once each: use F.gelu, and gather no hidden units.")
+            f"tensor-parallel layer needs at most {fmt_bytes(limit)} ({why}).\nHint: {hint}")
     out.backward(upstream.grad)
     backward = counting.log[len(forward):]
     if upstream.pattern is not None:
-        for phase, calls in (("forward", forward), ("backward", backward)):
-            want = upstream.pattern[phase]
-            if sorted(calls) != sorted(want):
-                raise CollectivePattern(
-                    f"the {phase} pass should issue {_describe_calls(want)} (Megatron-LM's pattern); "
-                    f"rank {dist.get_rank()} issued {_describe_calls(calls)}.")
+        _check_pattern("backward", backward, upstream.pattern, dist)
     result = {"output": out.detach()}
     result.update({f"{n}.grad": NO_GRADIENT if t.grad is None else t.grad
                    for n, t in _leaves(names, tuple(inputs)).items()})
@@ -412,12 +420,27 @@ def _attention_case(rng: random.Random, world: int) -> Case:
     ref = _reference(lambda **kw: _attention(heads=a, **kw), dy, x=x, qkv_w=qkv_w, qkv_b=qkv_b, proj_w=proj_w,
                      proj_b=proj_b)
     pattern = {"forward": [("all_reduce", s * b * h)], "backward": [("all_reduce", s * b * h)]}
+    # Korthikanti et al. 2022 (section 4.2.1): attention keeps 11sbh + 5as²b bytes in 16-bit, per rank with
+    # tensor parallelism 2sbh + 8sbh/t + 5as²b/t (the output dropout's mask belongs to the replicated 10sbh).
+    # Here: no dropout, so no as²b/t mask and the "dropout output" that attention multiplies V by is the
+    # softmax output itself (2as²b/t, once, not twice); attention_core adds nothing: the scale multiplies by
+    # a number and the causal mask is added (neither is saved), and the contiguous q, k, v that its matmuls
+    # keep are the paper's Q, K, V terms. float64 is 4x wider than 16-bit.
+    wide, t = x.element_size() / 2, world
+    activations = (wide * (s * b * h * (2 + 8 / t) + 2 * a * s * s * b / t),
+                   f"Korthikanti et al.'s attention terms with t={t}, in 16-bit: the QKV input 2sbh (replicated), "
+                   f"Q and K 4sbh/t, V 2sbh/t, the projection input 2sbh/t, the softmax output 2as²b/t of this "
+                   f"rank's a/t heads; no dropout here, so neither the as²b/t mask nor a second 2as²b/t for the "
+                   f"dropped scores; x{wide:.0f} in {str(x.dtype).replace('torch.', '')}",
+                   "a rank should keep only its own heads' q, k, v, scores and output, each once, h/N wide: "
+                   "use attention_core on this rank's qkv and row_parallel_linear on its [s, b, h/N] output.")
     gqw, gqb, gpw = _qkv_shards(ref["qkv_w"], world), _qkv_shards(ref["qkv_b"], world), ref["proj_w"].chunk(world, 1)
     expected = [{"output": ref["output"], "x.grad": ref["x"], "qkv_w.grad": gqw[r], "qkv_b.grad": gqb[r],
                  "proj_w.grad": gpw[r], "proj_b.grad": ref["proj_b"]} for r in range(world)]
     args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*_qkv_shards(qkv_w, world))),
             per_rank(_req(*_qkv_shards(qkv_b, world))), per_rank(_req(*proj_w.chunk(world, 1))),
-            per_rank([_req(proj_b)[0] for _ in range(world)]), a, per_rank([Upstream(dy, pattern)] * world))
+            per_rank([_req(proj_b)[0] for _ in range(world)]), a,
+            per_rank([Upstream(dy, pattern, activations)] * world))
     return Case(world, args, expected, _label(world, s, b, h, f", {a} heads"),
                 budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
                 allowed_ops=frozenset({"all_reduce"}))
@@ -480,13 +503,27 @@ def _sp_case(rng: random.Random, world: int) -> Case:
     sbh = s * b * h
     pattern = {"forward": [("all_gather", sbh), ("reduce_scatter", sbh)],
                "backward": [("all_gather", sbh), ("reduce_scatter", sbh)]}
+    # Korthikanti et al. 2022 (section 4.2.2): with sequence parallelism the MLP half of the layer keeps, in
+    # 16-bit, the LayerNorm input 2sbh/t, fc1's input 2sbh/t (Megatron keeps the sequence shard and all-gathers
+    # it again in backward), the GeLU input 8sbh/t, fc2's input 8sbh/t and the dropout mask sbh/t: part of
+    # 34sbh/t. Here fc1 keeps the gathered [s, b, h] input, so that term is 2sbh, and there is no dropout.
+    wide, t = x.element_size() / 2, world
+    activations = (wide * sbh * (2 / t + 2 + 8 / t + 8 / t),
+                   f"Korthikanti et al.'s sequence-parallel MLP terms with t={t}, in 16-bit: the LayerNorm input "
+                   f"2sbh/t (this rank's tokens; its per-token mean and 1/std fit in it), fc1's input 2sbh, the "
+                   f"GeLU input 8sbh/t, fc2's input 8sbh/t; no dropout. The paper's 34sbh/t counts fc1's input as "
+                   f"2sbh/t because Megatron keeps only the shard and all-gathers it again in backward; here "
+                   f"fc1 keeps the gathered input, so 2sbh; x{wide:.0f} in {str(x.dtype).replace('torch.', '')}",
+                   "outside the tensor-parallel region a rank keeps only its s/N tokens: LayerNorm this rank's "
+                   "shard, then all-gather its output; keep one gathered [s, b, h] tensor and 1/N of the "
+                   "4h-wide ones.")
     split = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}
     expected = [{"output": ref["output"].chunk(world, 0)[r], "x.grad": ref["x"].chunk(world, 0)[r],
                  **{f"{k}.grad": ref[k].chunk(world, d)[r] for k, d in split.items()}}
                 for r in range(world)]
     args = (per_rank(_req(*x.chunk(world, 0))), per_rank(_req(*w1.chunk(world, 0))),
             per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
-            per_rank([Upstream(d, pattern) for d in dy.chunk(world, 0)]))
+            per_rank([Upstream(d, pattern, activations) for d in dy.chunk(world, 0)]))
     return Case(world, args, expected, _label(world, s, b, h, f", {s // world} tokens of the sequence per rank"),
                 budgets=_bytes_budgets(pattern, world, "the all-gather before and the reduce-scatter after the "
                                                        "tensor-parallel region, and their conjugates"),

@@ -146,6 +146,55 @@ def mlp_with_hand_written_gelu(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
     return S.row_parallel_linear(dist, hidden, fc2_w, fc2_b)
 
 
+def attention_projection_padded_to_full_width(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads):
+    """This rank's heads put in place in a zero [s, b, h] output and projected by proj_w zero-padded to
+    [h, h]: the same numbers, but the full-width input and the padded weight are kept for backward."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    qkv = S.column_parallel_linear(dist, x, qkv_w, qkv_b)
+    out = S.attention_core(qkv, heads // world)
+    w = out.shape[-1]
+    before, after = rank * w, (world - rank - 1) * w
+    full = F.pad(out, (before, after))
+    full_w = F.pad(proj_w, (before, after))
+    return _Reduce.apply(F.linear(full, full_w), dist) + proj_b
+
+
+def sp_layer_norm_after_the_gather(dist, x, fc1_w, fc1_b, fc2_w):
+    """LayerNorm inside the tensor-parallel region, on the gathered sequence: the same numbers and
+    collectives, but every rank keeps the full [s, b, h] input and output of the norm."""
+    world = dist.get_world_size()
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = x.new_empty((world * x.shape[0], *x.shape[1:]))
+            dist.all_gather_single(out, x.contiguous())
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            out = grad.new_empty((grad.shape[0] // world, *grad.shape[1:]))
+            dist.reduce_scatter_single(out, grad.contiguous())
+            return out
+
+    class Scatter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            out = y.new_empty((y.shape[0] // world, *y.shape[1:]))
+            dist.reduce_scatter_single(out, y.contiguous())
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            out = grad.new_empty((world * grad.shape[0], *grad.shape[1:]))
+            dist.all_gather_single(out, grad.contiguous())
+            return out
+
+    full = Gather.apply(x)
+    hidden = F.gelu(F.linear(F.layer_norm(full, full.shape[-1:]), fc1_w, fc1_b))
+    return x + Scatter.apply(F.linear(hidden, fc2_w))
+
+
 WRONG = [
     ("column_parallel_linear", column_without_f, "backward pass should issue one all_reduce"),
     ("column_parallel_linear", column_gathers_the_output, "should have shape"),
@@ -155,7 +204,9 @@ WRONG = [
     ("megatron_mlp", mlp_g_without_backward, "backward pass should issue one all_reduce"),
     ("megatron_mlp", mlp_with_hand_written_gelu, "of activations for backward"),
     ("parallel_attention", attention_heads_on_the_wrong_dimension, "the result['output']"),
+    ("parallel_attention", attention_projection_padded_to_full_width, "of activations for backward"),
     ("sequence_parallel_mlp", sp_all_reduce_instead, "one all_reduce of"),
+    ("sequence_parallel_mlp", sp_layer_norm_after_the_gather, "of activations for backward"),
     ("vocab_parallel_loss", loss_gathers_the_logits, "peak memory"),
     ("vocab_parallel_loss", loss_without_max_all_reduce, "the result['output']"),
 ]
