@@ -511,3 +511,16 @@ def test_device_is_cpu_inside_a_simulated_rank():
     assert lib.sim.run(lambda dist: lib.device(), 2).results == [torch.device("cpu", 0)] * 2
     assert lib.sim.run(lambda dist: lib.host(), 2).results == [torch.device("cpu", 1)] * 2
     assert lib.device() == lib.host() == torch.device("cpu")        # outside: the real CPU
+
+
+def test_a_run_that_keeps_allocating_is_stopped_with_a_clear_error():
+    """A learner's loop that keeps every result must not take the kernel down: the run ends, explained."""
+    def hoard(dist):
+        kept = []
+        while True:
+            kept.append(torch.zeros(2**18))          # 1 MiB at a time, never freed
+    start = time.monotonic()
+    with pytest.raises(lib.sim.InvalidCall, match="simulator's limit for one rank") as info:
+        lib.sim.run(hoard, 2, memory_limit=64 * 2**20)
+    assert "rank 0 holds more than 0.03 GiB" in str(info.value)
+    assert time.monotonic() - start < 5

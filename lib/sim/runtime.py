@@ -71,7 +71,8 @@ class RankState:
         self.resume = threading.Semaphore(0)
         self.thread: Optional[threading.Thread] = None
         self.tracker = RankTracker(on_flops=self._add_flops, now=lambda: self.clock, on_transfer=self._transfer,
-                                   on_violation=runtime.fail)
+                                   on_violation=runtime.fail, limit=runtime.memory_limit / runtime.world_size,
+                                   rank=rank)
         self._runtime = runtime
 
     def _add_flops(self, flops: float, on_host: bool) -> None:
@@ -90,10 +91,11 @@ class RankState:
 class Runtime:
     """One simulated run of `fn` on `world_size` ranks."""
 
-    def __init__(self, world_size: int, cost: CostModel, timeout: float) -> None:
+    def __init__(self, world_size: int, cost: CostModel, timeout: float, memory_limit: float) -> None:
         self.world_size = world_size
         self.cost = cost
         self.timeout = timeout
+        self.memory_limit = memory_limit
         self.ranks = [RankState(r, self) for r in range(world_size)]
         self.comm = Communicator(self)
         self.events: list[Event] = []
@@ -337,13 +339,19 @@ def current_runtime() -> "Runtime":
     return _current.runtime
 
 
+# All simulated ranks share this machine's memory: a run that keeps growing is stopped, not left to
+# take the notebook's kernel down with it.
+MEMORY_LIMIT = 4 * 2**30
+
+
 def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, timeout: float = 30.0,
-        **kwargs) -> SimResult:
+        memory_limit: float = MEMORY_LIMIT, **kwargs) -> SimResult:
     """Run `fn(dist, *args, **kwargs)` on `world_size` simulated ranks and return what they did.
 
     Every rank gets its own deep copy of the arguments (wrap one in `per_rank([...])` to
     give each rank its own value). Raises Deadlock, CollectiveMismatch, InvalidCall,
     SimTimeout or RankFailed (all PuzzleErrors) with a message that names the ranks.
+    `memory_limit` (bytes, all ranks together, shared equally) stops a run whose tensors keep growing.
     """
     from lib.sim.dist import SimDist
 
@@ -354,6 +362,6 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
             raise InvalidCall(f"per_rank(...) holds {len(a.values)} values for {world_size} ranks.")
     if current_rank() is not None:
         raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
-    runtime = Runtime(world_size, cost or CostModel(), timeout)
+    runtime = Runtime(world_size, cost or CostModel(), timeout, memory_limit)
     runtime.run(fn, args, kwargs, SimDist)
     return runtime.result()

@@ -54,9 +54,12 @@ class RankTracker(TorchDispatchMode):
 
     def __init__(self, on_flops: Callable[[float, bool], None], now: Callable[[], float],
                  on_transfer: Callable[[int, bool], None] = lambda nbytes, to_host: None,
-                 on_violation: Callable[[Exception], None] = _raise) -> None:
+                 on_violation: Callable[[Exception], None] = _raise, limit: float = float("inf"),
+                 rank: int = 0) -> None:
         super().__init__()
         self._on_violation = on_violation
+        self._limit = limit                # live bytes (device + host) past which the run is stopped
+        self._rank = rank
         self.current = self.peak = 0
         self.host_current = self.host_peak = 0
         self.flops = 0.0
@@ -162,6 +165,12 @@ class RankTracker(TorchDispatchMode):
             self._change(-size, place == ON_HOST)
 
     def _change(self, delta: int, on_host: bool) -> None:
+        if delta > 0 and self.current + self.host_current + delta > self._limit:
+            self._on_violation(InvalidCall(
+                f"rank {self._rank} holds more than {self._limit / 2**30:.2f} GiB of tensors, the simulator's limit "
+                "for one rank, and the run was stopped before it exhausted this machine's memory.\n"
+                "Hint: look for a loop that keeps every result (a list that only grows, a graph kept alive by "
+                "a running total). For a bigger experiment, pass memory_limit= to lib.sim.run."))
         if on_host:
             self.host_current += delta
             self.host_peak = max(self.host_peak, self.host_current)
