@@ -91,6 +91,25 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m)
 
 
+def zero_bubble_h1_bubble(p: int, m: int, t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0) -> float:
+    """ZB-H1's bubble time over ideal compute time: (p-1)(t_F+t_B-t_W) / (m(t_F+t_B+t_W)), (p-1)/(3m) when the
+    three are equal, a third of 1F1B's.
+
+    t_b is the input-gradient part of backward (B) and t_w the weight-gradient part (W); 1F1B's bubble is
+    (p-1)(t_F+t_B+t_W). ZB-H1's timeline (lib.viz.pipeline) takes exactly this while t_W <= t_F and t_W <= t_B, with
+    m >= p as in 1F1B; a W longer than those can no longer hide in the gaps, and the bubble grows.
+    Source: Qi et al. 2024, Zero Bubble Pipeline Parallelism (ICLR), section 2.1.
+    """
+    _whole("p (pipeline stages)", p, 1)
+    _whole("m (micro-batches)", m, 1)
+    for name, t in (("t_f", t_f), ("t_b", t_b), ("t_w", t_w)):
+        _at_least(name, t, 0.0)
+    work = t_f + t_b + t_w
+    if work == 0:
+        raise ValueError("t_f + t_b + t_w must be positive")
+    return (p - 1) * (t_f + t_b - t_w) / (m * work)
+
+
 def training_flops(n_params: float, n_tokens: float) -> float:
     """Training FLOPs of a dense transformer, 6ND: 2ND forward and 4ND backward.
 

@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from lib.check import Budget, Case, Puzzle
-from lib.formulas import bubble_fraction
+from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
 from lib.measure import allocated, saved_activation_bytes
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time
-from lib.viz.pipeline import peak_in_flight, schedule_orders
+from lib.viz.pipeline import peak_in_flight, play, schedule_orders
 
 NOTEBOOK = "05_pipeline"
 WIDTH = 16           # every layer is WIDTH -> WIDTH, so every message between stages has a known shape
@@ -65,6 +65,39 @@ def stage_times(stage, micro: torch.Tensor, cost: CostModel = COST) -> tuple[flo
     return cost.compute_time(fwd.get_total_flops()), cost.compute_time(bwd.get_total_flops())
 
 
+def split_stage_times(stage, micro: torch.Tensor, cost: CostModel = COST) -> tuple[float, float, float]:
+    """(t_F, t_B, t_W): one micro-batch's forward, input gradient (B) and weight gradient (W) through `stage`.
+
+    B is what autograd runs for the input's gradient alone (every Linear's input-gradient matmul); W is the rest
+    of the full backward (every Linear's weight-gradient matmul), so t_B + t_W is stage_times' t_b."""
+    t_f, t_b = stage_times(stage, micro, cost)
+    stage = copy.deepcopy(stage)
+    x = micro.clone().requires_grad_()
+    out = stage(x)
+    with FlopCounterMode(display=False) as b:
+        torch.autograd.grad(out.sum(), x)
+    t_input = cost.compute_time(b.get_total_flops())
+    return t_f, t_input, t_b - t_input
+
+
+def linear_io_bytes(stage, micro: torch.Tensor) -> tuple[int, int]:
+    """(inputs, outputs): bytes of every nn.Linear's input and of its output on one micro-batch (each output's
+    gradient has its size): W needs each Linear's input and output gradient."""
+    sizes = [0, 0]
+
+    def hook(module, args, out):
+        sizes[0] += args[0].numel() * args[0].element_size()
+        sizes[1] += out.numel() * out.element_size()
+    handles = [m.register_forward_hook(hook) for m in stage.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        with torch.no_grad():
+            stage(micro)
+    finally:
+        for h in handles:
+            h.remove()
+    return sizes[0], sizes[1]
+
+
 def stage_memory(stage, micro: torch.Tensor, targets: torch.Tensor, last: bool) -> tuple[int, int]:
     """(stash, step): the activations one micro-batch leaves on `stage` until its backward, and the peak
     of one micro-batch's forward and backward there, weights and gradients included (both measured)."""
@@ -90,61 +123,104 @@ def measured_bubble(result: SimResult) -> float:
     return (result.time - busy) / busy
 
 
-def bubble_report(result: SimResult, m: int, v: int = 1) -> float:
-    """Print the bubble measured on a run next to lib.formulas.bubble_fraction, and return the measured one."""
+def bubble_report(result: SimResult, m: int, v: int = 1, zero_bubble: bool = False) -> float:
+    """Print the bubble measured on a run next to the paper's formula (lib.formulas.bubble_fraction, or
+    zero_bubble_h1_bubble with equal t_F, t_B, t_W, as this model's layers have), and return the measured one."""
     p = result.world_size
-    got, formula = measured_bubble(result), bubble_fraction(p, m, v)
+    got = measured_bubble(result)
+    if zero_bubble:
+        formula, name = zero_bubble_h1_bubble(p, m), f"ZB-H1's (p-1)/(3m) with p={p}, m={m}"
+    else:
+        formula, name = bubble_fraction(p, m, v), f"(p-1)/(v·m) with p={p}, m={m}, v={v}"
     same = abs(got - formula) <= SLACK * (1 + formula) + 1e-9
-    print(f"bubble from the simulated clocks: {got:.4f}; (p-1)/(v·m) with p={p}, m={m}, v={v}: {formula:.4f}"
+    print(f"bubble from the simulated clocks: {got:.4f}; {name}: {formula:.4f}"
           + ("" if same else "  (they differ: the formula assumes equal stages and free communication)"))
     return got
 
 
 # ---- the cases -----------------------------------------------------------------------------------
+def _time_budget(schedule: str, stage, micro: torch.Tensor, p: int, m: int) -> Budget:
+    """GPipe and 1F1B: (m+p-1)(t_f+t_b). ZB-H1: its order timed with measured t_F, t_B, t_W, which is
+    m(t_F+t_B+t_W) + (p-1)(t_F+t_B-t_W) here (Qi et al. 2024, section 2.1), since t_W <= t_F, t_B."""
+    if schedule != "zb-h1":
+        t_f, t_b = stage_times(stage, micro)
+        return Budget(
+            "time", (m + p - 1) * (t_f + t_b) * (1 + SLACK),
+            f"(m+p-1)(t_f+t_b) = {m + p - 1} × {fmt_time(t_f + t_b)}: the ideal m(t_f+t_b) plus the bubble, "
+            f"(p-1)/m = {bubble_fraction(p, m):.3f} of it",
+            hint="a stage must start micro-batch j+1 while the next stage works on micro-batch j: do not wait "
+                 "for a micro-batch to go all the way through before sending the next.")
+    t_f, t_in, t_w = split_stage_times(stage, micro)
+    step = max(s.end for s in play(schedule_orders("zb-h1", p, m), 1, t_f, t_in + t_w, t_w=t_w))
+    return Budget(
+        "time", step * (1 + SLACK),
+        f"ZB-H1's step, m(t_F+t_B+t_W) + (p-1)(t_F+t_B-t_W) = {m} × {fmt_time(t_f + t_in + t_w)} + {p - 1} × "
+        f"{fmt_time(t_f + t_in - t_w)}, with t_F = {fmt_time(t_f)}, t_B = {fmt_time(t_in)} (input gradient), "
+        f"t_W = {fmt_time(t_w)} (weight gradient): a bubble of {zero_bubble_h1_bubble(p, m, t_f, t_in, t_w):.3f} "
+        f"of the ideal time, where 1F1B's is {bubble_fraction(p, m):.3f}",
+        hint="B is on the critical path and W is not: send the input gradient to rank-1 as soon as B has computed "
+             "it, and run W later (rank r keeps up to r of them waiting, run after a B, the rest at the end). W must "
+             "not redo B's work: compute each Linear's weight gradient from the output gradient B found for it "
+             "(dW = dYᵀX, db = ΣdY).")
+
+
+def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -> Budget:
+    """Per rank: the inputs, one micro-batch's forward and backward, and what the schedule keeps of the
+    micro-batches in flight (measured per micro-batch), plus the boundary tensors in flight."""
+    p, boundary = len(stages), micro.numel() * micro.element_size()
+    in_flight = peak_in_flight(schedule_orders(schedule, p, m))
+    # 1F1B: an activation sent, a gradient received, an input gradient sent. ZB-H1 keeps no activation whole
+    # past B: the gradient received for a B and the input gradient it sends.
+    extra = 2 if schedule == "zb-h1" else 3
+    limits, whys = [], []
+    for r in range(p):
+        stash, step = stage_memory(stages[r], micro, micro_y, last=r == p - 1)
+        if schedule == "zb-h1":
+            ins, outs = linear_io_bytes(stages[r], micro)
+            stash = max(stash + outs, ins + outs)
+        limits.append(inputs + step + in_flight[r] * stash + extra * boundary)
+        whys.append((stash, step))
+    stash0, step0 = whys[0]
+    if schedule == "gpipe":
+        who = "m micro-batches on every stage (GPipe keeps them all)"
+    elif schedule == "1f1b":
+        who = "p - r micro-batches on stage r (1F1B's warm-up depth)"
+    else:
+        who = ("p micro-batches on every stage (ZB-H1's most between a forward and its W), each the larger of "
+               "what a forward keeps (the activations autograd saves and each Linear's output, for B) and what W "
+               "needs (each Linear's input and output gradient)")
+    return Budget(
+        "peak_memory", limits,
+        f"the batch and targets every rank is given ({fmt_bytes(inputs)}) + "
+        f"one micro-batch's forward and backward ({fmt_bytes(step0)} on rank 0, weights and gradients included) "
+        f"+ stashed activations of {who}, {fmt_bytes(stash0)} each on rank 0, + {extra} boundary tensors in flight "
+        f"of {fmt_bytes(boundary)}",
+        hint=("once B is done keep only what W needs, each Linear's input and output gradient: not the outputs "
+              "themselves (to call y.backward later keeps every y alive; compute dW = dYᵀX, or keep "
+              "torch.autograd.graph.get_gradient_edge(y) instead of y), and no more W waiting than ZB-H1's order."
+              if schedule == "zb-h1" else
+              "free a micro-batch's activations as soon as its backward is done (drop your references), and "
+              "do not run more forwards ahead than the schedule needs."))
+
+
 def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     model, batch, targets = _model_and_data(rng, p, m)
     stages = [model[s] for s in stage_slices(p)]
     expected = reference(model, batch, targets, p)
     micro, micro_y = batch[:MICRO], targets[:MICRO]
-    t_f, t_b = stage_times(stages[0], micro)
     boundary = micro.numel() * micro.element_size()
-    budgets = []
     if schedule == "one batch":
-        args = (per_rank(stages), batch, targets)
         sent = [boundary * m * ((r < p - 1) + (r > 0)) for r in range(p)]
-        budgets.append(Budget("bytes_sent", sent, "the activation to the next stage and the input gradient "
-                                                  "back to the previous one, once each",
-                              hint="send each stage's output forward once and its input gradient back once."))
-        label = f"p={p} stages, one batch of {len(batch)}"
-    else:
-        args = (per_rank(stages), batch, targets, m)
-        ideal = (m + p - 1) * (t_f + t_b)
-        budgets.append(Budget(
-            "time", ideal * (1 + SLACK),
-            f"(m+p-1)(t_f+t_b) = {m + p - 1} × {fmt_time(t_f + t_b)}: the ideal m(t_f+t_b) plus the bubble, "
-            f"(p-1)/m = {bubble_fraction(p, m):.3f} of it",
-            hint="a stage must start micro-batch j+1 while the next stage works on micro-batch j: do not wait "
-                 "for a micro-batch to go all the way through before sending the next."))
-        limits, whys = [], []
-        inputs = batch.numel() * batch.element_size() + targets.numel() * targets.element_size()
-        for r in range(p):
-            stash, step = stage_memory(stages[r], micro, micro_y, last=r == p - 1)
-            n = m if schedule == "gpipe" else p - r
-            limits.append(inputs + step + n * stash + 3 * boundary)
-            whys.append((n, stash, step))
-        n0, stash0, step0 = whys[0]
-        who = "m micro-batches on every stage (GPipe keeps them all)" if schedule == "gpipe" else \
-              "p - r micro-batches on stage r (1F1B's warm-up depth)"
-        budgets.append(Budget(
-            "peak_memory", limits,
-            f"the batch and targets every rank is given ({fmt_bytes(inputs)}) + "
-            f"one micro-batch's forward and backward ({fmt_bytes(step0)} on rank 0, weights and gradients included) "
-            f"+ stashed activations of {who}, {fmt_bytes(stash0)} each on rank 0, + 3 boundary tensors in flight "
-            f"of {fmt_bytes(boundary)}",
-            hint="free a micro-batch's activations as soon as its backward is done (drop your references), and "
-                 "do not run more forwards ahead than the schedule needs."))
-        label = f"p={p} stages, m={m} micro-batches of {MICRO}"
-    return Case(p, args, expected, label, budgets=budgets, cost=COST)
+        budgets = [Budget("bytes_sent", sent, "the activation to the next stage and the input gradient "
+                                              "back to the previous one, once each",
+                          hint="send each stage's output forward once and its input gradient back once.")]
+        return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
+                    budgets=budgets, cost=COST)
+    inputs = batch.numel() * batch.element_size() + targets.numel() * targets.element_size()
+    budgets = [_time_budget(schedule, stages[0], micro, p, m),
+               _memory_budget(schedule, stages, micro, micro_y, inputs, m)]
+    return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
+                budgets=budgets, cost=COST)
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:
@@ -157,6 +233,12 @@ def _gpipe_case(rng: random.Random, p: int) -> Case:
 
 def _one_f_one_b_case(rng: random.Random, p: int) -> Case:
     return _case(rng, p, rng.randint(p + 2, 2 * p + 2), "1f1b")
+
+
+def _zero_bubble_case(rng: random.Random, p: int) -> Case:
+    """m as for 1F1B, among those ScheduleInterleavedZeroBubble (the real cell's oracle) takes: a multiple of
+    its number of rounds, max(1, m // p)."""
+    return _case(rng, p, rng.choice([m for m in range(p + 2, 2 * p + 3) if m % max(1, m // p) == 0]), "zb-h1")
 
 
 def _interleaved_case(rng: random.Random, p: int) -> Case:
@@ -204,15 +286,17 @@ def _interleaved_case(rng: random.Random, p: int) -> Case:
                 f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}", budgets=budgets, cost=COST)
 
 
-def _torch_pipelining(schedule_name: str):
-    """The oracle: torch.distributed.pipelining's own schedule on an identical copy of the stage."""
+def _torch_pipelining(schedule_name: str, multi: bool = False):
+    """The oracle: torch.distributed.pipelining's own schedule on an identical copy of the stage (given as a
+    list of one stage to the `multi` schedules, which take several stages per rank)."""
 
     def oracle(dist, stage, batch, targets, m: int = 1):
         from torch.distributed import pipelining
 
         rank, p = dist.get_rank(), dist.get_world_size()
         pipe = pipelining.PipelineStage(stage, rank, p, batch.device)
-        schedule = getattr(pipelining, schedule_name)(pipe, n_microbatches=m, loss_fn=F.mse_loss)
+        schedule = getattr(pipelining, schedule_name)([pipe] if multi else pipe, n_microbatches=m,
+                                                      loss_fn=F.mse_loss)
         if rank == 0:
             schedule.step(batch)
         elif rank == p - 1:
@@ -298,7 +382,24 @@ interleaved_1f1b = Puzzle(
     rtol=1e-9, atol=1e-12,
     describe="Interleaved 1F1B (Megatron-LM): v chunks per rank, the bubble divided by v.")
 
-PUZZLES = [pipeline_stages, gpipe, one_f_one_b, interleaved_1f1b]
+zero_bubble = Puzzle(
+    "zero_bubble", NOTEBOOK, _zero_bubble_case, world_sizes=(2, 3, 4),
+    hints=["Start from your 1F1B and split its backward in two. B: run the stage layer by layer in forward, keeping "
+           "each nn.Linear's input and output y; in B ask autograd for the gradients of the outputs and of x only, "
+           "torch.autograd.grad(out, [y1, y2, ..., x], grad), and send x's gradient to rank-1 at once.",
+           "W for one Linear is dW = dYᵀX and db = dY.sum(0), with X its input and dY the gradient B found for its "
+           "output: add them to layer.weight.grad and layer.bias.grad (set them when they are None). Keep only "
+           "(layer, X, dY) between B and W.",
+           "ZB-H1's order: 1F1B's warm-up and its order of forwards and B's; after each B, if more than `rank` W are "
+           "waiting, run the oldest; after the last B, run the rest. On rank 0 the batch needs no gradient, so B "
+           "there asks only for the outputs' gradients."],
+    oracle=_torch_pipelining("ScheduleInterleavedZeroBubble", multi=True),
+    oracle_name="torch.distributed.pipelining.ScheduleInterleavedZeroBubble (one stage per rank: ZB-H1's order)",
+    rtol=1e-9, atol=1e-12,
+    describe="Zero bubble (ZB-H1): backward split into the input gradient B and the weight gradient W, W moved "
+             "into the bubble; 1F1B's memory with a third of its bubble.")
+
+PUZZLES = [pipeline_stages, gpipe, one_f_one_b, interleaved_1f1b, zero_bubble]
 
 
 def explore_bubble(puzzle: Puzzle, fn, p: int = 4):
@@ -307,5 +408,6 @@ def explore_bubble(puzzle: Puzzle, fn, p: int = 4):
     result = puzzle.explore(fn, p)
     if result is not None:
         args = puzzle.make_case(random.Random(f"{puzzle.name}:0"), p).args
-        bubble_report(result, args[3], len(args[0].values[0]) if puzzle is interleaved_1f1b else 1)
+        bubble_report(result, args[3], len(args[0].values[0]) if puzzle is interleaved_1f1b else 1,
+                      zero_bubble=puzzle is zero_bubble)
     return result

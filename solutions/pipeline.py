@@ -168,3 +168,65 @@ def interleaved_1f1b(dist, chunks, batch, targets, m):
     for s in sends:
         s.wait()
     return chunks
+
+
+def zero_bubble(dist, stage, batch, targets, m):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if m < p:
+        raise ValueError(f"ZB-H1 needs at least as many micro-batches as stages: m={m} < p={p}")
+    xs, ys = batch.chunk(m), targets.chunk(m)
+    sends, stash, waiting = [], {}, []
+
+    def forward(j):
+        if rank == 0:
+            x = xs[j].clone()                            # the batch needs no gradient: B skips that matmul
+        else:
+            x = torch.empty_like(xs[j])
+            dist.recv(x, rank - 1)
+            x.requires_grad_()
+        h, linears = x, []
+        for layer in stage:                              # layer by layer, keeping each Linear's input and output
+            out = layer(h)
+            if isinstance(layer, torch.nn.Linear):
+                linears.append((layer, h, out))
+            h = out
+        if rank == p - 1:
+            h = F.mse_loss(h, ys[j]) / m
+        else:
+            sends.append(dist.isend(h.detach(), rank + 1))
+        stash[j] = (x, h, linears)
+
+    def input_grad(j):                                   # B: on the critical path, the previous stage waits for it
+        x, out, linears = stash.pop(j)
+        grad = None
+        if rank < p - 1:
+            grad = torch.empty_like(out)
+            dist.recv(grad, rank + 1)
+        wanted = [y for _, _, y in linears] + ([x] if rank > 0 else [])
+        grads = torch.autograd.grad(out, wanted, grad)   # input gradients only; the graph is freed
+        if rank > 0:
+            sends.append(dist.isend(grads[-1], rank - 1))
+        waiting.append([(layer, inp.detach(), dy) for (layer, inp, _), dy in zip(linears, grads)])
+
+    def weight_grad():                                   # W: dW = dYᵀX and db = ΣdY for each Linear
+        for layer, inp, dy in waiting.pop(0):
+            for prm, g in ((layer.weight, dy.T @ inp), (layer.bias, dy.sum(0))):
+                if prm.grad is None:
+                    prm.grad = g
+                else:
+                    prm.grad += g
+
+    warm = p - rank - 1
+    for j in range(warm):                                # warm-up, as 1F1B
+        forward(j)
+    for j in range(m):
+        if warm + j < m:
+            forward(warm + j)
+        input_grad(j)
+        if len(waiting) > rank:                          # ZB-H1: rank r keeps at most r W waiting
+            weight_grad()
+    while waiting:                                       # the W left fill the cool-down
+        weight_grad()
+    for s in sends:
+        s.wait()
+    return stage

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lib.formulas import (activation_bytes_per_layer, bubble_fraction, bus_bandwidth, expert_capacity,
-                          flops_per_token, mfu, model_state_breakdown, model_state_bytes, training_flops)
+                          flops_per_token, mfu, model_state_breakdown, model_state_bytes, training_flops,
+                          zero_bubble_h1_bubble)
 from lib.sim.cost import bus_factor
 
 GB = 1e9  # the ZeRO paper's GB are decimal: 16 bytes x 7.5e9 params is its "120GB"
@@ -163,6 +164,20 @@ def test_bubble_shrinks_with_micro_batches_and_virtual_stages(p, m, v):
 def test_bubble_rejects_bad_arguments(args):
     with pytest.raises(ValueError, match="whole number"):
         bubble_fraction(*args)
+
+
+def test_zero_bubble_h1_is_a_third_of_1f1b_with_equal_passes():
+    # Qi et al. 2024, section 2.1: with T_F = T_B = T_W, ZB-H1's bubble is a third of 1F1B's, (p-1)/(3m).
+    assert zero_bubble_h1_bubble(4, 8) == pytest.approx(bubble_fraction(4, 8) / 3)
+    assert zero_bubble_h1_bubble(1, 8) == 0.0
+    # In general (p-1)(T_F+T_B-T_W) over m(T_F+T_B+T_W): W hides in the bubble, F and B do not.
+    assert zero_bubble_h1_bubble(4, 8, 1.0, 2.0, 0.5) == pytest.approx(3 * 2.5 / (8 * 3.5))
+
+
+@pytest.mark.parametrize("args", [(0, 8), (4, 0), (4, 8, -1.0, 1.0, 1.0), (4, 8, 0.0, 0.0, 0.0)])
+def test_zero_bubble_rejects_bad_arguments(args):
+    with pytest.raises(ValueError):
+        zero_bubble_h1_bubble(*args)
 
 
 # FLOPs and MFU (PaLM, Chowdhery et al. 2022)

@@ -1,5 +1,6 @@
-"""The schedule explorer draws GPipe, 1F1B and interleaved 1F1B from their orders, with the paper's bubble;
-and 1F1B refuses m < p with a clear error, in the widget and in the reference solution."""
+"""The schedule explorer draws GPipe, 1F1B, interleaved 1F1B and ZB-H1 from their orders, with the papers'
+bubbles; 1F1B and ZB-H1 refuse m < p with a clear error, in the widget and in the reference solutions; ZB-H1's
+order is torch.distributed.pipelining's."""
 
 import matplotlib
 
@@ -11,7 +12,7 @@ import pytest  # noqa: E402
 import puzzles.pipeline as P  # noqa: E402
 import solutions.pipeline as S  # noqa: E402
 from lib.errors import RankFailed  # noqa: E402
-from lib.formulas import bubble_fraction  # noqa: E402
+from lib.formulas import bubble_fraction, zero_bubble_h1_bubble  # noqa: E402
 from lib.sim import per_rank, run  # noqa: E402
 from lib.viz.pipeline import (ScheduleError, Work, bubble_of, draw_schedule, peak_in_flight, play,  # noqa: E402
                               schedule_explorer, schedule_orders)
@@ -102,3 +103,94 @@ def test_simulated_bubble_of_interleaved_is_the_formula_and_the_explorer_agrees(
     result = run(S.interleaved_1f1b, p, *case.args, cost=case.cost)
     assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, m, v), rel=P.SLACK)
     assert bubble_of(play(schedule_orders("interleaved", p, m, v), v)) == pytest.approx(bubble_fraction(p, m, v))
+
+
+# ---- ZB-H1 -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 5), (3, 7), (4, 4), (4, 8), (5, 13), (8, 8)])
+@pytest.mark.parametrize("t_f,t_b,t_w", [(1.0, 1.0, 1.0), (1.0, 1.5, 1.0), (1.0, 2.0, 0.5), (2.0, 1.0, 1.0)])
+def test_zb_h1_timeline_is_the_papers_formula_while_w_is_no_longer_than_f_and_b(p, m, t_f, t_b, t_w):
+    slots = play(schedule_orders("zb-h1", p, m), 1, t_f, t_b + t_w, t_w=t_w)
+    assert bubble_of(slots) == pytest.approx(zero_bubble_h1_bubble(p, m, t_f, t_b, t_w))
+    assert max(s.end for s in slots) == pytest.approx(m * (t_f + t_b + t_w) + (p - 1) * (t_f + t_b - t_w))
+
+
+def test_zb_h1_has_a_third_of_1f1bs_bubble_and_its_peak_memory():
+    one = play(schedule_orders("1f1b", 4, 8), 1, 1.0, 2.0)
+    zb = play(schedule_orders("zb-h1", 4, 8), 1, 1.0, 2.0)
+    assert bubble_of(zb) == pytest.approx(bubble_of(one) / 3)
+    assert peak_in_flight(schedule_orders("zb-h1", 4, 8)) == [4] * 4     # every rank at 1F1B's rank-0 peak
+    assert max(peak_in_flight(schedule_orders("zb-h1", 6, 20))) == max(peak_in_flight(schedule_orders("1f1b", 6, 20)))
+
+
+def test_a_w_longer_than_a_forward_no_longer_hides_in_the_gaps():
+    slots = play(schedule_orders("zb-h1", 4, 8), 1, 1.0, 3.0)            # B = W = 1.5 forwards
+    assert bubble_of(slots) > zero_bubble_h1_bubble(4, 8, 1.0, 1.5, 1.5)
+    assert "does not describe" in draw_schedule("zb-h1", 4, 8, ratio=3.0).readout
+
+
+def test_zb_h1_runs_every_micro_batch_forward_input_gradient_weight_gradient_once_in_that_order():
+    for order in schedule_orders("zb-h1", 5, 9):
+        assert sorted((w.kind, w.mb) for w in order) == sorted((k, j) for k in "FBW" for j in range(9))
+        position = {(w.kind, w.mb): i for i, w in enumerate(order)}
+        assert all(position["F", j] < position["B", j] < position["W", j] for j in range(9))
+
+
+def _torch_zero_bubble_orders(dist, p, ms):
+    """ScheduleInterleavedZeroBubble's order with one stage per rank, as (kind, micro-batch) per rank."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed import pipelining
+
+    kinds = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}
+    orders = {}
+    for m in ms:
+        stage = pipelining.PipelineStage(torch.nn.Linear(4, 4), dist.get_rank(), p, torch.device("cpu"))
+        schedule = pipelining.ScheduleInterleavedZeroBubble([stage], n_microbatches=m, loss_fn=F.mse_loss)
+        orders[m] = [[(kinds[a.computation_type.name], a.microbatch_index) for a in schedule.pipeline_order[r]
+                      if a is not None] for r in range(p)]
+    return orders
+
+
+@pytest.mark.parametrize("p,ms", [(2, (2, 3, 4, 6)), (3, (3, 5, 6, 8)), (4, (4, 7, 8, 10))])
+def test_zb_h1_order_is_torch_pipelinings_interleaved_zero_bubble_with_one_stage_per_rank(p, ms):
+    from lib.launch import launch
+
+    theirs = launch(_torch_zero_bubble_orders, p, p, ms)[0]
+    for m in ms:
+        assert [[(w.kind, w.mb) for w in order] for order in schedule_orders("zb-h1", p, m)] == theirs[m]
+
+
+def test_zero_bubble_with_too_few_micro_batches_is_a_clear_error_not_a_hang():
+    with pytest.raises(ScheduleError, match="m=3 < p=4"):
+        schedule_orders("zb-h1", 4, 3)
+    case = P.zero_bubble.make_case(__import__("random").Random(0), 4)
+    stages, batch, targets, _ = case.args
+    with pytest.raises(RankFailed, match=r"needs at least as many micro-batches as stages: m=2 < p=4"):
+        run(S.zero_bubble, 4, stages, batch, targets, 2, cost=case.cost)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_simulated_bubble_of_zero_bubble_is_the_formula_and_a_third_of_1f1bs(p):
+    case = P.zero_bubble.make_case(__import__("random").Random(3), p)
+    m = case.args[3]
+    zb, one = run(S.zero_bubble, p, *case.args, cost=case.cost), run(S.one_f_one_b, p, *case.args, cost=case.cost)
+    assert P.measured_bubble(zb) == pytest.approx(zero_bubble_h1_bubble(p, m), rel=P.SLACK)
+    assert P.measured_bubble(zb) == pytest.approx(P.measured_bubble(one) / 3, rel=P.SLACK)
+
+
+def test_split_stage_times_are_the_full_backward_cut_into_input_and_weight_gradients():
+    case = P.zero_bubble.make_case(__import__("random").Random(0), 3)
+    stage, micro = case.args[0].values[1], case.args[1][:P.MICRO]
+    t_f, t_in, t_w = P.split_stage_times(stage, micro)
+    assert t_in + t_w == pytest.approx(P.stage_times(stage, micro)[1])
+    assert t_f == pytest.approx(t_in) and t_in == pytest.approx(t_w)   # one matmul each per Linear
+
+
+def test_explorer_draws_zb_h1_with_the_zero_bubble_formula():
+    box = schedule_explorer()
+    box.controls["schedule"].value = "zb-h1"
+    s = box.state
+    assert s.bubble == pytest.approx(zero_bubble_h1_bubble(4, 8)) and s.in_flight == [4] * 4
+    assert "Qi et al." in s.readout and "weight gradient" in s.readout
+    box.controls["m"].value = 3
+    assert s.fig is None and "m=3 < p=4" in s.readout

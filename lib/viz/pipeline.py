@@ -1,6 +1,6 @@
 """Pipeline schedules drawn without running a model: which stage does which micro-batch when.
 
-`schedule_orders` lists each rank's work in order (GPipe, 1F1B, interleaved 1F1B);
+`schedule_orders` lists each rank's work in order (GPipe, 1F1B, interleaved 1F1B, ZB-H1);
 `play` times it: a piece of work starts once its rank is free and the work it depends on is done.
 Communication is free here, as in the bubble formula; the simulator (lib.sim) charges for it.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lib.formulas import bubble_fraction
+from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-LABELS = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+LABELS = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B", "zb-h1": "ZB-H1 (zero bubble)"}
 COLOURS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452"}
 
 
@@ -52,7 +52,7 @@ def schedule_orders(name: str, p: int, m: int, v: int = 1) -> list[list[Work]]:
         raise ScheduleError(f"p, m and v must be at least 1, got p={p}, m={m}, v={v}")
     if name != "interleaved" and v != 1:
         raise ScheduleError(f"{LABELS[name]} has one stage per rank: v must be 1, got {v}")
-    if name == "1f1b" and m < p:
+    if name in ("1f1b", "zb-h1") and m < p:
         raise ScheduleError(f"{LABELS[name]} needs at least as many micro-batches as stages: m={m} < p={p}")
     if name == "interleaved" and m % p:
         raise ScheduleError(f"interleaved 1F1B sends micro-batches round the ranks in groups of p: "
@@ -63,6 +63,8 @@ def schedule_orders(name: str, p: int, m: int, v: int = 1) -> list[list[Work]]:
             order = [Work("F", 0, j) for j in range(m)] + [Work("B", 0, j) for j in range(m)]
         elif name == "interleaved":
             order = _interleaved(r, p, m, v)
+        elif name == "zb-h1":
+            order = _zero_bubble_h1(r, p, m)
         else:
             warm = p - r - 1                     # warm-up: forwards before the first backward
             order = [Work("F", 0, j) for j in range(warm)]
@@ -90,12 +92,35 @@ def _interleaved(r: int, p: int, m: int, v: int) -> list[Work]:
     return order
 
 
+def _zero_bubble_h1(r: int, p: int, m: int) -> list[Work]:
+    """ZB-H1 (Qi et al. 2024, section 2.1): 1F1B's order of forwards and input gradients B, each rank keeping
+    at most r weight gradients W waiting; the waiting W fill the cool-down, where 1F1B's ranks sit idle.
+
+    Every rank then holds at most p micro-batches between F and W, 1F1B's peak (on its first stage); it is
+    the order of torch.distributed.pipelining.ScheduleInterleavedZeroBubble with one stage per rank."""
+    warm = p - r - 1
+    forwards = iter(range(m))
+    order = [Work("F", 0, next(forwards)) for _ in range(warm)]
+    waiting: list[int] = []
+    for j in range(m):
+        if j + warm < m:
+            order.append(Work("F", 0, next(forwards)))
+        order.append(Work("B", 0, j))
+        waiting.append(j)
+        if len(waiting) > r:
+            order.append(Work("W", 0, waiting.pop(0)))
+    return order + [Work("W", 0, j) for j in waiting]
+
+
 def play(orders: list[list[Work]], v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
-         split_backward: bool = False) -> list[Slot]:
-    """Time the orders: per chunk, F takes t_f/v and B t_b/v (or t_b/2v each for B and W when split)."""
+         t_w: Optional[float] = None) -> list[Slot]:
+    """Time the orders: per chunk, F takes t_f/v and the whole backward t_b/v. In an order with W work the
+    backward is split: W (the weight gradient) takes t_w/v, half the backward when t_w is None, and B the rest."""
     p = len(orders)
     stages = p * v
-    cost = {"F": t_f / v, "B": t_b / v / (2 if split_backward else 1), "W": t_b / v / 2}
+    split = any(w.kind == "W" for order in orders for w in order)
+    t_w = (t_b / 2 if t_w is None else t_w) if split else 0.0
+    cost = {"F": t_f / v, "B": (t_b - t_w) / v, "W": t_w / v}
     done: dict[tuple[str, int, int], float] = {}
     free, nxt, slots = [0.0] * p, [0] * p, []
 
@@ -135,13 +160,14 @@ def bubble_of(slots: list[Slot]) -> float:
 
 
 def peak_in_flight(orders: list[list[Work]]) -> list[int]:
-    """Per rank, the most micro-batches whose forward has run and whose backward has not:
-    the activations the rank must keep (in units of one chunk's activations)."""
+    """Per rank, the most micro-batches whose forward has run and whose backward has not (with a split
+    backward: whose W has not): the activations the rank must keep, in units of one chunk's activations."""
     peaks = []
     for order in orders:
+        last = "W" if any(w.kind == "W" for w in order) else "B"
         live = peak = 0
         for w in order:
-            live += (w.kind == "F") - (w.kind == "B")
+            live += (w.kind == "F") - (w.kind == last)
             peak = max(peak, live)
         peaks.append(peak)
     return peaks
@@ -194,7 +220,8 @@ class ScheduleState:
 
 
 def draw_schedule(name: str, p: int, m: int, v: int = 1, ratio: float = 2.0) -> ScheduleState:
-    """Time one schedule with backward `ratio` times the forward, and say how its bubble compares."""
+    """Time one schedule with backward `ratio` times the forward (ZB-H1: input and weight gradient half each),
+    and say how its bubble compares with the paper's formula."""
     state = ScheduleState()
     try:
         orders = schedule_orders(name, p, m, v)
@@ -203,15 +230,21 @@ def draw_schedule(name: str, p: int, m: int, v: int = 1, ratio: float = 2.0) -> 
         return state
     slots = play(orders, v, 1.0, ratio)
     state.bubble, state.in_flight = bubble_of(slots), peak_in_flight(orders)
-    state.formula = bubble_fraction(p, m, v)
+    if name == "zb-h1":
+        state.formula = zero_bubble_h1_bubble(p, m, 1.0, ratio / 2, ratio / 2)
+        formula = "(p-1)(t_F+t_B-t_W) / (m(t_F+t_B+t_W)), Qi et al."
+    else:
+        state.formula, formula = bubble_fraction(p, m, v), "(p-1)/(v·m)"
     state.step_time = max(s.end for s in slots)
     label = LABELS[name] + (f", v={v}" if name == "interleaved" else "")
     state.fig = schedule_figure(slots, p, f"{label}: p={p} stages, m={m} micro-batches, backward = {ratio:g} × forward", v)
     lines = [f"bubble: {state.bubble:.3f} of the ideal time (measured on this timeline); "
-             f"formula (p-1)/(v·m) = {state.formula:.3f}"
-             + ("" if abs(state.bubble - state.formula) < 1e-9 else "  ← the formula does not describe this schedule")]
+             f"formula {formula} = {state.formula:.3f}"
+             + ("" if abs(state.bubble - state.formula) < 1e-9 else "  ← the formula does not describe this schedule"
+                + ("  (its W, half the backward, is longer than a forward)" if name == "zb-h1" else ""))]
     lines.append(f"share of the step spent idle: {state.bubble / (1 + state.bubble):.1%}")
-    lines.append("micro-batches of activations held at the peak, per rank: "
+    held = "between forward and weight gradient" if name == "zb-h1" else "at the peak"
+    lines.append(f"micro-batches of activations held {held}, per rank: "
                  + ", ".join(map(str, state.in_flight)) + (f" (chunks of 1/{v} of the rank's layers)" if v > 1 else ""))
     state.readout = "\n".join(lines)
     return state

@@ -238,7 +238,158 @@ def interleaved_contiguous_chunks(dist, chunks, batch, targets, m):
     return _interleaved(dist, chunks, batch, targets, m, contiguous=True)
 
 
+def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, split=True, w_recomputes=False,
+                 send_after_w=False, run_w=True, transpose=False, accumulate=True, keep_outputs=False):
+    """ZB-H1 with knobs for the classic mistakes (the reference solution when left alone)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    xs, ys = batch.chunk(m), targets.chunk(m)
+    sends, stash, waiting = [], {}, []
+
+    def forward(j):
+        if rank == 0:
+            x = xs[j].clone()
+        else:
+            x = torch.empty_like(xs[j])
+            dist.recv(x, rank - 1)
+            x.requires_grad_()
+        h, linears = x, []
+        for layer in stage:
+            out = layer(h)
+            if isinstance(layer, torch.nn.Linear):
+                linears.append((layer, h, out))
+            h = out
+        if rank == p - 1:
+            h = F.mse_loss(h, ys[j]) / m
+        else:
+            sends.append(dist.isend(h.detach(), rank + 1))
+        stash[j] = (x, h, linears)
+
+    def input_grad(j):
+        x, out, linears = stash.pop(j)
+        grad = None
+        if rank < p - 1:
+            grad = torch.empty_like(out)
+            dist.recv(grad, rank + 1)
+        if not split:                                     # the whole backward at once: 1F1B
+            out.backward(grad)
+            if rank > 0:
+                sends.append(dist.isend(x.grad, rank - 1))
+            return
+        if w_recomputes:                                  # B asks for x alone; W goes through the graph again
+            if rank > 0:
+                sends.append(dist.isend(torch.autograd.grad(out, x, grad, retain_graph=True)[0], rank - 1))
+            waiting.append(("graph", out, grad))
+            return
+        wanted = [y for _, _, y in linears] + ([x] if rank > 0 else [])
+        grads = torch.autograd.grad(out, wanted, grad, retain_graph=keep_outputs)
+        item = [(layer, y if keep_outputs else inp.detach(), dy) for (layer, inp, y), dy in zip(linears, grads)]
+        if rank > 0 and not send_after_w:
+            sends.append(dist.isend(grads[-1], rank - 1))
+        waiting.append(item)
+        if send_after_w:
+            weight_grad()
+            if rank > 0:
+                sends.append(dist.isend(grads[-1], rank - 1))
+
+    def weight_grad():
+        item = waiting.pop(0)
+        if not run_w:
+            return
+        if item[0] == "graph":
+            _, out, grad = item
+            out.backward(grad, inputs=list(stage.parameters()))
+            return
+        for layer, inp, dy in item:
+            if keep_outputs:                              # inp is the Linear's output y here
+                inp.backward(dy, inputs=[layer.weight, layer.bias])
+                continue
+            dw = inp.T @ dy if transpose else dy.T @ inp
+            for prm, g in ((layer.weight, dw), (layer.bias, dy.sum(0))):
+                if prm.grad is None or not accumulate:
+                    prm.grad = g
+                else:
+                    prm.grad += g
+
+    warm = p - rank - 1
+    for j in range(warm):
+        forward(j)
+    for j in range(m):
+        if warm + j < m:
+            forward(warm + j)
+        input_grad(j)
+        if split and len(waiting) > keep_waiting(p, rank):
+            weight_grad()
+    while waiting:
+        weight_grad()
+    for s in sends:
+        s.wait()
+    return stage
+
+
+def zero_bubble_is_1f1b(dist, stage, batch, targets, m):
+    """The whole backward at once: right gradients, 1F1B's bubble, three times ZB-H1's."""
+    return _zero_bubble(dist, stage, batch, targets, m, split=False)
+
+
+def zero_bubble_w_right_after_its_b(dist, stage, batch, targets, m):
+    """Split, but W runs at once after its B: the bubble at the end is still there, W did not move into it."""
+    return _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: 0)
+
+
+def zero_bubble_every_w_at_the_end(dist, stage, batch, targets, m):
+    """All W after the last B: rank 0 then runs m W after everything else instead of inside its bubble (and
+    holds every micro-batch's W inputs at once)."""
+    return _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: 10 ** 9)
+
+
+def zero_bubble_forgets_w(dist, stage, batch, targets, m):
+    """B only: the input gradients go back, but no weight ever gets a gradient."""
+    return _zero_bubble(dist, stage, batch, targets, m, run_w=False)
+
+
+def zero_bubble_w_through_the_graph_again(dist, stage, batch, targets, m):
+    """W as out.backward(grad, inputs=parameters) on the retained graph: autograd recomputes the input-gradient
+    matmuls of the later layers to reach the earlier weights, so W costs more than the weight matmuls."""
+    return _zero_bubble(dist, stage, batch, targets, m, w_recomputes=True)
+
+
+def zero_bubble_sends_after_w(dist, stage, batch, targets, m):
+    """Runs W before sending B's input gradient: the previous stage waits for W, which was meant to wait for it."""
+    return _zero_bubble(dist, stage, batch, targets, m, send_after_w=True, keep_waiting=lambda p, r: 10 ** 9)
+
+
+def zero_bubble_w_keeps_the_outputs(dist, stage, batch, targets, m):
+    """B with retain_graph, W as y.backward(dY, inputs=[weight, bias]): right gradients in the right time, but each
+    Linear's output y stays alive until W, an activation per layer more than W needs."""
+    return _zero_bubble(dist, stage, batch, targets, m, keep_outputs=True)
+
+
+def zero_bubble_one_w_too_many_waiting(dist, stage, batch, targets, m):
+    """Rank r keeps r + 1 W waiting: the same time, one micro-batch more held than ZB-H1 needs."""
+    return _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r + 1)
+
+
+def zero_bubble_transposed_weight_grad(dist, stage, batch, targets, m):
+    """dW = XᵀdY: nn.Linear keeps its weight as (out, in), so its gradient is dYᵀX (square layers hide the shape)."""
+    return _zero_bubble(dist, stage, batch, targets, m, transpose=True)
+
+
+def zero_bubble_w_overwrites_grad(dist, stage, batch, targets, m):
+    """prm.grad = dW on every micro-batch: only the last micro-batch's gradient is left."""
+    return _zero_bubble(dist, stage, batch, targets, m, accumulate=False)
+
+
 WRONG = [
+    ("zero_bubble", zero_bubble_is_1f1b, "simulated time"),
+    ("zero_bubble", zero_bubble_w_right_after_its_b, "simulated time"),
+    ("zero_bubble", zero_bubble_every_w_at_the_end, "simulated time"),
+    ("zero_bubble", zero_bubble_w_keeps_the_outputs, "peak memory"),
+    ("zero_bubble", zero_bubble_one_w_too_many_waiting, "peak memory"),
+    ("zero_bubble", zero_bubble_forgets_w, "grad is None"),
+    ("zero_bubble", zero_bubble_w_through_the_graph_again, "simulated time"),
+    ("zero_bubble", zero_bubble_sends_after_w, "simulated time"),
+    ("zero_bubble", zero_bubble_transposed_weight_grad, ".grad"),
+    ("zero_bubble", zero_bubble_w_overwrites_grad, ".grad"),
     ("interleaved_1f1b", interleaved_warm_up_of_1f1b, "KeyError"),
     ("interleaved_1f1b", interleaved_backwards_in_forward_chunk_order, "Deadlock"),
     ("interleaved_1f1b", interleaved_all_forwards_first, "peak memory"),
