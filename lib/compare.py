@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Optional
 
 import torch
@@ -43,6 +44,8 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
     if isinstance(expected, (int, float)) and not isinstance(expected, bool):
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
+        if isinstance(got, numbers.Real) and not isinstance(got, bool):
+            got = got.item() if hasattr(got, "item") else got     # numpy's integers and floats count as numbers
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
             return f"{where}: expected {expected!r}, got {_kind(got)}"
         return None

@@ -169,9 +169,9 @@ def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -
     micro-batches in flight (measured per micro-batch), plus the boundary tensors in flight."""
     p, boundary = len(stages), micro.numel() * micro.element_size()
     in_flight = peak_in_flight(schedule_orders(schedule, p, m))
-    # 1F1B: an activation sent, a gradient received, an input gradient sent. ZB-H1 keeps no activation whole
-    # past B: the gradient received for a B and the input gradient it sends.
-    extra = 2 if schedule == "zb-h1" else 3
+    # Besides the stashes: the activation being sent, the next input received ahead, the gradient received for
+    # a backward and the input gradient being sent.
+    extra = 4
     limits, whys = [], []
     for r in range(p):
         stash, step = stage_memory(stages[r], micro, micro_y, last=r == p - 1)
@@ -193,8 +193,9 @@ def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -
         "peak_memory", limits,
         f"the batch and targets every rank is given ({fmt_bytes(inputs)}) + "
         f"one micro-batch's forward and backward ({fmt_bytes(step0)} on rank 0, weights and gradients included) "
-        f"+ stashed activations of {who}, {fmt_bytes(stash0)} each on rank 0, + {extra} boundary tensors in flight "
-        f"of {fmt_bytes(boundary)}",
+        f"+ stashed activations of {who}, {fmt_bytes(stash0)} each on rank 0, + {extra} boundary tensors of "
+        f"{fmt_bytes(boundary)} in flight (an activation sent, the next input received ahead, a gradient received, "
+        f"an input gradient sent)",
         hint=("once B is done keep only what W needs, each Linear's input and output gradient: not the outputs "
               "themselves (to call y.backward later keeps every y alive; compute dW = dYᵀX, or keep "
               "torch.autograd.graph.get_gradient_edge(y) instead of y), and no more W waiting than ZB-H1's order."
@@ -257,8 +258,7 @@ def _interleaved_case(rng: random.Random, p: int) -> Case:
         f"(m·v+p-1)(t_f+t_b) = {m * v + p - 1} × {fmt_time(t_f + t_b)} with t_f, t_b one chunk's: the ideal "
         f"m·v(t_f+t_b) plus the bubble, (p-1)/(v·m) = {bubble_fraction(p, m, v):.3f} of it",
         hint="run Megatron's order (rank r: (p-r-1)·2 + (v-1)·p warm-up forwards, then one forward and one "
-             "backward), and post the dist.irecv of the next input before computing the current one: a send waits "
-             "for its receiver, and the sends a rank posts after it queue behind it.")]
+             "backward, then the cool-down), and send with dist.isend: a blocking send waits for its receiver.")]
     # Memory: rank r holds v chunks' weights and gradients, one chunk's forward and backward at a time, and at its
     # peak the activations of as many (chunk, micro-batch) pairs as Megatron's order keeps between their forward
     # and backward (peak_in_flight of the schedule, e.g. (p-r-1)·2 + (v-1)·p + 1 on rank r when m > p).

@@ -289,3 +289,11 @@ def test_the_reference_solution_is_shown_only_on_explicit_request(capsys):
     assert source.startswith("def ring_all_reduce(dist, x):") and "ring_all_gather" in source
     assert source in capsys.readouterr().out
     assert S.ring_all_reduce.__name__ == "ring_all_reduce"
+
+
+def test_numpy_numbers_compare_as_numbers():
+    import numpy as np
+
+    assert first_difference(15168, np.int64(15168)) is None
+    assert first_difference(0.25, np.float32(0.25)) is None
+    assert "expected 3, got int 4" in first_difference(3, np.int64(4))

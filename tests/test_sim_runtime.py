@@ -524,3 +524,45 @@ def test_a_run_that_keeps_allocating_is_stopped_with_a_clear_error():
         lib.sim.run(hoard, 2, memory_limit=64 * 2**20)
     assert "rank 0 holds more than 0.03 GiB" in str(info.value)
     assert time.monotonic() - start < 5
+
+
+# ---- link times do not depend on the order the simulator matches messages in ---------------------------
+def _late_and_early_sender(dist):
+    """Rank 0 computes for a while, then sends to rank 1; rank 2 sends to rank 1 at once. Rank 1 posts both
+    receives at t = 0, rank 0's first, so the simulator matches rank 0's message first, though it starts later."""
+    rank = dist.get_rank()
+    buf = torch.zeros(4)
+    if rank == 0:
+        a = torch.randn(64, 64)
+        for _ in range(20):
+            a = a @ a / 64
+        dist.isend(torch.ones(4), 1).wait()
+    elif rank == 2:
+        dist.isend(torch.full((4,), 2.0), 1).wait()
+    else:
+        from_0, from_2 = dist.irecv(buf, 0), dist.irecv(torch.zeros(4), 2)
+        from_2.wait()
+        from_0.wait()
+
+
+def test_a_message_is_not_delayed_by_one_that_starts_later():
+    cost = CostModel(flops_per_s=1e9, latency=1e-6, intra_node_bandwidth=1e12, inter_node_bandwidth=1e12)
+    result = lib.sim.run(_late_and_early_sender, 3, cost=cost)
+    start = {e.peer: e.start for e in result.trace if e.rank == 1 and e.op == "recv"}
+    assert start[2] == 0.0 and start[0] > 100e-6          # rank 0 sends only after its ~10 ms of matmuls
+
+
+def test_messages_sharing_a_link_still_take_turns():
+    def two_to_one(dist):
+        rank, big = dist.get_rank(), torch.zeros(1 << 16)
+        if rank == 1:
+            a, b = dist.irecv(big, 0), dist.irecv(torch.zeros(1 << 16), 2)
+            a.wait()
+            b.wait()
+        else:
+            dist.send(torch.ones(1 << 16), 1)
+
+    cost = CostModel(latency=0.0, intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
+    result = lib.sim.run(two_to_one, 3, cost=cost)
+    spans = sorted((e.start, e.end) for e in result.trace if e.rank == 1 and e.op == "recv")
+    assert spans[0][1] <= spans[1][0] and spans[1][0] > 0   # rank 1's incoming link carries one at a time

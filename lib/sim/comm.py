@@ -16,6 +16,7 @@ import torch
 
 from lib.sim.cost import ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
+from lib.sim.links import earliest
 
 if TYPE_CHECKING:
     from lib.sim.runtime import RankState, Runtime
@@ -167,13 +168,15 @@ class Communicator:
         del group.pending[seq]
         deliveries = finish({r: c.payload for r, c in calls.items()})
         members = [self.rt.ranks[r] for r in group.ranks]
-        start = max(max(c.post_time for c in calls.values()),
-                    max(max(m.send_free, m.recv_free) for m in members))
-        end = start + self.rt.cost.collective_time(name, nbytes, group.ranks)
+        duration = self.rt.cost.collective_time(name, nbytes, group.ranks)
+        links = [link for m in members for link in (m.outgoing, m.incoming)]
+        start = earliest(links, max(c.post_time for c in calls.values()), duration)
+        end = start + duration
+        for link in links:
+            link.book(start, end)
         root_pos = group.rank_of(root) if root is not None else 0
         for pos, m in enumerate(members):
             sent, received = ring_traffic(name, nbytes, group.size(), pos, root_pos)
-            m.send_free = m.recv_free = end
             c = calls[m.rank]
             c.complete, c.end_time, c.deliver = True, end, deliveries.get(m.rank)
             c.payload = None               # the buffers are the rank's; the call must not keep them alive
@@ -231,9 +234,11 @@ class Communicator:
         send.payload = recv.payload = None     # matched: the call must not keep the rank's tensors alive
         nbytes = data.numel() * data.element_size()
         s, r = self.rt.ranks[send.rank], self.rt.ranks[recv.rank]
-        start = max(send.post_time, recv.post_time, s.send_free, r.recv_free)
-        end = start + self.rt.cost.p2p_time(nbytes, send.rank, recv.rank)
-        s.send_free, r.recv_free = end, end
+        duration = self.rt.cost.p2p_time(nbytes, send.rank, recv.rank)
+        start = earliest((s.outgoing, r.incoming), max(send.post_time, recv.post_time), duration)
+        end = start + duration
+        s.outgoing.book(start, end)
+        r.incoming.book(start, end)
         for c in (send, recv):
             c.complete, c.end_time = True, end
         self.rt.record(send.rank, "send", "p2p", recv.rank, nbytes, 0, start, end)

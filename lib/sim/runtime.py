@@ -26,6 +26,7 @@ from lib.errors import PuzzleError, RankFailed
 from lib.sim.comm import Call, Communicator
 from lib.sim.cost import CostModel
 from lib.sim.errors import CollectiveMismatch, Deadlock, InvalidCall, SimTimeout
+from lib.sim.links import Link
 from lib.sim.output import labelled_output
 from lib.sim.result import Event, RankStats, SimResult
 from lib.sim.tracker import RankTracker
@@ -58,8 +59,8 @@ class RankState:
         self.rank = rank
         self.clock = 0.0                 # simulated seconds
         self.segment_start = 0.0         # start of the compute stretch now running
-        self.send_free = 0.0             # when this rank's outgoing link is free again
-        self.recv_free = 0.0
+        self.outgoing = Link()           # when this rank's links are busy sending and receiving
+        self.incoming = Link()
         self.bytes_sent = 0.0
         self.bytes_received = 0.0
         self.calls: Counter[str] = Counter()

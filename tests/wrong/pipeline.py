@@ -121,7 +121,7 @@ def stages_only_the_last_trains(dist, stage, batch, targets):
     return stage
 
 
-def _interleaved(dist, chunks, batch, targets, m, warm_of=None, tags=(0, 1), ahead_by=1, contiguous=False,
+def _interleaved(dist, chunks, batch, targets, m, warm_of=None, tags=(0, 1), contiguous=False,
                  backward_chunks_reversed=True):
     """Interleaved 1F1B with knobs for the classic mistakes (the reference solution when left alone)."""
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -142,7 +142,7 @@ def _interleaved(dist, chunks, batch, targets, m, warm_of=None, tags=(0, 1), ahe
         return (c, j) if forward or not backward_chunks_reversed else (v - 1 - c, j)
 
     def take(kind, k):
-        for i in range(k, k + ahead_by + 1):
+        for i in (k, k + 1):                         # the next one's irecv posted ahead
             if i >= total or (kind, i) in inbox:
                 continue
             c, j = unit(i, kind == "F")
@@ -227,19 +227,13 @@ def interleaved_one_tag(dist, chunks, batch, targets, m):
     return _interleaved(dist, chunks, batch, targets, m, tags=(0, 0))
 
 
-def interleaved_receives_late(dist, chunks, batch, targets, m):
-    """Each input received only when it is needed: a send posted early waits for that recv, and the sends
-    the rank posts after it (a gradient the previous rank is waiting for) queue behind it."""
-    return _interleaved(dist, chunks, batch, targets, m, ahead_by=0)
-
-
 def interleaved_contiguous_chunks(dist, chunks, batch, targets, m):
     """Takes rank r's chunks for stages r·v .. r·v+v-1 (a plain cut into p·v stages), not c·p + r."""
     return _interleaved(dist, chunks, batch, targets, m, contiguous=True)
 
 
 def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, split=True, w_recomputes=False,
-                 send_after_w=False, run_w=True, transpose=False, accumulate=True, keep_outputs=False):
+                 send_after_w=False, run_w=True, transpose=False, accumulate=True):
     """ZB-H1 with knobs for the classic mistakes (the reference solution when left alone)."""
     rank, p = dist.get_rank(), dist.get_world_size()
     xs, ys = batch.chunk(m), targets.chunk(m)
@@ -281,8 +275,8 @@ def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, sp
             waiting.append(("graph", out, grad))
             return
         wanted = [y for _, _, y in linears] + ([x] if rank > 0 else [])
-        grads = torch.autograd.grad(out, wanted, grad, retain_graph=keep_outputs)
-        item = [(layer, y if keep_outputs else inp.detach(), dy) for (layer, inp, y), dy in zip(linears, grads)]
+        grads = torch.autograd.grad(out, wanted, grad)
+        item = [(layer, inp.detach(), dy) for (layer, inp, _), dy in zip(linears, grads)]
         if rank > 0 and not send_after_w:
             sends.append(dist.isend(grads[-1], rank - 1))
         waiting.append(item)
@@ -300,9 +294,6 @@ def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, sp
             out.backward(grad, inputs=list(stage.parameters()))
             return
         for layer, inp, dy in item:
-            if keep_outputs:                              # inp is the Linear's output y here
-                inp.backward(dy, inputs=[layer.weight, layer.bias])
-                continue
             dw = inp.T @ dy if transpose else dy.T @ inp
             for prm, g in ((layer.weight, dw), (layer.bias, dy.sum(0))):
                 if prm.grad is None or not accumulate:
@@ -358,12 +349,6 @@ def zero_bubble_sends_after_w(dist, stage, batch, targets, m):
     return _zero_bubble(dist, stage, batch, targets, m, send_after_w=True, keep_waiting=lambda p, r: 10 ** 9)
 
 
-def zero_bubble_w_keeps_the_outputs(dist, stage, batch, targets, m):
-    """B with retain_graph, W as y.backward(dY, inputs=[weight, bias]): right gradients in the right time, but each
-    Linear's output y stays alive until W, an activation per layer more than W needs."""
-    return _zero_bubble(dist, stage, batch, targets, m, keep_outputs=True)
-
-
 def zero_bubble_one_w_too_many_waiting(dist, stage, batch, targets, m):
     """Rank r keeps r + 1 W waiting: the same time, one micro-batch more held than ZB-H1 needs."""
     return _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r + 1)
@@ -383,7 +368,6 @@ WRONG = [
     ("zero_bubble", zero_bubble_is_1f1b, "simulated time"),
     ("zero_bubble", zero_bubble_w_right_after_its_b, "simulated time"),
     ("zero_bubble", zero_bubble_every_w_at_the_end, "simulated time"),
-    ("zero_bubble", zero_bubble_w_keeps_the_outputs, "peak memory"),
     ("zero_bubble", zero_bubble_one_w_too_many_waiting, "peak memory"),
     ("zero_bubble", zero_bubble_forgets_w, "grad is None"),
     ("zero_bubble", zero_bubble_w_through_the_graph_again, "simulated time"),
@@ -394,7 +378,6 @@ WRONG = [
     ("interleaved_1f1b", interleaved_backwards_in_forward_chunk_order, "Deadlock"),
     ("interleaved_1f1b", interleaved_all_forwards_first, "peak memory"),
     ("interleaved_1f1b", interleaved_one_tag, ".grad"),
-    ("interleaved_1f1b", interleaved_receives_late, "simulated time"),
     ("interleaved_1f1b", interleaved_contiguous_chunks, "Deadlock"),
     ("one_f_one_b", one_f_one_b_warm_up_one_too_many, "peak memory"),
     ("one_f_one_b", one_f_one_b_blocking_sends, "waits in send"),
