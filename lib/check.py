@@ -163,12 +163,16 @@ class Puzzle:
             for s in result.stats:
                 value = getattr(s, b.metric)
                 if value > b.limit_for(s.rank) * (1 + 1e-9) + 1e-12:
-                    return self._over(b, f"rank {s.rank}", value, b.limit_for(s.rank))
+                    outside = s.outside_bytes if b.metric == "peak_memory" else 0
+                    return self._over(b, f"rank {s.rank}", value, b.limit_for(s.rank), outside)
         return None
 
     @staticmethod
-    def _over(b: Budget, who: str, value: float, limit: float) -> str:
+    def _over(b: Budget, who: str, value: float, limit: float, outside: float = 0) -> str:
         text = f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, over the budget of {b.fmt(limit)} ({b.why})."
+        if outside:
+            text += (f" Of that, {b.fmt(outside)} are Python numbers taken out of tensors (.tolist(), .item()), which "
+                     "count until the run ends: the simulator cannot see when Python frees them.")
         return text + (f"\nHint: {b.hint}" if b.hint else "")
 
     def _success(self, result: SimResult, case: Case) -> str:

@@ -12,7 +12,7 @@ def device() -> torch.device:
 
     In simulation it is `cpu:0`, so that `.to(lib.device())` really copies a tensor back from
     host memory (`lib.host()`, `cpu:1`) instead of being skipped as a move from CPU to CPU."""
-    from lib.sim.runtime import current_rank
+    from lib.sim.context import current_rank
 
     if current_rank() is not None:
         return torch.device("cpu", 0)
@@ -26,6 +26,6 @@ def device() -> torch.device:
 def host() -> torch.device:
     """Host (CPU) memory, for offloading. In simulation it is `cpu:1`, which the simulator counts
     as host memory; on real ranks it is the CPU, so `.to(lib.host())` really leaves the GPU."""
-    from lib.sim.runtime import current_rank
+    from lib.sim.context import current_rank
 
     return torch.device("cpu", 1) if current_rank() is not None else torch.device("cpu")

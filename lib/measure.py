@@ -32,3 +32,11 @@ def allocated(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     with tracker:
         result = fn()
     return result, tracker.peak, tracker.current
+
+
+def counted_flops(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Run `fn()` counting its FLOPs exactly as a simulated rank's clock does: (its result, FLOPs)."""
+    tracker = RankTracker(on_flops=lambda flops, on_host: None, now=lambda: 0.0)
+    with tracker:
+        result = fn()
+    return result, tracker.flops

@@ -11,9 +11,9 @@ import random
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from lib.check import Budget, Case, Puzzle
+from lib.measure import counted_flops
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, per_rank
 from lib.units import fmt_bytes
@@ -223,11 +223,9 @@ OVERLAP = 0.5                 # the share of the shorter of backward and all-red
 def _phase_flops(model, x, y) -> tuple[float, float]:
     """FLOPs of the forward and of the backward pass on one shard, counted on the reference model."""
     model = copy.deepcopy(model)
-    with FlopCounterMode(display=False) as forward:
-        loss = F.mse_loss(model(x), y)
-    with FlopCounterMode(display=False) as backward:
-        loss.backward()
-    return forward.get_total_flops(), backward.get_total_flops()
+    loss, forward = counted_flops(lambda: F.mse_loss(model(x), y))
+    _, backward = counted_flops(loss.backward)
+    return forward, backward
 
 
 def _bucketed_case(rng: random.Random, world: int) -> Case:

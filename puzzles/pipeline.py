@@ -12,11 +12,10 @@ import random
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from lib.check import Budget, Case, Puzzle
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
-from lib.measure import allocated, saved_activation_bytes
+from lib.measure import allocated, counted_flops, saved_activation_bytes
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time
@@ -58,11 +57,9 @@ def stage_times(stage, micro: torch.Tensor, cost: CostModel = COST) -> tuple[flo
     matmul, which only makes it faster."""
     stage = copy.deepcopy(stage)
     x = micro.clone().requires_grad_()
-    with FlopCounterMode(display=False) as fwd:
-        out = stage(x)
-    with FlopCounterMode(display=False) as bwd:
-        out.sum().backward()
-    return cost.compute_time(fwd.get_total_flops()), cost.compute_time(bwd.get_total_flops())
+    out, fwd = counted_flops(lambda: stage(x))
+    _, bwd = counted_flops(lambda: out.sum().backward())
+    return cost.compute_time(fwd), cost.compute_time(bwd)
 
 
 def split_stage_times(stage, micro: torch.Tensor, cost: CostModel = COST) -> tuple[float, float, float]:
@@ -74,9 +71,8 @@ def split_stage_times(stage, micro: torch.Tensor, cost: CostModel = COST) -> tup
     stage = copy.deepcopy(stage)
     x = micro.clone().requires_grad_()
     out = stage(x)
-    with FlopCounterMode(display=False) as b:
-        torch.autograd.grad(out.sum(), x)
-    t_input = cost.compute_time(b.get_total_flops())
+    _, b = counted_flops(lambda: torch.autograd.grad(out.sum(), x))
+    t_input = cost.compute_time(b)
     return t_f, t_input, t_b - t_input
 
 

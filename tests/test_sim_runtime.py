@@ -25,11 +25,9 @@ def _sim_threads() -> list[threading.Thread]:
 
 @pytest.fixture(autouse=True)
 def no_rank_thread_left():
+    """lib.sim.run joins every rank thread before it returns or raises: none may be alive afterwards, not even
+    one still unwinding (at interpreter exit such a thread aborted the process with SIGABRT)."""
     yield
-    deadline = time.monotonic() + 2.0
-    while _sim_threads() and time.monotonic() < deadline:
-        for t in _sim_threads():
-            t.join(timeout=0.05)
     assert _sim_threads() == [], "a simulated rank's thread outlived its run"
 
 
@@ -566,3 +564,69 @@ def test_messages_sharing_a_link_still_take_turns():
     result = lib.sim.run(two_to_one, 3, cost=cost)
     spans = sorted((e.start, e.end) for e in result.trace if e.rank == 1 and e.op == "recv")
     assert spans[0][1] <= spans[1][0] and spans[1][0] > 0   # rank 1's incoming link carries one at a time
+
+
+# ---- blocked ranks and leftover threads ------------------------------------------------------------------
+
+_FLAG = {"ready": False}
+
+
+def _sleeps_until_flag(dist):
+    """Waits in a sleep loop for a flag another rank should set: only one rank runs, so it never comes."""
+    if dist.get_rank() == 0:
+        while not _FLAG["ready"]:
+            time.sleep(0.01)
+    else:
+        _FLAG["ready"] = True
+
+
+def test_a_rank_that_sleeps_waiting_for_another_is_reported_within_seconds():
+    _FLAG["ready"] = False
+    message = str(_fails(_sleeps_until_flag, 2, lib.sim.SharedMemory, limit=10.0))
+    assert "rank 0 is blocked outside dist" in message
+    assert "test_sim_runtime.py" in message and "time.sleep(0.01)" in message
+
+
+def test_a_rank_that_cannot_be_woken_is_named_and_nothing_hangs():
+    """A raw lock cannot be interrupted: the run still ends, the error says which thread stays and why."""
+    lock = threading.Lock()
+    lock.acquire()
+
+    def waits_on_a_lock(dist):
+        lock.acquire()
+
+    start = time.monotonic()
+    with pytest.raises(lib.sim.SharedMemory) as info:
+        lib.sim.run(waits_on_a_lock, 1)
+    assert time.monotonic() - start < 30.0
+    assert "could not be stopped" in str(info.value) and "lock.acquire()" in str(info.value)
+    lock.release()                             # let the thread go, so the fixture finds none left
+    for t in _sim_threads():
+        t.join(timeout=5.0)
+
+
+def test_two_hundred_failing_checks_leave_no_thread():
+    from lib.check import Case, Puzzle
+
+    def raises(dist, x):
+        raise ValueError("wrong")
+
+    def deadlocks(dist, x):
+        dist.recv(x, (dist.get_rank() + 1) % dist.get_world_size())
+
+    def mismatches(dist, x):
+        if dist.get_rank() == 0:
+            dist.all_reduce(x)
+        else:
+            dist.barrier()
+
+    def stub(dist, x):
+        raise NotImplementedError
+
+    puzzle = Puzzle("sum", "00_test", lambda rng, n: Case(n, (torch.ones(3),), [torch.full((3,), float(n))] * n, "x"),
+                    world_sizes=(2, 4))
+    before = threading.active_count()
+    for i in range(200):
+        outcome = puzzle.evaluate([raises, deadlocks, mismatches, stub][i % 4])
+        assert not outcome.ok
+    assert threading.active_count() == before

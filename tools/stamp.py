@@ -1,11 +1,14 @@
 """Keep the notebooks' course furniture in step (run after editing or adding a notebook):
-nbgrader metadata on puzzle and check cells, the progress cell at the top, and a mark on every
-course cell (`metadata.course.origin`), by which a refresh tells a learner's own cells apart.
+nbgrader metadata on puzzle and check cells, the progress cell at the top, the texts every notebook
+shares (tools/texts/, one file each, so they are written once), and a mark on every course cell
+(`metadata.course.origin`), by which a refresh tells a learner's own cells apart.
 
     python -m tools.stamp          # rewrites notebooks/*.ipynb in place; idempotent
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import nbformat
 
@@ -24,6 +27,24 @@ def with_progress_cell(nb: nbformat.NotebookNode, name: str) -> nbformat.Noteboo
     return nb
 
 
+TEXTS = Path(__file__).resolve().parent / "texts"
+SHARED_TEXTS = ("simulated_ranks",)      # placed after the notebook's introduction, in this order
+
+
+def with_shared_texts(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Insert or refresh the shared markdown cells (metadata.course.text names the file they come from)."""
+    for name in SHARED_TEXTS:
+        source = (TEXTS / f"{name}.md").read_text().strip()
+        cell = next((c for c in nb.cells if c.metadata.get("course", {}).get("text") == name), None)
+        if cell is None:
+            cell = nbformat.v4.new_markdown_cell(source)
+            cell.metadata["course"] = {"text": name}
+            how = next((i for i, c in enumerate(nb.cells) if "How the puzzles work" in c.source), 0)
+            nb.cells.insert(how + 1, cell)
+        cell.source = source
+    return nb
+
+
 def marked_as_course(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Every cell the course ships says so, so a learner's own cells can be told apart on refresh."""
     for cell in nb.cells:
@@ -35,7 +56,7 @@ def main() -> None:
     for path in course_notebooks():
         nb = nbformat.read(path, as_version=4)
         before = nbformat.writes(nb)
-        after = nbformat.writes(marked_as_course(add_grading_metadata(with_progress_cell(nb, path.stem))))
+        after = nbformat.writes(marked_as_course(add_grading_metadata(with_shared_texts(with_progress_cell(nb, path.stem)))))
         if after != before:
             path.write_text(after + "\n" if not after.endswith("\n") else after)
             print(f"stamped {path.name}")

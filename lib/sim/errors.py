@@ -19,3 +19,13 @@ class InvalidCall(PuzzleError):
 
 class SimTimeout(PuzzleError):
     """A rank ran past the time limit without communicating or returning (an endless loop?)."""
+
+
+class SharedMemory(PuzzleError):
+    """A rank touched memory another rank made, or wrote into memory made before the run: in real
+    processes ranks share nothing, so the program would behave differently there."""
+
+
+class OutOfView(PuzzleError):
+    """A rank moved memory or work where the simulator cannot measure it (numpy, pickled bytes, a thread
+    of its own, dispatch switched off): its budgets would be meaningless."""

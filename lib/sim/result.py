@@ -39,6 +39,7 @@ class RankStats:
     host_flops: float = 0.0                                           # of `flops`, computed in host memory
     calls: dict[str, int] = field(default_factory=dict)
     memory: list[tuple[float, int]] = field(default_factory=list)   # (simulated time, live bytes)
+    outside_bytes: int = 0          # of peak_memory's bytes, Python values taken out of tensors (.tolist, .item)
 
 
 @dataclass

@@ -3,14 +3,16 @@
 Each rank is a thread, but only one holds the baton: a rank runs until it must wait for a
 communication, then hands control back to the scheduler, which resumes the next rank
 that can make progress (lowest rank first, round robin). Switching only at communication
-makes every run deterministic (global RNG included) and makes deadlock a plain fact:
-every live rank is waiting and no wait can be satisfied.
+makes every run deterministic and makes deadlock a plain fact: every live rank is waiting and no
+wait can be satisfied.
+
+Ranks behave like processes: each owns what it allocates (lib.sim.ownership), starts from a copy of
+the global random state as a forked process would, and every thread is joined before `run` returns.
 """
 
 from __future__ import annotations
 
 import copy
-import ctypes
 import threading
 import time
 import traceback
@@ -23,17 +25,21 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from lib.errors import PuzzleError, RankFailed
+from lib.sim import boundary, context, threads
 from lib.sim.comm import Call, Communicator
+from lib.sim.context import current_rank
 from lib.sim.cost import CostModel
-from lib.sim.errors import CollectiveMismatch, Deadlock, InvalidCall, SimTimeout
+from lib.sim.errors import CollectiveMismatch, Deadlock, InvalidCall, OutOfView, SharedMemory, SimTimeout
 from lib.sim.links import Link
 from lib.sim.output import labelled_output
+from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult
 from lib.sim.tracker import RankTracker
 
 _LIB_DIR = str(Path(__file__).resolve().parents[1])
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-_current = threading.local()
+_JOIN_TIMEOUT = 10.0     # seconds for every rank thread to finish once the run is over
+boundary.install()
 
 
 class _Abort(BaseException):
@@ -67,13 +73,15 @@ class RankState:
         self.posted: list[Call] = []
         self.waiting: Optional[Call] = None
         self.finished = False
+        self.stuck = False               # its thread would not stop when interrupted
         self.result: Any = None
         self.abort = False
         self.resume = threading.Semaphore(0)
         self.thread: Optional[threading.Thread] = None
+        self.rng: Optional[torch.Tensor] = None     # the global random state while another rank runs
         self.tracker = RankTracker(on_flops=self._add_flops, now=lambda: self.clock, on_transfer=self._transfer,
                                    on_violation=runtime.fail, limit=runtime.memory_limit / runtime.world_size,
-                                   rank=rank)
+                                   rank=rank, ownership=runtime.ownership)
         self._runtime = runtime
 
     def _add_flops(self, flops: float, on_host: bool) -> None:
@@ -97,6 +105,7 @@ class Runtime:
         self.cost = cost
         self.timeout = timeout
         self.memory_limit = memory_limit
+        self.ownership = Ownership()
         self.ranks = [RankState(r, self) for r in range(world_size)]
         self.comm = Communicator(self)
         self.events: list[Event] = []
@@ -104,10 +113,11 @@ class Runtime:
         self.running: Optional[RankState] = None     # the rank holding the baton
         self._aborting = False
         self._yielded = threading.Semaphore(0)
+        self._start_rng = torch.get_rng_state()      # every rank starts from it, as forked processes would
 
     # ---- called from rank threads -------------------------------------------------
     def me(self) -> RankState:
-        return self.ranks[_current.rank]
+        return self.ranks[current_rank()]
 
     def fail(self, error: PuzzleError) -> None:
         """Stop the run with `error` (raised where a rank broke a rule); the learner can't catch it."""
@@ -160,10 +170,14 @@ class Runtime:
         state.segment_start = state.clock
 
     def _yield(self, state: RankState) -> None:
+        with self.untracked():
+            state.rng = torch.get_rng_state()
         self._hand_off(state)
         state.resume.acquire()
         if state.abort:
             raise _Abort()
+        with self.untracked():
+            torch.set_rng_state(state.rng)
 
     def _hand_off(self, state: RankState) -> None:
         """Pass the baton to the next rank that can run (cyclic order from `state`), or back to the
@@ -181,19 +195,22 @@ class Runtime:
 
     # ---- rank threads -------------------------------------------------------------
     def _rank_main(self, state: RankState, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
-        _current.rank = state.rank
-        _current.runtime = self
-        _current.tracker = state.tracker
+        context.enter(state.rank, self, state.tracker)
         state.resume.acquire()
         try:
             if state.abort:
                 return
+            with self.untracked():
+                torch.set_rng_state(self._start_rng)
             with state.tracker:
-                my_args = copy.deepcopy(tuple(a.values[state.rank] if isinstance(a, PerRank) else a for a in args))
-                my_kwargs = copy.deepcopy({k: v.values[state.rank] if isinstance(v, PerRank) else v
-                                           for k, v in kwargs.items()})
-                state.tracker.adopt_all((my_args, my_kwargs))
-                state.result = fn(make_dist(self, state.rank), *my_args, **my_kwargs)
+                memo: dict = {}
+                mine = copy.deepcopy(([a.values[state.rank] if isinstance(a, PerRank) else a for a in args],
+                                      {k: v.values[state.rank] if isinstance(v, PerRank) else v
+                                       for k, v in kwargs.items()}), memo)
+                state.tracker.adopt_copies(memo)
+                del memo
+                state.result = fn(make_dist(self, state.rank), *mine[0], **mine[1])
+                del mine
                 self.close_compute(state)
         except _Abort:
             pass
@@ -207,7 +224,7 @@ class Runtime:
                 self.error = failure
         finally:
             state.finished = True
-            _current.rank = None
+            context.leave()
             self._hand_off(state)
 
     def run(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
@@ -219,10 +236,14 @@ class Runtime:
         with labelled_output(current_rank):
             try:
                 self._schedule(deadline)
-            except BaseException:
-                self._abort_all()
-                raise
-            self._abort_all()
+            except BaseException as e:
+                if self.error is None and isinstance(e, PuzzleError):
+                    self.error = e
+                elif not isinstance(e, PuzzleError):
+                    self._stop_threads()
+                    raise                    # KeyboardInterrupt: stop every rank, then let it through
+            self._stop_threads()
+        torch.set_rng_state(self._start_rng)  # the caller's random state is its own, as a parent process's
         if self.error is not None:
             raise self.error
         leftovers = self.comm.leftovers()
@@ -233,33 +254,62 @@ class Runtime:
         self._check_waited()
 
     def _schedule(self, deadline: float) -> None:
-        """Start rank 0; the ranks pass the baton among themselves and wake us when none can run."""
+        """Start rank 0; the ranks pass the baton among themselves and wake us when none can run. Meanwhile
+        watch the rank holding the baton: past the deadline it is stopped, and so is one that blocks."""
         self.running = self.ranks[0]
         self.ranks[0].resume.release()
-        if not self._yielded.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            self._stuck(self.running)
+        watch = threads.ProgressWatch()
+        while not self._yielded.acquire(timeout=threads.POLL):
+            running = self.running
+            if running is None:
+                continue
+            if time.monotonic() > deadline:
+                self._stop(running)
+                raise SimTimeout(
+                    f"rank {running.rank} ran for more than {self.timeout:g} s without returning or communicating."
+                    "\nHint: look for a loop whose condition never changes, e.g. a `while` waiting for data that "
+                    "only a communication call would bring.")
+            if watch.blocked(running.thread):
+                line, inside = threads.where(running.thread)
+                self._stop(running)
+                raise SharedMemory(
+                    f"rank {running.rank} is blocked outside dist" + (f" at {line}" if line else "")
+                    + (f", waiting in {inside}" if inside else "") + ": it uses no CPU and makes no dist call. "
+                    "Only one simulated rank runs at a time, so whatever it waits for (a queue, a lock, an Event, a "
+                    "flag set by another rank) can never come. " + SHARE_NOTHING + "\nHint: exchange data between "
+                    "ranks with dist (send/recv, broadcast, all_reduce), not through Python objects or threads.")
         if self.error is None and any(not s.finished for s in self.ranks):
             raise Deadlock(self._deadlock_report())
 
-    def _stuck(self, state: RankState) -> None:
-        """A rank ran past the deadline without yielding: interrupt its thread and report it."""
+    def _stop(self, state: RankState) -> None:
+        """Interrupt the rank holding the baton, and wait (briefly) for it to hand the baton back."""
         self._aborting = True            # so that the interrupted rank hands the baton back to us
-        if state.thread is not None and state.thread.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(state.thread.ident), ctypes.py_object(_Abort))
-            self._yielded.acquire(timeout=1.0)
-        raise SimTimeout(
-            f"rank {state.rank} ran for more than {self.timeout:g} s without returning or communicating.\n"
-            "Hint: look for a loop whose condition never changes, e.g. a `while` waiting for data that "
-            "only a communication call would bring.")
+        if state.thread is not None:
+            for _ in range(3):           # again, should the learner's code catch the first one
+                threads.interrupt(state.thread, _Abort)
+                if self._yielded.acquire(timeout=1.0):
+                    return
+            state.stuck = True
 
-    def _abort_all(self) -> None:
+    def _stop_threads(self) -> None:
+        """End every rank thread: those waiting for the baton leave at once; then join them all."""
         self._aborting = True
         for state in self.ranks:
-            if state.finished or state.thread is None:
-                continue
-            state.abort = True
-            state.resume.release()
-            self._yielded.acquire(timeout=1.0)
+            if not state.finished and state.thread is not None and state is not self.running:
+                state.abort = True
+                state.resume.release()
+        stuck = [s.thread for s in self.ranks if s.stuck]       # interrupted in vain: do not wait long
+        alive = threads.join_all([s.thread for s in self.ranks if s.thread is not None and not s.stuck], _JOIN_TIMEOUT)
+        alive += threads.join_all(stuck, 0.5)
+        for t in alive:
+            line, inside = threads.where(t)
+            note = (f"\n(The thread of {t.name.replace('sim-', '')} could not be stopped: it is blocked"
+                    + (f" at {line}" if line else "") + (f" in {inside}" if inside else "")
+                    + ". It will stay until the kernel restarts.)")
+            if self.error is None:
+                self.error = OutOfView(note.strip("()\n"))
+            else:
+                self.error.args = (f"{self.error.args[0] if self.error.args else self.error}{note}",)
 
     # ---- diagnostics --------------------------------------------------------------
     def _deadlock_report(self) -> str:
@@ -309,7 +359,7 @@ class Runtime:
         stats = [RankStats(rank=s.rank, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
                            peak_memory=s.tracker.peak, clock=s.clock, flops=s.tracker.flops,
                            host_peak_memory=s.tracker.host_peak, host_flops=s.tracker.host_flops,
-                           calls=dict(s.calls), memory=list(s.tracker.samples))
+                           calls=dict(s.calls), memory=list(s.tracker.samples), outside_bytes=s.tracker.outside)
                  for s in self.ranks]
         trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))
         return SimResult([s.result for s in self.ranks], stats, trace, self.cost)
@@ -329,15 +379,6 @@ def _hint_for(e: BaseException) -> str:
         return ("\nHint: inside a puzzle, call the `dist` your function receives (dist.all_reduce(...)), "
                 "not torch.distributed: the simulator hands each rank its own `dist`.")
     return ""
-
-
-def current_rank() -> Optional[int]:
-    """The simulated rank running in this thread, or None outside a simulation."""
-    return getattr(_current, "rank", None)
-
-
-def current_runtime() -> "Runtime":
-    return _current.runtime
 
 
 # All simulated ranks share this machine's memory: a run that keeps growing is stopped, not left to

@@ -15,7 +15,7 @@ device reads `cpu`) is neutral: it goes with either side and counts as device me
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,11 +23,18 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from lib.sim.errors import InvalidCall
+from lib.sim.ownership import Ownership, written_args
 
 HOST = torch.device("cpu", 1)
+PYTHON_NUMBER_BYTES = 24                # a Python float or int object
+LIST_SLOT_BYTES = 8                     # its slot in a list
 DEVICE, ON_HOST, NEUTRAL = 0, 1, 2      # where a storage lives
 # Ops that may take a host tensor and a device tensor together, as on a GPU.
 _CROSSING = {torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}
+# Ops that wrap memory allocated outside the dispatcher (torch.tensor(list), torch.as_tensor, torch.from_numpy):
+# their output aliases their input, but the storage is new to this rank.
+_FRESH = {torch.ops.aten.lift_fresh.default}
+_SCALAR = torch.ops.aten._local_scalar_dense.default       # .item(), float(t): a Python number leaves torch
 
 
 _ALIASING: dict = {}
@@ -49,19 +56,22 @@ class RankTracker(TorchDispatchMode):
     """Counts live bytes (current and peak, device and host) and FLOPs of one rank.
 
     on_flops(flops, on_host) advances the rank's clock; on_transfer(nbytes, to_host) charges a copy
-    between host and device memory.
+    between host and device memory. With `ownership`, the storages it counts are the rank's, and ops
+    that break share-nothing are reported to on_violation.
     """
 
     def __init__(self, on_flops: Callable[[float, bool], None], now: Callable[[], float],
                  on_transfer: Callable[[int, bool], None] = lambda nbytes, to_host: None,
                  on_violation: Callable[[Exception], None] = _raise, limit: float = float("inf"),
-                 rank: int = 0) -> None:
+                 rank: int = 0, ownership: Optional[Ownership] = None) -> None:
         super().__init__()
         self._on_violation = on_violation
         self._limit = limit                # live bytes (device + host) past which the run is stopped
         self._rank = rank
+        self._ownership = ownership
         self.current = self.peak = 0
         self.host_current = self.host_peak = 0
+        self.outside = 0                   # bytes taken out of torch as Python values (counted in `current`)
         self.flops = 0.0
         self.host_flops = 0.0
         self.samples: list[tuple[float, int]] = [(0.0, 0)]
@@ -71,8 +81,18 @@ class RankTracker(TorchDispatchMode):
         self._on_transfer = on_transfer
         self._now = now
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile runs inside a simulated rank: skip the wrapper that would import torch._dynamo
+        (about 2 s) on the first op and cost time on every op after it."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._ownership is not None:
+            broken = self._ownership.check(self._rank, func, args, kwargs)
+            if broken is not None:
+                self._on_violation(broken)
         place = self._placement(func, args, kwargs)
         on_host = place == ON_HOST
         out = func(*args, **kwargs)
@@ -90,7 +110,13 @@ class RankTracker(TorchDispatchMode):
                 if sides == {DEVICE, ON_HOST}:
                     self._on_transfer(source.numel() * source.element_size(), self._place(source) == DEVICE)
         if _aliases_input(func):
+            if func in _FRESH:
+                self.adopt(out, place)
+            elif written_args(func) != ((), ()):
+                self._remeasure(out)       # an in-place op (resize_, set_, out=) may have resized its storage
             return out                     # a view or an in-place result: no new storage
+        if func is _SCALAR:
+            self.keep_outside(PYTHON_NUMBER_BYTES, ".item()")
         if isinstance(out, torch.Tensor):
             self.adopt(out, place)
         else:
@@ -121,22 +147,36 @@ class RankTracker(TorchDispatchMode):
             return places.pop() if len(places) == 1 else DEVICE
         return NEUTRAL if target is not None or NEUTRAL in seen else DEVICE
 
-    def adopt_all(self, obj) -> None:
-        """Count every tensor reachable in `obj` (containers, modules): a rank's copy of its arguments.
+    def adopt_copies(self, memo: dict) -> None:
+        """Count every tensor a deep copy made (its memo): the rank's own copy of its arguments, whatever
+        holds them (containers, modules, dataclasses)."""
+        memo.pop(id(memo), None)           # deepcopy's keep-alive list holds the originals
+        for copy in memo.values():
+            if isinstance(copy, torch.Tensor):
+                self.adopt(copy)
 
-        Deep-copying a plain tensor copies its storage outside the dispatcher, so the tracker does not
-        see it being made."""
-        if isinstance(obj, torch.Tensor):
-            self.adopt(obj)
-        elif isinstance(obj, torch.nn.Module):
-            for t in [*obj.parameters(), *obj.buffers()]:
-                self.adopt(t)
-        elif isinstance(obj, (list, tuple, set)):
-            for item in obj:
-                self.adopt_all(item)
-        elif isinstance(obj, dict):
-            for item in obj.values():
-                self.adopt_all(item)
+    def _remeasure(self, out) -> None:
+        for t in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                known = self._sizes.get(storage._cdata)
+                if known is not None and known[0] != storage.nbytes():
+                    self.adopt_storage(storage, resized=True)
+
+    def keep_outside(self, nbytes: int, what: str) -> None:
+        """Bytes that left torch as Python values (`what`): this rank's memory until the run ends."""
+        self.outside += nbytes
+        self._change(nbytes, on_host=False)
+
+    def check_write(self, storage, func) -> None:
+        """Share-nothing for a write that bypasses the dispatcher (a storage resized in place)."""
+        if self._ownership is not None:
+            probe = torch.empty(0, dtype=torch.uint8)
+            with torch._C._DisableTorchDispatch():
+                probe.set_(storage)
+            broken = self._ownership.check(self._rank, func, (probe,), {})
+            if broken is not None:
+                self._on_violation(broken)
 
     def _place(self, t: torch.Tensor, default: int = DEVICE) -> int:
         known = self._sizes.get(t.untyped_storage()._cdata)
@@ -144,12 +184,19 @@ class RankTracker(TorchDispatchMode):
 
     def adopt(self, t: torch.Tensor, place: int = DEVICE) -> None:
         """Count `t`'s storage as this rank's until it is freed (once, however many views)."""
-        storage = t.untyped_storage()
+        self.adopt_storage(t.untyped_storage(), place)
+
+    def adopt_storage(self, storage, place: int = DEVICE, resized: bool = False) -> None:
+        """Count a storage as this rank's until it is freed; `resized`: re-measure one already counted."""
         key = storage._cdata
+        if resized and key not in self._sizes:
+            return
         size = storage.nbytes()
         known = self._sizes.get(key)
         if known is None:
             weakref.finalize(storage, self._release, key)
+            if self._ownership is not None:
+                self._ownership.claim(key, self._rank)
         elif known[0] == size:
             return
         else:
@@ -159,6 +206,8 @@ class RankTracker(TorchDispatchMode):
         self._change(size - (known[0] if known else 0), place == ON_HOST)
 
     def _release(self, key: int) -> None:
+        if self._ownership is not None and key in self._sizes:
+            self._ownership.release(key)
         size, place = self._sizes.pop(key, (0, DEVICE))
         self._hosted -= place == ON_HOST
         if size:

@@ -1,0 +1,132 @@
+"""Share nothing: which simulated rank owns each storage, and the rules real processes enforce.
+
+Simulated ranks are threads of one process; real ranks are processes. While a run lasts:
+- every storage a rank allocates (op outputs, factory calls, its copy of the arguments, what `dist`
+  delivers into its buffers) is owned by that rank;
+- an op of rank r that reads a storage owned by another rank broke the rule: that data could only
+  have reached r through `dist`;
+- an op of rank r that writes in place into a storage it does not own (another rank's, or one made
+  before the run: a global, a closure, a default argument) broke the rule: in real processes the
+  write lands in r's private copy and nobody else sees it;
+- a torch.Generator used by two ranks broke the rule: each real process draws from its own copy.
+Reading a tensor made before the run stays allowed, as it is in a forked process.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+
+from lib.sim.errors import SharedMemory
+
+_LIB_DIR = str(Path(__file__).resolve().parents[1])
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+_WRITES: dict = {}
+
+SHARE_NOTHING = ("In real processes ranks share no memory: data reaches another rank only through dist "
+                 "(send/recv, broadcast, all_reduce, ...).")
+
+
+def written_args(func) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(positions, keyword names) of the arguments an op writes into, from its schema; cached per op."""
+    known = _WRITES.get(func)
+    if known is None:
+        args = func._schema.arguments
+        writes = [(i, a) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+        known = _WRITES[func] = (tuple(i for i, a in writes if not a.kwarg_only),
+                                 tuple(a.name for _, a in writes))
+    return known
+
+
+def tensors_in(args, kwargs) -> Iterator[torch.Tensor]:
+    """Every tensor among an op's arguments (they nest at most in lists and tuples)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            yield a
+
+
+def learner_line() -> str:
+    """Where in the learner's code the current op was called, as ' at file:line: source', or ''."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith((_LIB_DIR, _TORCH_DIR)) and "/threading.py" not in frame.filename:
+            source = f": {frame.line.strip()}" if frame.line else ""
+            return f" at {Path(frame.filename).name}:{frame.lineno}{source}"
+    return ""
+
+
+class Ownership:
+    """The owner of every storage the ranks of one run allocated, and of every generator they used."""
+
+    def __init__(self) -> None:
+        self.owners: dict[int, int] = {}          # storage key -> rank
+        self._generators: dict[int, tuple[torch.Generator, int]] = {}
+
+    def claim(self, key: int, rank: int) -> None:
+        self.owners[key] = rank
+
+    def release(self, key: int) -> None:
+        self.owners.pop(key, None)
+
+    def check(self, rank: int, func, args: tuple, kwargs: dict) -> Optional[SharedMemory]:
+        """The rule `func` would break if rank `rank` ran it on these arguments, or None."""
+        owners = self.owners
+        for t in tensors_in(args, kwargs):
+            owner = owners.get(t.untyped_storage()._cdata)
+            if owner is not None and owner != rank:
+                return self._read_error(rank, owner, func)
+        positions, names = written_args(func)
+        targets = [args[i] for i in positions if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
+        for t in targets:
+            if isinstance(t, torch.Tensor):
+                owner = owners.get(t.untyped_storage()._cdata)
+                if owner != rank:
+                    return self._write_error(rank, owner, func)
+        generator = kwargs.get("generator")
+        if generator is not None and generator is not torch.default_generator:
+            first = self._generators.setdefault(id(generator), (generator, rank))[1]
+            if first != rank:
+                return SharedMemory(
+                    f"rank {rank} drew random numbers from a torch.Generator that rank {first} also used "
+                    f"({_name(func)}{learner_line()}). Each real process draws from its own copy of a generator, "
+                    "so the ranks would get the same numbers there and different ones here.\n"
+                    "Hint: make the generator inside your function (torch.Generator().manual_seed(...)), "
+                    "not in a global, a closure or a notebook cell.")
+        return None
+
+    @staticmethod
+    def _read_error(rank: int, owner: int, func) -> SharedMemory:
+        return SharedMemory(
+            f"rank {rank} read a tensor that rank {owner} made, without any dist call ({_name(func)}"
+            f"{learner_line()}). {SHARE_NOTHING}\n"
+            "Hint: a global, a closure or a notebook variable? Data kept there by one rank is not there for the "
+            "others in real processes: send it with dist.")
+
+    @staticmethod
+    def _write_error(rank: int, owner: Optional[int], func) -> SharedMemory:
+        if owner is not None:
+            return SharedMemory(
+                f"rank {rank} wrote in place into a tensor that rank {owner} made ({_name(func)}"
+                f"{learner_line()}). {SHARE_NOTHING}\n"
+                "Hint: a global, a closure or a notebook variable shared by the ranks? Each rank must write "
+                "into tensors of its own, and send what the others need with dist.")
+        return SharedMemory(
+            f"rank {rank} wrote in place into a tensor made outside the run ({_name(func)}{learner_line()}): "
+            "a global, a closure, a default argument or a notebook variable, such as a model defined in the "
+            "notebook used instead of the one your function receives. Each real process writes into its own "
+            "private copy of such a tensor, so the other ranks never see the change.\n"
+            "Hint: work on the arguments your function receives (each rank gets its own copy) and on tensors "
+            "it makes itself.")
+
+
+def _name(func) -> str:
+    return func._overloadpacket.__name__

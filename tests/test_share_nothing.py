@@ -1,0 +1,317 @@
+"""Ranks share nothing: programs that pass data between simulated ranks through Python memory are stopped
+with a message naming both ranks, and each of them also breaks (or gives another answer) on real processes.
+
+Every pattern "sums x over the ranks" without communicating it, the way a learner might by accident.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+import torch
+
+import lib
+import lib.sim
+from lib.errors import RankFailed
+from lib.sim import SharedMemory, per_rank
+from lib.sim.ownership import Ownership
+
+WORLD = 2
+
+
+def _xs() -> list[torch.Tensor]:
+    return [torch.arange(4, dtype=torch.float32) + 10 * r for r in range(WORLD)]
+
+
+EXPECTED = sum(_xs())
+
+
+# ---- the catalogue ---------------------------------------------------------------------------------------
+_board: dict = {}
+
+
+def module_dict(dist, x):
+    """The issue's ring all-reduce: tensors left on a module-level dict, a token passed around the ring."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _board.setdefault(world, {})[rank] = x.clone()
+    tok = torch.zeros(1)
+    if rank == 0:
+        dist.send(tok, 1)
+        dist.recv(tok, 1)
+    else:
+        dist.recv(tok, 0)
+        dist.send(tok, 0)
+    return torch.stack([_board[world][r].double() for r in range(world)]).sum(0).to(x.dtype)
+
+
+def _make_closure():
+    seen = []
+
+    def closure_list(dist, x):
+        seen.append(x.clone())
+        dist.barrier()
+        return sum(seen[-dist.get_world_size():])
+    return closure_list
+
+
+closure_list = _make_closure()
+
+
+class Shelf:
+    items: list = []
+
+
+def class_attribute(dist, x):
+    Shelf.items.append(x.clone())
+    dist.barrier()
+    return sum(Shelf.items[-dist.get_world_size():])
+
+
+NOTEBOOK_MODEL = torch.nn.Linear(4, 1, bias=False)
+torch.nn.init.ones_(NOTEBOOK_MODEL.weight)
+
+
+def notebook_model(dist, x):
+    """Trains the model defined in the notebook instead of its own copy: one shared object for every rank."""
+    loss = NOTEBOOK_MODEL(x).sum()
+    loss.backward()
+    with torch.no_grad():
+        NOTEBOOK_MODEL.weight -= 0.1 * NOTEBOOK_MODEL.weight.grad
+    return NOTEBOOK_MODEL.weight.detach().clone()
+
+
+def default_argument(dist, x, total=torch.zeros(4)):
+    total += x
+    dist.barrier()
+    return total.clone()
+
+
+LATEST = None
+
+
+def global_statement(dist, x):
+    global LATEST
+    mine, LATEST = x.clone(), (LATEST if LATEST is not None else torch.zeros(4))
+    previous = LATEST
+    LATEST = mine
+    dist.barrier()
+    return previous + mine
+
+
+SHARED_MODULE = torch.nn.Module()
+
+
+def module_attribute(dist, x):
+    """A tensor stored on an nn.Module attribute that every rank sees."""
+    if dist.get_rank() == 0:
+        SHARED_MODULE.cache = x.clone()
+    dist.barrier()
+    return SHARED_MODULE.cache + x if dist.get_rank() == 1 else x
+
+
+GENERATOR = torch.Generator().manual_seed(0)
+
+
+def shared_generator(dist, x):
+    """Noise from a generator made in the notebook: the same numbers on every real rank, not here."""
+    return x + torch.randn(4, generator=GENERATOR)
+
+
+_cache: dict = {}
+
+
+def cache_between_steps(dist, x):
+    """Step 1 caches a tensor in a global; step 2 reads the neighbour's cached one."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _cache[rank] = x * 2
+    dist.barrier()
+    return x + _cache[(rank + 1) % world]
+
+
+_mailbox: queue.Queue = queue.Queue()
+
+
+def queue_between_ranks(dist, x):
+    """Rank 1 waits for rank 0's tensor on a queue.Queue: it blocks, and nothing can come."""
+    if dist.get_rank() == 0:
+        dist.barrier()
+        _mailbox.put(x.clone())
+        return x
+    return x + _mailbox.get()
+
+
+_ready = threading.Event()
+
+
+def event_between_ranks(dist, x):
+    """Rank 0 waits on an Event that rank 1 should set."""
+    if dist.get_rank() == 0:
+        _ready.wait()
+    else:
+        _ready.set()
+    return x
+
+
+CATALOGUE = [
+    (module_dict, "read a tensor that rank"),
+    (closure_list, "read a tensor that rank"),
+    (class_attribute, "read a tensor that rank"),
+    (notebook_model, "wrote in place into a tensor"),
+    (default_argument, "rank 0 wrote in place into a tensor made outside the run"),
+    (global_statement, "read a tensor that rank"),
+    (module_attribute, "read a tensor that rank"),
+    (shared_generator, "rank 1 drew random numbers from a torch.Generator that rank 0 also used"),
+    (cache_between_steps, "read a tensor that rank"),
+    (queue_between_ranks, "rank 1 is blocked outside dist"),
+    (event_between_ranks, "rank 0 is blocked outside dist"),
+]
+
+
+def _forget() -> None:
+    """Empty every shared place, so that a pattern starts from what a fresh notebook would hold."""
+    global LATEST
+    _board.clear()
+    _cache.clear()
+    Shelf.items.clear()
+    _ready.clear()
+    vars(SHARED_MODULE).pop("cache", None)
+    LATEST = None
+    while not _mailbox.empty():
+        _mailbox.get_nowait()
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    _forget()
+    yield
+
+
+@pytest.mark.parametrize("fn,words", CATALOGUE, ids=[f.__name__ for f, _ in CATALOGUE])
+def test_sharing_is_stopped_in_simulation(fn, words):
+    with pytest.raises(SharedMemory) as info:
+        lib.sim.run(fn, WORLD, per_rank(_xs()), timeout=20.0)
+    message = str(info.value)
+    assert words in message, message
+    assert "Hint:" in message
+    if "read a tensor" in words:
+        assert "send it with dist" in message
+
+
+def test_the_message_points_at_the_learners_line():
+    with pytest.raises(SharedMemory) as info:
+        lib.sim.run(module_dict, WORLD, per_rank(_xs()))
+    assert "test_share_nothing.py" in str(info.value)
+    assert "_board[world][r]" in str(info.value)
+
+
+def test_the_issue_example_fails_the_ring_all_reduce_check(capsys):
+    """The ring all-reduce of the issue passed all five cases before; now the check says why it cannot."""
+    from puzzles.data_parallel import ring_all_reduce
+
+    def sharing_ring(dist, x):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        _board.setdefault(world, {})[rank] = x.clone()
+        tok = torch.zeros(1)
+        for _ in range(2):
+            if rank % 2 == 0:
+                dist.send(tok, (rank + 1) % world)
+                dist.recv(tok, (rank - 1) % world)
+            else:
+                dist.recv(tok, (rank - 1) % world)
+                dist.send(tok, (rank + 1) % world)
+        x.copy_(torch.stack([_board[world][r].double() for r in range(world)]).sum(0).to(x.dtype))
+        return x
+
+    assert ring_all_reduce.check(sharing_ring, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "SharedMemory" in out and "read a tensor that rank" in out
+
+
+# ---- what stays allowed ------------------------------------------------------------------------------------
+TABLE = torch.arange(4, dtype=torch.float32)
+
+
+def reads_a_constant(dist, x):
+    return x + TABLE                        # a global read by every rank, as a forked process may
+
+
+def own_global_cache(dist, x):
+    _cache[dist.get_rank()] = x * 2         # each rank reads back only what it stored itself
+    dist.barrier()
+    return _cache[dist.get_rank()] + 1
+
+
+def own_generator(dist, x):
+    g = torch.Generator().manual_seed(1)
+    return x + torch.randn(4, generator=g)
+
+
+def global_rng(dist, x):
+    return x + torch.randn(4)               # every rank starts from the caller's random state
+
+
+ALLOWED = [reads_a_constant, own_global_cache, own_generator, global_rng]
+
+
+@pytest.mark.parametrize("fn", ALLOWED)
+def test_what_processes_may_do_still_runs(fn):
+    lib.sim.run(fn, WORLD, per_rank(_xs()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", ALLOWED)
+def test_what_processes_may_do_gives_the_real_answer(fn):
+    torch.manual_seed(123)
+    simulated = lib.sim.run(fn, WORLD, per_rank(_xs())).results
+    torch.manual_seed(123)
+    real = _real(fn)
+    for r in range(WORLD):
+        torch.testing.assert_close(simulated[r], real[r])
+
+
+def test_global_rng_is_per_rank_and_leaves_the_caller_alone():
+    torch.manual_seed(7)
+    expected = torch.randn(4)
+    torch.manual_seed(7)
+    result = lib.sim.run(lambda dist: torch.randn(4), 3)
+    for r in range(3):
+        assert torch.equal(result.results[r], expected)      # each rank starts from the caller's state
+    assert torch.equal(torch.randn(4), expected)             # and the caller's state is untouched
+
+
+# ---- the same programs on real processes ---------------------------------------------------------------------
+def _real(fn):
+    """fn on real gloo processes, each given its own x: the results, or the error a rank raised."""
+    def main(dist):
+        return fn(dist, _xs()[dist.get_rank()])
+    try:
+        return lib.launch(main, WORLD, timeout=8.0)
+    except (RankFailed, lib.LaunchError) as e:
+        return e
+
+
+def _shared_answer(fn, monkeypatch):
+    """What the simulator would answer if it let the ranks share memory (None where it would hang)."""
+    with monkeypatch.context() as m:
+        m.setattr(Ownership, "check", lambda *args: None)
+        try:
+            return lib.sim.run(fn, WORLD, per_rank(_xs()), timeout=20.0).results
+        except SharedMemory:
+            return None                       # blocked on another rank: it would hang
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", [f for f, _ in CATALOGUE], ids=[f.__name__ for f, _ in CATALOGUE])
+def test_sharing_breaks_on_real_processes(fn, monkeypatch):
+    """What simulation stops would not have worked: on real processes each pattern raises, hangs, or gives
+    another answer than sharing memory gave."""
+    shared = _shared_answer(fn, monkeypatch)
+    _forget()
+    outcome = _real(fn)
+    if isinstance(outcome, Exception):
+        return
+    assert shared is not None, f"{fn.__name__} hangs through shared memory, yet returned on real ranks"
+    assert any(not torch.equal(outcome[r], shared[r]) for r in range(WORLD)), \
+        f"{fn.__name__} gives the shared-memory answer on real ranks too"
