@@ -31,8 +31,10 @@ def no_rank_thread_left():
     assert _sim_threads() == [], "a simulated rank's thread outlived its run"
 
 
-def _fails(fn, n, error, *args, limit=5.0, **kwargs) -> PuzzleError:
-    """Run fn on n ranks; it must raise `error` within `limit` seconds. Returns the exception."""
+def _fails(fn, n, error, *args, limit=120.0, **kwargs) -> PuzzleError:
+    """Run fn on n ranks; it must raise `error`. The error's type proves how the run was stopped (a deadlock
+    detected is Deadlock, not the SimTimeout that would end it after 30 s); `limit` only guards against a hang,
+    generous enough for a loaded machine."""
     start = time.monotonic()
     with pytest.raises(error) as info:
         lib.sim.run(fn, n, *args, **kwargs)
@@ -416,7 +418,7 @@ def _spin_with_torch(dist):
 
 @pytest.mark.parametrize("prog", [_spin, _spin_with_torch])
 def test_endless_loop_times_out(prog):
-    message = str(_fails(prog, 2, SimTimeout, timeout=1.0, limit=4.0))
+    message = str(_fails(prog, 2, SimTimeout, timeout=1.0))
     assert "rank" in message
 
 
@@ -521,7 +523,7 @@ def test_a_run_that_keeps_allocating_is_stopped_with_a_clear_error():
     with pytest.raises(lib.sim.InvalidCall, match="simulator's limit for one rank") as info:
         lib.sim.run(hoard, 2, memory_limit=64 * 2**20)
     assert "rank 0 holds more than 0.03 GiB" in str(info.value)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60      # a guard against a hang, not a speed test
 
 
 # ---- link times do not depend on the order the simulator matches messages in ---------------------------
@@ -582,7 +584,7 @@ def _sleeps_until_flag(dist):
 
 def test_a_rank_that_sleeps_waiting_for_another_is_reported_within_seconds():
     _FLAG["ready"] = False
-    message = str(_fails(_sleeps_until_flag, 2, lib.sim.SharedMemory, limit=10.0))
+    message = str(_fails(_sleeps_until_flag, 2, lib.sim.SharedMemory))
     assert "rank 0 is blocked outside dist" in message
     assert "test_sim_runtime.py" in message and "time.sleep(0.01)" in message
 

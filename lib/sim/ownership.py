@@ -78,20 +78,23 @@ class Ownership:
         self.owners.pop(key, None)
 
     def check(self, rank: int, func, args: tuple, kwargs: dict) -> Optional[SharedMemory]:
-        """The rule `func` would break if rank `rank` ran it on these arguments, or None."""
+        """The rule `func` would break if rank `rank` ran it on these arguments, or None. Runs on every op
+        of every rank: written for speed."""
         owners = self.owners
         for t in tensors_in(args, kwargs):
             owner = owners.get(t.untyped_storage()._cdata)
             if owner is not None and owner != rank:
                 return self._read_error(rank, owner, func)
         positions, names = written_args(func)
-        targets = [args[i] for i in positions if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
-        for t in targets:
-            if isinstance(t, torch.Tensor):
-                owner = owners.get(t.untyped_storage()._cdata)
-                if owner != rank:
-                    return self._write_error(rank, owner, func)
-        generator = kwargs.get("generator")
+        for i in positions:
+            t = args[i] if i < len(args) else None
+            if isinstance(t, torch.Tensor) and owners.get(t.untyped_storage()._cdata) != rank:
+                return self._write_error(rank, owners.get(t.untyped_storage()._cdata), func)
+        for name in names:
+            t = kwargs.get(name)
+            if isinstance(t, torch.Tensor) and owners.get(t.untyped_storage()._cdata) != rank:
+                return self._write_error(rank, owners.get(t.untyped_storage()._cdata), func)
+        generator = kwargs.get("generator") if kwargs else None
         if generator is not None and generator is not torch.default_generator:
             first = self._generators.setdefault(id(generator), (generator, rank))[1]
             if first != rank:
