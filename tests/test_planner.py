@@ -391,6 +391,7 @@ def test_heads_and_sequence_must_divide():
     (dict(kv_heads=3), "multiple of kv_heads=3"),
     (dict(block="t5"), "block must be one of gpt, llama"),
     (dict(layers=0), "layers must be a whole number"),
+    (dict(ffn=0), "ffn must be a whole number"),
 ])
 def test_a_model_that_does_not_make_sense_says_which(kwargs, says):
     with pytest.raises(PlanError, match=says):

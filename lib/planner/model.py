@@ -33,8 +33,9 @@ class Model:
     tied: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn_width", "kv_heads_count"):
-            positive(name, getattr(self, name))
+        for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads"):
+            if getattr(self, name) is not None:
+                positive(name, getattr(self, name))
         if self.block not in BLOCKS:
             raise PlanError(f"block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
         if self.hidden % self.heads:
