@@ -245,6 +245,14 @@ def test_first_stage_in_flight_matches_the_schedules_of_notebook_05(p, m, v):
     assert first_stage_in_flight(p, m, v) == pytest.approx(peak_chunks / v)
 
 
+@pytest.mark.parametrize("call", [lambda: first_stage_in_flight(0, 4), lambda: first_stage_in_flight(4, 4, 1.5),
+                                  lambda: megatron_flops_per_iteration(0, 2048, 24, 2304, 51200),
+                                  lambda: recompute_flops_per_token(-1.0, 4, 256, 512, "full")])
+def test_the_new_formulas_reject_bad_arguments(call):
+    with pytest.raises(ValueError):
+        call()
+
+
 def test_llama3_memory_fits_and_is_mostly_activations():
     model, cluster, plan, _ = llama3_run("8,192 GPUs")
     e = estimate(model, cluster, plan)
