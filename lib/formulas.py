@@ -171,3 +171,48 @@ def expert_capacity(tokens: int, experts: int, capacity_factor: float) -> int:
     if not (capacity_factor > 0 and math.isfinite(capacity_factor)):
         raise ValueError(f"capacity_factor must be a positive number, got {capacity_factor!r}")
     return math.ceil(Fraction(int(tokens), int(experts)) * Fraction(str(capacity_factor)))
+
+
+def recompute_flops_per_token(block_params: float, n_layers: int, hidden: int, seq: int, recompute: str) -> float:
+    """FLOPs per token that recomputation adds to the model's 6N + 12·L·H·S (the hardware FLOPs minus the model's).
+
+    Full recomputation runs every block's forward again: 2 FLOPs per block weight plus the attention scores
+    and their weighted sum, 4·L·H·S; selective recomputation reruns only that attention core, 4·L·H·S.
+    `block_params` counts the weights of the blocks' matrix multiplications; `hidden` is heads × head size.
+    Source: Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, section 5
+    (selective recomputation); its end-to-end results report MFU and HFU side by side.
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    _at_least("block_params", block_params, 0)
+    for name, value in (("n_layers", n_layers), ("hidden", hidden), ("seq", seq)):
+        _whole(name, value, 0)
+    attention = 4 * n_layers * hidden * seq
+    return {"none": 0.0, "selective": attention, "full": 2 * block_params + attention}[recompute]
+
+
+def megatron_flops_per_iteration(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """FLOPs of one training iteration of a GPT with full recomputation, 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)).
+
+    This is what Megatron-LM divides by time to report "teraFLOP/s per GPU": the hardware FLOPs, four forward
+    passes' worth for the blocks (forward, recomputed forward, backward twice) and three for the logits.
+    Source: Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters, section 5.1
+    (equation 3).
+    """
+    for name, value in (("batch", batch), ("seq", seq), ("layers", layers), ("hidden", hidden), ("vocab", vocab)):
+        _whole(name, value, 1)
+    return 96 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+def first_stage_in_flight(p: int, m: int, v: int = 1) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at its peak, counted in whole stages
+    (L/p layers each): min(p, m) under 1F1B; the interleaved schedule's warm-up raises p to p + (p-1)/v.
+
+    Interleaved: (v-1)·p + 2(p-1) + 1 chunks of L/(p·v) layers in flight, the factor 1 + (p-1)/(p·v) on p.
+    Sources: Narayanan et al. 2021, section 2.2.1 (1F1B keeps at most p); Korthikanti et al. 2022,
+    section 4.2.3 (the interleaved factor).
+    """
+    _whole("p (pipeline stages)", p, 1)
+    _whole("m (micro-batches)", m, 1)
+    _whole("v (virtual stages per device)", v, 1)
+    return float(min(m, p if v == 1 else p + (p - 1) / v))

@@ -1,0 +1,54 @@
+"""Brute force over a space of plans: every plan that divides, and the fastest one that fits in memory."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator, Optional, Sequence
+
+from lib.formulas import RECOMPUTE, ZERO_STAGES
+from lib.planner.errors import PlanError, divisors
+from lib.planner.estimate import Estimate, estimate
+from lib.planner.hardware import Cluster
+from lib.planner.model import Model
+from lib.planner.plan import Plan, check, layer_slots
+
+TIE = 1e-9     # relative difference in throughput below which two plans are equally fast
+
+
+def plans(model: Model, cluster: Cluster, global_batch: int, *, tp: Optional[Sequence[int]] = None,
+          pp: Optional[Sequence[int]] = None, virtual_stages: Optional[Sequence[int]] = None,
+          zero: Sequence[int] = ZERO_STAGES, micro_batch: Optional[Sequence[int]] = None,
+          recompute: Sequence[str] = RECOMPUTE, **fixed) -> Iterator[Plan]:
+    """Every plan of a space that passes `check`, dp filling the cluster. By default tp, pp, virtual_stages and
+    micro_batch take every value that divides; pass a sequence to narrow a dimension, and other Plan fields
+    (cp=2, sequence_parallel=True) to fix them. Order: tp, pp, virtual_stages, zero, micro_batch, recompute."""
+    cp, slots = fixed.get("cp", 1), layer_slots(model, fixed.get("embedding_as_layer", False))
+    for t, p in itertools.product(tp or divisors(cluster.gpus_per_node, cluster.gpus_per_node),
+                                  pp or divisors(slots, cluster.gpus)):
+        dp, rest = divmod(cluster.gpus, t * cp * p)
+        if rest or dp == 0 or global_batch % dp:
+            continue
+        vs = virtual_stages or (divisors(slots // p, slots) if p > 1 and slots % p == 0 else [1])
+        for v, z, b, r in itertools.product(vs, zero, micro_batch or divisors(global_batch // dp, global_batch),
+                                            recompute):
+            plan = Plan(tp=t, pp=p, dp=dp, global_batch=global_batch, micro_batch=b, recompute=r,
+                        virtual_stages=v, zero=z, **fixed)
+            try:
+                check(model, cluster, plan)
+            except PlanError:
+                continue
+            yield plan
+
+
+def best_plan(model: Model, cluster: Cluster, global_batch: int, **space) -> Estimate:
+    """The estimate of the fastest plan (tokens per second) that fits in memory. Plans within a relative 1e-9 of
+    the fastest tie, and the first of them in the order of `plans` wins: the simplest. `space` narrows the search
+    as `plans` takes it; PlanError if nothing fits."""
+    fitting = [e for e in (estimate(model, cluster, plan) for plan in plans(model, cluster, global_batch, **space))
+               if e.fits]
+    if not fitting:
+        raise PlanError(f"no plan of this space fits in the {cluster.gpu.memory / 1e9:g} GB of an {cluster.gpu.name}: "
+                        f"allow recomputation, a higher ZeRO stage, smaller micro-batches or more GPUs")
+    fastest = max(e.tokens_per_second for e in fitting)
+    return next(e for e in fitting if math.isclose(e.tokens_per_second, fastest, rel_tol=TIE))
