@@ -310,12 +310,13 @@ class Puzzle:
             return self._real_failed(f"{e}", strict)
         except PuzzleError as e:
             return self._real_failed(f"{type(e).__name__}: {e}", strict)
-        for problem, _ in verdicts:
+        for problem, *_ in verdicts:
             if problem:
                 return self._real_failed(problem, strict)
+        _, label, how = verdicts[0]
         against = f" and agrees with {self.oracle_name}" if self.oracle is not None else ""
         processes = "1 process" if world_size == 1 else f"{world_size} processes"
-        print(f"✓ real run on {processes} ({verdicts[0][1]}): {self.name} matches the reference{against} "
+        print(f"✓ real run on {processes}, {how} ({label}): {self.name} matches the reference{against} "
               "on every rank.")
         return True
 
@@ -344,22 +345,26 @@ class Puzzle:
         """
         return self._judge_in_group(fn, dist, seed)[0]
 
-    def _judge_in_group(self, fn: Callable, dist, seed: int) -> tuple[Optional[str], str]:
+    def _judge_in_group(self, fn: Callable, dist, seed: int) -> tuple[Optional[str], str, str]:
+        """(what is wrong on this rank or None, the case's label, where it ran and how it was compared)."""
         refusal = self.refusal(dist.get_world_size())
         if refusal:
-            return refusal, ""
+            return refusal, "", ""
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
         mine, theirs = _real_rank(dist, self.wrap(fn), self.oracle, case.args)
-        rank = dist.get_rank()
-        rtol, atol = self.real_tolerance(case.expected[rank], device())
+        rank, where = dist.get_rank(), device()
+        rtol, atol = self.real_tolerance(case.expected[rank], where)
+        how = f"{dist.get_backend()} on {where}"
+        if (rtol, atol) != (self.rtol, self.atol):
+            how += f", compared within a GPU's rounding (rtol {rtol:g}, atol {atol:g})"
         diff = first_difference(case.expected[rank], mine, rtol, atol, where="the result")
         if diff:
-            return f"on {case.label}, rank {rank}: {diff}.", case.label
+            return f"on {case.label}, rank {rank}: {diff}.", case.label, how
         if self.oracle is not None:
             diff = first_difference(theirs, mine, rtol, atol, where="the result")
             if diff:
-                return f"rank {rank} differs from {self.oracle_name}: {diff}.", case.label
-        return None, case.label
+                return f"rank {rank} differs from {self.oracle_name}: {diff}.", case.label, how
+        return None, case.label, how
 
     def _real_failed(self, message: str, strict: bool) -> bool:
         text = f"✗ real run of {self.name} failed: {message}"
@@ -369,8 +374,8 @@ class Puzzle:
         return False
 
 
-def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str]:
-    """What each process of a real cell runs: (what is wrong on this rank or None, the case's label)."""
+def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str, str]:
+    """What each process of a real cell runs: Puzzle._judge_in_group on this rank."""
     return puzzle._judge_in_group(fn, dist, seed)
 
 

@@ -80,7 +80,7 @@ def _watched_world(puzzle) -> int:
 def test_reference_solution_real_path_keeps_every_tensor_on_its_device(puzzle, solution):
     """Case, wrapper, reference solution and oracle, as a real cell runs them, with every tensor watched."""
     verdicts = lib.launch(_watched, _watched_world(puzzle), puzzle, solution, 0, timeout=180)
-    assert [problem for problem, _ in verdicts] == [None] * len(verdicts)
+    assert [problem for problem, *_ in verdicts] == [None] * len(verdicts)
 
 
 def _mover_that_skips_dataclasses(obj, where=None):
