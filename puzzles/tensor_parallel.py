@@ -10,11 +10,10 @@ Korthikanti et al.'s per-rank activation terms (lib.formulas.activation_bytes_pe
 from __future__ import annotations
 
 import functools
-import math
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
