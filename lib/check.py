@@ -20,9 +20,22 @@ import torch
 
 from lib.compare import first_difference
 from lib.device import device
+from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed
 from lib.sim import CostModel, PerRank, SimResult, run
 from lib.units import fmt_bytes, fmt_time
+
+# Which tolerance a comparison uses, and why.
+# - A simulated check, and a real run on the CPU (gloo): the puzzle's own rtol and atol, as strict as the puzzle
+#   allows. The expected values are computed on the CPU by the same kernels, in the same order.
+# - A real run on a GPU (NCCL): at least GPU_TOLERANCE for the least precise floating dtype in the expected
+#   result. A GPU's kernels add in another order than the CPU's (0.0677730285 on the CPU, 0.0677730295 on an
+#   H100), so an exact comparison with CPU-computed expectations rejects right answers. These are
+#   torch.testing.assert_close's defaults, the tolerances PyTorch's own tests use between devices; every wrong
+#   answer catalogued in tests/wrong is off by far more (a factor N or k, a wrong shard), and
+#   tests/test_devices.py checks that each still fails under them. Integers are always compared exactly.
+GPU_TOLERANCE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
+                 torch.float64: (1e-7, 1e-7)}
 
 METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory",
            "host_peak_memory": "peak host memory", "host_flops": "FLOPs computed in host memory",
@@ -90,7 +103,8 @@ class Puzzle:
     def __init__(self, name: str, notebook: str, make_case: Callable[[random.Random, int], Case],
                  world_sizes: Sequence[int] = (2, 3, 4, 5, 8), hints: Sequence[str] = (),
                  oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
-                 atol: float = 1e-6, describe: str = "", takes_dist: bool = True) -> None:
+                 atol: float = 1e-6, describe: str = "", takes_dist: bool = True, min_world_size: int = 1,
+                 min_world_size_reason: str = "") -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -103,6 +117,8 @@ class Puzzle:
         self.rtol, self.atol = rtol, atol
         self.describe = describe
         self.takes_dist = takes_dist       # False: a plain function of the inputs (a prediction, a count)
+        self.min_world_size = min_world_size   # the fewest ranks its algorithm can run on (a pipeline: 2 stages)
+        self.min_world_size_reason = min_world_size_reason or f"its algorithm runs on {min_world_size} ranks or more"
         # A real cell's default: one process for single-device lessons, four otherwise.
         self.real_world_size = 1 if max(self.world_sizes) == 1 else 4
         self._hints_shown = 0
@@ -284,8 +300,9 @@ class Puzzle:
 
         strict = strict_default() if strict is None else strict
         world_size = world_size or self.real_world_size
-        if max(self.world_sizes) == 1 and world_size != 1:
-            return self._real_failed(f"{self.name} is a single-device lesson: run it with world_size=1.", strict)
+        refusal = self.refusal(world_size)
+        if refusal:
+            return self._real_failed(refusal, strict)
         try:
             verdicts = launch(_judge_rank, world_size, self, fn, seed, backend=backend, timeout=timeout)
         except RankFailed as e:
@@ -297,14 +314,33 @@ class Puzzle:
             return self._real_failed(f"{e}", strict)
         except PuzzleError as e:
             return self._real_failed(f"{type(e).__name__}: {e}", strict)
-        for problem, _ in verdicts:
+        for problem, *_ in verdicts:
             if problem:
                 return self._real_failed(problem, strict)
+        _, label, how = verdicts[0]
         against = f" and agrees with {self.oracle_name}" if self.oracle is not None else ""
         processes = "1 process" if world_size == 1 else f"{world_size} processes"
-        print(f"✓ real run on {processes} ({verdicts[0][1]}): {self.name} matches the reference{against} "
+        print(f"✓ real run on {processes}, {how} ({label}): {self.name} matches the reference{against} "
               "on every rank.")
         return True
+
+    def refusal(self, world_size: int) -> Optional[str]:
+        """Why this puzzle cannot run on `world_size` ranks, with the fix; None when it can."""
+        if max(self.world_sizes) == 1 and world_size != 1:
+            return f"{self.name} is a single-device lesson: run it with world_size=1."
+        if isinstance(world_size, int) and world_size < self.min_world_size:
+            n = self.min_world_size
+            return (f"{self.name} needs at least {n} ranks ({self.min_world_size_reason}): run it with "
+                    f"world_size={n} or more; {where_it_runs(n)}.")
+        return None
+
+    def real_tolerance(self, expected: Any, where: torch.device) -> tuple[float, float]:
+        """(rtol, atol) for comparing a real run on `where` with `expected`: see GPU_TOLERANCE above."""
+        dtype = _least_precise(expected)
+        if where.type == "cpu" or dtype is None:
+            return self.rtol, self.atol
+        rtol, atol = GPU_TOLERANCE.get(dtype, GPU_TOLERANCE[torch.float16])
+        return max(self.rtol, rtol), max(self.atol, atol)
 
     def check_in_group(self, fn: Callable, dist, seed: int = 0) -> Optional[str]:
         """This rank's part of the real check inside a process group someone else started (torchrun).
@@ -313,18 +349,26 @@ class Puzzle:
         """
         return self._judge_in_group(fn, dist, seed)[0]
 
-    def _judge_in_group(self, fn: Callable, dist, seed: int) -> tuple[Optional[str], str]:
+    def _judge_in_group(self, fn: Callable, dist, seed: int) -> tuple[Optional[str], str, str]:
+        """(what is wrong on this rank or None, the case's label, where it ran and how it was compared)."""
+        refusal = self.refusal(dist.get_world_size())
+        if refusal:
+            return refusal, "", ""
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
         mine, theirs = _real_rank(dist, self.wrap(fn), self.oracle, case.args)
-        rank = dist.get_rank()
-        diff = first_difference(case.expected[rank], mine, self.rtol, self.atol, where="the result")
+        rank, where = dist.get_rank(), device()
+        rtol, atol = self.real_tolerance(case.expected[rank], where)
+        how = f"{dist.get_backend()} on {where}"
+        if (rtol, atol) != (self.rtol, self.atol):
+            how += f", compared within a GPU's rounding (rtol {rtol:g}, atol {atol:g})"
+        diff = first_difference(case.expected[rank], mine, rtol, atol, where="the result")
         if diff:
-            return f"on {case.label}, rank {rank}: {diff}.", case.label
+            return f"on {case.label}, rank {rank}: {diff}.", case.label, how
         if self.oracle is not None:
-            diff = first_difference(theirs, mine, self.rtol, self.atol, where="the result")
+            diff = first_difference(theirs, mine, rtol, atol, where="the result")
             if diff:
-                return f"rank {rank} differs from {self.oracle_name}: {diff}.", case.label
-        return None, case.label
+                return f"rank {rank} differs from {self.oracle_name}: {diff}.", case.label, how
+        return None, case.label, how
 
     def _real_failed(self, message: str, strict: bool) -> bool:
         text = f"✗ real run of {self.name} failed: {message}"
@@ -334,8 +378,8 @@ class Puzzle:
         return False
 
 
-def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str]:
-    """What each process of a real cell runs: (what is wrong on this rank or None, the case's label)."""
+def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str, str]:
+    """What each process of a real cell runs: Puzzle._judge_in_group on this rank."""
     return puzzle._judge_in_group(fn, dist, seed)
 
 
@@ -344,31 +388,35 @@ def _without_dist(fn: Callable, dist, *args):
 
 
 def _real_rank(dist, fn: Callable, oracle: Optional[Callable], args: tuple):
-    """What each real process runs: the learner's function, then the PyTorch oracle on fresh inputs."""
+    """What each real process runs: the learner's function, then the PyTorch oracle on fresh inputs, each
+    given its own copy of every argument on the rank's device (dataclasses and containers included)."""
     rank, where = dist.get_rank(), device()
 
     def mine_of(a):
-        return _to_device(copy.deepcopy(a.values[rank] if isinstance(a, PerRank) else a), where)
+        return to_device(copy.deepcopy(a.values[rank] if isinstance(a, PerRank) else a), where)
 
     mine = fn(dist, *map(mine_of, args))
     theirs = oracle(dist, *map(mine_of, args)) if oracle is not None else None
     return mine, theirs
 
 
-def _to_device(obj: Any, where) -> Any:
-    """Inputs follow the rank's device (a GPU on NCCL), so one function serves both worlds."""
-    if isinstance(obj, torch.nn.Module):
-        return obj.to(where)
-    if isinstance(obj, torch.Tensor):
-        if obj.device == torch.device(where) or not obj.is_leaf:
-            return obj.to(where)
-        # A leaf that needs a gradient must stay a leaf on the GPU, or its .grad stays None.
-        return obj.detach().to(where).requires_grad_(obj.requires_grad)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(o, where) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, where) for k, v in obj.items()}
-    return obj
+def _least_precise(value: Any) -> Optional[torch.dtype]:
+    """The floating dtype with the largest rounding in `value` (tensors, modules, containers; a Python float
+    is a float64), or None when it holds no floating-point number."""
+    if isinstance(value, torch.Tensor):
+        found = [value.dtype] if value.is_floating_point() else []
+    elif isinstance(value, torch.nn.Module):
+        found = [p.dtype for p in value.parameters() if p.is_floating_point()]
+    elif isinstance(value, float):
+        found = [torch.float64]
+    elif isinstance(value, (list, tuple)):
+        found = [_least_precise(v) for v in value]
+    elif isinstance(value, dict):
+        found = [_least_precise(v) for v in value.values()]
+    else:
+        found = []
+    found = [d for d in found if d is not None]
+    return max(found, key=lambda d: torch.finfo(d).eps) if found else None
 
 
 def _in_notebook() -> bool:

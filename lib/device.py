@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
+
+# (device, host) pairs that lib.device() and lib.host() answer on a real rank instead (see stand_in)
+_STAND_INS: list[tuple[torch.device, torch.device]] = []
 
 
 def device() -> torch.device:
@@ -16,6 +21,8 @@ def device() -> torch.device:
 
     if current_rank() is not None:
         return torch.device("cpu", 0)
+    if _STAND_INS:
+        return _STAND_INS[-1][0]
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
@@ -28,4 +35,17 @@ def host() -> torch.device:
     as host memory; on real ranks it is the CPU, so `.to(lib.host())` really leaves the GPU."""
     from lib.sim.context import current_rank
 
-    return torch.device("cpu", 1) if current_rank() is not None else torch.device("cpu")
+    if current_rank() is not None:
+        return torch.device("cpu", 1)
+    return _STAND_INS[-1][1] if _STAND_INS else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def stand_in(device_: torch.device, host_: torch.device) -> Iterator[None]:
+    """On a real rank, make device() and host() answer `device_` and `host_` for a while: lib.placement
+    answers cpu:0 and cpu:1 to tell, without a GPU, which tensors a GPU run would put on the GPU."""
+    _STAND_INS.append((torch.device(device_), torch.device(host_)))
+    try:
+        yield
+    finally:
+        _STAND_INS.pop()

@@ -57,14 +57,19 @@ def model_state_bytes(n_params: float, dp: int = 1, zero_stage: int = 0, k: floa
     return sum(model_state_breakdown(n_params, dp, zero_stage, k).values())
 
 
-def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none") -> float:
+def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+                               recompute: str = "none", dropout: bool = True, flash: bool = False) -> float:
     """Bytes of 16-bit activations one transformer layer keeps for backward, per tensor-parallel rank.
 
     Selective recomputation drops the 5as/(ht) attention term. Full recomputation keeps only the layer
     input: Table 2 gives 2sbh; with sequence parallelism that input is the residual stream sharded along
     the sequence (Megatron-LM checkpoints the [s/t, b, h] shard), so we return 2sbh/t there.
     Source: Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, Table 2.
+
+    The formula's modern cases. dropout=False (as today's LLMs train): the two sbh masks and the attention's
+    as²b mask and 2as²b of dropped scores go, leaving sbh(32 + 2as/h) unsharded. flash=True (FlashAttention,
+    Dao et al. 2022; F.scaled_dot_product_attention): no s×s matrix is kept; instead a float32 log-sum-exp per
+    head and token, 4asb bytes (its dropout mask is regenerated, not kept).
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
@@ -73,9 +78,15 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1,
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if sequence_parallel else 1)
-    # Layer norms, dropouts and residuals (10sbh) are replicated under plain TP; SP shards them too.
-    kept = 34 / t if sequence_parallel else 10 + 24 / t
-    attention = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
+    masks = 2 if dropout else 0          # the attention output's and the MLP output's dropout masks, sbh each
+    # Layer norms, dropouts and residuals (10sbh with dropout) are replicated under plain TP; SP shards them too.
+    kept = (32 + masks) / t if sequence_parallel else 8 + masks + 24 / t
+    if recompute == "selective":
+        attention = 0.0
+    elif flash:
+        attention = 4 * a / (h * t)      # the float32 log-sum-exp, 4asb/t bytes
+    else:
+        attention = (5 if dropout else 2) * a * s / (h * t)
     return sbh * (kept + attention)
 
 

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel  # noqa: F401  (imported before forking so ranks inherit it instead of each paying ~2 s)
 
+from .devices import nccl_shortfall, visible_gpus
 from .errors import LaunchError, RankFailed
 
 __all__ = ["launch", "current_backend"]
@@ -172,21 +173,19 @@ class _Rank:
 
 
 def _pick_backend(world_size: int, backend: str | None) -> str:
-    gpus = _visible_gpus()
+    """NCCL when every rank can have a GPU of its own, else gloo; an impossible request is refused here,
+    before any process starts (NCCL would fail later, deep inside, with "Duplicate GPU detected")."""
+    gpus = visible_gpus()
     if backend is None:
         return "nccl" if gpus >= world_size else "gloo"
     if backend not in ("gloo", "nccl"):
         raise LaunchError(f"unknown backend {backend!r}: use 'gloo' (CPU) or 'nccl' (one GPU per rank)")
-    if backend == "nccl" and gpus < world_size:
-        raise LaunchError(
-            f"NCCL needs one GPU per rank: asked for {world_size} ranks, {gpus} GPUs visible; use backend='gloo'"
-        )
+    shortfall = nccl_shortfall(world_size, gpus) if backend == "nccl" else None
+    if shortfall:
+        on_nccl = f", or ask for world_size={gpus} or less to run on NCCL" if gpus else ""
+        raise LaunchError(f"NCCL cannot run {world_size} ranks here: {shortfall}. world_size={world_size} runs on "
+                          f"gloo: pass backend='gloo' (or leave backend out){on_nccl}.")
     return backend
-
-
-def _visible_gpus() -> int:
-    # device_count() asks NVML first, which leaves CUDA uninitialised, so forking afterwards stays safe.
-    return torch.cuda.device_count() if torch.backends.cuda.is_built() else 0
 
 
 def _pick_start_method(backend: str, start_method: str | None) -> str:

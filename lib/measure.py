@@ -26,6 +26,27 @@ def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor
     return sum(seen.values())
 
 
+def forward_memory(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = (),
+                   where: torch.device | str = "cpu") -> tuple[int, int]:
+    """(bytes autograd saves while `fn()` runs, bytes still allocated after it, its output included): the
+    second from the CUDA caching allocator (memory_allocated) on a GPU, from lib's tracker on the CPU."""
+    kept: dict[str, Any] = {}
+
+    def forward() -> None:          # keeps fn's output, and with it the saved tensors, alive to be counted
+        kept["saved"] = saved_activation_bytes(lambda: kept.setdefault("out", fn()), exclude)
+
+    where = torch.device(where)
+    if where.type == "cuda":
+        torch.cuda.synchronize(where)
+        before = torch.cuda.memory_allocated(where)
+        forward()
+        torch.cuda.synchronize(where)
+        live = torch.cuda.memory_allocated(where) - before
+    else:
+        live = allocated(forward)[2]
+    return kept["saved"], live
+
+
 def allocated(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     """Run `fn()` counting the bytes it allocates: (its result, peak bytes, bytes still live at the end)."""
     tracker = RankTracker(on_flops=lambda flops, on_host: None, now=lambda: 0.0)

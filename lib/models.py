@@ -40,6 +40,7 @@ class GPTConfig:
     layers: int = 2
     dropout: float = 0.0
     tied: bool = True
+    flash: bool = False        # attention by F.scaled_dot_product_attention: no s×s matrix kept for backward
 
 
 class Dropout(nn.Module):
@@ -59,12 +60,15 @@ class Dropout(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block laid out as in Korthikanti et al. 2022 (section 4.1), so that the
-    tensors autograd saves are the ones their activation formula counts."""
+    tensors autograd saves are the ones their activation formula counts.
+
+    With cfg.flash, attention runs as F.scaled_dot_product_attention (FlashAttention where the device has it:
+    on GPUs, and on CPUs without attention dropout; with dropout a CPU falls back to the s×s "math" kernel)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         h = cfg.hidden
-        self.heads = cfg.heads
+        self.heads, self.flash = cfg.heads, cfg.flash
         self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
         self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
         self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
@@ -72,8 +76,14 @@ class Block(nn.Module):
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
+        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)   # (b, a, s, h/a) each
                    for t in self.qkv(x).split(h, dim=-1))
+        if self.flash:
+            # Keeps q, k, v, its output and a log-sum-exp per row; the output is laid out (b, s, a, h/a) in
+            # memory, so the reshape below is a view and proj's input is that same tensor.
+            p = self.attn_drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, s, h)))
         scores = (q @ k.transpose(-2, -1)) * (h // self.heads) ** -0.5
         # An additive mask: autograd saves nothing for it (masked_fill would save an s×s mask).
         causal = torch.full((s, s), float("-inf"), dtype=x.dtype, device=x.device).triu(1)

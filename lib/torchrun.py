@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from lib.devices import nccl_shortfall, visible_gpus
+
 
 def load(target: str) -> Callable[..., Any]:
     """The function named by "package.module:function"."""
@@ -71,7 +73,14 @@ def main(argv: list[str]) -> None:
         puzzle, argv = load(argv[1]), argv[2:]
     fn, args = load(argv[0]), [parse_arg(a) for a in argv[1:]]
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
+    gpus = visible_gpus()
+    if gpus:
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        shortfall = nccl_shortfall(ranks, gpus)
+        if shortfall:
+            raise SystemExit(f"torchrun started {ranks} ranks on this node, but {shortfall}: give torchrun "
+                             f"--nproc-per-node {gpus} or less, or hide the GPUs (CUDA_VISIBLE_DEVICES= torchrun ...) "
+                             "to run every rank on gloo.")
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     else:

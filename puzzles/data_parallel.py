@@ -84,8 +84,7 @@ def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
 
 def _reduce_scatter_oracle(dist, x):
     out = torch.empty_like(x.chunk(dist.get_world_size())[0])
-    # torch 2.13 renamed reduce_scatter_tensor (which now warns) to reduce_scatter_single.
-    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, x)
+    dist.reduce_scatter_single(out, x)       # reduce_scatter_tensor before torch 2.13 (lib supplies the new name)
     return out
 
 
@@ -112,7 +111,7 @@ def _all_gather_case(rng: random.Random, world: int) -> Case:
 
 def _all_gather_oracle(dist, chunk):
     out = torch.empty(dist.get_world_size() * chunk.numel(), dtype=chunk.dtype, device=chunk.device)
-    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, chunk)
+    dist.all_gather_single(out, chunk)
     return out
 
 

@@ -10,16 +10,16 @@ Korthikanti et al.'s per-rank activation terms (lib.formulas.activation_bytes_pe
 from __future__ import annotations
 
 import functools
-import math
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle
+from lib.devices import device_mesh
 from lib.errors import PuzzleError
 from lib.measure import saved_activation_bytes
 from lib.sim import per_rank
@@ -247,17 +247,13 @@ def _gather_full(dist, shard: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _linear(dist, w: torch.Tensor, bias: Optional[torch.Tensor], w_dim: int, bias_sharded: bool):
     full_w = _gather_full(dist, w, w_dim)
-    layer = torch.nn.Linear(full_w.shape[1], full_w.shape[0], bias=bias is not None, dtype=full_w.dtype)
+    layer = torch.nn.Linear(full_w.shape[1], full_w.shape[0], bias=bias is not None, dtype=full_w.dtype,
+                            device=full_w.device)
     with torch.no_grad():
         layer.weight.copy_(full_w)
         if bias is not None:
             layer.bias.copy_(_gather_full(dist, bias, 0) if bias_sharded else bias.detach())
     return layer
-
-
-def _mesh(dist):
-    from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh("cpu", (dist.get_world_size(),))
 
 
 def _local(t):
@@ -269,7 +265,7 @@ def _column_oracle(dist, x, weight, bias, upstream):
 
     module = torch.nn.Module()
     module.fc = _linear(dist, weight, bias, 0, True)
-    parallelize_module(module, _mesh(dist), {"fc": ColwiseParallel()})
+    parallelize_module(module, device_mesh(dist), {"fc": ColwiseParallel()})
     out = module.fc(x)
     out.backward(upstream.grad)
     return {"output": out.detach(), "x.grad": x.grad, "weight.grad": _local(module.fc.weight.grad),
@@ -313,7 +309,7 @@ def _row_oracle(dist, x, weight, bias, upstream):
 
     module = torch.nn.Module()
     module.fc = _linear(dist, weight, bias, 1, False)
-    parallelize_module(module, _mesh(dist), {"fc": RowwiseParallel()})
+    parallelize_module(module, device_mesh(dist), {"fc": RowwiseParallel()})
     out = module.fc(x)
     out.backward(upstream.grad)
     return {"output": out.detach(), "x.grad": x.grad, "weight.grad": _local(module.fc.weight.grad),
@@ -380,7 +376,7 @@ def _mlp_oracle(dist, x, fc1_w, fc1_b, fc2_w, fc2_b, upstream):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     module = _MLP(_linear(dist, fc1_w, fc1_b, 0, True), _linear(dist, fc2_w, fc2_b, 1, False))
-    parallelize_module(module, _mesh(dist), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    parallelize_module(module, device_mesh(dist), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     out = module(x)
     out.backward(upstream.grad)
     return {"output": out.detach(), "x.grad": x.grad,
@@ -465,7 +461,7 @@ def _attention_oracle(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads, upstream):
     world = dist.get_world_size()
     q, k, v = (_linear(dist, w, bias, 0, True) for w, bias in zip(qkv_w.chunk(3), qkv_b.chunk(3)))
     module = _Attention(q, k, v, _linear(dist, proj_w, proj_b, 1, False), heads // world)
-    parallelize_module(module, _mesh(dist), {"q": ColwiseParallel(), "k": ColwiseParallel(),
+    parallelize_module(module, device_mesh(dist), {"q": ColwiseParallel(), "k": ColwiseParallel(),
                                              "v": ColwiseParallel(), "proj": RowwiseParallel()})
     out = module(x)
     out.backward(upstream.grad)
@@ -547,7 +543,7 @@ def _sp_oracle(dist, x, fc1_w, fc1_b, fc2_w, upstream):
                                                    parallelize_module)
 
     module = _SPMLP(x.shape[-1], _linear(dist, fc1_w, fc1_b, 0, True), _linear(dist, fc2_w, None, 1, False))
-    parallelize_module(module, _mesh(dist), {
+    parallelize_module(module, device_mesh(dist), {
         "norm": SequenceParallel(sequence_dim=0),
         "fc1": ColwiseParallel(input_layouts=Shard(0)),
         "fc2": RowwiseParallel(output_layouts=Shard(0))})
@@ -632,13 +628,14 @@ def _vocab_oracle(dist, tokens, targets, emb_w, head_w, upstream):
                                                    parallelize_module)
 
     full_emb, full_head = _gather_full(dist, emb_w, 0), _gather_full(dist, head_w, 0)
-    emb = torch.nn.Embedding(*full_emb.shape, dtype=full_emb.dtype)
-    head = torch.nn.Linear(full_head.shape[1], full_head.shape[0], bias=False, dtype=full_head.dtype)
+    emb = torch.nn.Embedding(*full_emb.shape, dtype=full_emb.dtype, device=full_emb.device)
+    head = torch.nn.Linear(full_head.shape[1], full_head.shape[0], bias=False, dtype=full_head.dtype,
+                           device=full_head.device)
     with torch.no_grad():
         emb.weight.copy_(full_emb)
         head.weight.copy_(full_head)
     model = _VocabModel(emb, head)
-    parallelize_module(model, _mesh(dist), {"tok": RowwiseParallel(input_layouts=Replicate()),
+    parallelize_module(model, device_mesh(dist), {"tok": RowwiseParallel(input_layouts=Replicate()),
                                              "head": ColwiseParallel(output_layouts=Shard(-1),
                                                                      use_local_output=False)})
     logits = model(tokens)

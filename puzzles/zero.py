@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle
+from lib.devices import device_mesh
 from lib.formulas import model_state_bytes
 from lib.measure import saved_activation_bytes
 from lib.models import mlp
@@ -172,10 +173,9 @@ def _params_of(model) -> dict[str, torch.Tensor]:
 
 def _fsdp_oracle(reshard_after_forward: bool):
     def oracle(dist, model, batches, lr):
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        mesh = device_mesh(dist)
         for layer in _layers(model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
