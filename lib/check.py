@@ -3,6 +3,10 @@
 A puzzle module binds a `Puzzle` to its inputs, reference and budgets; this module knows
 nothing of any particular puzzle. A check runs several randomised cases (world sizes,
 shapes, values) so that only the algorithm can pass, and explains the first failure.
+
+The answer key stays out of the learner's reach: every check draws a fresh seed (printed with a failure, so
+that `check(fn, seed=...)` replays it), a `Case` cannot be built while the learner's code runs, and no rank
+may read the originals of the case's arguments or its expected results (lib.sim's ownership rules).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import importlib
 import inspect
 import os
 import random
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,7 +27,7 @@ from lib.compare import first_difference
 from lib.device import device
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed
-from lib.sim import CostModel, PerRank, SimResult, run
+from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
 
 # Which tolerance a comparison uses, and why.
@@ -80,6 +85,12 @@ class Case:
     cost: Optional[CostModel] = None
     allowed_ops: Optional[frozenset] = None   # the communication this puzzle is about, if restricted
 
+    def __post_init__(self) -> None:
+        if current_rank() is not None or _learner_running:
+            raise OutOfView("a check's case was being built inside the function under check. The cases are the "
+                            "check's own: a fresh seed each time, and the answer is not yours to build.\n"
+                            "Hint: compute your answer from the arguments your function receives.")
+
 
 @dataclass
 class Outcome:
@@ -104,13 +115,16 @@ class Puzzle:
                  world_sizes: Sequence[int] = (2, 3, 4, 5, 8), hints: Sequence[str] = (),
                  oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
                  atol: float = 1e-6, describe: str = "", takes_dist: bool = True, min_world_size: int = 1,
-                 min_world_size_reason: str = "") -> None:
+                 min_world_size_reason: str = "", variants: Sequence[dict] = ()) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
         self.module = make_case.__module__.rsplit(".", 1)[-1]
         self.make_case = make_case
         self.world_sizes = tuple(world_sizes)
+        # Keyword arguments of make_case for the first cases, so that every seed covers what the statement does
+        # (tied and untied embeddings, an m that must be refused): the rest of each case stays random.
+        self.variants = tuple(variants)
         self.hints = list(hints)
         self.oracle = oracle
         self.oracle_name = oracle_name
@@ -136,27 +150,32 @@ class Puzzle:
 
     def cases(self, seed: int = 0) -> list[Case]:
         rng = random.Random(f"{self.name}:{seed}")
-        return [self.make_case(rng, n) for n in self.world_sizes]
+        variants = list(self.variants) + [{}] * (len(self.world_sizes) - len(self.variants))
+        return [self.make_case(rng, n, **variant) for n, variant in zip(self.world_sizes, variants)]
 
     # ---- simulated check -------------------------------------------------------------
-    def evaluate(self, fn: Callable, seed: int = 0) -> Outcome:
-        """Run every case; stop at the first failure. Never raises for a learner's mistake."""
+    def evaluate(self, fn: Callable, seed: Optional[int] = None) -> Outcome:
+        """Run every case; stop at the first failure. Never raises for a learner's mistake.
+
+        Without a seed, the cases come from a fresh one; a failure says which, to replay it."""
         if not callable(fn):
             return Outcome(False, True, f"{self.name} should be a function, got {type(fn).__name__}.")
+        seed = fresh_seed() if seed is None else seed
+        replay = f"\n(Cases from seed {seed}: P.{self.name}.check({getattr(fn, '__name__', 'fn')}, seed={seed}) replays them.)"
         last: Optional[SimResult] = None
         fn = self.wrap(fn)
         for case in self.cases(seed):
             try:
-                result = run(fn, case.world_size, *case.args, cost=case.cost)
+                result = run(fn, case.world_size, *case.args, cost=case.cost, protect=case.expected)
             except RankFailed as e:
                 if isinstance(getattr(e, "exception", None), NotImplementedError):
                     return Outcome(False, False, f"{self.name} is not solved yet: write its body, then run this cell again.")
-                return Outcome(False, True, f"on {case.label}: {e}", case=case)
+                return Outcome(False, True, f"on {case.label}: {e}{replay}", case=case)
             except PuzzleError as e:
-                return Outcome(False, True, f"on {case.label}: {type(e).__name__}: {e}", case=case)
+                return Outcome(False, True, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
             problem = self._judge(case, result)
             if problem:
-                return Outcome(False, True, f"on {case.label}: {problem}", result, case)
+                return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case)
             last = result
         return Outcome(True, True, self._success(last, case), last, case)
 
@@ -205,7 +224,7 @@ class Puzzle:
             text += f"\n  {METRICS[b.metric]}{at}: {b.fmt(value)} of a {b.fmt(limit)} budget ({b.why})."
         return text
 
-    def check(self, fn: Callable, strict: Optional[bool] = None, seed: int = 0, show: bool = True) -> bool:
+    def check(self, fn: Callable, strict: Optional[bool] = None, seed: Optional[int] = None, show: bool = True) -> bool:
         """The check cell: True when `fn` is right and within budget. Prints why not, with a hint."""
         strict = strict_default() if strict is None else strict
         outcome = self.evaluate(fn, seed)
@@ -290,8 +309,8 @@ class Puzzle:
             return None
 
     # ---- real processes --------------------------------------------------------------
-    def real(self, fn: Callable, world_size: Optional[int] = None, backend: Optional[str] = None, seed: int = 0,
-             strict: Optional[bool] = None, timeout: float = 60.0) -> bool:
+    def real(self, fn: Callable, world_size: Optional[int] = None, backend: Optional[str] = None,
+             seed: Optional[int] = None, strict: Optional[bool] = None, timeout: float = 60.0) -> bool:
         """The real cell: the same function on `world_size` real processes (gloo, or NCCL on GPUs).
 
         Each rank builds the same case from the seed and judges its own result where it was computed
@@ -303,6 +322,7 @@ class Puzzle:
         refusal = self.refusal(world_size)
         if refusal:
             return self._real_failed(refusal, strict)
+        seed = fresh_seed() if seed is None else seed
         try:
             verdicts = launch(_judge_rank, world_size, self, fn, seed, backend=backend, timeout=timeout)
         except RankFailed as e:
@@ -354,8 +374,11 @@ class Puzzle:
         refusal = self.refusal(dist.get_world_size())
         if refusal:
             return refusal, "", ""
+        args = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size()).args
+        mine, theirs = _real_rank(dist, self.wrap(fn), self.oracle, args)
+        # Rebuilt from the seed only now: while the learner's function ran, no case (expected results included)
+        # was in this process to be found.
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
-        mine, theirs = _real_rank(dist, self.wrap(fn), self.oracle, case.args)
         rank, where = dist.get_rank(), device()
         rtol, atol = self.real_tolerance(case.expected[rank], where)
         how = f"{dist.get_backend()} on {where}"
@@ -383,6 +406,14 @@ def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional
     return puzzle._judge_in_group(fn, dist, seed)
 
 
+_learner_running = False      # a real rank is running the learner's function: no Case may be built meanwhile
+
+
+def fresh_seed() -> int:
+    """A seed no learner's function can predict."""
+    return secrets.randbelow(2**31)
+
+
 def _without_dist(fn: Callable, dist, *args):
     return fn(*args)
 
@@ -395,7 +426,13 @@ def _real_rank(dist, fn: Callable, oracle: Optional[Callable], args: tuple):
     def mine_of(a):
         return to_device(copy.deepcopy(a.values[rank] if isinstance(a, PerRank) else a), where)
 
-    mine = fn(dist, *map(mine_of, args))
+    global _learner_running
+    inputs = list(map(mine_of, args))
+    _learner_running = True
+    try:
+        mine = fn(dist, *inputs)
+    finally:
+        _learner_running = False
     theirs = oracle(dist, *map(mine_of, args)) if oracle is not None else None
     return mine, theirs
 

@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from lib.sim.cost import CostModel
 from lib.sim.tracker import RankTracker
 
 
@@ -20,6 +21,7 @@ def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor
         if storage._cdata not in skip:
             seen[storage._cdata] = storage.nbytes()
         return t
+    pack._lib_measure = True                # a learner's hooks inside these are composed with them (lib.sim.boundary)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
@@ -49,15 +51,35 @@ def forward_memory(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = (),
 
 def allocated(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     """Run `fn()` counting the bytes it allocates: (its result, peak bytes, bytes still live at the end)."""
-    tracker = RankTracker(on_flops=lambda flops, on_host: None, now=lambda: 0.0)
+    tracker = RankTracker(on_work=_ignore, now=lambda: 0.0)
     with tracker:
         result = fn()
     return result, tracker.peak, tracker.current
 
 
 def counted_flops(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """Run `fn()` counting its FLOPs exactly as a simulated rank's clock does: (its result, FLOPs)."""
-    tracker = RankTracker(on_flops=lambda flops, on_host: None, now=lambda: 0.0)
+    """Run `fn()` counting its FLOPs exactly as a simulated rank does: (its result, FLOPs)."""
+    tracker = RankTracker(on_work=_ignore, now=lambda: 0.0)
     with tracker:
         result = fn()
     return result, tracker.flops
+
+
+def counted_time(fn: Callable[[], Any], cost: CostModel) -> tuple[Any, float]:
+    """Run `fn()` timing it as a simulated rank's clock would under `cost` (every op on the roofline, host
+    work at the host's speed, host-device copies over PCIe): (its result, seconds)."""
+    clock = [0.0]
+
+    def work(flops: float, nbytes: float, on_host: bool) -> None:
+        clock[0] += cost.compute_time(flops, on_host, nbytes)
+
+    def transfer(nbytes: int, to_host: bool) -> None:
+        clock[0] += cost.transfer_time(nbytes)
+    tracker = RankTracker(on_work=work, now=lambda: clock[0], on_transfer=transfer)
+    with tracker:
+        result = fn()
+    return result, clock[0]
+
+
+def _ignore(*_) -> None:
+    pass

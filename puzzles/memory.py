@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import random
+from typing import Optional
 
 import torch
 
@@ -23,10 +24,12 @@ NOTEBOOK = "01_memory"
 ONE_DEVICE = (1, 1, 1)          # three random cases, each on one device
 
 
-def _config(rng: random.Random, **fixed) -> GPTConfig:
+def _config(rng: random.Random, tied: Optional[bool] = None, **fixed) -> GPTConfig:
     heads = rng.choice([1, 2, 4])
     shape = dict(vocab=rng.randint(16, 100), seq=rng.choice([8, 16, 32]), hidden=heads * rng.choice([4, 8, 16]),
                  heads=heads, layers=rng.randint(1, 4), tied=rng.random() < 0.5)
+    if tied is not None:
+        shape["tied"] = tied
     shape.update(fixed)
     return GPTConfig(**shape)
 
@@ -37,13 +40,14 @@ def _describe(cfg: GPTConfig) -> str:
 
 
 # ---- 1. counting parameters --------------------------------------------------------------
-def _count_case(rng: random.Random, _world: int) -> Case:
-    cfg = _config(rng)
+def _count_case(rng: random.Random, _world: int, tied: Optional[bool] = None) -> Case:
+    cfg = _config(rng, tied)
     return Case(1, (cfg,), [sum(p.numel() for p in TinyGPT(cfg).parameters())], _describe(cfg))
 
 
 count_parameters = Puzzle(
     "count_parameters", NOTEBOOK, _count_case, world_sizes=ONE_DEVICE, takes_dist=False, rtol=0, atol=0,
+    variants=[{"tied": True}, {"tied": False}],
     hints=["Count each piece: the token embedding (vocab × hidden), the position embedding (seq × hidden), "
            "`layers` blocks, the final LayerNorm, and the output head.",
            "A block: qkv Linear h→3h and proj h→h, fc1 h→4h and fc2 4h→h (all with biases), two LayerNorms "
@@ -195,6 +199,9 @@ accumulated_step = Puzzle(
 
 
 # ---- 6. optimizer state in host memory -------------------------------------------------------------
+ADAM_PASSES = 16    # an Adam update reads and writes each parameter about a dozen times; a little room on top
+
+
 def _adam_reference(model, batches, lr: float):
     model = copy.deepcopy(model)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -212,6 +219,7 @@ def _offload_case(rng: random.Random, _world: int) -> Case:
     lr = 1e-2
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
+    param_count = sum(p.numel() for p in params)
     _, step_peak, _ = allocated(lambda: _reference_grads(model, tokens, targets))
     largest = max(p.numel() * p.element_size() for p in params)
     return Case(1, (model, batches, lr), [_adam_reference(model, batches, lr)],
@@ -222,8 +230,10 @@ def _offload_case(rng: random.Random, _world: int) -> Case:
                                 f"{fmt_bytes(2 * param_bytes)}",
                                 hint="make m and v with device=lib.host(), bring each gradient over with "
                                      "p.grad.to(lib.host()), and send only the update back to the device."),
-                         Budget("host_flops", 0, "forward and backward belong on the device; only the optimizer "
-                                "step moves to the host",
+                         Budget("host_flops", ADAM_PASSES * param_count * len(batches),
+                                f"{ADAM_PASSES} elementwise passes over the {param_count:,} parameters per Adam step; "
+                                f"forward and backward belong on the device (on the host they would cost about "
+                                f"6 · parameters · tokens = {6 * param_count * tokens.numel() * len(batches):,})",
                                 hint="keep the model where it is; move gradients to the host, not the model.")])
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Puzzle
 from lib.devices import device_mesh
 from lib.formulas import model_state_bytes
-from lib.measure import saved_activation_bytes
+from lib.measure import counted_time, saved_activation_bytes
 from lib.models import mlp
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
@@ -109,7 +109,7 @@ class _Sizes:
         self.layer = max(sum(padded(p.numel(), world) for p in m.parameters()) for m in _layers(model)) * WORD
         self.shard = max(padded(p.numel(), world) // world for p in params) * WORD
         self.inputs = sum(t.numel() * t.element_size() for x, y in shard for t in (x, y))
-        x, y = shard[0]
+        x, y = self.first_batch = shard[0]
         probe = copy.deepcopy(model)
         saved = saved_activation_bytes(lambda: F.mse_loss(probe(x), y), exclude=list(probe.parameters()))
         widest = max(x.shape[0] * s for s in SIZES) * WORD
@@ -280,27 +280,54 @@ zero3_train = Puzzle(
 
 
 # ---- 4. FSDP with prefetching ----------------------------------------------------------------------------
-OVERLAP = 0.75     # the share of what prefetching can hide that the budget asks to hide
+OVERLAP = 0.5      # the share of what prefetching can hide that the budget asks to hide (bookkeeping copies vary)
 
 
 def _step_times(s: _Sizes, model, cost: CostModel) -> tuple[float, float, float]:
-    """Per step, from the layers' FLOPs and all-gather sizes: serial time, the part prefetching can hide,
-    and the final all-gather."""
+    """Per step: serial time (gathers, the measured compute, reduce-scatters one after another), the part
+    prefetching can hide, and the final all-gather."""
     ranks = range(s.world)
     layers = list(model)
-    fwd, ag, rs = [], [], []
-    for layer in layers:
-        params = list(layer.parameters())
-        fwd.append(cost.compute_time(2 * LOCAL * layer.in_features * layer.out_features) if params else 0.0)
-        ag.append(sum(cost.collective_time("all_gather", WORD * padded(p.numel(), s.world), ranks) for p in params))
-        rs.append(sum(cost.collective_time("reduce_scatter", WORD * padded(p.numel(), s.world), ranks)
-                      for p in params))
-    bwd = [3 * f for f in fwd]         # recompute the layer's forward, then the two matmuls of its backward
-    serial = sum(ag) + sum(fwd) + sum(ag) + sum(bwd) + sum(rs)
+    ag = [sum(cost.collective_time("all_gather", WORD * padded(p.numel(), s.world), ranks) for p in layer.parameters())
+          for layer in layers]
+    rs = [sum(cost.collective_time("reduce_scatter", WORD * padded(p.numel(), s.world), ranks)
+              for p in layer.parameters()) for layer in layers]
+    fwd, bwd, rest = _compute_times(model, s, cost)
+    serial = 2 * sum(ag) + sum(fwd) + sum(bwd) + rest + sum(rs)
     idx = [i for i, layer in enumerate(layers) if list(layer.parameters())]
     hide = sum(min(ag[b], fwd[a]) for a, b in zip(idx, idx[1:]))              # forward: gather the next layer
     hide += sum(min(ag[a], bwd[b]) for a, b in zip(idx, idx[1:]))             # backward: gather the previous one
     return serial, hide, sum(ag)
+
+
+def _compute_times(model, s: _Sizes, cost: CostModel) -> tuple[list[float], list[float], float]:
+    """Measured as a simulated rank's clock counts them: each layer's forward, each layer's backward (its
+    forward recomputed, then its gradients), and the rest of a step (loss, Adam on this rank's shards)."""
+    probe = copy.deepcopy(model)
+    x, y = s.first_batch
+    fwd, bwd, inputs, h = [], [], [], x
+    with torch.no_grad():
+        for layer in probe:
+            inputs.append(h)
+            h, t = counted_time(lambda: layer(h), cost)
+            fwd.append(t)
+    h.requires_grad_()
+    grad, t_loss = counted_time(lambda: torch.autograd.grad(F.mse_loss(h, y), h)[0], cost)
+    for layer, inp in reversed(list(zip(probe, inputs))):
+        inp = inp.detach().requires_grad_()
+        grad, t = counted_time(lambda: _backward_through(layer, inp, grad), cost)
+        bwd.insert(0, t)
+    shards = [torch.zeros(padded(p.numel(), s.world) // s.world, dtype=p.dtype) for p in probe.parameters()]
+    for shard in shards:
+        shard.grad = torch.ones_like(shard)
+    adam = torch.optim.Adam(shards, lr=LR)
+    _, t_adam = counted_time(adam.step, cost)
+    return fwd, bwd, t_loss + t_adam
+
+
+def _backward_through(layer, inp, grad):
+    layer(inp).backward(grad)
+    return inp.grad
 
 
 def _prefetch_case(rng: random.Random, world: int) -> Case:

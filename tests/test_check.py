@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import lib.check
+import lib.sim
 from lib.check import Budget, Case, CheckFailed, NotSolved, Puzzle
 from lib.compare import first_difference
 from lib.sim import per_rank
@@ -102,10 +103,10 @@ def test_correct_function_passes(capsys):
 
 def test_wrong_function_fails_and_says_where(capsys):
     puzzle = make_puzzle()
-    assert puzzle.check(forgets_to_communicate) is False
+    assert puzzle.check(forgets_to_communicate, seed=0) is False
     out = capsys.readouterr().out
     assert out.startswith("✗")
-    case = puzzle.cases()[0]
+    case = puzzle.cases(seed=0)[0]
     xs = case.args[0].values
     want, got = case.expected[0], xs[0]
     i = int((~torch.isclose(got, want, rtol=1e-5, atol=1e-6)).nonzero()[0])
@@ -151,9 +152,9 @@ def test_a_learner_error_is_reported_not_raised(capsys):
 
 def test_budget_names_metric_value_limit_and_formula(capsys):
     puzzle = make_puzzle()
-    assert puzzle.check(gathers_everything) is False
+    assert puzzle.check(gathers_everything, seed=0) is False
     out = capsys.readouterr().out
-    case = puzzle.cases()[1]                           # N=3: the first case over budget
+    case = puzzle.cases(seed=0)[1]                     # N=3: the first case over budget
     assert case.world_size == 3
     nbytes = case.args[0].values[0].numel() * 4
     value, limit = 2 * nbytes, 2 * (3 - 1) / 3 * nbytes    # all_gather sends (N-1)/N of N vectors
@@ -297,3 +298,56 @@ def test_numpy_numbers_compare_as_numbers():
     assert first_difference(15168, np.int64(15168)) is None
     assert first_difference(0.25, np.float32(0.25)) is None
     assert "expected 3, got int 4" in first_difference(3, np.int64(4))
+
+
+# ---- the answer key is out of reach ----------------------------------------------------------------------
+
+def test_every_check_draws_fresh_cases_and_a_failure_says_how_to_replay_it():
+    puzzle = make_puzzle()
+    first, second = puzzle.evaluate(forgets_to_communicate), puzzle.evaluate(forgets_to_communicate)
+    seeds = [int(o.message.split("seed=")[1].split(")")[0]) for o in (first, second)]
+    assert seeds[0] != seeds[1]
+    assert f"P.sum_vectors.check(forgets_to_communicate, seed={seeds[0]}) replays them" in first.message
+    assert puzzle.evaluate(forgets_to_communicate, seed=seeds[0]).message == first.message
+
+
+def rebuilds_the_case(dist, x):
+    """Finds the expected answer by building the check's case again with the seed it guesses."""
+    return make_puzzle().cases(seed=0)[0].expected[dist.get_rank()]
+
+
+def reads_the_originals(dist, x):
+    """Walks up its own stack to the runtime's frame, whose arguments hold every rank's input."""
+    import sys
+    frame = sys._getframe()
+    while "args" not in frame.f_locals or not frame.f_locals["args"]:
+        frame = frame.f_back
+    return sum(v.clone() for v in frame.f_locals["args"][0].values)
+
+
+def peeks_at_other_threads(dist, x):
+    import sys
+    for frame in sys._current_frames().values():
+        if "case" in frame.f_locals:
+            return frame.f_locals["case"].expected[dist.get_rank()]
+    return x
+
+
+@pytest.mark.parametrize("cheat, words", [
+    (rebuilds_the_case, "a check's case was being built inside the function under check"),
+    (reads_the_originals, "read a tensor of the run itself"),
+    (peeks_at_other_threads, "sys._current_frames"),
+])
+def test_the_answer_key_cannot_be_reached_from_inside(cheat, words):
+    outcome = make_puzzle().evaluate(cheat)
+    assert not outcome.ok and words in outcome.message, outcome.message
+
+
+def test_a_real_rank_cannot_build_the_case_while_the_learners_function_runs():
+    import lib.check as check
+    check._learner_running = True
+    try:
+        with pytest.raises(lib.sim.OutOfView):
+            make_puzzle().cases(seed=0)
+    finally:
+        check._learner_running = False

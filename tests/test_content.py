@@ -72,6 +72,7 @@ def test_wrong_answer_fails_with_reason(name, fn, reason, capsys):
     assert puzzle.check(fn, strict=False, show=False) is False
     out = capsys.readouterr().out
     assert out.startswith(f"✗ {name} failed on "), out
-    assert reason in out, out
+    reasons = reason if isinstance(reason, tuple) else (reason,)     # a wrong answer may break either budget
+    assert any(r in out for r in reasons), out
     with pytest.raises(CheckFailed):
         puzzle.check(fn, strict=True, show=False)

@@ -14,8 +14,8 @@ import solutions.pipeline as S  # noqa: E402
 from lib.errors import RankFailed  # noqa: E402
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble  # noqa: E402
 from lib.sim import per_rank, run  # noqa: E402
-from lib.viz.pipeline import (ScheduleError, Work, bubble_of, draw_schedule, peak_in_flight, play,  # noqa: E402
-                              schedule_explorer, schedule_orders)
+from lib.schedules import ScheduleError, Step, bubble_of, peak_in_flight, play, schedule_orders  # noqa: E402
+from lib.viz.pipeline import draw_schedule, schedule_explorer  # noqa: E402
 
 
 @pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 8, 1), ("gpipe", 3, 2, 1), ("1f1b", 4, 8, 1),
@@ -43,7 +43,7 @@ def test_memory_gpipe_holds_m_and_1f1b_holds_p_minus_r():
 
 
 def test_an_order_that_waits_forever_is_reported():
-    orders = [[Work("B", 0, 0), Work("F", 0, 0)], [Work("F", 0, 0), Work("B", 0, 0)]]
+    orders = [[Step("B", 0, 0), Step("F", 0, 0)], [Step("F", 0, 0), Step("B", 0, 0)]]
     with pytest.raises(ScheduleError, match="waits forever"):
         play(orders)
 
@@ -85,7 +85,19 @@ def test_simulated_bubble_of_the_solutions_is_the_formula():
         for p in (2, 4):
             case = puzzle.make_case(__import__("random").Random(1), p)
             result = run(fn, p, *case.args, cost=case.cost)
-            assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, case.args[3]), rel=P.SLACK)
+            assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, case.args[3]), rel=P.CLOSE)
+            _assert_time_is_the_played_schedule(result, case, "gpipe" if fn is S.gpipe else "1f1b")
+
+
+def _assert_time_is_the_played_schedule(result, case, schedule, v=1):
+    """The run takes the schedule played with each stage's measured times, plus the boundary copies the
+    budget allows for: no more, and never less."""
+    stages, batch, targets, m = case.args
+    order = [s for i in range(v) for s in (stages.values if v == 1 else [r[i] for r in stages.values])]
+    step = P.schedule_step_time(schedule, order, batch[:len(batch) // m], targets[:len(targets) // m], m, v,
+                                split=schedule == "zb-h1")
+    (budget,) = [b for b in case.budgets if b.metric == "time"]
+    assert step <= result.time <= budget.limit
 
 
 def test_interleaved_with_m_not_a_multiple_of_p_is_a_clear_error_not_a_hang():
@@ -101,7 +113,8 @@ def test_simulated_bubble_of_interleaved_is_the_formula_and_the_explorer_agrees(
     chunks, _, _, m = case.args
     v = len(chunks.values[0])
     result = run(S.interleaved_1f1b, p, *case.args, cost=case.cost)
-    assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, m, v), rel=P.SLACK)
+    assert P.measured_bubble(result) == pytest.approx(bubble_fraction(p, m, v), rel=P.CLOSE)
+    _assert_time_is_the_played_schedule(result, case, "interleaved", v)
     assert bubble_of(play(schedule_orders("interleaved", p, m, v), v)) == pytest.approx(bubble_fraction(p, m, v))
 
 
@@ -174,8 +187,9 @@ def test_simulated_bubble_of_zero_bubble_is_the_formula_and_a_third_of_1f1bs(p):
     case = P.zero_bubble.make_case(__import__("random").Random(3), p)
     m = case.args[3]
     zb, one = run(S.zero_bubble, p, *case.args, cost=case.cost), run(S.one_f_one_b, p, *case.args, cost=case.cost)
-    assert P.measured_bubble(zb) == pytest.approx(zero_bubble_h1_bubble(p, m), rel=P.SLACK)
-    assert P.measured_bubble(zb) == pytest.approx(P.measured_bubble(one) / 3, rel=P.SLACK)
+    assert P.measured_bubble(zb) == pytest.approx(zero_bubble_h1_bubble(p, m), rel=P.CLOSE)
+    assert P.measured_bubble(zb) == pytest.approx(P.measured_bubble(one) / 3, rel=P.CLOSE)
+    _assert_time_is_the_played_schedule(zb, case, "zb-h1")
 
 
 def test_split_stage_times_are_the_full_backward_cut_into_input_and_weight_gradients():

@@ -18,7 +18,7 @@ from lib.planner import (A100_80GB, H100_80GB, PUBLISHED_RUNS, Cluster, Model, P
                          comparison, estimate, plans)
 from lib.planner.runs import fitted_efficiency, implied_efficiency, llama3_405b
 from lib.sim.cost import CostModel
-from lib.viz.pipeline import peak_in_flight, schedule_orders
+from lib.schedules import peak_in_flight, schedule_orders
 
 TOLERANCE = 0.20   # the bar: every published figure within 20%
 

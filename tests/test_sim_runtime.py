@@ -187,20 +187,68 @@ def test_memory_of_one_rank_does_not_leak_into_another():
 
 # ---- clocks and traces --------------------------------------------------------------------------
 
-def test_compute_clock_counts_matmul_flops():
+def test_compute_clock_counts_every_op():
+    """Two randn of 64x64 (one FLOP per element: an op without a formula) and a matmul (2·64³ FLOPs)."""
     def prog(dist):
         a, b = torch.randn(64, 64), torch.randn(64, 64)
         return a @ b
     result = lib.sim.run(prog, 2, cost=CostModel(flops_per_s=1e9))
+    flops = 2 * 64**3 + 2 * 64 * 64
     for s in result.stats:
-        assert s.flops == 2 * 64**3
-        assert s.clock == pytest.approx(2 * 64**3 / 1e9, abs=1e-12)
+        assert s.flops == flops
+        assert s.clock == pytest.approx(flops / 1e9, abs=1e-12)
     compute = [e for e in result.trace if e.op == "compute"]
-    assert sorted((e.rank, e.start, e.end) for e in compute) == [(0, 0.0, pytest.approx(2 * 64**3 / 1e9, abs=1e-12)),
-                                                                 (1, 0.0, pytest.approx(2 * 64**3 / 1e9, abs=1e-12))]
+    assert sorted((e.rank, e.start, e.end) for e in compute) == [(0, 0.0, pytest.approx(flops / 1e9, abs=1e-12)),
+                                                                 (1, 0.0, pytest.approx(flops / 1e9, abs=1e-12))]
 
 
-SLOW_LINKS = CostModel(intra_node_bandwidth=1e6, inter_node_bandwidth=1e5, latency=1e-3)
+def test_an_op_costs_its_roofline_time():
+    """max(FLOPs / peak, bytes / memory bandwidth): an add is memory-bound where memory is slow."""
+    def prog(dist):
+        a = torch.ones(1000)
+        start = lib.sim.context.current_runtime().me().clock
+        b = a + a                                      # 1000 FLOPs, 12,000 bytes read and written
+        return lib.sim.context.current_runtime().me().clock - start
+    fast_memory = lib.sim.run(prog, 1, cost=CostModel(flops_per_s=1e9, memory_bandwidth=1e15)).results[0]
+    slow_memory = lib.sim.run(prog, 1, cost=CostModel(flops_per_s=1e9, memory_bandwidth=1e6)).results[0]
+    assert fast_memory == pytest.approx(1000 / 1e9)
+    assert slow_memory == pytest.approx(12000 / 1e6)
+
+
+@pytest.mark.parametrize("form", ["matmul", "mv", "addr", "broadcast_sum"])
+def test_a_product_costs_its_flops_however_it_is_written(form):
+    """A matrix product written as mv, an outer-product update or a broadcast multiply-and-sum is not free."""
+    def prog(dist):
+        w, x = torch.ones(32, 16), torch.ones(16)
+        start = lib.sim.context.current_runtime().me().clock
+        if form == "matmul":
+            w @ x.reshape(16, 1)
+        elif form == "mv":
+            torch.mv(w, x)
+        elif form == "addr":
+            torch.zeros(32, 16).addr_(torch.ones(32), x)
+        else:
+            (w * x).sum(1)
+        return lib.sim.context.current_runtime().me().clock - start
+    seconds = lib.sim.run(prog, 1, cost=CostModel(flops_per_s=1e9)).results[0]
+    assert seconds >= 32 * 16 / 1e9          # at least one FLOP per multiply-add
+
+
+def test_the_host_computes_slower_than_the_device():
+    def prog(dist, where):
+        a = torch.ones(256, 256, device=where())
+        start = lib.sim.context.current_runtime().me().clock
+        a @ a
+        return lib.sim.context.current_runtime().me().clock - start
+    cost = CostModel(flops_per_s=1e9)
+    on_device = lib.sim.run(prog, 1, lib.device, cost=cost).results[0]
+    on_host = lib.sim.run(prog, 1, lib.host, cost=cost).results[0]
+    assert on_host == pytest.approx(on_device * lib.sim.cost.HOST_COMPUTE_SLOWDOWN)
+
+
+# Only the links cost time here: compute and memory are infinitely fast.
+SLOW_LINKS = CostModel(intra_node_bandwidth=1e6, inter_node_bandwidth=1e5, latency=1e-3, flops_per_s=float("inf"),
+                       memory_bandwidth=float("inf"))
 
 
 def _send_1000_floats(dist):
@@ -230,8 +278,8 @@ COMM = 2 * (2 - 1) * 5e-6 + 2 * (2 - 1) / 2 * 4000 / 4e6     # ring all-reduce o
 
 
 def _overlap(dist, size, async_op):
-    t = torch.ones(1000)
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    """The tensors arrive as arguments, so that the rank computes nothing but the matmul."""
+    t, a, b = size
     work = dist.all_reduce(t, async_op=async_op)
     c = a @ b
     if async_op:
@@ -242,8 +290,9 @@ def _overlap(dist, size, async_op):
 @pytest.mark.parametrize("size", [64, 128])
 def test_async_all_reduce_overlaps_compute(size):
     compute = 2 * size**3 / 1e9
-    overlapped = lib.sim.run(_overlap, 2, size, True, cost=OVERLAP)
-    serial = lib.sim.run(_overlap, 2, size, False, cost=OVERLAP)
+    tensors = (torch.ones(1000), torch.randn(size, size), torch.randn(size, size))
+    overlapped = lib.sim.run(_overlap, 2, tensors, True, cost=OVERLAP)
+    serial = lib.sim.run(_overlap, 2, tensors, False, cost=OVERLAP)
     for s in overlapped.stats:
         assert s.clock == pytest.approx(max(compute, COMM), abs=1e-12)
     for s in serial.stats:
@@ -549,7 +598,7 @@ def test_a_message_is_not_delayed_by_one_that_starts_later():
     cost = CostModel(flops_per_s=1e9, latency=1e-6, intra_node_bandwidth=1e12, inter_node_bandwidth=1e12)
     result = lib.sim.run(_late_and_early_sender, 3, cost=cost)
     start = {e.peer: e.start for e in result.trace if e.rank == 1 and e.op == "recv"}
-    assert start[2] == 0.0 and start[0] > 100e-6          # rank 0 sends only after its ~10 ms of matmuls
+    assert start[2] < 1e-6 and start[0] > 100e-6          # rank 2 sends at once, rank 0 after ~10 ms of matmuls
 
 
 def test_messages_sharing_a_link_still_take_turns():

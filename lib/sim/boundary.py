@@ -1,22 +1,33 @@
-"""The edges of torch a simulated rank could use to keep memory where the tracker cannot see it.
+"""The edges a simulated rank could use to keep memory or work where the simulator cannot see it.
 
-The tracker sees every op, but a few calls move bytes in or out of torch without one: converting a
-tensor to numpy (or DLPack) and copying it there, pickling it into bytes, taking its values out as Python
-numbers, making or resizing a raw storage. Inside a simulated rank:
+The tracker sees every op a rank runs, but a few calls move bytes in or out of torch without one, and a few
+switch the tracker off or run work where it is not. Inside a simulated rank:
 - numpy, DLPack and pickling are refused: the bytes would leave the simulator's view (and on a GPU,
   `.numpy()` of a device tensor fails anyway);
 - `.tolist()` and `.item()` are allowed (split sizes, a loss to print) and their Python objects count toward
   the rank's memory until the run ends, since Python does not tell when they are freed;
-- a raw storage a rank makes (`torch.UntypedStorage(n)`) is its memory, and a resized storage is re-measured.
-Outside a simulated rank every patch does exactly what torch does.
+- a raw storage a rank makes (`torch.UntypedStorage(n)`) is its memory, and a resized storage is re-measured;
+- starting a thread, switching torch's Python dispatch off or popping the simulator's mode from the learner's
+  code is refused (the work would not be counted), and so is disabling saved-tensor hooks; a learner's
+  saved-tensor hooks entered inside the check's own measuring hooks are composed with them, not hiding from them;
+- looking at other threads' frames or at the garbage collector's objects is refused (that is where the check's
+  cases and the other ranks' inputs live).
+Outside a simulated rank, and for torch's and the engine's own calls, every patch does exactly what torch does.
 """
 
 from __future__ import annotations
 
+import _thread
 import functools
+import gc
+import sys
+import threading
+from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.autograd.graph
+import torch.utils._python_dispatch as python_dispatch
 
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
@@ -38,6 +49,64 @@ def _refusing(original: Callable, what: str, gpu_note: str = "") -> Callable:
         return original(self, *args, **kwargs)
     refused._lib_sim_patch = True
     return refused
+
+
+_ENGINE = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent))
+_DISABLE_TORCH_DISPATCH = torch._C._DisableTorchDispatch      # the engine's own, before install() guards it
+
+
+def untracked():
+    """The engine's own work inside a rank (message copies, reductions): torch's Python dispatch switched off,
+    so the tracker does not count it. Five times cheaper than telling the tracker to ignore the op."""
+    return _DISABLE_TORCH_DISPATCH()
+
+
+def tracking_switched_off(tracker) -> str:
+    """What, if anything, stops `tracker` from seeing the ops of this thread: '' when it sees them all."""
+    if torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
+        return "torch's Python dispatch is switched off"
+    if not any(torch._C._get_dispatch_stack_at(i) is tracker for i in range(torch._C._len_torch_dispatch_stack())):
+        return "the simulator's dispatch mode was taken off the stack"
+    return ""
+
+
+def _from_learner(depth: int = 2) -> bool:
+    """Whether the function `depth` frames up was called by the learner's code, not torch's or the engine's."""
+    return not sys._getframe(depth).f_code.co_filename.startswith(_ENGINE)
+
+
+def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
+    """`original`, refused when the learner's code calls it inside a simulated rank."""
+    @functools.wraps(original)
+    def guarded(*args, **kwargs):
+        rank = current_rank()
+        if rank is not None and _from_learner():
+            from lib.sim.ownership import learner_line
+            _fail(OutOfView(f"rank {rank} called {what}{learner_line()}: {why}"))
+        return original(*args, **kwargs)
+    guarded._lib_sim_patch = True
+    return guarded
+
+
+_HIDDEN_WORK = ("work there runs outside the simulator's view, so its time, FLOPs and memory would not count.\n"
+                "Hint: compute in your function's own thread, with torch's ordinary ops.")
+_PEEKING = ("other threads and the garbage collector hold the check's own cases and every rank's inputs.\n"
+            "Hint: use only the arguments your function receives; get other ranks' data through dist.")
+
+
+def _composing_enter(original_enter: Callable) -> Callable:
+    """saved_tensors_hooks.__enter__ that, inside a rank, composes a learner's hooks with the check's measuring
+    hooks below them (only the innermost hooks apply: nesting would otherwise hide saved tensors from the check)."""
+    @functools.wraps(original_enter)
+    def enter(self):
+        if current_rank() is not None and _from_learner():
+            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            if top is not None and getattr(top[0], "_lib_measure", False):
+                outer, inner = top[0], self.pack_hook
+                self.pack_hook = lambda t: inner(outer(t))
+        return original_enter(self)
+    enter._lib_sim_patch = True
+    return enter
 
 
 def _counting(original: Callable, what: str) -> Callable:
@@ -101,6 +170,24 @@ def install() -> None:
     torch.UntypedStorage.tolist = _counting(torch.UntypedStorage.tolist, "UntypedStorage.tolist()")
     torch.UntypedStorage.__new__ = _storage_new(torch._C.StorageBase.__new__)
     torch.UntypedStorage.resize_ = _storage_resize(torch.UntypedStorage.resize_)
+    hide = "a thread of its own"
+    threading.Thread.start = _refusing_from_learner(threading.Thread.start, "threading.Thread.start (" + hide + ")",
+                                                    _HIDDEN_WORK)
+    _thread.start_new_thread = _refusing_from_learner(_thread.start_new_thread, "_thread.start_new_thread", _HIDDEN_WORK)
+    off = "switching off the simulator's tracking of ops"
+    for module, name in ((torch._C, "_DisableTorchDispatch"), (torch._C, "_pop_torch_dispatch_stack"),
+                         (torch._C, "_unset_dispatch_mode"), (torch._C, "_dispatch_tls_set_dispatch_key_excluded"),
+                         (torch._C, "_ExcludeDispatchKeyGuard"), (python_dispatch, "_disable_current_modes"),
+                         (python_dispatch, "_pop_mode"), (python_dispatch, "_pop_mode_temporarily"),
+                         (python_dispatch, "_pop_torch_dispatch_stack"),
+                         (torch.autograd.graph, "disable_saved_tensors_hooks")):
+        setattr(module, name, _refusing_from_learner(getattr(module, name), f"{module.__name__}.{name} ({off})",
+                                                     _HIDDEN_WORK))
+    torch.autograd.graph.saved_tensors_hooks.__enter__ = _composing_enter(torch.autograd.graph.saved_tensors_hooks.__enter__)
+    sys._current_frames = _refusing_from_learner(sys._current_frames, "sys._current_frames (other threads' frames)",
+                                                 _PEEKING)
+    for name in ("get_objects", "get_referrers", "get_referents"):
+        setattr(gc, name, _refusing_from_learner(getattr(gc, name), f"gc.{name}", _PEEKING))
 
 
 _original_save = torch.serialization.save

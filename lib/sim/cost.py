@@ -1,6 +1,8 @@
 """How long simulated work takes, and how many bytes each rank moves.
 
-Compute costs FLOPs / device speed. Communication follows the alpha-beta model of the
+Every op costs the roofline: max(FLOPs / peak, bytes it touches / memory bandwidth), so nothing a rank
+computes is free (an op without a FLOP formula counts one FLOP per element). The host computes and reads
+memory more slowly than the device, by the ratios below. Communication follows the alpha-beta model of the
 ring algorithms NCCL uses: each of the algorithm's steps pays a latency, and each rank
 moves a known fraction of the data over the slowest link the group spans. The fractions
 are the nccl-tests "bus bandwidth" factors: 2(N-1)/N for all-reduce, (N-1)/N for
@@ -11,10 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 # The collectives whose traffic the model knows, with the fraction of the data S each rank
 # sends (and receives) in the algorithm NCCL runs for them, and their number of latency steps.
+# How much slower the host is than the device. Compute: a two-socket server reaches a few TFLOP/s in fp32
+# (AVX-512), an H100 989 TFLOP/s in bf16: about two orders of magnitude. Memory: 8-channel DDR5 gives about
+# 300 GB/s per socket against the H100's 3.35 TB/s of HBM3: about one order.
+HOST_COMPUTE_SLOWDOWN = 100.0
+HOST_MEMORY_SLOWDOWN = 10.0
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
                "gather", "scatter", "barrier")
 
@@ -54,7 +62,9 @@ class CostModel:
     inter_node_bandwidth: one 400 Gb/s InfiniBand NIC per GPU (50 GB/s).
     latency: per message; a few microseconds for NCCL on NVLink.
     ranks_per_node: GPUs per node (8).
-    host_flops_per_s: the host CPU for offloaded work (about 2 TFLOP/s fp32 for a two-socket server).
+    memory_bandwidth: HBM3 of an H100 SXM (3.35 TB/s).
+    host_flops_per_s: the host CPU for offloaded work; by default the device's / HOST_COMPUTE_SLOWDOWN.
+    host_memory_bandwidth: the host's DRAM; by default the device's / HOST_MEMORY_SLOWDOWN.
     pcie_bandwidth: copies between host and device memory (PCIe 5 x16, about 50 GB/s in practice).
     """
 
@@ -63,15 +73,28 @@ class CostModel:
     inter_node_bandwidth: float = 50e9
     latency: float = 5e-6
     ranks_per_node: int = 8
-    host_flops_per_s: float = 2e12
+    memory_bandwidth: float = 3.35e12
+    host_flops_per_s: Optional[float] = None
+    host_memory_bandwidth: Optional[float] = None
     pcie_bandwidth: float = 50e9
 
     def with_(self, **changes) -> "CostModel":
         """A copy with some fields changed, e.g. `CostModel().with_(ranks_per_node=4)`."""
         return replace(self, **changes)
 
-    def compute_time(self, flops: float, on_host: bool = False) -> float:
-        return flops / (self.host_flops_per_s if on_host else self.flops_per_s)
+    @property
+    def host_flops(self) -> float:
+        return self.host_flops_per_s or self.flops_per_s / HOST_COMPUTE_SLOWDOWN
+
+    @property
+    def host_bandwidth(self) -> float:
+        return self.host_memory_bandwidth or self.memory_bandwidth / HOST_MEMORY_SLOWDOWN
+
+    def compute_time(self, flops: float, on_host: bool = False, nbytes: float = 0.0) -> float:
+        """One op's time on the roofline: its FLOPs at peak, or the bytes it touches at memory bandwidth."""
+        if on_host:
+            return max(flops / self.host_flops, nbytes / self.host_bandwidth)
+        return max(flops / self.flops_per_s, nbytes / self.memory_bandwidth)
 
     def transfer_time(self, nbytes: int) -> float:
         """A copy between host and device memory."""

@@ -36,6 +36,7 @@ def _rule(method):
     """Errors the simulator raises inside a dist call end the run: a learner's try/except can't hide them."""
     @functools.wraps(method)
     def wrapper(self: "SimDist", *args, **kwargs):
+        self._rt.check_view(self._rt.ranks[self._rank])
         try:
             return method(self, *args, **kwargs)
         except PuzzleError as e:

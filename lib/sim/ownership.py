@@ -9,7 +9,9 @@ Simulated ranks are threads of one process; real ranks are processes. While a ru
   before the run: a global, a closure, a default argument) broke the rule: in real processes the
   write lands in r's private copy and nobody else sees it;
 - a torch.Generator used by two ranks broke the rule: each real process draws from its own copy.
-Reading a tensor made before the run stays allowed, as it is in a forked process.
+Reading a tensor made before the run stays allowed, as it is in a forked process, except the run's own
+arguments and expected results (owned by CHECK): each rank receives its own copy of its arguments, so a rank
+that reads the originals is reading every rank's inputs, or the answer.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from lib.sim.errors import SharedMemory
 _LIB_DIR = str(Path(__file__).resolve().parents[1])
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _WRITES: dict = {}
+
+CHECK = -1          # the owner of the run's own arguments and expected results
 
 SHARE_NOTHING = ("In real processes ranks share no memory: data reaches another rank only through dist "
                  "(send/recv, broadcast, all_reduce, ...).")
@@ -53,6 +57,31 @@ def tensors_in(args, kwargs) -> Iterator[torch.Tensor]:
     for a in kwargs.values():
         if isinstance(a, torch.Tensor):
             yield a
+
+
+def tensors_within(obj, seen: Optional[set] = None) -> Iterator[torch.Tensor]:
+    """Every tensor reachable in `obj`: tensors (and their .grad), modules' parameters and buffers, lists,
+    tuples, sets, dicts, dataclasses and objects' attributes."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool, torch.dtype, torch.device)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        if obj.grad is not None:
+            yield obj.grad
+    elif isinstance(obj, torch.nn.Module):
+        yield from (t for t in [*obj.parameters(), *obj.buffers()])
+        yield from (g for p in obj.parameters() if (g := p.grad) is not None)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for item in obj:
+            yield from tensors_within(item, seen)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from tensors_within(item, seen)
+    elif hasattr(obj, "__dict__") and not callable(obj):
+        for item in vars(obj).values():
+            yield from tensors_within(item, seen)
 
 
 def learner_line() -> str:
@@ -106,8 +135,19 @@ class Ownership:
                     "not in a global, a closure or a notebook cell.")
         return None
 
+    def protect(self, objects) -> None:
+        """Make every tensor in `objects` (containers, modules, dataclasses, however nested) CHECK's."""
+        for t in tensors_within(objects):
+            self.owners[t.untyped_storage()._cdata] = CHECK
+
     @staticmethod
     def _read_error(rank: int, owner: int, func) -> SharedMemory:
+        if owner == CHECK:
+            return SharedMemory(
+                f"rank {rank} read a tensor of the run itself ({_name(func)}{learner_line()}): an original of the "
+                "arguments the ranks were given, or the check's expected result. Each rank receives its own copy "
+                "of its arguments; the originals hold every rank's inputs and are not yours to read.\n"
+                "Hint: use only the arguments your function receives; get other ranks' data through dist.")
         return SharedMemory(
             f"rank {rank} read a tensor that rank {owner} made, without any dist call ({_name(func)}"
             f"{learner_line()}). {SHARE_NOTHING}\n"

@@ -79,13 +79,13 @@ class RankState:
         self.resume = threading.Semaphore(0)
         self.thread: Optional[threading.Thread] = None
         self.rng: Optional[torch.Tensor] = None     # the global random state while another rank runs
-        self.tracker = RankTracker(on_flops=self._add_flops, now=lambda: self.clock, on_transfer=self._transfer,
+        self.tracker = RankTracker(on_work=self._add_work, now=lambda: self.clock, on_transfer=self._transfer,
                                    on_violation=runtime.fail, limit=runtime.memory_limit / runtime.world_size,
                                    rank=rank, ownership=runtime.ownership)
         self._runtime = runtime
 
-    def _add_flops(self, flops: float, on_host: bool) -> None:
-        self.clock += self._runtime.cost.compute_time(flops, on_host)
+    def _add_work(self, flops: float, nbytes: float, on_host: bool) -> None:
+        self.clock += self._runtime.cost.compute_time(flops, on_host, nbytes)
 
     def _transfer(self, nbytes: int, to_host: bool) -> None:
         """A host-device copy: blocks the rank for nbytes over PCIe, drawn as a transfer."""
@@ -127,12 +127,19 @@ class Runtime:
 
     @contextmanager
     def untracked(self) -> Iterator[None]:
-        """The runtime's own temporaries (message copies, reductions) are not the rank's memory.
-
-        Switching Python dispatch off skips the tracker entirely: five times cheaper than telling it
-        to ignore the op."""
-        with torch._C._DisableTorchDispatch():
+        """The runtime's own temporaries (message copies, reductions) are not the rank's memory."""
+        with boundary.untracked():
             yield
+
+    def check_view(self, state: RankState) -> None:
+        """Stop the run if the rank's ops escape its tracker (checked at every dist call and at return)."""
+        off = boundary.tracking_switched_off(state.tracker)
+        if off:
+            from lib.sim.ownership import learner_line
+            self.fail(OutOfView(
+                f"rank {state.rank} reached a dist call or returned while {off}{learner_line()}: work done meanwhile "
+                "ran outside the simulator's view, so its time, FLOPs and memory would not count.\nHint: compute with "
+                "torch's ordinary ops, without switching dispatch modes off."))
 
     def close_compute(self, state: RankState) -> None:
         """End the compute stretch before a communication, as a timeline event."""
@@ -204,13 +211,15 @@ class Runtime:
                 torch.set_rng_state(self._start_rng)
             with state.tracker:
                 memo: dict = {}
-                mine = copy.deepcopy(([a.values[state.rank] if isinstance(a, PerRank) else a for a in args],
-                                      {k: v.values[state.rank] if isinstance(v, PerRank) else v
-                                       for k, v in kwargs.items()}), memo)
+                with self.untracked():     # the originals are the run's own: only the runtime reads them
+                    mine = copy.deepcopy(([a.values[state.rank] if isinstance(a, PerRank) else a for a in args],
+                                          {k: v.values[state.rank] if isinstance(v, PerRank) else v
+                                           for k, v in kwargs.items()}), memo)
                 state.tracker.adopt_copies(memo)
                 del memo
                 state.result = fn(make_dist(self, state.rank), *mine[0], **mine[1])
                 del mine
+                self.check_view(state)
                 self.close_compute(state)
         except _Abort:
             pass
@@ -227,7 +236,8 @@ class Runtime:
             context.leave()
             self._hand_off(state)
 
-    def run(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
+    def run(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable, protect: Any = None) -> None:
+        self.ownership.protect((args, kwargs, protect))
         for state in self.ranks:
             state.thread = threading.Thread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
                                             name=f"sim-rank-{state.rank}", daemon=True)
@@ -387,12 +397,13 @@ MEMORY_LIMIT = 4 * 2**30
 
 
 def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, timeout: float = 30.0,
-        memory_limit: float = MEMORY_LIMIT, **kwargs) -> SimResult:
+        memory_limit: float = MEMORY_LIMIT, protect: Any = None, **kwargs) -> SimResult:
     """Run `fn(dist, *args, **kwargs)` on `world_size` simulated ranks and return what they did.
 
     Every rank gets its own deep copy of the arguments (wrap one in `per_rank([...])` to
-    give each rank its own value). Raises Deadlock, CollectiveMismatch, InvalidCall,
-    SimTimeout or RankFailed (all PuzzleErrors) with a message that names the ranks.
+    give each rank its own value); no rank may read the originals, nor any tensor in `protect`
+    (a check's expected results). Raises Deadlock, CollectiveMismatch, InvalidCall, SimTimeout,
+    SharedMemory, OutOfView or RankFailed (all PuzzleErrors) with a message that names the ranks.
     `memory_limit` (bytes, all ranks together, shared equally) stops a run whose tensors keep growing.
     """
     from lib.sim.dist import SimDist
@@ -405,5 +416,5 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
     if current_rank() is not None:
         raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
     runtime = Runtime(world_size, cost or CostModel(), timeout, memory_limit)
-    runtime.run(fn, args, kwargs, SimDist)
+    runtime.run(fn, args, kwargs, SimDist, protect)
     return runtime.result()

@@ -49,6 +49,36 @@ def _aliases_input(func) -> bool:
 
 
 _FORMULAS: dict = {}
+aten = torch.ops.aten
+# Matrix-vector products torch's FLOP registry leaves out: without them a matmul written as one would be free.
+_MATVEC = {aten.mv: lambda a, b, *_, **__: 2 * a.numel(), aten.addmv: lambda c, a, b, *_, **__: 2 * a.numel(),
+           aten.addr: lambda c, u, v, *_, **__: 2 * u.numel() * v.numel(), aten.dot: lambda a, b, *_, **__: 2 * a.numel(),
+           aten.vdot: lambda a, b, *_, **__: 2 * a.numel()}
+# Ops that only reserve memory or rename it: no work (views are free by their schema).
+_FREE = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default,
+         aten.new_empty_strided.default, aten.lift_fresh.default, aten._local_scalar_dense.default}
+
+
+def _work(func, args: tuple, kwargs: dict, out) -> tuple[float, float]:
+    """(FLOPs, bytes read and written) of one op: FLOPs by torch's formula where it has one, else one per
+    element of the largest tensor it touches (elementwise ops, reductions)."""
+    tensors = [t for t in _flat_tensors((args, kwargs, out))]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    flops = _count_flops(func, args, kwargs, out)
+    if flops is None:
+        flops = max((t.numel() for t in tensors), default=0)
+    return float(flops), float(nbytes)
+
+
+def _flat_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _flat_tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _flat_tensors(o)
 
 
 def _count_flops(func, args: tuple, kwargs: dict, out) -> Optional[float]:
@@ -58,12 +88,14 @@ def _count_flops(func, args: tuple, kwargs: dict, out) -> Optional[float]:
     them from the tensors (a tree_map per call) cost a third of the simulator's time per op."""
     known = _FORMULAS.get(func)
     if known is None:
-        counter = flop_registry.get(func._overloadpacket)
+        counter = flop_registry.get(func._overloadpacket) or _MATVEC.get(func._overloadpacket)
         raw = getattr(counter, "__wrapped__", None) if "shape_wrapper" in getattr(counter, "__qualname__", "") else None
         known = _FORMULAS[func] = (raw or counter, raw is not None)
     formula, takes_shapes = known
     if formula is None:
         return None
+    if func._overloadpacket in _MATVEC:
+        return formula(*args, **kwargs)
     if not takes_shapes:
         return formula(*args, **kwargs, out_val=out)
     return formula(*map(_shape, args), out_shape=_shape(out), **{k: _shape(v) for k, v in kwargs.items()})
@@ -84,12 +116,12 @@ def _raise(error: Exception) -> None:
 class RankTracker(TorchDispatchMode):
     """Counts live bytes (current and peak, device and host) and FLOPs of one rank.
 
-    on_flops(flops, on_host) advances the rank's clock; on_transfer(nbytes, to_host) charges a copy
-    between host and device memory. With `ownership`, the storages it counts are the rank's, and ops
-    that break share-nothing are reported to on_violation.
+    on_work(flops, nbytes, on_host) advances the rank's clock for one op (its FLOPs and the bytes it touches);
+    on_transfer(nbytes, to_host) charges a copy between host and device memory. With `ownership`, the storages
+    it counts are the rank's, and ops that break share-nothing are reported to on_violation.
     """
 
-    def __init__(self, on_flops: Callable[[float, bool], None], now: Callable[[], float],
+    def __init__(self, on_work: Callable[[float, float, bool], None], now: Callable[[], float],
                  on_transfer: Callable[[int, bool], None] = lambda nbytes, to_host: None,
                  on_violation: Callable[[Exception], None] = _raise, limit: float = float("inf"),
                  rank: int = 0, ownership: Optional[Ownership] = None) -> None:
@@ -106,7 +138,7 @@ class RankTracker(TorchDispatchMode):
         self.samples: list[tuple[float, int]] = [(0.0, 0)]
         self._sizes: dict[int, tuple[int, int]] = {}     # storage -> (bytes, DEVICE / ON_HOST / NEUTRAL)
         self._hosted = 0                                  # how many live storages are on the host
-        self._on_flops = on_flops
+        self._on_work = on_work
         self._on_transfer = on_transfer
         self._now = now
 
@@ -125,12 +157,13 @@ class RankTracker(TorchDispatchMode):
         place = self._placement(func, args, kwargs)
         on_host = place == ON_HOST
         out = func(*args, **kwargs)
-        flops = _count_flops(func, args, kwargs, out)
-        if flops is not None:
+        writes = written_args(func) != ((), ())
+        if func not in _FREE and (writes or not _aliases_input(func)) and func not in _CROSSING:
+            flops, nbytes = _work(func, args, kwargs, out)
             self.flops += flops
             if on_host:
                 self.host_flops += flops
-            self._on_flops(flops, on_host)
+            self._on_work(flops, nbytes, on_host)
         if func in _CROSSING:
             source, target = (args[0], out) if func is torch.ops.aten._to_copy.default else (args[1], args[0])
             if isinstance(source, torch.Tensor):
@@ -140,7 +173,7 @@ class RankTracker(TorchDispatchMode):
         if _aliases_input(func):
             if func in _FRESH:
                 self.adopt(out, place)
-            elif written_args(func) != ((), ()):
+            elif writes:
                 self._remeasure(out)       # an in-place op (resize_, set_, out=) may have resized its storage
             return out                     # a view or an in-place result: no new storage
         if func is _SCALAR:
@@ -199,8 +232,9 @@ class RankTracker(TorchDispatchMode):
     def check_write(self, storage, func) -> None:
         """Share-nothing for a write that bypasses the dispatcher (a storage resized in place)."""
         if self._ownership is not None:
+            from lib.sim.boundary import untracked
             probe = torch.empty(0, dtype=torch.uint8)
-            with torch._C._DisableTorchDispatch():
+            with untracked():
                 probe.set_(storage)
             broken = self._ownership.check(self._rank, func, (probe,), {})
             if broken is not None:

@@ -207,6 +207,7 @@ WRONG = [
     ("parallel_attention", attention_projection_padded_to_full_width, "of activations for backward"),
     ("sequence_parallel_mlp", sp_all_reduce_instead, "one all_reduce of"),
     ("sequence_parallel_mlp", sp_layer_norm_after_the_gather, "of activations for backward"),
-    ("vocab_parallel_loss", loss_gathers_the_logits, "peak memory"),
+    # At N = 2 the full logits are only twice a shard: the gather may fit in memory and fail on bytes instead.
+    ("vocab_parallel_loss", loss_gathers_the_logits, ("peak memory", "sent is")),
     ("vocab_parallel_loss", loss_without_max_all_reduce, "the result['output']"),
 ]
