@@ -104,7 +104,10 @@ class Outcome:
 
 
 def strict_default() -> bool:
-    """Tests and grading set COURSE_STRICT=1 so that a failing check raises instead of printing."""
+    """Strict (a failing check raises) where grades are made: with COURSE_STRICT=1 (tests, grading), and
+    always while nbgrader autogrades or validates (it sets NBGRADER_EXECUTION), whatever COURSE_STRICT says."""
+    if os.environ.get("NBGRADER_EXECUTION"):
+        return True
     return os.environ.get("COURSE_STRICT", "") not in ("", "0")
 
 
