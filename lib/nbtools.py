@@ -49,7 +49,7 @@ class _Function(NamedTuple):
 def _function(source: str) -> _Function:
     fn = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef))
     first = fn.body[0]
-    has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    has_doc = isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str)
     return _Function(source.splitlines(), first.lineno - 1, first.end_lineno if has_doc else first.lineno - 1,
                      fn.end_lineno, " " * first.col_offset)
 

@@ -7,10 +7,12 @@ this machine lacks is skipped, with the reason.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import os
 import socket
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -91,9 +93,11 @@ def _hostile_answers(out: Path, other: Path, port: int, token: str) -> dict[str,
                                                 name="param_server_all_reduce"),
         # ... by a path derived from the interpreter (a virtual environment inside the checkout)
         "ring_reduce_scatter": "import os, sys\n" + steal.format(
-            path="os.path.join(os.path.dirname(sys.prefix), 'solutions', 'data_parallel.py')", name="ring_reduce_scatter"),
-        # ... with no path at all: the editable install's finder knows where the checkout is
-        "ring_all_gather": finder + steal.format(path="path", name="ring_all_gather"),
+            path="os.path.join(os.path.dirname(sys.prefix), 'solutions', 'data_parallel.py')",
+            name="ring_reduce_scatter"),
+        # ... by importing it, else through the editable install's finder, which knows where the checkout is
+        "ring_all_gather": ("try:\n    from solutions.data_parallel import ring_all_gather\nexcept ImportError:\n"
+                            + textwrap.indent(finder + steal.format(path="path", name="ring_all_gather"), "    ")),
         # writing outside the sandbox: --out, the checkout, the engine the next student gets; reading another submission
         "ring_all_reduce": (
             "import os, lib\n"
@@ -104,7 +108,8 @@ def _hostile_answers(out: Path, other: Path, port: int, token: str) -> dict[str,
             f"stolen = open({str(other / NB02.name)!r}).read()\n"
             "def ring_all_reduce(dist, x):\n    raise NotImplementedError\n"),
         # the network
-        "data_parallel_train": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'eve')\n"
+        "data_parallel_train": ("import socket\n"
+                                f"socket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'eve')\n"
                                 + SOLVED["data_parallel_train"]),
         # processes that outlive grading: one keeps the inherited output files, one detaches (setsid)
         "bucketed_data_parallel_train": (
@@ -112,7 +117,8 @@ def _hostile_answers(out: Path, other: Path, port: int, token: str) -> dict[str,
             f"subprocess.Popen(['sleep', '{token}1'])\n"
             "if os.fork() == 0:\n    os.setsid()\n"
             f"    os.execv('/bin/sleep', ['sleep', '{token}2'])\n"
-            "def bucketed_data_parallel_train(dist, model, batches, lr, bucket_size):\n    raise NotImplementedError\n"),
+            "def bucketed_data_parallel_train(dist, model, batches, lr, bucket_size):\n"
+            "    raise NotImplementedError\n"),
     }
 
 
@@ -292,7 +298,7 @@ def test_the_fingerprint_catches_a_checker_patched_in_process(monkeypatch):
     load_checker()
     before = fingerprint()
     assert changes(before) == []
-    import lib.viz.plots                                  # noqa: F401  (a module imported later is no change)
+    importlib.import_module("lib.viz.plots")              # a module imported later is no change
     assert changes(before) == []
     assert not P.ring_all_reduce.evaluate(namespace["ring_all_reduce"]).ok
     monkeypatch.setattr(lib.check.Puzzle, "_judge", lambda self, case, result: None)

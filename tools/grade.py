@@ -3,9 +3,10 @@
     python -m tools.grade SUBMISSION [SUBMISSION ...] [--out grading/] [--timeout 300] [--memory-gb 8]
                           [--isolation auto|bubblewrap|namespaces|folder]
 
-A SUBMISSION is a student's folder of notebooks (the folder's name is the student's) or one
-notebook (its file name is used). Writes scores.csv and scores.json to --out: one row per
-student, notebook and puzzle, 1 point per solved puzzle.
+A SUBMISSION is a student's folder of notebooks (the folder's name is the student's; in nbgrader's
+submitted/STUDENT/ASSIGNMENT/ it is STUDENT) or one notebook (its file name is used). Writes
+scores.csv and scores.json to --out: one row per student, notebook and puzzle, 1 point per solved
+puzzle.
 
 Each notebook runs in the strongest sandbox the machine allows (tools.sandbox; the grader prints
 which one and what it does not contain): the engine and the problem set read-only, none of your
@@ -121,11 +122,17 @@ def grade_notebook(notebook: Path, isolation: Isolation, timeout: float = 300.0,
     return result + [{"puzzle": "", "status": "discarded", "points": 0, "detail": d} for d in discarded]
 
 
+def _student(folder: Path) -> str:
+    """A folder's student: its name, or in nbgrader's submitted/STUDENT/ASSIGNMENT/, the student's."""
+    folder = folder.resolve()
+    return folder.parent.name if folder.parent.parent.name == "submitted" else folder.name
+
+
 def _submissions(paths: list[Path]) -> list[tuple[str, Path]]:
     pairs = []
     for path in paths:
         if path.is_dir():
-            pairs += [(path.name, nb) for nb in sorted(path.glob("*.ipynb"))]
+            pairs += [(_student(path), nb) for nb in sorted(path.glob("*.ipynb"))]
         elif path.suffix == ".ipynb":
             pairs.append((path.stem, path))
         else:

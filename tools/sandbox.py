@@ -8,8 +8,9 @@
 In 1 and 2 the command sees: the system's programs and libraries and this Python (read-only), the
 packages it is given at /course (read-only), a private writable /grading and /tmp (in memory),
 nothing else of the host's files; no network; its own PID namespace, so every process it starts
-dies with it. In every method: a memory limit for all its processes together (a cgroup, where the
-machine lets us make one; else per process), and a wall-clock limit that is never waited past.
+dies with it. In every method: a memory limit for all its processes together (a cgroup where the
+machine lets us make one, else their memory added up from /proc every POLL_SECONDS, else per
+process), and a wall-clock limit that is never waited past.
 """
 
 from __future__ import annotations
