@@ -25,6 +25,7 @@ import solutions.data_parallel as S
 from lib.nbtools import puzzle_cells
 from puzzles import data_parallel as P
 from tools import NOTEBOOKS, ROOT
+from tools.cgroups import MAX_PROCESSES
 from tools.grade import accepted_rows, engine_packages, grade
 from tools.judge import changes, fingerprint, load_checker, sign
 from tools.sandbox import Isolation, Sandbox, choose_isolation, memory_kind
@@ -199,7 +200,7 @@ print(sum(c.stdout.readline().strip() == b"ok" for c in children), "children hol
 
 def _memory_kinds() -> list[str]:
     """The cgroup kind this machine has, if any; polling /proc (Linux); the per-process last resort."""
-    kind = memory_kind()
+    kind, _ = memory_kind()
     polled = ["polled"] if Path("/proc/self/smaps_rollup").exists() else []
     return ([kind] if kind.startswith("cgroup") else []) + polled + ["per process"]
 
@@ -215,6 +216,29 @@ def test_the_memory_limit_holds_for_all_of_a_notebooks_processes(memory):
         assert done.output.startswith(b"3 children") and not done.out_of_memory, done
     else:
         assert done.out_of_memory and not done.output.startswith(b"3 children"), done
+
+
+FORK_BOMB = """
+import subprocess
+started = 0
+try:
+    for _ in range(2 * {limit}):
+        subprocess.Popen(["sleep", "600"])
+        started += 1
+except OSError:
+    pass
+print(started, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_fork_bomb_stops_at_the_process_limit():
+    memory, processes_limited = memory_kind()
+    if not processes_limited:                 # the grader then lists it among what it does not contain
+        pytest.skip(f"no cgroup on this machine limits the number of processes (memory: {memory})")
+    with Sandbox(Isolation("folder", memory, processes_limited=True), engine_packages()) as box:
+        done = box.run(["-S", "-c", FORK_BOMB.format(limit=MAX_PROCESSES)], b"", timeout=300, memory_bytes=2**31)
+    assert 0 < int(done.output) < MAX_PROCESSES, done
 
 
 # ---- what the grader owns: identity, the puzzle list, points -------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 _names = itertools.count()
+MAX_PROCESSES = 256                     # per notebook, where a cgroup can count them
 
 
 def _mounts() -> list[tuple[str, Path, str, set[str]]]:
@@ -70,6 +71,11 @@ class Cgroup:
     def __init__(self, version: str, folders: list[Path]) -> None:
         self.version = version
         self.folders = folders
+
+    @property
+    def limits_processes(self) -> bool:
+        """Whether the number of processes is limited too (a fork bomb stops at the limit)."""
+        return any((folder / "pids.max").exists() for folder in self.folders)
 
     def join(self) -> None:
         """Move the calling process in (run in the child between fork and exec)."""
@@ -186,7 +192,7 @@ def _v1(limit: int, max_pids: int, name: str) -> Optional[Cgroup]:
     return Cgroup("cgroup v1", folders)
 
 
-def notebook_cgroup(limit_bytes: int, max_pids: int = 256) -> Optional[Cgroup]:
+def notebook_cgroup(limit_bytes: int, max_pids: int = MAX_PROCESSES) -> Optional[Cgroup]:
     """A fresh cgroup limiting memory (and the number of processes where possible), or None."""
     name = f"course-grade-{os.getpid()}-{next(_names)}"
     return _v2(limit_bytes, max_pids, name) or _v1(limit_bytes, max_pids, name)

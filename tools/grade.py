@@ -181,7 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--isolation", choices=("auto", *METHODS), default="auto",
                         help="the sandbox: the strongest this machine allows (auto), or exactly this one")
     args = parser.parse_args(argv)
-    grade(args.submissions, args.out, args.timeout, args.memory_gb, args.isolation)
+    try:
+        grade(args.submissions, args.out, args.timeout, args.memory_gb, args.isolation)
+    except RuntimeError as e:                    # the sandbox asked for does not work on this machine
+        raise SystemExit(f"grade: {e}") from None
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from tools.cgroups import Cgroup, notebook_cgroup
+from tools.cgroups import MAX_PROCESSES, Cgroup, notebook_cgroup
 from tools.nsinit import PIVOT_ROOT
 
 METHODS = ("bubblewrap", "namespaces", "folder")
@@ -49,6 +49,7 @@ class Isolation:
     memory: str                      # "cgroup v2", "cgroup v1", "polled" or "per process"
     why_not: tuple[str, ...] = ()    # e.g. "bubblewrap: not installed"
     answer_key: Optional[str] = None # where graded code could still import the answer key from, if anywhere
+    processes_limited: bool = False  # a cgroup also limits the number of processes
 
     def uncontained(self) -> list[str]:
         """What graded code can still reach or do, said plainly."""
@@ -63,6 +64,8 @@ class Isolation:
                 gaps.append("processes that detach from the notebook (double fork) and outlive it")
         if self.memory == "per process":
             gaps.append("memory in total: the limit holds per process, so N processes may use N times it")
+        if not self.processes_limited:
+            gaps.append("the number of processes: a fork bomb slows this machine down until the timeout")
         gaps.append("the checker inside the graded process: code that tampers with it there is detected for "
                     "the common cases, not prevented (see the README)")
         return gaps
@@ -77,6 +80,8 @@ class Isolation:
                   "polled": "for the whole notebook (no cgroup here: the grader adds up its processes' memory "
                             f"every {POLL_SECONDS:g} s)"}.get(self.memory, f"for the whole notebook ({self.memory})")
         text = f"isolation: {what}; memory limit {memory}"
+        if self.processes_limited:
+            text += f", at most {MAX_PROCESSES} processes"
         if self.why_not:
             text += f"\n  (not used: {'; '.join(self.why_not)})"
         return text + "".join(f"\n  not contained: {gap}" for gap in self.uncontained())
@@ -322,26 +327,28 @@ def available(method: str) -> Optional[str]:
     return None if platform.machine() in PIVOT_ROOT else f"no pivot_root number known for {platform.machine()}"
 
 
-def memory_kind() -> str:
-    """How this machine limits a notebook's memory: a cgroup, polling /proc (Linux), or per process."""
+def memory_kind() -> tuple[str, bool]:
+    """How this machine limits a notebook's memory (a cgroup, polling /proc, or per process), and whether
+    it limits the number of its processes too."""
     cgroup = notebook_cgroup(2**30)
     if cgroup is None:
-        return "polled" if Path("/proc/self/smaps_rollup").exists() else "per process"
+        return "polled" if Path("/proc/self/smaps_rollup").exists() else "per process", False
+    limits_processes = cgroup.limits_processes
     cgroup.remove()
-    return cgroup.version
+    return cgroup.version, limits_processes
 
 
 def choose_isolation(packages: dict[str, Path], answer_key: Path, method: str = "auto") -> Isolation:
     """The strongest method that works here (or exactly `method`), checked by starting a sandbox."""
-    memory = memory_kind()
+    memory, processes_limited = memory_kind()
     why_not: list[str] = []
     for candidate in METHODS if method == "auto" else (method,):
         reason = available(candidate)
         if reason is None:
-            found = probe(Isolation(candidate, memory), packages, answer_key)
+            found = probe(Isolation(candidate, memory, processes_limited=processes_limited), packages, answer_key)
             reason = found.get("error") or (None if found.get("engine") else "the engine is not visible inside")
         if reason is None:
             visible = found.get("answer_key") if candidate != "folder" else None   # a folder hides nothing anyway
-            return Isolation(candidate, memory, tuple(why_not), visible)
+            return Isolation(candidate, memory, tuple(why_not), visible, processes_limited)
         why_not.append(f"{candidate}: {reason}")
     raise RuntimeError(f"no sandbox works here: {'; '.join(why_not)}")
