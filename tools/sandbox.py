@@ -351,4 +351,5 @@ def choose_isolation(packages: dict[str, Path], answer_key: Path, method: str = 
             visible = found.get("answer_key") if candidate != "folder" else None   # a folder hides nothing anyway
             return Isolation(candidate, memory, tuple(why_not), visible, processes_limited)
         why_not.append(f"{candidate}: {reason}")
-    raise RuntimeError(f"no sandbox works here: {'; '.join(why_not)}")
+    what = "no sandbox works here" if method == "auto" else f"{method} does not work here"
+    raise RuntimeError(f"{what}: {'; '.join(why_not)}")
