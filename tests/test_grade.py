@@ -26,7 +26,7 @@ from lib.nbtools import puzzle_cells
 from puzzles import data_parallel as P
 from tools import NOTEBOOKS, ROOT
 from tools.cgroups import MAX_PROCESSES
-from tools.grade import accepted_rows, engine_packages, grade
+from tools.grade import _cells, accepted_rows, engine_packages, grade, puzzle_names
 from tools.judge import changes, fingerprint, load_checker, sign
 from tools.sandbox import Isolation, Sandbox, choose_isolation, memory_kind
 
@@ -297,6 +297,19 @@ def test_forged_and_tampered_results_do_not_count_even_in_a_plain_folder(tmp_pat
     csv_text = (tmp_path / "out" / "scores.csv").read_text()
     assert csv_text.splitlines()[0] == "student,notebook,puzzle,status,points,detail"
     assert json.loads((tmp_path / "out" / "scores.json").read_text()) == rows
+
+
+def test_the_puzzle_list_is_the_courses_and_a_notebook_is_read_as_stored(tmp_path):
+    assert puzzle_names(NB02.stem) == NAMES == [p.name for p in P.PUZZLES]
+    assert puzzle_names("99_bonus") is None
+    stored = tmp_path / NB02.name                       # lines as lists, as some editors write them
+    nb = json.loads(NB02.read_text())
+    for cell in nb["cells"]:
+        cell["source"] = cell["source"].splitlines(keepends=True) if isinstance(cell["source"], str) else cell["source"]
+    stored.write_text(json.dumps(nb))
+    cells = _cells(stored)["cells"]
+    assert [c["source"] for c in cells] == [c.source for c in nbformat.read(NB02, as_version=4).cells
+                                            if c.cell_type == "code"]
 
 
 def test_only_signed_rows_for_known_puzzles_with_zero_or_one_point_count():

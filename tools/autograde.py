@@ -9,7 +9,7 @@ What it changes from nbgrader's defaults, and why:
 - the student version's stub is the course's own line, so it reads like the course's notebooks;
 - autograding runs only what grades depend on (the setup cell, the answers, the learner's own cells and
   the graded check cells), not the real runs in processes, the progress cell, figures, widgets or
-  demos: about half the time, and no files such as hello.trace.json left in the autograded folder;
+  demos: less than half the CPU time, and no files such as hello.trace.json left in the autograded folder;
 - graded cells always run: plain nbgrader skips a cell a submission tags `skip-execution` and then
   scores that test as passed; a graded cell a submission deleted or unmarked is put back;
 - a per-cell timeout that leaves room for a check's several simulated cases on a busy machine.
