@@ -381,3 +381,16 @@ def test_a_real_rank_cannot_build_the_case_while_the_learners_function_runs():
             make_puzzle().cases(seed=0)
     finally:
         check._learner_running = False
+
+
+def test_a_check_and_a_run_leave_the_callers_thread_count_as_it_was():
+    """Checks run torch single-threaded (tiny tensors); the caller's setting is its own."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert make_puzzle().check(correct, show=False) is True
+        assert torch.get_num_threads() == 2
+        lib.sim.run(correct, 3, per_rank([torch.ones(3)] * 3))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
