@@ -55,7 +55,8 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
         found = _pattern(rank, key, e, g, expected, inputs, named, rtol, atol)
         if found:
             return f"Diagnosis: {found}"
-    return "Where: " + _where(wrong, world, rtol, atol)
+    where = _where(wrong, world, rtol, atol)
+    return f"Where: {where}" if where else ""
 
 
 # ---- the learner's result against known mistakes -----------------------------------------------------------
@@ -135,7 +136,8 @@ def _name(key: str) -> str:
 def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: Sequence[Any], inputs: list[dict],
              named: dict[str, float], rtol: float, atol: float) -> Optional[str]:
     """The first classic mistake this one differing tensor shows, in words; None if none."""
-    where = f"rank {rank}'s {_name(key).replace('the result', 'result')}"
+    world = len(expected)
+    where = f"rank {rank}'s {_name(key).replace('the result', 'result')}" if world > 1 else _name(key)
     ev, gv = _f64(e), _f64(g)
     bad = ~torch.isclose(gv, ev, rtol=rtol, atol=atol, equal_nan=True)
     found = _never_written(where, ev, gv, bad)
@@ -143,9 +145,10 @@ def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: Se
         return found
     mine = inputs[rank].get(key)
     if mine is not None and _close(mine, g, rtol, atol) and not _close(mine, e, rtol, atol):
-        return (f"{where} is unchanged from what rank {rank} was given: nothing was added to it. "
-                "The answer of a rank that never communicated (or whose update never happened).")
-    world = len(expected)
+        if world == 1:
+            return f"{where} is unchanged from what the function was given: nothing was computed into it."
+        return (f"{where} is unchanged from what rank {rank} was given: nothing was added to it. The answer of "
+                "a rank that never communicated (or whose update never happened).")
     others = [s for s in range(world) if s != rank]
     for s in others:
         theirs = dict(_leaves(expected[s])).get(key)
@@ -225,6 +228,9 @@ def _shuffled_chunks(where: str, ev: torch.Tensor, gv: torch.Tensor, world: int,
 
 # ---- where, when no pattern fits ---------------------------------------------------------------------------
 def _where(wrong: list, world: int, rtol: float, atol: float) -> str:
+    """Which ranks, tensors and slices differ; "" when the first difference already said it all (one number)."""
+    if len(wrong) == 1 and wrong[0][2].numel() == 1:
+        return ""
     ranks = sorted({r for r, *_ in wrong})
     who = "every rank" if len(ranks) == world else "rank" + ("s " if len(ranks) > 1 else " ") + ", ".join(map(str, ranks))
     first = ranks[0]
@@ -235,7 +241,7 @@ def _where(wrong: list, world: int, rtol: float, atol: float) -> str:
         bad = ~torch.isclose(_f64(g), _f64(e), rtol=rtol, atol=atol, equal_nan=True)
         parts.append(f"{_name(key)} ({int(bad.sum())} of {bad.numel()} values, {_span(bad)})")
     shown = "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
-    return f"wrong on {who}. On rank {first}: {shown}."
+    return f"wrong on {who}. On rank {first}: {shown}." if world > 1 else f"{shown}."
 
 
 def _first(mask: torch.Tensor) -> tuple:

@@ -169,3 +169,12 @@ def test_diagnose_names_tensors_by_parameter_and_rank():
     got[1]["b"][1, 1:] = torch.tensor([5.0, 7.0])
     text = diagnose(expected, got, (), rtol=1e-5, atol=1e-6)
     assert text == "Where: wrong on rank 1. On rank 1: the result['b'] (2 of 6 values, in [1, 1:3])."
+
+
+def test_a_single_device_result_is_described_without_ranks():
+    assert diagnose([torch.ones(8)], [torch.ones(8) * 4], (), factors={"k, the micro-batches": 4}) == (
+        "Diagnosis: every value of the result is 4× what it should be: off by a factor of 4 = k, the micro-batches. "
+        "A sum where a mean belongs: did you divide by k?")
+    assert diagnose([{"w": torch.ones(2, 4)}], [{"w": torch.tensor([[1.0, 1, 1, 1], [1, 1, 2, 3]])}], ()) == (
+        "Where: the result['w'] (2 of 8 values, in [1, 2:4]).")
+    assert diagnose([2560], [2496], ()) == ""      # one number: the first difference already says it all
