@@ -256,7 +256,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     budgets = [_time_budget(schedule, stages, micro, micro_y, m),
                _memory_budget(schedule, stages, micro, micro_y, inputs, m)]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
-                budgets=budgets, cost=COST)
+                budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m})
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:

@@ -9,7 +9,7 @@ import pytest
 
 import puzzles
 import tests.wrong
-from lib.check import CheckFailed, NotSolved
+from lib.check import CheckFailed, NotSolved, fresh_seed
 
 SOLVED = [(p, getattr(importlib.import_module(f"solutions.{p.module}"), p.name)) for p in puzzles.ALL]
 IDS = [p.name for p, _ in SOLVED]
@@ -61,18 +61,32 @@ def test_single_device_lesson_refuses_several_processes(capsys):
 
 
 # ---- the catalogue of wrong answers: each must fail, with the reason in the message ------------
+# An entry is (puzzle name, wrong function, reason) or (..., reason, diagnosis): the reason is words the failure
+# must contain, the diagnosis words that name the mistake (lib.diagnose); either may be a tuple of alternatives.
 WRONG = [w for name in sorted(m.name for m in pkgutil.iter_modules(tests.wrong.__path__))
          for w in importlib.import_module(f"tests.wrong.{name}").WRONG]
 BY_NAME = {p.name: p for p in puzzles.ALL}
+CATALOGUE = [(w[0], w[1], w[2], w[3] if len(w) > 3 else None) for w in WRONG]
 
 
-@pytest.mark.parametrize("name,fn,reason", WRONG, ids=[w[1].__name__ for w in WRONG])
-def test_wrong_answer_fails_with_reason(name, fn, reason, capsys):
+def _any_of(words) -> tuple:
+    return words if isinstance(words, tuple) else (words,)
+
+
+@pytest.mark.parametrize("name,fn,reason,diagnosis", CATALOGUE, ids=[w[1].__name__ for w in CATALOGUE])
+def test_wrong_answer_fails_with_reason_diagnosis_and_its_own_hint(name, fn, reason, diagnosis, capsys):
     puzzle = BY_NAME[name]
-    assert puzzle.check(fn, strict=False, show=False) is False
+    seed = fresh_seed()
+    assert puzzle.check(fn, strict=False, show=False, seed=seed) is False
     out = capsys.readouterr().out
     assert out.startswith(f"✗ {name} failed on "), out
-    reasons = reason if isinstance(reason, tuple) else (reason,)     # a wrong answer may break either budget
-    assert any(r in out for r in reasons), out
+    assert any(r in out for r in _any_of(reason)), out     # a wrong answer may break either budget
+    if diagnosis is not None:
+        assert "Diagnosis: " in out and any(d in out for d in _any_of(diagnosis)), out
+    # The last hint (after any the simulator gives about send/recv mechanics) is one of this puzzle's own.
+    hints = [line[len("Hint: "):] for line in out.splitlines() if line.startswith("Hint: ")]
+    own = set(puzzle.hints) | {b.hint for c in puzzle.cases(seed) for b in c.budgets if b.hint}
+    if own:
+        assert hints and any(hints[-1].startswith(h) for h in own), out
     with pytest.raises(CheckFailed):
         puzzle.check(fn, strict=True, show=False)

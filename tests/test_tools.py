@@ -15,7 +15,7 @@ import solutions.data_parallel as S
 from lib.nbtools import BEGIN_SOLUTION, END_SOLUTION, STUB, puzzle_cells, solve, with_answer, with_solution_markers
 from tools import NOTEBOOKS, ROOT, course_notebooks
 from tools.progress import notebook_progress
-from tools.release import make_release, verify
+from tools.release import make_release, student_readme, verify
 from tools.stamp import stamped
 from tools.workspace import sync
 
@@ -115,3 +115,19 @@ def test_release_ships_the_course_without_the_answer_key(tmp_path):
     out = subprocess.run([sys.executable, "-S", "-c", probe, str(dest), *site], capture_output=True, text=True,
                          timeout=120, cwd=dest)
     assert out.stdout.split() == [str(len(__import__("puzzles").ALL)), "True"], out.stderr[-2000:]
+
+
+def test_the_release_readme_sends_students_only_where_the_release_goes(tmp_path):
+    dest = make_release(tmp_path / "release")
+    readme, course = (dest / "README.md").read_text(), (ROOT / "README.md").read_text()
+    assert "./course test" in course and "./course test" not in readme
+    assert "solutions.data_parallel" in course and "solutions." not in readme
+    assert "## Benchmarks" in course and "## Benchmarks" not in readme
+    assert "./course lab" in readme and "## How a puzzle works" in readme and "mine:ring_all_reduce" in readme
+    (dest / "README.md").write_text(readme + "\nRun `./course test -m 'not slow'`.\n")
+    assert verify(dest) == ["README.md mentions './course test', which the release has not"]
+
+
+def test_course_only_parts_are_cut_whole():
+    text = "a\n<!-- course only -->\nb\n<!-- end course only -->\nc   # [course only]\nd\n"
+    assert student_readme(text) == "a\nd\n"

@@ -248,7 +248,8 @@ class Communicator:
         n = self.rt.world_size
         if not isinstance(peer, int) or not 0 <= peer < n:
             raise InvalidCall(f"rank {me} called {what} with peer {peer!r}: ranks go from 0 to {n - 1}.\n"
-                              "Hint: wrap around the ring with `% world_size`.")
+                              "Hint: work out the peer of the first and of the last rank by hand: each has a neighbour on "
+                              "one side only, unless your algorithm wraps around.")
         if peer == me:
             raise InvalidCall(f"rank {me} called {what} to itself: a rank cannot {what} to its own rank.")
 

@@ -383,7 +383,7 @@ WRONG = [
     ("one_f_one_b", one_f_one_b_blocking_sends, "waits in send"),
     ("one_f_one_b", one_f_one_b_stashes_everything, "peak memory"),
     ("one_f_one_b", one_f_one_b_is_gpipe, "peak memory"),
-    ("gpipe", gpipe_forgets_one_over_m, ".grad"),
+    ("gpipe", gpipe_forgets_one_over_m, ".grad", "= m, the number of micro-batches"),
     ("gpipe", gpipe_one_micro_batch_at_a_time, "simulated time"),
     ("pipeline_stages", stages_forget_requires_grad, "rank"),
     ("pipeline_stages", stages_only_the_last_trains, "grad is None"),
