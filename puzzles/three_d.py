@@ -17,21 +17,22 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Puzzle, fresh_seed
 from lib.device import device
 from lib.devices import device_mesh
 from lib.errors import PuzzleError
-from lib.measure import allocated, counted_flops, saved_activation_bytes
+from lib.measure import allocated, counted_flops, counted_time, saved_activation_bytes
 from lib.mesh_check import AxisBudget, MeshCase, MeshPuzzle
+from lib.schedules import peak_in_flight, schedule_orders
 from lib.models import GPTConfig
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.sim.errors import InvalidCall
-from lib.sim.mesh import coordinates, mesh_groups
-from lib.sim.traffic import OUTSIDE, MeshAxes
+from lib.sim.mesh import coordinates
+from lib.sim.traffic import MeshAxes
 from lib.units import fmt_bytes, fmt_time
-from lib.viz.pipeline import peak_in_flight, schedule_orders
-from puzzles.parallel_gpt import GPTStage, parallel_block, reference_loss, shard_gpt, tiny_gpt, tp_copy, tp_reduce
+
+from puzzles.parallel_gpt import GPTStage, reference_loss, shard_gpt, tiny_gpt
 
 NOTEBOOK = "06_3d_parallelism"
 AXES = ("dp", "pp", "tp")
@@ -158,7 +159,7 @@ def _mesh_groups_oracle(dist, dp: int, pp: int, tp: int) -> dict:
 
 
 def _groups_case(rng: random.Random, n: int) -> MeshCase:
-    shape = _shape_of(rng, n, 3)
+    shape = _shape_of(rng, n, 3, at_least=(2, 2, 2) if n in (8, 12) else ())   # every axis real on the larger
     axes = MeshAxes(shape, AXES)
     expected = []
     for r in range(n):
@@ -336,28 +337,28 @@ def train_gpt(model, tokens: torch.Tensor, targets: torch.Tensor, steps: int, lr
     return model
 
 
-def stage_costs(stage: GPTStage, micro: torch.Tensor, targets: torch.Tensor, last: bool, cost: CostModel):
-    """One micro-batch through one stage on one TP rank, measured: (forward + backward seconds from counted FLOPs,
-    the bytes of activations it keeps until its backward, the peak of its forward and backward with the stage's
-    weights and gradients)."""
+def stage_costs(stage: GPTStage, micro: torch.Tensor, targets: torch.Tensor, last: bool):
+    """One micro-batch through one stage on one TP rank, measured: (the seconds of its forward and backward as a
+    function of the cost model, their FLOPs, the bytes of activations it keeps until its backward, the peak of its
+    forward and backward with the stage's weights and gradients)."""
     stage = copy.deepcopy(stage)
-    x = micro.clone()
-    if x.is_floating_point():
-        x.requires_grad_()
 
     def forward(s):
+        x = micro.clone()
+        if x.is_floating_point():
+            x.requires_grad_()
         out = s(_NoComm(), None, x)
         return s.loss(out, targets) if last else out
 
-    out, f = counted_flops(lambda: forward(stage))
-    _, b = counted_flops(lambda: (out if last else out.sum()).backward())
-    stash = saved_activation_bytes(lambda: forward(stage), exclude=[*stage.parameters(), targets])
-
-    def step():
-        s = copy.deepcopy(stage)
+    def work(s):
         out = forward(s)
         (out if last else out.sum()).backward()
-    return cost.compute_time(f + b), stash, allocated(step)[1]
+
+    def seconds(cost: CostModel) -> float:
+        return counted_time(functools.partial(work, copy.deepcopy(stage)), cost)[1]
+    _, flops = counted_flops(functools.partial(work, copy.deepcopy(stage)))
+    stash = saved_activation_bytes(lambda: forward(stage), exclude=[*stage.parameters(), targets])
+    return seconds, flops, stash, allocated(lambda: work(copy.deepcopy(stage)))[1]     # the copy: its weights
 
 
 def _scaled_cost(flops: float, tp_seconds: float, tp: int) -> CostModel:
@@ -373,6 +374,25 @@ def _scaled_cost(flops: float, tp_seconds: float, tp: int) -> CostModel:
 
 SCALE_NOTE = ("compute slowed so that TP costs the share of it that it costs Llama 3 405B's training "
               "(lib.planner); H100 links and latency, TP in a node, PP and DP across nodes")
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_measures(cfg: GPTConfig, micro: int, pp: int, tp: int) -> tuple[CostModel, float, tuple]:
+    """The case's cost model, the slowest stage's seconds per micro-batch (compute and TP all-reduces), and per stage
+    (activations kept per micro-batch, peak of one micro-batch's step), measured on TP rank 0's shards. They depend
+    on the shapes alone, not on the weights' values: measured once per configuration (in a real run, by the parent
+    before its ranks fork)."""
+    shards = shard_gpt(tiny_gpt(cfg, 0), pp, tp)
+    act = micro * cfg.seq * cfg.hidden * ITEM
+    tokens = torch.zeros(micro, cfg.seq, dtype=torch.long)
+    measured = [stage_costs(shards[p][0], tokens if p == 0 else torch.zeros(micro, cfg.seq, cfg.hidden,
+                                                                            dtype=torch.float64),
+                            tokens, p == pp - 1) for p in range(pp)]
+    # Time: each stage's compute per micro-batch as a rank's clock counts it, its TP all-reduces at the cluster's.
+    tp_time = 4 * (cfg.layers // pp) * CostModel(ranks_per_node=tp).collective_time("all_reduce", act, list(range(tp)))
+    cost = _scaled_cost(max(f for _, f, _, _ in measured), tp_time, tp)
+    unit = max(seconds(cost) for seconds, _, _, _ in measured) + tp_time
+    return cost, unit, tuple((stash, peak) for _, _, stash, peak in measured)
 
 
 def _three_d_case(rng: random.Random, n: int) -> MeshCase:
@@ -392,15 +412,7 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
     blocks, act = cfg.layers // pp, micro * cfg.seq * cfg.hidden * ITEM          # one micro-batch's (b, s, h)
     stage_bytes = [sum(p.numel() for p in start[p][t].parameters()) * ITEM for _, p, t in where]
 
-    # Time: each stage's compute per micro-batch from counted FLOPs, its TP all-reduces at the cluster's prices.
-    base = CostModel(ranks_per_node=tp)
-    tp_ranks = axes.group(0, "tp")
-    tp_time = 4 * blocks * base.collective_time("all_reduce", act, tp_ranks)
-    measured = [stage_costs(start[p][0], tokens[:micro] if p == 0 else torch.zeros(micro, cfg.seq, cfg.hidden,
-                                                                                     dtype=torch.float64),
-                            targets[:micro], p == pp - 1, CostModel(flops_per_s=1.0)) for p in range(pp)]
-    cost = _scaled_cost(max(f for f, _, _ in measured), tp_time, tp)
-    unit = max(cost.compute_time(f) for f, _, _ in measured) + tp_time
+    cost, unit, measured = _stage_measures(cfg, micro, pp, tp)
     hop = cost.p2p_time(act, 0, axes.group(0, "pp")[1])
     dp_ranks = axes.group(0, "dp")
     sync = max(sum(cost.collective_time("all_reduce", p.numel() * ITEM, dp_ranks) for p in start[q][0].parameters())
@@ -410,9 +422,9 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
     in_flight = peak_in_flight(schedule_orders("1f1b", pp, m))
     inputs = tokens.numel() * tokens.element_size() * 2
     largest = [max(p.numel() for p in start[p][t].parameters()) * ITEM for _, p, t in where]
-    memory = [inputs + measured[p][2] + in_flight[p] * measured[p][1] + largest[r] + 4 * act
+    memory = [inputs + measured[p][1] + in_flight[p] * measured[p][0] + largest[r] + 4 * act
               for r, (_, p, _) in enumerate(where)]
-    stash0, step0 = measured[0][1], measured[0][2]
+    stash0, step0 = measured[0]
     budgets = [
         Budget("time", steps * step * (1 + TIME_SLACK),
                f"{steps} steps × ((m+p-1) = {m + pp - 1} × {fmt_time(unit)}, the slowest stage's forward, backward and "
@@ -450,7 +462,19 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
 TIME_SLACK = 0.1
 
 
-train_3d = MeshPuzzle(
+class WarmPuzzle(MeshPuzzle):
+    """Builds its real run's case once in this process before the ranks fork, so that they inherit the measured
+    budgets (_stage_measures) instead of measuring them 2 × N times at once."""
+
+    def real(self, fn, world_size=None, backend=None, seed=None, strict=None, timeout=60.0) -> bool:
+        seed = fresh_seed() if seed is None else seed
+        n = world_size or self.real_world_size
+        if self.refusal(n) is None:
+            self.make_case(random.Random(f"{self.name}:{seed}"), n)
+        return super().real(fn, world_size, backend, seed, strict, timeout)
+
+
+train_3d = WarmPuzzle(
     "train_3d", NOTEBOOK, _three_d_case, world_sizes=(4, 8), rtol=1e-9, atol=1e-12,
     hints=["mesh = device_mesh(dist, (dp, pp, tp), ('dp', 'pp', 'tp')) gives this rank's coordinates "
            "(mesh.get_local_rank('pp'), ...) and groups (mesh['tp'].get_group(), mesh['dp'].get_group()); the ranks "

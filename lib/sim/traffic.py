@@ -2,7 +2,8 @@
 
 A collective belongs to an axis when its group is exactly that axis's group through the rank (the TP group, the
 DP group, ...); a point-to-point message, when its two ends differ in that coordinate alone (a pipeline stage
-sending to the next). Anything else travelled outside the mesh's groups ("outside").
+sending to the next). A collective over one rank moves nothing and belongs to every axis of size 1 ("self");
+anything else travelled outside the mesh's groups ("outside").
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from lib.sim.mesh import coordinates
 from lib.sim.result import Event
 
 OUTSIDE = "outside"
+SELF = "self"         # a group of one rank: no traffic, and no one axis to charge it to
 _RANKS = re.compile(r"\(ranks ([\d, ]+)\)")     # how lib.sim.comm.Group names a group: "group 3 (ranks 0, 2)"
 
 
@@ -55,8 +57,10 @@ class MeshAxes:
         return tuple(base + i * stride for i in range(self.shape[d]))
 
     def axis_of(self, event: Event) -> str:
-        """The axis `event` travelled on, or OUTSIDE."""
+        """The axis `event` travelled on, SELF for a group of one rank, or OUTSIDE."""
         ranks = event_ranks(event, self.world_size)
+        if len(ranks) == 1:
+            return SELF
         if event.peer is not None:
             mine, theirs = coordinates(event.rank, self.shape), coordinates(event.peer, self.shape)
             differ = [n for n, a, b in zip(self.names, mine, theirs) if a != b]
@@ -75,8 +79,8 @@ class AxisTraffic:
 
 
 def traffic_by_axis(trace: Iterable[Event], axes: MeshAxes) -> list[dict[str, AxisTraffic]]:
-    """Per rank, the traffic on each axis of `axes` (and OUTSIDE), from a simulated run's trace."""
-    out = [{n: AxisTraffic() for n in (*axes.names, OUTSIDE)} for _ in range(axes.world_size)]
+    """Per rank, the traffic on each axis of `axes` (and SELF and OUTSIDE), from a simulated run's trace."""
+    out = [{n: AxisTraffic() for n in (*axes.names, SELF, OUTSIDE)} for _ in range(axes.world_size)]
     for e in trace:
         if e.lane != "comm" or e.op in ("to_host", "to_device"):
             continue
@@ -96,5 +100,5 @@ def axis_labeller(axes: MeshAxes, labels: Optional[Sequence[str]] = None):
 
     def kind_of(event: Event) -> str:
         axis = axes.axis_of(event)
-        return names.get(axis, "outside the mesh")
+        return names.get(axis, "a group of one" if axis == SELF else "outside the mesh")
     return kind_of
