@@ -94,19 +94,20 @@ def plan_explorer(model: str = "Llama 2 70B", gpus: int = 64, tp: int = 8, pp: i
     import ipywidgets as widgets
 
     slider = slider_options()
+    choice = {k: v for k, v in slider.items() if k != "continuous_update"}     # dropdowns take no such option
     powers = [2 ** k for k in range(0, 15)]
     controls = {
-        "model": widgets.Dropdown(options=list(MODELS), value=model, description="model", **slider),
-        "gpu": widgets.Dropdown(options=list(GPUS), value="H100 80GB", description="GPU", **slider),
+        "model": widgets.Dropdown(options=list(MODELS), value=model, description="model", **choice),
+        "gpu": widgets.Dropdown(options=list(GPUS), value="H100 80GB", description="GPU", **choice),
         "gpus": widgets.SelectionSlider(options=powers[3:], value=gpus, description="GPUs", **slider),
         "batch": widgets.SelectionSlider(options=powers[6:13], value=global_batch, description="global batch",
                                          **slider),
         "tp": widgets.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="TP", **slider),
         "pp": widgets.SelectionSlider(options=powers[:7], value=pp, description="PP", **slider),
-        "zero": widgets.Dropdown(options=[0, 1, 2, 3], value=zero, description="ZeRO stage", **slider),
+        "zero": widgets.Dropdown(options=[0, 1, 2, 3], value=zero, description="ZeRO stage", **choice),
         "micro_batch": widgets.SelectionSlider(options=[1, 2, 4, 8], value=1, description="micro-batch", **slider),
         "recompute": widgets.Dropdown(options=["none", "selective", "full"], value="selective",
-                                      description="recompute", **slider),
+                                      description="recompute", **choice),
     }
     state = PlanState()
 
