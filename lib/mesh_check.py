@@ -7,6 +7,7 @@ the trace (lib.sim.traffic).
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -97,7 +98,7 @@ class MeshPuzzle(Puzzle):
         case, result = outcome.case, outcome.result
         if result is None or not isinstance(case, MeshCase) or case.axes is None:
             return super().picture(outcome)
-        title = f"{self.name}, {case.label}" + (f"\n{case.scale}" if case.scale else "")
+        title = "\n".join(textwrap.wrap(f"{self.name}, {case.label}" + (f"; {case.scale}" if case.scale else ""), 100))
         from lib.viz.timeline import draw_timeline
         base = super().picture(outcome)            # its timeline first when the ranks talk; then memory, if budgeted
         talks = any(e.lane == "comm" for e in result.trace)
