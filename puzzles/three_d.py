@@ -3,8 +3,9 @@
 Ranks sit on a (dp, pp, tp) mesh with TP innermost: rank = (d·pp + p)·tp + t, so a TP group is consecutive ranks
 (one node) and PP and DP groups cross nodes. The composed steps are checked against single-device training in
 float64, and their traffic per axis against the formulas of notebooks 02 (ring all-reduce), 04 (Megatron's f and g)
-and 05 (one activation forward and one gradient back per micro-batch and boundary). The planning puzzles are checked
-against lib.formulas and lib.planner, on randomised models, plans and clusters.
+and 05 (one activation forward and one gradient back per micro-batch and boundary). The plan search is checked
+against lib.planner's brute force on randomised models and clusters, judged by what lib.planner.estimate says of
+the plan returned.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lib.measure import allocated, counted_flops, counted_time, saved_activation
 from lib.mesh_check import AxisBudget, MeshCase, MeshPuzzle
 from lib.schedules import peak_in_flight, schedule_orders
 from lib.models import GPTConfig
+from lib.planner import Plan, estimate
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.sim.errors import InvalidCall
@@ -489,4 +491,62 @@ train_3d = WarmPuzzle(
     min_world_size=4, min_world_size_reason="a pipeline of 2 stages with 2 ranks on another axis",
     describe="One training step of a tiny GPT on a (dp, pp, tp) mesh: 1F1B over PP, Megatron TP inside each stage, "
              "gradients averaged over DP; several steps.")
-PUZZLES = [mesh_coordinates, process_groups, tp_dp_train, train_3d]
+
+
+# ---- 5. choosing a plan ------------------------------------------------------------------------------------------
+class PlanWrong(PuzzleError):
+    """choose_plan returned something that is not a plan of the space asked for."""
+
+
+def plan_summary(fn: Callable, dist, model, cluster, global_batch: int) -> dict:
+    """Run the learner's search, then judge its plan with the course's estimator: does it fit, how fast is it."""
+    plan = fn(model, cluster, global_batch)
+    if not isinstance(plan, Plan):
+        raise PlanWrong(f"choose_plan should return a lib.planner.Plan, got {type(plan).__name__}.")
+    if plan.virtual_stages != 1 or plan.cp != 1 or plan.sequence_parallel or plan.embedding_as_layer:
+        raise PlanWrong(f"{plan}: the space is tp, pp, dp, zero, micro_batch and recompute; leave the other fields "
+                        "of Plan at their defaults (virtual_stages=1, cp=1, no sequence parallelism).")
+    e = estimate(model, cluster, plan)            # PlanError, saying why, for a plan that does not split
+    return {"fits": e.fits, "tokens per second": e.tokens_per_second}
+
+
+class PlanPuzzle(Puzzle):
+    """A search over plans, judged by what the course's estimator says of the plan it returns."""
+
+    def wrap(self, fn: Callable) -> Callable:
+        return functools.partial(plan_summary, fn) if callable(fn) else fn
+
+
+def _plan_case(rng: random.Random, n: int, long: bool = False) -> Case:
+    from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError, best_plan
+
+    while True:                                   # a model, cluster and batch where some plan fits
+        heads = rng.choice([48, 64] if long else [32, 40, 48, 64])     # 3B to 40B parameters: memory decides
+        model = Model(layers=rng.choice([40, 48] if long else [24, 32, 40, 48]), hidden=heads * 128, heads=heads,
+                      seq=8192 if long else rng.choice([4096, 8192]), vocab=rng.choice([32000, 50304]))
+        cluster = Cluster(gpu=A100_80GB if long else rng.choice([A100_80GB, H100_80GB]),
+                          gpus=8 if long else rng.choice([8, 16]), gpus_per_node=8)
+        batch = rng.choice([32, 64])
+        try:
+            best = best_plan(model, cluster, batch, virtual_stages=[1])
+            break
+        except PlanError:
+            continue
+    expected = {"fits": True, "tokens per second": best.tokens_per_second}
+    return Case(n, (model, cluster, batch), [expected],
+                f"{model.layers} layers, hidden {model.hidden}, {heads} heads, s={model.seq} on "
+                f"{cluster.gpus} × {cluster.gpu.name}, batch {batch}")
+
+
+choose_plan = PlanPuzzle(
+    "choose_plan", NOTEBOOK, _plan_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
+    variants=[{"long": True}],        # 8K tokens on 8 A100s: activations decide what fits
+    hints=["Loop over every tp dividing cluster.gpus_per_node, every pp dividing model.layers, dp = cluster.gpus "
+           "// (tp·pp) (skip when it does not fill the cluster or divide the batch), every zero in 0..3, every "
+           "micro_batch dividing global_batch // dp and every recompute in ('none', 'selective', 'full').",
+           "Build Plan(tp=..., pp=..., dp=..., global_batch=..., micro_batch=..., zero=..., recompute=...); "
+           "estimate() raises PlanError for one that does not split (skip it). Keep the plans with e.fits.",
+           "Among those, return the plan with the highest e.tokens_per_second (for one model and cluster, the highest "
+           "MFU: the same model FLOPs per token). Not HFU: it counts recomputed FLOPs, which train nothing."],
+    describe="The fastest plan that fits, by brute force with the course's estimator.")
+PUZZLES = [mesh_coordinates, process_groups, tp_dp_train, train_3d, choose_plan]

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.devices import device_mesh
+from lib.planner import Plan, PlanError, estimate
 from puzzles.parallel_gpt import tp_reduce
 
 
@@ -104,3 +105,24 @@ def train_3d(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
                 prm -= lr * prm.grad
                 prm.grad = None
     return stage
+
+
+def choose_plan(model, cluster, global_batch):
+    best, fastest = None, 0.0
+    for tp in [t for t in range(1, cluster.gpus_per_node + 1) if cluster.gpus_per_node % t == 0]:
+        for pp in [p for p in range(1, model.layers + 1) if model.layers % p == 0]:
+            dp = cluster.gpus // (tp * pp)
+            if dp == 0 or dp * tp * pp != cluster.gpus or global_batch % dp:
+                continue
+            for micro_batch in [b for b in range(1, global_batch // dp + 1) if global_batch // dp % b == 0]:
+                for zero in (0, 1, 2, 3):
+                    for recompute in ("none", "selective", "full"):
+                        plan = Plan(tp=tp, pp=pp, dp=dp, global_batch=global_batch, micro_batch=micro_batch,
+                                    zero=zero, recompute=recompute)
+                        try:
+                            e = estimate(model, cluster, plan)
+                        except PlanError:                      # heads or layers do not split this way
+                            continue
+                        if e.fits and e.tokens_per_second > fastest:
+                            best, fastest = plan, e.tokens_per_second
+    return best

@@ -3,11 +3,14 @@
 A wrong answer must fail, whatever else it gets right; tests/test_content.py runs every catalogue.
 """
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
 import solutions.three_d as S
 from lib.devices import device_mesh
+from lib.planner import Plan, PlanError, best_plan, estimate
 from puzzles.parallel_gpt import tp_reduce
 
 
@@ -123,6 +126,38 @@ def train_3d_without_data_parallel(dist, stage, tokens, targets, dp, pp, tp, m, 
     return S.train_3d(_DPRedirected(dist, "nowhere"), stage, tokens, targets, dp, pp, tp, m, steps, lr)
 
 
+def _search(model, cluster, global_batch, score, fits):
+    """The reference search with another score or another test of fitting."""
+    best, top = None, -1.0
+    for tp in (1, 2, 4, 8):
+        for pp in [p for p in range(1, model.layers + 1) if model.layers % p == 0]:
+            dp = cluster.gpus // (tp * pp)
+            if dp == 0 or dp * tp * pp != cluster.gpus or global_batch % dp:
+                continue
+            for b in [b for b in range(1, global_batch // dp + 1) if global_batch // dp % b == 0]:
+                for zero, recompute in itertools.product(range(4), ("none", "selective", "full")):
+                    plan = Plan(tp=tp, pp=pp, dp=dp, global_batch=global_batch, micro_batch=b, zero=zero,
+                                recompute=recompute)
+                    try:
+                        e = estimate(model, cluster, plan)
+                    except PlanError:
+                        continue
+                    if fits(e, cluster) and score(e) > top:
+                        best, top = plan, score(e)
+    return best
+
+
+def plan_ignoring_activation_memory(model, cluster, global_batch):
+    """Fits judged on model states alone: the fastest plans keep every activation and run out of memory."""
+    states = lambda e, c: sum(v for k, v in e.breakdown.memory.items() if k != "activations") <= c.gpu.memory  # noqa: E731
+    return _search(model, cluster, global_batch, lambda e: e.tokens_per_second, states)
+
+
+def plan_from_best_plan(model, cluster, global_batch):
+    """The library's search: the answer key, refused inside a check."""
+    return best_plan(model, cluster, global_batch, virtual_stages=[1]).plan
+
+
 WRONG = [
     ("mesh_coordinates", coordinates_tp_outermost, "expected"),
     ("mesh_coordinates", coordinates_from_a_mesh, "needs no dist."),
@@ -134,4 +169,6 @@ WRONG = [
     ("tp_dp_train", tp_dp_all_reduces_the_input, "DP axis"),
     ("train_3d", train_3d_averages_over_the_world, ("CollectiveMismatch", "none of its mesh groups")),
     ("train_3d", train_3d_without_data_parallel, "expected"),
+    ("choose_plan", plan_ignoring_activation_memory, "result['fits']: expected True"),
+    ("choose_plan", plan_from_best_plan, "write that search"),
 ]
