@@ -98,9 +98,14 @@ class MeshPuzzle(Puzzle):
         case, result = outcome.case, outcome.result
         if result is None or not isinstance(case, MeshCase) or case.axes is None:
             return super().picture(outcome)
-        title = "\n".join(textwrap.wrap(f"{self.name}, {case.label}" + (f"; {case.scale}" if case.scale else ""), 100))
+        from lib.viz.plots import memory_over_time_figure
         from lib.viz.timeline import draw_timeline
-        base = super().picture(outcome)            # its timeline first when the ranks talk; then memory, if budgeted
-        talks = any(e.lane == "comm" for e in result.trace)
-        return [draw_timeline(result.trace, result.world_size, title=title, kind_of=axis_labeller(case.axes)),
-                *base[1 if talks else 0:]]
+
+        title = "\n".join(textwrap.wrap(f"{self.name}, {case.label}" + (f"; {case.scale}" if case.scale else ""), 100))
+        figures = []
+        if any(e.lane == "comm" for e in result.trace):
+            figures.append(draw_timeline(result.trace, result.world_size, title=title,
+                                         kind_of=axis_labeller(case.axes)))
+        if any(b.metric == "peak_memory" for b in case.budgets):
+            figures.append(memory_over_time_figure({f"{self.name}, rank 0": result}, title=f"{self.name}, {case.label}"))
+        return figures

@@ -477,7 +477,7 @@ class WarmPuzzle(MeshPuzzle):
 
 
 train_3d = WarmPuzzle(
-    "train_3d", NOTEBOOK, _three_d_case, world_sizes=(4, 8), rtol=1e-9, atol=1e-12,
+    "train_3d", NOTEBOOK, _three_d_case, world_sizes=(8,), rtol=1e-9, atol=1e-12,
     hints=["mesh = device_mesh(dist, (dp, pp, tp), ('dp', 'pp', 'tp')) gives this rank's coordinates "
            "(mesh.get_local_rank('pp'), ...) and groups (mesh['tp'].get_group(), mesh['dp'].get_group()); the ranks "
            "of its pipeline are dist.get_process_group_ranks(mesh['pp'].get_group()): send to the next of them, "

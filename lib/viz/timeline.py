@@ -58,12 +58,14 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
     end = max((e.end for e in events), default=0.0)
     factor, unit = _scale(end)
     fig, ax = plt.subplots(figsize=(10, 0.55 * world_size + 1.2))
-    used = set()
+    bars: dict[tuple, list] = {}             # one collection per lane and colour: a run has thousands of events
     for e in events:
         y, height = _lane(e, world_size - 1 - e.rank)
-        ax.broken_barh([(e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3))], (y, height),
-                       facecolors=palette.get(label_of(e), "#999999"), edgecolor="white", linewidth=0.3)
-        used.add(label_of(e))
+        bars.setdefault((y, height, label_of(e)), []).append(
+            (e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3)))
+    for (y, height, label), spans in bars.items():
+        ax.broken_barh(spans, (y, height), facecolors=palette.get(label, "#999999"), edgecolor="white", linewidth=0.3)
+    used = {label for _, _, label in bars}
     ax.set_yticks([world_size - 1 - r + 0.5 for r in range(world_size)])
     ax.set_yticklabels([f"rank {r}" for r in range(world_size)])
     ax.set_ylim(0, world_size)
