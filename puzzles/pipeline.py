@@ -277,9 +277,9 @@ def _zero_bubble_case(rng: random.Random, p: int) -> Case:
     return _case(rng, p, rng.choice([m for m in range(p + 2, 2 * p + 3) if m % max(1, m // p) == 0]), "zb-h1")
 
 
-def _interleaved_case(rng: random.Random, p: int) -> Case:
+def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Optional[int] = None) -> Case:
     """p ranks, v chunks of LAYERS layers each (virtual stage c·p + r on rank r), m a multiple of p."""
-    v, m = rng.choice((2, 3)), p * rng.randint(1, 3)
+    v, m = v or rng.choice((2, 3)), m or p * rng.randint(1, 3)
     model, batch, targets = _model_and_data(rng, p * v, m)
     stages = [model[s] for s in stage_slices(p * v)]
     chunks = [[stages[c * p + r] for c in range(v)] for r in range(p)]
@@ -413,6 +413,7 @@ interleaved_1f1b = Puzzle(
            "activations, tag=1 for gradients) so a recv cannot take the other kind. Raise ValueError when m % p."],
     oracle=_torch_interleaved, oracle_name="torch.distributed.pipelining.ScheduleInterleaved1F1B",
     rtol=1e-9, atol=1e-12, **AT_LEAST,
+    variants=[{"m": 4}],      # p=2 with m > p: the pair of ranks carries both kinds of message in both directions
     describe="Interleaved 1F1B (Megatron-LM): v chunks per rank, the bubble divided by v.")
 
 zero_bubble = Puzzle(
