@@ -1,5 +1,6 @@
 """Checks for puzzles on a device mesh: the bytes each rank may send along each axis (TP, PP, DP, ...), the ops
-each axis may carry, no traffic outside the mesh's groups, and a timeline coloured by axis.
+each axis may carry, no traffic outside the mesh's groups, and a timeline coloured by axis; and puzzles of
+arithmetic on the rank, whose `dist` answers who am I and how many are we, nothing else.
 
 A MeshPuzzle judges like any Puzzle (results, then budgets), then the traffic of a MeshCase's run per axis, from
 the trace (lib.sim.traffic).
@@ -7,12 +8,16 @@ the trace (lib.sim.traffic).
 
 from __future__ import annotations
 
+import functools
+import importlib
+import random
 import textwrap
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from lib.check import Case, Outcome, Puzzle
+from lib.check import Case, Outcome, Puzzle, fresh_seed
 from lib.sim import SimResult
+from lib.sim.errors import InvalidCall
 from lib.sim.traffic import OUTSIDE, AxisTraffic, MeshAxes, axis_labeller, traffic_by_axis
 from lib.units import fmt_bytes
 
@@ -75,7 +80,26 @@ def axis_problem(case: MeshCase, result: SimResult) -> Optional[str]:
 
 
 class MeshPuzzle(Puzzle):
-    """A puzzle on a device mesh: also judges each axis's traffic, and draws the timeline coloured by axis."""
+    """A puzzle on a device mesh: also judges each axis's traffic, and draws the timeline coloured by axis.
+
+    preload: modules its oracle needs, imported once before the real ranks fork instead of in each of them
+    (FSDP2 and DTensor pull in torch._dynamo: seconds per rank)."""
+
+    def __init__(self, *args, preload: Sequence[str] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.preload = tuple(preload)
+
+    def real(self, fn: Callable, world_size: Optional[int] = None, backend: Optional[str] = None,
+             seed: Optional[int] = None, strict: Optional[bool] = None, timeout: float = 60.0) -> bool:
+        """As Puzzle.real, with the case built once here first: what its builder caches (measured budgets) the
+        forked ranks inherit instead of measuring it N times at once."""
+        for module in self.preload:
+            importlib.import_module(module)
+        seed = fresh_seed() if seed is None else seed
+        n = world_size or self.real_world_size
+        if self.refusal(n) is None:
+            self.make_case(random.Random(f"{self.name}:{seed}"), n)
+        return super().real(fn, world_size, backend, seed, strict, timeout)
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
         problem = super()._judge(case, result)
@@ -109,3 +133,31 @@ class MeshPuzzle(Puzzle):
         if any(b.metric == "peak_memory" for b in case.budgets):
             figures.append(memory_over_time_figure({f"{self.name}, rank 0": result}, title=f"{self.name}, {case.label}"))
         return figures
+
+
+class RankOnly:
+    """The `dist` of a puzzle of arithmetic on the rank: who am I, how many are we; no groups, no communication."""
+
+    def __init__(self, dist, puzzle: str) -> None:
+        self._dist, self._puzzle = dist, puzzle
+
+    def get_rank(self) -> int:
+        return self._dist.get_rank()
+
+    def get_world_size(self) -> int:
+        return self._dist.get_world_size()
+
+    def __getattr__(self, name: str):
+        raise InvalidCall(f"{self._puzzle} is arithmetic on dist.get_rank(): it needs no dist.{name} (no groups, "
+                          "no mesh, no communication).")
+
+
+def _rank_only(fn: Callable, puzzle: str, dist, *args):
+    return fn(RankOnly(dist, puzzle), *args)
+
+
+class ArithmeticPuzzle(Puzzle):
+    """A puzzle whose function may ask `dist` its rank and world size, and nothing else."""
+
+    def wrap(self, fn: Callable) -> Callable:
+        return functools.partial(_rank_only, fn, self.name) if callable(fn) else fn

@@ -18,18 +18,17 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle, fresh_seed
+from lib.check import Budget, Case, Puzzle
 from lib.device import device
 from lib.devices import device_mesh
 from lib.errors import PuzzleError
 from lib.measure import allocated, counted_flops, counted_time, saved_activation_bytes
-from lib.mesh_check import AxisBudget, MeshCase, MeshPuzzle
+from lib.mesh_check import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
 from lib.schedules import peak_in_flight, schedule_orders
 from lib.models import GPTConfig
 from lib.planner import Plan, estimate
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
-from lib.sim.errors import InvalidCall
 from lib.sim.mesh import coordinates
 from lib.sim.traffic import MeshAxes
 from lib.units import fmt_bytes, fmt_time
@@ -71,34 +70,6 @@ def _ring(op: str, nbytes: float, n: int) -> float:
 
 
 # ---- 1. coordinates --------------------------------------------------------------------------------------------
-class _RankArithmetic:
-    """The `dist` of a puzzle of arithmetic on the rank: who am I, how many are we; no groups, no communication."""
-
-    def __init__(self, dist) -> None:
-        self._dist = dist
-
-    def get_rank(self) -> int:
-        return self._dist.get_rank()
-
-    def get_world_size(self) -> int:
-        return self._dist.get_world_size()
-
-    def __getattr__(self, name: str):
-        raise InvalidCall(f"mesh_coordinates is arithmetic on dist.get_rank(): it needs no dist.{name} (no groups, "
-                          "no mesh, no communication).")
-
-
-def _arithmetic_only(fn: Callable, dist, *args):
-    return fn(_RankArithmetic(dist), *args)
-
-
-class ArithmeticPuzzle(Puzzle):
-    """A puzzle whose function may ask `dist` its rank and world size, and nothing else."""
-
-    def wrap(self, fn: Callable) -> Callable:
-        return functools.partial(_arithmetic_only, fn) if callable(fn) else fn
-
-
 def _coordinates_case(rng: random.Random, n: int) -> Case:
     dims = rng.randint(2, 4)
     shape = _shape_of(rng, n, dims)
@@ -289,19 +260,7 @@ def quiet() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-class ForkReadyPuzzle(MeshPuzzle):
-    """Its oracle uses FSDP2 and DTensor, which import torch._dynamo: imported here once, before the real ranks
-    fork, instead of in every rank at once (seconds each)."""
-
-    def real(self, *args, **kwargs) -> bool:
-        import torch._dynamo  # noqa: F401
-        import torch.distributed.fsdp  # noqa: F401
-        import torch.distributed.tensor.parallel  # noqa: F401
-
-        return super().real(*args, **kwargs)
-
-
-tp_dp_train = ForkReadyPuzzle(
+tp_dp_train = MeshPuzzle(
     "tp_dp_train", NOTEBOOK, _tp_dp_case, world_sizes=(4, 6, 8), rtol=1e-9, atol=1e-12,
     hints=["Make a 2-D mesh, mesh = device_mesh(dist, (dp, tp), ('dp', 'tp')): this rank's coordinates are "
            "mesh.get_local_rank('dp') and mesh.get_local_rank('tp'), its groups mesh['tp'].get_group() and "
@@ -315,6 +274,7 @@ tp_dp_train = ForkReadyPuzzle(
            "this rank's trained shards, keys fc1_w, fc1_b, fc2_w, fc2_b."],
     oracle=_fsdp_tp_oracle, oracle_name="FSDP2 (fully_shard) + DTensor parallelize_module on a 2-D init_device_mesh",
     min_world_size=4, min_world_size_reason="both axes need at least 2 ranks",
+    preload=("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor.parallel"),
     describe="Megatron's MLP, tensor-parallel over TP, inside data parallelism over DP; several SGD steps.")
 
 
@@ -383,7 +343,7 @@ def _stage_measures(cfg: GPTConfig, micro: int, pp: int, tp: int) -> tuple[CostM
     """The case's cost model, the slowest stage's seconds per micro-batch (compute and TP all-reduces), and per stage
     (activations kept per micro-batch, peak of one micro-batch's step), measured on TP rank 0's shards. They depend
     on the shapes alone, not on the weights' values: measured once per configuration (in a real run, by the parent
-    before its ranks fork)."""
+    before its ranks fork: MeshPuzzle.real)."""
     shards = shard_gpt(tiny_gpt(cfg, 0), pp, tp)
     act = micro * cfg.seq * cfg.hidden * ITEM
     tokens = torch.zeros(micro, cfg.seq, dtype=torch.long)
@@ -464,19 +424,7 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
 TIME_SLACK = 0.1
 
 
-class WarmPuzzle(MeshPuzzle):
-    """Builds its real run's case once in this process before the ranks fork, so that they inherit the measured
-    budgets (_stage_measures) instead of measuring them 2 × N times at once."""
-
-    def real(self, fn, world_size=None, backend=None, seed=None, strict=None, timeout=60.0) -> bool:
-        seed = fresh_seed() if seed is None else seed
-        n = world_size or self.real_world_size
-        if self.refusal(n) is None:
-            self.make_case(random.Random(f"{self.name}:{seed}"), n)
-        return super().real(fn, world_size, backend, seed, strict, timeout)
-
-
-train_3d = WarmPuzzle(
+train_3d = MeshPuzzle(
     "train_3d", NOTEBOOK, _three_d_case, world_sizes=(8,), rtol=1e-9, atol=1e-12,
     hints=["mesh = device_mesh(dist, (dp, pp, tp), ('dp', 'pp', 'tp')) gives this rank's coordinates "
            "(mesh.get_local_rank('pp'), ...) and groups (mesh['tp'].get_group(), mesh['dp'].get_group()); the ranks "
