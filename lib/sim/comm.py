@@ -133,6 +133,22 @@ class Communicator:
         self.groups.append(group)
         return group
 
+    def uneven_new_groups(self) -> Optional[str]:
+        """Which ranks made fewer new_group calls than the others, or None. torch.distributed requires every rank
+        to call new_group for every group, members or not (a rank that skips one names its later groups
+        differently from the others, and their first collective together hangs)."""
+        counts = {r: self.group_calls.get(r, 0) for r in range(self.rt.world_size)}
+        most = max(counts.values())
+        behind = {r: k for r, k in counts.items() if k < most}
+        if not behind:
+            return None
+        done = [r for r, k in counts.items() if k == most]
+        missing = ", ".join(str(g) for g in self.groups[min(behind.values()) + 1:])
+        return (f"rank(s) {', '.join(f'{r} ({k})' for r, k in behind.items())} made fewer new_group calls than "
+                f"rank(s) {', '.join(map(str, done))} ({most}): {missing} not created on every rank.\nHint: every "
+                "rank must call new_group for every group, members or not, in the same order: torch.distributed "
+                "requires it, and where one rank skips a call the others hang in their first collective together.")
+
     def resolve(self, me: int, group: Optional[Group], what: str) -> Group:
         group = self.world if group is None else group
         if not isinstance(group, Group):

@@ -261,6 +261,9 @@ class Runtime:
         torch.set_num_threads(self._start_threads)     # and so is its number of intra-op threads
         if self.error is not None:
             raise self.error
+        uneven = self.comm.uneven_new_groups()
+        if uneven:
+            raise CollectiveMismatch(uneven)
         leftovers = self.comm.leftovers()
         if leftovers:
             raise CollectiveMismatch("the run ended with communication left unmatched:\n" + leftovers +
@@ -359,6 +362,9 @@ class Runtime:
         else:
             hint = ("ranks wait for each other in a cycle. Every rank of a group must call that group's "
                     "collectives in the same order, and each send must meet its recv.")
+        uneven = self.comm.uneven_new_groups()
+        if uneven:           # a rank that skipped a new_group call is the likely cause
+            return "\n".join(lines) + "\nAlso, " + uneven
         return "\n".join(lines) + "\nHint: " + hint
 
     def _check_waited(self) -> None:
