@@ -19,7 +19,8 @@ import os
 import random
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -27,6 +28,7 @@ from lib.compare import first_difference
 from lib.device import device
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed
+from lib.offlimits import call_watched
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
 
@@ -115,7 +117,9 @@ class Puzzle:
                  world_sizes: Sequence[int] = (2, 3, 4, 5, 8), hints: Sequence[str] = (),
                  oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
                  atol: float = 1e-6, describe: str = "", takes_dist: bool = True, min_world_size: int = 1,
-                 min_world_size_reason: str = "", variants: Sequence[dict] = ()) -> None:
+                 min_world_size_reason: str = "", variants: Sequence[dict] = (),
+                 off_limits: Mapping[str, Any] = MappingProxyType({}), off_limits_advice: str = "",
+                 real_cell: bool = True) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -126,6 +130,13 @@ class Puzzle:
         # (tied and untied embeddings, an m that must be refused): the rest of each case stays random.
         self.variants = tuple(variants)
         self.hints = list(hints)
+        # What the learner's function may not call while it runs (label -> function or module, lib.offlimits):
+        # a prediction is derived, not looked up in the library that measures or models it.
+        self.off_limits = dict(off_limits)
+        self.off_limits_advice = off_limits_advice or "derive the answer yourself"
+        # False for a prediction: the notebook shows a measurement on the device instead of a real cell, since a
+        # real process would only repeat the prediction's arithmetic (Puzzle.real still runs it).
+        self.real_cell = real_cell
         self.oracle = oracle
         self.oracle_name = oracle_name
         self.rtol, self.atol = rtol, atol
@@ -144,9 +155,12 @@ class Puzzle:
         """The function each rank runs, made from the learner's: it takes `dist` first (a plain puzzle
         function is wrapped to ignore it). Subclasses may wrap further, e.g. to run backward after the
         learner's forward; the simulated and the real checks both run what this returns."""
-        if self.takes_dist or not callable(fn):
+        if not callable(fn):
             return fn
-        return functools.partial(_without_dist, fn)
+        inner = fn if self.takes_dist else functools.partial(_without_dist, fn)
+        if self.off_limits:
+            return functools.partial(call_watched, self.off_limits, self.off_limits_advice, inner)
+        return inner
 
     def cases(self, seed: int = 0) -> list[Case]:
         rng = random.Random(f"{self.name}:{seed}")
