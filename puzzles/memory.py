@@ -73,11 +73,11 @@ count_parameters = Puzzle(
 
 
 # ---- 2. the bytes of mixed-precision Adam ----------------------------------------------------
-def _mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: torch.Tensor):
+def mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: torch.Tensor):
     """One step as in Micikevicius et al. 2018 with Adam: bf16 weights and gradients, fp32 master
-    weights, momentum and variance. Returns everything that must live on to the next step."""
+    weights, momentum and variance, on the tokens' device. Returns everything that must live on to the next step."""
     torch.manual_seed(0)
-    model = TinyGPT(cfg).to(torch.bfloat16)
+    model = TinyGPT(cfg).to(tokens.device, torch.bfloat16)
     master = [p.detach().float() for p in model.parameters()]
     momentum = [torch.zeros_like(w) for w in master]
     variance = [torch.zeros_like(w) for w in master]
@@ -95,7 +95,7 @@ def _mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: to
 def _adam_case(rng: random.Random, _world: int, **kind) -> Case:
     cfg = _config(rng, **kind)
     tokens = torch.randint(0, cfg.vocab, (2, cfg.seq))
-    _, _, kept = allocated(lambda: _mixed_precision_adam_step(cfg, tokens, tokens))
+    _, _, kept = allocated(lambda: mixed_precision_adam_step(cfg, tokens, tokens))
     n = sum(p.numel() for p in TinyGPT(cfg).parameters())
     assert kept == model_state_bytes(n), "the reference step should keep exactly the ZeRO paper's (2+2+12)Ψ"
     # The label names the configuration only: a replayed seed must not print the answer.

@@ -7,6 +7,7 @@ from typing import Any
 
 from lib.formulas import ZERO_STAGES, model_state_breakdown
 from lib.sim.cost import bus_factor
+from lib.units import byte_unit, fmt_bytes
 from lib.viz.widgets import RANKS, live_box, slider_options
 
 PARTS = ("weights", "gradients", "optimizer")
@@ -32,14 +33,15 @@ def zero_figure(n_params: float, dp: int, stage: int, k: float = 12):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
+    unit, scale = byte_unit(model_state_breakdown(n_params, dp, 0, k)["optimizer"])
     for s in ZERO_STAGES:
         parts, bottom = model_state_breakdown(n_params, dp, s, k), 0.0
         for part in PARTS:
-            ax.bar(s, parts[part] / 1e9, bottom=bottom, color=COLOURS[part], label=part if s == 0 else None,
+            ax.bar(s, parts[part] / scale, bottom=bottom, color=COLOURS[part], label=part if s == 0 else None,
                    edgecolor="black" if s == stage else "none", linewidth=2)
-            bottom += parts[part] / 1e9
+            bottom += parts[part] / scale
     ax.set_xticks(list(ZERO_STAGES), ["DP", "stage 1", "stage 2", "stage 3"])
-    ax.set_ylabel("GB per device")
+    ax.set_ylabel(f"{unit} per device")
     ax.set_title(f"{n_params / 1e9:.3g}B parameters, N_d = {dp}")
     ax.legend(frameon=False)
     plt.close(fig)
@@ -63,8 +65,8 @@ def zero_explorer(n_params: float = 7.5e9, dp: int = 64, stage: int = 3):
         state.memory = {st: sum(model_state_breakdown(n, d, st).values()) for st in ZERO_STAGES}
         state.traffic = {st: traffic_per_step(n, d, st) for st in ZERO_STAGES}
         state.fig = zero_figure(n, d, s)
-        state.readout = (f"stage {s}: {state.memory[s] / 1e9:.2f} GB of model states per device "
-                         f"(DP: {state.memory[0] / 1e9:.2f} GB); sends {state.traffic[s] / 1e9:.2f} GB per step "
+        state.readout = (f"stage {s}: {fmt_bytes(state.memory[s])} of model states per device "
+                         f"(DP: {fmt_bytes(state.memory[0])}); sends {fmt_bytes(state.traffic[s])} per step "
                          f"({state.traffic[s] / max(state.traffic[0], 1e-30):.2g}× data parallelism)")
 
     return live_box(list(controls.values()), controls, state, update)
