@@ -103,6 +103,7 @@ class Outcome:
     message: str
     result: Optional[SimResult] = None
     case: Optional[Case] = None
+    seed: Optional[int] = None
 
 
 def strict_default() -> bool:
@@ -119,7 +120,8 @@ class Puzzle:
                  atol: float = 1e-6, describe: str = "", takes_dist: bool = True, min_world_size: int = 1,
                  min_world_size_reason: str = "", variants: Sequence[dict] = (),
                  off_limits: Mapping[str, Any] = MappingProxyType({}), off_limits_advice: str = "",
-                 real_cell: bool = True) -> None:
+                 real_cell: bool = True,
+                 display: Optional[Callable[[Case], tuple[CostModel, str]]] = None) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -137,6 +139,10 @@ class Puzzle:
         # False for a prediction: the notebook shows a measurement on the device instead of a real cell, since a
         # real process would only repeat the prediction's arithmetic (Puzzle.real still runs it).
         self.real_cell = real_cell
+        # The timeline after a success is drawn from one more run of the last case under display(case)'s cost
+        # model, scaled so that the toy case shows a real run's proportions of compute, bandwidth and latency
+        # (lib.viz.timeline.at_scale), with the scale it stands for in its title. None: the check's own run.
+        self.display = display
         self.oracle = oracle
         self.oracle_name = oracle_name
         self.rtol, self.atol = rtol, atol
@@ -191,7 +197,7 @@ class Puzzle:
             if problem:
                 return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case)
             last = result
-        return Outcome(True, True, self._success(last, case), last, case)
+        return Outcome(True, True, self._success(last, case), last, case, seed)
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
         if case.allowed_ops is not None:
@@ -246,7 +252,7 @@ class Puzzle:
             print(outcome.message)
             if show and _in_notebook():
                 from IPython.display import display
-                for figure in self.picture(outcome):
+                for figure in self.picture(outcome, fn):
                     display(figure)
             return True
         if not outcome.solved:
@@ -262,16 +268,21 @@ class Puzzle:
             raise CheckFailed(text)
         return False
 
-    def picture(self, outcome: Outcome) -> list:
+    def picture(self, outcome: Outcome, fn: Optional[Callable] = None) -> list:
         """The figures that show what the lesson is about: the per-rank timeline when ranks talk (or
-        copy to the host), memory over time when memory is a budget; none for a plain prediction."""
+        copy to the host), at a real run's scale where the puzzle has a display cost model and `fn` is given;
+        memory over time when memory is a budget; none for a plain prediction."""
         result, case = outcome.result, outcome.case
         if result is None:
             return []
         title = f"{self.name}, {case.label}"
         figures = []
         if any(e.lane == "comm" or e.op in ("to_host", "to_device") for e in result.trace):
-            figures.append(result.timeline(title=title))
+            shown, scale = result, ""
+            if self.display is not None and fn is not None:
+                cost, scale = self.display(case)
+                shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected)
+            figures.append(shown.timeline(title=f"{title}\n{scale}" if scale else title))
         if any(b.metric == "peak_memory" for b in case.budgets):
             from lib.viz.plots import memory_over_time_figure
             figures.append(memory_over_time_figure({f"{self.name}, rank 0": result}, title=title))
