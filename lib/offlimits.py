@@ -42,7 +42,11 @@ class _Watch:
                 path = getattr(target, "__path__", None)
                 self.files[os.path.join(list(path)[0], "") if path else target.__file__] = label
             else:
-                self.codes[getattr(target, "__func__", target).__code__] = label
+                code = getattr(getattr(target, "__func__", target), "__code__", None)
+                if code is None:
+                    raise TypeError(f"{label}: only Python functions and modules can be put off limits, "
+                                    f"not {type(target).__name__}")
+                self.codes[code] = label
 
     def label_of(self, code: CodeType) -> str | None:
         if code in self.codes:
