@@ -71,3 +71,12 @@ def test_at_scale_slows_bytes_and_flops_apart_and_keeps_latency():
     assert scaled.memory_bandwidth == pytest.approx(base.memory_bandwidth / 1000)
     assert scaled.flops_per_s == pytest.approx(base.flops_per_s / 10)
     assert scaled.latency == base.latency
+
+
+def test_notebook_01_later_pictures_mark_where_state_lives():
+    from lib.viz.anatomy import accumulation_picture, checkpointing_picture, offload_picture
+
+    assert "host memory" in " ".join(t.get_text() for t in offload_picture().axes[0].texts)
+    assert sum("micro-batch" in t.get_text() for t in accumulation_picture(3).axes[0].texts) == 3
+    edges = [matplotlib.colors.to_hex(p.get_edgecolor()) for p in checkpointing_picture().axes[0].patches]
+    assert edges.count(SAVED.lower()) == 3                  # the three block inputs, nothing else

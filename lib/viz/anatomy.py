@@ -63,3 +63,37 @@ def block_activations_picture():
                        title="one block's forward (bf16, dropout 0.1): the outlined tensors are what autograd keeps",
                        legend=["each dropout also keeps its mask", "LayerNorms keep a mean and 1/std",
                                "per token (fp32): ignore them"])
+
+
+HOST = "#E5D8BD"          # a tensor in host memory
+
+
+def checkpointing_picture():
+    """Activation checkpointing: only each block's input is kept; a block's activations are rebuilt in backward."""
+    kept, block = dict(saved=True), "keeps nothing;\nrun again in backward"
+    items = [Box("tokens", "[b, s]"), Op("embed"), Box("x₀", "[b, s, h]", **kept), Op("block 0", block),
+             Box("x₁", "[b, s, h]", **kept), Op("block 1", block), Box("x₂", "[b, s, h]", **kept), Op("…"),
+             Op("head\nloss", "keeps its own"), Box("loss", "a scalar")]
+    return flow_figure(items, ranks=1, title="checkpointing: forward keeps each block's input only; backward reruns "
+                                             "one block at a time to rebuild its activations")
+
+
+def accumulation_picture(k: int = 4):
+    """Gradient accumulation: k micro-batches, one after the other, each adding its gradients into p.grad."""
+    items = []
+    for i in range(k):
+        items += [Box(f"micro-batch {i}", "[b/k, s]", width=1.2), Op("fwd +\nbwd", "loss / k")]
+    items.append(Box("p.grad", "+= each time", colour=PARAMETER))
+    return flow_figure(items, ranks=1, per_row=2 * k + 1,
+                       title="gradient accumulation: one micro-batch's activations at a time; backward adds into p.grad")
+
+
+def offload_picture():
+    """ZeRO-Offload on one device: gradients go to host memory, Adam runs there, updates come back."""
+    host = dict(colour=HOST)
+    items = [Box("weights", "device", colour=PARAMETER), Op("fwd +\nbwd"), Box("p.grad", "device", colour=PARAMETER),
+             Op("PCIe", "p.grad.to(host)", comm=True), Box("m, v", "host memory", **host), Op("Adam", "on the host"),
+             Box("update", "host memory", **host), Op("PCIe", ".to(device)", comm=True),
+             Box("weights", "p -= update", colour=PARAMETER)]
+    return flow_figure(items, ranks=1, title="optimizer offload: the device runs forward and backward; Adam's state "
+                                             "and step live in host memory (sand)")
