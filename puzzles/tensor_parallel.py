@@ -496,6 +496,7 @@ parallel_attention = LayerPuzzle(
            "A head is a block of d = h/heads consecutive features: reshape [s, b, w] as [s, b, heads/N, d], "
            "never [s, b, d, heads/N]."],
     oracle=_attention_oracle, oracle_name="parallelize_module (q, k, v ColwiseParallel, proj RowwiseParallel)",
+    display=_layer_display,
     describe="Causal self-attention split by heads: one all-reduce forward, one backward.")
 
 

@@ -266,7 +266,7 @@ zero2_train = Puzzle(
            "Keep the shard buffers (one per parameter) for the step; after backward: divide by N, adam_update each "
            "shard, all-gather each parameter. Remove the hooks before returning."],
     oracle=_fsdp_oracle(reshard_after_forward=False), oracle_name="fully_shard(reshard_after_forward=False)",
-    rtol=RTOL, atol=ATOL,
+    rtol=RTOL, atol=ATOL, display=_zero_display,
     describe="ZeRO stage 2: optimizer state and gradients sharded; gradients reduce-scattered during backward.")
 
 
@@ -290,7 +290,7 @@ zero3_train = Puzzle(
            "Gather: buf = torch.empty(N*c, dtype=...); dist.all_gather_single(buf, shard); p.data = buf[:n].view(shape). "
            "After the steps, gather every parameter once more and return {name: full tensor}."],
     oracle=_fsdp_oracle(reshard_after_forward=True), oracle_name="torch.distributed.fsdp.fully_shard",
-    rtol=RTOL, atol=ATOL,
+    rtol=RTOL, atol=ATOL, display=_zero_display,
     describe="ZeRO stage 3 (FSDP): parameters sharded too, each layer gathered just before use and freed after.")
 
 
