@@ -83,18 +83,22 @@ def watching(targets: Mapping[str, Any], advice: str) -> Iterator[None]:
                 raise OffLimits(f"this puzzle puts {_named(label, frame)} out of reach: {advice}.")
 
     def refusing(*_a: Any, **_k: Any) -> None:
-        raise OffLimits(f"this puzzle's check watches which library calls your function makes; replacing its "
-                        f"watch (sys.setprofile, sys.settrace) is not allowed: {advice}.")
+        raise OffLimits(f"this puzzle's check watches which library calls your function makes; touching its "
+                        f"watch (sys.setprofile, sys.getprofile, sys.settrace) is not allowed: {advice}.")
 
-    saved = sys.getprofile(), sys.setprofile, sys.settrace, threading.setprofile, threading.settrace
+    # The hooks' setters and sys.getprofile are refused meanwhile: without the watch's own function, a setter
+    # saved earlier can switch it off but not back on, which the end of the block notices.
+    get = sys.getprofile
+    saved = get(), sys.setprofile, sys.settrace, threading.setprofile, threading.settrace
     sys.setprofile(profile)
-    sys.setprofile = sys.settrace = threading.setprofile = threading.settrace = refusing
+    sys.setprofile = sys.settrace = threading.setprofile = threading.settrace = sys.getprofile = refusing
     try:
         yield
-        if sys.getprofile() is not profile:
+        if get() is not profile:
             raise OffLimits(f"this puzzle's watch on library calls was switched off while your function ran: {advice}.")
     finally:
         sys.setprofile, sys.settrace, threading.setprofile, threading.settrace = saved[1:]
+        sys.getprofile = get
         sys.setprofile(saved[0])
 
 

@@ -46,10 +46,17 @@ def catching_the_refusal(cfg):
         return 0
 
 
+def switching_the_watch_off_and_on(cfg, setprofile=__import__("sys").setprofile):
+    """A setter saved before the check switches the watch off; without the watch's function it cannot restore it."""
+    setprofile(None)
+    return by_building(cfg)
+
+
 @pytest.mark.parametrize("fn, words", [(by_building, "building a module (TinyGPT(...))"),
                                        (on_the_meta_device, "building a module (TinyGPT(...))"),
                                        (by_formula, "lib.formulas (model_state_bytes)"),
-                                       (catching_the_refusal, "sys.setprofile")])
+                                       (catching_the_refusal, "sys.setprofile"),
+                                       (switching_the_watch_off_and_on, "switched off")])
 def test_off_limits_calls_fail_the_check_and_name_the_call(fn, words, capsys):
     assert PUZZLE.check(fn, strict=False, show=False) is False
     out = capsys.readouterr().out
