@@ -20,7 +20,8 @@ import os
 import random
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -29,6 +30,7 @@ from lib.device import device
 from lib.diagnose import Mistake, diagnose
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed
+from lib.offlimits import call_watched
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
 
@@ -105,6 +107,7 @@ class Outcome:
     result: Optional[SimResult] = None
     case: Optional[Case] = None
     hinted: bool = False               # the message already ends with this puzzle's hint (a budget's)
+    seed: Optional[int] = None
 
 
 def strict_default() -> bool:
@@ -123,7 +126,10 @@ class Puzzle:
                  oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
                  atol: float = 1e-6, describe: str = "", takes_dist: bool = True, min_world_size: int = 1,
                  min_world_size_reason: str = "", variants: Sequence[dict] = (),
-                 mistakes: Sequence[Mistake] = ()) -> None:
+                 mistakes: Sequence[Mistake] = (),
+                 off_limits: Mapping[str, Any] = MappingProxyType({}), off_limits_advice: str = "",
+                 real_cell: bool = True,
+                 display: Optional[Callable[[Case], tuple[CostModel, str]]] = None) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -135,6 +141,17 @@ class Puzzle:
         self.variants = tuple(variants)
         self.hints = list(hints)
         self.mistakes = tuple(mistakes)    # known wrong answers, named when a learner's result equals theirs
+        # What the learner's function may not call while it runs (label -> function or module, lib.offlimits):
+        # a prediction is derived, not looked up in the library that measures or models it.
+        self.off_limits = dict(off_limits)
+        self.off_limits_advice = off_limits_advice or "derive the answer yourself"
+        # False for a prediction: the notebook shows a measurement on the device instead of a real cell, since a
+        # real process would only repeat the prediction's arithmetic (Puzzle.real still runs it).
+        self.real_cell = real_cell
+        # The timeline after a success is drawn from one more run of the last case under display(case)'s cost
+        # model, scaled so that the toy case shows a real run's proportions of compute, bandwidth and latency
+        # (lib.viz.timeline.at_scale), with the scale it stands for in its title. None: the check's own run.
+        self.display = display
         self.oracle = oracle
         self.oracle_name = oracle_name
         self.rtol, self.atol = rtol, atol
@@ -153,9 +170,12 @@ class Puzzle:
         """The function each rank runs, made from the learner's: it takes `dist` first (a plain puzzle
         function is wrapped to ignore it). Subclasses may wrap further, e.g. to run backward after the
         learner's forward; the simulated and the real checks both run what this returns."""
-        if self.takes_dist or not callable(fn):
+        if not callable(fn):
             return fn
-        return functools.partial(_without_dist, fn)
+        inner = fn if self.takes_dist else functools.partial(_without_dist, fn)
+        if self.off_limits:
+            return functools.partial(call_watched, self.off_limits, self.off_limits_advice, inner)
+        return inner
 
     def cases(self, seed: int = 0) -> list[Case]:
         rng = random.Random(f"{self.name}:{seed}")
@@ -190,7 +210,7 @@ class Puzzle:
                 hinted = "\nHint: " in problem
                 return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case, hinted)
             last = result
-        return Outcome(True, True, self._success(last, case), last, case)
+        return Outcome(True, True, self._success(last, case), last, case, seed=seed)
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
         if case.allowed_ops is not None:
@@ -247,7 +267,7 @@ class Puzzle:
             print(outcome.message)
             if show and _in_notebook():
                 from IPython.display import display
-                for figure in self.picture(outcome):
+                for figure in self.picture(outcome, fn):
                     display(figure)
             return True
         if not outcome.solved:
@@ -263,16 +283,21 @@ class Puzzle:
             raise CheckFailed(text)
         return False
 
-    def picture(self, outcome: Outcome) -> list:
+    def picture(self, outcome: Outcome, fn: Optional[Callable] = None) -> list:
         """The figures that show what the lesson is about: the per-rank timeline when ranks talk (or
-        copy to the host), memory over time when memory is a budget; none for a plain prediction."""
+        copy to the host), at a real run's scale where the puzzle has a display cost model and `fn` is given;
+        memory over time when memory is a budget; none for a plain prediction."""
         result, case = outcome.result, outcome.case
         if result is None:
             return []
         title = f"{self.name}, {case.label}"
         figures = []
         if any(e.lane == "comm" or e.op in ("to_host", "to_device") for e in result.trace):
-            figures.append(result.timeline(title=title))
+            shown, scale = result, ""
+            if self.display is not None and fn is not None:
+                cost, scale = self.display(case)
+                shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected)
+            figures.append(shown.timeline(title=f"{title}\n{scale}" if scale else title))
         if any(b.metric == "peak_memory" for b in case.budgets):
             from lib.viz.plots import memory_over_time_figure
             figures.append(memory_over_time_figure({f"{self.name}, rank 0": result}, title=title))

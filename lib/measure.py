@@ -37,16 +37,22 @@ def forward_memory(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = (),
     def forward() -> None:          # keeps fn's output, and with it the saved tensors, alive to be counted
         kept["saved"] = saved_activation_bytes(lambda: kept.setdefault("out", fn()), exclude)
 
-    where = torch.device(where)
-    if where.type == "cuda":
-        torch.cuda.synchronize(where)
-        before = torch.cuda.memory_allocated(where)
-        forward()
-        torch.cuda.synchronize(where)
-        live = torch.cuda.memory_allocated(where) - before
-    else:
-        live = allocated(forward)[2]
+    live = live_bytes(forward, where)[1]
     return kept["saved"], live
+
+
+def live_bytes(fn: Callable[[], Any], where: torch.device | str = "cpu") -> tuple[Any, int]:
+    """(fn's result, bytes it allocated that are still allocated when it returns): from the CUDA caching
+    allocator (memory_allocated, which rounds each block up) on a GPU, from lib's tracker on the CPU."""
+    where = torch.device(where)
+    if where.type != "cuda":
+        result, _, live = allocated(fn)
+        return result, live
+    torch.cuda.synchronize(where)
+    before = torch.cuda.memory_allocated(where)
+    result = fn()
+    torch.cuda.synchronize(where)
+    return result, torch.cuda.memory_allocated(where) - before
 
 
 def allocated(fn: Callable[[], Any]) -> tuple[Any, int, int]:

@@ -31,7 +31,9 @@ def param_bytes(model: nn.Module) -> int:
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """A GPT's shape. `tied`: the output head reuses the token embedding (GPT-2 does)."""
+    """A GPT's shape. `tied`: the output head reuses the token embedding (GPT-2 does). `kv_heads`: grouped-query
+    attention's key/value heads (Ainslie et al. 2023; 0 means one per query head). `bias`: False drops every
+    Linear's and LayerNorm's bias (as LLaMA and PaLM do)."""
 
     vocab: int = 64
     seq: int = 16
@@ -41,6 +43,8 @@ class GPTConfig:
     dropout: float = 0.0
     tied: bool = True
     flash: bool = False        # attention by F.scaled_dot_product_attention: no s×s matrix kept for backward
+    kv_heads: int = 0
+    bias: bool = True
 
 
 class Dropout(nn.Module):
@@ -67,17 +71,24 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        h = cfg.hidden
+        h, bias = cfg.hidden, cfg.bias
         self.heads, self.flash = cfg.heads, cfg.flash
-        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
-        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        self.kv_heads = cfg.kv_heads or cfg.heads
+        if cfg.heads % self.kv_heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({cfg.heads})")
+        kv = self.kv_heads * (h // cfg.heads)                   # the width of K, and of V
+        self.ln1, self.ln2 = nn.LayerNorm(h, bias=bias), nn.LayerNorm(h, bias=bias)
+        self.qkv, self.proj = nn.Linear(h, h + 2 * kv, bias=bias), nn.Linear(h, h, bias=bias)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h, bias=bias), nn.Linear(4 * h, h, bias=bias)
         self.attn_drop, self.proj_drop, self.mlp_drop = (Dropout(cfg.dropout) for _ in range(3))
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)   # (b, a, s, h/a) each
-                   for t in self.qkv(x).split(h, dim=-1))
+        d = h // self.heads
+        q, k, v = (t.reshape(b, s, -1, d).transpose(1, 2)      # (b, a, s, d), then (b, kv_heads, s, d) twice
+                   for t in self.qkv(x).split([h, self.kv_heads * d, self.kv_heads * d], dim=-1))
+        if self.kv_heads != self.heads:                       # each K/V head serves heads/kv_heads query heads
+            k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))   # (b, a, s, d)
         if self.flash:
             # Keeps q, k, v, its output and a log-sum-exp per row; the output is laid out (b, s, a, h/a) in
             # memory, so the reshape below is a view and proj's input is that same tensor.
@@ -105,7 +116,7 @@ class TinyGPT(nn.Module):
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
         self.pos = nn.Embedding(cfg.seq, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.ln_f = nn.LayerNorm(cfg.hidden, bias=cfg.bias)
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         if cfg.tied:
             self.head.weight = self.tok.weight

@@ -74,6 +74,20 @@ def _ring_budget(factor: float, formula: str, size: int, what: str) -> Budget:
                   hint="each step sends one chunk (1/N of the tensor) to the right neighbour; never the whole tensor.")
 
 
+RING_DISPLAY_BYTES = 100 * 2**20      # a ring's timeline is drawn as if each rank's tensor were a 100 MiB bucket
+
+
+def _ring_display(case: Case) -> tuple[CostModel, str]:
+    """The ring's timeline at a gradient bucket's scale: the toy tensor's bytes stand for 100 MiB."""
+    from lib.viz.timeline import at_scale, scale_note
+
+    x = case.args[0].values[0]
+    toy = x.numel() * x.element_size()
+    factor = RING_DISPLAY_BYTES / toy
+    return at_scale(factor, factor), (f"drawn as if each rank's input of {fmt_bytes(toy)} were "
+                                      f"{fmt_bytes(RING_DISPLAY_BYTES)}\n{scale_note()}")
+
+
 def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
     total = _total(xs)
@@ -97,7 +111,7 @@ ring_reduce_scatter = Puzzle(
            "After N-1 steps chunk r holds the full sum on rank r.",
            "Send without blocking (req = dist.isend(...)), then dist.recv(buf, left), then req.wait(): "
            "if every rank does a blocking send first, nobody is receiving."],
-    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5,
+    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5, display=_ring_display,
     describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring.")
 
 
@@ -123,7 +137,7 @@ ring_all_gather = Puzzle(
            "straight into its place in the output.",
            "dist.recv writes into the tensor you give it, and a chunk of out (out.chunk(N)[i]) is a view: "
            "receiving into it fills the output."],
-    oracle=_all_gather_oracle, oracle_name="dist.all_gather_single",
+    oracle=_all_gather_oracle, oracle_name="dist.all_gather_single", display=_ring_display,
     describe="Every rank returns the concatenation of all ranks' chunks, in rank order, built from send/recv.")
 
 
@@ -139,7 +153,7 @@ ring_all_reduce = Puzzle(
     hints=["All-reduce = reduce-scatter, then all-gather of the reduced chunks.",
            "Call your ring_reduce_scatter, then your ring_all_gather on its result.",
            "Each phase sends (N-1)/N of the data per rank, 2(N-1)/N in all: independent of N for large N."],
-    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5,
+    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5, display=_ring_display,
     describe="Every rank returns the sum over ranks of x, using 2(N-1)/N of the data per rank.")
 
 

@@ -18,51 +18,66 @@ from lib.check import Budget, Case, Puzzle
 from lib.formulas import model_state_bytes
 from lib.measure import allocated, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
+from lib.offlimits import MODULE_INIT
 from lib.units import fmt_bytes
 
 NOTEBOOK = "01_memory"
 ONE_DEVICE = (1, 1, 1)          # three random cases, each on one device
 
 
-def _config(rng: random.Random, tied: Optional[bool] = None, **fixed) -> GPTConfig:
-    heads = rng.choice([1, 2, 4])
-    shape = dict(vocab=rng.randint(16, 100), seq=rng.choice([8, 16, 32]), hidden=heads * rng.choice([4, 8, 16]),
-                 heads=heads, layers=rng.randint(1, 4), tied=rng.random() < 0.5)
-    if tied is not None:
-        shape["tied"] = tied
-    shape.update(fixed)
-    return GPTConfig(**shape)
+def _config(rng: random.Random, tied: Optional[bool] = None, bias: Optional[bool] = None,
+            gqa: Optional[bool] = None) -> GPTConfig:
+    """A random GPT shape; tied embeddings, biases and grouped-query attention pinned where given."""
+    gqa = rng.random() < 0.5 if gqa is None else gqa
+    heads = rng.choice([2, 4, 8] if gqa else [1, 2, 4])
+    kv_heads = rng.choice([k for k in (1, 2, 4) if k < heads and heads % k == 0]) if gqa else 0
+    return GPTConfig(vocab=rng.randint(16, 100), seq=rng.choice([8, 16, 32]), hidden=heads * rng.choice([4, 8, 16]),
+                     heads=heads, layers=rng.randint(1, 4), kv_heads=kv_heads,
+                     tied=rng.random() < 0.5 if tied is None else tied,
+                     bias=rng.random() < 0.5 if bias is None else bias)
 
 
 def _describe(cfg: GPTConfig) -> str:
-    return (f"vocab {cfg.vocab}, seq {cfg.seq}, hidden {cfg.hidden}, {cfg.heads} heads, {cfg.layers} layers, "
-            f"{'tied' if cfg.tied else 'untied'} embeddings")
+    kv = f" ({cfg.kv_heads} key/value heads)" if cfg.kv_heads else ""
+    return (f"vocab {cfg.vocab}, seq {cfg.seq}, hidden {cfg.hidden}, {cfg.heads} heads{kv}, {cfg.layers} layers, "
+            f"{'tied' if cfg.tied else 'untied'} embeddings, {'with' if cfg.bias else 'no'} biases")
+
+
+# A prediction comes from the configuration: the library that builds, measures or models the model is off limits
+# while the learner's function runs (lib.offlimits).
+DERIVE = {"building a module": MODULE_INIT, "lib.formulas": "lib.formulas", "lib.measure": "lib.measure",
+          "lib.planner": "lib.planner", "lib.viz.memory": "lib.viz.memory"}
+DERIVE_ADVICE = "derive it from the configuration (and from lib/models.py, read, not run)"
+PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, off_limits_advice=DERIVE_ADVICE,
+                  real_cell=False)
+# Each seed asks the three kinds of model of the statement: GPT-2's (tied, biases), LLaMA's (untied, no biases),
+# and grouped-query attention, which lib.formulas does not model.
+MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias": False}, {"gqa": True}]
 
 
 # ---- 1. counting parameters --------------------------------------------------------------
-def _count_case(rng: random.Random, _world: int, tied: Optional[bool] = None) -> Case:
-    cfg = _config(rng, tied)
+def _count_case(rng: random.Random, _world: int, **kind) -> Case:
+    cfg = _config(rng, **kind)
     return Case(1, (cfg,), [sum(p.numel() for p in TinyGPT(cfg).parameters())], _describe(cfg))
 
 
 count_parameters = Puzzle(
-    "count_parameters", NOTEBOOK, _count_case, world_sizes=ONE_DEVICE, takes_dist=False, rtol=0, atol=0,
-    variants=[{"tied": True}, {"tied": False}],
+    "count_parameters", NOTEBOOK, _count_case, rtol=0, atol=0, variants=MODEL_KINDS, **PREDICTION,
     hints=["Count each piece: the token embedding (vocab × hidden), the position embedding (seq × hidden), "
            "`layers` blocks, the final LayerNorm, and the output head.",
-           "A block: qkv Linear h→3h and proj h→h, fc1 h→4h and fc2 4h→h (all with biases), two LayerNorms "
-           "(a weight and a bias of h each): 12h² + 13h.",
-           "With tied embeddings the head *is* the token embedding: count it once. Untied, add vocab × hidden "
-           "(the head has no bias)."],
+           "A block with biases: qkv Linear h→3h and proj h→h, fc1 h→4h and fc2 4h→h, two LayerNorms "
+           "(a weight and a bias of h each): 12h² + 13h. Without biases only the weights remain.",
+           "Grouped-query attention: K and V have kv_heads heads of h/heads each, so qkv maps h → h + 2·kv_heads·h/heads "
+           "(kv_heads = 0 means one per query head). A tied head *is* the token embedding: count it once."],
     describe="The number of parameters of TinyGPT(config), from the config alone.")
 
 
 # ---- 2. the bytes of mixed-precision Adam ----------------------------------------------------
-def _mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: torch.Tensor):
+def mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: torch.Tensor):
     """One step as in Micikevicius et al. 2018 with Adam: bf16 weights and gradients, fp32 master
-    weights, momentum and variance. Returns everything that must live on to the next step."""
+    weights, momentum and variance, on the tokens' device. Returns everything that must live on to the next step."""
     torch.manual_seed(0)
-    model = TinyGPT(cfg).to(torch.bfloat16)
+    model = TinyGPT(cfg).to(tokens.device, torch.bfloat16)
     master = [p.detach().float() for p in model.parameters()]
     momentum = [torch.zeros_like(w) for w in master]
     variance = [torch.zeros_like(w) for w in master]
@@ -77,18 +92,18 @@ def _mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: to
     return model, master, momentum, variance
 
 
-def _adam_case(rng: random.Random, _world: int) -> Case:
-    cfg = _config(rng)
+def _adam_case(rng: random.Random, _world: int, **kind) -> Case:
+    cfg = _config(rng, **kind)
     tokens = torch.randint(0, cfg.vocab, (2, cfg.seq))
-    _, peak, kept = allocated(lambda: _mixed_precision_adam_step(cfg, tokens, tokens))
+    _, _, kept = allocated(lambda: mixed_precision_adam_step(cfg, tokens, tokens))
     n = sum(p.numel() for p in TinyGPT(cfg).parameters())
     assert kept == model_state_bytes(n), "the reference step should keep exactly the ZeRO paper's (2+2+12)Ψ"
-    return Case(1, (cfg,), [kept], f"{_describe(cfg)}: the step keeps {fmt_bytes(kept)} "
-                f"(its peak, with activations, is {fmt_bytes(peak)})")
+    # The label names the configuration only: a replayed seed must not print the answer.
+    return Case(1, (cfg,), [kept], _describe(cfg))
 
 
 training_state_bytes = Puzzle(
-    "training_state_bytes", NOTEBOOK, _adam_case, world_sizes=ONE_DEVICE, takes_dist=False, rtol=0, atol=0,
+    "training_state_bytes", NOTEBOOK, _adam_case, rtol=0, atol=0, variants=MODEL_KINDS, **PREDICTION,
     hints=["Between two steps, mixed-precision Adam keeps: the bf16 weights, their bf16 gradients, and in fp32 "
            "a master copy of the weights plus Adam's two moving averages.",
            "Bytes per parameter: 2 + 2 + (4 + 4 + 4). Multiply by the parameter count (your count_parameters).",
@@ -99,17 +114,16 @@ training_state_bytes = Puzzle(
 # ---- 3. activations of one layer -------------------------------------------------------------
 def _activation_case(rng: random.Random, _world: int) -> Case:
     heads = rng.choice([1, 2, 4, 8])
-    s, b, h = rng.choice([8, 16, 32, 64]), rng.randint(1, 4), heads * rng.choice([8, 16])
+    # h >= 16: the formula leaves out LayerNorm's mean and 1/std, 8bs bytes, under 2% of the block from h = 16 on
+    s, b, h = rng.choice([8, 16, 32, 64]), rng.randint(1, 4), heads * rng.choice([16, 32])
     block = Block(GPTConfig(seq=s, hidden=h, heads=heads, dropout=0.1)).to(torch.bfloat16)
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
     saved = saved_activation_bytes(lambda: block(x), exclude=list(block.parameters()))
-    return Case(1, (s, b, h, heads), [saved],
-                f"s={s}, b={b}, h={h}, a={heads}: autograd saves {fmt_bytes(saved)} in one bf16 block")
+    return Case(1, (s, b, h, heads), [saved], f"s={s}, b={b}, h={h}, a={heads}, one bf16 block with dropout")
 
 
 layer_activation_bytes = Puzzle(
-    "layer_activation_bytes", NOTEBOOK, _activation_case, world_sizes=ONE_DEVICE, takes_dist=False,
-    rtol=0.02, atol=0,
+    "layer_activation_bytes", NOTEBOOK, _activation_case, rtol=0.02, atol=0, **PREDICTION,
     hints=["List what backward needs from one block: the input of every matmul, the softmax output, the GeLU "
            "input, each dropout mask (1 byte per element), each LayerNorm input. Activations are bf16 (2 bytes).",
            "Attention: qkv input 2sbh, Q and K 4sbh, softmax output 2as²b, its dropout mask as²b, the dropped "

@@ -363,6 +363,21 @@ def _mlp_case(rng: random.Random, world: int) -> Case:
                 allowed_ops=frozenset({"all_reduce"}))
 
 
+GPT3_LAYER = (2048, 1, 12288)          # s, b, h of GPT-3 175B (Brown et al. 2020, Table 2.1)
+
+
+def _layer_display(case: Case) -> tuple:
+    """A layer's timeline at GPT-3's scale: the toy [s, b, h] float64 stands for GPT-3's in bf16, so that its
+    matmuls (s·b·h² FLOPs) and its all-reduces (s·b·h bytes) take their real proportions."""
+    from lib.viz.timeline import at_scale, scale_note
+
+    x = case.args[0].values[0]                               # [s, b, h]
+    (s, b, h), (S, B, H) = x.shape, GPT3_LAYER
+    elements = S * B * H / (s * b * h)
+    return (at_scale(elements * 2 / x.element_size(), elements * H / h),
+            f"drawn as if s·b·h = {s}·{b}·{h} in float64 were GPT-3's {S}·{B}·{H} in bf16\n{scale_note()}")
+
+
 class _MLP(torch.nn.Module):
     def __init__(self, fc1, fc2) -> None:
         super().__init__()
@@ -394,6 +409,7 @@ megatron_mlp = LayerPuzzle(
            "identity. If it counts none, f is missing its backward. The check also measures what your forward "
            "saves for backward: use F.gelu (a hand-written GeLU keeps several 4h-wide intermediates)."],
     oracle=_mlp_oracle, oracle_name="parallelize_module (fc1 ColwiseParallel, fc2 RowwiseParallel)",
+    display=_layer_display,
     describe="The transformer MLP split over N ranks: one all-reduce in forward, one in backward.")
 
 
@@ -480,6 +496,7 @@ parallel_attention = LayerPuzzle(
            "A head is a block of d = h/heads consecutive features: reshape [s, b, w] as [s, b, heads/N, d], "
            "never [s, b, d, heads/N]."],
     oracle=_attention_oracle, oracle_name="parallelize_module (q, k, v ColwiseParallel, proj RowwiseParallel)",
+    display=_layer_display,
     describe="Causal self-attention split by heads: one all-reduce forward, one backward.")
 
 

@@ -7,11 +7,14 @@ import lib
 
 
 def count_parameters(config):
-    h, layers = config.hidden, config.layers
+    h, layers, bias = config.hidden, config.layers, config.bias
+    kv = (config.kv_heads or config.heads) * (h // config.heads)      # the width of K, and of V
     embeddings = config.vocab * h + config.seq * h
-    block = 12 * h * h + 13 * h          # qkv 3h²+3h, proj h²+h, fc1 4h²+4h, fc2 4h²+h, two LayerNorms 4h
+    weights = h * (h + 2 * kv) + h * h + 4 * h * h + 4 * h * h        # qkv, proj, fc1, fc2
+    biases = (h + 2 * kv) + h + 4 * h + h if bias else 0
+    norms = (2 if bias else 1) * h                                    # a LayerNorm: a weight (and a bias) of h
     head = 0 if config.tied else config.vocab * h
-    return embeddings + layers * block + 2 * h + head
+    return embeddings + layers * (weights + biases + 2 * norms) + norms + head
 
 
 def training_state_bytes(config):

@@ -14,6 +14,7 @@ from lib.viz.memory import (COMPONENT_LABELS, PRESETS, Model, memory_calculator,
                             memory_per_device)
 
 GB = 1e9  # decimal, as the ZeRO paper's "120GB" for 16 bytes x 7.5e9 parameters
+GIB = 2**30  # what the calculator prints and draws (lib.units' convention)
 ZERO_7_5B = Model("ZeRO's 7.5B", 7.5e9, layers=32, hidden=4096, heads=32)
 LLAMA_7B = PRESETS["LLaMA-2 7B"]
 S, B, H, A, L = 2048, 1, LLAMA_7B.hidden, LLAMA_7B.heads, LLAMA_7B.layers
@@ -24,8 +25,8 @@ def model_states(parts: dict) -> float:
 
 
 def readout_total(readout: str) -> float:
-    (gb,) = re.findall(r"^\s+total\s+([\d,.]+) GB", readout, flags=re.M)
-    return float(gb.replace(",", "")) * GB
+    ((value, unit),) = re.findall(r"^\s+total\s+([\d,.]+) ([GT]iB)", readout, flags=re.M)
+    return float(value.replace(",", "")) * {"GiB": GIB, "TiB": 1024 * GIB}[unit]
 
 
 @pytest.mark.parametrize("stage, printed_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
@@ -85,18 +86,18 @@ def test_impossible_configurations_say_why(kwargs, message):
         memory_per_device(LLAMA_7B, **kwargs)
 
 
-def test_figure_stacks_components_in_gb_under_the_h100_line():
+def test_figure_stacks_components_in_gib_under_the_h100_line():
     parts = [memory_per_device(ZERO_7_5B, zero_stage=s, dp=64) for s in range(4)]
     fig = memory_figure(parts, labels=[f"ZeRO-{s}" for s in range(4)])
     (ax,) = fig.axes
     assert len(ax.patches) == 4 * 4
-    assert ax.patches[0].get_height() == pytest.approx(parts[0]["weights"] / GB)           # 15 GB of bf16 weights
+    assert ax.patches[0].get_height() == pytest.approx(parts[0]["weights"] / GIB)          # 15 GB of bf16 weights
     tops = [max(p.get_y() + p.get_height() for p in ax.patches if abs(p.get_x() + p.get_width() / 2 - i) < 1e-9)
             for i in range(4)]
-    assert tops == pytest.approx([sum(p.values()) / GB for p in parts])
+    assert tops == pytest.approx([sum(p.values()) / GIB for p in parts])
     (line,) = ax.get_lines()
-    assert line.get_ydata()[0] == pytest.approx(80) and "80 GB" in line.get_label()
-    assert "GB" in ax.get_ylabel()
+    assert line.get_ydata()[0] == pytest.approx(80) and "80 GiB" in line.get_label()
+    assert "GiB" in ax.get_ylabel()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert set(COMPONENT_LABELS.values()) < set(legend)
@@ -121,7 +122,7 @@ def test_zero_3_at_dp_8_lowers_the_total_and_redraws(calculator):
     c["zero_stage"].value = 3
     assert s.fig is not fig0 and "ZeRO-3" in s.readout
     # Model states go from 16 bytes per parameter to 16/8; activations stay.
-    assert total0 - readout_total(s.readout) == pytest.approx(16 * 7e9 * (1 - 1 / 8), abs=0.01 * GB)
+    assert total0 - readout_total(s.readout) == pytest.approx(16 * 7e9 * (1 - 1 / 8), abs=0.01 * GIB)
     assert s.breakdown == memory_per_device(LLAMA_7B, zero_stage=3, dp=8)
 
 
@@ -129,13 +130,13 @@ def test_70b_fits_only_with_zero_3_over_64_and_full_recompute(calculator):
     c, s = calculator.controls, calculator.state
     c["model"].value = "LLaMA-2 70B"
     c["dp"].value = 1
-    assert "does NOT fit in 80 GB" in s.readout and readout_total(s.readout) > 1000 * GB
+    assert "does NOT fit in 80 GiB" in s.readout and readout_total(s.readout) > 1000 * GB
     c["zero_stage"].value = 3
     c["dp"].value = 64
     assert "does NOT fit" in s.readout               # model states fit; the activations of 80 layers do not
     c["recompute"].value = "full"
-    assert "fits in 80 GB" in s.readout and "NOT" not in s.readout
-    assert readout_total(s.readout) < 80 * GB
+    assert "fits in 80 GiB" in s.readout and "NOT" not in s.readout
+    assert readout_total(s.readout) < 80 * GIB
     assert s.fig.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(80)
 
 

@@ -1,7 +1,7 @@
 """Where the memory of training goes, per device: model states (ZeRO) plus activations (Korthikanti et al.).
 
 Every byte here comes from `lib.formulas`; this module only picks the arguments, adds up and draws.
-GB are decimal (1 GB = 10⁹ bytes), as in the ZeRO paper's "120GB" for 16 bytes × 7.5e9 parameters.
+Bytes in GiB (lib.units): the ZeRO paper's "120GB" for 16 bytes × 7.5e9 parameters is decimal, 111.76 GiB.
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from lib.formulas import RECOMPUTE, ZERO_STAGES, activation_bytes_per_layer, model_state_breakdown
-from lib.viz.plots import fmt_size
+from lib.units import fmt_bytes
 from lib.viz.widgets import live_box, slider_options
 
-H100_BYTES = 80e9   # an H100's nominal 80 GB; CUDA context, buffers and fragmentation eat a few of them
+GIB = 2**30
+# An H100's 80 GB of HBM3 are binary, 80 GiB (nvidia-smi shows 81,559 MiB usable); CUDA context, buffers and
+# fragmentation eat a few of them.
+H100_BYTES = 80 * GIB
 COMPONENTS = ("weights", "gradients", "optimizer", "activations")
 COMPONENT_LABELS = {"weights": "weights (16-bit)", "gradients": "gradients (16-bit)",
                     "optimizer": "optimizer state", "activations": "activations"}
@@ -79,11 +82,6 @@ def memory_per_device(model: Model, *, k: float = 12, zero_stage: int = 0, dp: i
     return {**states, "activations": per_layer * (model.layers // pp) * in_flight_micro_batches(pp)}
 
 
-def fmt_gb(nbytes: float) -> str:
-    """Bytes in decimal GB with two decimals (a column of components lines up); below 1 GB in MB or KB."""
-    return f"{nbytes / 1e9:,.2f} GB" if nbytes >= 1e9 else fmt_size(nbytes)
-
-
 def fmt_params(n: float) -> str:
     """A parameter count as papers write it: 125M, 1.3B, 70B."""
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -94,7 +92,7 @@ def fmt_params(n: float) -> str:
 
 def memory_figure(breakdowns: Union[Breakdown, Sequence[Breakdown]], labels: Optional[Sequence[str]] = None,
                   device_bytes: float = H100_BYTES, device_name: str = "H100", title: str = ""):
-    """Stacked bars of per-device memory in GB, one bar per breakdown, with the device's memory as a line."""
+    """Stacked bars of per-device memory in GiB, one bar per breakdown, with the device's memory as a line."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -104,26 +102,26 @@ def memory_figure(breakdowns: Union[Breakdown, Sequence[Breakdown]], labels: Opt
     if len(labels) != len(breakdowns):
         raise ValueError(f"got {len(labels)} labels for {len(breakdowns)} breakdowns; give one label per bar")
     x = np.arange(len(breakdowns))
-    totals = np.array([sum(b.get(c, 0.0) for c in COMPONENTS) for b in breakdowns]) / 1e9
-    cap = device_bytes / 1e9
+    totals = np.array([sum(b.get(c, 0.0) for c in COMPONENTS) for b in breakdowns]) / GIB
+    cap = device_bytes / GIB
     fig, ax = plt.subplots(figsize=(max(6.4, 1.3 * len(breakdowns) + 3.6), 4.2), layout="constrained")
     bottom = np.zeros(len(breakdowns))
     for c in COMPONENTS:
-        gb = np.array([b.get(c, 0.0) for b in breakdowns]) / 1e9
+        gb = np.array([b.get(c, 0.0) for b in breakdowns]) / GIB
         ax.bar(x, gb, 0.6, bottom=bottom, color=COLOURS[c], label=COMPONENT_LABELS[c])
         bottom += gb
     top = max(totals.max(initial=0.0), cap) * 1.15
     for xi, total in zip(x, totals):
-        ax.text(xi, total + 0.01 * top, f"{total:,.1f} GB", ha="center", va="bottom", fontsize="small",
+        ax.text(xi, total + 0.01 * top, f"{total:,.1f} GiB", ha="center", va="bottom", fontsize="small",
                 color="#B00020" if total > cap else "black")
-    line = ax.axhline(cap, color="0.2", linestyle="--", linewidth=1.2, label=f"{device_name} memory ({cap:g} GB)")
-    ax.text(0.99, cap, f"{device_name}: {cap:g} GB", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+    line = ax.axhline(cap, color="0.2", linestyle="--", linewidth=1.2, label=f"{device_name} memory ({cap:g} GiB)")
+    ax.text(0.99, cap, f"{device_name}: {cap:g} GiB", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
             fontsize="small", color="0.2", bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1))
     ax.set_xlim(-0.6, len(breakdowns) - 0.4)
     ax.set_ylim(0, top)
     ax.set_xticks(x)
     ax.set_xticklabels(labels)
-    ax.set_ylabel("memory per device (GB = 10⁹ bytes)")
+    ax.set_ylabel("memory per device (GiB)")
     ax.grid(True, axis="y", alpha=0.3)
     by_label = dict(zip(*ax.get_legend_handles_labels()[::-1]))
     order = [COMPONENT_LABELS[c] for c in reversed(COMPONENTS)] + [line.get_label()]   # as stacked, then the line
@@ -146,23 +144,23 @@ class MemoryState:
 def _readout(model: Model, precision: str, config: dict[str, Any], parts: dict[str, float],
              device_bytes: float) -> str:
     tp, pp = config["tp"], config["pp"]
-    total, cap = sum(parts.values()), f"{device_bytes / 1e9:g} GB"
+    total, cap = sum(parts.values()), f"{device_bytes / GIB:g} GiB"
     stage_layers, in_flight = model.layers // pp, in_flight_micro_batches(pp)
     per_layer = parts["activations"] / (stage_layers * in_flight)
     sp = ", sequence parallel" if config["sequence_parallel"] else ""
-    verdict = (f"fits in {cap} (H100), {fmt_gb(device_bytes - total)} to spare" if total <= device_bytes
-               else f"does NOT fit in {cap} (H100): {fmt_gb(total - device_bytes)} over")
+    verdict = (f"fits in {cap} (H100), {fmt_bytes(device_bytes - total)} to spare" if total <= device_bytes
+               else f"does NOT fit in {cap} (H100): {fmt_bytes(total - device_bytes)} over")
     rows = [("weights", ""), ("gradients", ""), ("optimizer", f"K = {config['k']:g} bytes per parameter"),
             ("activations", f"{stage_layers} layers/stage × {in_flight} micro-batch{'es' if in_flight > 1 else ''} "
                             f"in flight (1F1B) × "
-                            f"{fmt_gb(per_layer)}; s={config['seq']}, b={config['micro_batch']}, "
+                            f"{fmt_bytes(per_layer)}; s={config['seq']}, b={config['micro_batch']}, "
                             f"recompute {config['recompute']}{sp}")]
     return "\n".join([
         f"{model.name} (L={model.layers}, h={model.hidden}, a={model.heads}), {precision}",
         f"each device holds {fmt_params(model.n_params)} / (TP {tp} × PP {pp}) = "
         f"{fmt_params(model.n_params / (tp * pp))} parameters, ZeRO-{config['zero_stage']} over DP {config['dp']}",
-        *(f"  {name:<12}{fmt_gb(parts[name]):>12}   {note}".rstrip() for name, note in rows),
-        f"  {'total':<12}{fmt_gb(total):>12}   {verdict}",
+        *(f"  {name:<12}{fmt_bytes(parts[name]):>12}   {note}".rstrip() for name, note in rows),
+        f"  {'total':<12}{fmt_bytes(total):>12}   {verdict}",
     ])
 
 

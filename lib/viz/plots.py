@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lib.sim.cost import CostModel, bus_factor
-from lib.units import fmt_time
+from lib.units import byte_unit, fmt_bytes, fmt_rate, fmt_time
 
 ALGORITHMS = ("parameter_server", "ring", "tree")
 COLOURS = {"parameter_server": "#C44E52", "ring": "#4C72B0", "tree": "#55A868"}
@@ -34,21 +34,14 @@ def all_reduce_point(cost: CostModel, algorithm: str, nbytes: float, world_size:
     return t, (nbytes / t * bus_factor("all_reduce", world_size) if t > 0 else 0.0)
 
 
-def fmt_rate(bytes_per_s: float) -> str:
-    """Bandwidth in decimal GB/s, as NVLink specs and nccl-tests report it."""
-    return f"{bytes_per_s / 1e9:.3g} GB/s"
-
-
 def fmt_size(nbytes: float, _pos=None) -> str:
-    """Message size in decimal units (1 KB = 1000 B), matching the size slider and GB/s links."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= size:
-            return f"{nbytes / size:.3g} {unit}"
-    return f"{nbytes:.3g} B"
+    """A message size on an axis: binary units without trailing zeros (1 KiB, 32 MiB)."""
+    unit, size = byte_unit(nbytes)
+    return f"{nbytes / size:.3g} {unit}"
 
 
 def collective_cost_figure(algorithms: Sequence[str] = ALGORITHMS, world_size: int = 8,
-                           nbytes_range: tuple[float, float] = (1e3, 1e9), bandwidth: Optional[float] = None,
+                           nbytes_range: tuple[float, float] = (2**10, 2**30), bandwidth: Optional[float] = None,
                            latency: Optional[float] = None, cost: Optional[CostModel] = None,
                            mark_nbytes: Optional[float] = None):
     """All-reduce time (left) and achieved bus bandwidth (right) against message size, per algorithm.
@@ -56,11 +49,12 @@ def collective_cost_figure(algorithms: Sequence[str] = ALGORITHMS, world_size: i
     bandwidth (bytes/s) and latency (s) override `cost`'s links; mark_nbytes draws a vertical line there.
     """
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     cost = link_cost(cost, bandwidth, latency)
     link = cost.bandwidth(range(world_size))
     sizes = np.logspace(np.log10(nbytes_range[0]), np.log10(nbytes_range[1]), 200)
+    ticks = [2.0 ** k for k in range(0, 61, 5) if nbytes_range[0] <= 2.0 ** k <= nbytes_range[1]]   # 1 KiB, 32 KiB...
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")   # laid out when drawn
     for alg in algorithms:
         points = [all_reduce_point(cost, alg, s, world_size) for s in sizes]
@@ -70,8 +64,10 @@ def collective_cost_figure(algorithms: Sequence[str] = ALGORITHMS, world_size: i
     ax_b.axhline(link / 1e9, color="0.3", linestyle="--", linewidth=1,
                  label=f"link bandwidth ({fmt_rate(link)})")
     for ax in (ax_t, ax_b):
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_major_formatter(FuncFormatter(fmt_size))
-        ax.set_xlabel("message size (bytes, decimal units)")
+        ax.set_xlabel("message size")
         ax.grid(True, which="major", alpha=0.3)
         if mark_nbytes is not None:
             ax.axvline(mark_nbytes, color="0.5", linewidth=1, linestyle=":")
@@ -96,8 +92,7 @@ def bytes_per_rank_figure(results: dict[str, list[float]], title: str = ""):
 
     n = max((len(v) for v in results.values()), default=0)
     peak = max((max(v, default=0.0) for v in results.values()), default=0.0)
-    unit, scale = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if peak >= s),
-                       ("B", 1))
+    unit, scale = byte_unit(peak)
     width = 0.8 / max(len(results), 1)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * n * max(len(results), 1) + 2), 3.6), layout="constrained")
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -124,14 +119,14 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
 
     fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
     top = max(result.stats[rank].peak_memory for result in runs.values())
-    unit, scale = ("MiB", 2**20) if top >= 2**20 else ("KiB", 2**10)
+    unit, scale = byte_unit(top)
     for label, result in runs.items():
         samples = result.stats[rank].memory
         progress = [i / max(len(samples) - 1, 1) for i in range(len(samples))]
         line, = ax.step(progress, [b / scale for _, b in samples], where="post", label=label)
         peak = result.stats[rank].peak_memory / scale
         ax.axhline(peak, color=line.get_color(), linestyle=":", linewidth=1)
-        ax.annotate(f"peak {peak:.2f} {unit}", (1.0, peak), xytext=(4, 0), textcoords="offset points",
+        ax.annotate(f"peak {fmt_bytes(result.stats[rank].peak_memory)}", (1.0, peak), xytext=(4, 0), textcoords="offset points",
                     va="center", fontsize="small", color=line.get_color())
     ax.set_xlabel("progress through the run (each allocation or free is one step)")
     ax.set_ylabel(f"live memory ({unit})")

@@ -108,3 +108,53 @@ def tp_explorer(cost: Optional[CostModel] = None):
         state.fig = tp_figure(s, b, h, t, cost, title=controls["model"].value)
 
     return live_box([controls["model"], controls["b"], controls["t"]], controls, state, update)
+
+
+# ---- the pictures before the puzzles: how each layer is split, and where f and g sit --------------------------
+F_NOTE, G_NOTE = "fwd: identity\nbwd: all-reduce", "fwd: all-reduce\nbwd: identity"
+AG_NOTE, RS_NOTE = "fwd: all-gather\nbwd: reduce-scatter", "fwd: reduce-scatter\nbwd: all-gather"
+
+
+def _tp_items(kind: str) -> tuple[list, str]:
+    from lib.viz.diagram import Box, Op
+
+    x, f, g = Box("X", "[s, b, h]"), Op("f", F_NOTE, comm=True), Op("g", G_NOTE, comm=True)
+    pictures = {
+        "column": ([x, f, Op("$XA_r^T$"), Box("$A_r$", "[out/N, in]\nrows of A", "rows", 0.8, 1.2), Op("="),
+                    Box("$Y_r$", "[s, b, out/N]", "cols")],
+                   "column-parallel: rank r holds rows $A_r$ of the weight and computes its slice of the outputs"),
+        "row": ([Box("$X_r$", "[s, b, in/N]", "cols"), Op("$X_rA_r^T$"), Box("$A_r$", "[out, in/N]\ncolumns of A", "cols", 1.2, 0.8),
+                 Op("="), Box("partial Y", "a partial sum\non each rank", "rows", 1.0, 0.9), g, Box("Y", "[s, b, out]")],
+                "row-parallel: rank r holds columns $A_r$ and the matching input slice; g sums the partial outputs"),
+        "mlp": ([x, f, Box("fc1", "[4h/N, h]\ncolumn-parallel", "rows", 0.8, 1.2), Op("GeLU"),
+                 Box("", "[s, b, 4h/N]", "cols"), Box("fc2", "[h, 4h/N]\nrow-parallel", "cols", 1.2, 0.8), g,
+                 Box("Y", "[s, b, h]")],
+                "the Megatron MLP: f, column-parallel fc1, GeLU on each rank's slice, row-parallel fc2, g"),
+        "attention": ([x, f, Box("qkv", "[3h/N, h]\nthis rank's heads", "rows", 0.8, 1.2), Op("attn", "a/N heads\nper rank"),
+                       Box("", "[s, b, h/N]", "cols"), Box("proj", "[h, h/N]\nrow-parallel", "cols", 1.2, 0.8), g,
+                       Box("Y", "[s, b, h]")],
+                      "attention split by heads: column-parallel qkv (whole heads per rank), row-parallel proj"),
+        "sequence": ([Box("$X_r$", "[s/N, b, h]\nthis rank's tokens", "rows"), Op("LN"), Op("AG", AG_NOTE, comm=True),
+                      Box("fc1", "column-parallel", "rows", 0.8, 1.2), Op("GeLU"),
+                      Box("fc2", "row-parallel", "cols", 1.2, 0.8), Op("RS", RS_NOTE, comm=True),
+                      Box("+ $X_r$", "[s/N, b, h]", "rows")],
+                     "sequence parallelism: LayerNorm and residual on this rank's tokens; AG replaces f, RS replaces g"),
+        "vocab": ([Box("tokens", "[s, b]"), Box("$E_r$", "[V/N, h]\nembedding rows", "rows", 0.8, 1.2),
+                   Op("g", "zeros for tokens\nother ranks own", comm=True), Box("x", "[s, b, h]"),
+                   Box("$W_r$", "[V/N, h]\nhead rows", "rows", 0.8, 1.2), Box("logits$_r$", "[s, b, V/N]\nnever gathered", "cols"),
+                   Op("max", "all-reduce\n[s, b]", comm=True), Op("Σ exp", "all-reduce\n[s, b]", comm=True),
+                   Op("z_t", "all-reduce\n[s, b]", comm=True), Box("loss", "a scalar")],
+                  "vocabulary-parallel: each rank owns V/N rows of the embedding and of the head"),
+    }
+    if kind not in pictures:
+        raise ValueError(f"no picture {kind!r}; pick one of {', '.join(pictures)}")
+    return pictures[kind]
+
+
+def tp_picture(kind: str, ranks: int = 4):
+    """How a layer is split over `ranks` tensor-parallel ranks and where f and g (or their sequence-parallel
+    pair) sit: kind is column, row, mlp, attention, sequence or vocab."""
+    from lib.viz.diagram import flow_figure
+
+    items, title = _tp_items(kind)
+    return flow_figure(items, ranks, f"{title} (N = {ranks})")

@@ -99,3 +99,28 @@ def chrome_trace(events: Iterable) -> dict:
 
 def save_chrome_trace(events: Iterable, path) -> None:
     Path(path).write_text(json.dumps(chrome_trace(events)))
+
+
+def scale_note(cost=None) -> str:
+    """The hardware a scaled timeline stands for, said in its title."""
+    from lib.sim.cost import CostModel
+    from lib.units import fmt_rate, fmt_time
+
+    cost = cost or CostModel()
+    return (f"H100 node: {cost.flops_per_s / 1e12:.0f} TFLOP/s, NVLink {fmt_rate(cost.intra_node_bandwidth)}, "
+            f"{fmt_time(cost.latency)} per message")
+
+
+def at_scale(bytes_factor: float, flops_factor: float, cost=None):
+    """`cost` (an H100 node by default) slowed so that a toy case's timeline has a real run's proportions: every
+    byte moved (links, PCIe, memory) takes as long as `bytes_factor` bytes, every FLOP as `flops_factor` FLOPs;
+    latency stays what it is. For timelines drawn after a check, never for its budgets."""
+    from lib.sim.cost import CostModel
+
+    cost = cost or CostModel()
+    return cost.with_(flops_per_s=cost.flops_per_s / flops_factor, host_flops_per_s=cost.host_flops / flops_factor,
+                      intra_node_bandwidth=cost.intra_node_bandwidth / bytes_factor,
+                      inter_node_bandwidth=cost.inter_node_bandwidth / bytes_factor,
+                      memory_bandwidth=cost.memory_bandwidth / bytes_factor,
+                      host_memory_bandwidth=cost.host_bandwidth / bytes_factor,
+                      pcie_bandwidth=cost.pcie_bandwidth / bytes_factor)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from lib.sim.cost import CostModel
-from lib.units import fmt_time
-from lib.viz.plots import (ALGORITHMS, LABELS, all_reduce_point, collective_cost_figure, fmt_rate, fmt_size,
+from lib.units import fmt_bytes, fmt_rate, fmt_time
+from lib.viz.plots import (ALGORITHMS, LABELS, all_reduce_point, collective_cost_figure,
                            link_cost)
 
 # Ranks offered by the N slider: powers of two and the 3·2^k between them (tree cost jumps at powers of two).
@@ -84,12 +84,12 @@ def collective_cost_explorer(cost: Optional[CostModel] = None):
         bw, lat = controls["bandwidth"].value * 1e9, controls["latency"].value * 1e-6
         model = link_cost(cost, bw, lat)
         state.points = {a: all_reduce_point(model, a, size, n) for a in algs}
-        lines = [f"all-reduce of {fmt_size(size)} over {n} ranks, {fmt_rate(bw)} links, "
+        lines = [f"all-reduce of {fmt_bytes(size)} over {n} ranks, {fmt_rate(bw)} links, "
                  f"{fmt_time(lat)} per message:"]
         lines += [f"  {LABELS[a]:>16}: {fmt_time(t)}, bus bandwidth {fmt_rate(b)}"
                   for a, (t, b) in state.points.items()] or ["  (tick at least one algorithm)"]
         state.readout = "\n".join(lines)
-        state.fig = collective_cost_figure(algs, n, (1e3, 1e10), cost=model, mark_nbytes=size)
+        state.fig = collective_cost_figure(algs, n, (2**10, 2**33), cost=model, mark_nbytes=size)
 
     rows = [widgets.HBox([controls[a] for a in ALGORITHMS]),
             *(controls[k] for k in ("N", "size", "bandwidth", "latency"))]

@@ -16,6 +16,53 @@ def params_counting_tied_twice(config):
     return S.count_parameters(config) + (config.vocab * config.hidden if config.tied else 0)
 
 
+def params_of_gpt2_only(config):
+    """12h² + 13h per block: right for GPT-2's blocks, wrong without biases or with grouped-query attention."""
+    h = config.hidden
+    return config.vocab * h + config.seq * h + config.layers * (12 * h * h + 13 * h) + 2 * h + (
+        0 if config.tied else config.vocab * h)
+
+
+def params_by_building_the_model(config):
+    from lib.models import TinyGPT
+    return sum(p.numel() for p in TinyGPT(config).parameters())
+
+
+def params_by_building_it_on_the_meta_device(config):
+    with torch.device("meta"):
+        return sum(p.numel() for p in __import__("lib.models").models.TinyGPT(config).parameters())
+
+
+def params_from_the_planner(config):
+    from lib.planner.model import Model
+    return Model(layers=config.layers, hidden=config.hidden, heads=config.heads, seq=config.seq,
+                 vocab=config.vocab, tied=config.tied).params
+
+
+def params_after_switching_the_watch_off(config):
+    import sys
+    sys.setprofile(None)
+    return params_by_building_the_model(config)
+
+
+def state_bytes_from_the_formula(config):
+    from lib.formulas import model_state_bytes
+    return model_state_bytes(S.count_parameters(config))
+
+
+def activation_bytes_from_the_formula(s, b, h, a):
+    from lib.formulas import activation_bytes_per_layer
+    return activation_bytes_per_layer(s, b, h, a)
+
+
+def activation_bytes_measured_on_a_fresh_block(s, b, h, a):
+    from lib.measure import saved_activation_bytes
+    from lib.models import Block, GPTConfig
+    block = Block(GPTConfig(seq=s, hidden=h, heads=a, dropout=0.1)).to(torch.bfloat16)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    return saved_activation_bytes(lambda: block(x), exclude=list(block.parameters()))
+
+
 def state_bytes_without_master_copy(config):
     return (2 + 2 + 4 + 4) * S.count_parameters(config)
 
@@ -115,6 +162,14 @@ def offload_that_trains_on_the_host(model, batches, lr):
 
 WRONG = [
     ("count_parameters", params_counting_tied_twice, "expected"),
+    ("count_parameters", params_of_gpt2_only, "expected"),
+    ("count_parameters", params_by_building_the_model, "building a module (TinyGPT(...))"),
+    ("count_parameters", params_by_building_it_on_the_meta_device, "building a module (TinyGPT(...))"),
+    ("count_parameters", params_from_the_planner, "lib.planner"),
+    ("count_parameters", params_after_switching_the_watch_off, "sys.setprofile"),
+    ("training_state_bytes", state_bytes_from_the_formula, "lib.formulas (model_state_bytes)"),
+    ("layer_activation_bytes", activation_bytes_from_the_formula, "lib.formulas (activation_bytes_per_layer)"),
+    ("layer_activation_bytes", activation_bytes_measured_on_a_fresh_block, "derive it from the configuration"),
     ("training_state_bytes", state_bytes_without_master_copy, "expected"),
     ("layer_activation_bytes", activation_bytes_without_attention_scores, "expected"),
     ("checkpointed_step", checkpoint_that_keeps_everything, "peak memory"),

@@ -1,0 +1,82 @@
+"""The pictures drawn before puzzles and the scaled timelines drawn after them."""
+
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from lib.sim.cost import CostModel  # noqa: E402
+from lib.viz.anatomy import block_activations_picture, parameters_picture, training_state_picture  # noqa: E402
+from lib.viz.diagram import RANK_COLOURS, SAVED, Box, Op, flow_figure  # noqa: E402
+from lib.viz.tensor_parallel import tp_picture  # noqa: E402
+from lib.viz.timeline import at_scale  # noqa: E402
+from lib.viz.zero import zero_ranks_figure  # noqa: E402
+
+
+def _colours(fig) -> list:
+    return [matplotlib.colors.to_hex(p.get_facecolor()) for p in fig.axes[0].patches
+            if isinstance(p, Rectangle) and p.get_fill()]
+
+
+def test_a_split_box_has_one_slice_per_rank_and_a_saved_box_is_outlined():
+    fig = flow_figure([Box("A", split="rows"), Op("g", comm=True), Box("Y", saved=True)], ranks=3)
+    colours = _colours(fig)
+    assert [c for c in colours if c in [x.lower() for x in RANK_COLOURS]] == [x.lower() for x in RANK_COLOURS[:3]]
+    edges = [matplotlib.colors.to_hex(p.get_edgecolor()) for p in fig.axes[0].patches]
+    assert SAVED.lower() in edges
+    assert fig.number not in plt.get_fignums()               # closed: a notebook shows it once
+
+
+@pytest.mark.parametrize("kind", ["column", "row", "mlp", "attention", "sequence", "vocab"])
+def test_every_tensor_parallel_picture_names_its_communication(kind):
+    fig = tp_picture(kind, ranks=4)
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert any(op in texts for op in ("f", "g", "AG", "all-reduce"))
+    assert "N = 4" in fig.axes[0].get_title()
+
+
+def test_unknown_tensor_parallel_picture_says_which_exist():
+    with pytest.raises(ValueError, match="column"):
+        tp_picture("diagonal")
+
+
+@pytest.mark.parametrize("stage, held", [(0, 3 * 4), (1, 2 * 4 + 1), (2, 4 + 2), (3, 3)])
+def test_zero_picture_fills_what_rank_0_keeps(stage, held):
+    fig = zero_ranks_figure(stage, ranks=4)
+    filled = [p for p in fig.axes[0].patches if matplotlib.colors.to_hex(p.get_facecolor()) != "#ffffff"]
+    assert len(filled) == 4 * held                          # each rank holds the same number of shards
+
+
+def test_offload_picture_puts_the_optimizer_in_host_memory():
+    fig = zero_ranks_figure(2, offload=True)
+    assert "offload" in fig.axes[0].get_title()
+    assert sum("host memory" in t.get_text() for t in fig.axes[0].texts) == 4
+
+
+def test_notebook_01_pictures_draw_no_byte_counts():
+    for fig in (parameters_picture(), training_state_picture(), block_activations_picture()):
+        texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+        assert not re.search(r"\d+ ?(B|bytes)\b", texts), texts
+
+
+def test_at_scale_slows_bytes_and_flops_apart_and_keeps_latency():
+    base = CostModel()
+    scaled = at_scale(1000.0, 10.0, base)
+    assert scaled.intra_node_bandwidth == pytest.approx(base.intra_node_bandwidth / 1000)
+    assert scaled.memory_bandwidth == pytest.approx(base.memory_bandwidth / 1000)
+    assert scaled.flops_per_s == pytest.approx(base.flops_per_s / 10)
+    assert scaled.latency == base.latency
+
+
+def test_notebook_01_later_pictures_mark_where_state_lives():
+    from lib.viz.anatomy import accumulation_picture, checkpointing_picture, offload_picture
+
+    assert "host memory" in " ".join(t.get_text() for t in offload_picture().axes[0].texts)
+    assert sum("micro-batch" in t.get_text() for t in accumulation_picture(3).axes[0].texts) == 3
+    edges = [matplotlib.colors.to_hex(p.get_edgecolor()) for p in checkpointing_picture().axes[0].patches]
+    assert edges.count(SAVED.lower()) == 3                  # the three block inputs, nothing else
