@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from lib.check import Budget
 from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
-from lib.contract import ContractCase, ContractPuzzle, Rule, flops_at_most, flops_balanced, refusing_kernels, sends_only_to
+from lib.contract import (ContractCase, ContractPuzzle, Rule, flops_at_most, flops_balanced, refusing_kernels,
+                          sends_only_to)
 from lib.device import device
 from lib.measure import counted_flops
 from lib.sim import CostModel, SimResult, per_rank
@@ -204,8 +205,7 @@ def _ring_inputs(rng, n: int, b, h, d, scale, causal=False):
     else:
         def split(t):
             return [c.clone().to(device()) for c in t.split(chunk, 2)]   # N chunks, each its own storage
-    expected = list(zip(split(out), split(lse.unsqueeze(-1))))
-    return (split(q), split(k), split(v)), [(o, l.squeeze(-1)) for o, l in expected], chunk
+    return (split(q), split(k), split(v)), list(zip(split(out), split(lse))), chunk
 
 
 def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
@@ -352,4 +352,105 @@ zigzag_attention = KernelFreePuzzle(
     describe="Causal ring attention on the zigzag split, every rank doing the same work.")
 
 
-PUZZLES = [merge_attention, blockwise_attention, ring_attention, ring_attention_overlap, zigzag_attention]
+# ---- 6. Ulysses: all-to-all context parallelism --------------------------------------------------------
+A2A = frozenset({"all_to_all"})
+# A Ulysses rank's tensors of h/N heads × s rows (as many bytes as h heads × s/N rows): q, k, v and the output
+# (4), the three inputs' all-to-all buffers, sent and received (6), the output's (2).
+ULYSSES_CHUNKS = 12
+
+
+def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+    b, _, d = _shape(rng, dims=(8, 16))
+    h = n * rng.randint(1, 2)
+    scale = _scale(rng, scale)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
+    block = rng.choice([chunk, chunk + 1, 2 * chunk - 1])
+    size = b * h * chunk * d * ITEM
+    traffic = Budget("bytes_sent", 4 * (n - 1) / n * size,
+                     f"4 all-to-alls (q, k, v there, the output back) × (N-1)/N × {fmt_bytes(size)}",
+                     hint="one all-to-all per tensor: q, k and v to a head split, the output back to a sequence split.")
+    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
+                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                        budgets=[traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
+                                                         "O(s·h/N · d)")],
+                        allowed_ops=A2A)
+
+
+def _ulysses_oracle(dist, q, k, v, block):
+    return _ring_oracle(dist, q, k, v, block)[0]
+
+
+ulysses_attention = KernelFreePuzzle(
+    "ulysses_attention", NOTEBOOK, _ulysses_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
+    oracle=_ulysses_oracle, oracle_name="PyTorch's attention on the gathered K and V", rtol=1e-9, atol=1e-9,
+    hints=["dist.all_to_all_single(out, inp) sends the i-th slice of inp along dim 0 to rank i and puts what rank i "
+           "sent in the i-th slice of out. Lay q out as (N, b, h/N, s/N, d): slice i holds the heads rank i will own.",
+           "x.reshape(b, N, h // N, c, d).transpose(0, 1).contiguous() makes that layout; after the all-to-all, slice "
+           "j holds sequence chunk j of your heads: .permute(1, 2, 0, 3, 4).reshape(b, h // N, N * c, d).",
+           "Attend with blockwise_attention on the full sequence of your h/N heads, then undo the layout for the "
+           "output: (b, h/N, N, c, d) -> (N, b, h/N, c, d), all-to-all, and back to (b, h, c, d)."],
+    describe="Attention with the sequence split turned into a head split and back by two all-to-alls.")
+
+
+# ---- 7. the backward pass -------------------------------------------------------------------------------
+# A backward rank's chunks of (s/N)·d per (batch, head): q, k, v, out, dout and dq (6); the K/V block in use and the
+# one arriving, the dK/dV travelling with it and the one arriving (8); the tiles' temporaries as rows × block.
+BACKWARD_CHUNKS = 16
+BACKWARD_TILES = 6
+
+
+def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+    b, h, d = _shape(rng, dims=(8, 16))
+    scale = _scale(rng, scale)
+    chunk = 2 * rng.randint(3, 8)
+    s = n * chunk
+    q, k, v = _qkv(rng, b, h, s, s, d, scale)
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    dout = torch.randn(b, h, s, d, generator=gen, dtype=torch.float64)
+    out, lse = attention(q, k, v)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves).backward(dout)
+    grads = [t.grad for t in leaves]
+
+    def split(t):
+        return [c.clone().to(device()) for c in t.split(chunk, 2)]
+    args = tuple(per_rank(split(t)) for t in (q, k, v, out, lse, dout))     # lse (b, h, s) splits along dim 2 too
+    block = rng.choice([chunk // 2, chunk // 2 + 1])
+    expected = [tuple(g) for g in zip(*(split(g) for g in grads))]
+    size = b * h * chunk * d * ITEM
+    traffic = Budget("bytes_sent", (2 * n - 1) * 2 * size,
+                     f"N-1 = {n - 1} K/V blocks forward and N = {n} dK/dV blocks, each 2 × {fmt_bytes(size)}",
+                     hint="dK and dV of a block travel with it; one more step brings them home.")
+    fixed = b * h * ITEM * chunk * (BACKWARD_CHUNKS * d + 2)
+    tiles = b * h * ITEM * BACKWARD_TILES * chunk * block
+    memory = Budget("peak_memory", fixed + tiles,
+                    f"O(s/N · d): {BACKWARD_CHUNKS} tensors of {chunk} rows × d and {BACKWARD_TILES} tiles of "
+                    f"{chunk} queries × block keys",
+                    hint="work on one key block at a time; keep no score matrix longer than s/N × block.")
+    return ContractCase(n, (*args, block), expected,
+                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                        budgets=[traffic, memory], allowed_ops=P2P, rules=_ring_rules(n))
+
+
+def _backward_oracle(dist, q, k, v, out, lse, dout, block):
+    rank = dist.get_rank()
+    leaves = [torch.cat(_gathered(dist, t), 2).requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves).backward(torch.cat(_gathered(dist, dout), 2))
+    return tuple(t.grad.chunk(dist.get_world_size(), 2)[rank] for t in leaves)
+
+
+ring_attention_backward = KernelFreePuzzle(
+    "ring_attention_backward", NOTEBOOK, _backward_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
+    oracle=_backward_oracle, oracle_name="autograd through PyTorch's attention on the gathered sequence",
+    rtol=1e-8, atol=1e-9,
+    hints=["With P = exp(scores - lse) for a key block (recomputed, not stored), the block's gradients are "
+           "dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D) · scale with D = rowsum(dO ∘ O), dQ += dS·K, dK += dSᵀ·Q.",
+           "Each step: compute the block's contributions to dQ (yours) and to its dK, dV (its owner's). Send the "
+           "block's dK, dV on to the right with it; the K/V block goes N-1 times, its gradients N times, home.",
+           "kv = torch.stack([k, v]), dkv = torch.zeros_like(kv). Every step: add into dkv, then send dkv right "
+           "and receive the next into a fresh buffer; post the K/V transfer before computing to overlap it."],
+    describe="The gradients of ring attention, dK and dV travelling back to their owners around the ring.")
+
+
+PUZZLES = [merge_attention, blockwise_attention, ring_attention, ring_attention_overlap, zigzag_attention,
+           ring_attention_backward, ulysses_attention]

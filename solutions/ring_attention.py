@@ -22,16 +22,16 @@ def blockwise_attention(q, k, v, block, causal=False):
     lse = q.new_empty(q.shape[:-1])                             # (b, h, sq)
     for i in range(0, q.shape[-2], block):
         qi = q[..., i:i + block, :]                             # (b, h, bq, d)
-        o = l = None
+        o = m = None                                             # this query block's running (out, lse)
         for j in range(0, i + 1 if causal else k.shape[-2], block):
             s = qi @ k[..., j:j + block, :].transpose(-2, -1) * scale      # (b, h, bq, bk)
             if causal and j == i:                               # the diagonal tile: key j sees query i >= j
                 s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), -math.inf)
             bl = s.logsumexp(-1)                                # (b, h, bq)
             bo = torch.exp(s - bl.unsqueeze(-1)) @ v[..., j:j + block, :]   # (b, h, bq, d)
-            o, l = (bo, bl) if o is None else merge_attention(o, l, bo, bl)
+            o, m = (bo, bl) if o is None else merge_attention(o, m, bo, bl)
         out[..., i:i + block, :] = o
-        lse[..., i:i + block] = l
+        lse[..., i:i + block] = m
     return out, lse
 
 
@@ -128,8 +128,6 @@ def ring_attention_backward(dist, q, k, v, out, lse, dout, block):
 def ulysses_attention(dist, q, k, v, block):
     world = dist.get_world_size()
     b, h, c, d = q.shape
-    if h % world:
-        raise ValueError(f"{h} heads do not split over {world} ranks: Ulysses needs the ranks to divide the heads")
 
     def to_heads(x):                                            # (b, h, s/N, d) -> (b, h/N, s, d)
         send = x.reshape(b, world, h // world, c, d).transpose(0, 1).contiguous()   # (N, b, h/N, s/N, d)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory, ring_time, scores_bytes
+from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory, ring_time,
+                                  scores_bytes, ulysses_time, with_links)
 from lib.sim.cost import CostModel
 from lib.units import fmt_bytes, fmt_time
 from lib.viz.widgets import live_box, slider_options
@@ -130,6 +131,28 @@ def causal_split_figure(n: int = 4):
     return fig
 
 
+def ulysses_figure(n: int = 4, heads: int = 8):
+    """Who holds which (head, sequence chunk) before and after Ulysses' all-to-all: a sequence split becomes a
+    head split, rank r keeping heads r·h/N to (r+1)·h/N of the whole sequence."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.8), layout="constrained")
+    for ax, after in zip(axes, (False, True)):
+        for head in range(heads):
+            for chunk in range(n):
+                owner = head * n // heads if after else chunk
+                ax.add_patch(Rectangle((chunk, head), 1, 1, facecolor=_colour(owner), edgecolor="white"))
+        ax.set(xlim=(0, n), ylim=(heads, 0), xticks=[c + 0.5 for c in range(n)], xticklabels=range(n),
+               yticks=[], xlabel="sequence chunk", ylabel=f"{heads} heads")
+        ax.set_title("after the all-to-all: a rank per group of heads" if after else "before: a rank per chunk",
+                     fontsize=9)
+    fig.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=_colour(r)) for r in range(n)],
+               labels=[f"rank {r}" for r in range(n)], loc="outside right center", frameon=False, fontsize=8)
+    plt.close(fig)
+    return fig
+
+
 @dataclass
 class ContextState:
     fig: Any = None
@@ -139,7 +162,7 @@ class ContextState:
 
 def context_parallel_explorer(seq: int = 131072, n: int = 8, heads: int = 32, head_dim: int = 128):
     """Sequence length and ring size: attention's memory per rank (scores of full attention against a ring rank's
-    blocks), and a ring step's compute against its transfer on NVLink and InfiniBand."""
+    blocks), a ring step's compute against its transfer on NVLink or InfiniBand, and ring against Ulysses."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
@@ -157,9 +180,11 @@ def context_parallel_explorer(seq: int = 131072, n: int = 8, heads: int = 32, he
         shard = Shard(tokens=s // ranks, heads=heads, head_dim=head_dim)
         scores = scores_bytes(s, heads, heads * head_dim)
         held = ring_memory(shard)
-        compute, transfer = block_times(shard, cost.with_(intra_node_bandwidth=LINKS[link],
-                                                          inter_node_bandwidth=LINKS[link]))
-        state.figures = {"scores": scores, "ring": held, "compute": compute, "transfer": transfer}
+        links = with_links(cost, LINKS[link])
+        compute, transfer = block_times(shard, links)
+        ring, ulysses = ring_time(shard, ranks, links), ulysses_time(shard, ranks, links)
+        state.figures = {"scores": scores, "ring": held, "compute": compute, "transfer": transfer,
+                         "ring_time": ring, "ulysses_time": ulysses}
         fig, (left, right) = plt.subplots(1, 2, figsize=(8, 2.6), layout="constrained")
         left.bar(["scores, one device", f"ring rank, N={ranks}"], [scores / 2**30, held / 2**30],
                  color=["#C44E52", COMPUTE])
@@ -174,6 +199,8 @@ def context_parallel_explorer(seq: int = 131072, n: int = 8, heads: int = 32, he
         state.readout = (f"scores of full attention: {fmt_bytes(scores)}; a ring rank holds {fmt_bytes(held)} of "
                          f"attention. A step computes in {fmt_time(compute)} and moves K/V in {fmt_time(transfer)} "
                          f"over {link}: overlap {'hides' if compute >= transfer else 'cannot hide'} the transfer "
-                         f"(it needs at least {need:,.0f} tokens per rank; this ring has {s // ranks:,}).")
+                         f"(it needs at least {need:,.0f} tokens per rank; this ring has {s // ranks:,}).\n"
+                         f"Attention forward: ring {fmt_time(ring)}, Ulysses {fmt_time(ulysses)}"
+                         + ("" if ranks <= heads else f" (but Ulysses cannot split {heads} heads over {ranks} ranks)"))
 
     return live_box(list(controls.values()), controls, state, update)

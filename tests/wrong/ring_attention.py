@@ -14,8 +14,8 @@ from solutions.ring_attention import blockwise_attention, merge_attention, ring_
 def merge_with_plain_exponentials(out, lse, block_out, block_lse):
     """The textbook formula: right for small logits, inf and nan once they reach the hundreds."""
     total = torch.exp(lse) + torch.exp(block_lse)                       # (b, h, s)
-    new_out = (torch.exp(lse).unsqueeze(-1) * out + torch.exp(block_lse).unsqueeze(-1) * block_out) / total.unsqueeze(-1)
-    return new_out, torch.log(total)
+    weighted = torch.exp(lse).unsqueeze(-1) * out + torch.exp(block_lse).unsqueeze(-1) * block_out
+    return weighted / total.unsqueeze(-1), torch.log(total)
 
 
 def merge_without_rescaling_the_running_output(out, lse, block_out, block_lse):
@@ -37,8 +37,8 @@ def blockwise_softmax_over_each_block_alone(q, k, v, block, causal=False):
     """Normalises each key block on its own and adds the outputs: the blocks' weights never meet."""
     out, lse = torch.zeros_like(q), torch.zeros(q.shape[:-1], dtype=q.dtype)
     for j in range(0, k.shape[-2], block):
-        o, l = blockwise_attention(q, k[..., j:j + block, :], v[..., j:j + block, :], block)
-        out, lse = out + o, torch.maximum(lse, l)
+        o, m = blockwise_attention(q, k[..., j:j + block, :], v[..., j:j + block, :], block)
+        out, lse = out + o, torch.maximum(lse, m)
     return out, lse
 
 
@@ -85,7 +85,8 @@ def ring_with_local_keys_only(dist, q, k, v, block):
 
 def ring_by_all_gather(dist, q, k, v, block):
     """Gathers K and V with a collective: the same bytes, but all of K and V on every rank."""
-    ks, vs = [torch.empty_like(k) for _ in range(dist.get_world_size())], [torch.empty_like(v) for _ in range(dist.get_world_size())]
+    n = dist.get_world_size()
+    ks, vs = [torch.empty_like(k) for _ in range(n)], [torch.empty_like(v) for _ in range(n)]
     dist.all_gather(ks, k)
     dist.all_gather(vs, v)
     return blockwise_attention(q, torch.cat(ks, 2), torch.cat(vs, 2), block)
@@ -163,6 +164,58 @@ def zigzag_masking_instead_of_skipping(dist, q, k, v, block):
     return torch.cat(outs, -2), torch.cat(lses, -1)
 
 
+def ulysses_without_the_way_back(dist, q, k, v, block):
+    """Attends on the head split and returns it: the output is left split by heads, not by sequence."""
+    world = dist.get_world_size()
+    b, h, c, d = q.shape
+
+    def to_heads(x):
+        send = x.reshape(b, world, h // world, c, d).transpose(0, 1).contiguous()   # (N, b, h/N, c, d)
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send)
+        return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
+    return blockwise_attention(to_heads(q), to_heads(k), to_heads(v), block)[0]
+
+
+def ulysses_by_all_gather(dist, q, k, v, block):
+    """Gathers K and V by collective and keeps every head: right numbers, not the head split."""
+    return ring_by_all_gather(dist, q, k, v, block)[0]
+
+
+def _backward(dist, q, k, v, out, lse, dout, block, sends_home=True, with_delta=True):
+    """Ring attention's backward with knobs for two classic mistakes (the block's loop kept whole, no overlap)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    scale = q.shape[-1] ** -0.5
+    delta = (dout * out).sum(-1, keepdim=True) if with_delta else 0.0  # (b, h, s/N, 1)
+    dq, kv = torch.zeros_like(q), torch.stack([k, v])                  # kv: (2, b, h, s/N, d)
+    dkv = torch.zeros_like(kv)
+    for step in range(world):
+        p = torch.exp(q @ kv[0].transpose(-2, -1) * scale - lse.unsqueeze(-1))      # (b, h, s/N, s/N)
+        dkv[1] += p.transpose(-2, -1) @ dout
+        ds = p * (dout @ kv[1].transpose(-2, -1) - delta) * scale
+        dq += ds @ kv[0]
+        dkv[0] += ds.transpose(-2, -1) @ q
+        if step == world - 1 and not sends_home:
+            break
+        for t in ([kv, dkv] if step < world - 1 else [dkv]):
+            got = torch.empty_like(t)
+            sent = dist.isend(t, (rank + 1) % world)
+            dist.recv(got, (rank - 1) % world)
+            sent.wait()
+            t.copy_(got)
+    return dq, dkv[0], dkv[1]
+
+
+def backward_leaving_gradients_one_rank_short(dist, q, k, v, out, lse, dout, block):
+    """dK and dV go round with their block N-1 times only: each rank returns its left neighbour's gradients."""
+    return _backward(dist, q, k, v, out, lse, dout, block, sends_home=False)
+
+
+def backward_without_the_row_term(dist, q, k, v, out, lse, dout, block):
+    """dS = P ∘ (dO·Vᵀ) forgets D = rowsum(dO ∘ O), the softmax's own derivative."""
+    return _backward(dist, q, k, v, out, lse, dout, block, with_delta=False)
+
+
 WRONG = [
     ("merge_attention", merge_with_plain_exponentials, "rank 0"),
     ("merge_attention", merge_without_rescaling_the_running_output, "rank 0"),
@@ -177,4 +230,8 @@ WRONG = [
     ("zigzag_attention", zigzag_with_contiguous_positions, "rank 0"),
     ("zigzag_attention", zigzag_computing_the_future_of_the_late_chunk, "unbalanced"),
     ("zigzag_attention", zigzag_masking_instead_of_skipping, "FLOPs, over the budget"),
+    ("ulysses_attention", ulysses_without_the_way_back, "rank 0"),
+    ("ulysses_attention", ulysses_by_all_gather, "used all_gather"),
+    ("ring_attention_backward", backward_leaving_gradients_one_rank_short, "rank 0"),
+    ("ring_attention_backward", backward_without_the_row_term, "rank 0"),
 ]
