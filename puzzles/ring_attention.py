@@ -278,7 +278,7 @@ def _overlap_case(rng: random.Random, n: int) -> ContractCase:
     small = Shard(tokens=chunk, heads=h, head_dim=d, batch=b, item=ITEM)
     _, flops = counted_flops(lambda: _tile(qs[0], ks[0], vs[0]))
     cost = stand_in(flops, small.block_bytes, real, base, LINKS[link])
-    compute, transfer = block_times(small, cost)
+    transfer = block_times(small, cost)[1]                          # K and V of one rank, latency included
     limit = (1 - OVERLAP) * (n - 1) * transfer
     why = (f"a block computes in {fmt_time(cost.compute_time(flops))} and travels in {fmt_time(transfer)}, so "
            f"overlap can hide all N-1 = {n - 1} transfers; the budget is {1 - OVERLAP:g} of them")

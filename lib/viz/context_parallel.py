@@ -76,26 +76,30 @@ def overlap_figure(shard: Shard, n: int, cost: Optional[CostModel] = None, title
 
     cost = cost or CostModel()
     compute, transfer = block_times(shard, cost)
-    fig, ax = plt.subplots(figsize=(8, 2.2), layout="constrained")
+    compute, transfer = compute * 1e3, transfer * 1e3         # drawn in ms
+    fig, ax = plt.subplots(figsize=(8, 2.4), layout="constrained")
+    bars = dict(edgecolor="white", linewidth=1)
     t = 0.0
     for step in range(n):                                    # serial: compute, then send the block on
-        ax.barh(1, compute, left=t, height=0.35, color=COMPUTE)
+        ax.barh(1, compute, left=t, height=0.35, color=COMPUTE, **bars)
         t += compute
         if step < n - 1:
-            ax.barh(1, transfer, left=t, height=0.35, color=TRANSFER)
+            ax.barh(1, transfer, left=t, height=0.35, color=TRANSFER, **bars)
             t += transfer
     t = 0.0
     for step in range(n):                                    # overlapped: the next block travels meanwhile
         if step < n - 1:
-            ax.barh(-0.2, transfer, left=t, height=0.3, color=TRANSFER)
-        ax.barh(0.2, compute, left=t, height=0.3, color=COMPUTE)
+            ax.barh(-0.2, transfer, left=t, height=0.3, color=TRANSFER, **bars)
+        ax.barh(0.2, compute, left=t, height=0.3, color=COMPUTE, **bars)
         t += max(compute, transfer) if step < n - 1 else compute
     ax.set_yticks([1, 0], ["one after the other", "overlapped"])
-    ax.set_xlabel("seconds")
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COMPUTE), plt.Rectangle((0, 0), 1, 1, color=TRANSFER)],
-              labels=[f"a block's attention, {fmt_time(compute)}", f"a K/V block's transfer, {fmt_time(transfer)}"],
-              loc="upper right", frameon=False, fontsize=8)
-    ax.set_title(title or f"N = {n}: {fmt_time(ring_time(shard, n, cost, overlap=False))} one after the other, "
+    ax.set_xlabel("ms")
+    fig.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COMPUTE), plt.Rectangle((0, 0), 1, 1, color=TRANSFER)],
+               labels=[f"a block's attention, {fmt_time(compute / 1e3)}",
+                       f"a K/V block's transfer, {fmt_time(transfer / 1e3)}"],
+               loc="outside lower center", ncol=2, frameon=False, fontsize=8)
+    ax.set_title(title or f"N = {n}, {shard.tokens:,} tokens per rank, {shard.heads} heads of {shard.head_dim}: "
+                          f"{fmt_time(ring_time(shard, n, cost, overlap=False))} one after the other, "
                           f"{fmt_time(ring_time(shard, n, cost))} overlapped", fontsize=10)
     plt.close(fig)
     return fig
