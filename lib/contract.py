@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lib.check import Case, Puzzle
 from lib.errors import PuzzleError
 from lib.sim import SimResult
-from lib.units import fmt_bytes
+from lib.units import fmt_bytes, fmt_time
 
 Rule = Callable[[SimResult], Optional[str]]     # what is wrong with a run, in words, or None
 
@@ -29,7 +29,18 @@ class ContractCase(Case):
 
 
 class ContractPuzzle(Puzzle):
-    """A puzzle whose cases may carry rules (ContractCase); each rule's complaint fails the check."""
+    """A puzzle whose cases may carry rules (ContractCase); each rule's complaint fails the check. With
+    `refuse=(prefixes, why)`, the answer may not call torch's ops named so (kernels that do the lesson's work)."""
+
+    def __init__(self, *args, refuse: tuple[Iterable[str], str] = ((), ""), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused, self.refused_why = tuple(refuse[0]), refuse[1]
+
+    def wrap(self, fn: Callable) -> Callable:
+        wrapped = super().wrap(fn)
+        if self.refused and callable(wrapped):
+            return refusing_kernels(wrapped, self.refused, self.refused_why)
+        return wrapped
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
         problem = super()._judge(case, result)
@@ -76,6 +87,28 @@ def flops_at_most(limit: float, why: str, hint: str = "") -> Rule:
                 return (f"the answer is right, but rank {s.rank} computed {s.flops:,.0f} FLOPs, over the budget of "
                         f"{limit:,.0f} ({why})." + (f"\nHint: {hint}" if hint else ""))
         return None
+    return rule
+
+
+def exposed_communication(result: SimResult) -> list[float]:
+    """Per rank, the simulated time not spent computing: its clock minus its compute (what overlap hides)."""
+    busy = [0.0] * result.world_size
+    for e in result.trace:
+        if e.lane == "compute":
+            busy[e.rank] += e.end - e.start
+    return [s.clock - busy[s.rank] for s in result.stats]
+
+
+def communication_hidden(limit: float, what: str, why: str, hint: str = "") -> Rule:
+    """No rank spends more than `limit` seconds of simulated time outside its compute, waiting on `what`."""
+
+    def rule(result: SimResult) -> Optional[str]:
+        exposed = exposed_communication(result)
+        rank = max(range(len(exposed)), key=exposed.__getitem__)
+        if exposed[rank] <= limit * (1 + 1e-9):
+            return None
+        return (f"the answer is right, but rank {rank} spent {fmt_time(exposed[rank])} waiting on {what} instead of "
+                f"computing, over the budget of {fmt_time(limit)} ({why})." + (f"\nHint: {hint}" if hint else ""))
     return rule
 
 

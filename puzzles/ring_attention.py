@@ -17,11 +17,11 @@ import torch.nn.functional as F
 
 from lib.check import Budget
 from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
-from lib.contract import (ContractCase, ContractPuzzle, Rule, flops_at_most, flops_balanced, refusing_kernels,
+from lib.contract import (ContractCase, ContractPuzzle, Rule, communication_hidden, flops_at_most, flops_balanced,
                           sends_only_to)
 from lib.device import device
 from lib.measure import counted_flops
-from lib.sim import CostModel, SimResult, per_rank
+from lib.sim import CostModel, per_rank
 from lib.units import fmt_bytes, fmt_time
 
 NOTEBOOK = "08_ring_attention"
@@ -31,7 +31,7 @@ LARGE = 1e4                    # logits of this scale overflow exp() in any prec
 # torch's fused attention kernels, on the CPU and on GPUs: each would do the lesson's work for the answer.
 KERNELS = ("scaled_dot_product", "_scaled_dot_product", "_flash_attention", "_efficient_attention",
            "_cudnn_attention")
-NO_KERNEL = "here the attention is yours to compute (matmuls, exp, logsumexp); PyTorch's is the reference"
+REFUSED = (KERNELS, "here the attention is yours to compute (matmuls, exp, logsumexp); PyTorch's is the reference")
 # What blockwise attention keeps besides its inputs and output, per (batch, head): a few block × block tiles
 # (scores, their exponentials, a mask) and a few block × d rows (a tile's output, the merge's temporaries).
 TILES, ROWS = 4, 8
@@ -153,18 +153,11 @@ def _blockwise_oracle(q, k, v, block, causal):
     return _math_attention(q, k, v, mask)
 
 
-class KernelFreePuzzle(ContractPuzzle):
-    """A puzzle whose answer may not call torch's fused attention kernels (they compute the answer)."""
-
-    def wrap(self, fn):
-        wrapped = super().wrap(fn)
-        return refusing_kernels(wrapped, KERNELS, NO_KERNEL) if callable(wrapped) else wrapped
-
-
-blockwise_attention = KernelFreePuzzle(
+blockwise_attention = ContractPuzzle(
     "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
     variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0}],
     oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention", rtol=1e-9, atol=1e-9,
+    refuse=REFUSED,
     hints=["Loop over blocks of `block` queries; for each, loop over blocks of `block` keys: scores of the tile, "
            "its log-sum-exp, its output exp(scores - lse) @ v, merged into the running (out, lse) with "
            "merge_attention.",
@@ -239,32 +232,12 @@ RING_HINTS = [
     "the merge is associative and commutative."]
 
 
-ring_attention = KernelFreePuzzle(
+ring_attention = ContractPuzzle(
     "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 8), variants=[{"scale": LARGE}],
-    oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V", rtol=1e-9, atol=1e-9,
+    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
     hints=RING_HINTS,
     describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
-
-
-def exposed_communication(result: SimResult) -> list[float]:
-    """Per rank, the simulated time not spent computing: its clock minus its compute (what overlap hides)."""
-    busy = [0.0] * result.world_size
-    for e in result.trace:
-        if e.lane == "compute":
-            busy[e.rank] += e.end - e.start
-    return [s.clock - busy[s.rank] for s in result.stats]
-
-
-def _hidden(limit: float, why: str) -> Rule:
-    def rule(result: SimResult) -> Optional[str]:
-        exposed = exposed_communication(result)
-        rank = max(range(len(exposed)), key=exposed.__getitem__)
-        if exposed[rank] <= limit * (1 + 1e-9):
-            return None
-        return (f"the answer is right, but rank {rank} spent {fmt_time(exposed[rank])} waiting on K/V transfers "
-                f"instead of computing, over the budget of {fmt_time(limit)} ({why}).\nHint: post the next block's "
-                "isend/irecv before computing on the current block, and wait for them only after.")
-    return rule
 
 
 def _overlap_case(rng: random.Random, n: int) -> ContractCase:
@@ -285,16 +258,20 @@ def _overlap_case(rng: random.Random, n: int) -> ContractCase:
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), chunk), expected,
                         f"N={n}, timed as {fmt_tokens(tokens)} tokens per rank, 32 heads of 128, bf16, on H100s "
                         f"over {link}", budgets=[_kv_budget(b, h, chunk, d, n)],
-                        cost=cost, allowed_ops=P2P, rules=_ring_rules(n) + [_hidden(limit, why)])
+                        cost=cost, allowed_ops=P2P,
+                        rules=_ring_rules(n) + [communication_hidden(
+                            limit, "K/V transfers", why, hint="post the next block's isend/irecv before computing on "
+                                                              "the current block, and wait for them only after.")])
 
 
 def fmt_tokens(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
 
 
-ring_attention_overlap = KernelFreePuzzle(
+ring_attention_overlap = ContractPuzzle(
     "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8),
-    oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V", rtol=1e-9, atol=1e-9,
+    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
     hints=["At the start of each step (but the last), post the transfer of the block you hold with dist.isend and "
            "dist.irecv, then compute on it while it travels; wait for both before the next step.",
            "The block you send is the one you compute on: sending only reads it, so both can happen at once. "
@@ -340,9 +317,10 @@ def _zigzag_oracle(dist, q, k, v, _block):
     return _math_attention(q, torch.cat(_gathered(dist, k), 2), torch.cat(_gathered(dist, v), 2), mask)
 
 
-zigzag_attention = KernelFreePuzzle(
+zigzag_attention = ContractPuzzle(
     "zigzag_attention", NOTEBOOK, _zigzag_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V", rtol=1e-9, atol=1e-9,
+    refuse=REFUSED, oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
     hints=["Your q, k and v hold two chunks of c tokens: chunk r (rows :c) and chunk 2N-1-r (rows c:). The K/V "
            "block from rank src holds chunks src and 2N-1-src. Handle the four (query chunk, key chunk) pairs.",
            "Query chunk a sees key chunk j entirely when j < a, on the diagonal (causal=True) when j == a, and not "
@@ -380,9 +358,10 @@ def _ulysses_oracle(dist, q, k, v, block):
     return _ring_oracle(dist, q, k, v, block)[0]
 
 
-ulysses_attention = KernelFreePuzzle(
+ulysses_attention = ContractPuzzle(
     "ulysses_attention", NOTEBOOK, _ulysses_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    oracle=_ulysses_oracle, oracle_name="PyTorch's attention on the gathered K and V", rtol=1e-9, atol=1e-9,
+    refuse=REFUSED, oracle=_ulysses_oracle, oracle_name="PyTorch's attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
     hints=["dist.all_to_all_single(out, inp) sends the i-th slice of inp along dim 0 to rank i and puts what rank i "
            "sent in the i-th slice of out. Lay q out as (N, b, h/N, s/N, d): slice i holds the heads rank i will own.",
            "x.reshape(b, N, h // N, c, d).transpose(0, 1).contiguous() makes that layout; after the all-to-all, slice "
@@ -439,9 +418,10 @@ def _backward_oracle(dist, q, k, v, out, lse, dout, block):
     return tuple(t.grad.chunk(dist.get_world_size(), 2)[rank] for t in leaves)
 
 
-ring_attention_backward = KernelFreePuzzle(
+ring_attention_backward = ContractPuzzle(
     "ring_attention_backward", NOTEBOOK, _backward_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    oracle=_backward_oracle, oracle_name="autograd through PyTorch's attention on the gathered sequence",
+    refuse=REFUSED, oracle=_backward_oracle,
+    oracle_name="autograd through PyTorch's attention on the gathered sequence",
     rtol=1e-8, atol=1e-9,
     hints=["With P = exp(scores - lse) for a key block (recomputed, not stored), the block's gradients are "
            "dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D) · scale with D = rowsum(dO ∘ O), dQ += dS·K, dK += dSᵀ·Q.",

@@ -10,7 +10,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,  # noqa: E402
                                   ring_time, scores_bytes, stand_in)
-from lib.contract import KernelRefused, flops_balanced, refusing_kernels, sends_only_to  # noqa: E402
+from lib.contract import (KernelRefused, communication_hidden, exposed_communication, flops_balanced,  # noqa: E402
+                          refusing_kernels, sends_only_to)
 from lib.formulas import activation_bytes_per_layer  # noqa: E402
 from lib.sim import CostModel, run  # noqa: E402
 from lib.viz.context_parallel import causal_tiles, context_parallel_explorer  # noqa: E402
@@ -108,3 +109,11 @@ def test_kernels_are_refused_in_simulation_and_out():
         run(guarded, 1, q)
     assert refusing_kernels(lambda dist, q: q @ q.transpose(-2, -1), ("_scaled_dot_product",), "")(None, q).shape \
         == (1, 1, 4, 4)
+
+
+def test_hidden_rule_counts_the_time_a_rank_waits_outside_its_compute():
+    cost = CostModel(intra_node_bandwidth=1e3, latency=0.0)
+    result = run(_to(1), 2, torch.ones(250), cost=cost)            # 1,000 bytes at 1,000 B/s: a second's wait
+    assert exposed_communication(result) == pytest.approx([1.0, 1.0], rel=1e-3)
+    assert communication_hidden(2.0, "the message", "two seconds allowed")(result) is None
+    assert "waiting on the message" in communication_hidden(0.5, "the message", "half a second")(result)
