@@ -18,7 +18,12 @@ from lib.errors import PuzzleError
 from lib.sim import SimResult
 from lib.units import fmt_bytes, fmt_time
 
-Rule = Callable[[SimResult], Optional[str]]     # what is wrong with a run, in words, or None
+Rule = Callable[[SimResult], Optional[str]]     # what is wrong with a run, in words, or None; its .hint says what to do
+
+
+def _with_hint(rule: Rule, hint: str) -> Rule:
+    rule.hint = hint
+    return rule
 
 
 @dataclass
@@ -61,7 +66,7 @@ def sends_only_to(neighbour: Callable[[int, int], int], what: str, hint: str = "
                 return (f"the answer is right, but rank {e.rank} sent {fmt_bytes(e.bytes)} to rank {e.peer}; "
                         f"{what}, rank {neighbour(e.rank, n)} here." + (f"\nHint: {hint}" if hint else ""))
         return None
-    return rule
+    return _with_hint(rule, hint)
 
 
 def flops_balanced(tolerance: float, why: str, hint: str = "") -> Rule:
@@ -75,7 +80,7 @@ def flops_balanced(tolerance: float, why: str, hint: str = "") -> Rule:
         return (f"the answer is right, but the work is unbalanced: rank {most.rank} computed {most.flops:,.0f} FLOPs "
                 f"and rank {least.rank} {least.flops:,.0f}, {most.flops / max(least.flops, 1):.2f} times as many; "
                 f"the check allows {1 + tolerance:g} ({why})." + (f"\nHint: {hint}" if hint else ""))
-    return rule
+    return _with_hint(rule, hint)
 
 
 def flops_at_most(limit: float, why: str, hint: str = "") -> Rule:
@@ -87,7 +92,7 @@ def flops_at_most(limit: float, why: str, hint: str = "") -> Rule:
                 return (f"the answer is right, but rank {s.rank} computed {s.flops:,.0f} FLOPs, over the budget of "
                         f"{limit:,.0f} ({why})." + (f"\nHint: {hint}" if hint else ""))
         return None
-    return rule
+    return _with_hint(rule, hint)
 
 
 def exposed_communication(result: SimResult) -> list[float]:
@@ -109,7 +114,7 @@ def communication_hidden(limit: float, what: str, why: str, hint: str = "") -> R
             return None
         return (f"the answer is right, but rank {rank} spent {fmt_time(exposed[rank])} waiting on {what} instead of "
                 f"computing, over the budget of {fmt_time(limit)} ({why})." + (f"\nHint: {hint}" if hint else ""))
-    return rule
+    return _with_hint(rule, hint)
 
 
 class KernelRefused(PuzzleError):
