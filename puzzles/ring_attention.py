@@ -1,0 +1,436 @@
+"""Notebook 08, ring attention and context parallelism: the puzzles, their inputs, references and budgets.
+
+Layout everywhere (b, h, s, d): batch, heads, sequence, head size, as F.scaled_dot_product_attention; float64,
+so that every comparison is strict. Expected results come from PyTorch's attention on the whole sequence (the
+log-sum-exp from its CPU flash kernel); budgets from the algorithm's formulas for the case at hand: chunks of
+(s/N)·d, tiles of block², the bytes of K and V, the cost model's block times (lib.context_parallel).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from lib.check import Budget
+from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
+from lib.contract import (ContractCase, ContractPuzzle, Rule, communication_hidden, flops_at_most, flops_balanced,
+                          sends_only_to)
+from lib.device import device
+from lib.measure import counted_flops
+from lib.sim import CostModel, per_rank
+from lib.units import fmt_bytes, fmt_time
+
+NOTEBOOK = "08_ring_attention"
+P2P = frozenset({"send", "recv"})
+ITEM = 8                       # float64
+LARGE = 1e4                    # logits of this scale overflow exp() in any precision
+# torch's fused attention kernels, on the CPU and on GPUs: each would do the lesson's work for the answer.
+KERNELS = ("scaled_dot_product", "_scaled_dot_product", "_flash_attention", "_efficient_attention",
+           "_cudnn_attention")
+REFUSED = (KERNELS, "here the attention is yours to compute (matmuls, exp, logsumexp); PyTorch's is the reference")
+# What blockwise attention keeps besides its inputs and output, per (batch, head): a few block × block tiles
+# (scores, their exponentials, a mask) and a few block × d rows (a tile's output, the merge's temporaries).
+TILES, ROWS = 4, 8
+# A ring rank's chunks of (s/N)·d per (batch, head): q, k, v and the output (4); the K/V block in use and the one
+# arriving (4); a block's output and the merge's temporaries (2).
+RING_CHUNKS = 10
+BALANCE = 0.10                 # zigzag: the busiest rank may compute 10% more than the least busy
+CAUSAL_SLACK = 0.5             # zigzag: FLOPs over the 2N+1 tiles a rank must compute (its inner blocks, merges)
+OVERLAP = 0.5                  # the share of the (N-1) transfers that must be hidden behind compute
+
+
+# ---- inputs and references ------------------------------------------------------------------------------
+def _qkv(rng: random.Random, b: int, h: int, sq: int, sk: int, d: int, scale: float = 1.0):
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    q = torch.randn(b, h, sq, d, generator=gen, dtype=torch.float64) * scale
+    k, v = (torch.randn(b, h, sk, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    return q, k, v
+
+
+def _scale(rng: random.Random, scale: Optional[float]) -> float:
+    return (LARGE if rng.random() < 0.5 else 1.0) if scale is None else scale
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False):
+    """The single-device reference, on the CPU: (F.scaled_dot_product_attention's output, the log-sum-exp of
+    every query's scores from torch's CPU flash kernel), both (b, h, sq, ...)."""
+    q, k, v = (t.cpu() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal)[1]   # (b, h, sq)
+    return out, lse
+
+
+def _on_device(*tensors):
+    """Each tensor on lib.device(), in a storage of its own (a view would carry its whole base to a rank)."""
+    return tuple(t.clone().to(device()) for t in tensors)
+
+
+def _math_attention(q, k, v, mask=None):
+    """Attention with PyTorch's operators on any device: (output, log-sum-exp); mask True where a key is seen."""
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5                 # (b, h, sq, sk)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), s.logsumexp(-1)
+
+
+def _tile(q, k, v, causal: bool = False):
+    """Attention of q against one block of keys with its scores in full: the work one ring step must do."""
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5                 # (b, h, sq, sk)
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), -math.inf)
+    lse = s.logsumexp(-1)                                             # (b, h, sq)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def _shape(rng: random.Random, heads=(1, 2, 3), dims=(4, 8)) -> tuple[int, int, int]:
+    return rng.randint(1, 2), rng.choice(heads), rng.choice(dims)
+
+
+def _describe(b, h, d, scale) -> str:
+    return f"b={b}, {h} head{'s' * (h > 1)} of d={d}, float64" + (f", logits near ±{LARGE:g}" if scale > 1 else "")
+
+
+def _working_set(b: int, h: int, block: int, d: int) -> float:
+    return b * h * ITEM * (TILES * block * block + ROWS * block * d)
+
+
+def _memory_budget(b, h, d, block, chunks: float, rows: int, what: str) -> Budget:
+    """Peak memory: `chunks` tensors of rows × d and a log-sum-exp per row, plus blockwise attention's tiles."""
+    fixed = b * h * ITEM * rows * (chunks * d + 2)
+    unit = fmt_bytes(b * h * ITEM * rows * d)
+    return Budget("peak_memory", fixed + _working_set(b, h, block, d),
+                  f"{what}: {chunks:g} tensors of {rows} rows × d ({unit} each) and blockwise attention's "
+                  f"{TILES} tiles of block² and {ROWS} rows of block × d",
+                  hint="never hold a score matrix longer than block × block: loop over key blocks and merge.")
+
+
+# ---- 1. merging two partial attentions ------------------------------------------------------------------
+def _merge_case(rng: random.Random, _world: int, scale: Optional[float] = None) -> ContractCase:
+    b, h, d = _shape(rng)
+    scale = _scale(rng, scale)
+    sq, s1, s2 = rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 9)
+    q, k, v = _qkv(rng, b, h, sq, s1 + s2, d, scale)
+    (o1, l1), (o2, l2) = attention(q, k[..., :s1, :], v[..., :s1, :]), attention(q, k[..., s1:, :], v[..., s1:, :])
+    return ContractCase(1, _on_device(o1, l1, o2, l2), [_on_device(*attention(q, k, v))],
+                        f"{sq} queries, blocks of {s1} and {s2} keys, {_describe(b, h, d, scale)}")
+
+
+merge_attention = ContractPuzzle(
+    "merge_attention", NOTEBOOK, _merge_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
+    variants=[{"scale": LARGE}, {"scale": 1.0}], rtol=1e-9, atol=1e-9,
+    hints=["Write the union's log-sum-exp first: lse_new = log(e^lse + e^block_lse). The output is the average of "
+           "the two outputs weighted by e^lse / e^lse_new and e^block_lse / e^lse_new.",
+           "exp(10000) is inf in any precision. Subtract the larger of the two before exponentiating, or use the "
+           "log-sigmoid form: lse_new = lse - F.logsigmoid(lse - block_lse).",
+           "The weight of block_out is sigmoid(block_lse - lse): out_new = out - torch.sigmoid(block_lse - lse)"
+           ".unsqueeze(-1) * (out - block_out)."],
+    describe="Merge the attention of the same queries over two blocks of keys into their attention over both.")
+
+
+# ---- 2. blockwise attention -----------------------------------------------------------------------------
+def _blockwise_case(rng: random.Random, _world: int, causal: Optional[bool] = None,
+                    scale: Optional[float] = None) -> ContractCase:
+    b, h, d = _shape(rng)
+    causal = rng.random() < 0.5 if causal is None else causal
+    scale = _scale(rng, scale)
+    block = rng.choice([6, 8])
+    s = block * rng.randint(4, 6) + rng.choice([0, 0, rng.randint(1, block - 1)])     # a remainder, sometimes
+    sk = s if causal else rng.choice([s, s + rng.randint(1, 2 * block)])
+    q, k, v = _qkv(rng, b, h, s, sk, d, scale)
+    expected = _on_device(*attention(q, k, v, causal))
+    budget = _memory_budget(b, h, d, block, 4, max(s, sk), "q, k, v and the output")
+    return ContractCase(1, _on_device(q, k, v) + (block, causal), [expected],
+                        f"{s} queries, {sk} keys, block {block}, {'causal' if causal else 'no mask'}, "
+                        f"{_describe(b, h, d, scale)}", budgets=[budget])
+
+
+def _blockwise_oracle(q, k, v, block, causal):
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril() if causal else None
+    return _math_attention(q, k, v, mask)
+
+
+blockwise_attention = ContractPuzzle(
+    "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
+    variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0}],
+    oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention", rtol=1e-9, atol=1e-9,
+    refuse=REFUSED,
+    hints=["Loop over blocks of `block` queries; for each, loop over blocks of `block` keys: scores of the tile, "
+           "its log-sum-exp, its output exp(scores - lse) @ v, merged into the running (out, lse) with "
+           "merge_attention.",
+           "With causal=True, query i sees keys 0..i: key blocks after the query block are skipped, and the tile "
+           "on the diagonal masks scores above its diagonal with -inf (torch.ones(...).triu(1)).",
+           "Fill out = torch.empty_like(q) and lse = q.new_empty(q.shape[:-1]) one query block at a time; the last "
+           "block may be shorter (slicing past the end is fine)."],
+    describe="Attention of q over k and v computed tile by tile, with its log-sum-exp, never holding s × s scores.")
+
+
+# ---- 3-5. the ring --------------------------------------------------------------------------------------
+def _right(rank: int, n: int) -> int:
+    return (rank + 1) % n
+
+
+def _ring_rules(n: int) -> list[Rule]:
+    return [sends_only_to(_right, "a ring passes K and V to its right neighbour only, rank (r + 1) % N",
+                          hint="send to (rank + 1) % N and receive from (rank - 1) % N, every step.")]
+
+
+def _kv_budget(b, h, rows, d, n) -> Budget:
+    block = 2 * b * h * rows * d * ITEM
+    return Budget("bytes_sent", (n - 1) * block,
+                  f"N-1 = {n - 1} steps × K and V of one rank ({fmt_bytes(block)}): (N-1)/N of the whole K and V",
+                  hint="pass the K/V block you just used, once per step; never the queries or the output.")
+
+
+def _ring_inputs(rng, n: int, b, h, d, scale, causal=False):
+    """Each rank's q, k, v (contiguous chunks, or chunks r and 2N-1-r with causal) and the expected results."""
+    chunk = rng.randint(3, 8) * (1 if causal else 2)
+    s = n * chunk * (2 if causal else 1)
+    q, k, v = _qkv(rng, b, h, s, s, d, scale)
+    out, lse = attention(q, k, v, causal)
+    if causal:
+        def split(t):
+            parts = t.split(chunk, 2)                                  # 2N chunks along the sequence
+            return [torch.cat([parts[r], parts[2 * n - 1 - r]], 2).to(device()) for r in range(n)]
+    else:
+        def split(t):
+            return [c.clone().to(device()) for c in t.split(chunk, 2)]   # N chunks, each its own storage
+    return (split(q), split(k), split(v)), list(zip(split(out), split(lse))), chunk
+
+
+def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+    b, h, d = _shape(rng, dims=(8, 16))
+    scale = _scale(rng, scale)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
+    block = rng.choice([chunk // 2, chunk // 2 + 1])                  # two key blocks per chunk, one short at times
+    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
+                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                        budgets=[_kv_budget(b, h, chunk, d, n),
+                                 _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)")],
+                        allowed_ops=P2P, rules=_ring_rules(n))
+
+
+def _gathered(dist, t):
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return parts
+
+
+def _ring_oracle(dist, q, k, v, _block):
+    return _math_attention(q, torch.cat(_gathered(dist, k), 2), torch.cat(_gathered(dist, v), 2))
+
+
+RING_HINTS = [
+    "Step 0: attend your queries to your own k and v with blockwise_attention. Then, N-1 times: send the K/V block "
+    "you hold to rank (r+1) % N, receive the next one from rank (r-1) % N, attend to it, merge with merge_attention.",
+    "A blocking send on every rank at once waits forever: post w = dist.isend(kv, right), then dist.recv(buf, left), "
+    "then w.wait(). torch.stack([k, v]) makes one message of both.",
+    "After step t, rank r holds the keys of rank (r - t) % N. With no mask, the order of the blocks does not matter: "
+    "the merge is associative and commutative."]
+
+
+ring_attention = ContractPuzzle(
+    "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 8), variants=[{"scale": LARGE}],
+    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
+    hints=RING_HINTS,
+    describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
+
+
+def _overlap_case(rng: random.Random, n: int) -> ContractCase:
+    b, h, d = 1, 2, 8
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, 1.0)
+    link = rng.choice(sorted(LINKS))
+    base = CostModel()
+    at_least = min_tokens_to_overlap(base.flops_per_s, LINKS[link])
+    tokens = 1024 * math.ceil(at_least * rng.uniform(1.3, 1.8) / 1024)
+    real = Shard(tokens=tokens, heads=32, head_dim=128)
+    small = Shard(tokens=chunk, heads=h, head_dim=d, batch=b, item=ITEM)
+    _, flops = counted_flops(lambda: _tile(qs[0], ks[0], vs[0]))
+    cost = stand_in(flops, small.block_bytes, real, base, LINKS[link])
+    transfer = block_times(small, cost)[1]                          # K and V of one rank, latency included
+    limit = (1 - OVERLAP) * (n - 1) * transfer
+    why = (f"a block computes in {fmt_time(cost.compute_time(flops))} and travels in {fmt_time(transfer)}, so "
+           f"overlap can hide all N-1 = {n - 1} transfers; the budget is {1 - OVERLAP:g} of them")
+    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), chunk), expected,
+                        f"N={n}, timed as {fmt_tokens(tokens)} tokens per rank, 32 heads of 128, bf16, on H100s "
+                        f"over {link}", budgets=[_kv_budget(b, h, chunk, d, n)],
+                        cost=cost, allowed_ops=P2P,
+                        rules=_ring_rules(n) + [communication_hidden(
+                            limit, "K/V transfers", why, hint="post the next block's isend/irecv before computing on "
+                                                              "the current block, and wait for them only after.")])
+
+
+def fmt_tokens(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
+
+
+ring_attention_overlap = ContractPuzzle(
+    "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8),
+    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
+    hints=["At the start of each step (but the last), post the transfer of the block you hold with dist.isend and "
+           "dist.irecv, then compute on it while it travels; wait for both before the next step.",
+           "The block you send is the one you compute on: sending only reads it, so both can happen at once. "
+           "Receive into a fresh buffer, not into the block in use.",
+           "kv = torch.stack([k, v]); each step: nxt = torch.empty_like(kv); works = [dist.isend(kv, right), "
+           "dist.irecv(nxt, left)]; attend to kv; for w in works: w.wait(); kv = nxt."],
+    describe="Ring attention whose next K/V transfer runs while the current block computes.")
+
+
+def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+    b, h, d = _shape(rng)
+    scale = _scale(rng, scale)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, causal=True)
+    block = rng.choice([chunk, chunk - 1, (chunk + 1) // 2])
+    q, k, v = (t[..., :chunk, :] for t in (qs[0], ks[0], vs[0]))
+    tile = counted_flops(lambda: _tile(q, k, v))[1]
+    diagonal = counted_flops(lambda: _tile(q, k, v, causal=True))[1]
+    work = (2 * n - 1) * tile + 2 * diagonal
+    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
+                        f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
+                        budgets=[_kv_budget(b, h, 2 * chunk, d, n),
+                                 _memory_budget(b, h, d, block, RING_CHUNKS, 2 * chunk, "O(s/N · d)")],
+                        allowed_ops=P2P,
+                        rules=_ring_rules(n) + [
+                            flops_balanced(BALANCE, "zigzag gives every rank 2N+1 of the causal tiles",
+                                           hint="skip the tiles entirely in the future of your queries; compute "
+                                                "the others, masking only the two on the diagonal."),
+                            flops_at_most((1 + CAUSAL_SLACK) * work,
+                                          f"the 2N-1 = {2 * n - 1} tiles of chunk × chunk keys and 2 diagonal tiles "
+                                          f"a rank must compute, and {CAUSAL_SLACK:g} more for blocks and merges",
+                                          hint="a key chunk after a query chunk is entirely masked: skip it instead "
+                                               "of computing it under a mask.")])
+
+
+def _zigzag_oracle(dist, q, k, v, _block):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    chunk = q.shape[2] // 2
+
+    def positions(r):                                                  # global positions of rank r's 2 chunks
+        return torch.cat([torch.arange(c * chunk, (c + 1) * chunk, device=q.device) for c in (r, 2 * n - 1 - r)])
+    keys = torch.cat([positions(r) for r in range(n)])
+    mask = keys.unsqueeze(0) <= positions(rank).unsqueeze(1)             # (2c, s): key position <= query position
+    return _math_attention(q, torch.cat(_gathered(dist, k), 2), torch.cat(_gathered(dist, v), 2), mask)
+
+
+zigzag_attention = ContractPuzzle(
+    "zigzag_attention", NOTEBOOK, _zigzag_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
+    refuse=REFUSED, oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
+    hints=["Your q, k and v hold two chunks of c tokens: chunk r (rows :c) and chunk 2N-1-r (rows c:). The K/V "
+           "block from rank src holds chunks src and 2N-1-src. Handle the four (query chunk, key chunk) pairs.",
+           "Query chunk a sees key chunk j entirely when j < a, on the diagonal (causal=True) when j == a, and not "
+           "at all when j > a: skip those, that is where the balance comes from.",
+           "Keep a running (out, lse) per query chunk, merge each pair's blockwise_attention into it, and return "
+           "torch.cat of the two along the sequence (dim 2)."],
+    describe="Causal ring attention on the zigzag split, every rank doing the same work.")
+
+
+# ---- 6. Ulysses: all-to-all context parallelism --------------------------------------------------------
+A2A = frozenset({"all_to_all"})
+# A Ulysses rank's tensors of h/N heads × s rows (as many bytes as h heads × s/N rows): q, k, v and the output
+# (4), the three inputs' all-to-all buffers, sent and received (6), the output's (2).
+ULYSSES_CHUNKS = 12
+
+
+def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+    b, _, d = _shape(rng, dims=(8, 16))
+    h = n * rng.randint(1, 2)
+    scale = _scale(rng, scale)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
+    block = rng.choice([chunk, chunk + 1, 2 * chunk - 1])
+    size = b * h * chunk * d * ITEM
+    traffic = Budget("bytes_sent", 4 * (n - 1) / n * size,
+                     f"4 all-to-alls (q, k, v there, the output back) × (N-1)/N × {fmt_bytes(size)}",
+                     hint="one all-to-all per tensor: q, k and v to a head split, the output back to a sequence split.")
+    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
+                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                        budgets=[traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
+                                                         "O(s·h/N · d)")],
+                        allowed_ops=A2A)
+
+
+def _ulysses_oracle(dist, q, k, v, block):
+    return _ring_oracle(dist, q, k, v, block)[0]
+
+
+ulysses_attention = ContractPuzzle(
+    "ulysses_attention", NOTEBOOK, _ulysses_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
+    refuse=REFUSED, oracle=_ulysses_oracle, oracle_name="PyTorch's attention on the gathered K and V",
+    rtol=1e-9, atol=1e-9,
+    hints=["dist.all_to_all_single(out, inp) sends the i-th slice of inp along dim 0 to rank i and puts what rank i "
+           "sent in the i-th slice of out. Lay q out as (N, b, h/N, s/N, d): slice i holds the heads rank i will own.",
+           "x.reshape(b, N, h // N, c, d).transpose(0, 1).contiguous() makes that layout; after the all-to-all, slice "
+           "j holds sequence chunk j of your heads: .permute(1, 2, 0, 3, 4).reshape(b, h // N, N * c, d).",
+           "Attend with blockwise_attention on the full sequence of your h/N heads, then undo the layout for the "
+           "output: (b, h/N, N, c, d) -> (N, b, h/N, c, d), all-to-all, and back to (b, h, c, d)."],
+    describe="Attention with the sequence split turned into a head split and back by two all-to-alls.")
+
+
+# ---- 7. the backward pass -------------------------------------------------------------------------------
+# A backward rank's chunks of (s/N)·d per (batch, head): q, k, v, out, dout and dq (6); the K/V block in use and the
+# one arriving, the dK/dV travelling with it and the one arriving (8); the tiles' temporaries as rows × block.
+BACKWARD_CHUNKS = 16
+BACKWARD_TILES = 6
+
+
+def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+    b, h, d = _shape(rng, dims=(8, 16))
+    scale = _scale(rng, scale)
+    chunk = 2 * rng.randint(3, 8)
+    s = n * chunk
+    q, k, v = _qkv(rng, b, h, s, s, d, scale)
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    dout = torch.randn(b, h, s, d, generator=gen, dtype=torch.float64)
+    out, lse = attention(q, k, v)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves).backward(dout)
+    grads = [t.grad for t in leaves]
+
+    def split(t):
+        return [c.clone().to(device()) for c in t.split(chunk, 2)]
+    args = tuple(per_rank(split(t)) for t in (q, k, v, out, lse, dout))     # lse (b, h, s) splits along dim 2 too
+    block = rng.choice([chunk // 2, chunk // 2 + 1])
+    expected = [tuple(g) for g in zip(*(split(g) for g in grads))]
+    size = b * h * chunk * d * ITEM
+    traffic = Budget("bytes_sent", (2 * n - 1) * 2 * size,
+                     f"N-1 = {n - 1} K/V blocks forward and N = {n} dK/dV blocks, each 2 × {fmt_bytes(size)}",
+                     hint="dK and dV of a block travel with it; one more step brings them home.")
+    fixed = b * h * ITEM * chunk * (BACKWARD_CHUNKS * d + 2)
+    tiles = b * h * ITEM * BACKWARD_TILES * chunk * block
+    memory = Budget("peak_memory", fixed + tiles,
+                    f"O(s/N · d): {BACKWARD_CHUNKS} tensors of {chunk} rows × d and {BACKWARD_TILES} tiles of "
+                    f"{chunk} queries × block keys",
+                    hint="work on one key block at a time; keep no score matrix longer than s/N × block.")
+    return ContractCase(n, (*args, block), expected,
+                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                        budgets=[traffic, memory], allowed_ops=P2P, rules=_ring_rules(n))
+
+
+def _backward_oracle(dist, q, k, v, out, lse, dout, block):
+    rank = dist.get_rank()
+    leaves = [torch.cat(_gathered(dist, t), 2).requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves).backward(torch.cat(_gathered(dist, dout), 2))
+    return tuple(t.grad.chunk(dist.get_world_size(), 2)[rank] for t in leaves)
+
+
+ring_attention_backward = ContractPuzzle(
+    "ring_attention_backward", NOTEBOOK, _backward_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
+    refuse=REFUSED, oracle=_backward_oracle,
+    oracle_name="autograd through PyTorch's attention on the gathered sequence",
+    rtol=1e-8, atol=1e-9,
+    hints=["With P = exp(scores - lse) for a key block (recomputed, not stored), the block's gradients are "
+           "dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D) · scale with D = rowsum(dO ∘ O), dQ += dS·K, dK += dSᵀ·Q.",
+           "Each step: compute the block's contributions to dQ (yours) and to its dK, dV (its owner's). Send the "
+           "block's dK, dV on to the right with it; the K/V block goes N-1 times, its gradients N times, home.",
+           "kv = torch.stack([k, v]), dkv = torch.zeros_like(kv). Every step: add into dkv, then send dkv right "
+           "and receive the next into a fresh buffer; post the K/V transfer before computing to overlap it."],
+    describe="The gradients of ring attention, dK and dV travelling back to their owners around the ring.")
+
+
+PUZZLES = [merge_attention, blockwise_attention, ring_attention, ring_attention_overlap, zigzag_attention,
+           ring_attention_backward, ulysses_attention]

@@ -1,0 +1,119 @@
+"""lib.context_parallel's costs, lib.contract's rules on real runs, and notebook 08's explorer."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,  # noqa: E402
+                                  ring_time, scores_bytes, stand_in)
+from lib.contract import (KernelRefused, communication_hidden, exposed_communication, flops_balanced,  # noqa: E402
+                          refusing_kernels, sends_only_to)
+from lib.formulas import activation_bytes_per_layer  # noqa: E402
+from lib.sim import CostModel, run  # noqa: E402
+from lib.viz.context_parallel import causal_tiles, context_parallel_explorer  # noqa: E402
+
+
+def test_overlap_threshold_is_where_compute_equals_transfer():
+    cost = CostModel(latency=0.0)
+    for bandwidth in LINKS.values():
+        c = min_tokens_to_overlap(cost.flops_per_s, bandwidth)
+        link = cost.with_(intra_node_bandwidth=bandwidth)
+        compute, transfer = block_times(Shard(tokens=c, heads=32, head_dim=128), link)
+        assert compute == pytest.approx(transfer)
+        compute, transfer = block_times(Shard(tokens=2 * c, heads=32, head_dim=128), link)
+        assert compute > transfer
+
+
+def test_overlap_saves_the_shorter_side_of_each_step():
+    shard, cost, n = Shard(tokens=1024, heads=8, head_dim=64), CostModel(), 8
+    compute, transfer = block_times(shard, cost)
+    assert ring_time(shard, n, cost, overlap=False) - ring_time(shard, n, cost) == pytest.approx(
+        (n - 1) * min(compute, transfer))
+
+
+def test_stand_in_times_a_small_block_as_the_real_one():
+    real, cost = Shard(tokens=4096, heads=32, head_dim=128), CostModel()
+    small_flops, small_bytes = 12345.0, 678.0
+    fake = stand_in(small_flops, small_bytes, real, cost, LINKS["NVLink"])
+    assert fake.compute_time(small_flops) == pytest.approx(block_times(real, cost)[0])
+    assert fake.p2p_time(small_bytes, 0, 1) == pytest.approx(block_times(real, cost)[1])
+
+
+def test_scores_are_korthikantis_attention_term():
+    s, b, h, a = 2048, 2, 1024, 16
+    assert scores_bytes(s, a, h, b) == pytest.approx(5 * a * s * s * b)
+    assert scores_bytes(s, a, h, b) > 50 * ring_memory(Shard(tokens=s // 8, heads=a, head_dim=h // a, batch=b))
+    assert activation_bytes_per_layer(s, b, h, a) > scores_bytes(s, a, h, b)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_zigzag_balances_the_causal_tiles_and_covers_each_once(n):
+    for zigzag in (False, True):
+        tiles = causal_tiles(n, zigzag)
+        every = sorted(t for mine in tiles.values() for t in mine)
+        assert every == sorted((q, k) for q in range(2 * n) for k in range(q + 1))
+        work = [len(mine) for mine in tiles.values()]
+        assert (len(set(work)) == 1) == zigzag
+
+
+def test_explorer_redraws_and_says_when_overlap_hides_the_transfer():
+    box = context_parallel_explorer(seq=131072, n=8)
+    assert "hides" in box.state.readout
+    assert box.state.figures["ring"] < box.state.figures["scores"]
+    box.controls["n"].value = 64
+    box.controls["seq"].value = 4096
+    assert "cannot hide" in box.state.readout
+
+
+def _to(offset):
+    def fn(dist, x):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        got = torch.empty_like(x)
+        w = dist.isend(x, (rank + offset) % n)
+        dist.recv(got, (rank - offset) % n)
+        w.wait()
+        return got
+    return fn
+
+
+def test_ring_rule_names_the_rank_that_sent_elsewhere():
+    rule = sends_only_to(lambda r, n: (r + 1) % n, "a ring talks to its right neighbour")
+    assert rule(run(_to(1), 4, torch.ones(3))) is None
+    problem = rule(run(_to(-1), 4, torch.ones(3)))
+    assert "rank 0 sent" in problem and "to rank 3" in problem and "rank 1 here" in problem
+
+
+def test_balance_rule_measures_flops_per_rank():
+    def uneven(dist, x):
+        for _ in range(dist.get_rank() + 1):
+            x = x @ x
+        return x
+    rule = flops_balanced(0.1, "equal work")
+    assert rule(run(lambda dist, x: x @ x, 3, torch.eye(8))) is None
+    assert "unbalanced" in rule(run(uneven, 3, torch.eye(8)))
+
+
+def test_kernels_are_refused_in_simulation_and_out():
+    q = torch.randn(1, 1, 4, 2)
+
+    def answer(dist, q):
+        return F.scaled_dot_product_attention(q, q, q)
+    guarded = refusing_kernels(answer, ("_scaled_dot_product",), "the kernel is the reference")
+    with pytest.raises(KernelRefused, match="_scaled_dot_product_flash_attention_for_cpu"):
+        guarded(None, q)
+    with pytest.raises(KernelRefused, match="the kernel is the reference"):
+        run(guarded, 1, q)
+    assert refusing_kernels(lambda dist, q: q @ q.transpose(-2, -1), ("_scaled_dot_product",), "")(None, q).shape \
+        == (1, 1, 4, 4)
+
+
+def test_hidden_rule_counts_the_time_a_rank_waits_outside_its_compute():
+    cost = CostModel(intra_node_bandwidth=1e3, latency=0.0)
+    result = run(_to(1), 2, torch.ones(250), cost=cost)            # 1,000 bytes at 1,000 B/s: a second's wait
+    assert exposed_communication(result) == pytest.approx([1.0, 1.0], rel=1e-3)
+    assert communication_hidden(2.0, "the message", "two seconds allowed")(result) is None
+    assert "waiting on the message" in communication_hidden(0.5, "the message", "half a second")(result)
