@@ -70,7 +70,8 @@ class Report:
                 "calibration": {"flops_per_s": self.calibration.flops_per_s, "latency_s": self.calibration.latency,
                                 "bandwidth_bytes_per_s": self.calibration.bandwidth,
                                 "matmul": list(self.calibration.matmul),
-                                "all_reduce_bytes": list(self.calibration.messages)},
+                                "all_reduce_bytes": list(self.calibration.messages),
+                                "collective_s": self.calibration.collectives},
                 "pairs": [{"notebook": p.pair.notebook, "what": p.pair.what, "a": p.pair.a.name, "b": p.pair.b.name,
                            "a_time": p.a.as_dict(), "b_time": p.b.as_dict(), "measured_ratio": p.measured,
                            "predicted_ratio": p.predicted, "predicted_ratio_h100": p.predicted_h100}
@@ -100,8 +101,8 @@ class Report:
         load = "" if not m.get("load_average") else f"; load average {m['load_average'][0]:.1f} at the start"
         return (f"Measured on {where}; torch {m['torch']}, Python {m['python']}, {m['os']}{load}. "
                 f"{s['world']} {s['backend']} ranks; a step's time is the slowest rank's, median (min-max) of "
-                f"{s['repeats']} launches × {s['steps']} steps after {s['warmup']} warm-up step"
-                f"{'s' if s['warmup'] != 1 else ''}{' (quick run: small sizes)' if s['quick'] else ''}.")
+                f"{_n(s['repeats'], 'launch', 'launches')} × {_n(s['steps'], 'step')} after "
+                f"{_n(s['warmup'], 'warm-up step')}{' (quick run: small sizes)' if s['quick'] else ''}.")
 
     def markdown(self) -> str:
         parts = [self.header()]
@@ -114,6 +115,10 @@ class Report:
         if self.check_times:
             parts.append(check_times_table(self.check_times))
         return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _n(count: int, one: str, many: str = "") -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
 
 
 def _row_dict(r: RowResult, quick: bool) -> dict:
@@ -154,7 +159,8 @@ def all_reduce_table(rows: list[RowResult]) -> str:
     if not ring:
         return ""
     lines = ["All-reduce, bus bandwidth as nccl-tests defines it (size / time × 2(N-1)/N):", "",
-             "| size | ring_all_reduce | busbw | dist.all_reduce | busbw | ours / PyTorch |", "|---|---|---|---|---|---|"]
+             "| size | ring_all_reduce | busbw | dist.all_reduce | busbw | ours / PyTorch |",
+             "|---|---|---|---|---|---|"]
     for r in ring:
         lines.append(f"| {fmt_bytes(r.message_bytes)} | {fmt_time(r.ours.median)} | {_gbps(r.busbw(r.ours))} | "
                      f"{fmt_time(r.theirs.median)} | {_gbps(r.busbw(r.theirs))} | {r.ratio:.2f}× |")
@@ -164,12 +170,14 @@ def all_reduce_table(rows: list[RowResult]) -> str:
 def fidelity_table(pairs: list[PairResult], cal: Optional[Calibration]) -> str:
     lines = []
     if cal is not None:
+        collectives = ", ".join(f"{op} {fmt_time(t)}" for op, t in cal.collectives.items())
         lines += [f"Simulator fidelity. The cost model calibrated on these ranks: {cal.flops_per_s / 1e9:.1f} GFLOP/s "
                   f"per rank (matmul {'×'.join(map(str, cal.matmul))}, all ranks at once), link latency "
                   f"{fmt_time(cal.latency)} and bandwidth {cal.bandwidth / 1e9:.2f} GB/s (from dist.all_reduce of "
-                  f"{fmt_bytes(cal.messages[0])} and {fmt_bytes(cal.messages[1])}).", ""]
-    lines += ["| nb | time(a) / time(b) | a: step | b: step | measured | simulated, calibrated | simulated, H100 model |",
-              "|---|---|---|---|---|---|---|"]
+                  f"{fmt_bytes(cal.messages[0])} and {fmt_bytes(cal.messages[1])}). The collectives on "
+                  f"{fmt_bytes(cal.messages[1])}: {collectives} (broadcast: each rank's 1/N in turn).", ""]
+    lines += ["| nb | time(a) / time(b) | a: step | b: step | measured | simulated, calibrated | "
+              "simulated, H100 model |", "|---|---|---|---|---|---|---|"]
     for p in pairs:
         lines.append(f"| {p.pair.notebook} | {p.pair.what} (`{p.pair.a.name}` / `{p.pair.b.name}`) | "
                      f"{fmt_time(p.a.median)} | {fmt_time(p.b.median)} | **{p.measured:.2f}** | {p.predicted:.2f} | "

@@ -1,10 +1,16 @@
 """The benchmark rows: each notebook's main algorithm (its reference solution) against PyTorch's own.
 
-A row is one entry of `ROWS`: the two implementations and the `Setup` that gives both the same model, the
-same data and the same number of steps. A new notebook adds its row here; the runner needs no change.
-An implementation is `fn(dist, *inputs)` that runs one step per item of the `Steps` among its inputs.
+A row is one entry of `ROWS`: two `Impl`s sharing one `Setup`, so that both get the same model, the same data
+and the same number of steps. An implementation is `fn(dist, *inputs)` that runs one step per item of the
+`Steps` among its inputs and returns what both sides must agree on (tests/test_bench.py compares them).
 PyTorch's side is the puzzle's own oracle wherever that oracle builds nothing per step; where it would
 (a DDP bucket size, a DTensor module, a pipeline schedule), the few lines here build it once, before the steps.
+
+A new notebook adds its row here and nothing else changes, e.g. for ring attention:
+
+    CONTEXT = Setup(sequence_shards_for_attention, dict(tokens=4096, heads=8, dim=64), dict(tokens=64, heads=2, dim=8))
+    Row("ring-attention", "ring attention, forward + backward", "08", Impl("ring_attention", ring_attention, CONTEXT),
+        Impl("SDPA on the gathered sequence", gathered_sdpa, CONTEXT), target=1.3)
 """
 
 from __future__ import annotations
@@ -262,7 +268,9 @@ def _ring_row(nbytes: int) -> Row:
     size = f"{nbytes // 2**20} MiB" if nbytes >= 2**20 else f"{nbytes // 2**10} KiB"
     return Row(f"ring-{nbytes // 2**10}k", f"ring all-reduce, {size}", "02", Impl("ring_all_reduce", ring, setup),
                Impl("dist.all_reduce", all_reduce, setup), target=1.3 if nbytes >= 2**20 else None,
-               quick=nbytes in RING_QUICK)
+               quick=nbytes in RING_QUICK,
+               why="gloo's all_reduce is one C++ call that pipelines chunks around the ring; ours is 2(N-1) "
+                   "steps of Python isend/recv, each waiting for both neighbours to get a core")
 
 
 OVERLAPPED_DDP = Impl("bucketed_data_parallel_train", dp.bucketed_data_parallel_train, DDP)
@@ -276,13 +284,18 @@ INTERLEAVED_1F1B = Impl("interleaved_1f1b", _each_step(pp.interleaved_1f1b), INT
 ROWS: list[Row] = [
     *(_ring_row(n) for n in RING_SIZES),
     Row("ddp", "bucketed, overlapped DDP step", "02", OVERLAPPED_DDP, Impl("DistributedDataParallel", ddp, DDP),
-        target=1.2),
+        target=1.2, why="DDP's C++ reducer writes gradients into persistent bucket views; ours concatenates each "
+                        "bucket (torch.cat) and copies it back, from Python hooks"),
     Row("zero1", "ZeRO-1 step (Adam)", "03", ZERO1,
-        Impl("ZeroRedundancyOptimizer", P03._zero_redundancy_oracle, ZERO), target=1.2),
+        Impl("ZeroRedundancyOptimizer", P03._zero_redundancy_oracle, ZERO), target=1.2,
+        why="ours reduce-scatters and all-gathers (NCCL's way, the lesson's), and gloo's reduce-scatter is slower "
+            "than its all-reduce (collectives line below); ZeroRedundancyOptimizer all-reduces, then broadcasts"),
     Row("zero2", "ZeRO-2 step (Adam)", "03", Impl("zero2_train", zero.zero2_train, ZERO),
         Impl("fully_shard(reshard_after_forward=False)", P03._fsdp_oracle(reshard_after_forward=False), ZERO),
         target=1.3, quick=False),
-    Row("zero3", "ZeRO-3 / FSDP step (Adam)", "03", ZERO3, FULLY_SHARD, target=1.3),
+    Row("zero3", "ZeRO-3 / FSDP step (Adam)", "03", ZERO3, FULLY_SHARD, target=1.3,
+        why="the lesson's ZeRO-3 recomputes each layer's forward in backward (4/3 of the compute) and gathers "
+            "parameter by parameter; FSDP2 keeps the activations and gathers a layer in one flat buffer"),
     Row("fsdp-prefetch", "FSDP step with prefetch (Adam)", "03",
         Impl("fsdp_prefetch_train", zero.fsdp_prefetch_train, ZERO), FULLY_SHARD, target=1.3, quick=False),
     Row("tp-mlp", "Megatron MLP, forward + backward", "04", MEGATRON,

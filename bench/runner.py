@@ -8,14 +8,14 @@ allocator and spin forever on its first matmul (seen 3 times in 10 launches righ
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from bench.rows import Impl, Pair, Row
-from bench.timing import Timing, time_on_rank
+import lib
+from bench.timing import Timing, now, time_on_rank
 from lib import launch, sim
 from lib.formulas import bus_bandwidth
 from lib.sim import CostModel
@@ -108,40 +108,61 @@ def add_bytes(result: RowResult, plan: Plan) -> None:
 
 
 # ---- simulator fidelity ---------------------------------------------------------------------------------
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def _collective(dist, op: str, nbytes: int) -> Callable[[], None]:
+    """One call of `op` on a message of `nbytes` (the full tensor; broadcast: every rank's 1/N share in turn, as
+    ZeroRedundancyOptimizer sends the updated shards)."""
+    world, where = dist.get_world_size(), lib.device()
+    full, part = torch.ones(nbytes // 4, device=where), torch.ones(nbytes // 4 // world, device=where)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if op == "reduce_scatter":      # torch 2.13's names, and the older ones (the GPU machine runs 2.11)
+        return lambda: getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(part, full)
+    if op == "all_gather":
+        return lambda: getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(full, part)
+    return lambda: [dist.broadcast(part, r) for r in range(world)]
+
+
+def _median_time(dist, fn: Callable[[], object], repeat: int = 7) -> float:
+    fn()
+    samples = []
+    for _ in range(repeat):
+        dist.barrier()
+        start = now()
+        fn()
+        samples.append(now() - start)
+    return statistics.median(samples)
+
+
 def _calibration_rank(dist, small: int, big: int, shape: tuple[int, int, int], seconds: float):
-    """On each rank at once: matmul FLOP/s (the ranks share the cores, as in the benchmarks), then the
-    median times of dist.all_reduce on a small and a big message."""
+    """On every rank at once: matmul FLOP/s (the ranks share the machine, as in the benchmarks), then the median
+    time of each collective on a big message, and of an all-reduce on a small one."""
     m, k, n = shape
-    a, b = torch.randn(m, k), torch.randn(k, n)
+    a, b = torch.randn(m, k, device=lib.device()), torch.randn(k, n, device=lib.device())
     dist.barrier()
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    count, start = 0, now()
+    while now() - start < seconds:
         a @ b
         count += 1
-    flops = 2 * m * k * n * count / (time.perf_counter() - start)
-    times = {}
-    for nbytes in (small, big):
-        x = torch.ones(nbytes // 4)
-        dist.all_reduce(x)
-        samples = []
-        for _ in range(7):
-            dist.barrier()
-            t = time.perf_counter()
-            dist.all_reduce(x)
-            samples.append(time.perf_counter() - t)
-        times[nbytes] = statistics.median(samples)
+    flops = 2 * m * k * n * count / (now() - start)
+    times = {op: _median_time(dist, _collective(dist, op, big)) for op in COLLECTIVES}
+    times["all_reduce_small"] = _median_time(dist, _collective(dist, "all_reduce", small))
     return flops, times
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """This machine as the simulator's cost model sees it: per-rank compute speed, link latency and bandwidth."""
+    """This machine as the simulator's cost model sees it: per-rank compute speed, link latency and bandwidth;
+    and the time of each collective on the big message (slowest rank's median)."""
 
     flops_per_s: float
     latency: float
     bandwidth: float
     matmul: tuple[int, int, int]
     messages: tuple[int, int]
+    collectives: dict
 
     def cost(self, world: int) -> CostModel:
         return CostModel(flops_per_s=self.flops_per_s, intra_node_bandwidth=self.bandwidth,
@@ -151,17 +172,17 @@ class Calibration:
 def calibrate(plan: Plan) -> Calibration:
     """Measured on the benchmark's ranks: latency = a small all-reduce's time over its 2(N-1) steps; bandwidth
     from a big one, 2(N-1)/N · S / (t - 2(N-1) · latency), the ring all-reduce of lib.sim.cost's model."""
-    small, big = (2**10, 2**22) if plan.quick else (2**10, 2**24)
+    small, big = (2**10, 2**20) if plan.quick else (2**10, 2**22)
     shape = (64, 128, 128) if plan.quick else (256, 512, 512)
     per_rank = launch(_calibration_rank, plan.world, small, big, shape, 0.3 if plan.quick else 1.0,
                       backend=plan.backend, timeout=plan.timeout)
     n = plan.world
     flops = statistics.median(f for f, _ in per_rank)
-    t_small, t_big = (max(t[s] for _, t in per_rank) for s in (small, big))
+    times = {op: max(t[op] for _, t in per_rank) for op in per_rank[0][1]}
     steps = 2 * (n - 1)
-    latency = t_small / steps if n > 1 else 1e-6
-    bandwidth = 2 * (n - 1) / n * big / max(t_big - steps * latency, 1e-9) if n > 1 else 1e12
-    return Calibration(flops, latency, bandwidth, shape, (small, big))
+    latency = times["all_reduce_small"] / steps if n > 1 else 1e-6
+    bandwidth = 2 * (n - 1) / n * big / max(times["all_reduce"] - steps * latency, 1e-9) if n > 1 else 1e12
+    return Calibration(flops, latency, bandwidth, shape, (small, big), {op: times[op] for op in COLLECTIVES})
 
 
 @dataclass

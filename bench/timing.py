@@ -12,6 +12,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+import torch
+
+
+def now() -> float:
+    """The time once the GPU (if this process uses one) has finished the work queued so far."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
 
 class Steps:
     """The items a benchmarked function loops over, one per step, noting when each is taken."""
@@ -22,9 +31,9 @@ class Steps:
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.items:
-            self.marks.append(time.perf_counter())
+            self.marks.append(now())
             yield item
-        self.marks.append(time.perf_counter())
+        self.marks.append(now())
 
     def __len__(self) -> int:
         return len(self.items)
