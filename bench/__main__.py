@@ -4,6 +4,7 @@ fidelity and speed, and the check cells' times. Prints the tables; writes bench/
     python -m bench                      # everything, 4 ranks (gloo; NCCL when there is one GPU per rank)
     python -m bench --quick              # a subset at small sizes, under a minute (written to bench/results/scratch/)
     python -m bench --only rows --rows ddp,zero1 --world 2
+    python -m bench --before /tmp/old    # the simulator's speed here and in a checkout of an older commit
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> Report:
     ap.add_argument("--out", type=Path, help="folder for the results (default bench/results, quick: "
                                              "bench/results/scratch)")
     ap.add_argument("--machine", help="name of the results' files (default: from the CPU or GPU)")
+    ap.add_argument("--before", type=Path, help="the simulator's speed also in this checkout (e.g. a worktree of an "
+                                                "older commit), measured by the same script")
     args = ap.parse_args(argv)
     parts = [p for p in args.only.split(",") if p]
     unknown = set(parts) - set(PARTS)
@@ -78,26 +81,29 @@ def main(argv: list[str] | None = None) -> Report:
     report = Report(info, {"world": plan.world, "backend": backend, "quick": plan.quick, "repeats": plan.repeats,
                            "steps": plan.steps, "warmup": plan.warmup})
     started = time.perf_counter()
+    out = args.out or (RESULTS / "scratch" if plan.quick else RESULTS)
     rows = [r for r in ROWS if (r.key in keys if keys else (r.quick or not args.quick))] if "rows" in parts else []
     if rows or "fidelity" in parts:
-        _timed(report, "real_and_simulated", _real_then_simulated, report, plan, rows,
+        _timed(report, out, "real_and_simulated", _real_then_simulated, report, plan, rows,
                PAIRS if "fidelity" in parts else [])
     if "sim" in parts:
-        _timed(report, "sim_speed", _sim_speed, report, plan)
+        _timed(report, out, "sim_speed", _sim_speed, report, plan, args.before)
     if "checks" in parts:
-        _timed(report, "check_times", _check_times, report, ["ring_all_reduce"] if plan.quick else [])
+        _timed(report, out, "check_times", _check_times, report, ["ring_all_reduce"] if plan.quick else [])
     report.seconds["total"] = time.perf_counter() - started
 
     print(report.markdown())
-    paths = report.write(args.out or (RESULTS / "scratch" if plan.quick else RESULTS))
+    paths = report.write(out)
     print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return report
 
 
-def _timed(report: Report, part: str, fn, *args) -> None:
+def _timed(report: Report, out: Path, part: str, fn, *args) -> None:
+    """Run one part; write what is measured so far, so that a long run stopped later keeps it."""
     start = time.perf_counter()
     fn(*args)
     report.seconds[part] = time.perf_counter() - start
+    report.write(out)
 
 
 def _real_then_simulated(report: Report, plan: runner.Plan, rows: list, pairs: list) -> None:
@@ -121,9 +127,13 @@ def _real_then_simulated(report: Report, plan: runner.Plan, rows: list, pairs: l
         tick(1, 1)
 
 
-def _sim_speed(report: Report, plan: runner.Plan) -> None:
-    tick = Progress(1).start("simulator speed")
-    report.sim_speed = sim_speed.run(quick=plan.quick)
+def _sim_speed(report: Report, plan: runner.Plan, before: Path | None) -> None:
+    progress = Progress(2)
+    checkouts = {"this checkout": sim_speed.ROOT, **({str(before): before.resolve()} if before else {})}
+    report.sim_speed = sim_speed.compare(checkouts, 1 if plan.quick else 5,
+                                         progress.start("simulator speed, fresh processes"))
+    tick = progress.start("simulator speed, ring all-reduce on many ranks")
+    report.ring_scaling = sim_speed.ring_scaling(((8, 1),) if plan.quick else ((8, 3), (64, 3), (256, 1)))
     tick(1, 1)
 
 

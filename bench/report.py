@@ -16,7 +16,7 @@ import torch
 
 from bench.check_times import CheckTime
 from bench.runner import Calibration, PairResult, RowResult
-from bench.sim_speed import SimSpeed
+from bench import sim_speed as speed
 from bench.timing import Timing
 from lib.units import fmt_bytes, fmt_time
 
@@ -57,7 +57,8 @@ class Report:
     rows: list[RowResult] = field(default_factory=list)
     calibration: Optional[Calibration] = None
     pairs: list[PairResult] = field(default_factory=list)
-    sim_speed: list[SimSpeed] = field(default_factory=list)
+    sim_speed: list[speed.Figure] = field(default_factory=list)
+    ring_scaling: list[speed.RingScale] = field(default_factory=list)
     check_times: list[CheckTime] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)       # how long each part took
 
@@ -67,7 +68,8 @@ class Report:
             "machine": self.machine, "settings": self.settings, "seconds": self.seconds,
             "rows": [_row_dict(r, self.settings["quick"]) for r in self.rows],
             "fidelity": None if self.calibration is None else {
-                "calibration": {"flops_per_s": self.calibration.flops_per_s, "latency_s": self.calibration.latency,
+                "calibration": {"flops_per_s": self.calibration.flops_per_s, "memory_bandwidth_bytes_per_s": self.calibration.memory_bandwidth,
+                                "latency_s": self.calibration.latency,
                                 "bandwidth_bytes_per_s": self.calibration.bandwidth,
                                 "matmul": list(self.calibration.matmul),
                                 "all_reduce_bytes": list(self.calibration.messages),
@@ -77,6 +79,7 @@ class Report:
                            "predicted_ratio": p.predicted, "predicted_ratio_h100": p.predicted_h100}
                           for p in self.pairs]},
             "sim_speed": [s.as_dict() for s in self.sim_speed],
+            "ring_scaling": [s.as_dict() for s in self.ring_scaling],
             "check_times": [c.as_dict() for c in self.check_times],
         }
 
@@ -110,8 +113,8 @@ class Report:
             parts += [rows_table(self.rows), all_reduce_table(self.rows)]
         if self.pairs:
             parts.append(fidelity_table(self.pairs, self.calibration))
-        if self.sim_speed:
-            parts.append(sim_speed_table(self.sim_speed))
+        if self.sim_speed or self.ring_scaling:
+            parts.append(sim_speed_table(self.sim_speed, self.ring_scaling))
         if self.check_times:
             parts.append(check_times_table(self.check_times))
         return "\n\n".join(p for p in parts if p) + "\n"
@@ -172,7 +175,8 @@ def fidelity_table(pairs: list[PairResult], cal: Optional[Calibration]) -> str:
     if cal is not None:
         collectives = ", ".join(f"{op} {fmt_time(t)}" for op, t in cal.collectives.items())
         lines += [f"Simulator fidelity. The cost model calibrated on these ranks: {cal.flops_per_s / 1e9:.1f} GFLOP/s "
-                  f"per rank (matmul {'×'.join(map(str, cal.matmul))}, all ranks at once), link latency "
+                  f"and {cal.memory_bandwidth / 1e9:.1f} GB/s of memory bandwidth per rank (matmul "
+                  f"{'×'.join(map(str, cal.matmul))}, elementwise add; all ranks at once), link latency "
                   f"{fmt_time(cal.latency)} and bandwidth {cal.bandwidth / 1e9:.2f} GB/s (from dist.all_reduce of "
                   f"{fmt_bytes(cal.messages[0])} and {fmt_bytes(cal.messages[1])}). The collectives on "
                   f"{fmt_bytes(cal.messages[1])}: {collectives} (broadcast: each rank's 1/N in turn).", ""]
@@ -185,10 +189,17 @@ def fidelity_table(pairs: list[PairResult], cal: Optional[Calibration]) -> str:
     return "\n".join(lines)
 
 
-def sim_speed_table(rows: list[SimSpeed]) -> str:
-    lines = ["Simulator speed (median wall time, in this process):", "", "| what | ranks | time |", "|---|---|---|"]
-    lines += [f"| {r.what} | {r.ranks} | {fmt_time(r.seconds)} |" for r in rows]
-    return "\n".join(lines)
+def sim_speed_table(figures: list[speed.Figure], rings: list[speed.RingScale]) -> str:
+    lines = []
+    if figures:
+        runs = len(next(iter(figures[0].per_checkout.values())))
+        lines += [f"Simulator speed, CPU seconds, median (min-max) of {_n(runs, 'fresh process', 'fresh processes')} "
+                  f"per checkout (python -m bench.sim_speed; checks with seed 0, no figures):", "",
+                  speed.table(figures), ""]
+    if rings:
+        lines += ["| one ring all-reduce, 256 floats per rank | ranks | CPU time |", "|---|---|---|"]
+        lines += [f"| {r.floats:,} floats | {r.ranks} | {fmt_time(r.seconds)} |" for r in rings]
+    return "\n".join(lines).strip()
 
 
 def check_times_table(rows: list[CheckTime]) -> str:

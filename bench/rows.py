@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.nn.parallel import DistributedDataParallel
 
 import lib
+from lib.devices import device_mesh
 import solutions.data_parallel as dp
 import solutions.pipeline as pp
 import solutions.tensor_parallel as tp
@@ -220,7 +221,7 @@ def ddp(dist, model, steps, lr, bucket):
 def parallelize(dist, w1, b1, w2, b2, steps):
     """The puzzle's DTensor MLP (fc1 ColwiseParallel, fc2 RowwiseParallel), built once, then run per step."""
     module = P04._MLP(P04._linear(dist, w1, b1, 0, True), P04._linear(dist, w2, b2, 1, False))
-    parallelize_module(module, P04._mesh(dist), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    parallelize_module(module, device_mesh(dist), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     for x, dy in steps:
         module(x).backward(dy)
     return _mlp_grads(*(P04._local(p.grad) for p in (module.fc1.weight, module.fc1.bias, module.fc2.weight,

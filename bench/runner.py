@@ -136,28 +136,37 @@ def _median_time(dist, fn: Callable[[], object], repeat: int = 7) -> float:
     return statistics.median(samples)
 
 
-def _calibration_rank(dist, small: int, big: int, shape: tuple[int, int, int], seconds: float):
-    """On every rank at once: matmul FLOP/s (the ranks share the machine, as in the benchmarks), then the median
-    time of each collective on a big message, and of an all-reduce on a small one."""
+def _calibration_rank(dist, small: int, big: int, shape: tuple[int, int, int], elements: int, seconds: float):
+    """On every rank at once (the ranks share the machine, as in the benchmarks): matmul FLOP/s, memory
+    bandwidth as the simulator's roofline counts it (an elementwise add reads two tensors, writes a third),
+    then the median time of each collective on a big message, and of an all-reduce on a small one."""
     m, k, n = shape
     a, b = torch.randn(m, k, device=lib.device()), torch.randn(k, n, device=lib.device())
+    x, y = torch.randn(elements, device=lib.device()), torch.randn(elements, device=lib.device())
     dist.barrier()
-    count, start = 0, now()
-    while now() - start < seconds:
-        a @ b
-        count += 1
-    flops = 2 * m * k * n * count / (now() - start)
+    flops = 2 * m * k * n / _per_call(lambda: a @ b, seconds)
+    bandwidth = 3 * x.numel() * x.element_size() / _per_call(lambda: x + y, seconds)
     times = {op: _median_time(dist, _collective(dist, op, big)) for op in COLLECTIVES}
     times["all_reduce_small"] = _median_time(dist, _collective(dist, "all_reduce", small))
-    return flops, times
+    return flops, bandwidth, times
+
+
+def _per_call(fn: Callable[[], object], seconds: float) -> float:
+    """Seconds per call of `fn`, called repeatedly for about `seconds`."""
+    count, start = 0, now()
+    while now() - start < seconds:
+        fn()
+        count += 1
+    return (now() - start) / count
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """This machine as the simulator's cost model sees it: per-rank compute speed, link latency and bandwidth;
-    and the time of each collective on the big message (slowest rank's median)."""
+    """This machine as the simulator's cost model sees it: per-rank compute speed and memory bandwidth, link
+    latency and bandwidth; and the time of each collective on the big message (slowest rank's median)."""
 
     flops_per_s: float
+    memory_bandwidth: float
     latency: float
     bandwidth: float
     matmul: tuple[int, int, int]
@@ -165,24 +174,35 @@ class Calibration:
     collectives: dict
 
     def cost(self, world: int) -> CostModel:
-        return CostModel(flops_per_s=self.flops_per_s, intra_node_bandwidth=self.bandwidth,
-                         inter_node_bandwidth=self.bandwidth, latency=self.latency, ranks_per_node=world)
+        return CostModel(flops_per_s=self.flops_per_s, memory_bandwidth=self.memory_bandwidth,
+                         intra_node_bandwidth=self.bandwidth, inter_node_bandwidth=self.bandwidth,
+                         latency=self.latency, ranks_per_node=world)
+
+
+def alpha_beta(world: int, small: int, t_small: float, big: int, t_big: float) -> tuple[float, float]:
+    """(latency, bandwidth) of lib.sim.cost's ring all-reduce, t(S) = 2(N-1)·latency + 2(N-1)/N·S/bandwidth,
+    through the times of a small and a big message; each kept positive on a noisy machine."""
+    if world < 2:
+        return 1e-6, 1e12
+    steps, share = 2 * (world - 1), 2 * (world - 1) / world
+    bandwidth = share * (big - small) / max(t_big - t_small, t_big * 1e-3)
+    latency = max(t_small - share * small / bandwidth, t_small * 1e-3) / steps
+    return latency, bandwidth
 
 
 def calibrate(plan: Plan) -> Calibration:
-    """Measured on the benchmark's ranks: latency = a small all-reduce's time over its 2(N-1) steps; bandwidth
-    from a big one, 2(N-1)/N · S / (t - 2(N-1) · latency), the ring all-reduce of lib.sim.cost's model."""
+    """Measured on the benchmark's ranks: the cost model's latency and bandwidth from a small and a big
+    all-reduce (`alpha_beta`), compute and memory speed from a matmul and an elementwise add."""
     small, big = (2**10, 2**20) if plan.quick else (2**10, 2**22)
     shape = (64, 128, 128) if plan.quick else (256, 512, 512)
-    per_rank = launch(_calibration_rank, plan.world, small, big, shape, 0.3 if plan.quick else 1.0,
+    elements = 2**18 if plan.quick else 2**22
+    per_rank = launch(_calibration_rank, plan.world, small, big, shape, elements, 0.3 if plan.quick else 1.0,
                       backend=plan.backend, timeout=plan.timeout)
-    n = plan.world
-    flops = statistics.median(f for f, _ in per_rank)
-    times = {op: max(t[op] for _, t in per_rank) for op in per_rank[0][1]}
-    steps = 2 * (n - 1)
-    latency = times["all_reduce_small"] / steps if n > 1 else 1e-6
-    bandwidth = 2 * (n - 1) / n * big / max(times["all_reduce"] - steps * latency, 1e-9) if n > 1 else 1e12
-    return Calibration(flops, latency, bandwidth, shape, (small, big), {op: times[op] for op in COLLECTIVES})
+    flops = statistics.median(f for f, _, _ in per_rank)
+    memory = statistics.median(b for _, b, _ in per_rank)
+    times = {op: max(t[op] for _, _, t in per_rank) for op in per_rank[0][2]}
+    latency, bandwidth = alpha_beta(plan.world, small, times["all_reduce_small"], big, times["all_reduce"])
+    return Calibration(flops, memory, latency, bandwidth, shape, (small, big), {op: times[op] for op in COLLECTIVES})
 
 
 @dataclass

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from bench.rows import PAIRS, ROWS
+from bench.runner import alpha_beta
+from bench.sim_speed import FIGURES, Figure, table
 from bench.timing import Steps, Timing
 from lib import launch
 
@@ -32,6 +34,25 @@ def test_a_step_counts_at_the_pace_of_the_slowest_rank():
             [[4.0, 1.0, 1.0], [1.0, 6.0, 1.0]]]
     t = Timing.slowest_rank(runs)
     assert (t.median, t.min, t.max, t.samples) == (3.5, 1.0, 6.0, 6)
+
+
+def test_calibration_recovers_latency_and_bandwidth_of_the_ring_model():
+    world, latency, bandwidth = 4, 2e-3, 0.5e9
+
+    def ring(size: int) -> float:
+        return 2 * (world - 1) * latency + 2 * (world - 1) / world * size / bandwidth
+    fitted = alpha_beta(world, 2**10, ring(2**10), 2**22, ring(2**22))
+    assert fitted == pytest.approx((latency, bandwidth), rel=1e-9)
+    # noise can make the big message look no slower than the small one: both stay positive and finite
+    noisy = alpha_beta(world, 2**10, 5e-3, 2**20, 4e-3)
+    assert all(0 < v < math.inf for v in noisy)
+
+
+def test_the_speed_table_has_a_column_per_checkout_and_their_ratio():
+    figure = Figure("a check, warm", "k", {"main": [0.2, 0.1, 0.3], "old": [0.4, 0.5, 0.4]})
+    lines = table([figure]).splitlines()
+    assert lines[0] == "| what | main | old | main / old |"
+    assert lines[2] == "| a check, warm | 200.0 ms (100.0-300.0) | 400.0 ms (400.0-500.0) | 0.50× |"
 
 
 def _named(value) -> dict:
@@ -103,4 +124,7 @@ def test_quick_run_prints_the_tables_and_writes_json_markdown_and_plot(tmp_path)
     assert fidelity["calibration"]["flops_per_s"] > 0 and fidelity["calibration"]["bandwidth_bytes_per_s"] > 0
     assert [c["puzzle"] for c in report["check_times"]] == ["ring_all_reduce"]
     assert all(c["first_s"] > 0 and c["warm_s"] > 0 for c in report["check_times"])
-    assert any(s["ranks"] == "8" for s in report["sim_speed"])
+    assert [r["ranks"] for r in report["ring_scaling"]] == [8]
+    speed = {s["key"]: s["samples_s"]["this checkout"] for s in report["sim_speed"]}
+    assert speed.keys() == {key for _, key in FIGURES}
+    assert all(len(v) == 1 and v[0] > 0 for k, v in speed.items() if k != "per_op_overhead_s")
