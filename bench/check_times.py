@@ -1,7 +1,7 @@
 """How long a learner waits for each check cell: the first in a fresh kernel after the notebook's setup
 cell, and a second one (warm), for every puzzle of the course with its reference solution.
 
-    python -m bench.check_times [puzzle ...]
+    python -m bench.check_times [puzzle ...] [--into bench/results/<machine>]
 
 Each puzzle gets its own Jupyter kernel, so "first" pays what a learner's first check pays (the simulator's
 one-time costs, matplotlib's first figure) and nothing another puzzle paid before. The check cell runs as the
@@ -10,8 +10,10 @@ notebook has it, figures included, timed inside the kernel.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
+import json
 import os
 import sys
 import tempfile
@@ -25,19 +27,22 @@ import puzzles
 from lib.nbtools import puzzle_cells
 
 ROOT = Path(__file__).resolve().parents[1]
-_TIMED = "import time as _bench_time\n_bench_t0 = _bench_time.perf_counter()\n{}\n" \
-         "_bench_dt = _bench_time.perf_counter() - _bench_t0"
+_TIMED = "import time as _bench_time\n_bench_t0, _bench_c0 = _bench_time.perf_counter(), _bench_time.process_time()\n" \
+         "{}\n_bench_dt = (_bench_time.perf_counter() - _bench_t0, _bench_time.process_time() - _bench_c0)"
 
 
 @dataclass(frozen=True)
 class CheckTime:
     notebook: str
     puzzle: str
-    first: float          # seconds, the first check in a fresh kernel after the setup cell
-    warm: float           # seconds, the same check again
+    first: float          # wall seconds, the first check in a fresh kernel after the setup cell
+    warm: float           # wall seconds, the same check again
+    first_cpu: float      # CPU seconds of the kernel (all its threads) for each: on a loaded machine, closer to
+    warm_cpu: float       # what an idle one takes than the wall time
 
     def as_dict(self) -> dict:
-        return {"notebook": self.notebook, "puzzle": self.puzzle, "first_s": self.first, "warm_s": self.warm}
+        return {"notebook": self.notebook, "puzzle": self.puzzle, "first_s": self.first, "warm_s": self.warm,
+                "first_cpu_s": self.first_cpu, "warm_cpu_s": self.warm_cpu}
 
 
 def _cells(notebook: str, tag: str) -> list:
@@ -81,8 +86,8 @@ class _Kernel:
             self.close()
             raise
 
-    def run(self, code: str, expression: Optional[str] = None) -> Optional[float]:
-        """Execute `code`; with `expression`, return its value (a number) afterwards."""
+    def run(self, code: str, expression: Optional[str] = None) -> Optional[tuple[float, ...]]:
+        """Execute `code`; with `expression`, return its value (a tuple of numbers) afterwards."""
         reply = self.client.execute_interactive(code, user_expressions={"x": expression} if expression else {},
                                                 timeout=self.timeout, output_hook=lambda msg: None)
         content = reply["content"]
@@ -93,7 +98,7 @@ class _Kernel:
         value = content["user_expressions"]["x"]
         if value["status"] != "ok":
             raise RuntimeError(f"could not read {expression} from the kernel")
-        return float(value["data"]["text/plain"])
+        return tuple(float(x) for x in value["data"]["text/plain"].strip("()").split(","))
 
     def close(self) -> None:
         self.client.stop_channels()
@@ -112,7 +117,7 @@ def time_check(puzzle, timeout: float = 300.0) -> CheckTime:
         warm = kernel.run(timed, "_bench_dt")
     finally:
         kernel.close()
-    return CheckTime(puzzle.notebook, puzzle.name, first, warm)
+    return CheckTime(puzzle.notebook, puzzle.name, first[0], warm[0], first[1], warm[1])
 
 
 def chosen(names: Sequence[str] = ()) -> list:
@@ -123,11 +128,40 @@ def chosen(names: Sequence[str] = ()) -> list:
     return [p for p in puzzles.ALL if not names or p.name in names]
 
 
-def main() -> None:
-    print("| notebook | puzzle | first check | warm |\n|---|---|---|---|")
-    for puzzle in chosen(sys.argv[1:]):
-        t = time_check(puzzle)
-        print(f"| {t.notebook} | {t.puzzle} | {t.first:.2f} s | {t.warm:.2f} s |", flush=True)
+def table(rows: Sequence[CheckTime]) -> str:
+    lines = [f"{TABLE_TITLE} the first check after the notebook's setup cell, then the same check again (warm), "
+             "as the notebook has it (the figures it draws included); wall time, and the kernel's CPU time:", "",
+             "| notebook | puzzle | first: wall | first: CPU | warm: wall | warm: CPU |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c.notebook} | `{c.puzzle}` | {c.first:.2f} s | {c.first_cpu:.2f} s | {c.warm:.2f} s | "
+              f"{c.warm_cpu:.2f} s |" for c in rows]
+    return "\n".join(lines)
+
+
+TABLE_TITLE = "Check cells with the reference solutions, each puzzle in a fresh Jupyter kernel:"
+
+
+def update(stem: Path, rows: Sequence[CheckTime]) -> None:
+    """Replace the check times in a benchmark's results (<stem>.json and <stem>.md), keeping the other parts."""
+    data = json.loads(stem.with_suffix(".json").read_text())
+    data["check_times"] = [c.as_dict() for c in rows]
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    md = stem.with_suffix(".md").read_text()
+    kept = md.split(TABLE_TITLE)[0].rstrip()            # the check times are the report's last part
+    stem.with_suffix(".md").write_text(f"{kept}\n\n{table(rows)}\n")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.check_times", description=__doc__.split("\n\n")[0])
+    ap.add_argument("puzzles", nargs="*", help="puzzle names (default: all)")
+    ap.add_argument("--into", type=Path, help="results to update in place, e.g. bench/results/amd-epyc-2cpu")
+    args = ap.parse_args(argv)
+    rows = []
+    for puzzle in chosen(args.puzzles):
+        rows.append(time_check(puzzle))
+        print(f"{puzzle.name}: first {rows[-1].first:.2f} s, warm {rows[-1].warm:.2f} s", file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.into:
+        update(args.into, rows)
 
 
 if __name__ == "__main__":

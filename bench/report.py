@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from bench.check_times import CheckTime
+from bench import check_times as checks
 from bench.runner import Calibration, PairResult, RowResult
 from bench import sim_speed as speed
 from bench.timing import Timing
@@ -59,7 +59,7 @@ class Report:
     pairs: list[PairResult] = field(default_factory=list)
     sim_speed: list[speed.Figure] = field(default_factory=list)
     ring_scaling: list[speed.RingScale] = field(default_factory=list)
-    check_times: list[CheckTime] = field(default_factory=list)
+    check_times: list[checks.CheckTime] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)       # how long each part took
 
     # ---- JSON ---------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class Report:
         if self.sim_speed or self.ring_scaling:
             parts.append(sim_speed_table(self.sim_speed, self.ring_scaling))
         if self.check_times:
-            parts.append(check_times_table(self.check_times))
+            parts.append(checks.table(self.check_times))
         return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -200,11 +200,3 @@ def sim_speed_table(figures: list[speed.Figure], rings: list[speed.RingScale]) -
         lines += ["| one ring all-reduce, 256 floats per rank | ranks | CPU time |", "|---|---|---|"]
         lines += [f"| {r.floats:,} floats | {r.ranks} | {fmt_time(r.seconds)} |" for r in rings]
     return "\n".join(lines).strip()
-
-
-def check_times_table(rows: list[CheckTime]) -> str:
-    lines = ["Check cells with the reference solutions, each puzzle in a fresh Jupyter kernel: the first check "
-             "after the notebook's setup cell, then the same check again (warm); figures included:", "",
-             "| notebook | puzzle | first | warm |", "|---|---|---|---|"]
-    lines += [f"| {c.notebook} | `{c.puzzle}` | {c.first:.2f} s | {c.warm:.2f} s |" for c in rows]
-    return "\n".join(lines)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import check_times
 from bench.rows import PAIRS, ROWS
 from bench.runner import alpha_beta
 from bench.sim_speed import FIGURES, Figure, table
@@ -53,6 +54,18 @@ def test_the_speed_table_has_a_column_per_checkout_and_their_ratio():
     lines = table([figure]).splitlines()
     assert lines[0] == "| what | main | old | main / old |"
     assert lines[2] == "| a check, warm | 200.0 ms (100.0-300.0) | 400.0 ms (400.0-500.0) | 0.50× |"
+
+
+def test_check_times_update_only_their_part_of_a_results_file(tmp_path):
+    stem = tmp_path / "machine"
+    stem.with_suffix(".json").write_text(json.dumps({"rows": [1], "check_times": []}))
+    stem.with_suffix(".md").write_text(f"Measured on X.\n\n| rows |\n\n{check_times.TABLE_TITLE} old\n| old |\n")
+    timed = [check_times.CheckTime("02_data_parallel", "ring_all_reduce", 1.5, 0.5, 1.25, 0.25)]
+    check_times.update(stem, timed)
+    assert json.loads(stem.with_suffix(".json").read_text()) == {"rows": [1], "check_times": [timed[0].as_dict()]}
+    md = stem.with_suffix(".md").read_text()
+    assert md.startswith("Measured on X.\n\n| rows |\n\n") and "old" not in md
+    assert "| 02_data_parallel | `ring_all_reduce` | 1.50 s | 1.25 s | 0.50 s | 0.25 s |" in md
 
 
 def _named(value) -> dict:
@@ -123,7 +136,7 @@ def test_quick_run_prints_the_tables_and_writes_json_markdown_and_plot(tmp_path)
                                                                "predicted_ratio_h100"))
     assert fidelity["calibration"]["flops_per_s"] > 0 and fidelity["calibration"]["bandwidth_bytes_per_s"] > 0
     assert [c["puzzle"] for c in report["check_times"]] == ["ring_all_reduce"]
-    assert all(c["first_s"] > 0 and c["warm_s"] > 0 for c in report["check_times"])
+    assert all(c[k] > 0 for c in report["check_times"] for k in ("first_s", "warm_s", "first_cpu_s", "warm_cpu_s"))
     assert [r["ranks"] for r in report["ring_scaling"]] == [8]
     speed = {s["key"]: s["samples_s"]["this checkout"] for s in report["sim_speed"]}
     assert speed.keys() == {key for _, key in FIGURES}
