@@ -39,10 +39,11 @@ class CheckTime:
     warm: float           # wall seconds, the same check again
     first_cpu: float      # CPU seconds of the kernel (all its threads) for each: on a loaded machine, closer to
     warm_cpu: float       # what an idle one takes than the wall time
+    error: str = ""       # why a check cell failed with the reference solution (its times are then NaN)
 
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "puzzle": self.puzzle, "first_s": self.first, "warm_s": self.warm,
-                "first_cpu_s": self.first_cpu, "warm_cpu_s": self.warm_cpu}
+                "first_cpu_s": self.first_cpu, "warm_cpu_s": self.warm_cpu, "error": self.error}
 
 
 def _cells(notebook: str, tag: str) -> list:
@@ -62,6 +63,10 @@ def _answers(notebook: str, module: str) -> str:
     nb = nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4)
     solutions = importlib.import_module(f"solutions.{module}")
     return "\n\n".join(inspect.getsource(getattr(solutions, name)) for name in puzzle_cells(nb))
+
+
+class CellFailed(RuntimeError):
+    """A cell raised in the kernel (with COURSE_STRICT=1, a check that did not pass)."""
 
 
 class _Kernel:
@@ -92,7 +97,7 @@ class _Kernel:
                                                 timeout=self.timeout, output_hook=lambda msg: None)
         content = reply["content"]
         if content["status"] != "ok":
-            raise RuntimeError(f"a cell failed in the kernel: {content.get('ename')}: {content.get('evalue')}")
+            raise CellFailed(f"a cell failed in the kernel: {content.get('ename')}: {content.get('evalue')}")
         if expression is None:
             return None
         value = content["user_expressions"]["x"]
@@ -115,6 +120,9 @@ def time_check(puzzle, timeout: float = 300.0) -> CheckTime:
         timed = _TIMED.format(_check_cell(puzzle.notebook, puzzle.name))
         first = kernel.run(timed, "_bench_dt")
         warm = kernel.run(timed, "_bench_dt")
+    except CellFailed as failed:                # a reference solution that fails its check is reported, not timed
+        nan = float("nan")
+        return CheckTime(puzzle.notebook, puzzle.name, nan, nan, nan, nan, str(failed))
     finally:
         kernel.close()
     return CheckTime(puzzle.notebook, puzzle.name, first[0], warm[0], first[1], warm[1])
@@ -133,7 +141,9 @@ def table(rows: Sequence[CheckTime]) -> str:
              "as the notebook has it (the figures it draws included); wall time, and the kernel's CPU time:", "",
              "| notebook | puzzle | first: wall | first: CPU | warm: wall | warm: CPU |", "|---|---|---|---|---|---|"]
     lines += [f"| {c.notebook} | `{c.puzzle}` | {c.first:.2f} s | {c.first_cpu:.2f} s | {c.warm:.2f} s | "
-              f"{c.warm_cpu:.2f} s |" for c in rows]
+              f"{c.warm_cpu:.2f} s |" if not c.error else
+              f"| {c.notebook} | `{c.puzzle}` | the reference solution failed its check: "
+              f"{c.error.splitlines()[0][:200]} | | | |" for c in rows]
     return "\n".join(lines)
 
 
@@ -158,7 +168,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     rows = []
     for puzzle in chosen(args.puzzles):
         rows.append(time_check(puzzle))
-        print(f"{puzzle.name}: first {rows[-1].first:.2f} s, warm {rows[-1].warm:.2f} s", file=sys.stderr, flush=True)
+        print(f"{puzzle.name}: first {rows[-1].first:.2f} s, warm {rows[-1].warm:.2f} s {rows[-1].error}",
+              file=sys.stderr, flush=True)
     print(table(rows))
     if args.into:
         update(args.into, rows)
