@@ -1,46 +1,192 @@
-"""How fast the simulator answers: one check case on 8 ranks, and a ring all-reduce on 64.
+"""How fast the simulator answers, in CPU seconds: what it adds to each op, a check's first and warm run after
+the notebook's setup cell, and a ring all-reduce on 8 to 256 ranks.
 
-    python -m bench.sim_speed
+    python -m bench.sim_speed                         # this checkout
+    python -m bench.sim_speed --before /tmp/old       # and another checkout (a worktree of an older commit)
+
+Each repeat runs `python bench/sim_speed.py --one` in a fresh process per checkout, the checkouts taking turns,
+so that the same script measures both and a change of load on a shared machine falls on both. CPU time
+(every thread of the process) rather than wall time: other work on the machine inflates it less.
+This file imports only what every checkout has (torch, lib, puzzles, solutions), never `bench`.
 """
 
 from __future__ import annotations
 
-import random
+import argparse
+import contextlib
+import io
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
 
-import torch
-
-import solutions.data_parallel as S
-from lib import sim
-from puzzles import data_parallel as P
-
-
-def _median_seconds(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+ROOT = Path(__file__).resolve().parents[1]
+OPS = 4000                     # ops per simulated run when timing the per-op overhead
+CHECKED = ("ring_all_reduce", "data_parallel_train")
 
 
-def main() -> None:
-    sim.run(lambda dist: dist.barrier(), 2)        # pay the one-time import of torch's dispatch machinery
-    rows = []
-    for puzzle, n in ((P.ring_all_reduce, 8), (P.data_parallel_train, 8), (P.bucketed_data_parallel_train, 8)):
-        case = puzzle.make_case(random.Random(0), n)
-        fn = getattr(S, puzzle.name)
-        rows.append((f"{puzzle.name}, one case", n, _median_seconds(lambda: sim.run(fn, n, *case.args, cost=case.cost), 5)))
-    for n in (8, 64):
+def _cpu(fn: Callable[[], object]) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def _quiet(fn: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        with contextlib.redirect_stdout(io.StringIO()):          # a check's ✓ lines
+            fn()
+    return run
+
+
+def _add_ops(dist, x, n: int):
+    for _ in range(n):
+        x = x + 1
+    return x
+
+
+def _per_op_overhead(repeat: int = 5) -> dict:
+    """CPU seconds a simulated rank adds to one small op (tracking, ownership, the clock): a run of OPS adds
+    minus a run of none, per op, minus the same add outside the simulator."""
+    import torch
+    from lib import sim
+
+    x = torch.zeros(16)
+    inside = statistics.median(_cpu(lambda: sim.run(_add_ops, 1, x, OPS)) - _cpu(lambda: sim.run(_add_ops, 1, x, 0))
+                               for _ in range(repeat)) / OPS
+    outside = statistics.median(_cpu(lambda: _add_ops(None, x, OPS)) for _ in range(repeat)) / OPS
+    return {"per_op_simulated_s": inside, "per_op_plain_s": outside, "per_op_overhead_s": inside - outside}
+
+
+def _setup_cell(notebook: str) -> str:
+    cells = json.loads((Path.cwd() / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if "setup" in c.get("metadata", {}).get("tags", []))
+
+
+def one(repeat: int = 3) -> dict:
+    """Every figure of this checkout (the one importable from here), in this fresh process: the notebook's setup
+    cell, then each check of CHECKED first and warm (seed 0, no figures), then the per-op overhead."""
+    out = {}
+    out["setup_cell_s"] = _cpu(lambda: exec(_setup_cell("02_data_parallel"), {}))
+    import puzzles.data_parallel as P
+    import solutions.data_parallel as S
+
+    for name in CHECKED:
+        check = _quiet(lambda: getattr(P, name).check(getattr(S, name), seed=0, show=False))
+        out[f"{name}_first_s"] = _cpu(check)
+        out[f"{name}_warm_s"] = statistics.median(_cpu(check) for _ in range(repeat))
+    out.update(_per_op_overhead())
+    return out
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure for every checkout: median, min and max over the repeats, CPU seconds."""
+
+    what: str
+    key: str
+    per_checkout: dict            # checkout label -> list of seconds, one per repeat
+
+    def summary(self, label: str) -> tuple[float, float, float]:
+        xs = self.per_checkout[label]
+        return statistics.median(xs), min(xs), max(xs)
+
+    def as_dict(self) -> dict:
+        return {"what": self.what, "key": self.key,
+                "median_s": {k: statistics.median(v) for k, v in self.per_checkout.items()},
+                "samples_s": self.per_checkout}
+
+
+FIGURES = [("per-op overhead of a simulated rank (one small add)", "per_op_overhead_s"),
+           ("the setup cell of 02, fresh process", "setup_cell_s"),
+           (f"`{CHECKED[0]}` check, the first check after the setup cell", f"{CHECKED[0]}_first_s"),
+           *((f"`{name}` check, its first run (not the process's first check)", f"{name}_first_s")
+             for name in CHECKED[1:]),
+           *((f"`{name}` check, warm", f"{name}_warm_s") for name in CHECKED)]
+
+
+def compare(checkouts: dict[str, Path], repeats: int, progress: Callable[[int, int], None] = lambda d, t: None,
+            ) -> list[Figure]:
+    """`repeats` fresh processes per checkout (label -> folder), taking turns; the figures of FIGURES."""
+    runs: dict[str, list[dict]] = {label: [] for label in checkouts}
+    progress(0, repeats)
+    for r in range(repeats):
+        order = list(checkouts.items())[::(-1 if r % 2 else 1)]
+        for label, folder in order:
+            runs[label].append(_fresh(folder))
+        progress(r + 1, repeats)
+    return [Figure(what, key, {label: [run[key] for run in runs[label]] for label in checkouts})
+            for what, key in FIGURES]
+
+
+def _fresh(folder: Path) -> dict:
+    """`one()` in a new process that imports `folder`'s lib, puzzles and solutions."""
+    env = dict(os.environ, PYTHONPATH=str(folder), COURSE_STRICT="1")
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"sim_speed in {folder} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class RingScale:
+    ranks: int
+    floats: int
+    seconds: float               # CPU seconds, median
+    repeats: int
+
+    def as_dict(self) -> dict:
+        return {"ranks": self.ranks, "floats": self.floats, "cpu_s": self.seconds, "repeats": self.repeats}
+
+
+def ring_scaling(sizes: Sequence[tuple[int, int]] = ((8, 3), (64, 3), (256, 1))) -> list[RingScale]:
+    """One ring all-reduce of 256 floats per rank on n simulated ranks, (n, repeats) for each of `sizes`."""
+    import torch
+    import solutions.data_parallel as S
+    from lib import sim
+
+    out = []
+    for n, repeat in sizes:
         xs = sim.per_rank([torch.randn(n * 256) for _ in range(n)])
-        rows.append((f"ring_all_reduce of {n * 256} floats", n, _median_seconds(lambda: sim.run(S.ring_all_reduce, n, xs), 3)))
-    puzzle = P.ring_all_reduce
-    rows.append(("ring_all_reduce, whole check (5 cases)", "2-8",
-                 _median_seconds(lambda: puzzle.check(S.ring_all_reduce, show=False), 3)))
-    print("| what | ranks | median wall time |\n|---|---|---|")
-    for what, n, seconds in rows:
-        print(f"| {what} | {n} | {seconds * 1e3:.0f} ms |")
+        cpu = statistics.median(_cpu(lambda: sim.run(S.ring_all_reduce, n, xs, timeout=900)) for _ in range(repeat))
+        out.append(RingScale(n, n * 256, cpu, repeat))
+    return out
+
+
+def table(figures: list[Figure]) -> str:
+    """Markdown: a row per figure, a column per checkout (median, min-max), and the first / the last."""
+    labels = list(figures[0].per_checkout)
+    ratio = len(labels) > 1
+    head = "| what | " + " | ".join(labels) + (f" | {labels[0]} / {labels[-1]} |" if ratio else " |")
+    lines = [head, "|---" * (len(labels) + 1 + ratio) + "|"]
+    for f in figures:
+        cells = [_span(*f.summary(label)) for label in labels]
+        last = f" | {f.summary(labels[0])[0] / f.summary(labels[-1])[0]:.2f}×" if ratio else ""
+        lines.append(f"| {f.what} | " + " | ".join(cells) + last + " |")
+    return "\n".join(lines)
+
+
+def _span(median: float, low: float, high: float) -> str:
+    unit, scale = ("µs", 1e6) if median < 1e-3 else ("ms", 1e3)
+    return f"{median * scale:,.1f} {unit} ({low * scale:,.1f}-{high * scale:,.1f})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.sim_speed", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--one", action="store_true", help="internal: this process's figures as one JSON line")
+    ap.add_argument("--before", type=Path, help="another checkout to measure with the same script")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one()))
+        return
+    checkouts = {"this checkout": ROOT, **({f"{args.before}": args.before.resolve()} if args.before else {})}
+    print(table(compare(checkouts, args.repeats)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,179 @@
+"""How long a learner waits for each check cell: the first in a fresh kernel after the notebook's setup
+cell, and a second one (warm), for every puzzle of the course with its reference solution.
+
+    python -m bench.check_times [puzzle ...] [--into bench/results/<machine>]
+
+Each puzzle gets its own Jupyter kernel, so "first" pays what a learner's first check pays (the simulator's
+one-time costs, matplotlib's first figure) and nothing another puzzle paid before. The check cell runs as the
+notebook has it, figures included, timed inside the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import nbformat
+
+import puzzles
+from lib.nbtools import puzzle_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+_TIMED = "import time as _bench_time\n_bench_t0, _bench_c0 = _bench_time.perf_counter(), _bench_time.process_time()\n" \
+         "{}\n_bench_dt = (_bench_time.perf_counter() - _bench_t0, _bench_time.process_time() - _bench_c0)"
+
+
+@dataclass(frozen=True)
+class CheckTime:
+    notebook: str
+    puzzle: str
+    first: float          # wall seconds, the first check in a fresh kernel after the setup cell
+    warm: float           # wall seconds, the same check again
+    first_cpu: float      # CPU seconds of the kernel (all its threads) for each: on a loaded machine, closer to
+    warm_cpu: float       # what an idle one takes than the wall time
+    error: str = ""       # why a check cell failed with the reference solution (its times are then NaN)
+
+    def as_dict(self) -> dict:
+        return {"notebook": self.notebook, "puzzle": self.puzzle, "first_s": self.first, "warm_s": self.warm,
+                "first_cpu_s": self.first_cpu, "warm_cpu_s": self.warm_cpu, "error": self.error}
+
+
+def _cells(notebook: str, tag: str) -> list:
+    nb = nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4)
+    return [c for c in nb.cells if c.cell_type == "code" and tag in c.metadata.get("tags", [])]
+
+
+def _check_cell(notebook: str, name: str) -> str:
+    cells = [c for c in _cells(notebook, "check") if c.metadata.get("course", {}).get("puzzle") == name]
+    if len(cells) != 1:
+        raise LookupError(f"{notebook} has {len(cells)} check cells for {name}")
+    return cells[0].source
+
+
+def _answers(notebook: str, module: str) -> str:
+    """Every puzzle cell of the notebook filled in with its reference solution (later puzzles call earlier ones)."""
+    nb = nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4)
+    solutions = importlib.import_module(f"solutions.{module}")
+    return "\n\n".join(inspect.getsource(getattr(solutions, name)) for name in puzzle_cells(nb))
+
+
+class CellFailed(RuntimeError):
+    """A cell raised in the kernel (with COURSE_STRICT=1, a check that did not pass)."""
+
+
+class _Kernel:
+    """A fresh Jupyter kernel on this checkout, in notebooks/, with strict checks (a failing check raises)."""
+
+    def __init__(self, timeout: float) -> None:
+        from jupyter_client.manager import KernelManager
+
+        env = dict(os.environ, COURSE_STRICT="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env.pop("MPLBACKEND", None)                 # the kernel's own inline backend, as in JupyterLab
+        self.timeout = timeout
+        self.sockets = tempfile.TemporaryDirectory(prefix="bench-kernel-")
+        # Local sockets in a private folder: no TCP port to collide on, no warning about plain-text TCP.
+        self.manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(self.sockets.name, "k"))
+        self.manager.start_kernel(cwd=str(ROOT / "notebooks"), env=env)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        try:
+            self.client.wait_for_ready(timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, code: str, expression: Optional[str] = None) -> Optional[tuple[float, ...]]:
+        """Execute `code`; with `expression`, return its value (a tuple of numbers) afterwards."""
+        reply = self.client.execute_interactive(code, user_expressions={"x": expression} if expression else {},
+                                                timeout=self.timeout, output_hook=lambda msg: None)
+        content = reply["content"]
+        if content["status"] != "ok":
+            raise CellFailed(f"a cell failed in the kernel: {content.get('ename')}: {content.get('evalue')}")
+        if expression is None:
+            return None
+        value = content["user_expressions"]["x"]
+        if value["status"] != "ok":
+            raise RuntimeError(f"could not read {expression} from the kernel")
+        return tuple(float(x) for x in value["data"]["text/plain"].strip("()").split(","))
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+        self.sockets.cleanup()
+
+
+def time_check(puzzle, timeout: float = 300.0) -> CheckTime:
+    """Setup cell, every puzzle cell solved, then the puzzle's check cell twice, in a fresh kernel."""
+    kernel = _Kernel(timeout)
+    try:
+        kernel.run(_cells(puzzle.notebook, "setup")[0].source)
+        kernel.run(_answers(puzzle.notebook, puzzle.module))
+        timed = _TIMED.format(_check_cell(puzzle.notebook, puzzle.name))
+        first = kernel.run(timed, "_bench_dt")
+        warm = kernel.run(timed, "_bench_dt")
+    except CellFailed as failed:                # a reference solution that fails its check is reported, not timed
+        nan = float("nan")
+        return CheckTime(puzzle.notebook, puzzle.name, nan, nan, nan, nan, str(failed))
+    finally:
+        kernel.close()
+    return CheckTime(puzzle.notebook, puzzle.name, first[0], warm[0], first[1], warm[1])
+
+
+def chosen(names: Sequence[str] = ()) -> list:
+    """The puzzles of puzzles.ALL named (all of them when none is)."""
+    unknown = set(names) - {p.name for p in puzzles.ALL}
+    if unknown:
+        raise LookupError(f"no puzzle named {', '.join(sorted(unknown))}")
+    return [p for p in puzzles.ALL if not names or p.name in names]
+
+
+def table(rows: Sequence[CheckTime]) -> str:
+    lines = [f"{TABLE_TITLE} the first check after the notebook's setup cell, then the same check again (warm), "
+             "as the notebook has it (the figures it draws included); wall time, and the kernel's CPU time:", "",
+             "| notebook | puzzle | first: wall | first: CPU | warm: wall | warm: CPU |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c.notebook} | `{c.puzzle}` | {c.first:.2f} s | {c.first_cpu:.2f} s | {c.warm:.2f} s | "
+              f"{c.warm_cpu:.2f} s |" if not c.error else
+              f"| {c.notebook} | `{c.puzzle}` | the reference solution failed its check: "
+              f"{c.error.splitlines()[0][:200]} | | | |" for c in rows]
+    return "\n".join(lines)
+
+
+TABLE_TITLE = "Check cells with the reference solutions, each puzzle in a fresh Jupyter kernel:"
+
+
+def update(stem: Path, rows: Sequence[CheckTime]) -> None:
+    """Replace the check times in a benchmark's results (<stem>.json and <stem>.md), keeping the other parts."""
+    data = json.loads(stem.with_suffix(".json").read_text())
+    data["check_times"] = [c.as_dict() for c in rows]
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    md = stem.with_suffix(".md").read_text()
+    kept = md.split(TABLE_TITLE)[0].rstrip()            # the check times are the report's last part
+    stem.with_suffix(".md").write_text(f"{kept}\n\n{table(rows)}\n")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.check_times", description=__doc__.split("\n\n")[0])
+    ap.add_argument("puzzles", nargs="*", help="puzzle names (default: all)")
+    ap.add_argument("--into", type=Path, help="results to update in place, e.g. bench/results/amd-epyc-2cpu")
+    args = ap.parse_args(argv)
+    rows = []
+    for puzzle in chosen(args.puzzles):
+        rows.append(time_check(puzzle))
+        print(f"{puzzle.name}: first {rows[-1].first:.2f} s, warm {rows[-1].warm:.2f} s {rows[-1].error}",
+              file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.into:
+        update(args.into, rows)
+
+
+if __name__ == "__main__":
+    main()
