@@ -44,7 +44,7 @@ GPU_TOLERANCE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), to
 
 METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory",
            "host_peak_memory": "peak host memory", "host_flops": "FLOPs computed in host memory",
-           "time": "simulated time"}
+           "flops": "FLOPs counted", "time": "simulated time"}
 
 
 class CheckFailed(PuzzleError):
@@ -57,12 +57,20 @@ class NotSolved(PuzzleError):
 
 @dataclass(frozen=True)
 class Budget:
-    """A ceiling on one measurement, with the formula it comes from (said to the learner)."""
+    """A ceiling on one measurement (or, with least=True, a floor), with the formula it comes from (said to
+    the learner). A floor on FLOPs is the conservation check: the work a rank's share of the algorithm needs
+    cannot vanish, whatever hides it from the simulator."""
 
-    metric: str                          # bytes_sent, bytes_received, peak_memory (per rank) or time (the run)
+    metric: str                          # bytes_sent, bytes_received, peak_memory, flops... (per rank) or time (the run)
     limit: float | Sequence[float]       # one value for every rank, or one per rank
     why: str                             # e.g. "2(N-1)/N × 4.00 KiB, what a ring all-reduce sends"
     hint: str = ""
+    least: bool = False                  # a floor: the measurement may not fall below the limit
+
+    def broken(self, value: float, limit: float) -> bool:
+        if self.least:
+            return value < limit * (1 - 1e-9)
+        return value > limit * (1 + 1e-9) + 1e-12
 
     def limit_for(self, rank: int) -> float:
         return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
@@ -70,7 +78,23 @@ class Budget:
     def fmt(self, value: float) -> str:
         if self.metric == "time":
             return fmt_time(value)
-        return f"{value:,.0f}" if self.metric == "host_flops" else fmt_bytes(value)
+        return f"{value:,.0f}" if self.metric in ("host_flops", "flops") else fmt_bytes(value)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A rule of the algorithm the statement asks for, checked on the run (who sent to whom, how many
+    collectives of what size): a right answer reached by another algorithm breaks it."""
+
+    rule: str                                          # what the statement asks, e.g. "a ring sends only to a neighbour"
+    broken: Callable[[SimResult], Optional[str]]       # what the run did instead, or None when it kept the rule
+    hint: str = ""
+
+    def judge(self, result: SimResult) -> Optional[str]:
+        found = self.broken(result)
+        if not found:
+            return None
+        return f"the answer is right, but {found}: {self.rule}." + (f"\nHint: {self.hint}" if self.hint else "")
 
 
 @dataclass
@@ -84,6 +108,8 @@ class Case:
     budgets: list[Budget] = field(default_factory=list)
     cost: Optional[CostModel] = None
     allowed_ops: Optional[frozenset] = None   # the communication this puzzle is about, if restricted
+    contracts: list[Contract] = field(default_factory=list)
+    raises: Optional[type] = None        # the exception the statement asks for on these arguments (then no expected)
 
     def __post_init__(self) -> None:
         if current_rank() is not None or _learner_running:
@@ -170,10 +196,12 @@ class Puzzle:
             except RankFailed as e:
                 if isinstance(getattr(e, "exception", None), NotImplementedError):
                     return Outcome(False, False, f"{self.name} is not solved yet: write its body, then run this cell again.")
+                if _refused_as_asked(case, e):
+                    continue
                 return Outcome(False, True, f"on {case.label}: {e}{replay}", case=case)
             except PuzzleError as e:
                 return Outcome(False, True, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
-            problem = self._judge(case, result)
+            problem = _not_refused(case) or self._judge(case, result)
             if problem:
                 return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case)
             last = result
@@ -190,21 +218,26 @@ class Puzzle:
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
                 return f"rank {rank}: {diff}."
+        for contract in case.contracts:
+            problem = contract.judge(result)
+            if problem:
+                return problem
         for b in case.budgets:
             if b.metric == "time":
-                if result.time > b.limit_for(0) * (1 + 1e-9):
+                if b.broken(result.time, b.limit_for(0)):
                     return self._over(b, "the run", result.time, b.limit_for(0))
                 continue
             for s in result.stats:
                 value = getattr(s, b.metric)
-                if value > b.limit_for(s.rank) * (1 + 1e-9) + 1e-12:
+                if b.broken(value, b.limit_for(s.rank)):
                     outside = s.outside_bytes if b.metric == "peak_memory" else 0
                     return self._over(b, f"rank {s.rank}", value, b.limit_for(s.rank), outside)
         return None
 
     @staticmethod
     def _over(b: Budget, who: str, value: float, limit: float, outside: float = 0) -> str:
-        text = f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, over the budget of {b.fmt(limit)} ({b.why})."
+        side = "under the floor" if b.least else "over the budget"
+        text = f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, {side} of {b.fmt(limit)} ({b.why})."
         if outside:
             text += (f" Of that, {b.fmt(outside)} are Python numbers taken out of tensors (.tolist(), .item()), which "
                      "count until the run ends: the simulator cannot see when Python frees them.")
@@ -218,10 +251,12 @@ class Puzzle:
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
-                worst = max(result.stats, key=lambda s: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30))
+                ratio = lambda s: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
+                worst = (min if b.least else max)(result.stats, key=ratio)
                 value, limit = getattr(worst, b.metric), b.limit_for(worst.rank)
             at = f" at N={case.world_size}" if self.takes_dist else ""
-            text += f"\n  {METRICS[b.metric]}{at}: {b.fmt(value)} of a {b.fmt(limit)} budget ({b.why})."
+            kind = "floor" if b.least else "budget"
+            text += f"\n  {METRICS[b.metric]}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
 
     def check(self, fn: Callable, strict: Optional[bool] = None, seed: Optional[int] = None, show: bool = True) -> bool:
@@ -399,6 +434,21 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _refused_as_asked(case: Case, e: RankFailed) -> bool:
+    """The learner's function raised the exception the statement asks for on this case's arguments."""
+    return case.raises is not None and isinstance(getattr(e, "exception", None), case.raises)
+
+
+def _not_refused(case: Case) -> Optional[str]:
+    """What is wrong when a case whose arguments the statement says to refuse ran to the end."""
+    if case.raises is None:
+        return None
+    name = case.raises.__name__
+    return (f"the statement asks for a {name} on these arguments, and your function returned without raising "
+            f"one.\nHint: check the arguments first and raise {name}(\"...\") with a message saying what is "
+            "wrong; a run that cannot work should stop before it starts.")
 
 
 def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str, str]:

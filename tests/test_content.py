@@ -8,6 +8,7 @@ import pkgutil
 import pytest
 
 import puzzles
+import tests.cheats
 import tests.wrong
 from lib.check import CheckFailed, NotSolved
 
@@ -60,14 +61,19 @@ def test_single_device_lesson_refuses_several_processes(capsys):
     assert "single-device lesson: run it with world_size=1" in capsys.readouterr().out
 
 
-# ---- the catalogue of wrong answers: each must fail, with the reason in the message ------------
-WRONG = [w for name in sorted(m.name for m in pkgutil.iter_modules(tests.wrong.__path__))
-         for w in importlib.import_module(f"tests.wrong.{name}").WRONG]
+# ---- the catalogues of wrong answers and of cheats: each must fail, with the reason in the message ---------
+def _catalogue(package, attribute: str) -> list[tuple]:
+    return [w for name in sorted(m.name for m in pkgutil.iter_modules(package.__path__)) if name != "common"
+            for w in getattr(importlib.import_module(f"{package.__name__}.{name}"), attribute)]
+
+
+WRONG = _catalogue(tests.wrong, "WRONG")
+CHEATS = _catalogue(tests.cheats, "CHEATS")
 BY_NAME = {p.name: p for p in puzzles.ALL}
 
 
-@pytest.mark.parametrize("name,fn,reason", WRONG, ids=[w[1].__name__ for w in WRONG])
-def test_wrong_answer_fails_with_reason(name, fn, reason, capsys):
+def _rejected_with_reason(name, fn, reason, capsys) -> None:
+    """Fails under a fresh seed with one of the reasons in its message, and raises CheckFailed when strict."""
     puzzle = BY_NAME[name]
     assert puzzle.check(fn, strict=False, show=False) is False
     out = capsys.readouterr().out
@@ -76,3 +82,13 @@ def test_wrong_answer_fails_with_reason(name, fn, reason, capsys):
     assert any(r in out for r in reasons), out
     with pytest.raises(CheckFailed):
         puzzle.check(fn, strict=True, show=False)
+
+
+@pytest.mark.parametrize("name,fn,reason", WRONG, ids=[w[1].__name__ for w in WRONG])
+def test_wrong_answer_fails_with_reason(name, fn, reason, capsys):
+    _rejected_with_reason(name, fn, reason, capsys)
+
+
+@pytest.mark.parametrize("name,fn,reason", CHEATS, ids=[f"{c[0]}-{c[1].__name__}" for c in CHEATS])
+def test_cheat_is_rejected_naming_what_it_did(name, fn, reason, capsys):
+    _rejected_with_reason(name, fn, reason, capsys)
