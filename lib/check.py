@@ -81,6 +81,15 @@ class Budget:
         return f"{value:,.0f}" if self.metric in ("host_flops", "flops") else fmt_bytes(value)
 
 
+def flops_budgets(share: float, why: str, over: float = 0.15, under: float = 0.5) -> list[Budget]:
+    """A rank's share of the reference's FLOPs, as a ceiling (work done twice: recomputation, every rank
+    computing everything) and as a floor (conservation: work the simulator did not see cannot count)."""
+    return [Budget("flops", share * (1 + over), f"{why}, + {over:.0%}",
+                   hint="compute each piece once, on the rank that owns it: no recomputation, no replicated work."),
+            Budget("flops", share * under, f"{under:.0%} of {why}", least=True,
+                   hint="the work must run on the rank, in torch ops the simulator sees.")]
+
+
 @dataclass(frozen=True)
 class Contract:
     """A rule of the algorithm the statement asks for, checked on the run (who sent to whom, how many
