@@ -90,6 +90,14 @@ def flops_budgets(share: float, why: str, over: float = 0.15, under: float = 0.5
                    hint="the work must run on the rank, in torch ops the simulator sees.")]
 
 
+def nothing_on_the_host(lesson: str) -> Budget:
+    """No host memory at all, for a lesson about where state lives on the device: moving the model to
+    lib.host() would meet a device budget without the lesson's algorithm."""
+    return Budget("host_peak_memory", 0, f"{lesson}: none of it belongs in host memory",
+                  hint="keep the model, its gradients and the optimizer state on the device (the arguments are "
+                       "there already); lib.host() hides memory from the device's budget, not from the check.")
+
+
 @dataclass(frozen=True)
 class Contract:
     """A rule of the algorithm the statement asks for, checked on the run (who sent to whom, how many
