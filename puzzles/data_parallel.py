@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Puzzle
+from lib.check import Budget, Case, Contract, Puzzle, flops_budgets
 from lib.measure import counted_flops
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
@@ -223,10 +223,11 @@ def _ddp_case(rng: random.Random, world: int) -> Case:
     model = mlp(SIZES, seed=rng.randrange(2**31))
     shards, full = _batches(rng, world, local=rng.randint(2, 5), steps=STEPS)
     lr = 0.1
-    expected = train_single(model, full, lr)
+    expected, flops = counted_flops(lambda: train_single(model, full, lr))
+    floor = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs")[1]
     return Case(world, (model, per_rank(shards), lr), [expected] * world,
                 f"N={world}, {STEPS} steps of {len(shards[0][0][0])} samples per rank",
-                budgets=_all_reduce_grads_budgets(model, world, STEPS))
+                budgets=_all_reduce_grads_budgets(model, world, STEPS) + [floor])
 
 
 def _ddp_oracle(dist, model, batches, lr, *_):
