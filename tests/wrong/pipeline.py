@@ -242,7 +242,7 @@ def interleaved_contiguous_chunks(dist, chunks, batch, targets, m):
 
 
 def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, split=True, w_recomputes=False,
-                 send_after_w=False, run_w=True, transpose=False, accumulate=True):
+                 send_after_w=False, run_w=True, transpose=False, accumulate=True, outer=None):
     """ZB-H1 with knobs for the classic mistakes (the reference solution when left alone)."""
     rank, p = dist.get_rank(), dist.get_world_size()
     if m < p:
@@ -305,7 +305,7 @@ def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, sp
             out.backward(grad, inputs=list(stage.parameters()))
             return
         for layer, inp, dy in item:
-            dw = inp.T @ dy if transpose else dy.T @ inp
+            dw = outer(dy, inp) if outer else inp.T @ dy if transpose else dy.T @ inp
             for prm, g in ((layer.weight, dw), (layer.bias, dy.sum(0))):
                 if prm.grad is None or not accumulate:
                     prm.grad = g
