@@ -11,6 +11,7 @@ may read the originals of the case's arguments or its expected results (lib.sim'
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -25,6 +26,7 @@ import torch
 
 from lib.compare import first_difference
 from lib.device import device
+from lib.diagnose import Mistake, diagnose
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
@@ -125,6 +127,7 @@ class Case:
     budgets: list[Budget] = field(default_factory=list)
     cost: Optional[CostModel] = None
     allowed_ops: Optional[frozenset] = None   # the communication this puzzle is about, if restricted
+    factors: dict = field(default_factory=dict)   # numbers a wrong factor may equal: {"k, the micro-batches": 4}
     contracts: list[Contract] = field(default_factory=list)
     raises: Optional[type] = None        # the exception the statement asks for on these arguments (then no expected)
 
@@ -144,10 +147,14 @@ class Outcome:
     message: str
     result: Optional[SimResult] = None
     case: Optional[Case] = None
+    hinted: bool = False               # the message already ends with this puzzle's hint (a budget's)
 
 
 def strict_default() -> bool:
-    """Tests and grading set COURSE_STRICT=1 so that a failing check raises instead of printing."""
+    """Strict (a failing check raises) where grades are made: with COURSE_STRICT=1 (tests, grading), and
+    always while nbgrader autogrades or validates (it sets NBGRADER_EXECUTION), whatever COURSE_STRICT says."""
+    if os.environ.get("NBGRADER_EXECUTION"):
+        return True
     return os.environ.get("COURSE_STRICT", "") not in ("", "0")
 
 
@@ -158,7 +165,8 @@ class Puzzle:
                  world_sizes: Sequence[int] = (2, 3, 4, 5, 8), hints: Sequence[str] = (),
                  oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
                  atol: float = 1e-6, describe: str = "", takes_dist: bool = True, min_world_size: int = 1,
-                 min_world_size_reason: str = "", variants: Sequence[dict] = ()) -> None:
+                 min_world_size_reason: str = "", variants: Sequence[dict] = (),
+                 mistakes: Sequence[Mistake] = ()) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -169,6 +177,7 @@ class Puzzle:
         # (tied and untied embeddings, an m that must be refused): the rest of each case stays random.
         self.variants = tuple(variants)
         self.hints = list(hints)
+        self.mistakes = tuple(mistakes)    # known wrong answers, named when a learner's result equals theirs
         self.oracle = oracle
         self.oracle_name = oracle_name
         self.rtol, self.atol = rtol, atol
@@ -203,7 +212,10 @@ class Puzzle:
         Without a seed, the cases come from a fresh one; a failure says which, to replay it."""
         if not callable(fn):
             return Outcome(False, True, f"{self.name} should be a function, got {type(fn).__name__}.")
-        seed = fresh_seed() if seed is None else seed
+        with one_thread():
+            return self._evaluate(fn, fresh_seed() if seed is None else seed)
+
+    def _evaluate(self, fn: Callable, seed: int) -> Outcome:
         replay = f"\n(Cases from seed {seed}: P.{self.name}.check({getattr(fn, '__name__', 'fn')}, seed={seed}) replays them.)"
         last: Optional[SimResult] = None
         fn = self.wrap(fn)
@@ -220,7 +232,8 @@ class Puzzle:
                 return Outcome(False, True, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
             problem = _not_refused(case) or self._judge(case, result)
             if problem:
-                return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case)
+                hinted = "\nHint: " in problem
+                return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case, hinted)
             last = result
         return Outcome(True, True, self._success(last, case), last, case)
 
@@ -234,7 +247,9 @@ class Puzzle:
         for rank, (want, got) in enumerate(zip(case.expected, result.results)):
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
-                return f"rank {rank}: {diff}."
+                found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes, wrap=self.wrap,
+                                 factors=case.factors, rtol=self.rtol, atol=self.atol)
+                return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
         for contract in case.contracts:
             problem = contract.judge(result)
             if problem:
@@ -293,8 +308,8 @@ class Puzzle:
                 raise NotSolved(outcome.message)
             return False
         text = f"✗ {self.name} failed {outcome.message}"
-        if self.hints and "Hint:" not in outcome.message:
-            text += f"\nHint: {self.hints[0]}" + ("  (puzzle.hint() gives another)" if len(self.hints) > 1 else "")
+        if self.hints and not outcome.hinted:
+            text += "\n" + self._failure_hint()
         print(text)
         if strict:
             raise CheckFailed(text)
@@ -326,6 +341,15 @@ class Puzzle:
         print(text)
         return text
 
+    def _failure_hint(self) -> str:
+        """A failed check repeats the furthest hint the learner has seen (the first, at first); puzzle.hint()
+        then gives the one after it."""
+        i = max(self._hints_shown, 1) - 1
+        self._hints_shown = i + 1
+        more = i + 1 < len(self.hints)
+        return f"Hint: {self.hints[i]}" + (f"  (P.{self.name}.hint() gives the next, {i + 2} of {len(self.hints)})"
+                                           if more else "")
+
     def solution(self, confirm: bool = False) -> Optional[str]:
         """The reference solution, on explicit request only: `puzzle.solution(confirm=True)`.
 
@@ -347,8 +371,9 @@ class Puzzle:
     def run(self, fn: Callable, world_size: Optional[int] = None, seed: int = 0) -> SimResult:
         """Run one case on simulated ranks, for exploring: look at .stats and .timeline()."""
         n = world_size or self.world_sizes[-1]
-        case = self.make_case(random.Random(f"{self.name}:{seed}"), n)
-        return run(self.wrap(fn), n, *case.args, cost=case.cost)
+        with one_thread():
+            case = self.make_case(random.Random(f"{self.name}:{seed}"), n)
+            return run(self.wrap(fn), n, *case.args, cost=case.cost)
 
     def explore(self, fn: Callable, world_size: Optional[int] = None) -> Optional[SimResult]:
         """Like run, for figures in a notebook: None (with a note) while the puzzle is unsolved or failing."""
@@ -464,8 +489,8 @@ def _not_refused(case: Case) -> Optional[str]:
         return None
     name = case.raises.__name__
     return (f"the statement asks for a {name} on these arguments, and your function returned without raising "
-            f"one.\nHint: check the arguments first and raise {name}(\"...\") with a message saying what is "
-            "wrong; a run that cannot work should stop before it starts.")
+            f"one: check the arguments first, and raise {name}(\"...\") saying what is wrong, so that a run that "
+            "cannot work stops before it starts.")
 
 
 def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str, str]:
@@ -474,6 +499,18 @@ def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional
 
 
 _learner_running = False      # a real rank is running the learner's function: no Case may be built meanwhile
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch's intra-op parallelism off while a check runs: on the course's tiny tensors a second thread only
+    adds hand-offs, and on a busy 2-core machine its spinning costs 10-30× the work itself."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def fresh_seed() -> int:

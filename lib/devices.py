@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from lib.device import device
+from lib.sim.context import current_rank
 
 
 def to_device(obj: Any, where: Optional[torch.device] = None) -> Any:
@@ -46,10 +47,16 @@ def mesh_device_type(dist: Any, group: Any = None) -> str:
 
 def device_mesh(dist: Any, shape: Optional[tuple[int, ...]] = None, names: Optional[tuple[str, ...]] = None):
     """torch's DeviceMesh over every rank of the default group (one dimension unless `shape` says otherwise),
-    on the device type of the group's backend."""
+    on the device type of the group's backend; on a simulated rank, lib.sim.mesh's mesh with the same methods,
+    so that one function asks a mesh for its groups in both worlds."""
+    shape = (dist.get_world_size(),) if shape is None else tuple(shape)
+    names = None if names is None else tuple(names)
+    if current_rank() is not None:
+        from lib.sim.mesh import SimDeviceMesh
+
+        return SimDeviceMesh(dist, shape, names, mesh_device_type(dist))
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = (dist.get_world_size(),) if shape is None else tuple(shape)
     return init_device_mesh(mesh_device_type(dist), shape, mesh_dim_names=names)
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets
+from lib.diagnose import Mistake
 from lib.measure import counted_flops
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
@@ -196,12 +197,15 @@ def _batches(rng: random.Random, world: int, local: int, steps: int):
     return shards, full
 
 
-def train_single(model, batches, lr: float):
-    """The single-device reference: plain SGD on the whole batch, mean squared error."""
+def train_single(model, batches, lr: float, before_update=None):
+    """The single-device reference: plain SGD on the whole batch, mean squared error. (A known mistake passes
+    `before_update`, what it does to each parameter between backward and the update.)"""
     model = copy.deepcopy(model)
     for x, y in batches:
         model.zero_grad()
         F.mse_loss(model(x), y).backward()
+        for p in model.parameters() if before_update else ():
+            before_update(p)
         with torch.no_grad():
             for p in model.parameters():
                 p -= lr * p.grad
@@ -230,6 +234,24 @@ def _ddp_case(rng: random.Random, world: int) -> Case:
                 budgets=_all_reduce_grads_budgets(model, world, STEPS) + [floor])
 
 
+def _ddp_mistake(what: str, message: str) -> Mistake:
+    """Data-parallel SGD that does `what` to each parameter between backward and the update."""
+    def mistaken(dist, model, batches, lr, *_):
+        steps = {"nothing": lambda p: None, "sum": lambda p: dist.all_reduce(p.grad),
+                 "average the parameters": lambda p: (dist.all_reduce(p.data), p.data.div_(dist.get_world_size()))}
+        return train_single(model, batches, lr, steps[what])
+    return Mistake(mistaken, message)
+
+
+DDP_MISTAKES = [
+    _ddp_mistake("nothing", "each rank training alone on its own shard gives: the gradients were never all-reduced."),
+    _ddp_mistake("sum", "summing the gradients without dividing by N gives: the sum of N shard gradients is N × the "
+                        "whole batch's gradient (off by a factor of N = world size). Average them."),
+    _ddp_mistake("average the parameters", "all-reducing the parameters instead of their gradients gives: p.data "
+                 "was averaged where p.grad was meant, and each rank updated with its own gradient."),
+]
+
+
 def _ddp_oracle(dist, model, batches, lr, *_):
     from torch.nn.parallel import DistributedDataParallel
 
@@ -250,7 +272,7 @@ data_parallel_train = Puzzle(
            "average of the ranks' gradients: all-reduce each p.grad, then divide by the world size.",
            "Loop: model.zero_grad(); F.mse_loss(model(x), y).backward(); for p: dist.all_reduce(p.grad); "
            "p.grad /= world; then under torch.no_grad(): p -= lr * p.grad."],
-    oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9,
+    oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9, mistakes=DDP_MISTAKES,
     describe="Train a copy of the model on each rank's shard for several SGD steps; end equal to "
              "single-device training on the whole batch.")
 
@@ -317,7 +339,7 @@ bucketed_data_parallel_train = Puzzle(
            "parameter, not the gradient). Build buckets of about bucket_size elements in reverse parameter order.",
            "In the hook, when a bucket is complete: flat = torch.cat of its grads; work = dist.all_reduce(flat, "
            "async_op=True). After backward: work.wait(), divide by the world size, copy back into each p.grad."],
-    oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9,
+    oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9, mistakes=DDP_MISTAKES,
     describe="Data-parallel training whose gradient all-reduce overlaps the backward pass.")
 
 

@@ -190,7 +190,8 @@ def _accumulation_case(rng: random.Random, _world: int) -> Case:
     return Case(1, (model, tokens, targets, k), [_reference_grads(model, tokens, targets)],
                 f"batch {len(tokens)} in k={k} micro-batches",
                 budgets=[ON_DEVICE, Budget("peak_memory", budget, why,
-                                hint="run forward and backward on one micro-batch at a time; gradients add up in p.grad.")])
+                                hint="run forward and backward on one micro-batch at a time; gradients add up in p.grad.")],
+                factors={"k, the number of micro-batches": k})
 
 
 accumulated_step = Puzzle(

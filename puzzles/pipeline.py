@@ -256,7 +256,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     budgets = [_time_budget(schedule, stages, micro, micro_y, m),
                _memory_budget(schedule, stages, micro, micro_y, inputs, m)]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
-                budgets=budgets, cost=COST)
+                budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m})
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:
@@ -290,12 +290,13 @@ def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False) -> Case
     return _case(rng, p, rng.choice([m for m in range(p + 2, 2 * p + 3) if m % max(1, m // p) == 0]), "zb-h1")
 
 
-def _interleaved_case(rng: random.Random, p: int, uneven: bool = False) -> Case:
+def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Optional[int] = None,
+                      uneven: bool = False) -> Case:
     """p ranks, v chunks of LAYERS layers each (virtual stage c·p + r on rank r), m a multiple of p."""
     if uneven:
         return _refused_case(rng, p, p * rng.randint(0, 2) + rng.randint(1, p - 1), rng.choice((2, 3)),
                              "m not a multiple of p")
-    v, m = rng.choice((2, 3)), p * rng.randint(2, 3)      # m = p holds no more than all forwards first
+    v, m = v or rng.choice((2, 3)), m or p * rng.randint(2, 3)     # m = p holds no more than all forwards first
     model, batch, targets = _model_and_data(rng, p * v, m)
     stages = [model[s] for s in stage_slices(p * v)]
     chunks = [[stages[c * p + r] for c in range(v)] for r in range(p)]
@@ -417,7 +418,7 @@ one_f_one_b = Puzzle(
              "of activations on stage r.")
 
 interleaved_1f1b = Puzzle(
-    "interleaved_1f1b", NOTEBOOK, _interleaved_case, world_sizes=(3, 2, 3, 4), variants=[{"uneven": True}],
+    "interleaved_1f1b", NOTEBOOK, _interleaved_case, world_sizes=(3, 2, 3, 4),
     hints=["Number this rank's work: its k-th forward is micro-batch (k // (p·v))·p + k % p on chunk (k // p) % v; "
            "its k-th backward is the same micro-batch on chunk v-1-(k // p) % v. Chunk c is stage s = c·p + rank: "
            "its input comes from rank (rank-1) % p, its output goes to rank (rank+1) % p.",
@@ -429,6 +430,8 @@ interleaved_1f1b = Puzzle(
            "activations, tag=1 for gradients) so a recv cannot take the other kind. Raise ValueError when m % p."],
     oracle=_torch_interleaved, oracle_name="torch.distributed.pipelining.ScheduleInterleaved1F1B",
     rtol=1e-9, atol=1e-12, **AT_LEAST,
+    # m % p must be refused; then p=2 with m > p: the pair of ranks carries both kinds of message both ways
+    variants=[{"uneven": True}, {"m": 4}],
     describe="Interleaved 1F1B (Megatron-LM): v chunks per rank, the bubble divided by v.")
 
 zero_bubble = Puzzle(

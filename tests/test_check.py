@@ -240,6 +240,35 @@ def test_hints_come_in_tiers(capsys):
     assert Puzzle("p", "nb", _sum_case).hint() == "No hints for this one."
 
 
+def test_hint_after_a_failed_check_gives_the_next_one(capsys):
+    puzzle = make_puzzle()
+    assert puzzle.check(forgets_to_communicate, seed=0) is False
+    out = capsys.readouterr().out
+    assert "Hint: Every rank needs everyone's vector.  (P.sum_vectors.hint() gives the next, 2 of 3)" in out
+    assert puzzle.hint() == "Hint 2 of 3: dist.all_reduce sums in place."
+    puzzle.check(forgets_to_communicate, seed=0)        # a failure repeats the furthest hint seen, no further
+    assert "Hint: dist.all_reduce sums in place.  (P.sum_vectors.hint() gives the next, 3 of 3)" in capsys.readouterr().out
+    assert puzzle.hint() == "Hint 3 of 3: dist.all_reduce(x); return x"
+    puzzle.check(forgets_to_communicate, seed=0)
+    assert capsys.readouterr().out.rstrip().endswith("Hint: dist.all_reduce(x); return x")
+
+
+def first_rank_receives_from_rank_minus_one(dist, x):
+    if dist.get_rank() < dist.get_world_size() - 1:
+        dist.send(x, dist.get_rank() + 1)
+    dist.recv(x, dist.get_rank() - 1)
+    return x
+
+
+def test_a_peer_out_of_range_gets_a_hint_that_fits_rings_and_pipelines(capsys):
+    """Wrapping around with % world_size would deadlock a pipeline: the simulator's hint assumes no topology,
+    and the last hint shown is the puzzle's own."""
+    assert make_puzzle().check(first_rank_receives_from_rank_minus_one, seed=0) is False
+    out = capsys.readouterr().out
+    assert "peer -1: ranks go from 0 to" in out and "% world_size" not in out
+    assert [ln for ln in out.splitlines() if ln.startswith("Hint: ")][-1].startswith("Hint: Every rank needs")
+
+
 def test_a_hard_coded_answer_fails():
     puzzle = make_puzzle()
     cases = puzzle.cases()
@@ -249,7 +278,8 @@ def test_a_hard_coded_answer_fails():
     def memorised(dist, x):
         return answer.clone()
     assert puzzle.evaluate(correct).ok
-    outcome = puzzle.evaluate(memorised)
+    assert not puzzle.evaluate(memorised).ok                  # a fresh seed: cases it has never seen
+    outcome = puzzle.evaluate(memorised, seed=0)             # even replaying seed 0, a later case catches it
     assert not outcome.ok and outcome.solved
     assert outcome.case is not first and outcome.case.label != first.label
     # the cases really differ: world sizes, lengths and values
@@ -408,3 +438,16 @@ def test_a_real_rank_cannot_build_the_case_while_the_learners_function_runs():
             make_puzzle().cases(seed=0)
     finally:
         check._learner_running = False
+
+
+def test_a_check_and_a_run_leave_the_callers_thread_count_as_it_was():
+    """Checks run torch single-threaded (tiny tensors); the caller's setting is its own."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert make_puzzle().check(correct, show=False) is True
+        assert torch.get_num_threads() == 2
+        lib.sim.run(correct, 3, per_rank([torch.ones(3)] * 3))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

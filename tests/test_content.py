@@ -10,7 +10,7 @@ import pytest
 import puzzles
 import tests.cheats
 import tests.wrong
-from lib.check import CheckFailed, NotSolved
+from lib.check import CheckFailed, NotSolved, fresh_seed
 
 SOLVED = [(p, getattr(importlib.import_module(f"solutions.{p.module}"), p.name)) for p in puzzles.ALL]
 IDS = [p.name for p, _ in SOLVED]
@@ -61,7 +61,9 @@ def test_single_device_lesson_refuses_several_processes(capsys):
     assert "single-device lesson: run it with world_size=1" in capsys.readouterr().out
 
 
-# ---- the catalogues of wrong answers and of cheats: each must fail, with the reason in the message ---------
+# ---- the catalogue of wrong answers: each must fail, with the reason in the message ------------
+# An entry is (puzzle name, wrong function, reason) or (..., reason, diagnosis): the reason is words the failure
+# must contain, the diagnosis words that name the mistake (lib.diagnose); either may be a tuple of alternatives.
 def _catalogue(package, attribute: str) -> list[tuple]:
     return [w for name in sorted(m.name for m in pkgutil.iter_modules(package.__path__)) if name != "common"
             for w in getattr(importlib.import_module(f"{package.__name__}.{name}"), attribute)]
@@ -70,25 +72,38 @@ def _catalogue(package, attribute: str) -> list[tuple]:
 WRONG = _catalogue(tests.wrong, "WRONG")
 CHEATS = _catalogue(tests.cheats, "CHEATS")
 BY_NAME = {p.name: p for p in puzzles.ALL}
+CATALOGUE = [(w[0], w[1], w[2], w[3] if len(w) > 3 else None) for w in WRONG]
 
 
-def _rejected_with_reason(name, fn, reason, capsys) -> None:
-    """Fails under a fresh seed with one of the reasons in its message, and raises CheckFailed when strict."""
+def _any_of(words) -> tuple:
+    return words if isinstance(words, tuple) else (words,)
+
+
+@pytest.mark.parametrize("name,fn,reason,diagnosis", CATALOGUE, ids=[w[1].__name__ for w in CATALOGUE])
+def test_wrong_answer_fails_with_reason_diagnosis_and_its_own_hint(name, fn, reason, diagnosis, capsys):
     puzzle = BY_NAME[name]
-    assert puzzle.check(fn, strict=False, show=False) is False
+    seed = fresh_seed()
+    assert puzzle.check(fn, strict=False, show=False, seed=seed) is False
     out = capsys.readouterr().out
     assert out.startswith(f"✗ {name} failed on "), out
-    reasons = reason if isinstance(reason, tuple) else (reason,)     # a wrong answer may break either budget
-    assert any(r in out for r in reasons), out
+    assert any(r in out for r in _any_of(reason)), out     # a wrong answer may break either budget
+    if diagnosis is not None:
+        assert "Diagnosis: " in out and any(d in out for d in _any_of(diagnosis)), out
+    # The last hint (after any the simulator gives about send/recv mechanics) is one of this puzzle's own.
+    hints = [line[len("Hint: "):] for line in out.splitlines() if line.startswith("Hint: ")]
+    own = set(puzzle.hints) | {b.hint for c in puzzle.cases(seed) for b in (*c.budgets, *c.contracts) if b.hint}
+    if own:
+        assert hints and any(hints[-1].startswith(h) for h in own), out
     with pytest.raises(CheckFailed):
         puzzle.check(fn, strict=True, show=False)
 
 
-@pytest.mark.parametrize("name,fn,reason", WRONG, ids=[w[1].__name__ for w in WRONG])
-def test_wrong_answer_fails_with_reason(name, fn, reason, capsys):
-    _rejected_with_reason(name, fn, reason, capsys)
-
-
+# ---- the catalogue of cheats (tests/cheats): right numbers without the lesson's algorithm, or work hidden from
+# the simulator; each must be rejected by a message that names what it did.
 @pytest.mark.parametrize("name,fn,reason", CHEATS, ids=[f"{c[0]}-{c[1].__name__}" for c in CHEATS])
 def test_cheat_is_rejected_naming_what_it_did(name, fn, reason, capsys):
-    _rejected_with_reason(name, fn, reason, capsys)
+    puzzle = BY_NAME[name]
+    assert puzzle.check(fn, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"✗ {name} failed on "), out
+    assert any(r in out for r in _any_of(reason)), out

@@ -1,27 +1,22 @@
-"""The learners' and instructors' tools: workspace, progress, nbgrader metadata, release, grading."""
+"""The learners' and instructors' tools: workspace, progress, notebook furniture, release (grading: test_grade)."""
 
 from __future__ import annotations
 
-import inspect
-import json
-import os
 import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
 import solutions.data_parallel as S
-from lib.nbtools import add_grading_metadata, puzzle_cells, solve
+from lib.nbtools import BEGIN_SOLUTION, END_SOLUTION, STUB, puzzle_cells, solve, with_answer, with_solution_markers
 from tools import NOTEBOOKS, ROOT, course_notebooks
-from tools.grade import grade
 from tools.progress import notebook_progress
-from tools.release import make_release, verify
-from tools.stamp import marked_as_course, with_progress_cell
+from tools.release import make_release, student_readme, verify
+from tools.stamp import stamped
 from tools.workspace import sync
 
 NB02 = NOTEBOOKS / "02_data_parallel.ipynb"
@@ -81,32 +76,29 @@ def test_progress_tells_solved_unsolved_and_broken_apart(tmp_path):
 
 # ---- notebook furniture ------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", course_notebooks(), ids=[p.stem for p in course_notebooks()])
-def test_notebooks_carry_grading_metadata_and_a_progress_cell(path):
+def test_notebooks_carry_grading_metadata_solution_markers_and_a_progress_cell(path):
     """`python -m tools.stamp` has been run: stamping again changes nothing."""
     nb = _read(path)
-    again = marked_as_course(add_grading_metadata(with_progress_cell(_read(path), path.stem)))
-    assert nbformat.writes(again) == nbformat.writes(nb)
+    assert nbformat.writes(stamped(_read(path), path.stem)) == nbformat.writes(nb)
     graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
     assert len(graded) == len(answers) == len(puzzle_cells(nb))
+    for name, cell in puzzle_cells(nb).items():
+        lines = cell.source.splitlines()
+        assert lines[0].startswith(f"def {name}(") and lines[1].strip().startswith('"""')
+        assert [line.strip() for line in lines[2:]] == [BEGIN_SOLUTION, STUB, END_SOLUTION]
 
 
-@pytest.mark.slow
-def test_nbgrader_generates_the_assignment(tmp_path):
-    """nbgrader reads our metadata: generate_assignment keeps every graded check cell and stub."""
-    source = tmp_path / "source" / "ps"
-    source.mkdir(parents=True)
-    for path in course_notebooks():
-        shutil.copyfile(path, source / path.name)
-    (tmp_path / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "course"\n')
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    done = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "ps", "--force"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for path in course_notebooks():
-        released = _read(tmp_path / "release" / "ps" / path.name)
-        graded = [c for c in released.cells if c.metadata.get("nbgrader", {}).get("grade")]
-        assert len(graded) == len(puzzle_cells(_read(path)))
+def test_solution_markers_are_added_once_and_answers_go_between_them():
+    stub = 'def f(dist, x):\n    """Doc."""\n    raise NotImplementedError  # your code here\n\nprint("after")'
+    marked = with_solution_markers(stub)
+    assert marked == ('def f(dist, x):\n    """Doc."""\n    ### BEGIN SOLUTION\n'
+                      '    raise NotImplementedError  # your code here\n    ### END SOLUTION\n\nprint("after")')
+    assert with_solution_markers(marked) == marked
+    answer = "def f(dist, x, scale=2):\n    y = x * scale\n    return y\n"
+    assert with_answer(marked, answer) == ('def f(dist, x, scale=2):\n    """Doc."""\n    ### BEGIN SOLUTION\n'
+                                           '    y = x * scale\n    return y\n    ### END SOLUTION\n\nprint("after")')
+    assert with_answer("def f(dist, x):\n    pass", answer) == answer       # no markers: the whole answer
 
 
 # ---- the student release --------------------------------------------------------------------------
@@ -125,44 +117,17 @@ def test_release_ships_the_course_without_the_answer_key(tmp_path):
     assert out.stdout.split() == [str(len(__import__("puzzles").ALL)), "True"], out.stderr[-2000:]
 
 
-# ---- grading -------------------------------------------------------------------------------------------
-def _submission(folder: Path, answers: dict[str, str]) -> Path:
-    nb = _read(NB02)
-    for name, source in answers.items():
-        puzzle_cells(nb)[name].source = source
-    folder.mkdir(parents=True)
-    nbformat.write(nb, folder / NB02.name)
-    return folder
+def test_the_release_readme_sends_students_only_where_the_release_goes(tmp_path):
+    dest = make_release(tmp_path / "release")
+    readme, course = (dest / "README.md").read_text(), (ROOT / "README.md").read_text()
+    assert "./course test" in course and "./course test" not in readme
+    assert "solutions.data_parallel" in course and "solutions." not in readme
+    assert "## Benchmarks" in course and "## Benchmarks" not in readme
+    assert "./course lab" in readme and "## How a puzzle works" in readme and "mine:ring_all_reduce" in readme
+    (dest / "README.md").write_text(readme + "\nRun `./course test -m 'not slow'`.\n")
+    assert verify(dest) == ["README.md mentions './course test', which the release has not"]
 
 
-@pytest.mark.slow
-def test_grading_scores_each_puzzle_and_contains_what_submissions_do(tmp_path):
-    solved = {name: inspect.getsource(getattr(S, name)) for name in puzzle_cells(_read(NB02))}
-    subs = [
-        _submission(tmp_path / "subs" / "ada", solved),
-        _submission(tmp_path / "subs" / "bo", {
-            "ring_reduce_scatter": solved["ring_reduce_scatter"],
-            "ring_all_gather": "def ring_all_gather(dist, chunk):\n    raise ValueError('oops')\n",
-            "param_server_all_reduce": "from solutions.data_parallel import param_server_all_reduce\n",
-            "ring_all_reduce": "SECRET = open('../solutions/data_parallel.py').read()\n"
-                               "def ring_all_reduce(dist, x):\n    return x\n",
-        }),
-        _submission(tmp_path / "subs" / "cy", {"ring_all_gather": "while True:\n    pass\n"}),
-    ]
-    start = time.monotonic()
-    rows = grade(subs, tmp_path / "out", timeout=60)
-    assert time.monotonic() - start < 240
-    table = {(r["student"], r["puzzle"]): r for r in rows}
-    assert sum(r["points"] for r in rows if r["student"] == "ada") == 6
-    assert table["bo", "ring_reduce_scatter"]["status"] == "solved"
-    assert table["bo", "ring_all_gather"]["status"] == "failed" and "oops" in table["bo", "ring_all_gather"]["detail"]
-    assert table["bo", "param_server_all_reduce"]["status"] == "error"
-    assert "No module named 'solutions'" in table["bo", "param_server_all_reduce"]["detail"]
-    # The sandbox's tree holds no solutions/ to peek at.
-    assert table["bo", "ring_all_reduce"]["status"] == "error"
-    assert "No such file" in table["bo", "ring_all_reduce"]["detail"]
-    assert table["bo", "data_parallel_train"]["status"] == "not solved"
-    assert [r["status"] for r in rows if r["student"] == "cy"] == ["timeout"]
-    csv_text = (tmp_path / "out" / "scores.csv").read_text()
-    assert csv_text.splitlines()[0] == "student,notebook,puzzle,status,points,detail"
-    assert json.loads((tmp_path / "out" / "scores.json").read_text()) == rows
+def test_course_only_parts_are_cut_whole():
+    text = "a\n<!-- course only -->\nb\n<!-- end course only -->\nc   # [course only]\nd\n"
+    assert student_readme(text) == "a\nd\n"

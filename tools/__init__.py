@@ -1,8 +1,8 @@
-"""The course's own tools: a learner's workspace and progress, the student release, grading.
+"""The course's own tools: a learner's workspace and progress, the student release, grading
+(in a sandbox), nbgrader's settings and the notebooks' furniture.
 
 Unlike lib/, these know the problem set (puzzles/); none of them needs solutions/ except
-`python -m tools.stamp`, which only edits notebook metadata, and the instructors' pre-flight check
-`python -m tools.gpu_check`, which runs the reference solutions.
+`python -m tools.gpu_check`, the instructors' pre-flight check, which runs the reference solutions.
 """
 
 from pathlib import Path

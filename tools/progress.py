@@ -8,6 +8,7 @@ In a notebook, `progress("02_data_parallel")` reports on that notebook's saved c
 from __future__ import annotations
 
 import io
+import os
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -48,7 +49,11 @@ def progress(notebook: Optional[str] = None, folder: Optional[Path] = None) -> N
     """Print the progress of one notebook (by name, e.g. "01_memory") or of all of them.
 
     Looks in the current folder when it holds the notebook (a learner's kernel runs in work/),
-    otherwise in work/, otherwise in notebooks/."""
+    otherwise in work/, otherwise in notebooks/. Says nothing while nbgrader grades (the check cells
+    are the grade there; running every checker twice would only cost time)."""
+    if os.environ.get("NBGRADER_EXECUTION"):
+        print("Progress is not computed while nbgrader grades: the check cells below are the grade.")
+        return
     if folder is None:
         here = Path.cwd()
         folder = here if notebook and (here / f"{notebook}.ipynb").exists() else WORK if WORK.exists() else NOTEBOOKS

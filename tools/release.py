@@ -4,12 +4,15 @@
 
 Copies the notebooks (as shipped: stubs, no outputs), the engine, the problem set, the tools,
 the install files and the README into DEST, and leaves out solutions/, the tests (they need
-the solutions) and the benchmarks. A release can be checked with `python -m tools.release --verify DEST`.
+the solutions) and the benchmarks. The README loses what only the course repository has: the parts
+between `<!-- course only -->` and `<!-- end course only -->`, and the lines marked `[course only]`.
+A release can be checked with `python -m tools.release --verify DEST`.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -19,6 +22,16 @@ from tools import ROOT
 SHIPPED = ["README.md", "course", "pyproject.toml", "environment.yml", ".gitignore", "lib", "puzzles", "tools",
            "notebooks"]
 WITHHELD = ["solutions", "tests", "bench", ".ci"]
+COURSE_ONLY = re.compile(r"<!-- course only -->\n.*?<!-- end course only -->\n", re.S)
+COURSE_ONLY_LINE = "[course only]"
+# What a student README must not send a student to: commands and folders the release does not have.
+NOT_IN_A_RELEASE = ["./course test", "solutions.", "solutions/", "bench", "tests/", COURSE_ONLY_LINE, "course only -->"]
+
+
+def student_readme(text: str) -> str:
+    """The course README without the parts about what the release leaves out."""
+    text = COURSE_ONLY.sub("", text)
+    return "".join(line for line in text.splitlines(keepends=True) if COURSE_ONLY_LINE not in line)
 
 
 def make_release(dest: Path) -> Path:
@@ -29,6 +42,8 @@ def make_release(dest: Path) -> Path:
         source = ROOT / name
         if source.is_dir():
             shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+        elif name == "README.md":
+            (dest / name).write_text(student_readme(source.read_text()))
         else:
             shutil.copy2(source, dest / name)
     problems = verify(dest)
@@ -44,6 +59,9 @@ def verify(dest: Path) -> list[str]:
         text = path.read_text()
         if "import solutions" in text or "from solutions" in text:
             problems.append(f"{path.relative_to(dest)} imports the solutions")
+    readme = (dest / "README.md").read_text() if (dest / "README.md").exists() else ""
+    problems += [f"README.md mentions {word!r}, which the release has not" for word in NOT_IN_A_RELEASE
+                 if word in readme]
     for path in (dest / "notebooks").glob("*.ipynb"):
         if '"outputs": [\n' in path.read_text() and '"output_type"' in path.read_text():
             problems.append(f"{path.name} carries outputs")

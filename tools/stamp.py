@@ -1,7 +1,8 @@
 """Keep the notebooks' course furniture in step (run after editing or adding a notebook):
-nbgrader metadata on puzzle and check cells, the progress cell at the top, the texts every notebook
-shares (tools/texts/, one file each, so they are written once), and a mark on every course cell
-(`metadata.course.origin`), by which a refresh tells a learner's own cells apart.
+nbgrader metadata on puzzle and check cells, nbgrader's solution markers around each stub's body,
+the progress cell at the top, the texts every notebook shares (tools/texts/, one file each, so they
+are written once), and a mark on every course cell (`metadata.course.origin`), by which a refresh
+tells a learner's own cells apart.
 
     python -m tools.stamp          # rewrites notebooks/*.ipynb in place; idempotent
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 
-from lib.nbtools import add_grading_metadata
+from lib.nbtools import add_grading_metadata, puzzle_cells, with_solution_markers
 from tools import course_notebooks
 
 
@@ -52,11 +53,24 @@ def marked_as_course(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def with_solution_regions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Each stub's body between nbgrader's solution markers: nbgrader's student version keeps the def
+    line, the signature and the docstring, and replaces only the body."""
+    for cell in puzzle_cells(nb).values():
+        cell.source = with_solution_markers(cell.source)
+    return nb
+
+
+def stamped(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """The notebook `name` with all of the course's furniture in place."""
+    return marked_as_course(add_grading_metadata(with_solution_regions(with_shared_texts(with_progress_cell(nb, name)))))
+
+
 def main() -> None:
     for path in course_notebooks():
         nb = nbformat.read(path, as_version=4)
         before = nbformat.writes(nb)
-        after = nbformat.writes(marked_as_course(add_grading_metadata(with_shared_texts(with_progress_cell(nb, path.stem)))))
+        after = nbformat.writes(stamped(nb, path.stem))
         if after != before:
             path.write_text(after + "\n" if not after.endswith("\n") else after)
             print(f"stamped {path.name}")

@@ -16,6 +16,17 @@ from lib.planner.plan import Plan, check, layer_slots
 TIE = 1e-9     # relative difference in throughput below which two plans are equally fast
 
 
+def _not_inside_a_check(name: str) -> None:
+    """The search is a puzzle's answer key: a function under check (a simulated rank, or a real rank running the
+    learner's code) must do its own."""
+    from lib import check
+    from lib.sim import current_rank
+
+    if current_rank() is not None or check._learner_running:
+        raise PlanError(f"{name} searches the plans for you, and this check asks you to write that search: loop over "
+                        "the plans yourself and ask estimate() about each.")
+
+
 def plans(model: Model, cluster: Cluster, global_batch: int, *, tp: Optional[Sequence[int]] = None,
           pp: Optional[Sequence[int]] = None, virtual_stages: Optional[Sequence[int]] = None,
           zero: Sequence[int] = ZERO_STAGES, micro_batch: Optional[Sequence[int]] = None,
@@ -23,6 +34,7 @@ def plans(model: Model, cluster: Cluster, global_batch: int, *, tp: Optional[Seq
     """Every plan of a space that passes `check`, dp filling the cluster. By default tp, pp, virtual_stages and
     micro_batch take every value that divides; pass a sequence to narrow a dimension, and other Plan fields
     (cp=2, sequence_parallel=True) to fix them. Order: tp, pp, virtual_stages, zero, micro_batch, recompute."""
+    _not_inside_a_check("plans")
     cp, slots = fixed.get("cp", 1), layer_slots(model, fixed.get("embedding_as_layer", False))
     for t, p in itertools.product(tp or divisors(cluster.gpus_per_node, cluster.gpus_per_node),
                                   pp or divisors(slots, cluster.gpus)):
@@ -45,6 +57,7 @@ def best_plan(model: Model, cluster: Cluster, global_batch: int, **space) -> Est
     """The estimate of the fastest plan (tokens per second) that fits in memory. Plans within a relative 1e-9 of
     the fastest tie, and the first of them in the order of `plans` wins: the simplest. `space` narrows the search
     as `plans` takes it; PlanError if nothing fits."""
+    _not_inside_a_check("best_plan")
     fitting = [e for e in (estimate(model, cluster, plan) for plan in plans(model, cluster, global_batch, **space))
                if e.fits]
     if not fitting:

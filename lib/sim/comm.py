@@ -133,6 +133,22 @@ class Communicator:
         self.groups.append(group)
         return group
 
+    def uneven_new_groups(self) -> Optional[str]:
+        """Which ranks made fewer new_group calls than the others, or None. torch.distributed requires every rank
+        to call new_group for every group, members or not (a rank that skips one names its later groups
+        differently from the others, and their first collective together hangs)."""
+        counts = {r: self.group_calls.get(r, 0) for r in range(self.rt.world_size)}
+        most = max(counts.values())
+        behind = {r: k for r, k in counts.items() if k < most}
+        if not behind:
+            return None
+        done = [r for r, k in counts.items() if k == most]
+        missing = ", ".join(str(g) for g in self.groups[min(behind.values()) + 1:])
+        return (f"rank(s) {', '.join(f'{r} ({k})' for r, k in behind.items())} made fewer new_group calls than "
+                f"rank(s) {', '.join(map(str, done))} ({most}): {missing} not created on every rank.\nHint: every "
+                "rank must call new_group for every group, members or not, in the same order: torch.distributed "
+                "requires it, and where one rank skips a call the others hang in their first collective together.")
+
     def resolve(self, me: int, group: Optional[Group], what: str) -> Group:
         group = self.world if group is None else group
         if not isinstance(group, Group):
@@ -248,7 +264,8 @@ class Communicator:
         n = self.rt.world_size
         if not isinstance(peer, int) or not 0 <= peer < n:
             raise InvalidCall(f"rank {me} called {what} with peer {peer!r}: ranks go from 0 to {n - 1}.\n"
-                              "Hint: wrap around the ring with `% world_size`.")
+                              "Hint: work out the peer of the first and of the last rank by hand: each has a neighbour on "
+                              "one side only, unless your algorithm wraps around.")
         if peer == me:
             raise InvalidCall(f"rank {me} called {what} to itself: a rank cannot {what} to its own rank.")
 

@@ -106,15 +106,16 @@ class Ownership:
     def release(self, key: int) -> None:
         self.owners.pop(key, None)
 
-    def check(self, rank: int, func, args: tuple, kwargs: dict) -> Optional[SharedMemory]:
+    def check(self, rank: int, func, args: tuple, kwargs: dict,
+              written: Optional[tuple] = None) -> Optional[SharedMemory]:
         """The rule `func` would break if rank `rank` ran it on these arguments, or None. Runs on every op
-        of every rank: written for speed."""
+        of every rank: written for speed (`written`: the op's written_args, when the caller has them)."""
         owners = self.owners
         for t in tensors_in(args, kwargs):
             owner = owners.get(t.untyped_storage()._cdata)
             if owner is not None and owner != rank:
                 return self._read_error(rank, owner, func)
-        positions, names = written_args(func)
+        positions, names = written_args(func) if written is None else written
         for i in positions:
             t = args[i] if i < len(args) else None
             if isinstance(t, torch.Tensor) and owners.get(t.untyped_storage()._cdata) != rank:

@@ -114,6 +114,7 @@ class Runtime:
         self._aborting = False
         self._yielded = threading.Semaphore(0)
         self._start_rng = torch.get_rng_state()      # every rank starts from it, as forked processes would
+        self._start_threads = torch.get_num_threads()
 
     # ---- called from rank threads -------------------------------------------------
     def me(self) -> RankState:
@@ -202,6 +203,9 @@ class Runtime:
 
     # ---- rank threads -------------------------------------------------------------
     def _rank_main(self, state: RankState, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
+        # One intra-op thread per rank (a per-thread setting): only one rank runs at a time, on tiny tensors,
+        # where a second thread only spins; on a busy 2-core machine that spinning cost more than the work.
+        torch.set_num_threads(1)
         context.enter(state.rank, self, state.tracker)
         state.resume.acquire()
         try:
@@ -254,8 +258,12 @@ class Runtime:
                     raise                    # KeyboardInterrupt: stop every rank, then let it through
             self._stop_threads()
         torch.set_rng_state(self._start_rng)  # the caller's random state is its own, as a parent process's
+        torch.set_num_threads(self._start_threads)     # and so is its number of intra-op threads
         if self.error is not None:
             raise self.error
+        uneven = self.comm.uneven_new_groups()
+        if uneven:
+            raise CollectiveMismatch(uneven)
         leftovers = self.comm.leftovers()
         if leftovers:
             raise CollectiveMismatch("the run ended with communication left unmatched:\n" + leftovers +
@@ -354,6 +362,9 @@ class Runtime:
         else:
             hint = ("ranks wait for each other in a cycle. Every rank of a group must call that group's "
                     "collectives in the same order, and each send must meet its recv.")
+        uneven = self.comm.uneven_new_groups()
+        if uneven:           # a rank that skipped a new_group call is the likely cause
+            return "\n".join(lines) + "\nAlso, " + uneven
         return "\n".join(lines) + "\nHint: " + hint
 
     def _check_waited(self) -> None:

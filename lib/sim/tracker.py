@@ -15,12 +15,12 @@ device reads `cpu`) is neutral: it goes with either side and counts as device me
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from lib.sim.errors import InvalidCall
 from lib.sim.ownership import Ownership, written_args
@@ -37,18 +37,6 @@ _FRESH = {torch.ops.aten.lift_fresh.default}
 _SCALAR = torch.ops.aten._local_scalar_dense.default       # .item(), float(t): a Python number leaves torch
 
 
-_ALIASING: dict = {}
-
-
-def _aliases_input(func) -> bool:
-    """Whether the op returns (a view of) one of its inputs, from its schema; cached per op."""
-    known = _ALIASING.get(func)
-    if known is None:
-        known = _ALIASING[func] = any(r.alias_info is not None for r in func._schema.returns)
-    return known
-
-
-_FORMULAS: dict = {}
 aten = torch.ops.aten
 # Matrix-vector products torch's FLOP registry leaves out: without them a matmul written as one would be free.
 _MATVEC = {aten.mv: lambda a, b, *_, **__: 2 * a.numel(), aten.addmv: lambda c, a, b, *_, **__: 2 * a.numel(),
@@ -59,44 +47,78 @@ _FREE = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.d
          aten.new_empty_strided.default, aten.lift_fresh.default, aten._local_scalar_dense.default}
 
 
-def _work(func, args: tuple, kwargs: dict, out) -> tuple[float, float]:
+_SHAPE_WRAPPER = shape_wrapper(lambda: None).__code__     # the code of torch's wrapper around a shape formula
+
+
+class _Op(NamedTuple):
+    """What the tracker needs to know of one op, read once from its schema and the FLOP registry: the
+    dispatcher runs thousands of ops per check, and hashing an OpOverload is a Python call."""
+
+    func: object                        # kept alive, so that its id stays its own
+    counted: bool                       # costs work (not free, not a pure view, not a host/device copy)
+    crossing: bool
+    fresh: bool
+    aliases: bool                       # returns (a view of) one of its inputs
+    writes: bool                        # writes into one of its arguments
+    written: tuple                      # (positions, keyword names) of the arguments it writes
+    formula: Optional[Callable]         # FLOPs by torch's formula, or None
+    formula_kind: int                   # _BY_SHAPES, _BY_TENSORS or _MATVEC_KIND
+
+
+_BY_SHAPES, _BY_TENSORS, _MATVEC_KIND = 0, 1, 2
+_OPS: dict[int, _Op] = {}
+
+
+def _op(func) -> _Op:
+    """The op's facts, cached by id."""
+    known = _OPS.get(id(func))
+    if known is None:
+        packet = func._overloadpacket
+        aliases = any(r.alias_info is not None for r in func._schema.returns)
+        written = written_args(func)
+        writes = written != ((), ())
+        counter, kind = _MATVEC.get(packet), _MATVEC_KIND
+        if counter is None:
+            counter = flop_registry.get(packet)
+            # Most formulas take shapes; torch wraps them to make the shapes from the tensors (a tree_map per
+            # call, a third of the simulator's time per op): call them with shapes directly.
+            if getattr(counter, "__code__", None) is _SHAPE_WRAPPER and hasattr(counter, "__wrapped__"):
+                counter, kind = counter.__wrapped__, _BY_SHAPES
+            else:
+                kind = _BY_TENSORS
+        known = _OPS[id(func)] = _Op(
+            func, func not in _FREE and (writes or not aliases) and func not in _CROSSING, func in _CROSSING,
+            func in _FRESH, aliases, writes, written, counter, kind)
+    return known
+
+
+def _work(op: _Op, args: tuple, kwargs: dict, out) -> tuple[float, float]:
     """(FLOPs, bytes read and written) of one op: FLOPs by torch's formula where it has one, else one per
     element of the largest tensor it touches (elementwise ops, reductions)."""
-    tensors = [t for t in _flat_tensors((args, kwargs, out))]
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    flops = _count_flops(func, args, kwargs, out)
-    if flops is None:
-        flops = max((t.numel() for t in tensors), default=0)
-    return float(flops), float(nbytes)
+    nbytes = largest = 0
+    stack = [args, kwargs, out]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, torch.Tensor):
+            n = t.numel()
+            nbytes += n * t.element_size()
+            largest = max(largest, n)
+        elif isinstance(t, (list, tuple)):
+            stack.extend(t)
+        elif isinstance(t, dict):
+            stack.extend(t.values())
+    flops = _count_flops(op, args, kwargs, out)
+    return float(largest if flops is None else flops), float(nbytes)
 
 
-def _flat_tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _flat_tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _flat_tensors(o)
-
-
-def _count_flops(func, args: tuple, kwargs: dict, out) -> Optional[float]:
-    """FLOPs of one op by torch's own formulas (torch.utils.flop_counter), or None for an op without one.
-
-    Most formulas take shapes: they are called with shapes directly, since torch's wrapper that makes
-    them from the tensors (a tree_map per call) cost a third of the simulator's time per op."""
-    known = _FORMULAS.get(func)
-    if known is None:
-        counter = flop_registry.get(func._overloadpacket) or _MATVEC.get(func._overloadpacket)
-        raw = getattr(counter, "__wrapped__", None) if "shape_wrapper" in getattr(counter, "__qualname__", "") else None
-        known = _FORMULAS[func] = (raw or counter, raw is not None)
-    formula, takes_shapes = known
+def _count_flops(op: _Op, args: tuple, kwargs: dict, out) -> Optional[float]:
+    """FLOPs of one op by torch's own formulas (torch.utils.flop_counter), or None for an op without one."""
+    formula = op.formula
     if formula is None:
         return None
-    if func._overloadpacket in _MATVEC:
+    if op.formula_kind == _MATVEC_KIND:
         return formula(*args, **kwargs)
-    if not takes_shapes:
+    if op.formula_kind == _BY_TENSORS:
         return formula(*args, **kwargs, out_val=out)
     return formula(*map(_shape, args), out_shape=_shape(out), **{k: _shape(v) for k, v in kwargs.items()})
 
@@ -150,30 +172,30 @@ class RankTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        op = _OPS.get(id(func)) or _op(func)
         if self._ownership is not None:
-            broken = self._ownership.check(self._rank, func, args, kwargs)
+            broken = self._ownership.check(self._rank, func, args, kwargs, op.written)
             if broken is not None:
                 self._on_violation(broken)
         place = self._placement(func, args, kwargs)
         on_host = place == ON_HOST
         out = func(*args, **kwargs)
-        writes = written_args(func) != ((), ())
-        if func not in _FREE and (writes or not _aliases_input(func)) and func not in _CROSSING:
-            flops, nbytes = _work(func, args, kwargs, out)
+        if op.counted:
+            flops, nbytes = _work(op, args, kwargs, out)
             self.flops += flops
             if on_host:
                 self.host_flops += flops
             self._on_work(flops, nbytes, on_host)
-        if func in _CROSSING:
+        if op.crossing:
             source, target = (args[0], out) if func is torch.ops.aten._to_copy.default else (args[1], args[0])
             if isinstance(source, torch.Tensor):
                 sides = {self._place(source), self._place(target, place)}
                 if sides == {DEVICE, ON_HOST}:
                     self._on_transfer(source.numel() * source.element_size(), self._place(source) == DEVICE)
-        if _aliases_input(func):
-            if func in _FRESH:
+        if op.aliases:
+            if op.fresh:
                 self.adopt(out, place)
-            elif writes:
+            elif op.writes:
                 self._remeasure(out)       # an in-place op (resize_, set_, out=) may have resized its storage
             return out                     # a view or an in-place result: no new storage
         if func is _SCALAR:

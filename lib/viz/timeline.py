@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 # One colour per kind of work, so a timeline reads at a glance.
 COLOURS = {"compute": "#4C72B0", "send": "#DD8452", "recv": "#C44E52", "all_reduce": "#55A868",
@@ -31,20 +31,41 @@ def _lane(e, row: int) -> tuple[float, float]:
     return row + 0.07, 0.42
 
 
-def draw_timeline(events: Sequence, world_size: int, title: str = ""):
-    """One row per rank with a compute lane (top) and a communication lane (bottom)."""
+# Colours for communication told apart by kind (see kind_of): the three axes of 3D parallelism first.
+KIND_COLOURS = ("#55A868", "#DD8452", "#8172B3", "#C44E52", "#CCB974", "#64B5CD", "#937860")
+
+
+def _colouring(events: Sequence, kind_of: Optional[Callable[[Any], str]]):
+    """(label of an event, colour of a label): by op, or communication by the kind `kind_of` names."""
+    if kind_of is None:
+        return (lambda e: e.op), COLOURS
+    kinds = sorted({kind_of(e) for e in events if e.lane == "comm"})
+    palette = {**COLOURS, **dict(zip(kinds, KIND_COLOURS * (1 + len(kinds) // len(KIND_COLOURS))))}
+    return (lambda e: kind_of(e) if e.lane == "comm" else e.op), palette
+
+
+def draw_timeline(events: Sequence, world_size: int, title: str = "",
+                  kind_of: Optional[Callable[[Any], str]] = None):
+    """One row per rank with a compute lane (top) and a communication lane (bottom).
+
+    kind_of: names each communication's kind (its mesh axis, say: lib.sim.traffic.axis_labeller), which then
+    colours it and names it in the legend instead of its op."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    label_of, palette = _colouring(events, kind_of)
 
     end = max((e.end for e in events), default=0.0)
     factor, unit = _scale(end)
     fig, ax = plt.subplots(figsize=(10, 0.55 * world_size + 1.2))
-    used = set()
+    bars: dict[tuple, list] = {}             # one collection per lane and colour: a run has thousands of events
     for e in events:
         y, height = _lane(e, world_size - 1 - e.rank)
-        ax.broken_barh([(e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3))], (y, height),
-                       facecolors=COLOURS.get(e.op, "#999999"), edgecolor="white", linewidth=0.3)
-        used.add(e.op)
+        bars.setdefault((y, height, label_of(e)), []).append(
+            (e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3)))
+    for (y, height, label), spans in bars.items():
+        ax.broken_barh(spans, (y, height), facecolors=palette.get(label, "#999999"), edgecolor="white", linewidth=0.3)
+    used = {label for _, _, label in bars}
     ax.set_yticks([world_size - 1 - r + 0.5 for r in range(world_size)])
     ax.set_yticklabels([f"rank {r}" for r in range(world_size)])
     ax.set_ylim(0, world_size)
@@ -52,7 +73,7 @@ def draw_timeline(events: Sequence, world_size: int, title: str = ""):
     ax.set_xlabel(f"simulated time ({unit})   each rank: compute above; communication below (sends over receives)")
     if title:
         ax.set_title(title)
-    ax.legend(handles=[Patch(color=COLOURS.get(op, "#999999"), label=op) for op in sorted(used)],
+    ax.legend(handles=[Patch(color=palette.get(k, "#999999"), label=k) for k in sorted(used)],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
     fig.tight_layout()
     plt.close(fig)          # returned, not shown twice in a notebook

@@ -119,9 +119,10 @@ def param_server_with_all_reduce(dist, x):
 
 
 WRONG = [
-    ("data_parallel_train", ddp_never_communicates, "rank 0: the result"),
-    ("data_parallel_train", ddp_forgets_to_average, "rank 0: the result"),
-    ("bucketed_data_parallel_train", ddp_hook_reduces_the_weights, "rank 0: the result"),
+    ("data_parallel_train", ddp_never_communicates, "rank 0: the result", "training alone"),
+    ("data_parallel_train", ddp_forgets_to_average, "rank 0: the result", "without dividing by N"),
+    ("bucketed_data_parallel_train", ddp_hook_reduces_the_weights, "rank 0: the result",
+     "the parameters instead of their gradients"),
     ("bucketed_data_parallel_train", ddp_without_overlap, "simulated time"),
     ("ring_all_reduce", ring_sends_whole_tensor, "over the budget"),
     ("ring_reduce_scatter", reduce_scatter_off_by_one, "expected"),

@@ -122,7 +122,7 @@ WRONG = [
     ("checkpointed_step", checkpoint_in_pickled_bytes, "pickle"),
     ("checkpointed_step", checkpoint_in_storage_copies, "peak memory"),
     ("checkpointed_step", checkpoint_in_python_floats, "peak memory"),
-    ("accumulated_step", accumulation_without_dividing, "the result"),
+    ("accumulated_step", accumulation_without_dividing, "the result", "= k, the number of micro-batches"),
     ("accumulated_step", accumulation_of_the_whole_batch, "peak memory"),
     ("offloaded_adam_train", offload_that_keeps_adam_on_the_device, "peak memory"),
     ("offloaded_adam_train", offload_that_moves_the_model, "one in device memory"),

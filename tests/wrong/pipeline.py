@@ -395,7 +395,7 @@ WRONG = [
     ("one_f_one_b", one_f_one_b_stashes_everything, "peak memory"),
     ("one_f_one_b", one_f_one_b_is_gpipe, "peak memory"),
     ("one_f_one_b", one_f_one_b_accepts_too_few_micro_batches, "asks for a ValueError"),
-    ("gpipe", gpipe_forgets_one_over_m, ".grad"),
+    ("gpipe", gpipe_forgets_one_over_m, ".grad", "= m, the number of micro-batches"),
     ("gpipe", gpipe_one_micro_batch_at_a_time, "simulated time"),
     ("pipeline_stages", stages_forget_requires_grad, "rank"),
     ("pipeline_stages", stages_only_the_last_trains, "grad is None"),

@@ -1,0 +1,163 @@
+"""Checks for puzzles on a device mesh: the bytes each rank may send along each axis (TP, PP, DP, ...), the ops
+each axis may carry, no traffic outside the mesh's groups, and a timeline coloured by axis; and puzzles of
+arithmetic on the rank, whose `dist` answers who am I and how many are we, nothing else.
+
+A MeshPuzzle judges like any Puzzle (results, then budgets), then the traffic of a MeshCase's run per axis, from
+the trace (lib.sim.traffic).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import random
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from lib.check import Case, Outcome, Puzzle, fresh_seed
+from lib.sim import SimResult
+from lib.sim.errors import InvalidCall
+from lib.sim.traffic import OUTSIDE, AxisTraffic, MeshAxes, axis_labeller, traffic_by_axis
+from lib.units import fmt_bytes
+
+SLACK = 1e-9          # budgets are exact formulas; this only absorbs rounding
+
+
+@dataclass(frozen=True)
+class AxisBudget:
+    """A ceiling on the bytes each rank sends along one axis, with the formula it comes from, and the ops the axis
+    may carry (empty: any)."""
+
+    axis: str
+    limit: float | Sequence[float]       # one value for every rank, or one per rank
+    why: str
+    ops: frozenset = frozenset()
+    hint: str = ""
+
+    def limit_for(self, rank: int) -> float:
+        return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
+
+
+@dataclass
+class MeshCase(Case):
+    """A case whose ranks form a device mesh: `axes` names its dimensions, `axis_budgets` bound each one."""
+
+    axes: Optional[MeshAxes] = None
+    axis_budgets: list[AxisBudget] = field(default_factory=list)
+    scale: str = ""                       # what the timeline's proportions stand for, said in its title
+
+
+def _label(axis: str) -> str:
+    return "outside the mesh's groups" if axis == OUTSIDE else f"the {axis.upper()} axis"
+
+
+def axis_problem(case: MeshCase, result: SimResult) -> Optional[str]:
+    """What breaks an axis budget or leaves the mesh's groups in `result`, or None."""
+    traffic = traffic_by_axis(result.trace, case.axes)
+    for rank, per_axis in enumerate(traffic):
+        outside = per_axis[OUTSIDE]
+        if outside.ops:
+            event = next(e for e in result.trace if e.rank == rank and e.lane == "comm"
+                         and case.axes.axis_of(e) == OUTSIDE)
+            where = f"to rank {event.peer}" if event.peer is not None else f"on {event.group}"
+            return (f"rank {rank} called {event.op} {where}, which is none of its mesh groups "
+                    f"({', '.join(f'{a.upper()} {list(case.axes.group(rank, a))}' for a in case.axes.names)}).\n"
+                    "Hint: every communication of a composed step travels along one axis: the TP group, the PP "
+                    "neighbours or the DP group. Pass group= to collectives, and send to a rank of your PP group.")
+    for b in case.axis_budgets:
+        for rank, per_axis in enumerate(traffic):
+            t: AxisTraffic = per_axis[b.axis]
+            extra = sorted(set(t.ops) - b.ops) if b.ops else []
+            if extra:
+                return (f"rank {rank} used {', '.join(extra)} on {_label(b.axis)}, which carries "
+                        f"{', '.join(sorted(b.ops))} only here ({b.why})." + (f"\nHint: {b.hint}" if b.hint else ""))
+            limit = b.limit_for(rank)
+            if t.sent > limit * (1 + SLACK) + 1e-9:
+                return (f"the answer is right, but rank {rank} sent {fmt_bytes(t.sent)} on {_label(b.axis)}, over "
+                        f"the budget of {fmt_bytes(limit)} ({b.why})." + (f"\nHint: {b.hint}" if b.hint else ""))
+    return None
+
+
+class MeshPuzzle(Puzzle):
+    """A puzzle on a device mesh: also judges each axis's traffic, and draws the timeline coloured by axis.
+
+    preload: modules its oracle needs, imported once before the real ranks fork instead of in each of them
+    (FSDP2 and DTensor pull in torch._dynamo: seconds per rank)."""
+
+    def __init__(self, *args, preload: Sequence[str] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.preload = tuple(preload)
+
+    def real(self, fn: Callable, world_size: Optional[int] = None, backend: Optional[str] = None,
+             seed: Optional[int] = None, strict: Optional[bool] = None, timeout: float = 60.0) -> bool:
+        """As Puzzle.real, with the case built once here first: what its builder caches (measured budgets) the
+        forked ranks inherit instead of measuring it N times at once."""
+        for module in self.preload:
+            importlib.import_module(module)
+        seed = fresh_seed() if seed is None else seed
+        n = world_size or self.real_world_size
+        if self.refusal(n) is None:
+            self.make_case(random.Random(f"{self.name}:{seed}"), n)
+        return super().real(fn, world_size, backend, seed, strict, timeout)
+
+    def _judge(self, case: Case, result: SimResult) -> Optional[str]:
+        problem = super()._judge(case, result)
+        if problem or not isinstance(case, MeshCase) or case.axes is None:
+            return problem
+        return axis_problem(case, result)
+
+    def _success(self, result: SimResult, case: Case) -> str:
+        text = super()._success(result, case)
+        if not isinstance(case, MeshCase) or case.axes is None:
+            return text
+        traffic = traffic_by_axis(result.trace, case.axes)
+        for b in case.axis_budgets:
+            worst = max(range(len(traffic)), key=lambda r: traffic[r][b.axis].sent / max(b.limit_for(r), 1e-30))
+            text += (f"\n  sent on {_label(b.axis)} at N={case.world_size}: {fmt_bytes(traffic[worst][b.axis].sent)} "
+                     f"of a {fmt_bytes(b.limit_for(worst))} budget ({b.why}).")
+        return text
+
+    def picture(self, outcome: Outcome) -> list:
+        case, result = outcome.case, outcome.result
+        if result is None or not isinstance(case, MeshCase) or case.axes is None:
+            return super().picture(outcome)
+        from lib.viz.plots import memory_over_time_figure
+        from lib.viz.timeline import draw_timeline
+
+        title = "\n".join(textwrap.wrap(f"{self.name}, {case.label}" + (f"; {case.scale}" if case.scale else ""), 100))
+        figures = []
+        if any(e.lane == "comm" for e in result.trace):
+            figures.append(draw_timeline(result.trace, result.world_size, title=title,
+                                         kind_of=axis_labeller(case.axes)))
+        if any(b.metric == "peak_memory" for b in case.budgets):
+            figures.append(memory_over_time_figure({f"{self.name}, rank 0": result}, title=f"{self.name}, {case.label}"))
+        return figures
+
+
+class RankOnly:
+    """The `dist` of a puzzle of arithmetic on the rank: who am I, how many are we; no groups, no communication."""
+
+    def __init__(self, dist, puzzle: str) -> None:
+        self._dist, self._puzzle = dist, puzzle
+
+    def get_rank(self) -> int:
+        return self._dist.get_rank()
+
+    def get_world_size(self) -> int:
+        return self._dist.get_world_size()
+
+    def __getattr__(self, name: str):
+        raise InvalidCall(f"{self._puzzle} is arithmetic on dist.get_rank(): it needs no dist.{name} (no groups, "
+                          "no mesh, no communication).")
+
+
+def _rank_only(fn: Callable, puzzle: str, dist, *args):
+    return fn(RankOnly(dist, puzzle), *args)
+
+
+class ArithmeticPuzzle(Puzzle):
+    """A puzzle whose function may ask `dist` its rank and world size, and nothing else."""
+
+    def wrap(self, fn: Callable) -> Callable:
+        return functools.partial(_rank_only, fn, self.name) if callable(fn) else fn

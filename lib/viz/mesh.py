@@ -1,0 +1,64 @@
+"""Pictures of a device mesh: every rank as a box at its coordinates, the last dimension innermost, boxes of one
+group along a chosen axis sharing a colour, and the node each rank's GPU sits in (consecutive ranks, as
+launchers number them)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from lib.sim.mesh import coordinates
+
+GROUP_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
+                 "#CCB974", "#64B5CD", "#A1C9F4", "#FFB482")
+
+
+def _group_index(coords: tuple[int, ...], dim: int, shape: Sequence[int]) -> int:
+    """Which group along `dim` holds `coords`: its other coordinates, row-major."""
+    index = 0
+    for d, (c, size) in enumerate(zip(coords, shape)):
+        if d != dim:
+            index = index * size + c
+    return index
+
+
+def mesh_figure(shape: Sequence[int], names: Sequence[str], colour_by: Sequence[str] = (),
+                label: Optional[Callable[[int, tuple[int, ...]], str]] = None, ranks_per_node: int = 8,
+                title: str = ""):
+    """One panel per axis in `colour_by` (one plain panel if none): rows are the outer coordinates, columns the
+    innermost; each box says its rank, its node, its coordinates and `label(rank, coords)`."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    shape, names = tuple(shape), tuple(names)
+    world = 1
+    for s in shape:
+        world *= s
+    cols = shape[-1]
+    rows = world // cols
+    panels = list(colour_by) or [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(min(4.2 * len(panels), 14), 0.9 * rows + 1.0),
+                             layout="constrained", squeeze=False)
+    for ax, axis in zip(axes[0], panels):
+        for rank in range(world):
+            coords = coordinates(rank, shape)
+            row, col = divmod(rank, cols)
+            y = rows - 1 - row
+            colour = "#EEEEEE"
+            if axis is not None:
+                colour = GROUP_COLOURS[_group_index(coords, names.index(axis), shape) % len(GROUP_COLOURS)]
+            ax.add_patch(Rectangle((col + 0.05, y + 0.08), 0.9, 0.84, facecolor=colour, edgecolor="white",
+                                   alpha=0.85 if axis else 1.0))
+            text = f"rank {rank} (node {rank // ranks_per_node})\n" + " ".join(f"{n}{c}" for n, c in zip(names, coords))
+            if label is not None:
+                text += "\n" + label(rank, coords)
+            ax.text(col + 0.5, y + 0.5, text, ha="center", va="center", fontsize="x-small",
+                    color="white" if axis else "black")
+        ax.set_xlim(0, cols)
+        ax.set_ylim(0, rows)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_title(f"{axis.upper()} groups: one colour each" if axis else "", fontsize="small")
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    plt.close(fig)
+    return fig

@@ -1,0 +1,149 @@
+"""Notebook 06's pictures of lib.planner: published runs against the estimate, one plan's memory and step time as
+stacked bars, and a configuration explorer over them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from lib.planner import (A100_80GB, H100_80GB, Cluster, Estimate, Model, Plan, PlanError, PublishedRun, comparison,
+                         estimate)
+from lib.units import fmt_bytes, fmt_time
+from lib.viz.widgets import live_box, slider_options
+
+MEMORY_PARTS = {"weights": "#4C72B0", "gradients": "#55A868", "optimizer": "#C44E52", "activations": "#8172B3"}
+TIME_PARTS = {"compute": "#4C72B0", "memory_bound": "#64B5CD", "tp": "#55A868", "cp": "#CCB974", "pp": "#DD8452",
+              "bubble": "#BBBBBB", "dp": "#8172B3"}
+TIME_LABELS = {"compute": "matmuls", "memory_bound": "element-wise (HBM)", "tp": "TP all-reduces",
+               "cp": "CP gathers", "pp": "PP sends", "bubble": "pipeline bubble", "dp": "DP, exposed"}
+
+# Models for the explorer and the notebook's table of common configurations, as their papers give them: Llama 2
+# (Touvron et al. 2023, Table 1 and the released configs: SwiGLU widths, 70B's 8 key/value heads); GPT-3 175B
+# (Brown et al. 2020, Table 2.1); PaLM 540B (Chowdhery et al. 2022, Table 1: SwiGLU 4·d wide, one key/value head).
+LLAMA = dict(seq=4096, vocab=32000, block="llama", tied=False)
+MODELS = {
+    "Llama 2 7B": Model(layers=32, hidden=4096, heads=32, ffn=11008, **LLAMA),
+    "Llama 2 13B": Model(layers=40, hidden=5120, heads=40, ffn=13824, **LLAMA),
+    "Llama 2 70B": Model(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, **LLAMA),
+    "GPT-3 175B": Model(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257),
+    "PaLM 540B": Model(layers=118, hidden=18432, heads=48, kv_heads=1, ffn=73728, seq=2048, vocab=256000,
+                       block="llama", tied=True),
+}
+GPUS = {"H100 80GB": H100_80GB, "A100 80GB": A100_80GB}
+
+
+def published_table(runs: Optional[Iterable[PublishedRun]] = None) -> str:
+    """The published runs next to the estimate, one line each: what the paper reports, what lib.planner says."""
+    rows = comparison() if runs is None else comparison(runs)
+    lines = [f"{'run':<40} {'metric':<15} {'published':>10} {'estimated':>10} {'error':>7}  role"]
+    for r in rows:
+        if r["metric"] == "mfu":
+            pub, est, what = f"{r['published']:.0%}", f"{r['estimated']:.1%}", "MFU"
+        else:
+            pub, est, what = f"{r['published'] / 1e12:.0f}", f"{r['estimated'] / 1e12:.1f}", "TFLOP/s per GPU"
+        role = "fits the efficiency" if r["fits the efficiency"] else "tested"
+        lines.append(f"{r['run']:<40} {what:<15} {pub:>10} {est:>10} {r['error']:>+7.1%}  {role}")
+    return "\n".join(lines)
+
+
+def plan_figure(e: Estimate, cluster: Cluster, title: str = ""):
+    """Two stacked bars: memory per GPU (first stage) against the GPU's capacity, and a step's seconds by cause."""
+    import matplotlib.pyplot as plt
+
+    fig, (mem, time) = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
+    bottom = 0.0
+    for part, colour in MEMORY_PARTS.items():
+        value = e.breakdown.memory.get(part, 0.0) / 2**30
+        mem.bar(0, value, bottom=bottom, color=colour, label=part, width=0.5)
+        bottom += value
+    mem.axhline(cluster.gpu.memory / 2**30, color="black", linestyle="--", linewidth=1)
+    mem.text(0.3, cluster.gpu.memory / 2**30, f" {cluster.gpu.name}", va="bottom", fontsize="small")
+    mem.set_xlim(-0.6, 1.2)
+    mem.set_xticks([])
+    mem.set_ylabel("GiB per GPU (first pipeline stage)")
+    mem.set_title(f"memory: {fmt_bytes(e.memory)} {'fits' if e.fits else 'does NOT fit'}")
+    mem.legend(frameon=False, fontsize="small", loc="upper right")
+    left = 0.0
+    for part, colour in TIME_PARTS.items():
+        value = e.breakdown.time.get(part, 0.0)
+        if value > 0:
+            time.barh(0, value, left=left, color=colour, label=TIME_LABELS[part], height=0.5)
+            left += value
+    time.set_yticks([])
+    time.set_xlabel("seconds per step")
+    time.set_title(f"step {fmt_time(e.step_time)}: MFU {e.mfu:.1%}, HFU {e.hfu:.1%}")
+    time.legend(frameon=False, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4)
+    if title:
+        fig.suptitle(title)
+    plt.close(fig)
+    return fig
+
+
+@dataclass
+class PlanState:
+    """The explorer's last redraw: the figure, the readout, the estimate (None when the plan does not split)."""
+
+    fig: Any = None
+    readout: str = ""
+    estimate: Optional[Estimate] = None
+
+
+def plan_explorer(model: str = "Llama 2 70B", gpus: int = 64, tp: int = 8, pp: int = 2, zero: int = 1,
+                  global_batch: int = 1024):
+    """Model, cluster and plan as controls; memory per GPU and the step's time by cause, with MFU and HFU."""
+    import ipywidgets as widgets
+
+    slider = slider_options()
+    choice = {k: v for k, v in slider.items() if k != "continuous_update"}     # dropdowns take no such option
+    powers = [2 ** k for k in range(0, 15)]
+    controls = {
+        "model": widgets.Dropdown(options=list(MODELS), value=model, description="model", **choice),
+        "gpu": widgets.Dropdown(options=list(GPUS), value="H100 80GB", description="GPU", **choice),
+        "gpus": widgets.SelectionSlider(options=powers[3:], value=gpus, description="GPUs", **slider),
+        "batch": widgets.SelectionSlider(options=powers[6:13], value=global_batch, description="global batch",
+                                         **slider),
+        "tp": widgets.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="TP", **slider),
+        "pp": widgets.SelectionSlider(options=powers[:7], value=pp, description="PP", **slider),
+        "zero": widgets.Dropdown(options=[0, 1, 2, 3], value=zero, description="ZeRO stage", **choice),
+        "micro_batch": widgets.SelectionSlider(options=[1, 2, 4, 8], value=1, description="micro-batch", **slider),
+        "recompute": widgets.Dropdown(options=["none", "selective", "full"], value="selective",
+                                      description="recompute", **choice),
+    }
+    state = PlanState()
+
+    def update() -> None:
+        v = {name: w.value for name, w in controls.items()}
+        cluster = Cluster(gpu=GPUS[v["gpu"]], gpus=v["gpus"], gpus_per_node=8)
+        dp = v["gpus"] // (v["tp"] * v["pp"]) if v["gpus"] % (v["tp"] * v["pp"]) == 0 else 0
+        try:
+            if dp == 0:
+                raise PlanError(f"TP·PP = {v['tp'] * v['pp']} does not divide {v['gpus']} GPUs")
+            plan = Plan(tp=v["tp"], pp=v["pp"], dp=dp, global_batch=v["batch"], micro_batch=v["micro_batch"],
+                        zero=v["zero"], recompute=v["recompute"])
+            state.estimate = estimate(MODELS[v["model"]], cluster, plan)
+        except PlanError as err:
+            state.fig, state.estimate, state.readout = None, None, f"this plan does not split: {err}"
+            return
+        e = state.estimate
+        state.fig = plan_figure(e, cluster, title=f"{v['model']} on {v['gpus']} × {v['gpu']}: {plan}")
+        state.readout = (f"DP = {dp}; {plan.micro_batches} micro-batches per step; {e.tokens_per_second:,.0f} tokens/s; "
+                         f"memory {fmt_bytes(e.memory)} per GPU; MFU {e.mfu:.1%}, HFU {e.hfu:.1%}")
+
+    return live_box(list(controls.values()), controls, state, update)
+
+
+def _quoted(tp: int, pp: int, gpus: int, batch: int, zero: int, **more) -> Plan:
+    return Plan(tp=tp, pp=pp, dp=gpus // (tp * pp), global_batch=batch, zero=zero, recompute="selective", **more)
+
+
+# Configurations practitioners' guides quote (model, GPUs, global batch in sequences, plan), as issue 12 lists them;
+# batches and selective recomputation are ours. PaLM's 118 layers split in 8 stages only with the embedding and the
+# output layer taking a block's place each (Llama 3's arrangement): 120 places.
+PRACTICE = (
+    ("Llama 2 7B", 8, 512, _quoted(1, 1, 8, 512, zero=2)),
+    ("Llama 2 13B", 8, 512, _quoted(2, 1, 8, 512, zero=2)),
+    ("Llama 2 70B", 64, 1024, _quoted(8, 2, 64, 1024, zero=1)),
+    ("Llama 2 70B", 128, 1024, _quoted(8, 2, 128, 1024, zero=0)),
+    ("GPT-3 175B", 256, 1536, _quoted(8, 4, 256, 1536, zero=1)),
+    ("PaLM 540B", 1024, 2048, _quoted(8, 8, 1024, 2048, zero=1, embedding_as_layer=True)),
+)

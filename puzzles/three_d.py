@@ -1,0 +1,500 @@
+"""Notebook 06, 3D parallelism: the puzzles, their inputs, references and budgets.
+
+Ranks sit on a (dp, pp, tp) mesh with TP innermost: rank = (d·pp + p)·tp + t, so a TP group is consecutive ranks
+(one node) and PP and DP groups cross nodes. The composed steps are checked against single-device training in
+float64, and their traffic per axis against the formulas of notebooks 02 (ring all-reduce), 04 (Megatron's f and g)
+and 05 (one activation forward and one gradient back per micro-batch and boundary). The plan search is checked
+against lib.planner's brute force on randomised models and clusters, judged by what lib.planner.estimate says of
+the plan returned.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from lib.check import Budget, Case, Puzzle
+from lib.device import device
+from lib.devices import device_mesh
+from lib.errors import PuzzleError
+from lib.measure import allocated, counted_flops, counted_time, saved_activation_bytes
+from lib.mesh_check import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
+from lib.schedules import peak_in_flight, schedule_orders
+from lib.models import GPTConfig
+from lib.planner import Plan, estimate
+from lib.sim import CostModel, per_rank
+from lib.sim.cost import bus_factor
+from lib.sim.mesh import coordinates
+from lib.sim.traffic import MeshAxes
+from lib.units import fmt_bytes, fmt_time
+
+from puzzles.parallel_gpt import GPTStage, reference_loss, shard_gpt, tiny_gpt
+
+NOTEBOOK = "06_3d_parallelism"
+AXES = ("dp", "pp", "tp")
+ITEM = 8                      # float64: every composed step is compared with the single-device one strictly
+WORLD_OPS = frozenset({"all_reduce"})
+DP_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
+PP_OPS = frozenset({"send", "recv"})
+
+
+class GroupsWrong(PuzzleError):
+    """The function returned something other than the groups asked for."""
+
+
+def _shape_of(rng: random.Random, n: int, dims: int, at_least: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """A random shape of `dims` sizes multiplying to n (at_least[i] a lower bound on size i, where given)."""
+    lows = tuple(at_least) + (1,) * (dims - len(at_least))
+    shapes = [s for s in _factorisations(n, dims) if all(a >= b for a, b in zip(s, lows))]
+    return rng.choice(shapes)
+
+
+def _factorisations(n: int, dims: int) -> list[tuple[int, ...]]:
+    if dims == 1:
+        return [(n,)]
+    return [(d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in _factorisations(n // d, dims - 1)]
+
+
+def _gen(rng: random.Random) -> torch.Generator:
+    return torch.Generator().manual_seed(rng.randrange(2**31))
+
+
+def _ring(op: str, nbytes: float, n: int) -> float:
+    """Bytes one rank sends in a ring collective over n ranks (notebook 02: 2(n-1)/n for an all-reduce)."""
+    return bus_factor(op, n) * nbytes
+
+
+# ---- 1. coordinates --------------------------------------------------------------------------------------------
+def _coordinates_case(rng: random.Random, n: int) -> Case:
+    dims = rng.randint(2, 4)
+    shape = _shape_of(rng, n, dims)
+    return Case(n, (shape,), [coordinates(r, shape) for r in range(n)], f"a mesh of shape {shape}")
+
+
+mesh_coordinates = ArithmeticPuzzle(
+    "mesh_coordinates", NOTEBOOK, _coordinates_case, world_sizes=(4, 6, 8, 12), rtol=0, atol=0,
+    hints=["The last dimension is innermost: ranks 0, 1, ..., shape[-1]-1 differ only in the last coordinate. So the "
+           "last coordinate is rank % shape[-1], and rank // shape[-1] is the rank on the mesh of the other "
+           "dimensions.",
+           "Peel the dimensions off from the innermost: for size in reversed(shape): rank, c = divmod(rank, size); "
+           "collect c, then reverse.",
+           "Return a tuple of Python ints, outermost first: (d, p, t) for a (dp, pp, tp) mesh."],
+    describe="This rank's coordinates on a mesh of any shape, the last dimension innermost.")
+
+
+# ---- 2. process groups -------------------------------------------------------------------------------------
+def _group_ranks(dist, group) -> list[int]:
+    return list(range(dist.get_world_size())) if group is None else list(dist.get_process_group_ranks(group))
+
+
+def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
+    """Ask `fn` for this rank's groups, then use each: an all-reduce of the rank's number over TP and over DP, and
+    a message from each pipeline stage to the next over PP. Returns what each group showed."""
+    groups = fn(dist, dp, pp, tp)
+    if not isinstance(groups, dict) or set(groups) != set(AXES):
+        raise GroupsWrong(f"process_groups should return a dict with keys 'dp', 'pp' and 'tp' (this rank's group "
+                          f"along each axis), got {type(groups).__name__}"
+                          + (f" with keys {sorted(groups)}" if isinstance(groups, dict) else "") + ".")
+    rank = dist.get_rank()
+    out = {f"{axis} ranks": _group_ranks(dist, groups[axis]) for axis in AXES}
+    for axis in ("tp", "dp"):
+        x = torch.tensor([float(rank)], dtype=torch.float64, device=device())
+        dist.all_reduce(x, group=groups[axis])
+        out[f"{axis} sum"] = x
+    stages = out["pp ranks"]
+    if rank not in stages:
+        raise GroupsWrong(f"rank {rank}'s 'pp' group {stages} does not hold rank {rank}.")
+    i, got = stages.index(rank), torch.tensor([-1.0], dtype=torch.float64, device=device())
+    if i > 0:
+        dist.recv(got, stages[i - 1])
+    if i < len(stages) - 1:
+        dist.send(torch.tensor([float(rank)], dtype=torch.float64, device=device()), stages[i + 1])
+    out["pp message from"] = got
+    return out
+
+
+class GroupsPuzzle(MeshPuzzle):
+    """The learner builds the groups; the check uses them (lib's use_groups) in both worlds."""
+
+    def wrap(self, fn: Callable) -> Callable:
+        return functools.partial(use_groups, fn) if callable(fn) else fn
+
+
+def _mesh_groups_oracle(dist, dp: int, pp: int, tp: int) -> dict:
+    """torch's DeviceMesh asked for the same groups."""
+    mesh = device_mesh(dist, (dp, pp, tp), AXES)
+    return {axis: mesh.get_group(axis) for axis in AXES}
+
+
+def _groups_case(rng: random.Random, n: int) -> MeshCase:
+    shape = _shape_of(rng, n, 3, at_least=(2, 2, 2) if n in (8, 12) else ())   # every axis real on the larger
+    axes = MeshAxes(shape, AXES)
+    expected = []
+    for r in range(n):
+        groups = {a: list(axes.group(r, a)) for a in AXES}
+        stages = groups["pp"]
+        i = stages.index(r)
+        expected.append({**{f"{a} ranks": groups[a] for a in AXES},
+                         **{f"{a} sum": torch.tensor([float(sum(groups[a]))], dtype=torch.float64) for a in ("tp", "dp")},
+                         "pp message from": torch.tensor([float(stages[i - 1]) if i else -1.0], dtype=torch.float64)})
+    dp, pp, tp = shape
+    budgets = [
+        AxisBudget("tp", _ring("all_reduce", ITEM, tp), f"one all-reduce of 8 bytes over tp={tp}: 2(tp-1)/tp × 8 B",
+                   WORLD_OPS),
+        AxisBudget("dp", _ring("all_reduce", ITEM, dp), f"one all-reduce of 8 bytes over dp={dp}", WORLD_OPS),
+        AxisBudget("pp", [ITEM * (axes.group(r, "pp").index(r) < pp - 1) for r in range(n)],
+                   "one 8-byte message to the next stage", PP_OPS)]
+    return MeshCase(n, (dp, pp, tp), expected, f"a (dp, pp, tp) = {shape} mesh", axes=axes, axis_budgets=budgets)
+
+
+process_groups = GroupsPuzzle(
+    "process_groups", NOTEBOOK, _groups_case, world_sizes=(4, 6, 8, 12), rtol=0, atol=0,
+    hints=["Every rank must call dist.new_group for every group of every axis, members or not, in the same order: "
+           "loop over all the TP groups, then all the PP groups, then all the DP groups, and keep the one this rank "
+           "belongs to.",
+           "A group along an axis: fix the other two coordinates, vary this one. With rank = (d·pp + p)·tp + t, the TP "
+           "group of (d, p) is [(d·pp + p)·tp + t for t in range(tp)]; the DP group of (p, t) is "
+           "[(d·pp + p)·tp + t for d in range(dp)].",
+           "for d in range(dp): for p in range(pp): ranks = [...]; g = dist.new_group(ranks); if rank in ranks: "
+           "groups['tp'] = g. Never guard the new_group call itself with `if rank in ranks`."],
+    oracle=functools.partial(use_groups, _mesh_groups_oracle), oracle_name="torch's DeviceMesh (init_device_mesh, mesh.get_group(axis))",
+    describe="This rank's TP, PP and DP groups, every group created by every rank in the same order.")
+
+
+# ---- 3. 2D: tensor parallel inside data parallel ----------------------------------------------------------------
+MLP_KEYS = ("fc1_w", "fc1_b", "fc2_w", "fc2_b")
+MLP_SPLIT = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}     # Megatron's MLP: fc1 by rows, fc2 by columns; fc2_b whole
+
+
+def mlp_forward(weights: dict, x: torch.Tensor) -> torch.Tensor:
+    """The single-device MLP: fc2(gelu(fc1(x)))."""
+    return F.linear(F.gelu(F.linear(x, weights["fc1_w"], weights["fc1_b"])), weights["fc2_w"], weights["fc2_b"])
+
+
+def mlp_shard(weights: dict, tp: int, t: int) -> dict:
+    """TP rank t's shard of the MLP's weights."""
+    return {k: (v.chunk(tp, MLP_SPLIT[k])[t] if k in MLP_SPLIT else v).clone() for k, v in weights.items()}
+
+
+def train_mlp(weights: dict, batch: torch.Tensor, targets: torch.Tensor, steps: int, lr: float) -> dict:
+    """The single-device reference: `steps` SGD steps on the whole batch, loss F.mse_loss."""
+    params = {k: v.clone().requires_grad_() for k, v in weights.items()}
+    for _ in range(steps):
+        F.mse_loss(mlp_forward(params, batch), targets).backward()
+        with torch.no_grad():
+            for p in params.values():
+                p -= lr * p.grad
+                p.grad = None
+    return {k: v.detach() for k, v in params.items()}
+
+
+def _tp_dp_case(rng: random.Random, n: int) -> MeshCase:
+    dp, tp = _shape_of(rng, n, 2, at_least=(2, 2))
+    h, rows, steps, lr = tp * rng.choice([2, 4]), dp * rng.randint(1, 3), rng.randint(2, 3), 0.1
+    gen = _gen(rng)
+    weights = {"fc1_w": torch.randn(4 * h, h, generator=gen, dtype=torch.float64) / h ** 0.5,
+               "fc1_b": torch.randn(4 * h, generator=gen, dtype=torch.float64) * 0.1,
+               "fc2_w": torch.randn(h, 4 * h, generator=gen, dtype=torch.float64) / (4 * h) ** 0.5,
+               "fc2_b": torch.randn(h, generator=gen, dtype=torch.float64) * 0.1}
+    batch = torch.randn(rows, h, generator=gen, dtype=torch.float64)
+    targets = torch.randn(rows, h, generator=gen, dtype=torch.float64)
+    trained = train_mlp(weights, batch, targets, steps, lr)
+    axes = MeshAxes((dp, tp), ("dp", "tp"))
+    expected = [mlp_shard(trained, tp, coordinates(r, (dp, tp))[1]) for r in range(n)]
+    local = rows // dp * h * ITEM
+    shard = sum(v.numel() for v in mlp_shard(weights, tp, 0).values()) * ITEM
+    budgets = [
+        AxisBudget("tp", steps * _ring("all_reduce", local, tp),
+                   f"{steps} steps × g's all-reduce of this rank's output, {rows // dp} rows × h={h} in float64 "
+                   f"({fmt_bytes(local)}), 2(tp-1)/tp of it; f's backward never runs, the batch needs no gradient",
+                   WORLD_OPS, hint="a step needs one TP all-reduce, g's after fc2: fc1's input is the data, whose "
+                                   "gradient nobody needs."),
+        AxisBudget("dp", steps * _ring("all_reduce", shard, dp),
+                   f"{steps} steps × one all-reduce of this rank's gradient shard ({fmt_bytes(shard)}) over dp={dp}",
+                   DP_OPS, hint="average each gradient over the DP group once per step: TP ranks hold different "
+                                "shards, so a TP rank's gradient never meets another TP rank's.")]
+    return MeshCase(n, (weights, batch, targets, dp, tp, steps, lr), expected,
+                    f"(dp, tp) = ({dp}, {tp}), h={h}, {rows} rows, {steps} SGD steps", axes=axes, axis_budgets=budgets)
+
+
+def _fsdp_tp_oracle(dist, weights, batch, targets, dp, tp, steps, lr):
+    """torchtitan's 2D: DTensor tensor parallelism (ColwiseParallel fc1, RowwiseParallel fc2) on the mesh's "tp"
+    dimension, FSDP2 (fully_shard) on its "dp" dimension, torch.optim.SGD."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    quiet()
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    h = weights["fc2_b"].shape[0]
+    model = torch.nn.Sequential(torch.nn.Linear(h, 4 * h), torch.nn.GELU(), torch.nn.Linear(4 * h, h))
+    model = model.to(device=batch.device, dtype=torch.float64)
+    with torch.no_grad():
+        for (w, b), layer in ((("fc1_w", "fc1_b"), model[0]), (("fc2_w", "fc2_b"), model[2])):
+            layer.weight.copy_(weights[w])
+            layer.bias.copy_(weights[b])
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
+    for _ in range(steps):
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    full = {"fc1_w": model[0].weight, "fc1_b": model[0].bias, "fc2_w": model[2].weight, "fc2_b": model[2].bias}
+    return mlp_shard({k: v.full_tensor().detach() for k, v in full.items()}, tp, t)
+
+
+def quiet() -> None:
+    """Silence what FSDP2 and DTensor say on every rank about this tiny model (a view returned, two all-gathers
+    where one would do): notes for performance work, noise next to a real cell's one line."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
+tp_dp_train = MeshPuzzle(
+    "tp_dp_train", NOTEBOOK, _tp_dp_case, world_sizes=(4, 6, 8), rtol=1e-9, atol=1e-12,
+    hints=["Make a 2-D mesh, mesh = device_mesh(dist, (dp, tp), ('dp', 'tp')): this rank's coordinates are "
+           "mesh.get_local_rank('dp') and mesh.get_local_rank('tp'), its groups mesh['tp'].get_group() and "
+           "mesh['dp'].get_group(). Take rows d of the batch (chunk(dp)[d]) and shard t of each weight "
+           "(fc1 by rows, fc2 by columns, fc2_b whole), as leaf tensors that require a gradient.",
+           "Forward as notebook 04's Megatron MLP, with g over the TP group: y = tp_reduce(dist, "
+           "F.linear(F.gelu(F.linear(x, w1, b1)), w2), tp_group) + b2; loss = F.mse_loss(y, targets_d). (f before "
+           "fc1 would cost nothing: its backward all-reduces x's gradient, and the batch needs none.)",
+           "After backward, average every gradient over the DP group only (dist.all_reduce(g, op=dist.ReduceOp.AVG, "
+           "group=dp_group)), then p -= lr * p.grad under torch.no_grad() and clear the gradient. Return the dict of "
+           "this rank's trained shards, keys fc1_w, fc1_b, fc2_w, fc2_b."],
+    oracle=_fsdp_tp_oracle, oracle_name="FSDP2 (fully_shard) + DTensor parallelize_module on a 2-D init_device_mesh",
+    min_world_size=4, min_world_size_reason="both axes need at least 2 ranks",
+    preload=("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor.parallel"),
+    describe="Megatron's MLP, tensor-parallel over TP, inside data parallelism over DP; several SGD steps.")
+
+
+# ---- 4. 3D: pipeline × tensor × data parallel on a tiny GPT ----------------------------------------------------------
+class _NoComm:
+    """A stand-in `dist` for measuring one TP rank's stage alone: its all-reduces leave the tensor as it is (the
+    values are then not the real ones, but the shapes, the FLOPs and the tensors autograd saves are)."""
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        return None
+
+
+def train_gpt(model, tokens: torch.Tensor, targets: torch.Tensor, steps: int, lr: float):
+    """The single-device reference: `steps` SGD steps on the whole batch, mean cross-entropy (float64)."""
+    model = copy.deepcopy(model)
+    for _ in range(steps):
+        reference_loss(model, tokens, targets).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+                p.grad = None
+    return model
+
+
+def stage_costs(stage: GPTStage, micro: torch.Tensor, targets: torch.Tensor, last: bool):
+    """One micro-batch through one stage on one TP rank, measured: (the seconds of its forward and backward as a
+    function of the cost model, their FLOPs, the bytes of activations it keeps until its backward, the peak of its
+    forward and backward with the stage's weights and gradients)."""
+    stage = copy.deepcopy(stage)
+
+    def forward(s):
+        x = micro.clone()
+        if x.is_floating_point():
+            x.requires_grad_()
+        out = s(_NoComm(), None, x)
+        return s.loss(out, targets) if last else out
+
+    def work(s):
+        out = forward(s)
+        (out if last else out.sum()).backward()
+
+    def seconds(cost: CostModel) -> float:
+        return counted_time(functools.partial(work, copy.deepcopy(stage)), cost)[1]
+    _, flops = counted_flops(functools.partial(work, copy.deepcopy(stage)))
+    stash = saved_activation_bytes(lambda: forward(stage), exclude=[*stage.parameters(), targets])
+    return seconds, flops, stash, allocated(lambda: work(copy.deepcopy(stage)))[1]     # the copy: its weights
+
+
+def _scaled_cost(flops: float, tp_seconds: float, tp: int) -> CostModel:
+    """H100 links and latency (lib.sim.cost's defaults), TP inside a node of `tp` GPUs, and compute slowed so that
+    one micro-batch's TP all-reduces take the share of its compute they take in Llama 3 405B's training (`flops`
+    and `tp_seconds`: one micro-batch on one stage, measured and priced at the default cost)."""
+    from lib.planner import PUBLISHED_RUNS, step_time_breakdown
+
+    llama = next(r for r in PUBLISHED_RUNS if r.name.startswith("Llama 3 405B, 16,384"))
+    real = step_time_breakdown(llama.model, llama.cluster, llama.plan)
+    return CostModel(flops_per_s=flops / (tp_seconds * real["compute"] / real["tp"]), ranks_per_node=tp)
+
+
+SCALE_NOTE = ("compute slowed so that TP costs the share of it that it costs Llama 3 405B's training "
+              "(lib.planner); H100 links and latency, TP in a node, PP and DP across nodes")
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_measures(cfg: GPTConfig, micro: int, pp: int, tp: int) -> tuple[CostModel, float, tuple]:
+    """The case's cost model, the slowest stage's seconds per micro-batch (compute and TP all-reduces), and per stage
+    (activations kept per micro-batch, peak of one micro-batch's step), measured on TP rank 0's shards. They depend
+    on the shapes alone, not on the weights' values: measured once per configuration (in a real run, by the parent
+    before its ranks fork: MeshPuzzle.real)."""
+    shards = shard_gpt(tiny_gpt(cfg, 0), pp, tp)
+    act = micro * cfg.seq * cfg.hidden * ITEM
+    tokens = torch.zeros(micro, cfg.seq, dtype=torch.long)
+    measured = [stage_costs(shards[p][0], tokens if p == 0 else torch.zeros(micro, cfg.seq, cfg.hidden,
+                                                                            dtype=torch.float64),
+                            tokens, p == pp - 1) for p in range(pp)]
+    # Time: each stage's compute per micro-batch as a rank's clock counts it, its TP all-reduces at the cluster's.
+    tp_time = 4 * (cfg.layers // pp) * CostModel(ranks_per_node=tp).collective_time("all_reduce", act, list(range(tp)))
+    cost = _scaled_cost(max(f for _, f, _, _ in measured), tp_time, tp)
+    unit = max(seconds(cost) for seconds, _, _, _ in measured) + tp_time
+    return cost, unit, tuple((stash, peak) for _, _, stash, peak in measured)
+
+
+def _three_d_case(rng: random.Random, n: int) -> MeshCase:
+    shape = (2, 2, 2) if n == 8 else (1, 2, 2)
+    dp, pp, tp = shape
+    heads = tp * rng.choice([1, 2])
+    cfg = GPTConfig(vocab=rng.choice([32, 64]), seq=rng.choice([8, 16]), hidden=heads * rng.choice([8, 16]),
+                    heads=heads, layers=pp, tied=False)
+    micro, m, steps, lr = rng.randint(1, 2), pp + 1, 2, 0.1
+    gen = _gen(rng)
+    model = tiny_gpt(cfg, rng.randrange(2**31))
+    tokens = torch.randint(cfg.vocab, (dp * m * micro, cfg.seq), generator=gen)
+    targets = torch.randint(cfg.vocab, (dp * m * micro, cfg.seq), generator=gen)
+    start, trained = shard_gpt(model, pp, tp), shard_gpt(train_gpt(model, tokens, targets, steps, lr), pp, tp)
+    where = [coordinates(r, shape) for r in range(n)]
+    axes = MeshAxes(shape, AXES)
+    blocks, act = cfg.layers // pp, micro * cfg.seq * cfg.hidden * ITEM          # one micro-batch's (b, s, h)
+    stage_bytes = [sum(p.numel() for p in start[p][t].parameters()) * ITEM for _, p, t in where]
+
+    cost, unit, measured = _stage_measures(cfg, micro, pp, tp)
+    hop = cost.p2p_time(act, 0, axes.group(0, "pp")[1])
+    dp_ranks = axes.group(0, "dp")
+    sync = max(sum(cost.collective_time("all_reduce", p.numel() * ITEM, dp_ranks) for p in start[q][0].parameters())
+               for q in range(pp))
+    step = (m + pp - 1) * unit + 2 * (pp - 1) * hop + sync
+    # Memory: 1F1B keeps p-r micro-batches on stage r (notebook 05), each stash measured on the stage.
+    in_flight = peak_in_flight(schedule_orders("1f1b", pp, m))
+    inputs = tokens.numel() * tokens.element_size() * 2
+    largest = [max(p.numel() for p in start[p][t].parameters()) * ITEM for _, p, t in where]
+    memory = [inputs + measured[p][1] + in_flight[p] * measured[p][0] + largest[r] + 4 * act
+              for r, (_, p, _) in enumerate(where)]
+    stash0, step0 = measured[0]
+    budgets = [
+        Budget("time", steps * step * (1 + TIME_SLACK),
+               f"{steps} steps × ((m+p-1) = {m + pp - 1} × {fmt_time(unit)}, the slowest stage's forward, backward and "
+               f"TP all-reduces for one micro-batch (1F1B's step, notebook 05), + 2(p-1) activation hops + one DP "
+               f"all-reduce per parameter), + {TIME_SLACK:.0%}",
+               hint="run 1F1B: stage r starts micro-batch j+1 while the next stage works on j (send with dist.isend), "
+                    "not one micro-batch through every stage at a time."),
+        Budget("peak_memory", memory,
+               f"on rank 0: the tokens and targets ({fmt_bytes(inputs)}), one micro-batch's forward and backward "
+               f"with the stage's weights and gradients ({fmt_bytes(step0)}), the activations of 1F1B's "
+               f"{in_flight[0]} micro-batches in flight ({fmt_bytes(stash0)} each), one parameter's worth for the "
+               f"update and 4 boundary tensors of {fmt_bytes(act)}",
+               hint="1F1B: stage r runs p-r-1 forwards ahead, then one forward, one backward; free each micro-batch's "
+                    "stash when its backward is done.")]
+    axis_budgets = [
+        AxisBudget("tp", steps * m * blocks * 4 * _ring("all_reduce", act, tp),
+                   f"{steps} steps × m={m} micro-batches × {blocks} blocks × 4 all-reduces (g and g forward, f and f "
+                   f"backward: notebook 04) of a micro-batch's activations ({fmt_bytes(act)}), 2(tp-1)/tp each",
+                   WORLD_OPS, hint="the blocks' f and g all-reduce over the TP group, and nothing else does."),
+        AxisBudget("pp", [steps * m * ((p < pp - 1) + (p > 0)) * act for _, p, _ in where],
+                   f"{steps} steps × m={m} micro-batches × one activation forward and one gradient back per boundary "
+                   f"({fmt_bytes(act)} each: notebook 05)", PP_OPS,
+                   hint="send each micro-batch's output to the next stage once, and its input gradient back once."),
+        AxisBudget("dp", [steps * _ring("all_reduce", b, dp) for b in stage_bytes],
+                   f"{steps} steps × one all-reduce of this rank's gradients ({fmt_bytes(stage_bytes[0])} on rank 0) "
+                   f"over dp={dp}, 2(dp-1)/dp of them (notebook 02)", DP_OPS,
+                   hint="average the gradients over the DP group once per step, after the last micro-batch's backward.")]
+    stages = per_rank([start[p][t] for _, p, t in where])
+    return MeshCase(n, (stages, tokens, targets, dp, pp, tp, m, steps, lr), [trained[p][t] for _, p, t in where],
+                    f"(dp, pp, tp) = {shape}, {cfg.layers} layers, h={cfg.hidden}, {cfg.heads} heads, s={cfg.seq}, "
+                    f"m={m} micro-batches of {micro}, {steps} SGD steps", budgets=budgets, cost=cost, axes=axes,
+                    axis_budgets=axis_budgets, scale=SCALE_NOTE)
+
+
+TIME_SLACK = 0.1
+
+
+train_3d = MeshPuzzle(
+    "train_3d", NOTEBOOK, _three_d_case, world_sizes=(8,), rtol=1e-9, atol=1e-12,
+    hints=["mesh = device_mesh(dist, (dp, pp, tp), ('dp', 'pp', 'tp')) gives this rank's coordinates "
+           "(mesh.get_local_rank('pp'), ...) and groups (mesh['tp'].get_group(), mesh['dp'].get_group()); the ranks "
+           "of its pipeline are dist.get_process_group_ranks(mesh['pp'].get_group()): send to the next of them, "
+           "receive from the previous.",
+           "Take rows d of tokens and targets (chunk(dp)[d]), cut them into m micro-batches, and run your 1F1B of "
+           "notebook 05 over them: forward(j) is stage(dist, tp_group, x) with x the tokens on the first stage and "
+           "the received (b, s, h) float64 activations elsewhere (x.requires_grad_()); the last stage's loss is "
+           "stage.loss(out, targets_j) / m.",
+           "After the last backward of a step, average every gradient over the DP group (ReduceOp.AVG, "
+           "group=dp_group), then p -= lr * p.grad and clear it. Repeat for `steps` steps; return the stage."],
+    min_world_size=4, min_world_size_reason="a pipeline of 2 stages with 2 ranks on another axis",
+    describe="One training step of a tiny GPT on a (dp, pp, tp) mesh: 1F1B over PP, Megatron TP inside each stage, "
+             "gradients averaged over DP; several steps.")
+
+
+# ---- 5. choosing a plan ------------------------------------------------------------------------------------------
+class PlanWrong(PuzzleError):
+    """choose_plan returned something that is not a plan of the space asked for."""
+
+
+def plan_summary(fn: Callable, dist, model, cluster, global_batch: int) -> dict:
+    """Run the learner's search, then judge its plan with the course's estimator: does it fit, how fast is it."""
+    plan = fn(model, cluster, global_batch)
+    if not isinstance(plan, Plan):
+        raise PlanWrong(f"choose_plan should return a lib.planner.Plan, got {type(plan).__name__}.")
+    if plan.virtual_stages != 1 or plan.cp != 1 or plan.sequence_parallel or plan.embedding_as_layer:
+        raise PlanWrong(f"{plan}: the space is tp, pp, dp, zero, micro_batch and recompute; leave the other fields "
+                        "of Plan at their defaults (virtual_stages=1, cp=1, no sequence parallelism).")
+    e = estimate(model, cluster, plan)            # PlanError, saying why, for a plan that does not split
+    return {"fits": e.fits, "tokens per second": e.tokens_per_second}
+
+
+class PlanPuzzle(Puzzle):
+    """A search over plans, judged by what the course's estimator says of the plan it returns."""
+
+    def wrap(self, fn: Callable) -> Callable:
+        return functools.partial(plan_summary, fn) if callable(fn) else fn
+
+
+def _plan_case(rng: random.Random, n: int, long: bool = False) -> Case:
+    from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError, best_plan
+
+    while True:                                   # a model, cluster and batch where some plan fits
+        heads = rng.choice([48, 64] if long else [32, 40, 48, 64])     # 3B to 40B parameters: memory decides
+        model = Model(layers=rng.choice([40, 48] if long else [24, 32, 40, 48]), hidden=heads * 128, heads=heads,
+                      seq=8192 if long else rng.choice([4096, 8192]), vocab=rng.choice([32000, 50304]))
+        cluster = Cluster(gpu=A100_80GB if long else rng.choice([A100_80GB, H100_80GB]),
+                          gpus=8 if long else rng.choice([8, 16]), gpus_per_node=8)
+        batch = rng.choice([32, 64])
+        try:
+            best = best_plan(model, cluster, batch, virtual_stages=[1])
+            break
+        except PlanError:
+            continue
+    expected = {"fits": True, "tokens per second": best.tokens_per_second}
+    return Case(n, (model, cluster, batch), [expected],
+                f"{model.layers} layers, hidden {model.hidden}, {heads} heads, s={model.seq} on "
+                f"{cluster.gpus} × {cluster.gpu.name}, batch {batch}")
+
+
+choose_plan = PlanPuzzle(
+    "choose_plan", NOTEBOOK, _plan_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
+    variants=[{"long": True}],        # 8K tokens on 8 A100s: activations decide what fits
+    hints=["Loop over every tp dividing cluster.gpus_per_node, every pp dividing model.layers, dp = cluster.gpus "
+           "// (tp·pp) (skip when it does not fill the cluster or divide the batch), every zero in 0..3, every "
+           "micro_batch dividing global_batch // dp and every recompute in ('none', 'selective', 'full').",
+           "Build Plan(tp=..., pp=..., dp=..., global_batch=..., micro_batch=..., zero=..., recompute=...); "
+           "estimate() raises PlanError for one that does not split (skip it). Keep the plans with e.fits.",
+           "Among those, return the plan with the highest e.tokens_per_second (for one model and cluster, the highest "
+           "MFU: the same model FLOPs per token). Not HFU: it counts recomputed FLOPs, which train nothing."],
+    describe="The fastest plan that fits, by brute force with the course's estimator.")
+PUZZLES = [mesh_coordinates, process_groups, tp_dp_train, train_3d, choose_plan]

@@ -1,0 +1,179 @@
+"""A device mesh in both worlds (lib.sim.mesh and torch's DeviceMesh), traffic per mesh axis (lib.sim.traffic),
+and notebook 06's pictures of meshes and plans."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from lib.devices import device_mesh  # noqa: E402
+from lib.errors import PuzzleError  # noqa: E402
+from lib.launch import launch  # noqa: E402
+from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, check  # noqa: E402
+from lib.sim import run  # noqa: E402
+from lib.sim.cost import bus_factor  # noqa: E402
+from lib.sim.errors import CollectiveMismatch, InvalidCall  # noqa: E402
+from lib.sim.mesh import coordinates, mesh_groups  # noqa: E402
+from lib.sim.traffic import OUTSIDE, SELF, MeshAxes, axis_labeller, traffic_by_axis  # noqa: E402
+from lib.viz.mesh import mesh_figure  # noqa: E402
+from lib.viz.planner import MODELS, PRACTICE, plan_explorer, published_table  # noqa: E402
+from lib.viz.timeline import draw_timeline  # noqa: E402
+
+NAMES = ("dp", "pp", "tp")
+
+
+def ask_the_mesh(dist, shape, names):
+    """What a learner asks a mesh: coordinates, sizes, and each dimension's group's ranks."""
+    mesh = device_mesh(dist, shape, names)
+    return {"coordinate": tuple(mesh.get_coordinate()), "mesh": mesh.mesh.tolist(),
+            **{n: (mesh.get_local_rank(n), mesh[n].size(), dist.get_process_group_ranks(mesh[n].get_group()))
+               for n in names}}
+
+
+def expected_answers(shape, names):
+    grid = torch.arange(torch.tensor(shape).prod().item()).reshape(shape)
+    out = []
+    for rank in range(grid.numel()):
+        coords = coordinates(rank, shape)
+        groups = {n: next(g for g in mesh_groups(shape, d) if rank in g) for d, n in enumerate(names)}
+        out.append({"coordinate": coords, "mesh": grid.tolist(),
+                    **{n: (coords[d], shape[d], groups[n]) for d, n in enumerate(names)}})
+    return out
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (3, 1, 2), (1, 4, 2), (2, 3, 2)])
+def test_simulated_mesh_lays_ranks_out_as_torch_does(shape):
+    world = shape[0] * shape[1] * shape[2]
+    assert run(ask_the_mesh, world, shape, NAMES).results == expected_answers(shape, NAMES)
+
+
+def test_coordinates_and_groups_are_row_major_with_the_last_dimension_innermost():
+    assert coordinates(5, (2, 2, 2)) == (1, 0, 1)
+    assert mesh_groups((2, 2, 2), 2) == [[0, 1], [2, 3], [4, 5], [6, 7]]        # TP: consecutive ranks
+    assert mesh_groups((2, 2, 2), 1) == [[0, 2], [1, 3], [4, 6], [5, 7]]        # PP: stride tp
+    assert mesh_groups((2, 2, 2), 0) == [[0, 4], [1, 5], [2, 6], [3, 7]]        # DP: stride pp·tp
+
+
+@pytest.mark.slow
+def test_the_same_function_gives_the_same_answers_on_torchs_device_mesh():
+    shape, names = (2, 2), ("dp", "tp")
+    real = launch(ask_the_mesh, 4, shape, names, backend="gloo")
+    assert real == run(ask_the_mesh, 4, shape, names).results == expected_answers(shape, names)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda mesh: mesh.size("tp"), "takes a dimension's index"),
+    (lambda mesh: mesh.get_group(), "name the dimension"),
+    (lambda mesh: mesh["tp", "dp"], "ascending order"),
+    (lambda mesh: mesh["ep"], "Valid mesh_dim_names"),
+    (lambda mesh: mesh.get_local_rank("ep"), "this mesh's dimensions are"),
+])
+def test_simulated_mesh_refuses_what_torch_refuses(call, words):
+    def use(dist):
+        call(device_mesh(dist, (2, 2), ("dp", "tp")))
+    with pytest.raises(PuzzleError, match=words):
+        run(use, 4)
+
+
+def test_a_mesh_that_does_not_cover_the_world_is_refused():
+    with pytest.raises(PuzzleError, match="multiply to the world size"):
+        run(lambda dist: device_mesh(dist, (2, 3), ("dp", "tp")), 4)
+
+
+def test_ranks_creating_only_their_own_groups_end_with_a_clear_error():
+    def only_my_groups(dist):
+        rank = dist.get_rank()
+        for ranks in ([0, 1], [2, 3]):
+            if rank in ranks:                  # the classic mistake: members only
+                dist.new_group(ranks)
+    with pytest.raises(CollectiveMismatch, match=r"new_group call #1 asks for ranks \[2, 3\], but another rank's"):
+        run(only_my_groups, 4)
+
+
+def test_a_rank_skipping_its_last_new_group_call_is_named():
+    def skip_the_last(dist):
+        rank = dist.get_rank()
+        dist.new_group([0, 1])
+        if rank < 2:
+            dist.new_group([2, 3])
+        dist.all_reduce(torch.ones(1))
+    with pytest.raises(CollectiveMismatch, match=r"rank\(s\) 2 \(1\), 3 \(1\) made fewer new_group calls"):
+        run(skip_the_last, 4)
+
+
+def talk_on_every_axis(dist):
+    """An all-reduce over TP, one message along PP, an all-reduce over DP and one over the whole world."""
+    mesh = device_mesh(dist, (2, 2, 2), NAMES)
+    x = torch.ones(16, dtype=torch.float64)
+    dist.all_reduce(x, group=mesh["tp"].get_group())
+    stages = dist.get_process_group_ranks(mesh["pp"].get_group())
+    if mesh.get_local_rank("pp") == 0:
+        dist.send(x, stages[1])
+    else:
+        dist.recv(x, stages[0])
+    dist.all_reduce(x, group=mesh["dp"].get_group())
+    dist.all_reduce(x)
+
+
+def test_traffic_is_charged_to_the_axis_it_travelled_on():
+    axes = MeshAxes((2, 2, 2), NAMES)
+    result = run(talk_on_every_axis, 8)
+    traffic = traffic_by_axis(result.trace, axes)
+    ring = bus_factor("all_reduce", 2) * 16 * 8
+    for rank, per_axis in enumerate(traffic):
+        first_stage = coordinates(rank, (2, 2, 2))[1] == 0
+        assert per_axis["tp"].sent == per_axis["dp"].sent == ring
+        assert per_axis["tp"].ops == per_axis["dp"].ops == {"all_reduce": 1}
+        assert (per_axis["pp"].sent, per_axis["pp"].received) == ((128, 0) if first_stage else (0, 128))
+        assert per_axis[OUTSIDE].ops == {"all_reduce": 1}                # the world is no axis's group
+        assert per_axis[SELF].ops == {}
+
+
+def test_a_group_of_one_rank_belongs_to_no_axis():
+    def alone(dist):
+        mesh = device_mesh(dist, (2, 1, 1), NAMES)
+        dist.all_reduce(torch.ones(1), group=mesh["tp"].get_group())
+    traffic = traffic_by_axis(run(alone, 2).trace, MeshAxes((2, 1, 1), NAMES))
+    assert all(t[SELF].ops == {"all_reduce": 1} and not t["tp"].ops and not t["pp"].ops for t in traffic)
+
+
+def test_timeline_colours_communication_by_axis():
+    axes = MeshAxes((2, 2, 2), NAMES)
+    result = run(talk_on_every_axis, 8)
+    fig = draw_timeline(result.trace, 8, kind_of=axis_labeller(axes))
+    labels = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+    assert {"TP", "PP", "DP", "outside the mesh"} <= labels
+
+
+def test_mesh_figure_draws_one_panel_per_axis_and_every_rank():
+    fig = mesh_figure((2, 2, 2), NAMES, colour_by=("tp", "dp"), ranks_per_node=4)
+    assert len(fig.axes) == 2
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert len(texts) == 8 and texts[5].startswith("rank 5 (node 1)\ndp1 pp0 tp1")
+
+
+def test_published_table_has_a_row_per_run_with_its_error():
+    lines = published_table().splitlines()
+    assert len(lines) == 1 + len(PUBLISHED_RUNS)
+    for run_, line in zip(PUBLISHED_RUNS, lines[1:]):
+        assert line.startswith(run_.name) and f"{run_.error():+.1%}" in line
+
+
+def test_practitioners_plans_split_their_models_evenly():
+    for name, gpus, batch, plan in PRACTICE:
+        assert plan.gpus == gpus and plan.global_batch == batch
+        check(MODELS[name], Cluster(gpu=H100_80GB, gpus=gpus, gpus_per_node=8), plan)
+
+
+def test_plan_explorer_estimates_the_chosen_plan_and_explains_one_that_does_not_split():
+    box = plan_explorer()
+    e = box.state.estimate
+    assert e is not None and (e.plan.tp, e.plan.pp, e.plan.dp) == (8, 2, 4)
+    assert f"MFU {e.mfu:.1%}" in box.state.readout
+    box.controls["pp"].value = 64                       # 8 · 64 GPUs on a 64-GPU cluster
+    assert box.state.estimate is None and box.state.fig is None
+    assert "does not split" in box.state.readout
+    box.controls["pp"].value = 1
+    assert box.state.estimate.plan.dp == 8

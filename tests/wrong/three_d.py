@@ -1,0 +1,174 @@
+"""Wrong answers to notebook 06's puzzles, each with the words its failure message must contain.
+
+A wrong answer must fail, whatever else it gets right; tests/test_content.py runs every catalogue.
+"""
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+import solutions.three_d as S
+from lib.devices import device_mesh
+from lib.planner import Plan, PlanError, best_plan, estimate
+from puzzles.parallel_gpt import tp_reduce
+
+
+def coordinates_tp_outermost(dist, shape):
+    """The first dimension innermost: consecutive ranks share a DP coordinate instead of a TP one."""
+    rank, coords = dist.get_rank(), []
+    for size in shape:
+        rank, c = divmod(rank, size)
+        coords.append(c)
+    return tuple(coords)
+
+
+def coordinates_from_a_mesh(dist, shape):
+    """Asking a DeviceMesh: this puzzle is the arithmetic a mesh does, so dist offers nothing but rank and size."""
+    mesh = device_mesh(dist, shape)
+    return tuple(mesh.get_coordinate())
+
+
+def groups_dp_over_the_wrong_axis(dist, dp, pp, tp):
+    """The DP and PP groups swapped: DP built along the pipeline's axis."""
+    groups = S.process_groups(dist, dp, pp, tp)
+    groups["dp"], groups["pp"] = groups["pp"], groups["dp"]
+    return groups
+
+
+def groups_only_my_own(dist, dp, pp, tp):
+    """Each rank creates only the groups it belongs to: torch requires every rank to create every group."""
+    d, p, t = S.mesh_coordinates(dist, (dp, pp, tp))
+    at = lambda i, j, k: (i * pp + j) * tp + k     # noqa: E731
+    return {"tp": dist.new_group([at(d, p, k) for k in range(tp)]),
+            "pp": dist.new_group([at(d, j, t) for j in range(pp)]),
+            "dp": dist.new_group([at(i, p, t) for i in range(dp)])}
+
+
+def groups_in_another_order(dist, dp, pp, tp):
+    """Odd ranks build the DP groups first: the groups' numbers differ between ranks."""
+    if dist.get_rank() % 2 == 0:
+        return S.process_groups(dist, dp, pp, tp)
+    d, p, t = S.mesh_coordinates(dist, (dp, pp, tp))
+    at = lambda i, j, k: (i * pp + j) * tp + k     # noqa: E731
+    groups = {}
+    for axis, members in (("dp", [[at(i, j, k) for i in range(dp)] for j in range(pp) for k in range(tp)]),
+                          ("pp", [[at(i, j, k) for j in range(pp)] for i in range(dp) for k in range(tp)]),
+                          ("tp", [[at(i, j, k) for k in range(tp)] for i in range(dp) for j in range(pp)])):
+        for ranks in members:
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                groups[axis] = group
+    return groups
+
+
+def tp_dp_averages_over_the_world(dist, weights, batch, targets, dp, tp, steps, lr):
+    """Gradients averaged over every rank: TP ranks hold different shards, so their gradients get mixed."""
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    tp_group = mesh["tp"].get_group()
+    split = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}
+    params = {k: (v.chunk(tp, split[k])[t] if k in split else v).clone().requires_grad_() for k, v in weights.items()}
+    x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
+    for _ in range(steps):
+        hidden = F.gelu(F.linear(x, params["fc1_w"], params["fc1_b"]))
+        out = tp_reduce(dist, F.linear(hidden, params["fc2_w"]), tp_group) + params["fc2_b"]
+        F.mse_loss(out, y).backward()
+        with torch.no_grad():
+            for p in params.values():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+                p -= lr * p.grad
+                p.grad = None
+    return {k: v.detach() for k, v in params.items()}
+
+
+def tp_dp_sums_instead_of_averaging(dist, weights, batch, targets, dp, tp, steps, lr):
+    """Gradients summed over DP: each step dp times too long."""
+    return S.tp_dp_train(dist, weights, batch, targets, dp, tp, steps, lr * dp)
+
+
+def tp_dp_all_reduces_the_input(dist, weights, batch, targets, dp, tp, steps, lr):
+    """Gathers the whole batch over DP and trains on it everywhere: right weights, DP traffic of the batch."""
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    d = mesh.get_local_rank("dp")
+    mine = torch.zeros_like(batch)
+    rows = batch.chunk(dp)[d].shape[0]
+    mine[d * rows:(d + 1) * rows] = batch.chunk(dp)[d]
+    dist.all_reduce(mine, group=mesh["dp"].get_group())
+    return S.tp_dp_train(dist, weights, batch, targets, dp, tp, steps, lr)
+
+
+class _DPRedirected:
+    """The learner's dist, with the DP gradient average (the step's only AVG all-reduce) sent elsewhere."""
+
+    def __init__(self, real, where):
+        self.real, self.where = real, where
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        op = self.real.ReduceOp.SUM if op is None else op
+        if op == self.real.ReduceOp.AVG:
+            if self.where == "nowhere":
+                return None
+            group = None                                     # the whole world
+        return self.real.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+def train_3d_averages_over_the_world(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """Gradients of different stages and shards averaged together: the DP all-reduce over every rank."""
+    return S.train_3d(_DPRedirected(dist, "world"), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+
+
+def train_3d_without_data_parallel(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """No DP all-reduce: each replica trains on its own rows only."""
+    return S.train_3d(_DPRedirected(dist, "nowhere"), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+
+
+def _search(model, cluster, global_batch, score, fits):
+    """The reference search with another score or another test of fitting."""
+    best, top = None, -1.0
+    for tp in (1, 2, 4, 8):
+        for pp in [p for p in range(1, model.layers + 1) if model.layers % p == 0]:
+            dp = cluster.gpus // (tp * pp)
+            if dp == 0 or dp * tp * pp != cluster.gpus or global_batch % dp:
+                continue
+            for b in [b for b in range(1, global_batch // dp + 1) if global_batch // dp % b == 0]:
+                for zero, recompute in itertools.product(range(4), ("none", "selective", "full")):
+                    plan = Plan(tp=tp, pp=pp, dp=dp, global_batch=global_batch, micro_batch=b, zero=zero,
+                                recompute=recompute)
+                    try:
+                        e = estimate(model, cluster, plan)
+                    except PlanError:
+                        continue
+                    if fits(e, cluster) and score(e) > top:
+                        best, top = plan, score(e)
+    return best
+
+
+def plan_ignoring_activation_memory(model, cluster, global_batch):
+    """Fits judged on model states alone: the fastest plans keep every activation and run out of memory."""
+    states = lambda e, c: sum(v for k, v in e.breakdown.memory.items() if k != "activations") <= c.gpu.memory  # noqa: E731
+    return _search(model, cluster, global_batch, lambda e: e.tokens_per_second, states)
+
+
+def plan_from_best_plan(model, cluster, global_batch):
+    """The library's search: the answer key, refused inside a check."""
+    return best_plan(model, cluster, global_batch, virtual_stages=[1]).plan
+
+
+WRONG = [
+    ("mesh_coordinates", coordinates_tp_outermost, "expected"),
+    ("mesh_coordinates", coordinates_from_a_mesh, "needs no dist."),
+    ("process_groups", groups_dp_over_the_wrong_axis, "dp ranks"),
+    ("process_groups", groups_only_my_own, "new_group"),
+    ("process_groups", groups_in_another_order, ("new_group", "waits", "mismatch")),
+    ("tp_dp_train", tp_dp_averages_over_the_world, ("expected", "none of its mesh groups")),
+    ("tp_dp_train", tp_dp_sums_instead_of_averaging, "expected"),
+    ("tp_dp_train", tp_dp_all_reduces_the_input, "DP axis"),
+    ("train_3d", train_3d_averages_over_the_world, ("CollectiveMismatch", "none of its mesh groups")),
+    ("train_3d", train_3d_without_data_parallel, "expected"),
+    ("choose_plan", plan_ignoring_activation_memory, "result['fits']: expected True"),
+    ("choose_plan", plan_from_best_plan, "write that search"),
+]
