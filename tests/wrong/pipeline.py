@@ -89,7 +89,7 @@ def gpipe_forgets_one_over_m(dist, stage, batch, targets, m):
 def gpipe_one_micro_batch_at_a_time(dist, stage, batch, targets, m):
     """Each micro-batch goes all the way forward and back before the next starts: no overlap at all."""
     for j in range(m):
-        _one_f_one_b(dist, stage, batch.chunk(m)[j], targets.chunk(m)[j], 1, lambda p, r: 1)
+        _one_f_one_b(dist, stage, batch.chunk(m)[j], targets.chunk(m)[j], 1, lambda p, r: 1, refuse=False)
     for prm in stage.parameters():
         prm.grad /= m
     return stage
