@@ -264,7 +264,8 @@ def _stages_case(rng: random.Random, p: int) -> Case:
 
 
 def _gpipe_case(rng: random.Random, p: int) -> Case:
-    return _case(rng, p, rng.randint(2, 2 * p + 1), "gpipe")
+    # m ≠ p, so that a gradient off by m (1/m forgotten) is not also off by N = p, which the diagnosis would name
+    return _case(rng, p, rng.choice([m for m in range(2, 2 * p + 2) if m != p]), "gpipe")
 
 
 def _refused_case(rng: random.Random, p: int, m: int, v: int, why: str) -> Case:
