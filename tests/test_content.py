@@ -91,7 +91,8 @@ def test_wrong_answer_fails_with_reason_diagnosis_and_its_own_hint(name, fn, rea
         assert "Diagnosis: " in out and any(d in out for d in _any_of(diagnosis)), out
     # The last hint (after any the simulator gives about send/recv mechanics) is one of this puzzle's own.
     hints = [line[len("Hint: "):] for line in out.splitlines() if line.startswith("Hint: ")]
-    own = set(puzzle.hints) | {b.hint for c in puzzle.cases(seed) for b in (*c.budgets, *c.contracts) if b.hint}
+    own = set(puzzle.hints) | {b.hint for c in puzzle.cases(seed)
+                               for b in (*c.budgets, *c.contracts, *getattr(c, "axis_budgets", ())) if b.hint}
     if own:
         assert hints and any(hints[-1].startswith(h) for h in own), out
     with pytest.raises(CheckFailed):
