@@ -48,7 +48,7 @@ GPU_TOLERANCE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), to
 
 METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory",
            "host_peak_memory": "peak host memory", "host_flops": "FLOPs computed in host memory",
-           "time": "simulated time"}
+           "flops": "FLOPs counted", "time": "simulated time"}
 
 
 class CheckFailed(PuzzleError):
@@ -61,12 +61,20 @@ class NotSolved(PuzzleError):
 
 @dataclass(frozen=True)
 class Budget:
-    """A ceiling on one measurement, with the formula it comes from (said to the learner)."""
+    """A ceiling on one measurement (or, with least=True, a floor), with the formula it comes from (said to
+    the learner). A floor on FLOPs is the conservation check: the work a rank's share of the algorithm needs
+    cannot vanish, whatever hides it from the simulator."""
 
-    metric: str                          # bytes_sent, bytes_received, peak_memory (per rank) or time (the run)
+    metric: str                          # bytes_sent, bytes_received, peak_memory, flops... (per rank) or time (the run)
     limit: float | Sequence[float]       # one value for every rank, or one per rank
     why: str                             # e.g. "2(N-1)/N × 4.00 KiB, what a ring all-reduce sends"
     hint: str = ""
+    least: bool = False                  # a floor: the measurement may not fall below the limit
+
+    def broken(self, value: float, limit: float) -> bool:
+        if self.least:
+            return value < limit * (1 - 1e-9)
+        return value > limit * (1 + 1e-9) + 1e-12
 
     def limit_for(self, rank: int) -> float:
         return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
@@ -74,7 +82,40 @@ class Budget:
     def fmt(self, value: float) -> str:
         if self.metric == "time":
             return fmt_time(value)
-        return f"{value:,.0f}" if self.metric == "host_flops" else fmt_bytes(value)
+        return f"{value:,.0f}" if self.metric in ("host_flops", "flops") else fmt_bytes(value)
+
+
+def flops_budgets(share: float, why: str, over: float = 0.15, under: float = 0.5) -> list[Budget]:
+    """A rank's share of the reference's FLOPs, as a ceiling (work done twice: recomputation, every rank
+    computing everything) and as a floor (conservation: work the simulator did not see cannot count)."""
+    return [Budget("flops", share * (1 + over), f"{why}, + {over:.0%}",
+                   hint="compute each piece once, on the rank that owns it: no recomputation, no replicated work."),
+            Budget("flops", share * under, f"{under:.0%} of {why}", least=True,
+                   hint="the work must run on the rank, in torch ops the simulator sees.")]
+
+
+def nothing_on_the_host(lesson: str) -> Budget:
+    """No host memory at all, for a lesson about where state lives on the device: moving the model to
+    lib.host() would meet a device budget without the lesson's algorithm."""
+    return Budget("host_peak_memory", 0, f"{lesson}: none of it belongs in host memory",
+                  hint="keep the model, its gradients and the optimizer state on the device (the arguments are "
+                       "there already); lib.host() hides memory from the device's budget, not from the check.")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A rule of the algorithm the statement asks for, checked on the run (who sent to whom, how many
+    collectives of what size): a right answer reached by another algorithm breaks it."""
+
+    rule: str                                          # what the statement asks, e.g. "a ring sends only to a neighbour"
+    broken: Callable[[SimResult], Optional[str]]       # what the run did instead, or None when it kept the rule
+    hint: str = ""
+
+    def judge(self, result: SimResult) -> Optional[str]:
+        found = self.broken(result)
+        if not found:
+            return None
+        return f"the answer is right, but {found}: {self.rule}." + (f"\nHint: {self.hint}" if self.hint else "")
 
 
 @dataclass
@@ -89,6 +130,8 @@ class Case:
     cost: Optional[CostModel] = None
     allowed_ops: Optional[frozenset] = None   # the communication this puzzle is about, if restricted
     factors: dict = field(default_factory=dict)   # numbers a wrong factor may equal: {"k, the micro-batches": 4}
+    contracts: list[Contract] = field(default_factory=list)
+    raises: Optional[type] = None        # the exception the statement asks for on these arguments (then no expected)
 
     def __post_init__(self) -> None:
         if current_rank() is not None or _learner_running:
@@ -202,10 +245,12 @@ class Puzzle:
             except RankFailed as e:
                 if isinstance(getattr(e, "exception", None), NotImplementedError):
                     return Outcome(False, False, f"{self.name} is not solved yet: write its body, then run this cell again.")
+                if _refused_as_asked(case, e):
+                    continue
                 return Outcome(False, True, f"on {case.label}: {e}{replay}", case=case)
             except PuzzleError as e:
                 return Outcome(False, True, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
-            problem = self._judge(case, result)
+            problem = _not_refused(case) or self._judge(case, result)
             if problem:
                 hinted = "\nHint: " in problem
                 return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case, hinted)
@@ -225,21 +270,26 @@ class Puzzle:
                 found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes, wrap=self.wrap,
                                  factors=case.factors, rtol=self.rtol, atol=self.atol)
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
+        for contract in case.contracts:
+            problem = contract.judge(result)
+            if problem:
+                return problem
         for b in case.budgets:
             if b.metric == "time":
-                if result.time > b.limit_for(0) * (1 + 1e-9):
+                if b.broken(result.time, b.limit_for(0)):
                     return self._over(b, "the run", result.time, b.limit_for(0))
                 continue
             for s in result.stats:
                 value = getattr(s, b.metric)
-                if value > b.limit_for(s.rank) * (1 + 1e-9) + 1e-12:
+                if b.broken(value, b.limit_for(s.rank)):
                     outside = s.outside_bytes if b.metric == "peak_memory" else 0
                     return self._over(b, f"rank {s.rank}", value, b.limit_for(s.rank), outside)
         return None
 
     @staticmethod
     def _over(b: Budget, who: str, value: float, limit: float, outside: float = 0) -> str:
-        text = f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, over the budget of {b.fmt(limit)} ({b.why})."
+        side = "under the floor" if b.least else "over the budget"
+        text = f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, {side} of {b.fmt(limit)} ({b.why})."
         if outside:
             text += (f" Of that, {b.fmt(outside)} are Python numbers taken out of tensors (.tolist(), .item()), which "
                      "count until the run ends: the simulator cannot see when Python frees them.")
@@ -253,10 +303,12 @@ class Puzzle:
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
-                worst = max(result.stats, key=lambda s: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30))
+                ratio = lambda s: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
+                worst = (min if b.least else max)(result.stats, key=ratio)
                 value, limit = getattr(worst, b.metric), b.limit_for(worst.rank)
             at = f" at N={case.world_size}" if self.takes_dist else ""
-            text += f"\n  {METRICS[b.metric]}{at}: {b.fmt(value)} of a {b.fmt(limit)} budget ({b.why})."
+            kind = "floor" if b.least else "budget"
+            text += f"\n  {METRICS[b.metric]}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
 
     def check(self, fn: Callable, strict: Optional[bool] = None, seed: Optional[int] = None, show: bool = True) -> bool:
@@ -449,6 +501,21 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _refused_as_asked(case: Case, e: RankFailed) -> bool:
+    """The learner's function raised the exception the statement asks for on this case's arguments."""
+    return case.raises is not None and isinstance(getattr(e, "exception", None), case.raises)
+
+
+def _not_refused(case: Case) -> Optional[str]:
+    """What is wrong when a case whose arguments the statement says to refuse ran to the end."""
+    if case.raises is None:
+        return None
+    name = case.raises.__name__
+    return (f"the statement asks for a {name} on these arguments, and your function returned without raising "
+            f"one: check the arguments first, and raise {name}(\"...\") saying what is wrong, so that a run that "
+            "cannot work stops before it starts.")
 
 
 def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str, str]:

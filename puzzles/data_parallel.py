@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import copy
 import random
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Contract, Puzzle, flops_budgets
 from lib.diagnose import Mistake
 from lib.measure import counted_flops
 from lib.models import mlp, param_bytes
-from lib.sim import CostModel, per_rank
-from lib.units import fmt_bytes
+from lib.sim import CostModel, SimResult, per_rank
+from lib.sim.cost import bus_factor
+from lib.units import fmt_bytes, fmt_time
 
 NOTEBOOK = "02_data_parallel"
 P2P = frozenset({"send", "recv"})
@@ -88,13 +90,49 @@ def _ring_display(case: Case) -> tuple[CostModel, str]:
                                       f"{fmt_bytes(RING_DISPLAY_BYTES)}\n{scale_note()}")
 
 
+def _off_ring(result: SimResult) -> Optional[str]:
+    """The first send that goes to neither neighbour in the ring's direction (all ranks to the right, or all
+    to the left), or None."""
+    n = result.world_size
+    sends = [(e.rank, e.peer) for e in sorted(result.trace, key=lambda e: e.start) if e.op == "send"]
+    strays = [[(r, p) for r, p in sends if p != (r + d) % n] for d in (1, -1)]
+    fewest = min(strays, key=len)
+    if not fewest:
+        return None
+    rank, peer = fewest[0]
+    return f"rank {rank} sent to rank {peer}, which is not the next rank around the ring"
+
+
+RING = Contract("in a ring every rank sends only to its neighbour, the same way round for all ranks", _off_ring,
+                hint="send to (rank + 1) % N and receive from (rank - 1) % N at every step.")
+
+
+def _ring_time(cost: CostModel, op: str, size: int, world: int) -> Budget:
+    """What a ring takes: N-1 (or 2(N-1)) steps, each one chunk's message between neighbours and its sum."""
+    steps = (2 if op == "all_reduce" else 1) * (world - 1)
+    per_step = cost.p2p_time(size // world, 0, 1) + cost.compute_time(size // world // 4, nbytes=3 * size // world)
+    return Budget("time", RING_SLACK * steps * per_step,
+                  f"{RING_SLACK} × {steps} steps × {fmt_time(per_step)}: a chunk to the neighbour, all ranks at once",
+                  hint="every rank sends and receives at each step (isend, then recv, then wait): the N-1 steps run "
+                       "on all the links at the same time, not one rank after another.")
+
+
+RING_SLACK = 1.5     # room for the copies and bookkeeping around the messages; a serialised ring takes N times longer
+
+
+def _ring_case(world: int, args: tuple, expected: list, label: str, size: int, op: str, factor: float,
+               formula: str) -> Case:
+    cost = CostModel()
+    return Case(world, args, expected, label, cost=cost, allowed_ops=P2P, contracts=[RING],
+                budgets=[_ring_budget(factor, formula, size, f"a ring {op.replace('_', '-')}"),
+                         _ring_time(cost, op, size, world)])
+
+
 def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
-    total = _total(xs)
-    return Case(world, (per_rank(xs),), list(total.chunk(world)),
-                f"N={world}, x of {xs[0].numel()} float32 per rank",
-                budgets=[_ring_budget((world - 1) / world, "(N-1)/N", _nbytes(xs[0]), "a ring reduce-scatter")],
-                allowed_ops=P2P)
+    return _ring_case(world, (per_rank(xs),), list(_total(xs).chunk(world)),
+                      f"N={world}, x of {xs[0].numel()} float32 per rank", _nbytes(xs[0]), "reduce_scatter",
+                      (world - 1) / world, "(N-1)/N")
 
 
 def _reduce_scatter_oracle(dist, x):
@@ -118,10 +156,8 @@ ring_reduce_scatter = Puzzle(
 def _all_gather_case(rng: random.Random, world: int) -> Case:
     chunks = _vectors(rng, world, rng.randint(1, 9))
     out = torch.cat(chunks)
-    return Case(world, (per_rank(chunks),), [out] * world,
-                f"N={world}, chunk of {chunks[0].numel()} float32 per rank",
-                budgets=[_ring_budget((world - 1) / world, "(N-1)/N", _nbytes(out), "a ring all-gather")],
-                allowed_ops=P2P)
+    return _ring_case(world, (per_rank(chunks),), [out] * world, f"N={world}, chunk of {chunks[0].numel()} float32 "
+                      "per rank", _nbytes(out), "all_gather", (world - 1) / world, "(N-1)/N")
 
 
 def _all_gather_oracle(dist, chunk):
@@ -143,9 +179,8 @@ ring_all_gather = Puzzle(
 
 def _all_reduce_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
-    return Case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 per rank",
-                budgets=[_ring_budget(2 * (world - 1) / world, "2(N-1)/N", _nbytes(xs[0]), "a ring all-reduce")],
-                allowed_ops=P2P)
+    return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
+                      "per rank", _nbytes(xs[0]), "all_reduce", 2 * (world - 1) / world, "2(N-1)/N")
 
 
 ring_all_reduce = Puzzle(
@@ -191,21 +226,26 @@ def train_single(model, batches, lr: float, before_update=None):
     return model
 
 
-def _all_reduce_grads_budget(model, world: int, steps: int) -> Budget:
+def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
+    """Exactly the gradients' all-reduce, no more (a ceiling) and no less (a floor: every rank trains on its
+    own shard, so the gradients must travel; gathering the data instead is another algorithm)."""
     size = param_bytes(model)
-    return Budget("bytes_sent", steps * 2 * (world - 1) / world * size,
-                  f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)",
-                  hint="all-reduce each gradient once per step: nothing else needs to travel.")
+    total = steps * 2 * (world - 1) / world * size
+    why = f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)"
+    return [Budget("bytes_sent", total, why, hint="all-reduce each gradient once per step: nothing else needs to travel."),
+            Budget("bytes_sent", total, why, least=True,
+                   hint="each rank trains on its own shard of the batch and the gradients travel, not the data.")]
 
 
 def _ddp_case(rng: random.Random, world: int) -> Case:
     model = mlp(SIZES, seed=rng.randrange(2**31))
     shards, full = _batches(rng, world, local=rng.randint(2, 5), steps=STEPS)
     lr = 0.1
-    expected = train_single(model, full, lr)
+    expected, flops = counted_flops(lambda: train_single(model, full, lr))
+    floor = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs")[1]
     return Case(world, (model, per_rank(shards), lr), [expected] * world,
                 f"N={world}, {STEPS} steps of {len(shards[0][0][0])} samples per rank",
-                budgets=[_all_reduce_grads_budget(model, world, STEPS)])
+                budgets=_all_reduce_grads_budgets(model, world, STEPS) + [floor])
 
 
 def _ddp_mistake(what: str, message: str) -> Mistake:
@@ -284,8 +324,25 @@ def _bucketed_case(rng: random.Random, world: int) -> Case:
                 budgets=[Budget("time", budget, why,
                                 hint="launch each bucket's all_reduce with async_op=True from a gradient hook as "
                                      "soon as its last gradient is ready, and wait only after backward."),
-                         _all_reduce_grads_budget(model, world, steps)],
-                cost=cost)
+                         *_all_reduce_grads_budgets(model, world, steps)],
+                cost=cost, contracts=[_bucket_contract(BUCKET_ELEMENTS, steps, world)])
+
+
+def _bucket_contract(bucket_size: int, steps: int, world: int, word: int = 8) -> Contract:
+    """DDP's rule: a bucket is all-reduced once it holds bucket_size elements; only a step's last may hold fewer."""
+    def broken(result: SimResult) -> Optional[str]:
+        for rank in range(world):
+            sizes = [e.bytes / bus_factor("all_reduce", world) / word for e in result.trace
+                     if e.rank == rank and e.op == "all_reduce"]
+            small = [round(n) for n in sizes if n < bucket_size - 0.5]
+            if len(small) > steps:
+                return (f"rank {rank} all-reduced {len(small)} buffers of fewer than bucket_size = {bucket_size} "
+                        f"elements in {steps} steps ({', '.join(map(str, small[:6]))}{'...' if len(small) > 6 else ''})")
+        return None
+    return Contract("a bucket is all-reduced once it holds at least bucket_size elements (DDP's rule); only each "
+                    "step's last bucket may be smaller", broken,
+                    hint="add gradients to the current bucket until it holds bucket_size elements, then all-reduce "
+                         "it as one flat tensor; many small all-reduces each pay the link's latency.")
 
 
 bucketed_data_parallel_train = Puzzle(

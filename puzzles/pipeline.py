@@ -264,22 +264,40 @@ def _stages_case(rng: random.Random, p: int) -> Case:
 
 
 def _gpipe_case(rng: random.Random, p: int) -> Case:
-    return _case(rng, p, rng.randint(2, 2 * p + 1), "gpipe")
+    # m ≠ p, so that a gradient off by m (1/m forgotten) is not also off by N = p, which the diagnosis would name
+    return _case(rng, p, rng.choice([m for m in range(2, 2 * p + 2) if m != p]), "gpipe")
 
 
-def _one_f_one_b_case(rng: random.Random, p: int) -> Case:
+def _refused_case(rng: random.Random, p: int, m: int, v: int, why: str) -> Case:
+    """Arguments the statement says to refuse with a ValueError: no expected result, no budget."""
+    model, batch, targets = _model_and_data(rng, p * v, m)
+    stages = [model[s] for s in stage_slices(p * v)]
+    mine = [[stages[c * p + r] for c in range(v)] for r in range(p)] if v > 1 else stages
+    return Case(p, (per_rank(mine), batch, targets, m), [None] * p,
+                f"p={p} stages, m={m} micro-batches ({why}: the statement asks for a ValueError)", raises=ValueError)
+
+
+def _one_f_one_b_case(rng: random.Random, p: int, too_few: bool = False) -> Case:
+    if too_few:
+        return _refused_case(rng, p, rng.randint(1, p - 1), 1, "m < p")
     return _case(rng, p, rng.randint(p + 2, 2 * p + 2), "1f1b")
 
 
-def _zero_bubble_case(rng: random.Random, p: int) -> Case:
+def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False) -> Case:
     """m as for 1F1B, among those ScheduleInterleavedZeroBubble (the real cell's oracle) takes: a multiple of
     its number of rounds, max(1, m // p)."""
+    if too_few:
+        return _refused_case(rng, p, rng.randint(1, p - 1), 1, "m < p")
     return _case(rng, p, rng.choice([m for m in range(p + 2, 2 * p + 3) if m % max(1, m // p) == 0]), "zb-h1")
 
 
-def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Optional[int] = None) -> Case:
+def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Optional[int] = None,
+                      uneven: bool = False) -> Case:
     """p ranks, v chunks of LAYERS layers each (virtual stage c·p + r on rank r), m a multiple of p."""
-    v, m = v or rng.choice((2, 3)), m or p * rng.randint(1, 3)
+    if uneven:
+        return _refused_case(rng, p, p * rng.randint(0, 2) + rng.randint(1, p - 1), rng.choice((2, 3)),
+                             "m not a multiple of p")
+    v, m = v or rng.choice((2, 3)), m or p * rng.randint(2, 3)     # m = p holds no more than all forwards first
     model, batch, targets = _model_and_data(rng, p * v, m)
     stages = [model[s] for s in stage_slices(p * v)]
     chunks = [[stages[c * p + r] for c in range(v)] for r in range(p)]
@@ -388,7 +406,7 @@ gpipe = Puzzle(
     describe="GPipe: m micro-batches, all forwards then all backwards, gradients of the mean loss.")
 
 one_f_one_b = Puzzle(
-    "one_f_one_b", NOTEBOOK, _one_f_one_b_case, world_sizes=(2, 3, 4),
+    "one_f_one_b", NOTEBOOK, _one_f_one_b_case, world_sizes=(3, 2, 3, 4), variants=[{"too_few": True}],
     hints=["Rank r runs p-r-1 forwards (warm-up), then alternates one forward and one backward until every "
            "forward is done (steady state), then runs the remaining backwards (cool-down).",
            "Keep the stash in a dict by micro-batch and pop it in backward, so its activations are freed. "
@@ -401,7 +419,7 @@ one_f_one_b = Puzzle(
              "of activations on stage r.")
 
 interleaved_1f1b = Puzzle(
-    "interleaved_1f1b", NOTEBOOK, _interleaved_case, world_sizes=(2, 3, 4),
+    "interleaved_1f1b", NOTEBOOK, _interleaved_case, world_sizes=(3, 2, 3, 4),
     hints=["Number this rank's work: its k-th forward is micro-batch (k // (p·v))·p + k % p on chunk (k // p) % v; "
            "its k-th backward is the same micro-batch on chunk v-1-(k // p) % v. Chunk c is stage s = c·p + rank: "
            "its input comes from rank (rank-1) % p, its output goes to rank (rank+1) % p.",
@@ -413,11 +431,12 @@ interleaved_1f1b = Puzzle(
            "activations, tag=1 for gradients) so a recv cannot take the other kind. Raise ValueError when m % p."],
     oracle=_torch_interleaved, oracle_name="torch.distributed.pipelining.ScheduleInterleaved1F1B",
     rtol=1e-9, atol=1e-12, **AT_LEAST,
-    variants=[{"m": 4}],      # p=2 with m > p: the pair of ranks carries both kinds of message in both directions
+    # m % p must be refused; then p=2 with m > p: the pair of ranks carries both kinds of message both ways
+    variants=[{"uneven": True}, {"m": 4}],
     describe="Interleaved 1F1B (Megatron-LM): v chunks per rank, the bubble divided by v.")
 
 zero_bubble = Puzzle(
-    "zero_bubble", NOTEBOOK, _zero_bubble_case, world_sizes=(2, 3, 4),
+    "zero_bubble", NOTEBOOK, _zero_bubble_case, world_sizes=(3, 2, 3, 4), variants=[{"too_few": True}],
     hints=["Start from your 1F1B and split its backward in two. B: run the stage layer by layer in forward, keeping "
            "each nn.Linear's input and output y; in B ask autograd for the gradients of the outputs and of x only, "
            "torch.autograd.grad(out, [y1, y2, ..., x], grad), and send x's gradient to rank-1 at once.",

@@ -18,11 +18,12 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Puzzle, flops_budgets
 from lib.devices import device_mesh
 from lib.errors import PuzzleError
-from lib.measure import saved_activation_bytes
+from lib.measure import counted_flops, saved_activation_bytes
 from lib.sim import per_rank
+from lib.sim.context import current_tracker
 from lib.units import fmt_bytes
 
 NOTEBOOK = "04_tensor_parallel"
@@ -105,6 +106,14 @@ def _check_pattern(phase: str, calls: list, pattern: dict, dist) -> None:
                                 f"rank {dist.get_rank()} issued {_describe_calls(calls)}.")
 
 
+def _forward_memory(forward: Callable[[], None], given: list[torch.Tensor]) -> tuple[int, int]:
+    """(bytes autograd saves while `forward()` runs, bytes it leaves allocated on this rank's tracker)."""
+    tracker = current_tracker()
+    before = tracker.current if tracker is not None else 0
+    saved = saved_activation_bytes(forward, exclude=given)
+    return saved, (tracker.current - before if tracker is not None else 0)
+
+
 def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     """Run the learner's forward, then backward from the held-back upstream gradient.
 
@@ -120,7 +129,7 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
         nonlocal out
         out = fn(counting, *inputs)
 
-    saved = saved_activation_bytes(forward_pass, exclude=given)
+    saved, kept = _forward_memory(forward_pass, given)
     forward = list(counting.log)
     if not isinstance(out, torch.Tensor):
         raise CollectivePattern(f"the layer should return a tensor, got {type(out).__name__}.")
@@ -132,6 +141,9 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
                                 "can flow back (was a result computed under torch.no_grad or detached?).")
     if upstream.pattern is not None:
         _check_pattern("forward", forward, upstream.pattern, dist)     # before memory: the deeper mistake
+    # What forward leaves alive counts too (the output aside): a tensor kept by a closure, as
+    # torch.utils.checkpoint keeps its inputs, is memory autograd's saved tensors do not show.
+    saved = max(saved, kept - out.numel() * out.element_size())
     if upstream.activations is not None and saved > upstream.activations[0]:
         limit, why, *hint = upstream.activations
         hint = hint[0] if hint else ("a rank should keep only its 1/N of the 4h-wide activations, once each: "
@@ -173,9 +185,9 @@ def _rand(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor
     return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
 
 
-def _shape(rng: random.Random, world: int) -> tuple[int, int, int, int]:
-    """(s, b, h, a): two heads per rank, the sequence a multiple of the world size."""
-    a = 2 * world
+def _shape(rng: random.Random, world: int, heads_per_rank: Optional[int] = None) -> tuple[int, int, int, int]:
+    """(s, b, h, a): 1 to 3 heads per rank, the sequence a multiple of the world size."""
+    a = world * (heads_per_rank or rng.randint(1, 3))
     return world * rng.randint(1, 3), rng.randint(1, 2), a * rng.choice([2, 4]), a
 
 
@@ -424,8 +436,8 @@ def _qkv_shards(t: torch.Tensor, world: int) -> list[torch.Tensor]:
     return [torch.cat([q[r], k[r], v[r]]) for r in range(world)]
 
 
-def _attention_case(rng: random.Random, world: int) -> Case:
-    s, b, h, a = _shape(rng, world)
+def _attention_case(rng: random.Random, world: int, heads_per_rank: Optional[int] = None) -> Case:
+    s, b, h, a = _shape(rng, world, heads_per_rank)
     gen = _gen(rng)
     x, qkv_w, qkv_b = _rand(gen, s, b, h), _rand(gen, 3 * h, h, scale=h ** -0.5), _rand(gen, 3 * h, scale=0.1)
     proj_w, proj_b, dy = _rand(gen, h, h, scale=h ** -0.5), _rand(gen, h, scale=0.1), _rand(gen, s, b, h)
@@ -497,6 +509,7 @@ parallel_attention = LayerPuzzle(
            "never [s, b, d, heads/N]."],
     oracle=_attention_oracle, oracle_name="parallelize_module (q, k, v ColwiseParallel, proj RowwiseParallel)",
     display=_layer_display,
+    variants=[{"heads_per_rank": 3}],        # neither one head per rank nor two: `heads` must be read
     describe="Causal self-attention split by heads: one all-reduce forward, one backward.")
 
 
@@ -512,7 +525,7 @@ def _sp_case(rng: random.Random, world: int) -> Case:
     gen = _gen(rng)
     x, (w1, b1, w2, _) = _rand(gen, s, b, h), _mlp_weights(gen, h)
     dy = _rand(gen, s, b, h)
-    ref = _reference(_sp_mlp, dy, x=x, fc1_w=w1, fc1_b=b1, fc2_w=w2)
+    ref, flops = counted_flops(lambda: _reference(_sp_mlp, dy, x=x, fc1_w=w1, fc1_b=b1, fc2_w=w2))
     sbh = s * b * h
     pattern = {"forward": [("all_gather", sbh), ("reduce_scatter", sbh)],
                "backward": [("all_gather", sbh), ("reduce_scatter", sbh)]}
@@ -539,7 +552,9 @@ def _sp_case(rng: random.Random, world: int) -> Case:
             per_rank([Upstream(d, pattern, activations) for d in dy.chunk(world, 0)]))
     return Case(world, args, expected, _label(world, s, b, h, f", {s // world} tokens of the sequence per rank"),
                 budgets=_bytes_budgets(pattern, world, "the all-gather before and the reduce-scatter after the "
-                                                       "tensor-parallel region, and their conjugates"),
+                                                       "tensor-parallel region, and their conjugates")
+                + flops_budgets(flops / world, f"1/N of the single-device layer's forward and backward, "
+                                               f"{flops:,.0f} FLOPs", over=0.05),
                 allowed_ops=frozenset({"all_gather", "reduce_scatter", "all_gather_into_tensor",
                                        "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single"}))
 
@@ -592,13 +607,15 @@ def _vocab_loss(emb_w, head_w, tokens, targets):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def _vocab_case(rng: random.Random, world: int) -> Case:
+def _vocab_case(rng: random.Random, world: int, logit_scale: Optional[float] = None) -> Case:
+    """Logits of about ±logit_scale (random when not given): at 1e4, exp overflows without the max subtracted."""
     s, b, h = world * rng.randint(2, 3), rng.randint(1, 2), rng.choice([4, 8])
     vocab = world * 32 * rng.randint(2, 3)              # logits dominate memory, as in a real LM head
     gen = _gen(rng)
     tokens = torch.randint(vocab, (s, b), generator=gen)
     targets = torch.randint(vocab, (s, b), generator=gen)
-    emb_w, head_w = _rand(gen, vocab, h), _rand(gen, vocab, h, scale=h ** -0.5)
+    scale = logit_scale or 10 ** rng.uniform(0, 4)
+    emb_w, head_w = _rand(gen, vocab, h), _rand(gen, vocab, h, scale=scale * h ** -0.5)
     ref = _reference(lambda emb_w, head_w: _vocab_loss(emb_w, head_w, tokens, targets), torch.tensor(1.0,
                      dtype=torch.float64), emb_w=emb_w, head_w=head_w)
     ge, gh = ref["emb_w"].chunk(world, 0), ref["head_w"].chunk(world, 0)
@@ -619,7 +636,7 @@ def _vocab_case(rng: random.Random, world: int) -> Case:
     why_mem = (f"{LOGIT_COPIES} tensors of this rank's logits shard s·b·V/N = {fmt_bytes(sb * part * ITEM)} "
                f"alive at once, plus inputs, weight shards, their gradients and s·b·h activations "
                f"({fmt_bytes(held)}); the full logits are {fmt_bytes(sb * vocab * ITEM)}")
-    return Case(world, args, expected, _label(world, s, b, h, f", vocabulary {vocab}"),
+    return Case(world, args, expected, _label(world, s, b, h, f", vocabulary {vocab}, logits of about ±{scale:.3g}"),
                 # Memory first: it is the point of this puzzle (a gather also sends too much).
                 budgets=[Budget("peak_memory", memory, why_mem,
                                 hint="never build [s, b, V]: reduce the max, the sum of exponentials and the "
@@ -677,7 +694,7 @@ vocab_parallel_loss = LayerPuzzle(
            "loss = (sumexp.log() - target_logit).mean() with sumexp and target_logit each Reduce.apply(...) of "
            "an [s, b] tensor: every rank holds the same loss, and backward gives each rank the gradient of "
            "its own logits slice, softmax − one-hot, without ever building [s, b, V]."],
-    oracle=_vocab_oracle, oracle_name="parallelize_module with loss_parallel()",
+    oracle=_vocab_oracle, oracle_name="parallelize_module with loss_parallel()", variants=[{"logit_scale": 1e4}],
     describe="Mean cross-entropy of a vocabulary-parallel embedding and head, never gathering the logits.")
 
 

@@ -14,7 +14,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Puzzle, nothing_on_the_host
 from lib.devices import device_mesh
 from lib.formulas import model_state_bytes
 from lib.measure import counted_time, saved_activation_bytes
@@ -154,13 +154,17 @@ def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint:
     return Budget("peak_memory", limit, why, hint=hint)
 
 
-def _case(rng: random.Random, world: int, budgets, cost=None) -> Case:
+ON_DEVICE = nothing_on_the_host("ZeRO shards the training state across the ranks' devices")
+
+
+def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False) -> Case:
+    """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there."""
     model = mlp(SIZES, seed=rng.randrange(2**31))
     shards, full = _batches(rng, world)
     s = _Sizes(model, world, shards[0])
     return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
                 f"N={world}, {STEPS} Adam steps of {LOCAL} samples per rank, {s.psi} padded parameters",
-                budgets=budgets(s, model), cost=cost)
+                budgets=([] if host else [ON_DEVICE]) + budgets(s, model), cost=cost)
 
 
 def _params_of(model) -> dict[str, torch.Tensor]:
@@ -371,7 +375,7 @@ def _prefetch_case(rng: random.Random, world: int) -> Case:
     s = _Sizes(model, world, shards[0])
     return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
                 f"N={world}, {STEPS} Adam steps, gathering a layer takes as long as computing it",
-                budgets=budgets(s, model), cost=cost)
+                budgets=[ON_DEVICE] + budgets(s, model), cost=cost)
 
 
 fsdp_prefetch_train = Puzzle(
@@ -401,7 +405,7 @@ def _offload_case(rng: random.Random, world: int) -> Case:
                        hint="keep one copy of each shard on the host; free per-step temporaries."),
                 _bytes_budget(s, 2, False, "a reduce-scatter of the gradients and an all-gather of the parameters "
                                            "per step")]
-    return _case(rng, world, budgets)
+    return _case(rng, world, budgets, host=True)
 
 
 zero_offload_train = Puzzle(

@@ -173,6 +173,63 @@ def test_allowed_ops_reject_a_collective_where_p2p_is_asked(capsys):
     assert puzzle.check(ring_from_p2p) is True
 
 
+def test_a_floor_rejects_a_measurement_below_it(capsys):
+    """Budget(least=True): what a ring all-reduce sends is also the least it sends; a floor above it fails."""
+    def with_floor(factor):
+        def make(rng, n):
+            case = _sum_case(rng, n)
+            case.budgets.append(Budget("bytes_sent", factor * case.budgets[0].limit, "what the ring needs", least=True))
+            return case
+        return make
+    assert Puzzle("sum_floor", "00_test", with_floor(1), world_sizes=(2, 3)).check(ring_from_p2p, seed=0) is True
+    assert "floor (what the ring needs)" in capsys.readouterr().out
+    assert Puzzle("sum_floor", "00_test", with_floor(2), world_sizes=(2, 3)).check(ring_from_p2p, seed=0) is False
+    assert "under the floor of" in capsys.readouterr().out
+    assert Budget("flops", 10, "", least=True).broken(9, 10) and not Budget("flops", 10, "", least=True).broken(10, 10)
+
+
+def test_a_contract_names_what_the_run_did_instead(capsys):
+    def only_p2p(result):
+        used = sorted({e.op for e in result.trace if e.lane == "comm"} - {"send", "recv"})
+        return f"rank 0 used {used[0]}" if used else None
+
+    def contracted(rng, n):
+        case = _sum_case(rng, n)
+        case.contracts.append(lib.check.Contract("a ring is made of messages", only_p2p, hint="use send and recv"))
+        return case
+    puzzle = Puzzle("sum_contract", "00_test", contracted, world_sizes=(2, 3))
+    assert puzzle.check(correct, seed=0) is False
+    out = capsys.readouterr().out
+    assert "the answer is right, but rank 0 used all_reduce: a ring is made of messages." in out
+    assert "Hint: use send and recv" in out
+    assert puzzle.check(ring_from_p2p, seed=0) is True
+
+
+def test_arguments_the_statement_refuses_must_raise_what_it_asks(capsys):
+    def refused_first(rng, n, odd=False):
+        case = _sum_case(rng, n)
+        if odd:
+            return Case(n, (per_rank([torch.ones(3)] * n),), [None] * n, f"N={n}, length 3 (not a multiple of N)",
+                        raises=ValueError)
+        return case
+
+    def careful(dist, x):
+        if x.numel() % dist.get_world_size():
+            raise ValueError("the length must be a multiple of N")
+        return correct(dist, x)
+
+    puzzle = Puzzle("sum_refuses", "00_test", refused_first, world_sizes=(2, 2, 3), variants=[{"odd": True}])
+    assert puzzle.check(careful, seed=0) is True
+    capsys.readouterr()
+    assert puzzle.check(correct, seed=0) is False
+    assert "the statement asks for a ValueError on these arguments" in capsys.readouterr().out
+
+    def wrong_error(dist, x):
+        raise TypeError("no")
+    assert puzzle.check(wrong_error, seed=0) is False
+    assert "TypeError" in capsys.readouterr().out
+
+
 def test_hints_come_in_tiers(capsys):
     puzzle = make_puzzle()
     shown = [puzzle.hint() for _ in range(4)]

@@ -8,6 +8,7 @@ import pkgutil
 import pytest
 
 import puzzles
+import tests.cheats
 import tests.wrong
 from lib.check import CheckFailed, NotSolved, fresh_seed
 
@@ -63,8 +64,13 @@ def test_single_device_lesson_refuses_several_processes(capsys):
 # ---- the catalogue of wrong answers: each must fail, with the reason in the message ------------
 # An entry is (puzzle name, wrong function, reason) or (..., reason, diagnosis): the reason is words the failure
 # must contain, the diagnosis words that name the mistake (lib.diagnose); either may be a tuple of alternatives.
-WRONG = [w for name in sorted(m.name for m in pkgutil.iter_modules(tests.wrong.__path__))
-         for w in importlib.import_module(f"tests.wrong.{name}").WRONG]
+def _catalogue(package, attribute: str) -> list[tuple]:
+    return [w for name in sorted(m.name for m in pkgutil.iter_modules(package.__path__)) if name != "common"
+            for w in getattr(importlib.import_module(f"{package.__name__}.{name}"), attribute)]
+
+
+WRONG = _catalogue(tests.wrong, "WRONG")
+CHEATS = _catalogue(tests.cheats, "CHEATS")
 BY_NAME = {p.name: p for p in puzzles.ALL}
 CATALOGUE = [(w[0], w[1], w[2], w[3] if len(w) > 3 else None) for w in WRONG]
 
@@ -86,9 +92,21 @@ def test_wrong_answer_fails_with_reason_diagnosis_and_its_own_hint(name, fn, rea
     # The last hint (after any the simulator gives about send/recv mechanics) is one of this puzzle's own.
     hints = [line[len("Hint: "):] for line in out.splitlines() if line.startswith("Hint: ")]
     cases = puzzle.cases(seed)
-    own = (set(puzzle.hints) | {b.hint for c in cases for b in c.budgets if b.hint}
+    own = (set(puzzle.hints)
+           | {b.hint for c in cases for b in (*c.budgets, *c.contracts, *getattr(c, "axis_budgets", ())) if b.hint}
            | {r.hint for c in cases for r in getattr(c, "rules", ()) if getattr(r, "hint", "")})   # lib.contract
     if own:
         assert hints and any(hints[-1].startswith(h) for h in own), out
     with pytest.raises(CheckFailed):
         puzzle.check(fn, strict=True, show=False)
+
+
+# ---- the catalogue of cheats (tests/cheats): right numbers without the lesson's algorithm, or work hidden from
+# the simulator; each must be rejected by a message that names what it did.
+@pytest.mark.parametrize("name,fn,reason", CHEATS, ids=[f"{c[0]}-{c[1].__name__}" for c in CHEATS])
+def test_cheat_is_rejected_naming_what_it_did(name, fn, reason, capsys):
+    puzzle = BY_NAME[name]
+    assert puzzle.check(fn, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"✗ {name} failed on "), out
+    assert any(r in out for r in _any_of(reason)), out

@@ -6,7 +6,6 @@ A wrong answer must fail, whatever else it gets right; tests/test_content.py run
 import torch
 import torch.nn.functional as F
 
-import solutions.data_parallel as S
 
 
 def ddp_never_communicates(dist, model, batches, lr):
@@ -48,7 +47,20 @@ def ddp_hook_reduces_the_weights(dist, model, batches, lr, bucket_size):
 
 
 def ddp_without_overlap(dist, model, batches, lr, bucket_size):
-    return S.data_parallel_train(dist, model, batches, lr)
+    """One bucket of every gradient, all-reduced after backward: DDP's bucket rule kept, nothing overlapped."""
+    world = dist.get_world_size()
+    params = list(model.parameters())
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        flat /= world
+        with torch.no_grad():
+            for p, g in zip(params, flat.split([p.numel() for p in params])):
+                p.grad.copy_(g.view_as(p))
+                p -= lr * p.grad
+    return model
 
 
 def ring_sends_whole_tensor(dist, x):

@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 
 
-def _one_f_one_b(dist, stage, batch, targets, m, warm_of, blocking=False, keep_all=False, scale=True):
+def _one_f_one_b(dist, stage, batch, targets, m, warm_of, blocking=False, keep_all=False, scale=True, refuse=True):
     """1F1B with knobs for the classic mistakes."""
     rank, p = dist.get_rank(), dist.get_world_size()
+    if refuse and m < p:
+        raise ValueError(f"1F1B needs m >= p, got m={m}, p={p}")
     xs, ys = batch.chunk(m), targets.chunk(m)
     sends, stash, kept = [], {}, []
     send = (lambda t, peer: dist.send(t, peer)) if blocking else (lambda t, peer: sends.append(dist.isend(t, peer)))
@@ -74,6 +76,11 @@ def one_f_one_b_is_gpipe(dist, stage, batch, targets, m):
     return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: m)
 
 
+def one_f_one_b_accepts_too_few_micro_batches(dist, stage, batch, targets, m):
+    """Runs with m < p (every rank only warms up and cools down) instead of raising the ValueError asked for."""
+    return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: min(p - r - 1, m), refuse=False)
+
+
 def gpipe_forgets_one_over_m(dist, stage, batch, targets, m):
     """The sum of the micro-batch losses instead of their mean: gradients m times too large."""
     return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: m, scale=False)
@@ -82,7 +89,7 @@ def gpipe_forgets_one_over_m(dist, stage, batch, targets, m):
 def gpipe_one_micro_batch_at_a_time(dist, stage, batch, targets, m):
     """Each micro-batch goes all the way forward and back before the next starts: no overlap at all."""
     for j in range(m):
-        _one_f_one_b(dist, stage, batch.chunk(m)[j], targets.chunk(m)[j], 1, lambda p, r: 1)
+        _one_f_one_b(dist, stage, batch.chunk(m)[j], targets.chunk(m)[j], 1, lambda p, r: 1, refuse=False)
     for prm in stage.parameters():
         prm.grad /= m
     return stage
@@ -125,6 +132,8 @@ def _interleaved(dist, chunks, batch, targets, m, warm_of=None, tags=(0, 1), con
                  backward_chunks_reversed=True):
     """Interleaved 1F1B with knobs for the classic mistakes (the reference solution when left alone)."""
     rank, p = dist.get_rank(), dist.get_world_size()
+    if m % p:
+        raise ValueError(f"m={m} must be a multiple of p={p}")
     v = len(chunks)
     xs, ys = batch.chunk(m), targets.chunk(m)
     last, total = p * v - 1, m * v
@@ -233,9 +242,11 @@ def interleaved_contiguous_chunks(dist, chunks, batch, targets, m):
 
 
 def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, split=True, w_recomputes=False,
-                 send_after_w=False, run_w=True, transpose=False, accumulate=True):
+                 send_after_w=False, run_w=True, transpose=False, accumulate=True, outer=None):
     """ZB-H1 with knobs for the classic mistakes (the reference solution when left alone)."""
     rank, p = dist.get_rank(), dist.get_world_size()
+    if m < p:
+        raise ValueError(f"ZB-H1 needs m >= p, got m={m}, p={p}")
     xs, ys = batch.chunk(m), targets.chunk(m)
     sends, stash, waiting = [], {}, []
 
@@ -294,7 +305,7 @@ def _zero_bubble(dist, stage, batch, targets, m, keep_waiting=lambda p, r: r, sp
             out.backward(grad, inputs=list(stage.parameters()))
             return
         for layer, inp, dy in item:
-            dw = inp.T @ dy if transpose else dy.T @ inp
+            dw = outer(dy, inp) if outer else inp.T @ dy if transpose else dy.T @ inp
             for prm, g in ((layer.weight, dw), (layer.bias, dy.sum(0))):
                 if prm.grad is None or not accumulate:
                     prm.grad = g
@@ -383,6 +394,7 @@ WRONG = [
     ("one_f_one_b", one_f_one_b_blocking_sends, "waits in send"),
     ("one_f_one_b", one_f_one_b_stashes_everything, "peak memory"),
     ("one_f_one_b", one_f_one_b_is_gpipe, "peak memory"),
+    ("one_f_one_b", one_f_one_b_accepts_too_few_micro_batches, "asks for a ValueError"),
     ("gpipe", gpipe_forgets_one_over_m, ".grad", "= m, the number of micro-batches"),
     ("gpipe", gpipe_one_micro_batch_at_a_time, "simulated time"),
     ("pipeline_stages", stages_forget_requires_grad, "rank"),

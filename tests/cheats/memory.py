@@ -1,0 +1,52 @@
+"""Cheats on notebook 01's training puzzles, each with the words its rejection must contain. (Its prediction
+puzzles have their own guards, with their own messages.)"""
+
+from torch.utils.checkpoint import checkpoint
+
+import lib
+import puzzles.memory as P
+import solutions.memory as S
+from tests.cheats.common import everywhere, under_identity_hooks
+
+TRAINING = ("checkpointed_step", "accumulated_step", "offloaded_adam_train")
+
+
+def plain_step(model, tokens, targets):
+    """No recomputation at all: every block's activations kept until backward."""
+    model.loss(tokens, targets).backward()
+    return model
+
+
+def plain_accumulation(model, tokens, targets, k):
+    """The whole batch at once, k ignored."""
+    return plain_step(model, tokens, targets)
+
+
+def checkpoint_every_other_block(model, tokens, targets):
+    """Recomputes pairs of blocks: half the layer inputs kept, two blocks' activations at a time."""
+    x = model.embed(tokens)
+    blocks = list(model.blocks)
+    for i in range(0, len(blocks), 2):
+        pair = blocks[i:i + 2]
+        x = checkpoint(lambda t, pair=pair: pair[-1](pair[0](t)) if len(pair) == 2 else pair[0](t), x,
+                       use_reentrant=False)
+    model.head_loss(x, targets).backward()
+    return model
+
+
+def _on_the_host(solution):
+    """The reference solution with the model and its inputs moved to host memory, out of the device's budget."""
+    def cheat(model, tokens, targets, *rest):
+        model.to(lib.host())
+        return solution(model, tokens.to(lib.host()), targets.to(lib.host()), *rest)
+    cheat.__name__ = f"{solution.__name__}_on_the_host"
+    return cheat
+
+
+CHEATS = [c for c in everywhere(P) if c[0] in TRAINING] + [
+    ("checkpointed_step", under_identity_hooks(plain_step), "peak memory"),
+    ("checkpointed_step", checkpoint_every_other_block, "peak memory"),
+    ("checkpointed_step", _on_the_host(S.checkpointed_step), "peak host memory"),
+    ("accumulated_step", _on_the_host(S.accumulated_step), "peak host memory"),
+    ("accumulated_step", under_identity_hooks(plain_accumulation), "peak memory"),
+]

@@ -1,0 +1,91 @@
+"""Cheats on notebook 04's puzzles, each with the words its rejection must contain."""
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import puzzles.tensor_parallel as P
+import solutions.tensor_parallel as S
+from puzzles.tensor_parallel import attention_core
+from tests.cheats.common import everywhere
+
+
+def _sequence_ops(dist):
+    """The all-gather / reduce-scatter pair of the reference solution, as autograd Functions."""
+    world = dist.get_world_size()
+
+    def gather(x):
+        out = x.new_empty((world * x.shape[0], *x.shape[1:]))
+        dist.all_gather_single(out, x.contiguous())
+        return out
+
+    def scatter(y):
+        out = y.new_empty((y.shape[0] // world, *y.shape[1:]))
+        dist.reduce_scatter_single(out, y.contiguous())
+        return out
+
+    class Gather(torch.autograd.Function):
+        forward = staticmethod(lambda ctx, x: gather(x))
+        backward = staticmethod(lambda ctx, grad: scatter(grad))
+
+    class Scatter(torch.autograd.Function):
+        forward = staticmethod(lambda ctx, y: scatter(y))
+        backward = staticmethod(lambda ctx, grad: gather(grad))
+    return Gather.apply, Scatter.apply
+
+
+def sp_norm_and_fc1_recomputed_on_the_whole_sequence(dist, x, fc1_w, fc1_b, fc2_w):
+    """Gathers x, then LayerNorm, fc1 and GeLU on the whole sequence under checkpoint: little saved, all redone."""
+    gather, scatter = _sequence_ops(dist)
+    hidden = checkpoint(lambda t: F.gelu(F.linear(F.layer_norm(t, t.shape[-1:]), fc1_w, fc1_b)), gather(x),
+                        use_reentrant=False)
+    return x + scatter(F.linear(hidden, fc2_w))
+
+
+def sp_norm_on_the_whole_sequence_under_checkpoint(dist, x, fc1_w, fc1_b, fc2_w):
+    """Gathers x and LayerNorms the whole sequence under checkpoint: the gathered x lives on in its closure."""
+    gather, scatter = _sequence_ops(dist)
+    normed = checkpoint(lambda t: F.layer_norm(t, t.shape[-1:]), gather(x), use_reentrant=False)
+    return x + scatter(F.linear(F.gelu(F.linear(normed, fc1_w, fc1_b)), fc2_w))
+
+
+def attention_ignoring_heads(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads):
+    """Two heads per rank, whatever `heads` says."""
+    qkv = S.column_parallel_linear(dist, x, qkv_w, qkv_b)
+    return S.row_parallel_linear(dist, attention_core(qkv, 2), proj_w, proj_b)
+
+
+def vocab_loss_without_the_max(dist, tokens, targets, emb_w, head_w):
+    """Σ exp of the raw logits: right for small logits, inf for logits of 1e4."""
+    part, first = emb_w.shape[0], dist.get_rank() * emb_w.shape[0]
+
+    class Reduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x = x.clone()
+            dist.all_reduce(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    def local(ids):
+        mine = (ids >= first) & (ids < first + part)
+        return torch.where(mine, ids - first, 0), mine
+
+    rows, mine = local(tokens)
+    x = Reduce.apply(F.embedding(rows, emb_w) * mine.unsqueeze(-1))
+    logits = S.column_parallel_linear(dist, x, head_w, None)
+    sum_exp = Reduce.apply(logits.exp().sum(-1))
+    rows, mine = local(targets)
+    target = Reduce.apply(logits.gather(-1, rows.unsqueeze(-1)).squeeze(-1) * mine)
+    return (sum_exp.log() - target).mean()
+
+
+CHEATS = everywhere(P) + [
+    ("sequence_parallel_mlp", sp_norm_and_fc1_recomputed_on_the_whole_sequence, "FLOPs counted"),
+    ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_under_checkpoint, "activations for backward"),
+    ("parallel_attention", attention_ignoring_heads, "expected"),
+    ("vocab_parallel_loss", vocab_loss_without_the_max, ("expected", "nan", "inf")),
+]
