@@ -9,7 +9,8 @@ from typing import Any, Optional
 import torch
 
 
-def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 1e-6, where: str = "result") -> Optional[str]:
+def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 1e-6,
+                     where: str = "result") -> Optional[str]:
     """None when `got` matches `expected`; otherwise one sentence naming the place and the values.
 
     Walks tensors, numbers, lists, tuples, dicts and modules (by their named parameters).

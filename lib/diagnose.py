@@ -191,7 +191,8 @@ def _factor(where: str, ev: torch.Tensor, gv: torch.Tensor, named: dict[str, flo
     c = float(ratios.median())
     if not math.isfinite(c) or abs(c - 1) < 1e-3 or c == 0:
         return None
-    if ratios.numel() < 2 and not any(math.isclose(abs(c) ** s, v, rel_tol=1e-3) for v in named.values() for s in (1, -1)):
+    if ratios.numel() < 2 and not any(math.isclose(abs(c) ** s, v, rel_tol=1e-3)
+                                      for v in named.values() for s in (1, -1)):
         return None                       # any two numbers have a ratio: one value proves no factor but a named one
     if not bool(torch.isclose(gv, c * ev, rtol=1e-3, atol=max(atol, 1e-9)).all()):
         return None
@@ -205,7 +206,8 @@ def _factor(where: str, ev: torch.Tensor, gv: torch.Tensor, named: dict[str, flo
                     f"Divided by {symbol} once too often (or averaged what should be summed)?")
     if math.isclose(c, -1, rel_tol=1e-3):
         return f"{where} has the right magnitudes with the opposite sign: a sign flipped (+= for -=?)."
-    return f"every value of {where} is {c:.4g}× what it should be: a constant factor is wrong (a scale missing or applied twice)."
+    return (f"every value of {where} is {c:.4g}× what it should be: "
+            "a constant factor is wrong (a scale missing or applied twice).")
 
 
 def _shuffled_chunks(where: str, ev: torch.Tensor, gv: torch.Tensor, world: int, rtol: float,
@@ -232,7 +234,8 @@ def _where(wrong: list, world: int, rtol: float, atol: float) -> str:
     if len(wrong) == 1 and wrong[0][2].numel() == 1:
         return ""
     ranks = sorted({r for r, *_ in wrong})
-    who = "every rank" if len(ranks) == world else "rank" + ("s " if len(ranks) > 1 else " ") + ", ".join(map(str, ranks))
+    who = ("every rank" if len(ranks) == world
+           else "rank" + ("s " if len(ranks) > 1 else " ") + ", ".join(map(str, ranks)))
     first = ranks[0]
     parts = []
     for r, key, e, g in wrong:

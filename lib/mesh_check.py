@@ -131,7 +131,8 @@ class MeshPuzzle(Puzzle):
             figures.append(draw_timeline(result.trace, result.world_size, title=title,
                                          kind_of=axis_labeller(case.axes)))
         if any(b.metric == "peak_memory" for b in case.budgets):
-            figures.append(memory_over_time_figure({f"{self.name}, rank 0": result}, title=f"{self.name}, {case.label}"))
+            figures.append(memory_over_time_figure({f"{self.name}, rank 0": result},
+                                                   title=f"{self.name}, {case.label}"))
         return figures
 
 

@@ -79,7 +79,8 @@ def _interleaved(r: int, p: int, m: int, v: int) -> list[Step]:
     total = m * v
 
     def unit(k: int, forward: bool) -> Step:
-        group, mb = k // (p * v), (k // (p * v)) * p + k % p
+        group = k // (p * v)
+        mb = group * p + k % p
         chunk = (k // p) % v
         return Step("F", chunk, mb) if forward else Step("B", v - 1 - chunk, mb)
 

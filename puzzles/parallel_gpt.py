@@ -127,7 +127,8 @@ def shard_block(block: nn.Module, cfg: GPTConfig, tp: int, rank: int) -> TPBlock
     with torch.no_grad():
         for name, value in (("qkv.weight", qkv_w), ("qkv.bias", qkv_b),
                             ("proj.weight", _rows(block.proj.weight, tp, rank, 1)), ("proj.bias", block.proj.bias),
-                            ("fc1.weight", _rows(block.fc1.weight, tp, rank)), ("fc1.bias", _rows(block.fc1.bias, tp, rank)),
+                            ("fc1.weight", _rows(block.fc1.weight, tp, rank)),
+                            ("fc1.bias", _rows(block.fc1.bias, tp, rank)),
                             ("fc2.weight", _rows(block.fc2.weight, tp, rank, 1)), ("fc2.bias", block.fc2.bias),
                             ("ln1.weight", block.ln1.weight), ("ln1.bias", block.ln1.bias),
                             ("ln2.weight", block.ln2.weight), ("ln2.bias", block.ln2.bias)):

@@ -140,7 +140,8 @@ def _groups_case(rng: random.Random, n: int) -> MeshCase:
         stages = groups["pp"]
         i = stages.index(r)
         expected.append({**{f"{a} ranks": groups[a] for a in AXES},
-                         **{f"{a} sum": torch.tensor([float(sum(groups[a]))], dtype=torch.float64) for a in ("tp", "dp")},
+                         **{f"{a} sum": torch.tensor([float(sum(groups[a]))], dtype=torch.float64)
+                            for a in ("tp", "dp")},
                          "pp message from": torch.tensor([float(stages[i - 1]) if i else -1.0], dtype=torch.float64)})
     dp, pp, tp = shape
     budgets = [
@@ -162,7 +163,8 @@ process_groups = GroupsPuzzle(
            "[(d·pp + p)·tp + t for d in range(dp)].",
            "for d in range(dp): for p in range(pp): ranks = [...]; g = dist.new_group(ranks); if rank in ranks: "
            "groups['tp'] = g. Never guard the new_group call itself with `if rank in ranks`."],
-    oracle=functools.partial(use_groups, _mesh_groups_oracle), oracle_name="torch's DeviceMesh (init_device_mesh, mesh.get_group(axis))",
+    oracle=functools.partial(use_groups, _mesh_groups_oracle),
+    oracle_name="torch's DeviceMesh (init_device_mesh, mesh.get_group(axis))",
     describe="This rank's TP, PP and DP groups, every group created by every rank in the same order.")
 
 
@@ -413,7 +415,8 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
         AxisBudget("dp", [steps * _ring("all_reduce", b, dp) for b in stage_bytes],
                    f"{steps} steps × one all-reduce of this rank's gradients ({fmt_bytes(stage_bytes[0])} on rank 0) "
                    f"over dp={dp}, 2(dp-1)/dp of them (notebook 02)", DP_OPS,
-                   hint="average the gradients over the DP group once per step, after the last micro-batch's backward.")]
+                   hint="average the gradients over the DP group once per step, "
+                        "after the last micro-batch's backward.")]
     stages = per_rank([start[p][t] for _, p, t in where])
     return MeshCase(n, (stages, tokens, targets, dp, pp, tp, m, steps, lr), [trained[p][t] for _, p, t in where],
                     f"(dp, pp, tp) = {shape}, {cfg.layers} layers, h={cfg.hidden}, {cfg.heads} heads, s={cfg.seq}, "

@@ -129,7 +129,8 @@ def interleaved_1f1b(dist, chunks, batch, targets, m):
             s = None if c is None else c * p + rank
             if (kind, i) not in inbox and s is not None and (s > 0 if kind == "F" else s < last):
                 buf = torch.empty_like(xs[j])
-                inbox[kind, i] = buf, dist.irecv(buf, behind if kind == "F" else ahead, tag=ACT if kind == "F" else GRAD)
+                inbox[kind, i] = buf, dist.irecv(buf, behind if kind == "F" else ahead,
+                                                 tag=ACT if kind == "F" else GRAD)
         buf, work = inbox.pop((kind, k))
         work.wait()
         return buf

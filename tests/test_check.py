@@ -233,7 +233,8 @@ def test_arguments_the_statement_refuses_must_raise_what_it_asks(capsys):
 def test_hints_come_in_tiers(capsys):
     puzzle = make_puzzle()
     shown = [puzzle.hint() for _ in range(4)]
-    assert shown[:3] == ["Hint 1 of 3: Every rank needs everyone's vector.", "Hint 2 of 3: dist.all_reduce sums in place.",
+    assert shown[:3] == ["Hint 1 of 3: Every rank needs everyone's vector.",
+                         "Hint 2 of 3: dist.all_reduce sums in place.",
                          "Hint 3 of 3: dist.all_reduce(x); return x"]
     assert shown[3] == shown[2]                      # the last tier stays once reached
     assert capsys.readouterr().out.splitlines()[0] == shown[0]
@@ -247,7 +248,8 @@ def test_hint_after_a_failed_check_gives_the_next_one(capsys):
     assert "Hint: Every rank needs everyone's vector.  (P.sum_vectors.hint() gives the next, 2 of 3)" in out
     assert puzzle.hint() == "Hint 2 of 3: dist.all_reduce sums in place."
     puzzle.check(forgets_to_communicate, seed=0)        # a failure repeats the furthest hint seen, no further
-    assert "Hint: dist.all_reduce sums in place.  (P.sum_vectors.hint() gives the next, 3 of 3)" in capsys.readouterr().out
+    assert ("Hint: dist.all_reduce sums in place.  (P.sum_vectors.hint() gives the next, 3 of 3)"
+            in capsys.readouterr().out)
     assert puzzle.hint() == "Hint 3 of 3: dist.all_reduce(x); return x"
     puzzle.check(forgets_to_communicate, seed=0)
     assert capsys.readouterr().out.rstrip().endswith("Hint: dist.all_reduce(x); return x")

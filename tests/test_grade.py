@@ -355,6 +355,7 @@ def test_the_fingerprint_catches_a_checker_patched_in_process(monkeypatch):
         assert len(changes(before)) == 1, name
         monkeypatch.undo()
     monkeypatch.setattr(lib.check.first_difference, "__code__", (lambda *a, **k: None).__code__)
-    assert set(changes(before)) == {f"{m}.first_difference replaced" for m in ("lib.check", "lib.compare", "lib.diagnose")}
+    assert set(changes(before)) == {f"{m}.first_difference replaced"
+                                    for m in ("lib.check", "lib.compare", "lib.diagnose")}
     monkeypatch.undo()
     assert changes(before) == []

@@ -14,7 +14,7 @@ from lib.launch import launch  # noqa: E402
 from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, check  # noqa: E402
 from lib.sim import run  # noqa: E402
 from lib.sim.cost import bus_factor  # noqa: E402
-from lib.sim.errors import CollectiveMismatch, InvalidCall  # noqa: E402
+from lib.sim.errors import CollectiveMismatch  # noqa: E402
 from lib.sim.mesh import coordinates, mesh_groups  # noqa: E402
 from lib.sim.traffic import OUTSIDE, SELF, MeshAxes, axis_labeller, traffic_by_axis  # noqa: E402
 from lib.viz.mesh import mesh_figure  # noqa: E402

@@ -30,7 +30,8 @@ def _nbval(path: Path, strict: bool) -> subprocess.CompletedProcess:
 def test_notebooks_are_stored_without_outputs():
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text())
-        dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+        dirty = [i for i, c in enumerate(nb["cells"])
+                 if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
         assert not dirty, f"{path.name}: cells {dirty} carry outputs; clear them before committing"
 
 

@@ -2,6 +2,7 @@
 and in the check's own code, they work."""
 
 import random
+import sys
 
 import pytest
 import torch
@@ -46,7 +47,10 @@ def catching_the_refusal(cfg):
         return 0
 
 
-def switching_the_watch_off_and_on(cfg, setprofile=__import__("sys").setprofile):
+SETPROFILE_SAVED_BEFORE_THE_CHECK = sys.setprofile
+
+
+def switching_the_watch_off_and_on(cfg, setprofile=SETPROFILE_SAVED_BEFORE_THE_CHECK):
     """A setter saved before the check switches the watch off; without the watch's function it cannot restore it."""
     setprofile(None)
     return by_building(cfg)

@@ -13,7 +13,7 @@ import puzzles.pipeline as P  # noqa: E402
 import solutions.pipeline as S  # noqa: E402
 from lib.errors import RankFailed  # noqa: E402
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble  # noqa: E402
-from lib.sim import per_rank, run  # noqa: E402
+from lib.sim import run  # noqa: E402
 from lib.schedules import ScheduleError, Step, bubble_of, peak_in_flight, play, schedule_orders  # noqa: E402
 from lib.viz.pipeline import draw_schedule, schedule_explorer  # noqa: E402
 

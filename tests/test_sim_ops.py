@@ -405,7 +405,7 @@ def test_sim_matches_gloo(n, name, sim_results, real_results):
         # fp32, so the two may differ in the last bit of a partial sum
         tol = {"atol": 1e-2, "rtol": 1e-2} if sim[name].dtype in (torch.float16, torch.bfloat16) else {}
         torch.testing.assert_close(sim[name], real[name], **tol,
-                                   msg=lambda m: f"{name} on rank {rank} of {n}: {m}")
+                                   msg=lambda m, rank=rank: f"{name} on rank {rank} of {n}: {m}")
         compared += 1
     if name == "group_reduce":
         assert compared == 2          # one root in each of the two groups

@@ -207,7 +207,7 @@ def test_an_op_costs_its_roofline_time():
     def prog(dist):
         a = torch.ones(1000)
         start = lib.sim.context.current_runtime().me().clock
-        b = a + a                                      # 1000 FLOPs, 12,000 bytes read and written
+        a + a                                          # 1000 FLOPs, 12,000 bytes read and written
         return lib.sim.context.current_runtime().me().clock - start
     fast_memory = lib.sim.run(prog, 1, cost=CostModel(flops_per_s=1e9, memory_bandwidth=1e15)).results[0]
     slow_memory = lib.sim.run(prog, 1, cost=CostModel(flops_per_s=1e9, memory_bandwidth=1e6)).results[0]
@@ -497,6 +497,8 @@ def test_invalid_calls(case):
 
 @pytest.mark.parametrize("catch", ["Exception", "PuzzleError", "bare"])
 def test_learner_cannot_swallow_a_mismatch(catch):
+    caught = PuzzleError if catch == "PuzzleError" else Exception
+
     def prog(dist):
         t = torch.ones(4)
         try:
@@ -504,7 +506,7 @@ def test_learner_cannot_swallow_a_mismatch(catch):
                 dist.all_reduce(t)
             else:
                 dist.all_gather([torch.zeros(4), torch.zeros(4)], t)
-        except PuzzleError if catch == "PuzzleError" else Exception:
+        except caught:
             pass
         return t
 

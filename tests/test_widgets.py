@@ -85,8 +85,8 @@ def test_bandwidth_and_latency_override_cost():
     fig = collective_cost_figure(("ring",), world_size=4, bandwidth=10e9, latency=1e-6)
     (link_line,) = [ln for ln in fig.axes[1].get_lines() if ln.get_label().startswith("link")]
     assert link_line.get_ydata()[0] == pytest.approx(10.0)
-    assert fig.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(
-        CostModel(latency=1e-6, intra_node_bandwidth=10e9).all_reduce_time("ring", 2**10, range(4)))     # the axis starts at 1 KiB
+    assert fig.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(     # the axis starts at 1 KiB
+        CostModel(latency=1e-6, intra_node_bandwidth=10e9).all_reduce_time("ring", 2**10, range(4)))
 
 
 def test_bytes_per_rank_bars():

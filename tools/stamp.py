@@ -21,7 +21,8 @@ def with_progress_cell(nb: nbformat.NotebookNode, name: str) -> nbformat.Noteboo
     """A first code cell that reports which puzzles of this notebook the saved copy solves."""
     if not any("progress" in c.metadata.get("tags", []) for c in nb.cells):
         first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
-        cell = nbformat.v4.new_code_cell(f'from tools.progress import progress\n\nprogress("{name}")  # of your saved copy: save (Ctrl-S) first')
+        cell = nbformat.v4.new_code_cell('from tools.progress import progress\n\n'
+                                         f'progress("{name}")  # of your saved copy: save (Ctrl-S) first')
         cell.metadata["tags"] = ["progress"]
         nb.cells[first_code:first_code] = [
             nbformat.v4.new_markdown_cell("Your progress in this notebook (run it again any time):"), cell]
@@ -63,7 +64,8 @@ def with_solution_regions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 def stamped(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The notebook `name` with all of the course's furniture in place."""
-    return marked_as_course(add_grading_metadata(with_solution_regions(with_shared_texts(with_progress_cell(nb, name)))))
+    furnished = with_shared_texts(with_progress_cell(nb, name))
+    return marked_as_course(add_grading_metadata(with_solution_regions(furnished)))
 
 
 def main() -> None:

@@ -75,7 +75,8 @@ def sync(source: Path = NOTEBOOKS, work: Path = WORK) -> list[tuple[str, str]]:
         backup.parent.mkdir(exist_ok=True)
         shutil.copyfile(target, backup)
         nbformat.write(new, target)
-        report.append((path.name, f"refreshed (your answers kept; the old copy is in {backup.relative_to(work.parent)})"))
+        report.append((path.name, "refreshed (your answers kept; the old copy is in "
+                                  f"{backup.relative_to(work.parent)})"))
     return report
 
 

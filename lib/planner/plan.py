@@ -21,9 +21,10 @@ class Plan:
 
     global_batch: sequences per step, run as micro-batches of `micro_batch` sequences on each data-parallel rank.
     recompute: "none", "selective" (the attention core is recomputed, its s² scores never stored: what FlashAttention
-    does too) or "full" (Korthikanti et al. 2022). virtual_stages: model chunks per pipeline rank (interleaved 1F1B). zero: the ZeRO stage over the
-    data-parallel ranks. sequence_parallel: Megatron-LM's, shards what TP leaves replicated. embedding_as_layer: the
-    embedding and the output layer each take a block's place in the pipeline split (Llama 3, section 3.3.2).
+    does too) or "full" (Korthikanti et al. 2022). virtual_stages: model chunks per pipeline rank (interleaved 1F1B).
+    zero: the ZeRO stage over the data-parallel ranks. sequence_parallel: Megatron-LM's, shards what TP leaves
+    replicated. embedding_as_layer: the embedding and the output layer each take a block's place in the pipeline split
+    (Llama 3, section 3.3.2).
     """
 
     tp: int = 1

@@ -173,7 +173,8 @@ def install() -> None:
     hide = "a thread of its own"
     threading.Thread.start = _refusing_from_learner(threading.Thread.start, "threading.Thread.start (" + hide + ")",
                                                     _HIDDEN_WORK)
-    _thread.start_new_thread = _refusing_from_learner(_thread.start_new_thread, "_thread.start_new_thread", _HIDDEN_WORK)
+    _thread.start_new_thread = _refusing_from_learner(_thread.start_new_thread, "_thread.start_new_thread",
+                                                      _HIDDEN_WORK)
     off = "switching off the simulator's tracking of ops"
     for module, name in ((torch._C, "_DisableTorchDispatch"), (torch._C, "_pop_torch_dispatch_stack"),
                          (torch._C, "_unset_dispatch_mode"), (torch._C, "_dispatch_tls_set_dispatch_key_excluded"),
@@ -183,7 +184,8 @@ def install() -> None:
                          (torch.autograd.graph, "disable_saved_tensors_hooks")):
         setattr(module, name, _refusing_from_learner(getattr(module, name), f"{module.__name__}.{name} ({off})",
                                                      _HIDDEN_WORK))
-    torch.autograd.graph.saved_tensors_hooks.__enter__ = _composing_enter(torch.autograd.graph.saved_tensors_hooks.__enter__)
+    torch.autograd.graph.saved_tensors_hooks.__enter__ = _composing_enter(
+        torch.autograd.graph.saved_tensors_hooks.__enter__)
     sys._current_frames = _refusing_from_learner(sys._current_frames, "sys._current_frames (other threads' frames)",
                                                  _PEEKING)
     for name in ("get_objects", "get_referrers", "get_referents"):

@@ -19,7 +19,7 @@ from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
 
 if TYPE_CHECKING:
-    from lib.sim.runtime import RankState, Runtime
+    from lib.sim.runtime import Runtime
 
 Deliver = Callable[[], None]
 
@@ -264,8 +264,8 @@ class Communicator:
         n = self.rt.world_size
         if not isinstance(peer, int) or not 0 <= peer < n:
             raise InvalidCall(f"rank {me} called {what} with peer {peer!r}: ranks go from 0 to {n - 1}.\n"
-                              "Hint: work out the peer of the first and of the last rank by hand: each has a neighbour on "
-                              "one side only, unless your algorithm wraps around.")
+                              "Hint: work out the peer of the first and of the last rank by hand: "
+                              "each has a neighbour on one side only, unless your algorithm wraps around.")
         if peer == me:
             raise InvalidCall(f"rank {me} called {what} to itself: a rank cannot {what} to its own rank.")
 
@@ -288,5 +288,6 @@ class Communicator:
                 missing = [r for r in g.ranks if r not in calls]
                 first = next(iter(calls.values()))
                 lines.append(f"rank(s) {', '.join(map(str, sorted(calls)))} called {first.text} as collective "
-                             f"#{seq + 1} on {g}, but rank(s) {', '.join(map(str, missing))} returned without calling it.")
+                             f"#{seq + 1} on {g}, but rank(s) {', '.join(map(str, missing))} "
+                             "returned without calling it.")
         return "\n".join(lines) or None

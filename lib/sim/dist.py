@@ -49,7 +49,8 @@ class P2POp:
 
     def __init__(self, op: Callable, tensor: torch.Tensor, peer: Optional[int] = None, group=None, tag: int = 0,
                  group_peer: Optional[int] = None) -> None:
-        self.op, self.tensor, self.peer, self.group, self.tag, self.group_peer = op, tensor, peer, group, tag, group_peer
+        self.op, self.tensor, self.peer = op, tensor, peer
+        self.group, self.tag, self.group_peer = group, tag, group_peer
 
 
 class _GroupNamespace:
@@ -119,7 +120,8 @@ class SimDist:
     # ---- helpers ------------------------------------------------------------------
     def _tensor(self, t, what: str, arg: str = "tensor") -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
-            raise InvalidCall(f"rank {self._rank} called {what} with {arg}={type(t).__name__}: it takes a torch.Tensor.")
+            raise InvalidCall(f"rank {self._rank} called {what} with {arg}={type(t).__name__}: "
+                              "it takes a torch.Tensor.")
         if not t.is_contiguous():
             raise InvalidCall(
                 f"rank {self._rank} called {what} with a non-contiguous {arg} of shape {tuple(t.shape)} "
@@ -436,10 +438,12 @@ class SimDist:
         src = self._peer(group, src, group_src, what)
         self._rt.close_compute(self._rt.me())
         where = "any" if src is None else src
-        return self._rt.post(self._comm.post_recv(self._rank, t, src, tag, f"{what}(src={where}, {describe_tensor(t)})"))
+        return self._rt.post(self._comm.post_recv(self._rank, t, src, tag,
+                                                  f"{what}(src={where}, {describe_tensor(t)})"))
 
     @_rule
-    def send(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0, group_dst: Optional[int] = None) -> None:
+    def send(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+             group_dst: Optional[int] = None) -> None:
         Work(self._rt, self._post_send(tensor, dst, group, tag, group_dst, "send")).wait()
 
     @_rule
@@ -449,11 +453,13 @@ class SimDist:
         return call.peer
 
     @_rule
-    def isend(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0, group_dst: Optional[int] = None) -> Work:
+    def isend(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+              group_dst: Optional[int] = None) -> Work:
         return Work(self._rt, self._post_send(tensor, dst, group, tag, group_dst, "isend"))
 
     @_rule
-    def irecv(self, tensor, src: Optional[int] = None, group=None, tag: int = 0, group_src: Optional[int] = None) -> Work:
+    def irecv(self, tensor, src: Optional[int] = None, group=None, tag: int = 0,
+              group_src: Optional[int] = None) -> Work:
         return Work(self._rt, self._post_recv(tensor, src, group, tag, group_src, "irecv"))
 
     @_rule
@@ -461,7 +467,8 @@ class SimDist:
         works = []
         for p in p2p_op_list:
             if not isinstance(p, P2POp):
-                raise InvalidCall(f"rank {self._rank}: batch_isend_irecv takes a list of dist.P2POp, got {type(p).__name__}.")
+                raise InvalidCall(f"rank {self._rank}: batch_isend_irecv takes a list of dist.P2POp, "
+                                  f"got {type(p).__name__}.")
             kind = getattr(p.op, "__name__", "")
             if kind not in ("isend", "irecv"):
                 raise InvalidCall(f"rank {self._rank}: a P2POp's op must be dist.isend or dist.irecv, got {p.op!r}.")

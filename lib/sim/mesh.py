@@ -1,6 +1,7 @@
 """torch's DeviceMesh for simulated ranks: the same names and methods, its groups made with `dist.new_group`.
 
-    mesh = lib.devices.device_mesh(dist, (2, 2, 2), ("dp", "pp", "tp"))    # torch's mesh on real ranks, this in simulation
+    # torch's mesh on real ranks, this in simulation
+    mesh = lib.devices.device_mesh(dist, (2, 2, 2), ("dp", "pp", "tp"))
     mesh["tp"].get_group(), mesh.get_group("dp"), mesh.get_local_rank("pp"), mesh["pp"].size(), mesh.mesh
 
 As `init_device_mesh` does, every rank creates every group of every dimension, dimension by dimension (outermost

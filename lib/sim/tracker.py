@@ -40,8 +40,8 @@ _SCALAR = torch.ops.aten._local_scalar_dense.default       # .item(), float(t): 
 aten = torch.ops.aten
 # Matrix-vector products torch's FLOP registry leaves out: without them a matmul written as one would be free.
 _MATVEC = {aten.mv: lambda a, b, *_, **__: 2 * a.numel(), aten.addmv: lambda c, a, b, *_, **__: 2 * a.numel(),
-           aten.addr: lambda c, u, v, *_, **__: 2 * u.numel() * v.numel(), aten.dot: lambda a, b, *_, **__: 2 * a.numel(),
-           aten.vdot: lambda a, b, *_, **__: 2 * a.numel()}
+           aten.addr: lambda c, u, v, *_, **__: 2 * u.numel() * v.numel(),
+           aten.dot: lambda a, b, *_, **__: 2 * a.numel(), aten.vdot: lambda a, b, *_, **__: 2 * a.numel()}
 # Ops that only reserve memory or rename it: no work (views are free by their schema).
 _FREE = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default,
          aten.new_empty_strided.default, aten.lift_fresh.default, aten._local_scalar_dense.default}

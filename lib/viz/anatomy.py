@@ -13,9 +13,11 @@ def parameters_picture():
     """TinyGPT's parameter tensors in the order the forward pass meets them, each with its shape."""
     p = dict(colour=PARAMETER)
     items = [Box("tok", "[vocab, h]", **p), Box("pos", "[seq, h]", **p), Op("×layers", "each block:"),
-             Box("ln1", "weight [h]\n(bias [h])", width=0.5, **p), Box("qkv", "[h + 2·kv, h]\n(bias)", width=0.9, height=1.1, **p),
+             Box("ln1", "weight [h]\n(bias [h])", width=0.5, **p),
+             Box("qkv", "[h + 2·kv, h]\n(bias)", width=0.9, height=1.1, **p),
              Box("proj", "[h, h]\n(bias)", **p), Box("ln2", "weight [h]\n(bias [h])", width=0.5, **p),
-             Box("fc1", "[4h, h]\n(bias)", height=1.3, width=0.6, **p), Box("fc2", "[h, 4h]\n(bias)", width=1.3, height=0.6, **p),
+             Box("fc1", "[4h, h]\n(bias)", height=1.3, width=0.6, **p),
+             Box("fc2", "[h, 4h]\n(bias)", width=1.3, height=0.6, **p),
              Op("end"), Box("ln_f", "weight [h]\n(bias [h])", width=0.5, **p),
              Box("head", "[vocab, h], no bias\ntied: it IS tok", **p)]
     return flow_figure(items, ranks=1, per_row=6,
@@ -85,7 +87,8 @@ def accumulation_picture(k: int = 4):
         items += [Box(f"micro-batch {i}", "[b/k, s]", width=1.2), Op("fwd +\nbwd", "loss / k")]
     items.append(Box("p.grad", "+= each time", colour=PARAMETER))
     return flow_figure(items, ranks=1, per_row=2 * k + 1,
-                       title="gradient accumulation: one micro-batch's activations at a time; backward adds into p.grad")
+                       title="gradient accumulation: one micro-batch's activations at a time; "
+                             "backward adds into p.grad")
 
 
 def offload_picture():

@@ -74,7 +74,8 @@ def draw_schedule(name: str, p: int, m: int, v: int = 1, ratio: float = 2.0) -> 
         state.formula, formula = bubble_fraction(p, m, v), "(p-1)/(v·m)"
     state.step_time = max(s.end for s in slots)
     label = LABELS[name] + (f", v={v}" if name == "interleaved" else "")
-    state.fig = schedule_figure(slots, p, f"{label}: p={p} stages, m={m} micro-batches, backward = {ratio:g} × forward", v)
+    state.fig = schedule_figure(slots, p,
+                                f"{label}: p={p} stages, m={m} micro-batches, backward = {ratio:g} × forward", v)
     lines = [f"bubble: {state.bubble:.3f} of the ideal time (measured on this timeline); "
              f"formula {formula} = {state.formula:.3f}"
              + ("" if abs(state.bubble - state.formula) < 1e-9 else "  ← the formula does not describe this schedule"

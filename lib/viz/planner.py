@@ -126,7 +126,8 @@ def plan_explorer(model: str = "Llama 2 70B", gpus: int = 64, tp: int = 8, pp: i
             return
         e = state.estimate
         state.fig = plan_figure(e, cluster, title=f"{v['model']} on {v['gpus']} × {v['gpu']}: {plan}")
-        state.readout = (f"DP = {dp}; {plan.micro_batches} micro-batches per step; {e.tokens_per_second:,.0f} tokens/s; "
+        state.readout = (f"DP = {dp}; {plan.micro_batches} micro-batches per step; "
+                         f"{e.tokens_per_second:,.0f} tokens/s; "
                          f"memory {fmt_bytes(e.memory)} per GPU; MFU {e.mfu:.1%}, HFU {e.hfu:.1%}")
 
     return live_box(list(controls.values()), controls, state, update)

@@ -126,8 +126,8 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
         line, = ax.step(progress, [b / scale for _, b in samples], where="post", label=label)
         peak = result.stats[rank].peak_memory / scale
         ax.axhline(peak, color=line.get_color(), linestyle=":", linewidth=1)
-        ax.annotate(f"peak {fmt_bytes(result.stats[rank].peak_memory)}", (1.0, peak), xytext=(4, 0), textcoords="offset points",
-                    va="center", fontsize="small", color=line.get_color())
+        ax.annotate(f"peak {fmt_bytes(result.stats[rank].peak_memory)}", (1.0, peak), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize="small", color=line.get_color())
     ax.set_xlabel("progress through the run (each allocation or free is one step)")
     ax.set_ylabel(f"live memory ({unit})")
     ax.set_xlim(0, 1)

@@ -86,7 +86,8 @@ def zero_ranks_figure(stage: int, ranks: int = 4, offload: bool = False, prefetc
     from lib.viz.diagram import RANK_COLOURS
 
     sharded = {"weights": stage >= 3, "gradients": stage >= 2, "optimizer": stage >= 1}
-    passing = {"weights": "all-gathered one layer\nat a time, then freed" + (";\nthe next one prefetched" if prefetch else ""),
+    passing = {"weights": "all-gathered one layer\nat a time, then freed"
+                          + (";\nthe next one prefetched" if prefetch else ""),
                "gradients": "whole only while\nbackward makes them"}
     fig, ax = plt.subplots(figsize=(2.5 * ranks + 2.4, 2.6))
     for r in range(ranks):
