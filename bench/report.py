@@ -68,7 +68,8 @@ class Report:
             "machine": self.machine, "settings": self.settings, "seconds": self.seconds,
             "rows": [_row_dict(r, self.settings["quick"]) for r in self.rows],
             "fidelity": None if self.calibration is None else {
-                "calibration": {"flops_per_s": self.calibration.flops_per_s, "memory_bandwidth_bytes_per_s": self.calibration.memory_bandwidth,
+                "calibration": {"flops_per_s": self.calibration.flops_per_s,
+                                "memory_bandwidth_bytes_per_s": self.calibration.memory_bandwidth,
                                 "latency_s": self.calibration.latency,
                                 "bandwidth_bytes_per_s": self.calibration.bandwidth,
                                 "matmul": list(self.calibration.matmul),

@@ -76,7 +76,7 @@ def one(repeat: int = 3) -> dict:
     import solutions.data_parallel as S
 
     for name in CHECKED:
-        check = _quiet(lambda: getattr(P, name).check(getattr(S, name), seed=0, show=False))
+        check = _quiet(lambda name=name: getattr(P, name).check(getattr(S, name), seed=0, show=False))
         out[f"{name}_first_s"] = _cpu(check)
         out[f"{name}_warm_s"] = statistics.median(_cpu(check) for _ in range(repeat))
     out.update(_per_op_overhead())
@@ -153,7 +153,8 @@ def ring_scaling(sizes: Sequence[tuple[int, int]] = ((8, 3), (64, 3), (256, 1)))
     out = []
     for n, repeat in sizes:
         xs = sim.per_rank([torch.randn(n * 256) for _ in range(n)])
-        cpu = statistics.median(_cpu(lambda: sim.run(S.ring_all_reduce, n, xs, timeout=900)) for _ in range(repeat))
+        cpu = statistics.median(_cpu(lambda n=n, xs=xs: sim.run(S.ring_all_reduce, n, xs, timeout=900))
+                                for _ in range(repeat))
         out.append(RingScale(n, n * 256, cpu, repeat))
     return out
 

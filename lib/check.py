@@ -65,7 +65,7 @@ class Budget:
     the learner). A floor on FLOPs is the conservation check: the work a rank's share of the algorithm needs
     cannot vanish, whatever hides it from the simulator."""
 
-    metric: str                          # bytes_sent, bytes_received, peak_memory, flops... (per rank) or time (the run)
+    metric: str                          # bytes_sent, bytes_received, peak_memory, flops... (per rank), time (the run)
     limit: float | Sequence[float]       # one value for every rank, or one per rank
     why: str                             # e.g. "2(N-1)/N × 4.00 KiB, what a ring all-reduce sends"
     hint: str = ""
@@ -107,7 +107,7 @@ class Contract:
     """A rule of the algorithm the statement asks for, checked on the run (who sent to whom, how many
     collectives of what size): a right answer reached by another algorithm breaks it."""
 
-    rule: str                                          # what the statement asks, e.g. "a ring sends only to a neighbour"
+    rule: str                                  # what the statement asks, e.g. "a ring sends only to a neighbour"
     broken: Callable[[SimResult], Optional[str]]       # what the run did instead, or None when it kept the rule
     hint: str = ""
 
@@ -236,7 +236,8 @@ class Puzzle:
             return self._evaluate(fn, fresh_seed() if seed is None else seed)
 
     def _evaluate(self, fn: Callable, seed: int) -> Outcome:
-        replay = f"\n(Cases from seed {seed}: P.{self.name}.check({getattr(fn, '__name__', 'fn')}, seed={seed}) replays them.)"
+        call = f"P.{self.name}.check({getattr(fn, '__name__', 'fn')}, seed={seed})"
+        replay = f"\n(Cases from seed {seed}: {call} replays them.)"
         last: Optional[SimResult] = None
         fn = self.wrap(fn)
         for case in self.cases(seed):
@@ -244,7 +245,8 @@ class Puzzle:
                 result = run(fn, case.world_size, *case.args, cost=case.cost, protect=case.expected)
             except RankFailed as e:
                 if isinstance(getattr(e, "exception", None), NotImplementedError):
-                    return Outcome(False, False, f"{self.name} is not solved yet: write its body, then run this cell again.")
+                    return Outcome(False, False,
+                                   f"{self.name} is not solved yet: write its body, then run this cell again.")
                 if _refused_as_asked(case, e):
                     continue
                 return Outcome(False, True, f"on {case.label}: {e}{replay}", case=case)
@@ -289,7 +291,8 @@ class Puzzle:
     @staticmethod
     def _over(b: Budget, who: str, value: float, limit: float, outside: float = 0) -> str:
         side = "under the floor" if b.least else "over the budget"
-        text = f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, {side} of {b.fmt(limit)} ({b.why})."
+        text = (f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, {side} of {b.fmt(limit)} "
+                f"({b.why}).")
         if outside:
             text += (f" Of that, {b.fmt(outside)} are Python numbers taken out of tensors (.tolist(), .item()), which "
                      "count until the run ends: the simulator cannot see when Python frees them.")
@@ -303,7 +306,7 @@ class Puzzle:
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
-                ratio = lambda s: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
+                ratio = lambda s, b=b: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
                 worst = (min if b.least else max)(result.stats, key=ratio)
                 value, limit = getattr(worst, b.metric), b.limit_for(worst.rank)
             at = f" at N={case.world_size}" if self.takes_dist else ""

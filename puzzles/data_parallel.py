@@ -232,7 +232,8 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
     size = param_bytes(model)
     total = steps * 2 * (world - 1) / world * size
     why = f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)"
-    return [Budget("bytes_sent", total, why, hint="all-reduce each gradient once per step: nothing else needs to travel."),
+    return [Budget("bytes_sent", total, why,
+                   hint="all-reduce each gradient once per step: nothing else needs to travel."),
             Budget("bytes_sent", total, why, least=True,
                    hint="each rank trains on its own shard of the batch and the gradients travel, not the data.")]
 
@@ -337,7 +338,8 @@ def _bucket_contract(bucket_size: int, steps: int, world: int, word: int = 8) ->
             small = [round(n) for n in sizes if n < bucket_size - 0.5]
             if len(small) > steps:
                 return (f"rank {rank} all-reduced {len(small)} buffers of fewer than bucket_size = {bucket_size} "
-                        f"elements in {steps} steps ({', '.join(map(str, small[:6]))}{'...' if len(small) > 6 else ''})")
+                        f"elements in {steps} steps "
+                        f"({', '.join(map(str, small[:6]))}{'...' if len(small) > 6 else ''})")
         return None
     return Contract("a bucket is all-reduced once it holds at least bucket_size elements (DDP's rule); only each "
                     "step's last bucket may be smaller", broken,

@@ -67,7 +67,8 @@ count_parameters = Puzzle(
            "`layers` blocks, the final LayerNorm, and the output head.",
            "A block with biases: qkv Linear h→3h and proj h→h, fc1 h→4h and fc2 4h→h, two LayerNorms "
            "(a weight and a bias of h each): 12h² + 13h. Without biases only the weights remain.",
-           "Grouped-query attention: K and V have kv_heads heads of h/heads each, so qkv maps h → h + 2·kv_heads·h/heads "
+           "Grouped-query attention: K and V have kv_heads heads of h/heads each, "
+           "so qkv maps h → h + 2·kv_heads·h/heads "
            "(kv_heads = 0 means one per query head). A tied head *is* the token embedding: count it once."],
     describe="The number of parameters of TinyGPT(config), from the config alone.")
 
@@ -204,7 +205,8 @@ def _accumulation_case(rng: random.Random, _world: int) -> Case:
     return Case(1, (model, tokens, targets, k), [_reference_grads(model, tokens, targets)],
                 f"batch {len(tokens)} in k={k} micro-batches",
                 budgets=[ON_DEVICE, Budget("peak_memory", budget, why,
-                                hint="run forward and backward on one micro-batch at a time; gradients add up in p.grad.")],
+                                hint="run forward and backward on one micro-batch at a time; "
+                                     "gradients add up in p.grad.")],
                 factors={"k, the number of micro-batches": k})
 
 
@@ -235,7 +237,8 @@ def _adam_reference(model, batches, lr: float):
 
 def _offload_case(rng: random.Random, _world: int) -> Case:
     cfg, model, tokens, targets = _training_inputs(rng, layers=2, batch=2)
-    batches = [(tokens, targets)] + [(torch.randint(0, cfg.vocab, tokens.shape), torch.randint(0, cfg.vocab, tokens.shape))
+    batches = [(tokens, targets)] + [(torch.randint(0, cfg.vocab, tokens.shape),
+                                      torch.randint(0, cfg.vocab, tokens.shape))
                                      for _ in range(2)]
     lr = 1e-2
     params = list(model.parameters())

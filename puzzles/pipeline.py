@@ -320,7 +320,8 @@ def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Op
     stash0, step0, others0 = whys[0]
     budgets.append(Budget(
         "peak_memory", limits,
-        f"the batch and targets ({fmt_bytes(inputs)}) + one chunk's forward and backward ({fmt_bytes(step0)} on rank 0, "
+        f"the batch and targets ({fmt_bytes(inputs)}) + one chunk's forward and backward "
+        f"({fmt_bytes(step0)} on rank 0, "
         f"its weights and gradients included) + the other {v - 1} chunks' weights and gradients ({fmt_bytes(others0)}) "
         f"+ the chunk activations Megatron's order holds at its peak, {', '.join(map(str, held))} on ranks 0..{p - 1} "
         f"({fmt_bytes(stash0)} each on rank 0) + 4 boundary tensors of {fmt_bytes(boundary)} in flight (the next "
@@ -388,7 +389,8 @@ pipeline_stages = Puzzle(
            "x.requires_grad_() so that x.grad is there to send back to rank-1.",
            "Send out.detach() (a message carries values, not the graph) and return the stage: its parameters' "
            ".grad are what the check compares."],
-    oracle=_torch_pipelining("ScheduleGPipe"), oracle_name="torch.distributed.pipelining (ScheduleGPipe, 1 micro-batch)",
+    oracle=_torch_pipelining("ScheduleGPipe"),
+    oracle_name="torch.distributed.pipelining (ScheduleGPipe, 1 micro-batch)",
     rtol=1e-9, atol=1e-12, **AT_LEAST,
     describe="The model cut into p stages, one batch forward then backward, activations and gradients by send/recv.")
 

@@ -291,7 +291,8 @@ zero3_train = Puzzle(
            "Backward layer by layer, last first: gather the layer again, recompute out = layer(inp.requires_grad_()), "
            "out.backward(grad_out), grad_out = inp.grad; reduce-scatter each p.grad into its shard, free p.grad and "
            "the gathered parameter. The loss's gradient: h.requires_grad_(); F.mse_loss(h, y).backward(); h.grad.",
-           "Gather: buf = torch.empty(N*c, dtype=...); dist.all_gather_single(buf, shard); p.data = buf[:n].view(shape). "
+           "Gather: buf = torch.empty(N*c, dtype=...); dist.all_gather_single(buf, shard); "
+           "p.data = buf[:n].view(shape). "
            "After the steps, gather every parameter once more and return {name: full tensor}."],
     oracle=_fsdp_oracle(reshard_after_forward=True), oracle_name="torch.distributed.fsdp.fully_shard",
     rtol=RTOL, atol=ATOL, display=_zero_display,
@@ -328,13 +329,13 @@ def _compute_times(model, s: _Sizes, cost: CostModel) -> tuple[list[float], list
     with torch.no_grad():
         for layer in probe:
             inputs.append(h)
-            h, t = counted_time(lambda: layer(h), cost)
+            h, t = counted_time(lambda layer=layer, h=h: layer(h), cost)
             fwd.append(t)
     h.requires_grad_()
     grad, t_loss = counted_time(lambda: torch.autograd.grad(F.mse_loss(h, y), h)[0], cost)
     for layer, inp in reversed(list(zip(probe, inputs))):
         inp = inp.detach().requires_grad_()
-        grad, t = counted_time(lambda: _backward_through(layer, inp, grad), cost)
+        grad, t = counted_time(lambda layer=layer, inp=inp, grad=grad: _backward_through(layer, inp, grad), cost)
         bwd.insert(0, t)
     shards = [torch.zeros(padded(p.numel(), s.world) // s.world, dtype=p.dtype) for p in probe.parameters()]
     for shard in shards:
@@ -412,7 +413,8 @@ zero_offload_train = Puzzle(
     "zero_offload_train", NOTEBOOK, _offload_case, world_sizes=WORLDS,
     hints=["ZeRO-2 with the optimizer on the host: the device keeps the weights and computes forward and "
            "backward; each rank's shard of the gradients goes to host memory, where Adam runs.",
-           "Per parameter, once: a host shard of the parameter, m and v (torch.zeros(c, dtype=..., device=lib.host())). "
+           "Per parameter, once: a host shard of the parameter, m and v "
+           "(torch.zeros(c, dtype=..., device=lib.host())). "
            "In the gradient hook: reduce-scatter on the device, then g_host = shard.to(lib.host()).",
            "After backward: adam_update on the host shards; bring the updated shard back with .to(lib.device()) "
            "and all-gather it into the parameter."],

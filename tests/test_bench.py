@@ -96,7 +96,8 @@ def test_both_sides_of_every_row_and_pair_do_the_same_work():
             assert ours.keys() == theirs.keys(), f"{name}: {a.name} and {b.name} return different things"
             for key in ours:
                 torch.testing.assert_close(ours[key], theirs[key], rtol=1e-4, atol=1e-5,
-                                           msg=lambda m: f"{name}, rank {rank}, {key}: {a.name} vs {b.name}: {m}")
+                                           msg=lambda m, where=f"{name}, rank {rank}, {key}: {a.name} vs {b.name}":
+                                           f"{where}: {m}")
 
 
 @pytest.mark.slow

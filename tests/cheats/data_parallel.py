@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 
 import puzzles.data_parallel as P
-import solutions.data_parallel as S
 from tests.cheats.common import everywhere
 
 _board: dict = {}

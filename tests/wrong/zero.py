@@ -77,7 +77,8 @@ def zero2_all_reduces(dist, model, batches, lr):
     def hook(p):
         i = index[id(p)]
         dist.all_reduce(p.grad)
-        grads[i].copy_(F.pad(p.grad.reshape(-1), (0, world * sizes[i] - p.numel()))[rank * sizes[i]:(rank + 1) * sizes[i]])
+        padded_grad = F.pad(p.grad.reshape(-1), (0, world * sizes[i] - p.numel()))
+        grads[i].copy_(padded_grad[rank * sizes[i]:(rank + 1) * sizes[i]])
         p.grad = None
 
     hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
