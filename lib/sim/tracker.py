@@ -96,17 +96,25 @@ def _work(op: _Op, args: tuple, kwargs: dict, out) -> tuple[float, float]:
     """(FLOPs, bytes read and written) of one op: FLOPs by torch's formula where it has one, else one per
     element of the largest tensor it touches (elementwise ops, reductions)."""
     nbytes = largest = 0
-    stack = [args, kwargs, out]
-    while stack:
-        t = stack.pop()
+    nested = []
+    for t in (*args, *kwargs.values(), out) if kwargs else (*args, out):      # flat: the common case, fast
+        if isinstance(t, torch.Tensor):
+            n = t.numel()
+            nbytes += n * t.element_size()
+            if n > largest:
+                largest = n
+        elif isinstance(t, (list, tuple, dict)):
+            nested.append(t)
+    while nested:
+        t = nested.pop()
         if isinstance(t, torch.Tensor):
             n = t.numel()
             nbytes += n * t.element_size()
             largest = max(largest, n)
         elif isinstance(t, (list, tuple)):
-            stack.extend(t)
+            nested.extend(t)
         elif isinstance(t, dict):
-            stack.extend(t.values())
+            nested.extend(t.values())
     flops = _count_flops(op, args, kwargs, out)
     return float(largest if flops is None else flops), float(nbytes)
 
@@ -159,6 +167,8 @@ class RankTracker(TorchDispatchMode):
         self.host_flops = 0.0
         self.samples: list[tuple[float, int]] = [(0.0, 0)]
         self._sizes: dict[int, tuple[int, int]] = {}     # storage -> (bytes, DEVICE / ON_HOST / NEUTRAL)
+        # storage -> a weak reference whose callback releases it (a third of the cost of weakref.finalize)
+        self._watch: dict[int, weakref.ref] = {}
         self._hosted = 0                                  # how many live storages are on the host
         self._on_work = on_work
         self._on_transfer = on_transfer
@@ -278,7 +288,7 @@ class RankTracker(TorchDispatchMode):
         size = storage.nbytes()
         known = self._sizes.get(key)
         if known is None:
-            weakref.finalize(storage, self._release, key)
+            self._watch[key] = weakref.ref(storage, lambda _, key=key: self._release(key))
             if self._ownership is not None:
                 self._ownership.claim(key, self._rank)
         elif known[0] == size:
@@ -290,6 +300,7 @@ class RankTracker(TorchDispatchMode):
         self._change(size - (known[0] if known else 0), place == ON_HOST)
 
     def _release(self, key: int) -> None:
+        self._watch.pop(key, None)
         if self._ownership is not None and key in self._sizes:
             self._ownership.release(key)
         size, place = self._sizes.pop(key, (0, DEVICE))
