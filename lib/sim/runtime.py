@@ -85,6 +85,8 @@ class RankState:
         self._runtime = runtime
 
     def _add_work(self, flops: float, nbytes: float, on_host: bool) -> None:
+        if self._runtime._aborting:      # the run is ending: stop at this op, should an interrupt have been lost
+            raise _Abort()               # (one raised inside a weakref callback is printed and ignored)
         self.clock += self._runtime.cost.compute_time(flops, on_host, nbytes)
 
     def _transfer(self, nbytes: int, to_host: bool) -> None:
