@@ -61,13 +61,13 @@ def build(spec: dict) -> None:
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)              # nothing we mount leaks out
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for path, size, mode in spec["tmpfs"]:            # first: a read-only folder inside one (a virtual
+        os.makedirs(root + path, exist_ok=True)       # environment under /tmp) goes on top, not under it
+        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o},size={size}")
     for source, target in spec["read_only"]:
         bind_read_only(source, root + target)
     for target, path in spec["symlinks"]:
         os.symlink(target, root + path)
-    for path, size, mode in spec["tmpfs"]:
-        os.makedirs(root + path, exist_ok=True)
-        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o},size={size}")
     os.makedirs(root + "/proc")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     dev = root + "/dev"

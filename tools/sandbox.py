@@ -111,12 +111,14 @@ class Spec:
     def bwrap(self, bwrap: str) -> list[str]:
         argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL", "--hostname", "sandbox"]
+        # The private folders first, so that a read-only folder inside one (a virtual environment under /tmp)
+        # is mounted on top of it rather than hidden by it.
+        for path, size, mode in self.tmpfs:
+            argv += ["--size", str(size), "--perms", f"{mode:04o}", "--tmpfs", path]
         for source, target in self.read_only:
             argv += ["--ro-bind", source, target]
         for target, path in self.symlinks:
             argv += ["--symlink", target, path]
-        for path, size, mode in self.tmpfs:
-            argv += ["--size", str(size), "--perms", f"{mode:04o}", "--tmpfs", path]
         return argv + ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", self.cwd, "--", *self.argv]
 
     def unshare(self, unshare: str, setpriv: str, root: Path) -> list[str]:
