@@ -118,10 +118,10 @@ class MeshPuzzle(Puzzle):
                      f"of a {fmt_bytes(b.limit_for(worst))} budget ({b.why}).")
         return text
 
-    def picture(self, outcome: Outcome) -> list:
+    def picture(self, outcome: Outcome, fn: Optional[Callable] = None) -> list:
         case, result = outcome.case, outcome.result
         if result is None or not isinstance(case, MeshCase) or case.axes is None:
-            return super().picture(outcome)
+            return super().picture(outcome, fn)
         from lib.viz.plots import memory_over_time_figure
         from lib.viz.timeline import draw_timeline
 
