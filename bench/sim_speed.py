@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     if args.one:
+        # The checkout measured is the one on PYTHONPATH: an editable install of another checkout must not
+        # supply the modules this one lacks (it would mix two versions of the course in one process).
+        sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
         print(json.dumps(one()))
         return
     checkouts = {"this checkout": ROOT, **({f"{args.before}": args.before.resolve()} if args.before else {})}
