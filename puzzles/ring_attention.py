@@ -8,6 +8,7 @@ log-sum-exp from its CPU flash kernel); budgets from the algorithm's formulas fo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import Optional
@@ -178,11 +179,19 @@ def _ring_rules(n: int) -> list[Rule]:
                           hint="send to (rank + 1) % N and receive from (rank - 1) % N, every step.")]
 
 
-def _kv_budget(b, h, rows, d, n) -> Budget:
+def _exactly(ceiling: Budget, hint: str) -> list[Budget]:
+    """`ceiling` and the same bytes as a floor: what the algorithm moves must go through dist, not around it (a
+    module-level dict, Python numbers taken out of tensors), which no ceiling alone can see."""
+    return [ceiling, dataclasses.replace(ceiling, least=True, hint=hint)]
+
+
+def _kv_budget(b, h, rows, d, n) -> list[Budget]:
     block = 2 * b * h * rows * d * ITEM
-    return Budget("bytes_sent", (n - 1) * block,
-                  f"N-1 = {n - 1} steps × K and V of one rank ({fmt_bytes(block)}): (N-1)/N of the whole K and V",
-                  hint="pass the K/V block you just used, once per step; never the queries or the output.")
+    return _exactly(Budget("bytes_sent", (n - 1) * block,
+                           f"N-1 = {n - 1} steps × K and V of one rank ({fmt_bytes(block)}): (N-1)/N of the whole K "
+                           f"and V",
+                           hint="pass the K/V block you just used, once per step; never the queries or the output."),
+                    hint="K and V reach the other ranks through dist only: send your block to the right, N-1 times.")
 
 
 def _ring_inputs(rng, n: int, b, h, d, scale, causal=False):
@@ -208,7 +217,7 @@ def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Con
     block = rng.choice([chunk // 2, chunk // 2 + 1])                  # two key blocks per chunk, one short at times
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                         f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[_kv_budget(b, h, chunk, d, n),
+                        budgets=[*_kv_budget(b, h, chunk, d, n),
                                  _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)")],
                         allowed_ops=P2P, rules=_ring_rules(n))
 
@@ -257,7 +266,7 @@ def _overlap_case(rng: random.Random, n: int) -> ContractCase:
            f"overlap can hide all N-1 = {n - 1} transfers; the budget is {1 - OVERLAP:g} of them")
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), chunk), expected,
                         f"N={n}, timed as {fmt_tokens(tokens)} tokens per rank, 32 heads of 128, bf16, on H100s "
-                        f"over {link}", budgets=[_kv_budget(b, h, chunk, d, n)],
+                        f"over {link}", budgets=_kv_budget(b, h, chunk, d, n),
                         cost=cost, allowed_ops=P2P,
                         rules=_ring_rules(n) + [communication_hidden(
                             limit, "K/V transfers", why, hint="post the next block's isend/irecv before computing on "
@@ -292,7 +301,7 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
     work = (2 * n - 1) * tile + 2 * diagonal
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                         f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[_kv_budget(b, h, 2 * chunk, d, n),
+                        budgets=[*_kv_budget(b, h, 2 * chunk, d, n),
                                  _memory_budget(b, h, d, block, RING_CHUNKS, 2 * chunk, "O(s/N · d)")],
                         allowed_ops=P2P,
                         rules=_ring_rules(n) + [
@@ -344,12 +353,15 @@ def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> 
     (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
     block = rng.choice([chunk, chunk + 1, 2 * chunk - 1])
     size = b * h * chunk * d * ITEM
-    traffic = Budget("bytes_sent", 4 * (n - 1) / n * size,
-                     f"4 all-to-alls (q, k, v there, the output back) × (N-1)/N × {fmt_bytes(size)}",
-                     hint="one all-to-all per tensor: q, k and v to a head split, the output back to a sequence split.")
+    traffic = _exactly(Budget("bytes_sent", 4 * (n - 1) / n * size,
+                              f"4 all-to-alls (q, k, v there, the output back) × (N-1)/N × {fmt_bytes(size)}",
+                              hint="one all-to-all per tensor: q, k and v to a head split, the output back to a "
+                                   "sequence split."),
+                       hint="q, k and v reach their heads' owners through the all-to-all only, and the output "
+                            "comes back the same way.")
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
                         f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
+                        budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
                                                          "O(s·h/N · d)")],
                         allowed_ops=A2A)
 
@@ -397,9 +409,11 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
     block = rng.choice([chunk // 2, chunk // 2 + 1])
     expected = [tuple(g) for g in zip(*(split(g) for g in grads))]
     size = b * h * chunk * d * ITEM
-    traffic = Budget("bytes_sent", (2 * n - 1) * 2 * size,
-                     f"N-1 = {n - 1} K/V blocks forward and N = {n} dK/dV blocks, each 2 × {fmt_bytes(size)}",
-                     hint="dK and dV of a block travel with it; one more step brings them home.")
+    traffic = _exactly(Budget("bytes_sent", (2 * n - 1) * 2 * size,
+                              f"N-1 = {n - 1} K/V blocks forward and N = {n} dK/dV blocks, each 2 × "
+                              f"{fmt_bytes(size)}",
+                              hint="dK and dV of a block travel with it; one more step brings them home."),
+                       hint="K/V blocks and their dK/dV reach the other ranks through dist only, around the ring.")
     fixed = b * h * ITEM * chunk * (BACKWARD_CHUNKS * d + 2)
     tiles = b * h * ITEM * BACKWARD_TILES * chunk * block
     memory = Budget("peak_memory", fixed + tiles,
@@ -408,7 +422,7 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
                     hint="work on one key block at a time; keep no score matrix longer than s/N × block.")
     return ContractCase(n, (*args, block), expected,
                         f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[traffic, memory], allowed_ops=P2P, rules=_ring_rules(n))
+                        budgets=[*traffic, memory], allowed_ops=P2P, rules=_ring_rules(n))
 
 
 def _backward_oracle(dist, q, k, v, out, lse, dout, block):
