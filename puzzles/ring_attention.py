@@ -9,6 +9,7 @@ log-sum-exp from its CPU flash kernel); budgets from the algorithm's formulas fo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from typing import Optional
@@ -33,6 +34,9 @@ LARGE = 1e4                    # logits of this scale overflow exp() in any prec
 KERNELS = ("scaled_dot_product", "_scaled_dot_product", "_flash_attention", "_efficient_attention",
            "_cudnn_attention")
 REFUSED = (KERNELS, "here the attention is yours to compute (matmuls, exp, logsumexp); PyTorch's is the reference")
+# A puzzle that computes attention: those kernels refused, its float64 results compared within 1e-9.
+_attention_puzzle = functools.partial(ContractPuzzle, refuse=REFUSED, rtol=1e-9, atol=1e-9)
+GATHERED = "PyTorch's attention on the gathered K and V"
 # What blockwise attention keeps besides its inputs and output, per (batch, head): a few block × block tiles
 # (scores, their exponentials, a mask) and a few block × d rows (a tile's output, the merge's temporaries).
 TILES, ROWS = 4, 8
@@ -154,11 +158,10 @@ def _blockwise_oracle(q, k, v, block, causal):
     return _math_attention(q, k, v, mask)
 
 
-blockwise_attention = ContractPuzzle(
+blockwise_attention = _attention_puzzle(
     "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
     variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0}],
-    oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention", rtol=1e-9, atol=1e-9,
-    refuse=REFUSED,
+    oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention",
     hints=["Loop over blocks of `block` queries; for each, loop over blocks of `block` keys: scores of the tile, "
            "its log-sum-exp, its output exp(scores - lse) @ v, merged into the running (out, lse) with "
            "merge_attention.",
@@ -241,11 +244,9 @@ RING_HINTS = [
     "the merge is associative and commutative."]
 
 
-ring_attention = ContractPuzzle(
+ring_attention = _attention_puzzle(
     "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 8), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
-    hints=RING_HINTS,
+    oracle=_ring_oracle, oracle_name=GATHERED, hints=RING_HINTS,
     describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
 
 
@@ -277,10 +278,9 @@ def fmt_tokens(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
 
 
-ring_attention_overlap = ContractPuzzle(
-    "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8),
-    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
+ring_attention_overlap = _attention_puzzle(
+    "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8), oracle=_ring_oracle,
+    oracle_name=GATHERED,
     hints=["At the start of each step (but the last), post the transfer of the block you hold with dist.isend and "
            "dist.irecv, then compute on it while it travels; wait for both before the next step.",
            "The block you send is the one you compute on: sending only reads it, so both can happen at once. "
@@ -326,10 +326,9 @@ def _zigzag_oracle(dist, q, k, v, _block):
     return _math_attention(q, torch.cat(_gathered(dist, k), 2), torch.cat(_gathered(dist, v), 2), mask)
 
 
-zigzag_attention = ContractPuzzle(
+zigzag_attention = _attention_puzzle(
     "zigzag_attention", NOTEBOOK, _zigzag_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
+    oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
     hints=["Your q, k and v hold two chunks of c tokens: chunk r (rows :c) and chunk 2N-1-r (rows c:). The K/V "
            "block from rank src holds chunks src and 2N-1-src. Handle the four (query chunk, key chunk) pairs.",
            "Query chunk a sees key chunk j entirely when j < a, on the diagonal (causal=True) when j == a, and not "
@@ -370,10 +369,9 @@ def _ulysses_oracle(dist, q, k, v, block):
     return _ring_oracle(dist, q, k, v, block)[0]
 
 
-ulysses_attention = ContractPuzzle(
+ulysses_attention = _attention_puzzle(
     "ulysses_attention", NOTEBOOK, _ulysses_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_ulysses_oracle, oracle_name="PyTorch's attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
+    oracle=_ulysses_oracle, oracle_name=GATHERED,
     hints=["dist.all_to_all_single(out, inp) sends the i-th slice of inp along dim 0 to rank i and puts what rank i "
            "sent in the i-th slice of out. Lay q out as (N, b, h/N, s/N, d): slice i holds the heads rank i will own.",
            "x.reshape(b, N, h // N, c, d).transpose(0, 1).contiguous() makes that layout; after the all-to-all, slice "
@@ -432,11 +430,10 @@ def _backward_oracle(dist, q, k, v, out, lse, dout, block):
     return tuple(t.grad.chunk(dist.get_world_size(), 2)[rank] for t in leaves)
 
 
-ring_attention_backward = ContractPuzzle(
+ring_attention_backward = _attention_puzzle(
     "ring_attention_backward", NOTEBOOK, _backward_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_backward_oracle,
-    oracle_name="autograd through PyTorch's attention on the gathered sequence",
-    rtol=1e-8, atol=1e-9,
+    oracle=_backward_oracle, oracle_name="autograd through PyTorch's attention on the gathered sequence",
+    rtol=1e-8,
     hints=["With P = exp(scores - lse) for a key block (recomputed, not stored), the block's gradients are "
            "dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D) · scale with D = rowsum(dO ∘ O), dQ += dS·K, dK += dSᵀ·Q.",
            "Each step: compute the block's contributions to dQ (yours) and to its dK, dV (its owner's). Send the "
