@@ -8,6 +8,8 @@ log-sum-exp from its CPU flash kernel); budgets from the algorithm's formulas fo
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import random
 from typing import Optional
@@ -32,6 +34,9 @@ LARGE = 1e4                    # logits of this scale overflow exp() in any prec
 KERNELS = ("scaled_dot_product", "_scaled_dot_product", "_flash_attention", "_efficient_attention",
            "_cudnn_attention")
 REFUSED = (KERNELS, "here the attention is yours to compute (matmuls, exp, logsumexp); PyTorch's is the reference")
+# A puzzle that computes attention: those kernels refused, its float64 results compared within 1e-9.
+_attention_puzzle = functools.partial(ContractPuzzle, refuse=REFUSED, rtol=1e-9, atol=1e-9)
+GATHERED = "PyTorch's attention on the gathered K and V"
 # What blockwise attention keeps besides its inputs and output, per (batch, head): a few block × block tiles
 # (scores, their exponentials, a mask) and a few block × d rows (a tile's output, the merge's temporaries).
 TILES, ROWS = 4, 8
@@ -153,11 +158,10 @@ def _blockwise_oracle(q, k, v, block, causal):
     return _math_attention(q, k, v, mask)
 
 
-blockwise_attention = ContractPuzzle(
+blockwise_attention = _attention_puzzle(
     "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
     variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0}],
-    oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention", rtol=1e-9, atol=1e-9,
-    refuse=REFUSED,
+    oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention",
     hints=["Loop over blocks of `block` queries; for each, loop over blocks of `block` keys: scores of the tile, "
            "its log-sum-exp, its output exp(scores - lse) @ v, merged into the running (out, lse) with "
            "merge_attention.",
@@ -178,11 +182,19 @@ def _ring_rules(n: int) -> list[Rule]:
                           hint="send to (rank + 1) % N and receive from (rank - 1) % N, every step.")]
 
 
-def _kv_budget(b, h, rows, d, n) -> Budget:
+def _exactly(ceiling: Budget, hint: str) -> list[Budget]:
+    """`ceiling` and the same bytes as a floor: what the algorithm moves must go through dist, not around it (a
+    module-level dict, Python numbers taken out of tensors), which no ceiling alone can see."""
+    return [ceiling, dataclasses.replace(ceiling, least=True, hint=hint)]
+
+
+def _kv_budget(b, h, rows, d, n) -> list[Budget]:
     block = 2 * b * h * rows * d * ITEM
-    return Budget("bytes_sent", (n - 1) * block,
-                  f"N-1 = {n - 1} steps × K and V of one rank ({fmt_bytes(block)}): (N-1)/N of the whole K and V",
-                  hint="pass the K/V block you just used, once per step; never the queries or the output.")
+    return _exactly(Budget("bytes_sent", (n - 1) * block,
+                           f"N-1 = {n - 1} steps × K and V of one rank ({fmt_bytes(block)}): (N-1)/N of the whole K "
+                           f"and V",
+                           hint="pass the K/V block you just used, once per step; never the queries or the output."),
+                    hint="K and V reach the other ranks through dist only: send your block to the right, N-1 times.")
 
 
 def _ring_inputs(rng, n: int, b, h, d, scale, causal=False):
@@ -208,7 +220,7 @@ def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Con
     block = rng.choice([chunk // 2, chunk // 2 + 1])                  # two key blocks per chunk, one short at times
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                         f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[_kv_budget(b, h, chunk, d, n),
+                        budgets=[*_kv_budget(b, h, chunk, d, n),
                                  _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)")],
                         allowed_ops=P2P, rules=_ring_rules(n))
 
@@ -232,11 +244,9 @@ RING_HINTS = [
     "the merge is associative and commutative."]
 
 
-ring_attention = ContractPuzzle(
+ring_attention = _attention_puzzle(
     "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 8), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
-    hints=RING_HINTS,
+    oracle=_ring_oracle, oracle_name=GATHERED, hints=RING_HINTS,
     describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
 
 
@@ -257,7 +267,7 @@ def _overlap_case(rng: random.Random, n: int) -> ContractCase:
            f"overlap can hide all N-1 = {n - 1} transfers; the budget is {1 - OVERLAP:g} of them")
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), chunk), expected,
                         f"N={n}, timed as {fmt_tokens(tokens)} tokens per rank, 32 heads of 128, bf16, on H100s "
-                        f"over {link}", budgets=[_kv_budget(b, h, chunk, d, n)],
+                        f"over {link}", budgets=_kv_budget(b, h, chunk, d, n),
                         cost=cost, allowed_ops=P2P,
                         rules=_ring_rules(n) + [communication_hidden(
                             limit, "K/V transfers", why, hint="post the next block's isend/irecv before computing on "
@@ -268,10 +278,9 @@ def fmt_tokens(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
 
 
-ring_attention_overlap = ContractPuzzle(
-    "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8),
-    refuse=REFUSED, oracle=_ring_oracle, oracle_name="PyTorch's attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
+ring_attention_overlap = _attention_puzzle(
+    "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8), oracle=_ring_oracle,
+    oracle_name=GATHERED,
     hints=["At the start of each step (but the last), post the transfer of the block you hold with dist.isend and "
            "dist.irecv, then compute on it while it travels; wait for both before the next step.",
            "The block you send is the one you compute on: sending only reads it, so both can happen at once. "
@@ -292,7 +301,7 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
     work = (2 * n - 1) * tile + 2 * diagonal
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                         f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[_kv_budget(b, h, 2 * chunk, d, n),
+                        budgets=[*_kv_budget(b, h, 2 * chunk, d, n),
                                  _memory_budget(b, h, d, block, RING_CHUNKS, 2 * chunk, "O(s/N · d)")],
                         allowed_ops=P2P,
                         rules=_ring_rules(n) + [
@@ -317,10 +326,9 @@ def _zigzag_oracle(dist, q, k, v, _block):
     return _math_attention(q, torch.cat(_gathered(dist, k), 2), torch.cat(_gathered(dist, v), 2), mask)
 
 
-zigzag_attention = ContractPuzzle(
+zigzag_attention = _attention_puzzle(
     "zigzag_attention", NOTEBOOK, _zigzag_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
+    oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
     hints=["Your q, k and v hold two chunks of c tokens: chunk r (rows :c) and chunk 2N-1-r (rows c:). The K/V "
            "block from rank src holds chunks src and 2N-1-src. Handle the four (query chunk, key chunk) pairs.",
            "Query chunk a sees key chunk j entirely when j < a, on the diagonal (causal=True) when j == a, and not "
@@ -344,12 +352,15 @@ def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> 
     (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
     block = rng.choice([chunk, chunk + 1, 2 * chunk - 1])
     size = b * h * chunk * d * ITEM
-    traffic = Budget("bytes_sent", 4 * (n - 1) / n * size,
-                     f"4 all-to-alls (q, k, v there, the output back) × (N-1)/N × {fmt_bytes(size)}",
-                     hint="one all-to-all per tensor: q, k and v to a head split, the output back to a sequence split.")
+    traffic = _exactly(Budget("bytes_sent", 4 * (n - 1) / n * size,
+                              f"4 all-to-alls (q, k, v there, the output back) × (N-1)/N × {fmt_bytes(size)}",
+                              hint="one all-to-all per tensor: q, k and v to a head split, the output back to a "
+                                   "sequence split."),
+                       hint="q, k and v reach their heads' owners through the all-to-all only, and the output "
+                            "comes back the same way.")
     return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
                         f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
+                        budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
                                                          "O(s·h/N · d)")],
                         allowed_ops=A2A)
 
@@ -358,10 +369,9 @@ def _ulysses_oracle(dist, q, k, v, block):
     return _ring_oracle(dist, q, k, v, block)[0]
 
 
-ulysses_attention = ContractPuzzle(
+ulysses_attention = _attention_puzzle(
     "ulysses_attention", NOTEBOOK, _ulysses_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_ulysses_oracle, oracle_name="PyTorch's attention on the gathered K and V",
-    rtol=1e-9, atol=1e-9,
+    oracle=_ulysses_oracle, oracle_name=GATHERED,
     hints=["dist.all_to_all_single(out, inp) sends the i-th slice of inp along dim 0 to rank i and puts what rank i "
            "sent in the i-th slice of out. Lay q out as (N, b, h/N, s/N, d): slice i holds the heads rank i will own.",
            "x.reshape(b, N, h // N, c, d).transpose(0, 1).contiguous() makes that layout; after the all-to-all, slice "
@@ -397,9 +407,11 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
     block = rng.choice([chunk // 2, chunk // 2 + 1])
     expected = [tuple(g) for g in zip(*(split(g) for g in grads))]
     size = b * h * chunk * d * ITEM
-    traffic = Budget("bytes_sent", (2 * n - 1) * 2 * size,
-                     f"N-1 = {n - 1} K/V blocks forward and N = {n} dK/dV blocks, each 2 × {fmt_bytes(size)}",
-                     hint="dK and dV of a block travel with it; one more step brings them home.")
+    traffic = _exactly(Budget("bytes_sent", (2 * n - 1) * 2 * size,
+                              f"N-1 = {n - 1} K/V blocks forward and N = {n} dK/dV blocks, each 2 × "
+                              f"{fmt_bytes(size)}",
+                              hint="dK and dV of a block travel with it; one more step brings them home."),
+                       hint="K/V blocks and their dK/dV reach the other ranks through dist only, around the ring.")
     fixed = b * h * ITEM * chunk * (BACKWARD_CHUNKS * d + 2)
     tiles = b * h * ITEM * BACKWARD_TILES * chunk * block
     memory = Budget("peak_memory", fixed + tiles,
@@ -408,7 +420,7 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
                     hint="work on one key block at a time; keep no score matrix longer than s/N × block.")
     return ContractCase(n, (*args, block), expected,
                         f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[traffic, memory], allowed_ops=P2P, rules=_ring_rules(n))
+                        budgets=[*traffic, memory], allowed_ops=P2P, rules=_ring_rules(n))
 
 
 def _backward_oracle(dist, q, k, v, out, lse, dout, block):
@@ -418,11 +430,10 @@ def _backward_oracle(dist, q, k, v, out, lse, dout, block):
     return tuple(t.grad.chunk(dist.get_world_size(), 2)[rank] for t in leaves)
 
 
-ring_attention_backward = ContractPuzzle(
+ring_attention_backward = _attention_puzzle(
     "ring_attention_backward", NOTEBOOK, _backward_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    refuse=REFUSED, oracle=_backward_oracle,
-    oracle_name="autograd through PyTorch's attention on the gathered sequence",
-    rtol=1e-8, atol=1e-9,
+    oracle=_backward_oracle, oracle_name="autograd through PyTorch's attention on the gathered sequence",
+    rtol=1e-8,
     hints=["With P = exp(scores - lse) for a key block (recomputed, not stored), the block's gradients are "
            "dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D) · scale with D = rowsum(dO ∘ O), dQ += dS·K, dK += dSᵀ·Q.",
            "Each step: compute the block's contributions to dQ (yours) and to its dK, dV (its owner's). Send the "

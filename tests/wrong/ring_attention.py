@@ -97,7 +97,9 @@ def ring_attention_overlap_blocking(dist, q, k, v, block):
     return ring_attention(dist, q, k, v, block)
 
 
-def _zigzag(dist, q, k, v, block, positions_as_contiguous=False, masked_high_chunk=False):
+def _zigzag(dist, q, k, v, block, positions_as_contiguous=False, future_computed=()):
+    """Zigzag's ring with knobs for its classic mistakes: the positions of a contiguous split, and the future of
+    the query chunks in `future_computed` (0 early, 1 late) computed and then masked instead of skipped."""
     rank, world = dist.get_rank(), dist.get_world_size()
     c = q.shape[-2] // 2
     mine = (2 * rank, 2 * rank + 1) if positions_as_contiguous else (rank, 2 * world - 1 - rank)
@@ -110,7 +112,7 @@ def _zigzag(dist, q, k, v, block, positions_as_contiguous=False, masked_high_chu
             for b, kb in enumerate(theirs):
                 rows, cols = slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c)
                 qs, ks, vs = q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :]
-                if kb > qa and masked_high_chunk and a == 1:           # computed, then masked to nothing
+                if kb > qa and a in future_computed:                   # computed, then masked to nothing
                     bo, bl = blockwise_attention(qs, ks, vs, block)
                     bl = bl - 1e30
                 elif kb > qa:
@@ -135,33 +137,12 @@ def zigzag_with_contiguous_positions(dist, q, k, v, block):
 def zigzag_computing_the_future_of_the_late_chunk(dist, q, k, v, block):
     """Right numbers, but the late chunk attends to every key block and masks the future away afterwards:
     rank 0's late chunk (the last of the sequence) has nothing to skip, rank N-1's has most: unbalanced."""
-    return _zigzag(dist, q, k, v, block, masked_high_chunk=True)
+    return _zigzag(dist, q, k, v, block, future_computed=(1,))
 
 
 def zigzag_masking_instead_of_skipping(dist, q, k, v, block):
     """Every tile computed, the future masked afterwards: balanced, and twice the work causal attention needs."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    c = q.shape[-2] // 2
-    mine = (rank, 2 * world - 1 - rank)
-    kv = torch.stack([k, v])
-    outs, lses = [None, None], [None, None]
-    for step in range(world):
-        src = (rank - step) % world
-        for a, qa in enumerate(mine):
-            for b, kb in enumerate((src, 2 * world - 1 - src)):
-                rows, cols = slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c)
-                bo, bl = blockwise_attention(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :], block,
-                                             causal=kb == qa)
-                if kb > qa:
-                    bl = bl - 1e30
-                outs[a], lses[a] = (bo, bl) if outs[a] is None else merge_attention(outs[a], lses[a], bo, bl)
-        if step < world - 1:
-            incoming = torch.empty_like(kv)
-            sent = dist.isend(kv, (rank + 1) % world)
-            dist.recv(incoming, (rank - 1) % world)
-            sent.wait()
-            kv = incoming
-    return torch.cat(outs, -2), torch.cat(lses, -1)
+    return _zigzag(dist, q, k, v, block, future_computed=(0, 1))
 
 
 def ulysses_without_the_way_back(dist, q, k, v, block):
