@@ -157,13 +157,16 @@ def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint:
 ON_DEVICE = nothing_on_the_host("ZeRO shards the training state across the ranks' devices")
 
 
-def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False) -> Case:
-    """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there."""
-    model = mlp(SIZES, seed=rng.randrange(2**31))
+def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False, model=None,
+          what: str = "") -> Case:
+    """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there.
+    `model`: one the caller drew from `rng` first (to fit the cost model to it)."""
+    model = mlp(SIZES, seed=rng.randrange(2**31)) if model is None else model
     shards, full = _batches(rng, world)
     s = _Sizes(model, world, shards[0])
     return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
-                f"N={world}, {STEPS} Adam steps of {LOCAL} samples per rank, {s.psi} padded parameters",
+                f"N={world}, {STEPS} Adam steps" + (f", {what}" if what else
+                                                     f" of {LOCAL} samples per rank, {s.psi} padded parameters"),
                 budgets=([] if host else [ON_DEVICE]) + budgets(s, model), cost=cost)
 
 
@@ -372,11 +375,7 @@ def _prefetch_case(rng: random.Random, world: int) -> Case:
                                "prefetch one layer ahead, not all of them; free each layer after use."),
                 _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")]
 
-    shards, full = _batches(rng, world)
-    s = _Sizes(model, world, shards[0])
-    return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
-                f"N={world}, {STEPS} Adam steps, gathering a layer takes as long as computing it",
-                budgets=[ON_DEVICE] + budgets(s, model), cost=cost)
+    return _case(rng, world, budgets, cost, model=model, what="gathering a layer takes as long as computing it")
 
 
 fsdp_prefetch_train = Puzzle(

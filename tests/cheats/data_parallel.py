@@ -32,7 +32,8 @@ def reduce_scatter_all_to_all(dist, x):
 
 
 def reduce_scatter_one_rank_at_a_time(dist, x):
-    """A ring whose blocking sends go round one rank after another: N hops per step instead of one."""
+    """A ring whose blocking sends go round one rank after another: N hops per step instead of one. A deliberate
+    copy of solutions.data_parallel.ring_reduce_scatter with blocking sends, rank 0's first."""
     rank, world = dist.get_rank(), dist.get_world_size()
     chunks = x.chunk(world)
     right, left = (rank + 1) % world, (rank - 1) % world

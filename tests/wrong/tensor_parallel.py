@@ -120,8 +120,9 @@ def loss_gathers_the_logits(dist, tokens, targets, emb_w, head_w):
     return F.cross_entropy(full.flatten(0, 1), targets.flatten())
 
 
-def loss_without_max_all_reduce(dist, tokens, targets, emb_w, head_w):
-    """Each rank subtracts its own maximum: the sum of exponentials mixes different shifts."""
+def vocab_loss_shifted_by(dist, tokens, targets, emb_w, head_w, shift):
+    """A deliberate copy of solutions.tensor_parallel.vocab_parallel_loss with its all-reduced max replaced by
+    `shift(logits)`, the one change of the wrong answers and cheats built on it (same collectives)."""
     part, first = emb_w.shape[0], dist.get_rank() * emb_w.shape[0]
 
     def local(ids):
@@ -131,12 +132,18 @@ def loss_without_max_all_reduce(dist, tokens, targets, emb_w, head_w):
     rows, mine = local(tokens)
     x = _Reduce.apply(F.embedding(rows, emb_w) * mine.unsqueeze(-1), dist)
     logits = S.column_parallel_linear(dist, x, head_w, None)
-    shifted = logits - logits.detach().amax(-1, keepdim=True)
+    shifted = shift(logits)
     sum_exp = _Reduce.apply(shifted.exp().sum(-1), dist)
     rows, mine = local(targets)
     target = _Reduce.apply(shifted.gather(-1, rows.unsqueeze(-1)).squeeze(-1) * mine, dist)
     dist.all_reduce(torch.zeros_like(target))
     return (sum_exp.log() - target).mean()
+
+
+def loss_without_max_all_reduce(dist, tokens, targets, emb_w, head_w):
+    """Each rank subtracts its own maximum: the sum of exponentials mixes different shifts."""
+    return vocab_loss_shifted_by(dist, tokens, targets, emb_w, head_w,
+                                 lambda logits: logits - logits.detach().amax(-1, keepdim=True))
 
 
 def mlp_with_hand_written_gelu(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
