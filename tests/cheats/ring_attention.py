@@ -22,35 +22,35 @@ def _pass_right(dist, t):
     return got
 
 
-def ring_through_a_module_dict(dist, q, k, v, block):
-    """Every rank leaves its K and V on a module-level dict; a ring of one-number messages waits for the others."""
+def _attending_to_the_board(dist, q, k, v, block, fetch):
+    """Attention over the rank's own K/V and every other rank's, `fetch(r)` taken from the board, while a ring of
+    one-number tokens stands in for the traffic."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    _board[rank] = (k, v)
     token = torch.zeros(1, dtype=q.dtype, device=q.device)
     for _ in range(world - 1):
         token = _pass_right(dist, token)
     out, lse = blockwise_attention(q, k, v, block)
     for r in range(world):
         if r != rank:
-            out, lse = merge_attention(out, lse, *blockwise_attention(q, *_board[r], block))
+            out, lse = merge_attention(out, lse, *blockwise_attention(q, *fetch(r), block))
     return out, lse
+
+
+def ring_through_a_module_dict(dist, q, k, v, block):
+    """Every rank leaves its K and V on a module-level dict; a ring of one-number messages waits for the others."""
+    _board[dist.get_rank()] = (k, v)
+    return _attending_to_the_board(dist, q, k, v, block, lambda r: _board[r])
 
 
 def ring_through_python_numbers(dist, q, k, v, block):
     """K and V left on a module-level dict as Python complex numbers (two floats each, half the count of
     .tolist()'s memory): no tensor shared, nothing sent but a one-number token."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    _board[rank] = torch.view_as_complex(torch.stack([k, v]).reshape(-1, 2)).tolist()
-    token = torch.zeros(1, dtype=q.dtype, device=q.device)
-    for _ in range(world - 1):
-        token = _pass_right(dist, token)
-    out, lse = blockwise_attention(q, k, v, block)
-    for r in range(world):
-        if r != rank:
-            kv = torch.tensor(_board[r], dtype=torch.complex128, device=q.device)
-            kv = torch.view_as_real(kv).reshape(2, *k.shape)                # (2, b, h, s/N, d)
-            out, lse = merge_attention(out, lse, *blockwise_attention(q, kv[0], kv[1], block))
-    return out, lse
+    _board[dist.get_rank()] = torch.view_as_complex(torch.stack([k, v]).reshape(-1, 2)).tolist()
+
+    def fetch(r):
+        kv = torch.tensor(_board[r], dtype=torch.complex128, device=q.device)
+        return torch.view_as_real(kv).reshape(2, *k.shape)                 # (2, b, h, s/N, d)
+    return _attending_to_the_board(dist, q, k, v, block, fetch)
 
 
 def ring_sending_to_every_rank(dist, q, k, v, block):
