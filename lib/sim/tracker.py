@@ -14,6 +14,7 @@ device reads `cpu`) is neutral: it goes with either side and counts as device me
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Callable, NamedTuple, Optional
 
@@ -211,7 +212,7 @@ class RankTracker(TorchDispatchMode):
         if func is _SCALAR:
             self.keep_outside(PYTHON_NUMBER_BYTES, ".item()")
         if isinstance(out, torch.Tensor):
-            self.adopt(out, place)
+            self.adopt_storage(out.untyped_storage(), place)
         else:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
@@ -288,7 +289,7 @@ class RankTracker(TorchDispatchMode):
         size = storage.nbytes()
         known = self._sizes.get(key)
         if known is None:
-            self._watch[key] = weakref.ref(storage, lambda _, key=key: self._release(key))
+            self._watch[key] = weakref.ref(storage, functools.partial(self._released, key))
             if self._ownership is not None:
                 self._ownership.claim(key, self._rank)
         elif known[0] == size:
@@ -298,6 +299,9 @@ class RankTracker(TorchDispatchMode):
         self._sizes[key] = (size, place)
         self._hosted += (place == ON_HOST) - (known is not None and known[1] == ON_HOST)
         self._change(size - (known[0] if known else 0), place == ON_HOST)
+
+    def _released(self, key: int, _ref) -> None:
+        self._release(key)
 
     def _release(self, key: int) -> None:
         self._watch.pop(key, None)
