@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from lib.formulas import activation_bytes_per_layer
 from lib.sim.cost import CostModel
+from lib.units import fmt_time
 
 LINKS = {"NVLink": CostModel().intra_node_bandwidth, "InfiniBand": CostModel().inter_node_bandwidth}
 
@@ -73,10 +74,29 @@ def ring_time(shard: Shard, n: int, cost: CostModel, overlap: bool = True) -> fl
     return compute + (n - 1) * step
 
 
+def ulysses_fits(shard: Shard, n: int) -> bool:
+    """Ulysses gives each rank whole heads: N ≤ h, and N divides h."""
+    return shard.heads % n == 0
+
+
 def ulysses_time(shard: Shard, n: int, cost: CostModel) -> float:
     """Four all-to-alls of one rank's chunk (q, k and v to a head split, the output back), none hidden, and the
     same attention FLOPs as the ring's: h/N heads over the whole sequence is N blocks' worth."""
+    if not ulysses_fits(shard, n):
+        raise ValueError(f"Ulysses cannot split {shard.heads} heads over {n} ranks: N must divide the heads")
     return 4 * cost.collective_time("all_to_all", shard.chunk_bytes, range(n)) + n * block_times(shard, cost)[0]
+
+
+def ring_or_ulysses(shard: Shard, n: int, cost: CostModel) -> str:
+    """Which of ring and Ulysses runs one layer's attention forward faster on N ranks, with both times; or why
+    only the ring can run (a rank needs whole heads)."""
+    ring = ring_time(shard, n, cost)
+    if not ulysses_fits(shard, n):
+        return (f"ring {fmt_time(ring)}; Ulysses cannot run: {shard.heads} heads do not split over {n} ranks "
+                f"(a rank needs whole heads)")
+    ulysses = ulysses_time(shard, n, cost)
+    faster, ratio = ("ring", ulysses / ring) if ring <= ulysses else ("Ulysses", ring / ulysses)
+    return f"ring {fmt_time(ring)}, Ulysses {fmt_time(ulysses)}: {faster} is faster, {ratio:.2f}×"
 
 
 def ring_memory(shard: Shard) -> float:

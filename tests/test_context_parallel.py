@@ -9,7 +9,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,  # noqa: E402
-                                  ring_time, scores_bytes, stand_in)
+                                  ring_or_ulysses, ring_time, scores_bytes, stand_in, ulysses_time)
 from lib.contract import (KernelRefused, communication_hidden, exposed_communication, flops_balanced,  # noqa: E402
                           refusing_kernels, sends_only_to)
 from lib.formulas import activation_bytes_per_layer  # noqa: E402
@@ -33,6 +33,22 @@ def test_overlap_saves_the_shorter_side_of_each_step():
     compute, transfer = block_times(shard, cost)
     assert ring_time(shard, n, cost, overlap=False) - ring_time(shard, n, cost) == pytest.approx(
         (n - 1) * min(compute, transfer))
+
+
+def test_ulysses_needs_whole_heads_and_the_verdict_names_the_faster():
+    cost = CostModel()
+    for n, fits in ((4, True), (32, True), (6, False), (64, False)):
+        shard = Shard(tokens=2**17 // n, heads=32, head_dim=128)
+        verdict = ring_or_ulysses(shard, n, cost)
+        if fits:
+            ring, ulysses = ring_time(shard, n, cost), ulysses_time(shard, n, cost)
+            assert f"{'ring' if ring <= ulysses else 'Ulysses'} is faster" in verdict
+        else:
+            assert "Ulysses cannot run: 32 heads do not split over" in verdict
+            with pytest.raises(ValueError, match="cannot split 32 heads"):
+                ulysses_time(shard, n, cost)
+    slow_link = cost.with_(intra_node_bandwidth=1e9)          # 1 GB/s: the ring's transfers outlast its compute
+    assert "Ulysses is faster" in ring_or_ulysses(Shard(tokens=1024, heads=32, head_dim=128), 8, slow_link)
 
 
 def test_stand_in_times_a_small_block_as_the_real_one():
@@ -67,6 +83,7 @@ def test_explorer_redraws_and_says_when_overlap_hides_the_transfer():
     box.controls["n"].value = 64
     box.controls["seq"].value = 4096
     assert "cannot hide" in box.state.readout
+    assert "Ulysses cannot run" in box.state.readout and box.state.figures["ulysses_time"] is None
 
 
 def _to(offset):

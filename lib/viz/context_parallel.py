@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory, ring_time,
-                                  scores_bytes, ulysses_time, with_links)
+from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory, ring_or_ulysses,
+                                  ring_time, scores_bytes, ulysses_fits, ulysses_time, with_links)
 from lib.sim.cost import CostModel
 from lib.units import fmt_bytes, fmt_time
 from lib.viz.widgets import live_box, slider_options
@@ -186,9 +186,9 @@ def context_parallel_explorer(seq: int = 131072, n: int = 8, heads: int = 32, he
         held = ring_memory(shard)
         links = with_links(cost, LINKS[link])
         compute, transfer = block_times(shard, links)
-        ring, ulysses = ring_time(shard, ranks, links), ulysses_time(shard, ranks, links)
         state.figures = {"scores": scores, "ring": held, "compute": compute, "transfer": transfer,
-                         "ring_time": ring, "ulysses_time": ulysses}
+                         "ring_time": ring_time(shard, ranks, links),
+                         "ulysses_time": ulysses_time(shard, ranks, links) if ulysses_fits(shard, ranks) else None}
         fig, (left, right) = plt.subplots(1, 2, figsize=(8, 2.6), layout="constrained")
         left.bar(["scores, one device", f"ring rank, N={ranks}"], [scores / 2**30, held / 2**30],
                  color=["#C44E52", COMPUTE])
@@ -204,7 +204,6 @@ def context_parallel_explorer(seq: int = 131072, n: int = 8, heads: int = 32, he
                          f"attention. A step computes in {fmt_time(compute)} and moves K/V in {fmt_time(transfer)} "
                          f"over {link}: overlap {'hides' if compute >= transfer else 'cannot hide'} the transfer "
                          f"(it needs at least {need:,.0f} tokens per rank; this ring has {s // ranks:,}).\n"
-                         f"Attention forward: ring {fmt_time(ring)}, Ulysses {fmt_time(ulysses)}"
-                         + ("" if ranks <= heads else f" (but Ulysses cannot split {heads} heads over {ranks} ranks)"))
+                         f"Attention forward: {ring_or_ulysses(shard, ranks, links)}")
 
     return live_box(list(controls.values()), controls, state, update)
