@@ -15,11 +15,14 @@ from typing import Optional
 import torch
 
 from lib.check import Budget, Case, Puzzle, nothing_on_the_host
+from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
 from lib.measure import allocated, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
 from lib.offlimits import MODULE_INIT
 from lib.units import fmt_bytes
+
+import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
 
 NOTEBOOK = "01_memory"
 ONE_DEVICE = (1, 1, 1)          # three random cases, each on one device
@@ -50,6 +53,8 @@ DERIVE = {"building a module": MODULE_INIT, "lib.formulas": "lib.formulas", "lib
 DERIVE_ADVICE = "derive it from the configuration (and from lib/models.py, read, not run)"
 PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, off_limits_advice=DERIVE_ADVICE,
                   real_cell=False)
+
+import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
 # Each seed asks the three kinds of model of the statement: GPT-2's (tied, biases), LLaMA's (untied, no biases),
 # and grouped-query attention, which lib.formulas does not model.
 MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias": False}, {"gqa": True}]

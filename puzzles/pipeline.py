@@ -15,12 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle
+from lib.first_use import import_ahead
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
 from lib.measure import allocated, counted_time, saved_activation_bytes
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time
 from lib.schedules import makespan, peak_in_flight, play, schedule_orders
+
+import_ahead("explicit_gradient")          # a stage back-propagates the gradient it receives
 
 NOTEBOOK = "05_pipeline"
 WIDTH = 16           # every layer is WIDTH -> WIDTH, so every message between stages has a known shape

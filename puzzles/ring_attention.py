@@ -22,9 +22,12 @@ from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overla
 from lib.contract import (ContractCase, ContractPuzzle, Rule, communication_hidden, flops_at_most, flops_balanced,
                           sends_only_to)
 from lib.device import device
+from lib.first_use import import_ahead
 from lib.measure import counted_flops
 from lib.sim import CostModel, per_rank
 from lib.units import fmt_bytes, fmt_time
+
+import_ahead("explicit_gradient")          # the backward puzzle's reference back-propagates dout
 
 NOTEBOOK = "08_ring_attention"
 P2P = frozenset({"send", "recv"})

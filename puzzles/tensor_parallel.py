@@ -21,10 +21,13 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Puzzle, flops_budgets
 from lib.devices import device_mesh
 from lib.errors import PuzzleError
+from lib.first_use import import_ahead
 from lib.measure import counted_flops, saved_activation_bytes
 from lib.sim import per_rank
 from lib.sim.context import current_tracker
 from lib.units import fmt_bytes
+
+import_ahead("explicit_gradient")          # every layer's check back-propagates an upstream gradient
 
 NOTEBOOK = "04_tensor_parallel"
 WORLDS = (2, 4)

@@ -16,12 +16,15 @@ import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle, nothing_on_the_host
 from lib.devices import device_mesh
+from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
 from lib.measure import counted_time, saved_activation_bytes
 from lib.models import mlp
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
+
+import_ahead("optimizer", "explicit_gradient")      # every check builds Adam; ZeRO-3 back-propagates a gradient
 
 NOTEBOOK = "03_zero"
 SIZES = (6, 20, 20, 20, 20, 20, 20, 20, 3)    # 8 Linear layers; 400, 20 and 3 leave remainders at N = 2, 3, 4
