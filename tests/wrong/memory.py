@@ -3,6 +3,7 @@
 A wrong answer must fail, whatever else it gets right; tests/test_content.py runs every catalogue.
 """
 
+import ctypes
 import pickle
 
 import torch
@@ -115,6 +116,23 @@ def checkpoint_in_storage_copies(model, tokens, targets):
     return _step_hiding_activations(model, tokens, targets, pack, unpack)
 
 
+def checkpoint_through_raw_addresses(model, tokens, targets):
+    """Each activation's bytes read through its data_ptr() into a numpy copy (ctypes, no Tensor.numpy())."""
+    def pack(t):
+        if not t.is_floating_point():
+            return t
+        t = t.detach().contiguous()
+        raw = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
+        return t.dtype, t.shape, bytearray(raw)
+
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        dtype, shape, raw = packed
+        return torch.frombuffer(raw, dtype=dtype).reshape(shape)
+    return _step_hiding_activations(model, tokens, targets, pack, unpack)
+
+
 def checkpoint_in_python_floats(model, tokens, targets):
     """Each large activation kept as a Python list of floats."""
     def pack(t):
@@ -177,6 +195,7 @@ WRONG = [
     ("checkpointed_step", checkpoint_in_pickled_bytes, "pickle"),
     ("checkpointed_step", checkpoint_in_storage_copies, "peak memory"),
     ("checkpointed_step", checkpoint_in_python_floats, "peak memory"),
+    ("checkpointed_step", checkpoint_through_raw_addresses, "Tensor.data_ptr()"),
     ("accumulated_step", accumulation_without_dividing, "the result", "= k, the number of micro-batches"),
     ("accumulated_step", accumulation_of_the_whole_batch, "peak memory"),
     ("offloaded_adam_train", offload_that_keeps_adam_on_the_device, "peak memory"),
