@@ -124,13 +124,7 @@ def checkpoint_through_raw_addresses(model, tokens, targets):
         t = t.detach().contiguous()
         raw = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
         return t.dtype, t.shape, bytearray(raw)
-
-    def unpack(packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        dtype, shape, raw = packed
-        return torch.frombuffer(raw, dtype=dtype).reshape(shape)
-    return _step_hiding_activations(model, tokens, targets, pack, unpack)
+    return _step_hiding_activations(model, tokens, targets, pack, _unpacking(torch.frombuffer))
 
 
 def checkpoint_in_python_floats(model, tokens, targets):
@@ -139,13 +133,17 @@ def checkpoint_in_python_floats(model, tokens, targets):
         if t.numel() < 64 or not t.is_floating_point():
             return t
         return t.dtype, t.shape, t.detach().flatten().tolist()
+    return _step_hiding_activations(model, tokens, targets, pack, _unpacking(torch.tensor))
 
+
+def _unpacking(rebuild):
+    """The unpack hook for packs of (dtype, shape, payload) kept outside torch; a tensor left packed passes."""
     def unpack(packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        dtype, shape, values = packed
-        return torch.tensor(values, dtype=dtype).reshape(shape)
-    return _step_hiding_activations(model, tokens, targets, pack, unpack)
+        dtype, shape, payload = packed
+        return rebuild(payload, dtype=dtype).reshape(shape)
+    return unpack
 
 
 def accumulation_without_dividing(model, tokens, targets, k):
