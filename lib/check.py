@@ -134,10 +134,25 @@ class Case:
     raises: Optional[type] = None        # the exception the statement asks for on these arguments (then no expected)
 
     def __post_init__(self) -> None:
-        if current_rank() is not None or _learner_running:
-            raise OutOfView("a check's case was being built inside the function under check. The cases are the "
-                            "check's own: a fresh seed each time, and the answer is not yours to build.\n"
-                            "Hint: compute your answer from the arguments your function receives.")
+        _refuse_inside_learner()
+
+
+def _refuse_inside_learner() -> None:
+    """Stop a learner's function that builds a case (its expected results are the answer key)."""
+    if current_rank() is not None or _learner_running:
+        raise OutOfView("a check's case was being built inside the function under check. The cases are the "
+                        "check's own: a fresh seed each time, and the answer is not yours to build.\n"
+                        "Hint: compute your answer from the arguments your function receives.")
+
+
+def _guarded_builder(make_case: Callable[..., Case]) -> Callable[..., Case]:
+    """`make_case`, refused at its first line inside the learner's function: before the builder's own reference
+    runs (which a puzzle may forbid the learner, e.g. a refused kernel) and says something else."""
+    @functools.wraps(make_case)
+    def build(*args, **kwargs) -> Case:
+        _refuse_inside_learner()
+        return make_case(*args, **kwargs)
+    return build
 
 
 @dataclass
@@ -177,7 +192,7 @@ class Puzzle:
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
         self.module = make_case.__module__.rsplit(".", 1)[-1]
-        self.make_case = make_case
+        self.make_case = _guarded_builder(make_case)
         self.world_sizes = tuple(world_sizes)
         # Keyword arguments of make_case for the first cases, so that every seed covers what the statement does
         # (tied and untied embeddings, an m that must be refused): the rest of each case stays random.

@@ -1,8 +1,8 @@
 """Checks of how an answer works, beyond its numbers: who it sends to, how evenly the ranks share the work,
 which of torch's kernels it may call.
 
-A puzzle module lists rules per case (`ContractCase.rules`); `ContractPuzzle` applies them after the usual
-comparison and budgets, so a right answer that breaks the lesson's contract still fails, with a reason.
+Each rule is a lib.check.Contract, judged by every Puzzle after the comparison (`Case.contracts`); `ContractCase`
+takes them as `rules` too, and `ContractPuzzle` adds the kernels an answer may not call.
 """
 
 from __future__ import annotations
@@ -13,29 +13,28 @@ from typing import Callable, Iterable, Optional
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lib.check import Case, Puzzle
+from lib.check import Case, Contract, Puzzle
 from lib.errors import PuzzleError
 from lib.sim import SimResult
 from lib.units import fmt_bytes, fmt_time
 
-Rule = Callable[[SimResult], Optional[str]]     # what is wrong with a run, in words, or None; its .hint says what to do
-
-
-def _with_hint(rule: Rule, hint: str) -> Rule:
-    rule.hint = hint
-    return rule
+Rule = Contract          # the name notebook 08's cases list their rules under
 
 
 @dataclass
 class ContractCase(Case):
-    """A case with rules on the run itself (the trace, the per-rank counts), checked after the budgets."""
+    """A case whose `rules` (Contracts: the trace, the per-rank counts) join its `contracts`."""
 
-    rules: list[Rule] = field(default_factory=list)
+    rules: list[Contract] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.contracts = [*self.contracts, *self.rules]
 
 
 class ContractPuzzle(Puzzle):
-    """A puzzle whose cases may carry rules (ContractCase); each rule's complaint fails the check. With
-    `refuse=(prefixes, why)`, the answer may not call torch's ops named so (kernels that do the lesson's work)."""
+    """A puzzle whose answer may not call torch's ops named with `refuse=(prefixes, why)` (kernels that do the
+    lesson's work), in simulation and on real ranks."""
 
     def __init__(self, *args, refuse: tuple[Iterable[str], str] = ((), ""), **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -47,52 +46,42 @@ class ContractPuzzle(Puzzle):
             return refusing_kernels(wrapped, self.refused, self.refused_why)
         return wrapped
 
-    def _judge(self, case: Case, result: SimResult) -> Optional[str]:
-        problem = super()._judge(case, result)
-        for rule in getattr(case, "rules", ()) if problem is None else ():
-            problem = rule(result)
-            if problem:
-                break
-        return problem
 
-
-def sends_only_to(neighbour: Callable[[int, int], int], what: str, hint: str = "") -> Rule:
+def sends_only_to(neighbour: Callable[[int, int], int], what: str, hint: str = "") -> Contract:
     """Every point-to-point message of rank r goes to neighbour(r, N): a ring talks to one neighbour only."""
 
-    def rule(result: SimResult) -> Optional[str]:
+    def broken(result: SimResult) -> Optional[str]:
         n = result.world_size
         for e in result.trace:
             if e.op == "send" and e.peer != neighbour(e.rank, n):
-                return (f"the answer is right, but rank {e.rank} sent {fmt_bytes(e.bytes)} to rank {e.peer}; "
-                        f"{what}, rank {neighbour(e.rank, n)} here." + (f"\nHint: {hint}" if hint else ""))
+                return f"rank {e.rank} sent {fmt_bytes(e.bytes)} to rank {e.peer} (rank {neighbour(e.rank, n)} here)"
         return None
-    return _with_hint(rule, hint)
+    return Contract(what, broken, hint)
 
 
-def flops_balanced(tolerance: float, why: str, hint: str = "") -> Rule:
+def flops_balanced(tolerance: float, why: str, hint: str = "") -> Contract:
     """The busiest rank computes at most (1 + tolerance) times the FLOPs of the least busy one."""
 
-    def rule(result: SimResult) -> Optional[str]:
+    def broken(result: SimResult) -> Optional[str]:
         most = max(result.stats, key=lambda s: s.flops)
         least = min(result.stats, key=lambda s: s.flops)
         if most.flops <= (1 + tolerance) * least.flops:
             return None
-        return (f"the answer is right, but the work is unbalanced: rank {most.rank} computed {most.flops:,.0f} FLOPs "
-                f"and rank {least.rank} {least.flops:,.0f}, {most.flops / max(least.flops, 1):.2f} times as many; "
-                f"the check allows {1 + tolerance:g} ({why})." + (f"\nHint: {hint}" if hint else ""))
-    return _with_hint(rule, hint)
+        return (f"the work is unbalanced: rank {most.rank} computed {most.flops:,.0f} FLOPs and rank {least.rank} "
+                f"{least.flops:,.0f}, {most.flops / max(least.flops, 1):.2f} times as many, where the check allows "
+                f"{1 + tolerance:g}")
+    return Contract(why, broken, hint)
 
 
-def flops_at_most(limit: float, why: str, hint: str = "") -> Rule:
+def flops_at_most(limit: float, why: str, hint: str = "") -> Contract:
     """No rank computes more than `limit` FLOPs (as the simulator counts them)."""
 
-    def rule(result: SimResult) -> Optional[str]:
+    def broken(result: SimResult) -> Optional[str]:
         for s in result.stats:
             if s.flops > limit * (1 + 1e-9):
-                return (f"the answer is right, but rank {s.rank} computed {s.flops:,.0f} FLOPs, over the budget of "
-                        f"{limit:,.0f} ({why})." + (f"\nHint: {hint}" if hint else ""))
+                return f"rank {s.rank} computed {s.flops:,.0f} FLOPs, over the budget of {limit:,.0f}"
         return None
-    return _with_hint(rule, hint)
+    return Contract(why, broken, hint)
 
 
 def exposed_communication(result: SimResult) -> list[float]:
@@ -104,17 +93,17 @@ def exposed_communication(result: SimResult) -> list[float]:
     return [s.clock - busy[s.rank] for s in result.stats]
 
 
-def communication_hidden(limit: float, what: str, why: str, hint: str = "") -> Rule:
+def communication_hidden(limit: float, what: str, why: str, hint: str = "") -> Contract:
     """No rank spends more than `limit` seconds of simulated time outside its compute, waiting on `what`."""
 
-    def rule(result: SimResult) -> Optional[str]:
+    def broken(result: SimResult) -> Optional[str]:
         exposed = exposed_communication(result)
         rank = max(range(len(exposed)), key=exposed.__getitem__)
         if exposed[rank] <= limit * (1 + 1e-9):
             return None
-        return (f"the answer is right, but rank {rank} spent {fmt_time(exposed[rank])} waiting on {what} instead of "
-                f"computing, over the budget of {fmt_time(limit)} ({why})." + (f"\nHint: {hint}" if hint else ""))
-    return _with_hint(rule, hint)
+        return (f"rank {rank} spent {fmt_time(exposed[rank])} waiting on {what} instead of computing, over the "
+                f"budget of {fmt_time(limit)}")
+    return Contract(why, broken, hint)
 
 
 class KernelRefused(PuzzleError):

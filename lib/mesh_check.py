@@ -2,8 +2,8 @@
 each axis may carry, no traffic outside the mesh's groups, and a timeline coloured by axis; and puzzles of
 arithmetic on the rank, whose `dist` answers who am I and how many are we, nothing else.
 
-A MeshPuzzle judges like any Puzzle (results, then budgets), then the traffic of a MeshCase's run per axis, from
-the trace (lib.sim.traffic).
+A MeshCase's rules on its traffic per axis (lib.sim.traffic) are lib.check.Contracts, judged as every Puzzle judges
+its cases' contracts; a MeshPuzzle adds the per-axis figures to a success and colours the timeline by axis.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from lib.check import Case, Outcome, Puzzle, fresh_seed
+from lib.check import Case, Contract, Outcome, Puzzle, fresh_seed
 from lib.sim import SimResult
 from lib.sim.errors import InvalidCall
 from lib.sim.traffic import OUTSIDE, AxisTraffic, MeshAxes, axis_labeller, traffic_by_axis
@@ -38,49 +38,63 @@ class AxisBudget:
     def limit_for(self, rank: int) -> float:
         return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
 
+    def contract(self, axes: MeshAxes) -> Contract:
+        """This budget as a rule on the run: its axis carries its ops only, and no rank sends more than its limit."""
+        return Contract(self.why, functools.partial(_over_axis_budget, self, axes), self.hint)
+
 
 @dataclass
 class MeshCase(Case):
-    """A case whose ranks form a device mesh: `axes` names its dimensions, `axis_budgets` bound each one."""
+    """A case whose ranks form a device mesh: `axes` names its dimensions, `axis_budgets` bound each one; both
+    join the case's contracts (no traffic outside the mesh's groups, then each axis budget)."""
 
     axes: Optional[MeshAxes] = None
     axis_budgets: list[AxisBudget] = field(default_factory=list)
     scale: str = ""                       # what the timeline's proportions stand for, said in its title
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.axes is not None:
+            self.contracts = [*self.contracts, within_mesh(self.axes),
+                              *(b.contract(self.axes) for b in self.axis_budgets)]
 
 
 def _label(axis: str) -> str:
     return "outside the mesh's groups" if axis == OUTSIDE else f"the {axis.upper()} axis"
 
 
-def axis_problem(case: MeshCase, result: SimResult) -> Optional[str]:
-    """What breaks an axis budget or leaves the mesh's groups in `result`, or None."""
-    traffic = traffic_by_axis(result.trace, case.axes)
-    for rank, per_axis in enumerate(traffic):
-        outside = per_axis[OUTSIDE]
-        if outside.ops:
-            event = next(e for e in result.trace if e.rank == rank and e.lane == "comm"
-                         and case.axes.axis_of(e) == OUTSIDE)
-            where = f"to rank {event.peer}" if event.peer is not None else f"on {event.group}"
-            return (f"rank {rank} called {event.op} {where}, which is none of its mesh groups "
-                    f"({', '.join(f'{a.upper()} {list(case.axes.group(rank, a))}' for a in case.axes.names)}).\n"
-                    "Hint: every communication of a composed step travels along one axis: the TP group, the PP "
-                    "neighbours or the DP group. Pass group= to collectives, and send to a rank of your PP group.")
-    for b in case.axis_budgets:
-        for rank, per_axis in enumerate(traffic):
-            t: AxisTraffic = per_axis[b.axis]
-            extra = sorted(set(t.ops) - b.ops) if b.ops else []
-            if extra:
-                return (f"rank {rank} used {', '.join(extra)} on {_label(b.axis)}, which carries "
-                        f"{', '.join(sorted(b.ops))} only here ({b.why})." + (f"\nHint: {b.hint}" if b.hint else ""))
-            limit = b.limit_for(rank)
-            if t.sent > limit * (1 + SLACK) + 1e-9:
-                return (f"the answer is right, but rank {rank} sent {fmt_bytes(t.sent)} on {_label(b.axis)}, over "
-                        f"the budget of {fmt_bytes(limit)} ({b.why})." + (f"\nHint: {b.hint}" if b.hint else ""))
+def within_mesh(axes: MeshAxes) -> Contract:
+    """No communication outside the mesh's groups: each travels along one axis."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        for rank, per_axis in enumerate(traffic_by_axis(result.trace, axes)):
+            if per_axis[OUTSIDE].ops:
+                event = next(e for e in result.trace if e.rank == rank and e.lane == "comm"
+                             and axes.axis_of(e) == OUTSIDE)
+                where = f"to rank {event.peer}" if event.peer is not None else f"on {event.group}"
+                return (f"rank {rank} called {event.op} {where}, which is none of its mesh groups "
+                        f"({', '.join(f'{a.upper()} {list(axes.group(rank, a))}' for a in axes.names)})")
+        return None
+    return Contract("every communication of a composed step travels along one axis: the TP group, the PP neighbours "
+                    "or the DP group", broken, hint="pass group= to collectives, and send to a rank of your PP group.")
+
+
+def _over_axis_budget(b: AxisBudget, axes: MeshAxes, result: SimResult) -> Optional[str]:
+    """Which rank used an op `b`'s axis does not carry, or sent more than `b` allows on it, or None."""
+    for rank, per_axis in enumerate(traffic_by_axis(result.trace, axes)):
+        t: AxisTraffic = per_axis[b.axis]
+        extra = sorted(set(t.ops) - b.ops) if b.ops else []
+        if extra:
+            return (f"rank {rank} used {', '.join(extra)} on {_label(b.axis)}, which carries "
+                    f"{', '.join(sorted(b.ops))} only here")
+        limit = b.limit_for(rank)
+        if t.sent > limit * (1 + SLACK) + 1e-9:
+            return f"rank {rank} sent {fmt_bytes(t.sent)} on {_label(b.axis)}, over the budget of {fmt_bytes(limit)}"
     return None
 
 
 class MeshPuzzle(Puzzle):
-    """A puzzle on a device mesh: also judges each axis's traffic, and draws the timeline coloured by axis.
+    """A puzzle on a device mesh: its success says each axis's traffic, and its timeline is coloured by axis.
 
     preload: modules its oracle needs, imported once before the real ranks fork instead of in each of them
     (FSDP2 and DTensor pull in torch._dynamo: seconds per rank)."""
@@ -100,12 +114,6 @@ class MeshPuzzle(Puzzle):
         if self.refusal(n) is None:
             self.make_case(random.Random(f"{self.name}:{seed}"), n)
         return super().real(fn, world_size, backend, seed, strict, timeout)
-
-    def _judge(self, case: Case, result: SimResult) -> Optional[str]:
-        problem = super()._judge(case, result)
-        if problem or not isinstance(case, MeshCase) or case.axes is None:
-            return problem
-        return axis_problem(case, result)
 
     def _success(self, result: SimResult, case: Case) -> str:
         text = super()._success(result, case)

@@ -453,3 +453,19 @@ def test_a_check_and_a_run_leave_the_callers_thread_count_as_it_was():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_rebuilding_a_case_is_named_before_the_builder_meets_a_refused_kernel():
+    """The builder's own reference may use a kernel the learner is refused: the guard at its first line names the
+    rebuilt case, not the kernel the learner never called."""
+    from lib.contract import ContractPuzzle
+
+    def squares_case(rng, n):
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(rng.randrange(2**31)), dtype=torch.float64)
+        return Case(n, (per_rank([x] * n),), [x @ x] * n, f"N={n}")
+
+    puzzle = ContractPuzzle("square", "00_test", squares_case, world_sizes=(2,), refuse=(("mm",), "no matmul"))
+    cheat = lambda dist, x: puzzle.make_case(random.Random(0), 2).expected[0]       # noqa: E731
+    outcome = puzzle.evaluate(cheat)
+    assert not outcome.ok and "a check's case was being built" in outcome.message, outcome.message
+    assert puzzle.evaluate(lambda dist, x: x @ x).message.count("no matmul") == 1

@@ -99,8 +99,8 @@ def _to(offset):
 
 def test_ring_rule_names_the_rank_that_sent_elsewhere():
     rule = sends_only_to(lambda r, n: (r + 1) % n, "a ring talks to its right neighbour")
-    assert rule(run(_to(1), 4, torch.ones(3))) is None
-    problem = rule(run(_to(-1), 4, torch.ones(3)))
+    assert rule.judge(run(_to(1), 4, torch.ones(3))) is None
+    problem = rule.judge(run(_to(-1), 4, torch.ones(3)))
     assert "rank 0 sent" in problem and "to rank 3" in problem and "rank 1 here" in problem
 
 
@@ -110,8 +110,8 @@ def test_balance_rule_measures_flops_per_rank():
             x = x @ x
         return x
     rule = flops_balanced(0.1, "equal work")
-    assert rule(run(lambda dist, x: x @ x, 3, torch.eye(8))) is None
-    assert "unbalanced" in rule(run(uneven, 3, torch.eye(8)))
+    assert rule.judge(run(lambda dist, x: x @ x, 3, torch.eye(8))) is None
+    assert "unbalanced" in rule.judge(run(uneven, 3, torch.eye(8)))
 
 
 def test_kernels_are_refused_in_simulation_and_out():
@@ -132,5 +132,5 @@ def test_hidden_rule_counts_the_time_a_rank_waits_outside_its_compute():
     cost = CostModel(intra_node_bandwidth=1e3, latency=0.0)
     result = run(_to(1), 2, torch.ones(250), cost=cost)            # 1,000 bytes at 1,000 B/s: a second's wait
     assert exposed_communication(result) == pytest.approx([1.0, 1.0], rel=1e-3)
-    assert communication_hidden(2.0, "the message", "two seconds allowed")(result) is None
-    assert "waiting on the message" in communication_hidden(0.5, "the message", "half a second")(result)
+    assert communication_hidden(2.0, "the message", "two seconds allowed").judge(result) is None
+    assert "waiting on the message" in communication_hidden(0.5, "the message", "half a second").judge(result)

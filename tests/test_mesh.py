@@ -5,12 +5,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import functools  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from lib.devices import device_mesh  # noqa: E402
 from lib.errors import PuzzleError  # noqa: E402
 from lib.launch import launch  # noqa: E402
+from lib.mesh_check import AxisBudget, MeshCase, MeshPuzzle  # noqa: E402
 from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, check  # noqa: E402
 from lib.sim import run  # noqa: E402
 from lib.sim.cost import bus_factor  # noqa: E402
@@ -129,6 +132,43 @@ def test_traffic_is_charged_to_the_axis_it_travelled_on():
         assert (per_axis["pp"].sent, per_axis["pp"].received) == ((128, 0) if first_stage else (0, 128))
         assert per_axis[OUTSIDE].ops == {"all_reduce": 1}                # the world is no axis's group
         assert per_axis[SELF].ops == {}
+
+
+def _tp_then_pp(dist, tp_op="all_reduce", tp_calls=1, world=False):
+    """TP collectives and one PP message on a (2, 2, 2) mesh, and an all-reduce over the world if asked."""
+    mesh = device_mesh(dist, (2, 2, 2), NAMES)
+    x = torch.ones(16, dtype=torch.float64)
+    for _ in range(tp_calls):
+        if tp_op == "all_reduce":
+            dist.all_reduce(x, group=mesh["tp"].get_group())
+        else:
+            dist.all_gather([torch.empty_like(x) for _ in range(2)], x, group=mesh["tp"].get_group())
+    stages = dist.get_process_group_ranks(mesh["pp"].get_group())
+    if mesh.get_local_rank("pp") == 0:
+        dist.send(x, stages[1])
+    else:
+        dist.recv(x, stages[0])
+    if world:
+        dist.all_reduce(x)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({}, None),
+    ({"world": True}, "the answer is right, but rank 0 called all_reduce on WORLD, which is none of its mesh groups "
+                      "(DP [0, 4], PP [0, 2], TP [0, 1]): every communication of a composed step"),
+    ({"tp_op": "all_gather"}, "rank 0 used all_gather on the TP axis, which carries all_reduce only here: one "
+                              "all-reduce.\nHint: reduce once"),
+    ({"tp_calls": 2}, "rank 0 sent 256 B on the TP axis, over the budget of 128 B: one all-reduce."),
+])
+def test_a_mesh_case_judges_traffic_outside_its_groups_and_per_axis(kwargs, words):
+    axes = MeshAxes((2, 2, 2), NAMES)
+    budget = AxisBudget("tp", bus_factor("all_reduce", 2) * 16 * 8, "one all-reduce", frozenset({"all_reduce"}),
+                        hint="reduce once")
+    puzzle = MeshPuzzle("mesh_rules", "00_test", lambda rng, n: MeshCase(n, (), [None] * n, "a (2, 2, 2) mesh",
+                                                                         axes=axes, axis_budgets=[budget]),
+                        world_sizes=(8,))
+    outcome = puzzle.evaluate(functools.partial(_tp_then_pp, **kwargs), seed=0)
+    assert outcome.ok is (words is None) and (words is None or words in outcome.message), outcome.message
 
 
 def test_a_group_of_one_rank_belongs_to_no_axis():

@@ -2,8 +2,9 @@
 
 The tracker sees every op a rank runs, but a few calls move bytes in or out of torch without one, and a few
 switch the tracker off or run work where it is not. Inside a simulated rank:
-- numpy, DLPack and pickling are refused: the bytes would leave the simulator's view (and on a GPU,
-  `.numpy()` of a device tensor fails anyway);
+- numpy, DLPack, pickling and a tensor's or storage's raw address (`data_ptr()`, which ctypes reads into numpy)
+  are refused: the bytes would leave the simulator's view (and on a GPU, `.numpy()` of a device tensor fails
+  anyway);
 - `.tolist()` and `.item()` are allowed (split sizes, a loss to print) and their Python objects count toward
   the rank's memory until the run ends, since Python does not tell when they are freed;
 - a raw storage a rank makes (`torch.UntypedStorage(n)`) is its memory, and a resized storage is re-measured;
@@ -162,6 +163,10 @@ def install() -> None:
     torch.Tensor.numpy = _refusing(torch.Tensor.numpy, "Tensor.numpy()", gpu)
     torch.Tensor.__array__ = _refusing(torch.Tensor.__array__, "numpy on a tensor (Tensor.__array__)", gpu)
     torch.Tensor.__dlpack__ = _refusing(torch.Tensor.__dlpack__, "Tensor.__dlpack__ (DLPack export)")
+    for cls, name in ((torch.Tensor, "data_ptr"), (torch.Tensor, "const_data_ptr"), (torch.UntypedStorage, "data_ptr"),
+                      (torch.TypedStorage, "data_ptr"), (torch.TypedStorage, "_data_ptr")):
+        setattr(cls, name, _refusing_from_learner(getattr(cls, name), f"{cls.__name__}.{name}() (a raw address)",
+                                                  "ctypes reads the bytes there into numpy. " + _OUT_OF_VIEW))
     for cls in (torch.UntypedStorage, torch.TypedStorage):
         cls.__reduce__ = _refusing(cls.__reduce__, "pickle on a tensor's storage (pickle.dumps or torch.save)")
     save = _refusing(lambda obj, *a, **k: _original_save(obj, *a, **k), "torch.save")

@@ -3,6 +3,7 @@
 A wrong answer must fail, whatever else it gets right; tests/test_content.py runs every catalogue.
 """
 
+import ctypes
 import pickle
 
 import torch
@@ -115,19 +116,34 @@ def checkpoint_in_storage_copies(model, tokens, targets):
     return _step_hiding_activations(model, tokens, targets, pack, unpack)
 
 
+def checkpoint_through_raw_addresses(model, tokens, targets):
+    """Each activation's bytes read through its data_ptr() into a numpy copy (ctypes, no Tensor.numpy())."""
+    def pack(t):
+        if not t.is_floating_point():
+            return t
+        t = t.detach().contiguous()
+        raw = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
+        return t.dtype, t.shape, bytearray(raw)
+    return _step_hiding_activations(model, tokens, targets, pack, _unpacking(torch.frombuffer))
+
+
 def checkpoint_in_python_floats(model, tokens, targets):
     """Each large activation kept as a Python list of floats."""
     def pack(t):
         if t.numel() < 64 or not t.is_floating_point():
             return t
         return t.dtype, t.shape, t.detach().flatten().tolist()
+    return _step_hiding_activations(model, tokens, targets, pack, _unpacking(torch.tensor))
 
+
+def _unpacking(rebuild):
+    """The unpack hook for packs of (dtype, shape, payload) kept outside torch; a tensor left packed passes."""
     def unpack(packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        dtype, shape, values = packed
-        return torch.tensor(values, dtype=dtype).reshape(shape)
-    return _step_hiding_activations(model, tokens, targets, pack, unpack)
+        dtype, shape, payload = packed
+        return rebuild(payload, dtype=dtype).reshape(shape)
+    return unpack
 
 
 def accumulation_without_dividing(model, tokens, targets, k):
@@ -177,6 +193,7 @@ WRONG = [
     ("checkpointed_step", checkpoint_in_pickled_bytes, "pickle"),
     ("checkpointed_step", checkpoint_in_storage_copies, "peak memory"),
     ("checkpointed_step", checkpoint_in_python_floats, "peak memory"),
+    ("checkpointed_step", checkpoint_through_raw_addresses, "Tensor.data_ptr()"),
     ("accumulated_step", accumulation_without_dividing, "the result", "= k, the number of micro-batches"),
     ("accumulated_step", accumulation_of_the_whole_batch, "peak memory"),
     ("offloaded_adam_train", offload_that_keeps_adam_on_the_device, "peak memory"),
