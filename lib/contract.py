@@ -1,36 +1,21 @@
 """Checks of how an answer works, beyond its numbers: who it sends to, how evenly the ranks share the work,
 which of torch's kernels it may call.
 
-Each rule is a lib.check.Contract, judged by every Puzzle after the comparison (`Case.contracts`); `ContractCase`
-takes them as `rules` too, and `ContractPuzzle` adds the kernels an answer may not call.
+Each rule is a lib.check.Contract, judged by every Puzzle after the comparison (`Case.contracts`);
+`ContractPuzzle` adds the kernels an answer may not call.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lib.check import Case, Contract, Puzzle
+from lib.check import Contract, Puzzle
 from lib.errors import PuzzleError
 from lib.sim import SimResult
 from lib.units import fmt_bytes, fmt_time
-
-Rule = Contract          # the name notebook 08's cases list their rules under
-
-
-@dataclass
-class ContractCase(Case):
-    """A case whose `rules` (Contracts: the trace, the per-rank counts) join its `contracts`."""
-
-    rules: list[Contract] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.contracts = [*self.contracts, *self.rules]
-
 
 class ContractPuzzle(Puzzle):
     """A puzzle whose answer may not call torch's ops named with `refuse=(prefixes, why)` (kernels that do the

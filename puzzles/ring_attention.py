@@ -17,9 +17,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget
+from lib.check import Budget, Case, Contract
 from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
-from lib.contract import (ContractCase, ContractPuzzle, Rule, communication_hidden, flops_at_most, flops_balanced,
+from lib.contract import (ContractPuzzle, communication_hidden, flops_at_most, flops_balanced,
                           sends_only_to)
 from lib.device import device
 from lib.first_use import import_ahead
@@ -117,14 +117,14 @@ def _memory_budget(b, h, d, block, chunks: float, rows: int, what: str) -> Budge
 
 
 # ---- 1. merging two partial attentions ------------------------------------------------------------------
-def _merge_case(rng: random.Random, _world: int, scale: Optional[float] = None) -> ContractCase:
+def _merge_case(rng: random.Random, _world: int, scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng)
     scale = _scale(rng, scale)
     sq, s1, s2 = rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 9)
     q, k, v = _qkv(rng, b, h, sq, s1 + s2, d, scale)
     (o1, l1), (o2, l2) = attention(q, k[..., :s1, :], v[..., :s1, :]), attention(q, k[..., s1:, :], v[..., s1:, :])
-    return ContractCase(1, _on_device(o1, l1, o2, l2), [_on_device(*attention(q, k, v))],
-                        f"{sq} queries, blocks of {s1} and {s2} keys, {_describe(b, h, d, scale)}")
+    return Case(1, _on_device(o1, l1, o2, l2), [_on_device(*attention(q, k, v))],
+                f"{sq} queries, blocks of {s1} and {s2} keys, {_describe(b, h, d, scale)}")
 
 
 merge_attention = ContractPuzzle(
@@ -141,7 +141,7 @@ merge_attention = ContractPuzzle(
 
 # ---- 2. blockwise attention -----------------------------------------------------------------------------
 def _blockwise_case(rng: random.Random, _world: int, causal: Optional[bool] = None,
-                    scale: Optional[float] = None) -> ContractCase:
+                    scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng)
     causal = rng.random() < 0.5 if causal is None else causal
     scale = _scale(rng, scale)
@@ -151,9 +151,9 @@ def _blockwise_case(rng: random.Random, _world: int, causal: Optional[bool] = No
     q, k, v = _qkv(rng, b, h, s, sk, d, scale)
     expected = _on_device(*attention(q, k, v, causal))
     budget = _memory_budget(b, h, d, block, 4, max(s, sk), "q, k, v and the output")
-    return ContractCase(1, _on_device(q, k, v) + (block, causal), [expected],
-                        f"{s} queries, {sk} keys, block {block}, {'causal' if causal else 'no mask'}, "
-                        f"{_describe(b, h, d, scale)}", budgets=[budget])
+    return Case(1, _on_device(q, k, v) + (block, causal), [expected],
+                f"{s} queries, {sk} keys, block {block}, {'causal' if causal else 'no mask'}, "
+                f"{_describe(b, h, d, scale)}", budgets=[budget])
 
 
 def _blockwise_oracle(q, k, v, block, causal):
@@ -180,7 +180,7 @@ def _right(rank: int, n: int) -> int:
     return (rank + 1) % n
 
 
-def _ring_rules(n: int) -> list[Rule]:
+def _ring_rules(n: int) -> list[Contract]:
     return [sends_only_to(_right, "a ring passes K and V to its right neighbour only, rank (r + 1) % N",
                           hint="send to (rank + 1) % N and receive from (rank - 1) % N, every step.")]
 
@@ -216,16 +216,16 @@ def _ring_inputs(rng, n: int, b, h, d, scale, causal=False):
     return (split(q), split(k), split(v)), list(zip(split(out), split(lse))), chunk
 
 
-def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng, dims=(8, 16))
     scale = _scale(rng, scale)
     (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
     block = rng.choice([chunk // 2, chunk // 2 + 1])                  # two key blocks per chunk, one short at times
-    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
-                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[*_kv_budget(b, h, chunk, d, n),
-                                 _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)")],
-                        allowed_ops=P2P, rules=_ring_rules(n))
+    return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
+                f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                budgets=[*_kv_budget(b, h, chunk, d, n),
+                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)")],
+                allowed_ops=P2P, contracts=_ring_rules(n))
 
 
 def _gathered(dist, t):
@@ -253,7 +253,7 @@ ring_attention = _attention_puzzle(
     describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
 
 
-def _overlap_case(rng: random.Random, n: int) -> ContractCase:
+def _overlap_case(rng: random.Random, n: int) -> Case:
     b, h, d = 1, 2, 8
     (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, 1.0)
     link = rng.choice(sorted(LINKS))
@@ -268,13 +268,13 @@ def _overlap_case(rng: random.Random, n: int) -> ContractCase:
     limit = (1 - OVERLAP) * (n - 1) * transfer
     why = (f"a block computes in {fmt_time(cost.compute_time(flops))} and travels in {fmt_time(transfer)}, so "
            f"overlap can hide all N-1 = {n - 1} transfers; the budget is {1 - OVERLAP:g} of them")
-    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), chunk), expected,
-                        f"N={n}, timed as {fmt_tokens(tokens)} tokens per rank, 32 heads of 128, bf16, on H100s "
-                        f"over {link}", budgets=_kv_budget(b, h, chunk, d, n),
-                        cost=cost, allowed_ops=P2P,
-                        rules=_ring_rules(n) + [communication_hidden(
-                            limit, "K/V transfers", why, hint="post the next block's isend/irecv before computing on "
-                                                              "the current block, and wait for them only after.")])
+    return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), chunk), expected,
+                f"N={n}, timed as {fmt_tokens(tokens)} tokens per rank, 32 heads of 128, bf16, on H100s "
+                f"over {link}", budgets=_kv_budget(b, h, chunk, d, n),
+                cost=cost, allowed_ops=P2P,
+                contracts=_ring_rules(n) + [communication_hidden(
+                    limit, "K/V transfers", why, hint="post the next block's isend/irecv before computing on "
+                                                      "the current block, and wait for them only after.")])
 
 
 def fmt_tokens(n: int) -> str:
@@ -293,7 +293,7 @@ ring_attention_overlap = _attention_puzzle(
     describe="Ring attention whose next K/V transfer runs while the current block computes.")
 
 
-def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng)
     scale = _scale(rng, scale)
     (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, causal=True)
@@ -302,20 +302,20 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
     tile = counted_flops(lambda: _tile(q, k, v))[1]
     diagonal = counted_flops(lambda: _tile(q, k, v, causal=True))[1]
     work = (2 * n - 1) * tile + 2 * diagonal
-    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
-                        f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[*_kv_budget(b, h, 2 * chunk, d, n),
-                                 _memory_budget(b, h, d, block, RING_CHUNKS, 2 * chunk, "O(s/N · d)")],
-                        allowed_ops=P2P,
-                        rules=_ring_rules(n) + [
-                            flops_balanced(BALANCE, "zigzag gives every rank 2N+1 of the causal tiles",
-                                           hint="skip the tiles entirely in the future of your queries; compute "
-                                                "the others, masking only the two on the diagonal."),
-                            flops_at_most((1 + CAUSAL_SLACK) * work,
-                                          f"the 2N-1 = {2 * n - 1} tiles of chunk × chunk keys and 2 diagonal tiles "
-                                          f"a rank must compute, and {CAUSAL_SLACK:g} more for blocks and merges",
-                                          hint="a key chunk after a query chunk is entirely masked: skip it instead "
-                                               "of computing it under a mask.")])
+    return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
+                f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
+                budgets=[*_kv_budget(b, h, 2 * chunk, d, n),
+                         _memory_budget(b, h, d, block, RING_CHUNKS, 2 * chunk, "O(s/N · d)")],
+                allowed_ops=P2P,
+                contracts=_ring_rules(n) + [
+                    flops_balanced(BALANCE, "zigzag gives every rank 2N+1 of the causal tiles",
+                                   hint="skip the tiles entirely in the future of your queries; compute "
+                                        "the others, masking only the two on the diagonal."),
+                    flops_at_most((1 + CAUSAL_SLACK) * work,
+                                  f"the 2N-1 = {2 * n - 1} tiles of chunk × chunk keys and 2 diagonal tiles "
+                                  f"a rank must compute, and {CAUSAL_SLACK:g} more for blocks and merges",
+                                  hint="a key chunk after a query chunk is entirely masked: skip it instead "
+                                       "of computing it under a mask.")])
 
 
 def _zigzag_oracle(dist, q, k, v, _block):
@@ -348,7 +348,7 @@ A2A = frozenset({"all_to_all"})
 ULYSSES_CHUNKS = 12
 
 
-def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, _, d = _shape(rng, dims=(8, 16))
     h = n * rng.randint(1, 2)
     scale = _scale(rng, scale)
@@ -361,11 +361,11 @@ def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> 
                                    "sequence split."),
                        hint="q, k and v reach their heads' owners through the all-to-all only, and the output "
                             "comes back the same way.")
-    return ContractCase(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
-                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
-                                                         "O(s·h/N · d)")],
-                        allowed_ops=A2A)
+    return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
+                f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
+                                                 "O(s·h/N · d)")],
+                allowed_ops=A2A)
 
 
 def _ulysses_oracle(dist, q, k, v, block):
@@ -391,7 +391,7 @@ BACKWARD_CHUNKS = 16
 BACKWARD_TILES = 6
 
 
-def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) -> ContractCase:
+def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng, dims=(8, 16))
     scale = _scale(rng, scale)
     chunk = 2 * rng.randint(3, 8)
@@ -421,9 +421,9 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
                     f"O(s/N · d): {BACKWARD_CHUNKS} tensors of {chunk} rows × d and {BACKWARD_TILES} tiles of "
                     f"{chunk} queries × block keys",
                     hint="work on one key block at a time; keep no score matrix longer than s/N × block.")
-    return ContractCase(n, (*args, block), expected,
-                        f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                        budgets=[*traffic, memory], allowed_ops=P2P, rules=_ring_rules(n))
+    return Case(n, (*args, block), expected,
+                f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
+                budgets=[*traffic, memory], allowed_ops=P2P, contracts=_ring_rules(n))
 
 
 def _backward_oracle(dist, q, k, v, out, lse, dout, block):
