@@ -456,13 +456,23 @@ class Puzzle:
             return self._real_failed(f"{type(e).__name__}: {e}", strict)
         for problem, *_ in verdicts:
             if problem:
-                return self._real_failed(problem, strict)
+                return self._real_failed(problem + self._simulated_view(fn, seed), strict)
         _, label, how = verdicts[0]
         against = f" and agrees with {self.oracle_name}" if self.oracle is not None else ""
         processes = "1 process" if world_size == 1 else f"{world_size} processes"
         print(f"✓ real run on {processes}, {how} ({label}): {self.name} matches the reference{against} "
               "on every rank.")
         return True
+
+    def _simulated_view(self, fn: Callable, seed: int) -> str:
+        """After a real run's wrong result, which a rank judges alone: the simulated check of the same answer,
+        which sees every rank and names the mistake where it knows it, or says that only processes show it."""
+        outcome = self.evaluate(fn, seed)
+        if outcome.ok:
+            return (f"\nThe simulated check passes this answer (seed {seed}): what differs is what only separate "
+                    "processes show: state the ranks share in Python (a global, a closure, a class attribute) or keep "
+                    "from an earlier call, or code that tells the simulator from torch.distributed.")
+        return f"\nThe simulated check of the same answer says: {outcome.message}" if outcome.solved else ""
 
     def refusal(self, world_size: int) -> Optional[str]:
         """Why this puzzle cannot run on `world_size` ranks, with the fix; None when it can."""

@@ -299,6 +299,20 @@ def test_real_check_on_gloo(capsys):
     assert puzzle.real(forgets_to_communicate, world_size=2) is False
     out = capsys.readouterr().out
     assert out.startswith("✗ real run") and "rank 0" in out
+    # a rank sees only its own result; the simulated check of the same answer sees them all and names the mistake
+    assert "The simulated check of the same answer says" in out and "nothing was added to it" in out
+
+
+def right_only_in_simulation(dist, x):
+    if dist is not torch.distributed:
+        dist.all_reduce(x)
+    return x
+
+
+def test_a_real_run_wrong_where_the_simulation_is_right_says_so(capsys):
+    assert make_puzzle().real(right_only_in_simulation, world_size=2) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ real run") and "The simulated check passes this answer" in out
 
 
 def test_not_a_function():
