@@ -274,6 +274,19 @@ for name in {names!r}:
                                                                      "points": 1, "detail": ""}}))
 """
 
+STDIN_KEY_THIEF = """
+import os
+from tools.judge import sign
+key = os.pread(0, 32, 0)                            # the judge's stdin, a file, read again from the start
+for fd in range(3, 64):
+    for name in {names!r}:
+        try:
+            os.write(fd, sign(key, {{"puzzle": name, "status": "solved", "points": 1, "detail": ""}}))
+        except OSError:
+            break
+os._exit(0)
+"""
+
 # The limit of an in-process judge (tools/grade.py's docstring, README): exactly the rows the judge would write,
 # then out before it writes its own; or no key at all, the judge's own list of checks rewritten.
 CAREFUL_KEY_THIEF = KEY_THIEF + "os._exit(0)\n"
@@ -303,6 +316,7 @@ def test_forged_and_tampered_results_do_not_count_even_in_a_plain_folder(tmp_pat
             _submission(tmp_path / "subs" / "mallory", {"param_server_all_reduce": FORGE}),
             _submission(tmp_path / "subs" / "trudy", {"param_server_all_reduce": TAMPER}),
             _submission(tmp_path / "subs" / "zed", {"param_server_all_reduce": KEY_THIEF.format(names=NAMES)}),
+            _submission(tmp_path / "subs" / "sid", {"param_server_all_reduce": STDIN_KEY_THIEF.format(names=NAMES)}),
             _submission(tmp_path / "subs" / "eve", {"param_server_all_reduce": CAREFUL_KEY_THIEF.format(names=NAMES)}),
             _submission(tmp_path / "subs" / "rex", {"param_server_all_reduce": CHECKS_REWRITER}),
             _submission(tmp_path / "subs" / "cy", {"ring_all_gather": "def ring_all_gather(dist, chunk):\n"
@@ -311,11 +325,11 @@ def test_forged_and_tampered_results_do_not_count_even_in_a_plain_folder(tmp_pat
     printed = capsys.readouterr().out
     assert "WARNING: isolation: a folder only" in printed and "not contained: your files" in printed
     assert "not contained: the network" in printed
-    students = ("ada", "mallory", "trudy", "zed", "eve", "rex", "cy")
+    students = ("ada", "mallory", "trudy", "zed", "sid", "eve", "rex", "cy")
     points = {s: sum(r["points"] for r in rows if r["student"] == s) for s in students}
     # eve and rex are NOT caught: the documented limit of a judge that shares a process with the answers.
     # A grader that catches them (the check decided outside that process) should turn these into 0.
-    assert points == {"ada": len(NAMES), "mallory": 0, "trudy": 0, "zed": 0, "eve": len(NAMES),
+    assert points == {"ada": len(NAMES), "mallory": 0, "trudy": 0, "zed": 0, "sid": 0, "eve": len(NAMES),
                       "rex": len(NAMES), "cy": 0}
     assert {r["student"] for r in rows} == set(students)
     mallory = [r for r in rows if r["student"] == "mallory"]
@@ -327,6 +341,9 @@ def test_forged_and_tampered_results_do_not_count_even_in_a_plain_folder(tmp_pat
     zed = _by_puzzle(rows, "zed")
     assert {zed[name]["status"] for name in NAMES} == {"tampered"}, zed
     assert f"key: a second row for {NAMES[0]}" in zed[NAMES[-1]]["detail"]
+    sid = _by_puzzle(rows, "sid")
+    assert {sid[name]["status"] for name in NAMES} == {"no result"}, sid
+    assert "without the grader's signature" in sid[""]["detail"]
     cy = _by_puzzle(rows, "cy")
     assert cy["ring_all_gather"]["status"] == "failed" and "oops" in cy["ring_all_gather"]["detail"]
     assert cy["param_server_all_reduce"]["status"] == "not solved"

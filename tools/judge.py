@@ -171,6 +171,9 @@ def main(notebook: str) -> None:
     """The sandbox's entry point: stdin holds the key, then the notebook's cells as JSON."""
     stdin = sys.stdin.buffer.read()
     key, cells = stdin[:KEY_BYTES], json.loads(stdin[KEY_BYTES:])
+    null = os.open(os.devnull, os.O_RDONLY)               # stdin is a file: left open, os.pread(0, ...) reads the key
+    os.dup2(null, 0)
+    os.close(null)
     results = os.dup(1)                                   # only the judge writes here
     os.dup2(2, 1)                                         # the learner's output goes to the log
     judge(notebook, cells, lambda row: _write(results, sign(key, row)))
