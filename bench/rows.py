@@ -221,7 +221,9 @@ def parallelize(dist, w1, b1, w2, b2, steps):
 
 
 def pipelining(schedule: str) -> Callable:
-    """torch.distributed.pipelining's `schedule` over this rank's stage (or chunks), built once."""
+    """torch.distributed.pipelining's `schedule` over this rank's stage (or chunks), built once. Not the puzzles'
+    oracles (puzzles.pipeline), which build it at each call: its first step sets up the stages, shapes sent
+    between neighbours included, and that set-up must not count in every timed step."""
     def run(dist, stage, steps, m):
         rank, p = dist.get_rank(), dist.get_world_size()
         mine = stage if isinstance(stage, list) else [stage]
