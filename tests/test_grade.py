@@ -352,6 +352,15 @@ def test_forged_and_tampered_results_do_not_count_even_in_a_plain_folder(tmp_pat
     assert json.loads((tmp_path / "out" / "scores.json").read_text()) == rows
 
 
+@pytest.mark.slow
+def test_the_judge_judges_the_graders_puzzles_only(tmp_path, monkeypatch):
+    """A problem set with a puzzle the course's notebook lacks (an instructor's edit half done) is no forgery."""
+    monkeypatch.setattr("tools.grade.puzzle_names", lambda notebook: NAMES[:-1])
+    rows = grade([_submission(tmp_path / "subs" / "ada", SOLVED)], tmp_path / "out", timeout=300, memory_gb=4,
+                 isolation="folder")
+    assert [(r["puzzle"], r["status"]) for r in rows] == [(name, "solved") for name in NAMES[:-1]]
+
+
 def test_the_puzzle_list_is_the_courses_and_a_notebook_is_read_as_stored(tmp_path):
     assert puzzle_names(NB02.stem) == NAMES == [p.name for p in P.PUZZLES]
     assert puzzle_names("99_bonus") is None

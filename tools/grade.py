@@ -129,7 +129,7 @@ def grade_notebook(notebook: Path, isolation: Isolation, timeout: float = 300.0,
         return [{"puzzle": "", "status": "unknown notebook", "points": 0,
                  "detail": f"{notebook.name} is not a notebook of this course"}]
     try:
-        cells = json.dumps(_cells(notebook)).encode()
+        cells = json.dumps({**_cells(notebook), "puzzles": names}).encode()
     except Exception as e:                       # not a notebook nbformat can read
         return [{"puzzle": name, "status": "unreadable", "points": 0, "detail": f"{type(e).__name__}: {e}"[:500]}
                 for name in names]
