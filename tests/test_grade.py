@@ -26,7 +26,7 @@ from lib.nbtools import puzzle_cells
 from puzzles import data_parallel as P
 from tools import NOTEBOOKS, ROOT
 from tools.cgroups import MAX_PROCESSES
-from tools.grade import _cells, accepted_rows, engine_packages, grade, puzzle_names
+from tools.grade import _cells, _submissions, accepted_rows, engine_packages, grade, puzzle_names
 from tools.judge import changes, fingerprint, load_checker, sign
 from tools.sandbox import Isolation, Sandbox, choose_isolation, memory_kind
 
@@ -359,6 +359,14 @@ def test_the_judge_judges_the_graders_puzzles_only(tmp_path, monkeypatch):
     rows = grade([_submission(tmp_path / "subs" / "ada", SOLVED)], tmp_path / "out", timeout=300, memory_gb=4,
                  isolation="folder")
     assert [(r["puzzle"], r["status"]) for r in rows] == [(name, "solved") for name in NAMES[:-1]]
+
+
+def test_a_folder_without_notebooks_is_said_not_skipped_in_silence(tmp_path, capsys):
+    nb = _submission(tmp_path / "submitted" / "ada" / "ps1", {}) / NB02.name
+    assert _submissions([nb.parent, tmp_path / "submitted" / "ada"]) == [("ada", nb)]
+    assert capsys.readouterr().out == (f"WARNING: {tmp_path / 'submitted' / 'ada'}: no notebook (.ipynb) in this "
+                                       "folder, nothing graded for it (nbgrader's layout: give "
+                                       "submitted/STUDENT/ASSIGNMENT)\n")
 
 
 def test_the_puzzle_list_is_the_courses_and_a_notebook_is_read_as_stored(tmp_path):

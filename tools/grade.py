@@ -156,7 +156,11 @@ def _submissions(paths: list[Path]) -> list[tuple[str, Path]]:
     pairs = []
     for path in paths:
         if path.is_dir():
-            pairs += [(_student(path), nb) for nb in sorted(path.glob("*.ipynb"))]
+            found = sorted(path.glob("*.ipynb"))
+            if not found:                        # else the student would be missing from the scores, unsaid
+                hint = " (nbgrader's layout: give submitted/STUDENT/ASSIGNMENT)" if any(path.glob("*/*.ipynb")) else ""
+                print(f"WARNING: {path}: no notebook (.ipynb) in this folder, nothing graded for it{hint}")
+            pairs += [(_student(path), nb) for nb in found]
         elif path.suffix == ".ipynb":
             pairs.append((path.stem, path))
         else:
