@@ -364,6 +364,8 @@ def test_the_judge_judges_the_graders_puzzles_only(tmp_path, monkeypatch):
 def test_a_folder_without_notebooks_is_said_not_skipped_in_silence(tmp_path, capsys):
     nb = _submission(tmp_path / "submitted" / "ada" / "ps1", {}) / NB02.name
     assert _submissions([nb.parent, tmp_path / "submitted" / "ada"]) == [("ada", nb)]
+    bob = _submission(tmp_path / "bob", {}) / NB02.name            # one notebook: whose is its folder's
+    assert _submissions([nb, bob]) == [("ada", nb), ("bob", bob)]
     assert capsys.readouterr().out == (f"WARNING: {tmp_path / 'submitted' / 'ada'}: no notebook (.ipynb) in this "
                                        "folder, nothing graded for it (nbgrader's layout: give "
                                        "submitted/STUDENT/ASSIGNMENT)\n")

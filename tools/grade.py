@@ -4,7 +4,7 @@
                           [--isolation auto|bubblewrap|namespaces|folder]
 
 A SUBMISSION is a student's folder of notebooks (the folder's name is the student's; in nbgrader's
-submitted/STUDENT/ASSIGNMENT/ it is STUDENT) or one notebook (its file name is used). Writes
+submitted/STUDENT/ASSIGNMENT/ it is STUDENT) or one notebook in such a folder (the same). Writes
 scores.csv and scores.json to --out: one row per student, notebook and puzzle, 1 point per solved
 puzzle.
 
@@ -161,8 +161,8 @@ def _submissions(paths: list[Path]) -> list[tuple[str, Path]]:
                 hint = " (nbgrader's layout: give submitted/STUDENT/ASSIGNMENT)" if any(path.glob("*/*.ipynb")) else ""
                 print(f"WARNING: {path}: no notebook (.ipynb) in this folder, nothing graded for it{hint}")
             pairs += [(_student(path), nb) for nb in found]
-        elif path.suffix == ".ipynb":
-            pairs.append((path.stem, path))
+        elif path.suffix == ".ipynb":            # named as the course's notebook: its folder says whose it is
+            pairs.append((_student(path.parent), path))
         else:
             raise SystemExit(f"grade: {path} is neither a folder of notebooks nor a .ipynb file")
     return pairs
