@@ -25,7 +25,6 @@ import torch.distributed.optim  # noqa: F401  forked rank would spend seconds im
 import torch.nn.functional as F
 from torch.distributed import pipelining as pipe
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from torch.nn.parallel import DistributedDataParallel
 
 import lib
 from lib.devices import device_mesh
@@ -208,14 +207,7 @@ def all_reduce(dist, steps):
 
 def ddp(dist, model, steps, lr, bucket):
     """DistributedDataParallel with our bucket size (the puzzle's oracle keeps DDP's default 25 MiB)."""
-    cap = bucket * DTYPE.itemsize / 2**20
-    module = DistributedDataParallel(model, bucket_cap_mb=cap)
-    opt = torch.optim.SGD(module.parameters(), lr=lr)
-    for x, y in steps:
-        opt.zero_grad()
-        F.mse_loss(module(x), y).backward()
-        opt.step()
-    return model
+    return P02._ddp_oracle(dist, model, steps, lr, bucket_cap_mb=bucket * DTYPE.itemsize / 2**20)
 
 
 def parallelize(dist, w1, b1, w2, b2, steps):
@@ -229,7 +221,9 @@ def parallelize(dist, w1, b1, w2, b2, steps):
 
 
 def pipelining(schedule: str) -> Callable:
-    """torch.distributed.pipelining's `schedule` over this rank's stage (or chunks), built once."""
+    """torch.distributed.pipelining's `schedule` over this rank's stage (or chunks), built once. Not the puzzles'
+    oracles (puzzles.pipeline), which build it at each call: its first step sets up the stages, shapes sent
+    between neighbours included, and that set-up must not count in every timed step."""
     def run(dist, stage, steps, m):
         rank, p = dist.get_rank(), dist.get_world_size()
         mine = stage if isinstance(stage, list) else [stage]

@@ -267,10 +267,11 @@ DDP_MISTAKES = [
 ]
 
 
-def _ddp_oracle(dist, model, batches, lr, *_):
+def _ddp_oracle(dist, model, batches, lr, *_, bucket_cap_mb: float = 25.0):
+    """PyTorch's DistributedDataParallel, SGD over `batches` (bench/rows.py sets its own bucket size)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     for x, y in batches:
         opt.zero_grad()

@@ -26,7 +26,7 @@ from lib.nbtools import puzzle_cells
 from puzzles import data_parallel as P
 from tools import NOTEBOOKS, ROOT
 from tools.cgroups import MAX_PROCESSES
-from tools.grade import _cells, accepted_rows, engine_packages, grade, puzzle_names
+from tools.grade import _cells, _submissions, accepted_rows, engine_packages, grade, puzzle_names
 from tools.judge import changes, fingerprint, load_checker, sign
 from tools.sandbox import Isolation, Sandbox, choose_isolation, memory_kind
 
@@ -263,6 +263,45 @@ except OSError:
 os._exit(0)
 """
 
+KEY_THIEF = """
+import os, sys
+from tools.judge import sign
+frame = sys._getframe()
+while "results" not in frame.f_locals:              # the judge's own frame holds the key and its output
+    frame = frame.f_back
+for name in {names!r}:
+    os.write(frame.f_locals["results"], sign(frame.f_locals["key"], {{"puzzle": name, "status": "solved",
+                                                                     "points": 1, "detail": ""}}))
+"""
+
+STDIN_KEY_THIEF = """
+import os
+from tools.judge import sign
+key = os.pread(0, 32, 0)                            # the judge's stdin, a file, read again from the start
+for fd in range(3, 64):
+    for name in {names!r}:
+        try:
+            os.write(fd, sign(key, {{"puzzle": name, "status": "solved", "points": 1, "detail": ""}}))
+        except OSError:
+            break
+os._exit(0)
+"""
+
+# The limit of an in-process judge (tools/grade.py's docstring, README): exactly the rows the judge would write,
+# then out before it writes its own; or no key at all, the judge's own list of checks rewritten.
+CAREFUL_KEY_THIEF = KEY_THIEF + "os._exit(0)\n"
+
+CHECKS_REWRITER = """
+import sys, types
+frame = sys._getframe()
+while "checks" not in frame.f_locals:
+    frame = frame.f_back
+checks = frame.f_locals["checks"]
+checks[:] = [(name, lambda fn: types.SimpleNamespace(ok=True)) for name, _ in checks]
+def param_server_all_reduce(dist, x):
+    return x
+"""
+
 TAMPER = """
 import lib.check
 lib.check.Puzzle._judge = lambda self, case, result: None      # every answer is right
@@ -276,27 +315,60 @@ def test_forged_and_tampered_results_do_not_count_even_in_a_plain_folder(tmp_pat
     subs = [_submission(tmp_path / "subs" / "ada", SOLVED),
             _submission(tmp_path / "subs" / "mallory", {"param_server_all_reduce": FORGE}),
             _submission(tmp_path / "subs" / "trudy", {"param_server_all_reduce": TAMPER}),
+            _submission(tmp_path / "subs" / "zed", {"param_server_all_reduce": KEY_THIEF.format(names=NAMES)}),
+            _submission(tmp_path / "subs" / "sid", {"param_server_all_reduce": STDIN_KEY_THIEF.format(names=NAMES)}),
+            _submission(tmp_path / "subs" / "eve", {"param_server_all_reduce": CAREFUL_KEY_THIEF.format(names=NAMES)}),
+            _submission(tmp_path / "subs" / "rex", {"param_server_all_reduce": CHECKS_REWRITER}),
             _submission(tmp_path / "subs" / "cy", {"ring_all_gather": "def ring_all_gather(dist, chunk):\n"
                                                                      "    raise ValueError('oops')\n"})]
     rows = grade(subs, tmp_path / "out", timeout=300, memory_gb=4, isolation="folder")
     printed = capsys.readouterr().out
     assert "WARNING: isolation: a folder only" in printed and "not contained: your files" in printed
     assert "not contained: the network" in printed
-    points = {s: sum(r["points"] for r in rows if r["student"] == s) for s in ("ada", "mallory", "trudy", "cy")}
-    assert points == {"ada": len(NAMES), "mallory": 0, "trudy": 0, "cy": 0}
-    assert {r["student"] for r in rows} == {"ada", "mallory", "trudy", "cy"}
+    students = ("ada", "mallory", "trudy", "zed", "sid", "eve", "rex", "cy")
+    points = {s: sum(r["points"] for r in rows if r["student"] == s) for s in students}
+    # eve and rex are NOT caught: the documented limit of a judge that shares a process with the answers.
+    # A grader that catches them (the check decided outside that process) should turn these into 0.
+    assert points == {"ada": len(NAMES), "mallory": 0, "trudy": 0, "zed": 0, "sid": 0, "eve": len(NAMES),
+                      "rex": len(NAMES), "cy": 0}
+    assert {r["student"] for r in rows} == set(students)
     mallory = [r for r in rows if r["student"] == "mallory"]
     assert {r["status"] for r in mallory if r["puzzle"]} == {"no result"}
     assert any(r["status"] == "discarded" and "without the grader's signature" in r["detail"] for r in mallory)
     trudy = _by_puzzle(rows, "trudy")
     assert {r["status"] for r in trudy.values()} == {"tampered"}
     assert "lib.check.Puzzle._judge replaced" in trudy["param_server_all_reduce"]["detail"]
+    zed = _by_puzzle(rows, "zed")
+    assert {zed[name]["status"] for name in NAMES} == {"tampered"}, zed
+    assert f"key: a second row for {NAMES[0]}" in zed[NAMES[-1]]["detail"]
+    sid = _by_puzzle(rows, "sid")
+    assert {sid[name]["status"] for name in NAMES} == {"no result"}, sid
+    assert "without the grader's signature" in sid[""]["detail"]
     cy = _by_puzzle(rows, "cy")
     assert cy["ring_all_gather"]["status"] == "failed" and "oops" in cy["ring_all_gather"]["detail"]
     assert cy["param_server_all_reduce"]["status"] == "not solved"
     csv_text = (tmp_path / "out" / "scores.csv").read_text()
     assert csv_text.splitlines()[0] == "student,notebook,puzzle,status,points,detail"
     assert json.loads((tmp_path / "out" / "scores.json").read_text()) == rows
+
+
+@pytest.mark.slow
+def test_the_judge_judges_the_graders_puzzles_only(tmp_path, monkeypatch):
+    """A problem set with a puzzle the course's notebook lacks (an instructor's edit half done) is no forgery."""
+    monkeypatch.setattr("tools.grade.puzzle_names", lambda notebook: NAMES[:-1])
+    rows = grade([_submission(tmp_path / "subs" / "ada", SOLVED)], tmp_path / "out", timeout=300, memory_gb=4,
+                 isolation="folder")
+    assert [(r["puzzle"], r["status"]) for r in rows] == [(name, "solved") for name in NAMES[:-1]]
+
+
+def test_a_folder_without_notebooks_is_said_not_skipped_in_silence(tmp_path, capsys):
+    nb = _submission(tmp_path / "submitted" / "ada" / "ps1", {}) / NB02.name
+    assert _submissions([nb.parent, tmp_path / "submitted" / "ada"]) == [("ada", nb)]
+    bob = _submission(tmp_path / "bob", {}) / NB02.name            # one notebook: whose is its folder's
+    assert _submissions([nb, bob]) == [("ada", nb), ("bob", bob)]
+    assert capsys.readouterr().out == (f"WARNING: {tmp_path / 'submitted' / 'ada'}: no notebook (.ipynb) in this "
+                                       "folder, nothing graded for it (nbgrader's layout: give "
+                                       "submitted/STUDENT/ASSIGNMENT)\n")
 
 
 def test_the_puzzle_list_is_the_courses_and_a_notebook_is_read_as_stored(tmp_path):
@@ -312,25 +384,30 @@ def test_the_puzzle_list_is_the_courses_and_a_notebook_is_read_as_stored(tmp_pat
                                             if c.cell_type == "code"]
 
 
-def test_only_signed_rows_for_known_puzzles_with_zero_or_one_point_count():
+def test_only_signed_rows_count_and_a_signed_row_the_judge_never_writes_is_tampering():
     key = b"k" * 32
     good = {"puzzle": "ring_all_reduce", "status": "solved", "points": 1, "detail": ""}
-    lines = b"".join([
+    honest = b"".join([
         sign(key, good),
         sign(key, dict(good, puzzle="ring_all_gather", status="failed", points=0, detail="wrong")),
         sign(b"x" * 32, dict(good, puzzle="data_parallel_train")),                  # another key
         json.dumps(dict(good, puzzle="param_server_all_reduce")).encode() + b"\n",  # unsigned
-        sign(key, dict(good, student="ada", puzzle="ring_reduce_scatter")),        # identity is the grader's
-        sign(key, dict(good, puzzle="secret_bonus")),
-        sign(key, dict(good, puzzle="bucketed_data_parallel_train", points=1000)),
-        sign(key, dict(good, puzzle="bucketed_data_parallel_train", status="failed")),  # 1 point, not solved
-        sign(key, dict(good, detail="again")),                                      # a second row
     ])
-    rows, discarded = accepted_rows(lines, key, NAMES)
+    rows, discarded = accepted_rows(honest, key, NAMES)
     assert rows == {"ring_all_reduce": good,
                     "ring_all_gather": dict(good, puzzle="ring_all_gather", status="failed", points=0, detail="wrong")}
-    assert len(discarded) == 6 and "2 line(s) of results without the grader's signature" in discarded[-1]
-    assert any("another student's" in d for d in discarded) and any("secret_bonus" in d for d in discarded)
+    assert discarded == ["2 line(s) of results without the grader's signature (written by the notebook)"]
+    # Rows signed with the key that the judge never writes: the notebook read the key, nothing it says counts.
+    for forged in [dict(good, student="ada", puzzle="ring_reduce_scatter"),       # identity is the grader's
+                   dict(good, puzzle="secret_bonus"),
+                   dict(good, puzzle="bucketed_data_parallel_train", points=1000),
+                   dict(good, puzzle="bucketed_data_parallel_train", status="failed"),  # 1 point, not solved
+                   dict(good, detail="again")]:                                      # a second row
+        rows, discarded = accepted_rows(honest + sign(key, forged), key, NAMES)
+        assert list(rows) == NAMES and {r["status"] for r in rows.values()} == {"tampered"}, forged
+        assert sum(r["points"] for r in rows.values()) == 0
+        assert "signed results with the judge's key" in rows["ring_all_reduce"]["detail"]
+        assert len(discarded) == 2 and "without the grader's signature" in discarded[-1]
 
 
 def test_the_fingerprint_catches_a_checker_patched_in_process(monkeypatch):

@@ -4,7 +4,7 @@
                           [--isolation auto|bubblewrap|namespaces|folder]
 
 A SUBMISSION is a student's folder of notebooks (the folder's name is the student's; in nbgrader's
-submitted/STUDENT/ASSIGNMENT/ it is STUDENT) or one notebook (its file name is used). Writes
+submitted/STUDENT/ASSIGNMENT/ it is STUDENT) or one notebook in such a folder (the same). Writes
 scores.csv and scores.json to --out: one row per student, notebook and puzzle, 1 point per solved
 puzzle.
 
@@ -12,8 +12,16 @@ Each notebook runs in the strongest sandbox the machine allows (tools.sandbox; t
 which one and what it does not contain): the engine and the problem set read-only, none of your
 files (the answer key included), no network, every process it starts killed when it ends or at
 --timeout, one memory limit for all of them. The grader owns identity and the puzzle list: the
-judge inside (tools.judge) signs each result, and rows that are unsigned, name another student or
-an unknown puzzle, repeat a puzzle or claim points other than 0 and 1 are discarded and reported.
+judge inside (tools.judge) signs each result: unsigned rows are discarded and reported, and signed
+rows the judge never writes (another student, an unknown or repeated puzzle, points other than 0 and
+1) grade the whole notebook `tampered`.
+
+Not contained: the judge calls the answers, so it runs in their process, and code there can reach
+everything the judge holds. A notebook that takes the key from the judge's frame and writes exactly
+one plausible row per puzzle before leaving with os._exit, or that rewrites the judge's list of
+checks, scores full marks (tests/test_grade.py shows both). Keeping the key elsewhere (signing in a
+parent process) would not help: the rows or checks it signs would still come from that process.
+Containing it needs the verdict taken outside the answers' process, on evidence they cannot forge.
 """
 
 from __future__ import annotations
@@ -76,7 +84,9 @@ def _invalid(row: dict, names: list[str], seen: dict) -> Optional[str]:
 
 
 def accepted_rows(output: bytes, key: bytes, names: list[str]) -> tuple[dict[str, dict], list[str]]:
-    """The judge's rows, one per puzzle of `names`, from its signed output; and what was discarded, said."""
+    """The judge's rows, one per puzzle of `names`, from its signed output; and what was discarded, said.
+    A signed row the judge never writes (a second one for a puzzle, an unknown puzzle, other fields or points)
+    means the notebook read the key: every puzzle is then `tampered`, earlier rows included."""
     rows: dict[str, dict] = {}
     discarded, unsigned = [], 0
     for line in output.splitlines():
@@ -91,6 +101,9 @@ def accepted_rows(output: bytes, key: bytes, names: list[str]) -> tuple[dict[str
             discarded.append(problem)
         else:
             rows[row["puzzle"]] = {field: row[field] for field in FIELDS}
+    if discarded:
+        detail = "the notebook signed results with the judge's key: " + "; ".join(discarded[:3])
+        rows = {name: {"puzzle": name, "status": "tampered", "points": 0, "detail": detail[:500]} for name in names}
     if unsigned:
         discarded.append(f"{unsigned} line(s) of results without the grader's signature (written by the notebook)")
     return rows, discarded
@@ -116,7 +129,7 @@ def grade_notebook(notebook: Path, isolation: Isolation, timeout: float = 300.0,
         return [{"puzzle": "", "status": "unknown notebook", "points": 0,
                  "detail": f"{notebook.name} is not a notebook of this course"}]
     try:
-        cells = json.dumps(_cells(notebook)).encode()
+        cells = json.dumps({**_cells(notebook), "puzzles": names}).encode()
     except Exception as e:                       # not a notebook nbformat can read
         return [{"puzzle": name, "status": "unreadable", "points": 0, "detail": f"{type(e).__name__}: {e}"[:500]}
                 for name in names]
@@ -143,9 +156,13 @@ def _submissions(paths: list[Path]) -> list[tuple[str, Path]]:
     pairs = []
     for path in paths:
         if path.is_dir():
-            pairs += [(_student(path), nb) for nb in sorted(path.glob("*.ipynb"))]
-        elif path.suffix == ".ipynb":
-            pairs.append((path.stem, path))
+            found = sorted(path.glob("*.ipynb"))
+            if not found:                        # else the student would be missing from the scores, unsaid
+                hint = " (nbgrader's layout: give submitted/STUDENT/ASSIGNMENT)" if any(path.glob("*/*.ipynb")) else ""
+                print(f"WARNING: {path}: no notebook (.ipynb) in this folder, nothing graded for it{hint}")
+            pairs += [(_student(path), nb) for nb in found]
+        elif path.suffix == ".ipynb":            # named as the course's notebook: its folder says whose it is
+            pairs.append((_student(path.parent), path))
         else:
             raise SystemExit(f"grade: {path} is neither a folder of notebooks nor a .ipynb file")
     return pairs

@@ -1,11 +1,12 @@
 """Inside the grading sandbox: run each puzzle of one notebook through its checker and report.
 
 tools.grade starts `python -S -c BOOT NOTEBOOK_NAME` in the sandbox, with stdin holding a fresh
-key and the notebook's cells. Each result goes out on stdout as one line, signed with the key
-(HMAC-SHA256), so that a line the learner's code writes there does not count. Before any of the
-learner's code runs, the judge takes a fingerprint of the checker (the course's modules, their
-classes and puzzles, builtins and torch's entry points); a puzzle judged after the fingerprint
-changed is reported as tampered. In-process tampering is detected, not prevented (README).
+key, the notebook's cells and the puzzles to judge (the grader's list). Each result goes out on
+stdout as one line, signed with the key (HMAC-SHA256), so that a line the learner's code writes
+there does not count. Before any of the learner's code runs, the judge takes a fingerprint of the
+checker (the course's modules, their classes and puzzles, builtins and torch's entry points); a
+puzzle judged after the fingerprint changed is reported as tampered. In-process tampering is
+detected, not prevented (README).
 """
 
 from __future__ import annotations
@@ -139,13 +140,14 @@ def load_checker() -> None:
         importlib.import_module(f"lib.sim.{found.name}")
 
 
-def judge(notebook: str, cells: dict, emit: Callable[[dict], None]) -> None:
-    """Run every puzzle of `notebook` (a name such as 02_data_parallel) and emit one row per puzzle."""
+def judge(notebook: str, cells: dict, emit: Callable[[dict], None], names: list[str]) -> None:
+    """Run the puzzles `names` of `notebook` (a name such as 02_data_parallel), and emit one row for each:
+    the grader's list, so that the judge never writes a row the grader takes for a forged one."""
     load_checker()
     import puzzles
     from lib.nbtools import load_answers
     module = {m.NOTEBOOK: m for m in puzzles.MODULES}[notebook]
-    checks = [(p.name, p.evaluate) for p in module.PUZZLES]       # bound before any learner code runs
+    checks = [(p.name, p.evaluate) for p in module.PUZZLES if p.name in names]   # bound before learner code runs
     before = fingerprint()
     with redirect_stdout(io.StringIO()):
         namespace, errors = load_answers(cells)
@@ -168,10 +170,14 @@ def judge(notebook: str, cells: dict, emit: Callable[[dict], None]) -> None:
 
 
 def main(notebook: str) -> None:
-    """The sandbox's entry point: stdin holds the key, then the notebook's cells as JSON."""
+    """The sandbox's entry point: stdin holds the key, then the notebook's cells and the puzzles as JSON."""
     stdin = sys.stdin.buffer.read()
     key, cells = stdin[:KEY_BYTES], json.loads(stdin[KEY_BYTES:])
+    names = cells.pop("puzzles")
+    null = os.open(os.devnull, os.O_RDONLY)               # stdin is a file: left open, os.pread(0, ...) reads the key
+    os.dup2(null, 0)
+    os.close(null)
     results = os.dup(1)                                   # only the judge writes here
     os.dup2(2, 1)                                         # the learner's output goes to the log
-    judge(notebook, cells, lambda row: _write(results, sign(key, row)))
+    judge(notebook, cells, lambda row: _write(results, sign(key, row)), names)
     os._exit(0)                                           # no atexit hooks, no waiting for the learner's threads

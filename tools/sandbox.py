@@ -66,8 +66,8 @@ class Isolation:
             gaps.append("memory in total: the limit holds per process, so N processes may use N times it")
         if not self.processes_limited:
             gaps.append("the number of processes: a fork bomb slows this machine down until the timeout")
-        gaps.append("the checker inside the graded process: code that tampers with it there is detected for "
-                    "the common cases, not prevented (see the README)")
+        gaps.append("the checker inside the graded process: code written to tamper with it or forge its results "
+                    "there is detected in the common cases, not prevented (see the README)")
         return gaps
 
     def describe(self) -> str:
