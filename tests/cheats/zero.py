@@ -1,5 +1,7 @@
 """Cheats on notebook 03's puzzles, each with the words its rejection must contain."""
 
+import torch
+
 import lib
 import puzzles.zero as P
 import solutions.zero as S
@@ -28,9 +30,19 @@ def ddp_adam_on_the_host(dist, model, batches, lr):
     return P.ddp_adam_train(dist, model, [(x.to(lib.host()), y.to(lib.host())) for x, y in batches], lr)
 
 
+def zero3_with_matmuls_dodged(dist, model, batches, lr):
+    """ZeRO-3 without prefetch handed in as FSDP with prefetch, each linear layer computed as a broadcast multiply
+    and sum: were only matmuls costed, its compute would be free and no gather would need hiding."""
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            layer.forward = lambda h, layer=layer: (h[:, :, None] * layer.weight.T[None]).sum(1) + layer.bias
+    return S.zero3_train(dist, model, batches, lr)
+
+
 HOST = "peak host memory"
 CHEATS = everywhere(P) + [
     ("zero3_train", zero3_keeping_full_parameters, "peak memory"),
+    ("fsdp_prefetch_train", zero3_with_matmuls_dodged, "simulated time"),
     *[(name, ddp_adam_on_the_host, HOST) for name in ("zero1_train", "zero2_train", "zero3_train",
                                                        "fsdp_prefetch_train")],
     *[(name, _on_the_host(getattr(S, name)), HOST) for name in ("zero1_train", "zero2_train", "zero3_train",
