@@ -138,6 +138,18 @@ def _bytes_budget(s: _Sizes, per_step: int, final_gather: bool, what: str) -> Bu
                        "sends twice what a reduce-scatter does.")
 
 
+def _regather_floor(s: _Sizes) -> Budget:
+    """ZeRO-3 gathers a layer again for its backward: a run that sends no more than ZeRO-2 (one all-gather and one
+    reduce-scatter per step) kept the full parameters, whatever its peak. Half a regather is the floor, room for
+    a layer kept between forward and backward (FSDP does so for the last one)."""
+    return Budget("bytes_sent", STEPS * s.traffic(1.5, 1) + s.traffic(1, 0),
+                  f"{STEPS} steps × (N-1)/N × {fmt_bytes(WORD * s.psi)} × (1 all-gather for forward, half of one "
+                  "for backward and a reduce-scatter) + the final gather; ZeRO-2, which keeps the parameters, sends "
+                  f"{fmt_bytes(STEPS * s.traffic(1, 1))}", least=True,
+                  hint="free each layer's full parameters after its forward and gather them again for its backward; "
+                       "keeping them between the two is ZeRO-2.")
+
+
 def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint: str,
                    states: float | None = None, formula: str = "") -> Budget:
     states = s.states(stage) if states is None else states
@@ -283,6 +295,7 @@ zero2_train = Puzzle(
 # ---- 3. ZeRO-3 / FSDP -----------------------------------------------------------------------------------
 def _zero3_case(rng: random.Random, world: int) -> Case:
     return _case(rng, world, lambda s, m: [
+        _regather_floor(s),
         _memory_budget(s, 3, 5, "stage 3, (8+8+16)Ψ/N",
                        "all-gather a layer's parameters just before you use it, and free them right after "
                        "(p.data = torch.empty(0, dtype=p.dtype)), in forward and again in backward."),
@@ -371,7 +384,8 @@ def _prefetch_case(rng: random.Random, world: int) -> Case:
         why = (f"{STEPS} steps × (gathers, compute and reduce-scatters one after another = "
                f"{serial * 1e6:.1f} µs, minus {OVERLAP:.0%} of the {hide * 1e6:.1f} µs of gathers that can run "
                "under the neighbouring layer's compute) + the final gather")
-        return [Budget("time", limit, why,
+        return [_regather_floor(s),
+                Budget("time", limit, why,
                        hint="issue the next layer's all-gather with async_op=True before computing the current "
                             "layer, and .wait() on it only when you reach that layer (in backward: the previous one)."),
                 _memory_budget(s, 3, 6, "stage 3, (8+8+16)Ψ/N, with one more layer prefetched",

@@ -1,6 +1,9 @@
 """Cheats on notebook 03's puzzles, each with the words its rejection must contain."""
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 import lib
 import puzzles.zero as P
@@ -12,6 +15,44 @@ def zero3_keeping_full_parameters(dist, model, batches, lr):
     """ZeRO-2 handed in as ZeRO-3: gradients and optimizer state sharded, the full parameters kept on the
     device for the whole run."""
     return S.zero2_train(dist, model, batches, lr)
+
+
+def zero3_keeping_full_parameters_frugally(dist, model, batches, lr):
+    """ZeRO-2 as frugal as it gets, handed in as ZeRO-3: the full parameters kept all along, but activations
+    recomputed layer by layer and each gradient reduce-scattered and freed at once, so that its peak meets a
+    budget with room for a few gathered layers. It never gathers a layer again for backward."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    params = list(model.parameters())
+    sizes = [math.ceil(p.numel() / world) for p in params]
+    shards = [F.pad(p.detach().reshape(-1), (0, world * c - p.numel()))[rank * c:(rank + 1) * c].clone()
+              for p, c in zip(params, sizes)]
+    m, v, grads = ([torch.zeros_like(s) for s in shards] for _ in range(3))
+    index = {id(p): i for i, p in enumerate(params)}
+    for step, (x, y) in enumerate(batches, start=1):
+        inputs, h = [], x
+        with torch.no_grad():
+            for layer in model:
+                inputs.append(h)
+                h = layer(h)
+        h.requires_grad_()
+        F.mse_loss(h, y).backward()
+        grad = h.grad
+        for layer, inp in zip(reversed(model), reversed(inputs)):
+            inp = inp.detach().requires_grad_()
+            layer(inp).backward(grad)
+            grad = inp.grad
+            for p in layer.parameters():
+                i = index[id(p)]
+                dist.reduce_scatter_single(grads[i], F.pad(p.grad.reshape(-1), (0, world * sizes[i] - p.numel())))
+                p.grad = None
+        for i, (p, c) in enumerate(zip(params, sizes)):
+            grads[i] /= world
+            P.adam_update(shards[i], grads[i], m[i], v[i], step, lr)
+            full = torch.empty(world * c, dtype=p.dtype, device=p.device)
+            dist.all_gather_single(full, shards[i])
+            with torch.no_grad():
+                p.copy_(full[:p.numel()].view_as(p))
+    return {name: p.detach() for name, p in model.named_parameters()}
 
 
 def _on_the_host(solution):
@@ -41,7 +82,8 @@ def zero3_with_matmuls_dodged(dist, model, batches, lr):
 
 HOST = "peak host memory"
 CHEATS = everywhere(P) + [
-    ("zero3_train", zero3_keeping_full_parameters, "peak memory"),
+    ("zero3_train", zero3_keeping_full_parameters, "under the floor"),
+    ("zero3_train", zero3_keeping_full_parameters_frugally, "under the floor"),
     ("fsdp_prefetch_train", zero3_with_matmuls_dodged, "simulated time"),
     *[(name, ddp_adam_on_the_host, HOST) for name in ("zero1_train", "zero2_train", "zero3_train",
                                                        "fsdp_prefetch_train")],
