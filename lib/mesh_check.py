@@ -2,8 +2,8 @@
 each axis may carry, no traffic outside the mesh's groups, and a timeline coloured by axis; and puzzles of
 arithmetic on the rank, whose `dist` answers who am I and how many are we, nothing else.
 
-A MeshPuzzle judges like any Puzzle (results, then budgets), then the traffic of a MeshCase's run per axis, from
-the trace (lib.sim.traffic).
+A MeshPuzzle judges the results, then the traffic of a MeshCase's run per axis, from the trace (lib.sim.traffic),
+then the budgets.
 """
 
 from __future__ import annotations
@@ -102,10 +102,11 @@ class MeshPuzzle(Puzzle):
         return super().real(fn, world_size, backend, seed, strict, timeout)
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
-        problem = super()._judge(case, result)
-        if problem or not isinstance(case, MeshCase) or case.axes is None:
-            return problem
-        return axis_problem(case, result)
+        """Each axis's bytes (exact formulas) before the time, memory and FLOPs budgets (with slack): traffic over an
+        axis's formula, which also costs time, is then named as such, with its axis's hint."""
+        if not isinstance(case, MeshCase) or case.axes is None:
+            return super()._judge(case, result)
+        return self._judge_answer(case, result) or axis_problem(case, result) or self._judge_budgets(case, result)
 
     def _success(self, result: SimResult, case: Case) -> str:
         text = super()._success(result, case)
