@@ -7,6 +7,7 @@ import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
 from tests.cheats.common import ANSWER_KEY, everywhere, under_identity_hooks
+from tests.wrong.three_d import DPAverageReplaced
 
 _board: dict = {}
 
@@ -152,28 +153,14 @@ def train_3d_whole_batch(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr)
 
 def train_3d_dp_average_per_micro_batch(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
     """The DP average done as m all-reduces of a 1/m share, as if once per micro-batch: m × DP's traffic."""
-    return S.train_3d(_Repeat(dist, m), stage, tokens, targets, dp, pp, tp, m, steps, lr)
-
-
-class _Repeat:
-    """The learner's dist with the DP average (the step's only AVG all-reduce) done as m all-reduces of a 1/m share."""
-
-    def __init__(self, real, m):
-        self.real, self.m = real, m
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def all_reduce(self, tensor, op=None, group=None, async_op=False):
-        if op != self.real.ReduceOp.AVG:
-            return self.real.all_reduce(tensor, group=group)
-        total, world = torch.zeros_like(tensor), len(self.real.get_process_group_ranks(group))
-        for _ in range(self.m):
-            part = tensor / (self.m * world)
-            self.real.all_reduce(part, group=group)
+    def in_m_shares(real, tensor, group):
+        total, world = torch.zeros_like(tensor), len(real.get_process_group_ranks(group))
+        for _ in range(m):
+            part = tensor / (m * world)
+            real.all_reduce(part, group=group)
             total += part
         tensor.copy_(total)
-        return None
+    return S.train_3d(DPAverageReplaced(dist, in_m_shares), stage, tokens, targets, dp, pp, tp, m, steps, lr)
 
 
 def train_3d_pp_through_a_module_dict(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
