@@ -29,7 +29,7 @@ from lib.models import GPTConfig
 from lib.planner import Plan, estimate
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
-from lib.sim.mesh import coordinates
+from lib.sim.mesh import answer_key_refused, coordinates
 from lib.sim.traffic import MeshAxes
 from lib.units import fmt_bytes, fmt_time
 
@@ -119,10 +119,17 @@ def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
 
 
 class GroupsPuzzle(MeshPuzzle):
-    """The learner builds the groups; the check uses them (lib's use_groups) in both worlds."""
+    """The learner builds the groups (by hand: device_mesh and lib.sim.mesh's groups are refused meanwhile); the
+    check uses them (use_groups) in both worlds."""
 
     def wrap(self, fn: Callable) -> Callable:
-        return functools.partial(use_groups, fn) if callable(fn) else fn
+        return functools.partial(use_groups, functools.partial(_by_hand, fn)) if callable(fn) else fn
+
+
+def _by_hand(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
+    with answer_key_refused("process_groups asks you to build every group yourself with dist.new_group, as "
+                            "torch's DeviceMesh does inside"):
+        return fn(dist, dp, pp, tp)
 
 
 def _mesh_groups_oracle(dist, dp: int, pp: int, tp: int) -> dict:

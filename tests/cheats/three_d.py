@@ -6,10 +6,34 @@ import torch.nn.functional as F
 import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
+from lib.sim.mesh import coordinates, mesh_groups
 from tests.cheats.common import ANSWER_KEY, everywhere, under_identity_hooks
 from tests.wrong.three_d import DPAverageReplaced
 
 _board: dict = {}
+WORK_DONE_FOR_IT = "does this puzzle's work for you"
+
+
+def coordinates_from_the_checks_own_arithmetic(dist, shape):
+    """The function the check computes the expected coordinates with."""
+    return coordinates(dist.get_rank(), shape)
+
+
+def groups_from_device_mesh(dist, dp, pp, tp):
+    """The course's DeviceMesh builds every group: the oracle, not the lesson."""
+    mesh = device_mesh(dist, (dp, pp, tp), ("dp", "pp", "tp"))
+    return {axis: mesh.get_group(axis) for axis in ("dp", "pp", "tp")}
+
+
+def groups_from_the_meshs_own_lists(dist, dp, pp, tp):
+    """Every group made with dist.new_group, in torch's order, its ranks listed by lib.sim.mesh."""
+    groups = {}
+    for dim, axis in ((2, "tp"), (1, "pp"), (0, "dp")):
+        for ranks in mesh_groups((dp, pp, tp), dim):
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                groups[axis] = group
+    return groups
 
 
 def groups_from_rank_0(dist, dp, pp, tp):
@@ -190,14 +214,21 @@ class _Board:
         tensor.copy_(_board.pop((src, me, k)))
 
 
+# The case builders of these puzzles run the library's answer key (the mesh's arithmetic, the plan search) before
+# they build the Case: its guard refuses first, saying so.
+GUARDED_KEYS = {"mesh_coordinates": WORK_DONE_FOR_IT, "process_groups": WORK_DONE_FOR_IT,
+                "choose_plan": "write that search"}
+
+
 def _answer_key_reason(entry):
-    """choose_plan's case builder runs the course's search (best_plan) before it builds the Case: the search's guard
-    refuses first, saying so."""
     name, fn, reason = entry
-    return (name, fn, "write that search" if name == "choose_plan" and reason == ANSWER_KEY else reason)
+    return (name, fn, GUARDED_KEYS[name] if name in GUARDED_KEYS and reason == ANSWER_KEY else reason)
 
 
 CHEATS = [_answer_key_reason(c) for c in everywhere(P)] + [
+    ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
+    ("process_groups", groups_from_device_mesh, WORK_DONE_FOR_IT),
+    ("process_groups", groups_from_the_meshs_own_lists, WORK_DONE_FOR_IT),
     ("process_groups", groups_from_rank_0, "fewer new_group calls"),
     ("tp_dp_train", tp_dp_on_the_gathered_batch, "FLOPs counted"),
     ("tp_dp_train", tp_dp_without_tensor_parallelism, "DP axis"),

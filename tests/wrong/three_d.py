@@ -161,7 +161,7 @@ def plan_from_best_plan(model, cluster, global_batch):
 
 WRONG = [
     ("mesh_coordinates", coordinates_tp_outermost, "expected"),
-    ("mesh_coordinates", coordinates_from_a_mesh, "needs no dist."),
+    ("mesh_coordinates", coordinates_from_a_mesh, "device_mesh (torch's DeviceMesh) does this puzzle's work"),
     ("process_groups", groups_dp_over_the_wrong_axis, "dp ranks"),
     ("process_groups", groups_only_my_own, "new_group"),
     ("process_groups", groups_in_another_order, ("new_group", "waits", "mismatch")),
