@@ -275,6 +275,10 @@ class Puzzle:
         return Outcome(True, True, self._success(last, case), last, case, seed=seed)
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
+        return self._judge_answer(case, result) or self._judge_budgets(case, result)
+
+    def _judge_answer(self, case: Case, result: SimResult) -> Optional[str]:
+        """What is wrong with the ops used, the results or the case's contracts, or None."""
         if case.allowed_ops is not None:
             for s in result.stats:
                 extra = sorted(set(s.calls) - case.allowed_ops)
@@ -291,6 +295,10 @@ class Puzzle:
             problem = contract.judge(result)
             if problem:
                 return problem
+        return None
+
+    def _judge_budgets(self, case: Case, result: SimResult) -> Optional[str]:
+        """The first budget (time, memory, FLOPs, ...) the run breaks, said with its formula, or None."""
         for b in case.budgets:
             if b.metric == "time":
                 if b.broken(result.time, b.limit_for(0)):

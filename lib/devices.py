@@ -14,6 +14,7 @@ import torch
 
 from lib.device import device
 from lib.sim.context import current_rank
+from lib.sim.mesh import refuse_answer_key
 
 
 def to_device(obj: Any, where: Optional[torch.device] = None) -> Any:
@@ -49,6 +50,7 @@ def device_mesh(dist: Any, shape: Optional[tuple[int, ...]] = None, names: Optio
     """torch's DeviceMesh over every rank of the default group (one dimension unless `shape` says otherwise),
     on the device type of the group's backend; on a simulated rank, lib.sim.mesh's mesh with the same methods,
     so that one function asks a mesh for its groups in both worlds."""
+    refuse_answer_key("device_mesh (torch's DeviceMesh)")
     shape = (dist.get_world_size(),) if shape is None else tuple(shape)
     names = None if names is None else tuple(names)
     if current_rank() is not None:

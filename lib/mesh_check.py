@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 from lib.check import Case, Contract, Outcome, Puzzle, fresh_seed
 from lib.sim import SimResult
 from lib.sim.errors import InvalidCall
+from lib.sim.mesh import answer_key_refused
 from lib.sim.traffic import OUTSIDE, AxisTraffic, MeshAxes, axis_labeller, traffic_by_axis
 from lib.units import fmt_bytes
 
@@ -162,11 +163,13 @@ class RankOnly:
 
 
 def _rank_only(fn: Callable, puzzle: str, dist, *args):
-    return fn(RankOnly(dist, puzzle), *args)
+    with answer_key_refused(f"{puzzle} is that arithmetic on dist.get_rank(), yours to write"):
+        return fn(RankOnly(dist, puzzle), *args)
 
 
 class ArithmeticPuzzle(Puzzle):
-    """A puzzle whose function may ask `dist` its rank and world size, and nothing else."""
+    """A puzzle whose function may ask `dist` its rank and world size, and nothing else (lib.sim.mesh's arithmetic,
+    its answer key, neither)."""
 
     def wrap(self, fn: Callable) -> Callable:
         return functools.partial(_rank_only, fn, self.name) if callable(fn) else fn

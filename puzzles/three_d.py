@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Puzzle, flops_budgets
 from lib.device import device
 from lib.devices import device_mesh
 from lib.errors import PuzzleError
@@ -29,7 +29,7 @@ from lib.models import GPTConfig
 from lib.planner import Plan, estimate
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
-from lib.sim.mesh import coordinates
+from lib.sim.mesh import answer_key_refused, coordinates
 from lib.sim.traffic import MeshAxes
 from lib.units import fmt_bytes, fmt_time
 
@@ -119,10 +119,17 @@ def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
 
 
 class GroupsPuzzle(MeshPuzzle):
-    """The learner builds the groups; the check uses them (lib's use_groups) in both worlds."""
+    """The learner builds the groups (by hand: device_mesh and lib.sim.mesh's groups are refused meanwhile); the
+    check uses them (use_groups) in both worlds."""
 
     def wrap(self, fn: Callable) -> Callable:
-        return functools.partial(use_groups, fn) if callable(fn) else fn
+        return functools.partial(use_groups, functools.partial(_by_hand, fn)) if callable(fn) else fn
+
+
+def _by_hand(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
+    with answer_key_refused("process_groups asks you to build every group yourself with dist.new_group, as "
+                            "torch's DeviceMesh does inside"):
+        return fn(dist, dp, pp, tp)
 
 
 def _mesh_groups_oracle(dist, dp: int, pp: int, tp: int) -> dict:
@@ -220,8 +227,15 @@ def _tp_dp_case(rng: random.Random, n: int) -> MeshCase:
                    f"{steps} steps × one all-reduce of this rank's gradient shard ({fmt_bytes(shard)}) over dp={dp}",
                    DP_OPS, hint="average each gradient over the DP group once per step: TP ranks hold different "
                                 "shards, so a TP rank's gradient never meets another TP rank's.")]
+    # A rank's work: its shard trained on its rows (g's sum aside), about 1/(dp·tp) of the whole. The bytes alone let
+    # a rank gather the batch (fewer bytes than a gradient shard) and train the whole MLP with no TP at all.
+    _, share = counted_flops(lambda: train_mlp(mlp_shard(weights, tp, 0), batch.chunk(dp)[0], targets.chunk(dp)[0],
+                                               steps, lr))
+    work = flops_budgets(share, f"{steps} SGD steps of one shard (1/tp of the MLP's width, fc2_b whole) on "
+                                f"{rows // dp} rows, {share:,.0f} FLOPs")
     return MeshCase(n, (weights, batch, targets, dp, tp, steps, lr), expected,
-                    f"(dp, tp) = ({dp}, {tp}), h={h}, {rows} rows, {steps} SGD steps", axes=axes, axis_budgets=budgets)
+                    f"(dp, tp) = ({dp}, {tp}), h={h}, {rows} rows, {steps} SGD steps", budgets=work, axes=axes,
+                    axis_budgets=budgets)
 
 
 def _fsdp_tp_oracle(dist, weights, batch, targets, dp, tp, steps, lr):

@@ -14,14 +14,14 @@ from lib.devices import device_mesh  # noqa: E402
 from lib.errors import PuzzleError  # noqa: E402
 from lib.launch import launch  # noqa: E402
 from lib.mesh_check import AxisBudget, MeshCase, MeshPuzzle  # noqa: E402
-from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, check  # noqa: E402
+from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, best_plan, check, plans  # noqa: E402
 from lib.sim import run  # noqa: E402
 from lib.sim.cost import bus_factor  # noqa: E402
 from lib.sim.errors import CollectiveMismatch  # noqa: E402
 from lib.sim.mesh import coordinates, mesh_groups  # noqa: E402
 from lib.sim.traffic import OUTSIDE, SELF, MeshAxes, axis_labeller, traffic_by_axis  # noqa: E402
 from lib.viz.mesh import mesh_figure  # noqa: E402
-from lib.viz.planner import MODELS, PRACTICE, plan_explorer, published_table  # noqa: E402
+from lib.viz.planner import MODELS, PRACTICE, plan_explorer, plan_space_figure, published_table  # noqa: E402
 from lib.viz.timeline import draw_timeline  # noqa: E402
 
 NAMES = ("dp", "pp", "tp")
@@ -217,3 +217,13 @@ def test_plan_explorer_estimates_the_chosen_plan_and_explains_one_that_does_not_
     assert "does not split" in box.state.readout
     box.controls["pp"].value = 1
     assert box.state.estimate.plan.dp == 8
+
+
+def test_plan_space_figure_draws_every_plan_and_rings_the_fastest_that_fits():
+    model, cluster = MODELS["Llama 2 7B"], Cluster(gpu=H100_80GB, gpus=8, gpus_per_node=8)
+    fig, best = plan_space_figure(model, cluster, 32), best_plan(model, cluster, 32, virtual_stages=[1])
+    *points, ring = fig.axes[0].collections
+    assert sum(len(c.get_offsets()) for c in points) == len(list(plans(model, cluster, 32, virtual_stages=[1])))
+    assert ring.get_offsets().tolist() == [[best.memory / 2**30, best.tokens_per_second]]
+    hollow = [c for c in points if "does not fit" in c.get_label()]
+    assert all(x > cluster.gpu.memory / 2**30 for c in hollow for x, _ in c.get_offsets())

@@ -18,12 +18,13 @@ TIE = 1e-9     # relative difference in throughput below which two plans are equ
 
 def _not_inside_a_check(name: str) -> None:
     """The search is a puzzle's answer key: a function under check (a simulated rank, or a real rank running the
-    learner's code) must do its own."""
+    learner's code) must do its own. OutOfView, as for a Case built there: a PlanError would be swallowed by the
+    `except PlanError` that skips plans which do not split (the course's own case builder's, or a learner's)."""
     from lib import check
-    from lib.sim import current_rank
+    from lib.sim import OutOfView, current_rank
 
     if current_rank() is not None or check._learner_running:
-        raise PlanError(f"{name} searches the plans for you, and this check asks you to write that search: loop over "
+        raise OutOfView(f"{name} searches the plans for you, and this check asks you to write that search: loop over "
                         "the plans yourself and ask estimate() about each.")
 
 

@@ -7,28 +7,55 @@
 As `init_device_mesh` does, every rank creates every group of every dimension, dimension by dimension (outermost
 first) and, within one, in the order of the other dimensions' coordinates; a dimension that spans the whole world
 uses the default group. Slicing a mesh creates no group: a sub-mesh shares its parent's.
+
+For a puzzle whose statement is this arithmetic (a rank's coordinates, the groups), it is the answer key: within
+`answer_key_refused(why)`, on that thread, these functions and device meshes raise OutOfView saying why, as
+lib.check does for a Case built there and lib.planner for its search.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+import contextlib
+import threading
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 
-from lib.sim.errors import InvalidCall
+from lib.sim.errors import InvalidCall, OutOfView
 
 Dim = Union[int, str, None]
+_refusal = threading.local()          # .why: what the function running on this thread must do itself
+
+
+@contextlib.contextmanager
+def answer_key_refused(why: str) -> Iterator[None]:
+    """Within the block, on this thread, coordinates, mesh_groups and device meshes raise OutOfView with `why`."""
+    before = getattr(_refusal, "why", None)
+    _refusal.why = why
+    try:
+        yield
+    finally:
+        _refusal.why = before
+
+
+def refuse_answer_key(name: str) -> None:
+    """OutOfView when `name` (this module's arithmetic, or a device mesh made of it) is the running puzzle's answer."""
+    why = getattr(_refusal, "why", None)
+    if why:
+        raise OutOfView(f"{name} does this puzzle's work for you: {why}.")
 
 
 def mesh_groups(shape: Sequence[int], dim: int) -> list[list[int]]:
     """Every group along dimension `dim` of a mesh of `shape` over ranks 0..N-1 laid out row-major (the last
     dimension innermost), in the order torch creates them: by the other dimensions' coordinates, row-major."""
+    refuse_answer_key("lib.sim.mesh.mesh_groups")
     ranks = torch.arange(_product(shape)).reshape(tuple(shape))
     return ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist()
 
 
 def coordinates(rank: int, shape: Sequence[int]) -> tuple[int, ...]:
     """The coordinates of `rank` on a row-major mesh of `shape` (the last dimension innermost)."""
+    refuse_answer_key("lib.sim.mesh.coordinates")
     coords = []
     for size in reversed(shape):
         rank, c = divmod(rank, size)

@@ -1,5 +1,5 @@
 """Notebook 06's pictures of lib.planner: published runs against the estimate, one plan's memory and step time as
-stacked bars, and a configuration explorer over them."""
+stacked bars, a space of plans as points, and a configuration explorer over them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from lib.planner import (A100_80GB, H100_80GB, Cluster, Estimate, Model, Plan, PlanError, PublishedRun, comparison,
-                         estimate)
+                         best_plan, estimate, plans)
 from lib.units import fmt_bytes, fmt_time
 from lib.viz.widgets import live_box, slider_options
 
@@ -75,6 +75,39 @@ def plan_figure(e: Estimate, cluster: Cluster, title: str = ""):
     time.legend(frameon=False, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4)
     if title:
         fig.suptitle(title)
+    plt.close(fig)
+    return fig
+
+
+RECOMPUTE_COLOURS = {"none": "#4C72B0", "selective": "#55A868", "full": "#C44E52"}
+
+
+def plan_space_figure(model: Model, cluster: Cluster, global_batch: int, title: str = ""):
+    """Every plan of notebook 06's search space as a point, memory per GPU against tokens per second, the GPU's
+    capacity as a line and the fastest plan left of it ringed: what choose_plan searches, drawn."""
+    import matplotlib.pyplot as plt
+
+    found = [estimate(model, cluster, plan) for plan in plans(model, cluster, global_batch, virtual_stages=[1])]
+    best = best_plan(model, cluster, global_batch, virtual_stages=[1])
+    fig, ax = plt.subplots(figsize=(9, 4), layout="constrained")
+    for recompute, colour in RECOMPUTE_COLOURS.items():
+        for fits in (True, False):
+            points = [e for e in found if e.plan.recompute == recompute and e.fits == fits]
+            ax.scatter([e.memory / 2**30 for e in points], [e.tokens_per_second for e in points], s=14,
+                       facecolors=colour if fits else "none", edgecolors=colour, linewidths=0.6,
+                       alpha=0.85 if fits else 0.35,
+                       label=f"recompute {recompute}" + ("" if fits else ", does not fit"))
+    ax.margins(y=0.15)
+    ax.axvline(cluster.gpu.memory / 2**30, color="black", linestyle="--", linewidth=1)
+    ax.text(cluster.gpu.memory / 2**30, ax.get_ylim()[0], f" {cluster.gpu.name}", va="bottom", fontsize="small")
+    ax.scatter([best.memory / 2**30], [best.tokens_per_second], s=160, facecolors="none", edgecolors="black")
+    ax.annotate(f"the fastest that fits: {best.plan}", (best.memory / 2**30, best.tokens_per_second),
+                xytext=(10, 8), textcoords="offset points", fontsize="small")
+    ax.set_xscale("log")
+    ax.set_xlabel("GiB per GPU (first pipeline stage)")
+    ax.set_ylabel("tokens per second")
+    ax.set_title(title or f"{len(found)} plans on {cluster.gpus} × {cluster.gpu.name}, batch {global_batch}")
+    ax.legend(frameon=False, fontsize="small", loc="center left", bbox_to_anchor=(1, 0.5))
     plt.close(fig)
     return fig
 

@@ -98,11 +98,12 @@ def tp_dp_all_reduces_the_input(dist, weights, batch, targets, dp, tp, steps, lr
     return S.tp_dp_train(dist, weights, batch, targets, dp, tp, steps, lr)
 
 
-class _DPRedirected:
-    """The learner's dist, with the DP gradient average (the step's only AVG all-reduce) sent elsewhere."""
+class DPAverageReplaced:
+    """The learner's dist, with the DP gradient average (the step's only AVG all-reduce) done by
+    `average(dist, tensor, group)` instead."""
 
-    def __init__(self, real, where):
-        self.real, self.where = real, where
+    def __init__(self, real, average):
+        self.real, self.average = real, average
 
     def __getattr__(self, name):
         return getattr(self.real, name)
@@ -110,20 +111,20 @@ class _DPRedirected:
     def all_reduce(self, tensor, op=None, group=None, async_op=False):
         op = self.real.ReduceOp.SUM if op is None else op
         if op == self.real.ReduceOp.AVG:
-            if self.where == "nowhere":
-                return None
-            group = None                                     # the whole world
+            return self.average(self.real, tensor, group)
         return self.real.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
 def train_3d_averages_over_the_world(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
     """Gradients of different stages and shards averaged together: the DP all-reduce over every rank."""
-    return S.train_3d(_DPRedirected(dist, "world"), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+    over_the_world = lambda d, tensor, group: d.all_reduce(tensor, op=d.ReduceOp.AVG)     # noqa: E731
+    return S.train_3d(DPAverageReplaced(dist, over_the_world), stage, tokens, targets, dp, pp, tp, m, steps, lr)
 
 
 def train_3d_without_data_parallel(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
     """No DP all-reduce: each replica trains on its own rows only."""
-    return S.train_3d(_DPRedirected(dist, "nowhere"), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+    return S.train_3d(DPAverageReplaced(dist, lambda d, tensor, group: None), stage, tokens, targets, dp, pp, tp, m,
+                      steps, lr)
 
 
 def _search(model, cluster, global_batch, score, fits):
@@ -160,7 +161,7 @@ def plan_from_best_plan(model, cluster, global_batch):
 
 WRONG = [
     ("mesh_coordinates", coordinates_tp_outermost, "expected"),
-    ("mesh_coordinates", coordinates_from_a_mesh, "needs no dist."),
+    ("mesh_coordinates", coordinates_from_a_mesh, "device_mesh (torch's DeviceMesh) does this puzzle's work"),
     ("process_groups", groups_dp_over_the_wrong_axis, "dp ranks"),
     ("process_groups", groups_only_my_own, "new_group"),
     ("process_groups", groups_in_another_order, ("new_group", "waits", "mismatch")),

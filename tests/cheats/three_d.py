@@ -1,0 +1,242 @@
+"""Cheats on notebook 06's puzzles, each with the words its rejection must contain."""
+
+import torch
+import torch.nn.functional as F
+
+import puzzles.three_d as P
+import solutions.three_d as S
+from lib.devices import device_mesh
+from lib.sim.mesh import coordinates, mesh_groups
+from tests.cheats.common import ANSWER_KEY, everywhere, under_identity_hooks
+from tests.wrong.three_d import DPAverageReplaced
+
+_board: dict = {}
+WORK_DONE_FOR_IT = "does this puzzle's work for you"
+
+
+def coordinates_from_the_checks_own_arithmetic(dist, shape):
+    """The function the check computes the expected coordinates with."""
+    return coordinates(dist.get_rank(), shape)
+
+
+def groups_from_device_mesh(dist, dp, pp, tp):
+    """The course's DeviceMesh builds every group: the oracle, not the lesson."""
+    mesh = device_mesh(dist, (dp, pp, tp), ("dp", "pp", "tp"))
+    return {axis: mesh.get_group(axis) for axis in ("dp", "pp", "tp")}
+
+
+def groups_from_the_meshs_own_lists(dist, dp, pp, tp):
+    """Every group made with dist.new_group, in torch's order, its ranks listed by lib.sim.mesh."""
+    groups = {}
+    for dim, axis in ((2, "tp"), (1, "pp"), (0, "dp")):
+        for ranks in mesh_groups((dp, pp, tp), dim):
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                groups[axis] = group
+    return groups
+
+
+def groups_from_rank_0(dist, dp, pp, tp):
+    """Rank 0 creates every group and leaves them on a module dict; the others take theirs from it."""
+    rank = dist.get_rank()
+    if rank == 0:
+        at = lambda i, j, k: (i * pp + j) * tp + k     # noqa: E731
+        _board["groups"] = [(axis, ranks, dist.new_group(ranks)) for axis, members in (
+            ("tp", [[at(i, j, k) for k in range(tp)] for i in range(dp) for j in range(pp)]),
+            ("pp", [[at(i, j, k) for j in range(pp)] for i in range(dp) for k in range(tp)]),
+            ("dp", [[at(i, j, k) for i in range(dp)] for j in range(pp) for k in range(tp)])) for ranks in members]
+    dist.barrier()
+    return {axis: group for axis, ranks, group in _board["groups"] if rank in ranks}
+
+
+def tp_dp_on_the_gathered_batch(dist, weights, batch, targets, dp, tp, steps, lr):
+    """Gathers the batch over DP (a few KiB), then trains the whole MLP on it on every rank: no TP traffic at all,
+    less DP traffic than the gradients', and the shard it returns is right."""
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    whole = []
+    for data in (batch, targets):
+        mine = torch.zeros_like(data)
+        mine.chunk(dp)[d].copy_(data.chunk(dp)[d])
+        dist.all_reduce(mine, group=mesh["dp"].get_group())
+        whole.append(mine)
+    return P.mlp_shard(P.train_mlp(weights, *whole, steps, lr), tp, t)
+
+
+def tp_dp_without_tensor_parallelism(dist, weights, batch, targets, dp, tp, steps, lr):
+    """The whole MLP on every TP rank (the weights arrive whole), its gradients averaged over DP: no TP traffic."""
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    params = {k: v.clone().requires_grad_() for k, v in weights.items()}
+    x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
+    for _ in range(steps):
+        F.mse_loss(P.mlp_forward(params, x), y).backward()
+        with torch.no_grad():
+            for p in params.values():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=mesh["dp"].get_group())
+                p -= lr * p.grad
+                p.grad = None
+    return P.mlp_shard({k: v.detach() for k, v in params.items()}, tp, t)
+
+
+def tp_dp_partial_sums_through_a_module_dict(dist, weights, batch, targets, dp, tp, steps, lr):
+    """g's all-reduce replaced by a module dict: each TP rank leaves its partial output there and sums the others'."""
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    tp_ranks = dist.get_process_group_ranks(mesh["tp"].get_group())
+    dp_group = mesh["dp"].get_group()
+    params = {k: (v.chunk(tp, P.MLP_SPLIT[k])[t] if k in P.MLP_SPLIT else v).clone().requires_grad_()
+              for k, v in weights.items()}
+    x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
+
+    class Board(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, part):
+            _board[dist.get_rank()] = part.clone()
+            dist.barrier()
+            out = sum(_board[r] for r in tp_ranks)
+            dist.barrier()
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    for _ in range(steps):
+        hidden = F.gelu(F.linear(x, params["fc1_w"], params["fc1_b"]))
+        F.mse_loss(Board.apply(F.linear(hidden, params["fc2_w"])) + params["fc2_b"], y).backward()
+        with torch.no_grad():
+            for p in params.values():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=dp_group)
+                p -= lr * p.grad
+                p.grad = None
+    return {k: v.detach() for k, v in params.items()}
+
+
+def _train_3d_in_order(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr, order):
+    """solutions.three_d.train_3d copied on purpose, its 1F1B loops replaced by another order of forwards and
+    backwards per stage: order(p, pp, m) -> [("F"|"B", j), ...]."""
+    mesh = device_mesh(dist, (dp, pp, tp), ("dp", "pp", "tp"))
+    d, p = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    tp_group, dp_group = mesh["tp"].get_group(), mesh["dp"].get_group()
+    stages = dist.get_process_group_ranks(mesh["pp"].get_group())
+    xs, ys = tokens.chunk(dp)[d].chunk(m), targets.chunk(dp)[d].chunk(m)
+    first, last = p == 0, p == pp - 1
+    for _ in range(steps):
+        stash, sends = {}, []
+        for kind, j in order(p, pp, m):
+            if kind == "F":
+                if first:
+                    x = xs[j]
+                else:
+                    x = torch.empty(*xs[j].shape, stage.hidden, dtype=torch.float64, device=tokens.device)
+                    dist.recv(x, stages[p - 1])
+                    x.requires_grad_()
+                out = stage(dist, tp_group, x)
+                if last:
+                    out = stage.loss(out, ys[j]) / m
+                else:
+                    sends.append(dist.isend(out.detach(), stages[p + 1]))
+                stash[j] = (x, out)
+            else:
+                x, out = stash.pop(j)
+                if last:
+                    out.backward()
+                else:
+                    grad = torch.empty_like(out)
+                    dist.recv(grad, stages[p + 1])
+                    out.backward(grad)
+                if not first:
+                    sends.append(dist.isend(x.grad, stages[p - 1]))
+        for s in sends:
+            s.wait()
+        with torch.no_grad():
+            for prm in stage.parameters():
+                dist.all_reduce(prm.grad, op=dist.ReduceOp.AVG, group=dp_group)
+                prm -= lr * prm.grad
+                prm.grad = None
+    return stage
+
+
+def train_3d_gpipe(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """GPipe instead of 1F1B: every forward, then every backward; m micro-batches in flight on every stage."""
+    return _train_3d_in_order(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr,
+                              lambda p, pp, m: [("F", j) for j in range(m)] + [("B", j) for j in range(m)])
+
+
+def train_3d_one_micro_batch_at_a_time(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """No pipelining: each micro-batch's forward and backward through every stage before the next one starts."""
+    return _train_3d_in_order(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr,
+                              lambda p, pp, m: [(k, j) for j in range(m) for k in ("F", "B")])
+
+
+def train_3d_whole_batch(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """One micro-batch of the replica's whole rows: the same gradients (a mean of equal means), no 1F1B at all."""
+    return S.train_3d(dist, stage, tokens, targets, dp, pp, tp, 1, steps, lr)
+
+
+def train_3d_dp_average_per_micro_batch(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """The DP average done as m all-reduces of a 1/m share, as if once per micro-batch: m × DP's traffic."""
+    def in_m_shares(real, tensor, group):
+        total, world = torch.zeros_like(tensor), len(real.get_process_group_ranks(group))
+        for _ in range(m):
+            part = tensor / (m * world)
+            real.all_reduce(part, group=group)
+            total += part
+        tensor.copy_(total)
+    return S.train_3d(DPAverageReplaced(dist, in_m_shares), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+
+
+def train_3d_pp_through_a_module_dict(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """Activations and their gradients left on a module dict; one byte-sized send tells the neighbour when."""
+    return S.train_3d(_Board(dist), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+
+
+class _Board:
+    """The learner's dist with each isend's tensor left on a module dict and a 1-element message sent instead."""
+
+    def __init__(self, real):
+        self.real, self.sent, self.got = real, {}, {}
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def isend(self, tensor, dst):
+        me = self.real.get_rank()
+        k = self.sent[dst] = self.sent.get(dst, 0) + 1
+        _board[(me, dst, k)] = tensor.detach().clone()
+        return self.real.isend(torch.zeros(1, dtype=torch.float64, device=tensor.device), dst)
+
+    def recv(self, tensor, src):
+        me = self.real.get_rank()
+        self.real.recv(torch.zeros(1, dtype=torch.float64, device=tensor.device), src)
+        k = self.got[src] = self.got.get(src, 0) + 1
+        tensor.copy_(_board.pop((src, me, k)))
+
+
+# The case builders of these puzzles run the library's answer key (the mesh's arithmetic, the plan search) before
+# they build the Case: its guard refuses first, saying so.
+GUARDED_KEYS = {"mesh_coordinates": WORK_DONE_FOR_IT, "process_groups": WORK_DONE_FOR_IT,
+                "choose_plan": "write that search"}
+
+
+def _answer_key_reason(entry):
+    name, fn, reason = entry
+    return (name, fn, GUARDED_KEYS[name] if name in GUARDED_KEYS and reason == ANSWER_KEY else reason)
+
+
+CHEATS = [_answer_key_reason(c) for c in everywhere(P)] + [
+    ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
+    ("process_groups", groups_from_device_mesh, WORK_DONE_FOR_IT),
+    ("process_groups", groups_from_the_meshs_own_lists, WORK_DONE_FOR_IT),
+    ("process_groups", groups_from_rank_0, "fewer new_group calls"),
+    ("tp_dp_train", tp_dp_on_the_gathered_batch, "FLOPs counted"),
+    ("tp_dp_train", tp_dp_without_tensor_parallelism, "DP axis"),
+    ("tp_dp_train", tp_dp_partial_sums_through_a_module_dict, "SharedMemory"),
+    ("train_3d", train_3d_gpipe, "peak memory"),
+    ("train_3d", under_identity_hooks(train_3d_gpipe), "peak memory"),
+    ("train_3d", train_3d_one_micro_batch_at_a_time, "simulated time"),
+    ("train_3d", train_3d_whole_batch, "simulated time"),
+    ("train_3d", train_3d_dp_average_per_micro_batch, "DP axis"),
+    ("train_3d", train_3d_pp_through_a_module_dict, "SharedMemory"),
+]
