@@ -7,7 +7,7 @@ import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
 from lib.sim.mesh import coordinates, mesh_groups
-from tests.cheats.common import ANSWER_KEY, everywhere, under_identity_hooks
+from tests.cheats.common import everywhere, under_identity_hooks
 from tests.wrong.three_d import DPAverageReplaced
 
 _board: dict = {}
@@ -214,18 +214,7 @@ class _Board:
         tensor.copy_(_board.pop((src, me, k)))
 
 
-# The case builders of these puzzles run the library's answer key (the mesh's arithmetic, the plan search) before
-# they build the Case: its guard refuses first, saying so.
-GUARDED_KEYS = {"mesh_coordinates": WORK_DONE_FOR_IT, "process_groups": WORK_DONE_FOR_IT,
-                "choose_plan": "write that search"}
-
-
-def _answer_key_reason(entry):
-    name, fn, reason = entry
-    return (name, fn, GUARDED_KEYS[name] if name in GUARDED_KEYS and reason == ANSWER_KEY else reason)
-
-
-CHEATS = [_answer_key_reason(c) for c in everywhere(P)] + [
+CHEATS = everywhere(P) + [
     ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
     ("process_groups", groups_from_device_mesh, WORK_DONE_FOR_IT),
     ("process_groups", groups_from_the_meshs_own_lists, WORK_DONE_FOR_IT),
