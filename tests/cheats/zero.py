@@ -20,7 +20,8 @@ def zero3_keeping_full_parameters(dist, model, batches, lr):
 def zero3_keeping_full_parameters_frugally(dist, model, batches, lr):
     """ZeRO-2 as frugal as it gets, handed in as ZeRO-3: the full parameters kept all along, but activations
     recomputed layer by layer and each gradient reduce-scattered and freed at once, so that its peak meets a
-    budget with room for a few gathered layers. It never gathers a layer again for backward."""
+    budget with room for a few gathered layers. It never gathers a layer again for backward. A deliberate copy of
+    solutions.zero.zero3_train's layer-by-layer forward and backward, without its gathers and frees."""
     rank, world = dist.get_rank(), dist.get_world_size()
     params = list(model.parameters())
     sizes = [math.ceil(p.numel() / world) for p in params]
