@@ -12,6 +12,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 
 from lib.sim.cost import CostModel  # noqa: E402
 from lib.viz.anatomy import block_activations_picture, parameters_picture, training_state_picture  # noqa: E402
+from lib.viz.data_parallel import bucket_overlap_figure, ring_collective_figure, ring_states  # noqa: E402
 from lib.viz.diagram import RANK_COLOURS, SAVED, Box, Op, flow_figure  # noqa: E402
 from lib.viz.tensor_parallel import tp_picture  # noqa: E402
 from lib.viz.timeline import at_scale  # noqa: E402
@@ -38,6 +39,33 @@ def test_every_tensor_parallel_picture_names_its_communication(kind):
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert any(op in texts for op in ("f", "g", "AG", "all-reduce"))
     assert "N = 4" in fig.axes[0].get_title()
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_ring_pictures_follow_a_ring_that_ends_where_the_puzzles_ask(n):
+    scatter = ring_states(n, ["reduce-scatter"])
+    assert len(scatter) == n                                   # the start and N-1 steps
+    assert all(scatter[-1][0][r][r] == n for r in range(n))    # rank r: chunk r, summed over every rank
+    for (held, sent), (after, _) in zip(scatter, scatter[1:]):
+        for r in range(n):                                     # the right neighbour adds what it was sent
+            right, c = (r + 1) % n, sent[r]
+            assert after[right][c] == held[right][c] + held[r][c]
+    gather = ring_states(n, ["all-gather"])
+    assert gather[0][0] == [[int(c == r) for c in range(n)] for r in range(n)]
+    assert all(held[r][sent[r]] for held, sent in gather[:-1] for r in range(n))     # a rank sends what it has
+    assert gather[-1][0] == [[1] * n for _ in range(n)]
+    both = ring_states(n, ["reduce-scatter", "all-gather"])
+    assert len(both) == 2 * (n - 1) + 1 and both[-1][0] == [[n] * n for _ in range(n)]
+    with pytest.raises(ValueError, match="phases"):
+        ring_states(n, ["broadcast"])
+
+
+def test_ring_and_bucket_pictures_draw_and_close():
+    fig = ring_collective_figure(4, ["all-gather"])
+    assert "all-gather" in fig.axes[0].get_title() and fig.number not in plt.get_fignums()
+    fig = bucket_overlap_figure(layers=6, per_bucket=2)
+    done = [float(re.search(r"done at ([0-9.]+)", ax.get_title()).group(1)) for ax in fig.axes]
+    assert done[1] < done[0]                                   # buckets finish before one all-reduce after backward
 
 
 def test_unknown_tensor_parallel_picture_says_which_exist():
