@@ -20,6 +20,7 @@ from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes, fmt_time
+from lib.viz.timeline import training_display
 
 NOTEBOOK = "02_data_parallel"
 P2P = frozenset({"send", "recv"})
@@ -289,6 +290,7 @@ data_parallel_train = Puzzle(
            "Loop: model.zero_grad(); F.mse_loss(model(x), y).backward(); for p: dist.all_reduce(p.grad); "
            "p.grad /= world; then under torch.no_grad(): p -= lr * p.grad."],
     oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9, mistakes=DDP_MISTAKES,
+    display=training_display,
     describe="Train a copy of the model on each rank's shard for several SGD steps; end equal to "
              "single-device training on the whole batch.")
 
@@ -357,6 +359,7 @@ bucketed_data_parallel_train = Puzzle(
            "In the hook, when a bucket is complete: flat = torch.cat of its grads; work = dist.all_reduce(flat, "
            "async_op=True). After backward: work.wait(), divide by the world size, copy back into each p.grad."],
     oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9, mistakes=DDP_MISTAKES,
+    display=training_display,
     describe="Data-parallel training whose gradient all-reduce overlaps the backward pass.")
 
 

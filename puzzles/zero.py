@@ -23,6 +23,7 @@ from lib.models import mlp
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
+from lib.viz.timeline import training_display
 
 import_ahead("optimizer", "explicit_gradient")      # every check builds Adam; ZeRO-3 back-propagates a gradient
 
@@ -231,21 +232,6 @@ RTOL, ATOL = 1e-7, 1e-10
 WORLDS = (2, 3, 4)
 
 
-DISPLAY_PARAMS, DISPLAY_TOKENS = 1.3e9, 4096   # GPT-3 1.3B, two sequences of 2048 tokens per rank and step
-
-
-def _zero_display(case: Case) -> tuple[CostModel, str]:
-    """A ZeRO step's timeline at GPT-3 1.3B's scale: the toy model's bytes stand for 1.3B bf16 parameters and
-    its compute for 6 · parameters · tokens, so that compute and communication take their real proportions."""
-    from lib.viz.timeline import at_scale, scale_note
-
-    model, shards = case.args[0], case.args[1].values[0]
-    psi, samples = sum(p.numel() for p in model.parameters()), shards[0][0].shape[0]
-    return (at_scale(DISPLAY_PARAMS * 2 / (psi * WORD), DISPLAY_PARAMS * DISPLAY_TOKENS / (psi * samples)),
-            f"drawn as if the {psi:,}-parameter MLP were GPT-3 1.3B in bf16 with {DISPLAY_TOKENS} tokens per rank "
-            f"and step\n{scale_note()}")
-
-
 # ---- 1. ZeRO-1 ------------------------------------------------------------------------------------------
 def _zero1_case(rng: random.Random, world: int) -> Case:
     return _case(rng, world, lambda s, m: [
@@ -266,7 +252,7 @@ zero1_train = Puzzle(
            "of what an all-reduce does. With the all-gather of the parameters, a step sends what data parallelism "
            "sends."],
     oracle=_zero_redundancy_oracle, oracle_name="torch.distributed.optim.ZeroRedundancyOptimizer",
-    rtol=RTOL, atol=ATOL, display=_zero_display,
+    rtol=RTOL, atol=ATOL, display=training_display,
     describe="Data-parallel Adam whose optimizer state is sharded across the ranks (ZeRO stage 1).")
 
 
@@ -288,7 +274,7 @@ zero2_train = Puzzle(
            "Keep the shard buffers (one per parameter) for the step; after backward: divide by N, adam_update each "
            "shard, all-gather each parameter. Remove the hooks before returning."],
     oracle=_fsdp_oracle(reshard_after_forward=False), oracle_name="fully_shard(reshard_after_forward=False)",
-    rtol=RTOL, atol=ATOL, display=_zero_display,
+    rtol=RTOL, atol=ATOL, display=training_display,
     describe="ZeRO stage 2: optimizer state and gradients sharded; gradients reduce-scattered during backward.")
 
 
@@ -314,7 +300,7 @@ zero3_train = Puzzle(
            "p.data = buf[:n].view(shape). "
            "After the steps, gather every parameter once more and return {name: full tensor}."],
     oracle=_fsdp_oracle(reshard_after_forward=True), oracle_name="torch.distributed.fsdp.fully_shard",
-    rtol=RTOL, atol=ATOL, display=_zero_display,
+    rtol=RTOL, atol=ATOL, display=training_display,
     describe="ZeRO stage 3 (FSDP): parameters sharded too, each layer gathered just before use and freed after.")
 
 

@@ -1,5 +1,6 @@
 """The pictures drawn before puzzles and the scaled timelines drawn after them."""
 
+import importlib
 import re
 
 import matplotlib
@@ -10,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+import puzzles  # noqa: E402
 from lib.sim.cost import CostModel  # noqa: E402
 from lib.viz.anatomy import block_activations_picture, parameters_picture, training_state_picture  # noqa: E402
 from lib.viz.data_parallel import bucket_overlap_figure, ring_collective_figure, ring_states  # noqa: E402
@@ -108,3 +110,17 @@ def test_notebook_01_later_pictures_mark_where_state_lives():
     assert sum("micro-batch" in t.get_text() for t in accumulation_picture(3).axes[0].texts) == 3
     edges = [matplotlib.colors.to_hex(p.get_edgecolor()) for p in checkpointing_picture().axes[0].patches]
     assert edges.count(SAVED.lower()) == 3                  # the three block inputs, nothing else
+
+
+SCALED = [p for p in puzzles.ALL if p.display is not None]
+
+
+@pytest.mark.parametrize("puzzle", SCALED, ids=[p.name for p in SCALED])
+def test_a_timeline_after_a_check_is_drawn_at_the_scale_its_title_names(puzzle):
+    solution = getattr(importlib.import_module(f"solutions.{puzzle.module}"), puzzle.name)
+    outcome = puzzle.evaluate(solution, seed=0)
+    assert outcome.ok, outcome.message
+    title = puzzle.picture(outcome, solution)[0].axes[0].get_title()
+    assert "drawn as if" in title and "H100 node" in title
+    toy = puzzle.picture(outcome)[0].axes[0].get_title()           # without the function: the check's own run
+    assert "drawn as if" not in toy
