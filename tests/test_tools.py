@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import nbformat
@@ -107,14 +105,13 @@ def test_release_ships_the_course_without_the_answer_key(tmp_path):
     assert verify(dest) == []
     assert not (dest / "solutions").exists() and not (dest / "tests").exists()
     assert {p.name for p in (dest / "notebooks").glob("*.ipynb")} == {p.name for p in course_notebooks()}
-    # The release stands on its own: its problem set imports without the solutions.
-    site = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    probe = ("import sys; sys.path[:0] = [sys.argv[1]] + sys.argv[2:]\n"
-             "import puzzles, importlib.util\n"
-             "print(len(puzzles.ALL), importlib.util.find_spec('solutions') is None)")
-    out = subprocess.run([sys.executable, "-S", "-c", probe, str(dest), *site], capture_output=True, text=True,
-                         timeout=120, cwd=dest)
-    assert out.stdout.split() == [str(len(__import__("puzzles").ALL)), "True"], out.stderr[-2000:]
+    # verify() imported the release's problem set on its own; a module that needs the answer key breaks it.
+    (dest / "puzzles" / "leaky.py").write_text("import solutions.data_parallel\n")
+    init = dest / "puzzles" / "__init__.py"
+    init.write_text(init.read_text() + "\nimport puzzles.leaky\n")
+    problems = verify(dest)
+    assert len(problems) == 1 and "do not import on their own" in problems[0], problems
+    assert "No module named 'solutions'" in problems[0], problems
 
 
 def test_the_release_readme_sends_students_only_where_the_release_goes(tmp_path):

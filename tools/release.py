@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from tools import ROOT
@@ -65,7 +67,27 @@ def verify(dest: Path) -> list[str]:
     for path in (dest / "notebooks").glob("*.ipynb"):
         if '"outputs": [\n' in path.read_text() and '"output_type"' in path.read_text():
             problems.append(f"{path.name} carries outputs")
-    return problems
+    return problems + _imports_alone(dest)
+
+
+def _imports_alone(dest: Path) -> list[str]:
+    """The release's problem set imported in a fresh interpreter that sees the release and the installed packages,
+    not this repository: a puzzle module that needs the solutions (or anything else left out) fails here."""
+    if not (dest / "puzzles").is_dir():
+        return ["puzzles/ is missing"]
+    site = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    probe = ("import sys; sys.path[:0] = [sys.argv[1]] + sys.argv[2:]\n"
+             "import importlib.util, puzzles\n"
+             "print(len(puzzles.ALL), importlib.util.find_spec('solutions') is None)")
+    done = subprocess.run([sys.executable, "-S", "-c", probe, str(dest.resolve()), *site], capture_output=True,
+                          text=True, timeout=300, cwd=dest)
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) != 2:
+        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        return [f"the release's puzzles do not import on their own: {last[0]}"]
+    if words[1] != "True":
+        return ["the release can import a solutions package"]
+    return []
 
 
 def main() -> None:
