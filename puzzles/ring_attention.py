@@ -384,6 +384,39 @@ ulysses_attention = _attention_puzzle(
     describe="Attention with the sequence split turned into a head split and back by two all-to-alls.")
 
 
+def race_ring_and_ulysses(ring_fn, ulysses_fn, n: int = 4, tokens: int = 16384, link: str = "NVLink",
+                          seed: int = 0) -> Optional[dict[str, float]]:
+    """Your overlapped ring (puzzle 4) and your Ulysses (puzzle 7) on the same simulated ranks, timed as one layer
+    of `tokens` tokens per rank, 32 heads of 128 in bf16 on H100s over `link`: the simulator's answer to "which is
+    faster", printed next to lib.context_parallel's formulas. None (and why, printed) when one does not run."""
+    from lib.context_parallel import ring_or_ulysses, with_links
+    from lib.errors import PuzzleError
+    from lib.sim import run
+
+    if link not in LINKS:
+        raise ValueError(f"link must be one of {', '.join(sorted(LINKS))}, got {link!r}")
+    (qs, ks, vs), _, chunk = _ring_inputs(random.Random(f"race:{seed}"), n, 1, n, 8, 1.0)
+    _, flops = counted_flops(lambda: _tile(qs[0], ks[0], vs[0]))
+    real = Shard(tokens=tokens, heads=32, head_dim=128)
+    small = Shard(tokens=chunk, heads=n, head_dim=8, item=ITEM)
+    cost = stand_in(flops, small.block_bytes, real, CostModel(), LINKS[link])
+    times = {}
+    for name, puzzle, fn in (("ring", ring_attention_overlap, ring_fn), ("Ulysses", ulysses_attention, ulysses_fn)):
+        try:
+            result = run(puzzle.wrap(fn), n, per_rank(qs), per_rank(ks), per_rank(vs), chunk, cost=cost)
+        except PuzzleError as e:
+            stub = isinstance(getattr(e, "exception", None), NotImplementedError)
+            print(f"○ solve {puzzle.name} first, then race." if stub
+                  else f"✗ {puzzle.name} failed here: {str(e).splitlines()[0]}")
+            return None
+        times[name] = result.time
+    faster = min(times, key=times.get)
+    print(f"simulated, N = {n}, {fmt_tokens(tokens)} tokens per rank over {link}: ring {fmt_time(times['ring'])}, "
+          f"Ulysses {fmt_time(times['Ulysses'])}: {faster} is faster")
+    print(f"formulas:  {ring_or_ulysses(real, n, with_links(CostModel(), LINKS[link]))}")
+    return times
+
+
 # ---- 7. the backward pass -------------------------------------------------------------------------------
 # A backward rank's chunks of (s/N)·d per (batch, head): q, k, v, out, dout and dq (6); the K/V block in use and the
 # one arriving, the dK/dV travelling with it and the one arriving (8); the tiles' temporaries as rows × block.

@@ -134,3 +134,23 @@ def test_hidden_rule_counts_the_time_a_rank_waits_outside_its_compute():
     assert exposed_communication(result) == pytest.approx([1.0, 1.0], rel=1e-3)
     assert communication_hidden(2.0, "the message", "two seconds allowed").judge(result) is None
     assert "waiting on the message" in communication_hidden(0.5, "the message", "half a second").judge(result)
+
+
+def test_the_race_times_both_answers_in_the_simulator_as_the_formulas_do(capsys):
+    import puzzles.ring_attention as P
+    import solutions.ring_attention as S
+    from lib.context_parallel import ring_time, ulysses_time, with_links
+
+    for link, tokens in (("NVLink", 16384), ("InfiniBand", 4096)):
+        times = P.race_ring_and_ulysses(S.ring_attention_overlap, S.ulysses_attention, n=4, tokens=tokens, link=link)
+        real, cost = Shard(tokens=tokens, heads=32, head_dim=128), with_links(CostModel(), LINKS[link])
+        assert times["ring"] == pytest.approx(ring_time(real, 4, cost), rel=0.1)
+        assert times["Ulysses"] == pytest.approx(ulysses_time(real, 4, cost), rel=0.1)
+        winner = min(times, key=times.get)
+        assert f"{winner} is faster" in capsys.readouterr().out
+    assert times["Ulysses"] < times["ring"]          # a short chunk over the slow link: the ring cannot hide it
+
+    def stub(dist, q, k, v, block):
+        raise NotImplementedError
+    assert P.race_ring_and_ulysses(S.ring_attention_overlap, stub) is None
+    assert "solve ulysses_attention first" in capsys.readouterr().out
