@@ -179,7 +179,7 @@ def strict_default() -> bool:
 class Puzzle:
     """One puzzle: the function `name` a learner writes in notebook `notebook`."""
 
-    def __init__(self, name: str, notebook: str, make_case: Callable[[random.Random, int], Case],
+    def __init__(self, name: str, notebook: str, make_case: Callable[[random.Random, int], Case], *,
                  world_sizes: Sequence[int] = (2, 3, 4, 5, 8), hints: Sequence[str] = (),
                  oracle: Optional[Callable] = None, oracle_name: str = "", rtol: float = 1e-5,
                  atol: float = 1e-6, describe: str = "", takes_dist: bool = True, min_world_size: int = 1,

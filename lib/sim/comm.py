@@ -160,7 +160,7 @@ class Communicator:
         return group
 
     # ---- collectives --------------------------------------------------------------
-    def post_collective(self, me: int, name: str, group: Group, text: str, signature: tuple,
+    def post_collective(self, me: int, name: str, group: Group, *, text: str, signature: tuple,
                         payload: object, nbytes: int, finish: Callable[[dict[int, object]], dict[int, Deliver]],
                         root: Optional[int] = None) -> Call:
         """Post rank `me`'s part; the last member to arrive runs `finish` on everyone's payloads."""

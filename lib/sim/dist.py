@@ -150,11 +150,12 @@ class SimDist:
         work.wait()
         return None
 
-    def _collective(self, name: str, group, text: str, signature: tuple, payload, nbytes: int,
+    def _collective(self, name: str, group, *, text: str, signature: tuple, payload, nbytes: int,
                     finish, async_op: bool, root: Optional[int] = None):
         g = self._comm.resolve(self._rank, group, name)
         self._rt.close_compute(self._rt.me())
-        call = self._comm.post_collective(self._rank, name, g, text, signature, payload, nbytes, finish, root)
+        call = self._comm.post_collective(self._rank, name, g, text=text, signature=signature, payload=payload,
+                                          nbytes=nbytes, finish=finish, root=root)
         return self._finish(call, async_op)
 
     def _check_op(self, op, t: Optional[torch.Tensor] = None) -> None:
@@ -177,7 +178,8 @@ class SimDist:
     # ---- collectives --------------------------------------------------------------
     @_rule
     def barrier(self, group=None, async_op: bool = False, device_ids=None, timeout=None):
-        return self._collective("barrier", group, "barrier()", (), None, 0, lambda p: {}, async_op)
+        return self._collective("barrier", group, text="barrier()", signature=(), payload=None, nbytes=0,
+                                finish=lambda p: {}, async_op=async_op)
 
     @_rule
     def all_reduce(self, tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -188,8 +190,9 @@ class SimDist:
             with self._rt.untracked():
                 total = self._reduce([payloads[r] for r in sorted(payloads)], op)
             return {r: _copy(payloads[r], total) for r in payloads}
-        return self._collective("all_reduce", group, f"all_reduce({describe_tensor(t)}, {_op_name(op)})",
-                                (tuple(t.shape), t.dtype, _op_name(op)), t, self._nbytes(t), finish, async_op)
+        return self._collective("all_reduce", group, text=f"all_reduce({describe_tensor(t)}, {_op_name(op)})",
+                                signature=(tuple(t.shape), t.dtype, _op_name(op)), payload=t, nbytes=self._nbytes(t),
+                                finish=finish, async_op=async_op)
 
     @_rule
     def broadcast(self, tensor, src: Optional[int] = None, group=None, async_op: bool = False,
@@ -202,8 +205,9 @@ class SimDist:
             with self._rt.untracked():
                 data = payloads[root].detach().clone()
             return {r: _copy(payloads[r], data) for r in payloads if r != root}
-        return self._collective("broadcast", g, f"broadcast({describe_tensor(t)}, src={root})",
-                                (tuple(t.shape), t.dtype, root), t, self._nbytes(t), finish, async_op, root)
+        return self._collective("broadcast", g, text=f"broadcast({describe_tensor(t)}, src={root})",
+                                signature=(tuple(t.shape), t.dtype, root), payload=t, nbytes=self._nbytes(t),
+                                finish=finish, async_op=async_op, root=root)
 
     @_rule
     def reduce(self, tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -217,9 +221,9 @@ class SimDist:
             with self._rt.untracked():
                 total = self._reduce([payloads[r] for r in sorted(payloads)], op)
             return {root: _copy(payloads[root], total)}
-        return self._collective("reduce", g, f"reduce({describe_tensor(t)}, dst={root}, {_op_name(op)})",
-                                (tuple(t.shape), t.dtype, root, _op_name(op)), t, self._nbytes(t), finish,
-                                async_op, root)
+        return self._collective("reduce", g, text=f"reduce({describe_tensor(t)}, dst={root}, {_op_name(op)})",
+                                signature=(tuple(t.shape), t.dtype, root, _op_name(op)), payload=t,
+                                nbytes=self._nbytes(t), finish=finish, async_op=async_op, root=root)
 
     @_rule
     def all_gather(self, tensor_list, tensor, group=None, async_op: bool = False):
@@ -231,8 +235,9 @@ class SimDist:
             with self._rt.untracked():
                 datas = [payloads[r][1].detach().clone() for r in g.ranks]
             return {r: _copy_all(payloads[r][0], datas) for r in payloads}
-        return self._collective("all_gather", g, f"all_gather({describe_tensor(t)})", (tuple(t.shape), t.dtype),
-                                (outs, t), self._nbytes(t) * g.size(), finish, async_op)
+        return self._collective("all_gather", g, text=f"all_gather({describe_tensor(t)})",
+                                signature=(tuple(t.shape), t.dtype), payload=(outs, t),
+                                nbytes=self._nbytes(t) * g.size(), finish=finish, async_op=async_op)
 
     @_rule
     def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op: bool = False):
@@ -255,8 +260,9 @@ class SimDist:
             with self._rt.untracked():
                 data = torch.cat([payloads[r][1].detach().reshape(-1) for r in g.ranks])
             return {r: _copy(payloads[r][0], data) for r in payloads}
-        return self._collective("all_gather", g, f"{what}({describe_tensor(inp)})", (tuple(inp.shape), inp.dtype),
-                                (out, inp), self._nbytes(out), finish, async_op)
+        return self._collective("all_gather", g, text=f"{what}({describe_tensor(inp)})",
+                                signature=(tuple(inp.shape), inp.dtype), payload=(out, inp), nbytes=self._nbytes(out),
+                                finish=finish, async_op=async_op)
 
     @_rule
     def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -269,9 +275,9 @@ class SimDist:
             with self._rt.untracked():
                 parts = {r: self._reduce([payloads[s][1][i] for s in g.ranks], op) for i, r in enumerate(g.ranks)}
             return {r: _copy(payloads[r][0], parts[r]) for r in payloads}
-        return self._collective("reduce_scatter", g, f"reduce_scatter({describe_tensor(out)}, {_op_name(op)})",
-                                (tuple(out.shape), out.dtype, _op_name(op)), (out, ins),
-                                self._nbytes(out) * g.size(), finish, async_op)
+        return self._collective("reduce_scatter", g, text=f"reduce_scatter({describe_tensor(out)}, {_op_name(op)})",
+                                signature=(tuple(out.shape), out.dtype, _op_name(op)), payload=(out, ins),
+                                nbytes=self._nbytes(out) * g.size(), finish=finish, async_op=async_op)
 
     @_rule
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -295,9 +301,9 @@ class SimDist:
             with self._rt.untracked():
                 total = self._reduce([payloads[r][1].reshape(g.size(), -1) for r in g.ranks], op)
             return {r: _copy(payloads[r][0], total[i]) for i, r in enumerate(g.ranks)}
-        return self._collective("reduce_scatter", g, f"{what}({describe_tensor(inp)}, {_op_name(op)})",
-                                (tuple(inp.shape), inp.dtype, _op_name(op)), (out, inp), self._nbytes(inp),
-                                finish, async_op)
+        return self._collective("reduce_scatter", g, text=f"{what}({describe_tensor(inp)}, {_op_name(op)})",
+                                signature=(tuple(inp.shape), inp.dtype, _op_name(op)), payload=(out, inp),
+                                nbytes=self._nbytes(inp), finish=finish, async_op=async_op)
 
     @_rule
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -325,9 +331,9 @@ class SimDist:
                     deliveries[r] = _copy(payloads[r][0], data)
             return deliveries
         rows = inp.shape[0] if inp.dim() else 1
-        return self._collective("all_to_all", g, f"all_to_all_single({describe_tensor(inp)})",
-                                (tuple(inp.shape[1:]), inp.dtype), (out, inp, in_splits, out_splits),
-                                self._nbytes(inp) if rows else 0, finish, async_op)
+        return self._collective("all_to_all", g, text=f"all_to_all_single({describe_tensor(inp)})",
+                                signature=(tuple(inp.shape[1:]), inp.dtype), payload=(out, inp, in_splits, out_splits),
+                                nbytes=self._nbytes(inp) if rows else 0, finish=finish, async_op=async_op)
 
     @_rule
     def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
@@ -350,8 +356,8 @@ class SimDist:
                     deliveries[r] = _copy_all(payloads[r][0], datas)
             return deliveries
         dtype = ins[0].dtype if ins else None
-        return self._collective("all_to_all", g, "all_to_all()", (dtype,), (outs, ins),
-                                sum(self._nbytes(t) for t in ins), finish, async_op)
+        return self._collective("all_to_all", g, text="all_to_all()", signature=(dtype,), payload=(outs, ins),
+                                nbytes=sum(self._nbytes(t) for t in ins), finish=finish, async_op=async_op)
 
     @_rule
     def gather(self, tensor, gather_list=None, dst: Optional[int] = None, group=None, async_op: bool = False,
@@ -368,9 +374,9 @@ class SimDist:
             with self._rt.untracked():
                 datas = [payloads[r][1].detach().clone() for r in g.ranks]
             return {root: _copy_all(payloads[root][0], datas)}
-        return self._collective("gather", g, f"gather({describe_tensor(t)}, dst={root})",
-                                (tuple(t.shape), t.dtype, root), (outs, t), self._nbytes(t) * g.size(), finish,
-                                async_op, root)
+        return self._collective("gather", g, text=f"gather({describe_tensor(t)}, dst={root})",
+                                signature=(tuple(t.shape), t.dtype, root), payload=(outs, t),
+                                nbytes=self._nbytes(t) * g.size(), finish=finish, async_op=async_op, root=root)
 
     @_rule
     def scatter(self, tensor, scatter_list=None, src: Optional[int] = None, group=None, async_op: bool = False,
@@ -387,9 +393,9 @@ class SimDist:
             with self._rt.untracked():
                 datas = [x.detach().clone() for x in payloads[root][1]]
             return {r: _copy(payloads[r][0], datas[i]) for i, r in enumerate(g.ranks)}
-        return self._collective("scatter", g, f"scatter({describe_tensor(t)}, src={root})",
-                                (tuple(t.shape), t.dtype, root), (t, ins), self._nbytes(t) * g.size(), finish,
-                                async_op, root)
+        return self._collective("scatter", g, text=f"scatter({describe_tensor(t)}, src={root})",
+                                signature=(tuple(t.shape), t.dtype, root), payload=(t, ins),
+                                nbytes=self._nbytes(t) * g.size(), finish=finish, async_op=async_op, root=root)
 
     def _list(self, tensors, g: Group, what: str, arg: str, like: Optional[torch.Tensor] = None):
         if not isinstance(tensors, (list, tuple)) or len(tensors) != g.size():
