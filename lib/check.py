@@ -29,7 +29,7 @@ from lib.compare import first_difference
 from lib.device import device
 from lib.diagnose import Mistake, diagnose
 from lib.devices import to_device, where_it_runs
-from lib.errors import PuzzleError, RankFailed
+from lib.errors import PuzzleError, RankFailed, raised_the_stub
 from lib.offlimits import call_watched
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
@@ -155,17 +155,23 @@ def _guarded_builder(make_case: Callable[..., Case]) -> Callable[..., Case]:
     return build
 
 
+PASSED, FAILING, UNATTEMPTED = "passed", "failing", "unattempted"
+
+
 @dataclass
 class Outcome:
-    """What one check found: ok, not solved, or the failure message; and the last run."""
+    """What one check found: passed, failing (with why), or unattempted (the stub is still there); the last run."""
 
-    ok: bool
-    solved: bool
+    status: str                        # PASSED, FAILING or UNATTEMPTED
     message: str
     result: Optional[SimResult] = None
     case: Optional[Case] = None
     hinted: bool = False               # the message already ends with this puzzle's hint (a budget's)
     seed: Optional[int] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == PASSED
 
 
 def strict_default() -> bool:
@@ -246,7 +252,7 @@ class Puzzle:
 
         Without a seed, the cases come from a fresh one; a failure says which, to replay it."""
         if not callable(fn):
-            return Outcome(False, True, f"{self.name} should be a function, got {type(fn).__name__}.")
+            return Outcome(FAILING, f"{self.name} should be a function, got {type(fn).__name__}.")
         with one_thread():
             return self._evaluate(fn, fresh_seed() if seed is None else seed)
 
@@ -259,20 +265,20 @@ class Puzzle:
             try:
                 result = run(fn, case.world_size, *case.args, cost=case.cost, protect=case.expected)
             except RankFailed as e:
-                if isinstance(getattr(e, "exception", None), NotImplementedError):
-                    return Outcome(False, False,
+                if raised_the_stub(e):
+                    return Outcome(UNATTEMPTED,
                                    f"{self.name} is not solved yet: write its body, then run this cell again.")
                 if _refused_as_asked(case, e):
                     continue
-                return Outcome(False, True, f"on {case.label}: {e}{replay}", case=case)
+                return Outcome(FAILING, f"on {case.label}: {e}{replay}", case=case)
             except PuzzleError as e:
-                return Outcome(False, True, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
+                return Outcome(FAILING, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
             problem = _not_refused(case) or self._judge(case, result)
             if problem:
                 hinted = "\nHint: " in problem
-                return Outcome(False, True, f"on {case.label}: {problem}{replay}", result, case, hinted)
+                return Outcome(FAILING, f"on {case.label}: {problem}{replay}", result, case, hinted)
             last = result
-        return Outcome(True, True, self._success(last, case), last, case, seed=seed)
+        return Outcome(PASSED, self._success(last, case), last, case, seed=seed)
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
         return self._judge_answer(case, result) or self._judge_budgets(case, result)
@@ -348,7 +354,7 @@ class Puzzle:
                 for figure in self.picture(outcome, fn):
                     display(figure)
             return True
-        if not outcome.solved:
+        if outcome.status == UNATTEMPTED:
             print(f"○ {outcome.message}")
             if strict:
                 raise NotSolved(outcome.message)
@@ -431,7 +437,7 @@ class Puzzle:
         try:
             return self.run(fn, world_size)
         except PuzzleError as e:
-            stub = isinstance(getattr(e, "exception", None), NotImplementedError)
+            stub = raised_the_stub(e)
             print(f"○ solve {self.name} first to see this." if stub else f"✗ {self.name} does not run yet: "
                   f"{str(e).splitlines()[0]}")
             return None
@@ -454,7 +460,7 @@ class Puzzle:
         try:
             verdicts = launch(_judge_rank, world_size, self, fn, seed, backend=backend, timeout=timeout)
         except RankFailed as e:
-            if "NotImplementedError" in str(e).split("\n", 1)[0]:
+            if raised_the_stub(e):
                 print(f"○ {self.name} is not solved yet: the real run waits for your answer.")
                 if strict:
                     raise NotSolved(str(e)) from None
@@ -480,7 +486,7 @@ class Puzzle:
             return (f"\nThe simulated check passes this answer (seed {seed}): what differs is what only separate "
                     "processes show: state the ranks share in Python (a global, a closure, a class attribute) or keep "
                     "from an earlier call, or code that tells the simulator from torch.distributed.")
-        return f"\nThe simulated check of the same answer says: {outcome.message}" if outcome.solved else ""
+        return f"\nThe simulated check of the same answer says: {outcome.message}" if outcome.status == FAILING else ""
 
     def refusal(self, world_size: int) -> Optional[str]:
         """Why this puzzle cannot run on `world_size` ranks, with the fix; None when it can."""

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class PuzzleError(Exception):
     """Base of every error the course raises on purpose: catch this to catch them all."""
 
 
 class RankFailed(PuzzleError):
-    """A rank raised: names the rank and shows the traceback of the learner's code."""
+    """A rank raised: names the rank and shows the traceback of the learner's code.
 
-    def __init__(self, rank: int, message: str, traceback: str = "") -> None:
+    `kind` is the name of what it raised (message's prefix, "NotImplementedError: ..."), in both worlds;
+    `exception` the exception itself, in simulation only (it does not cross from a real process)."""
+
+    def __init__(self, rank: int, message: str, traceback: str = "",
+                 exception: Optional[BaseException] = None) -> None:
         self.rank = rank
         self.traceback = traceback
+        self.exception = exception
+        name = message.split(":", 1)[0].rsplit(".", 1)[-1]         # "module.Error: ..." from a real process
+        self.kind = type(exception).__name__ if exception is not None else name if name.isidentifier() else ""
         text = f"rank {rank} raised {message}"
         if traceback:
             text += "\n\n" + traceback.rstrip()
@@ -21,3 +30,8 @@ class RankFailed(PuzzleError):
 
 class LaunchError(PuzzleError):
     """Real processes could not be started or ran out of time (the message says which and what to do)."""
+
+
+def raised_the_stub(error: BaseException) -> bool:
+    """A rank raised NotImplementedError: the learner's function is still the stub the notebook ships."""
+    return isinstance(error, RankFailed) and error.kind == "NotImplementedError"

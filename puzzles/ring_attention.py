@@ -390,7 +390,7 @@ def race_ring_and_ulysses(ring_fn, ulysses_fn, n: int = 4, tokens: int = 16384, 
     of `tokens` tokens per rank, 32 heads of 128 in bf16 on H100s over `link`: the simulator's answer to "which is
     faster", printed next to lib.context_parallel's formulas. None (and why, printed) when one does not run."""
     from lib.context_parallel import ring_or_ulysses, with_links
-    from lib.errors import PuzzleError
+    from lib.errors import PuzzleError, raised_the_stub
     from lib.sim import run
 
     if link not in LINKS:
@@ -405,7 +405,7 @@ def race_ring_and_ulysses(ring_fn, ulysses_fn, n: int = 4, tokens: int = 16384, 
         try:
             result = run(puzzle.wrap(fn), n, per_rank(qs), per_rank(ks), per_rank(vs), chunk, cost=cost)
         except PuzzleError as e:
-            stub = isinstance(getattr(e, "exception", None), NotImplementedError)
+            stub = raised_the_stub(e)
             print(f"○ solve {puzzle.name} first, then race." if stub
                   else f"✗ {puzzle.name} failed here: {str(e).splitlines()[0]}")
             return None

@@ -127,7 +127,7 @@ def _status(evaluate: Callable, fn: Any) -> tuple[str, str]:
         outcome = evaluate(fn)
     if outcome.ok:
         return "solved", ""
-    return ("not solved" if not outcome.solved else "failed"), outcome.message.splitlines()[0][:500]
+    return ("not solved" if outcome.status == "unattempted" else "failed"), outcome.message.splitlines()[0][:500]
 
 
 def load_checker() -> None:

@@ -17,6 +17,7 @@ from typing import Optional
 import nbformat
 
 import puzzles
+from lib.check import FAILING, PASSED, UNATTEMPTED
 from lib.nbtools import load_answers
 from tools import NOTEBOOKS, WORK, course_notebooks
 
@@ -40,7 +41,7 @@ def notebook_progress(path: Path) -> list[tuple[str, str, str]]:
         else:
             with redirect_stdout(io.StringIO()):
                 outcome = p.evaluate(fn)
-            status = "solved" if outcome.ok else "not solved" if not outcome.solved else "failing"
+            status = {PASSED: "solved", FAILING: "failing", UNATTEMPTED: "not solved"}[outcome.status]
             rows.append((p.name, status, "" if outcome.ok else outcome.message.splitlines()[0]))
     return rows
 

@@ -234,8 +234,7 @@ class Runtime:
                 self.error = e
         except BaseException as e:         # the learner's code raised
             if self.error is None:
-                failure = RankFailed(state.rank, f"{type(e).__name__}: {e}{_hint_for(e)}", _learner_traceback(e))
-                failure.exception = e
+                failure = RankFailed(state.rank, f"{type(e).__name__}: {e}{_hint_for(e)}", _learner_traceback(e), e)
                 self.error = failure
         finally:
             state.finished = True
