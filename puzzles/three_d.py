@@ -523,7 +523,8 @@ def _planner_model(rng: random.Random, layers: int):
 
     heads = rng.choice([8, 16, 24, 32, 40, 48, 64, 96])
     llama = rng.random() < 0.5
-    return Model(layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads, seq=rng.choice([1024, 2048, 4096, 8192]),
+    return Model(layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads,
+                 seq=rng.choice([1024, 2048, 4096, 8192]),
                  vocab=rng.choice([32000, 50257, 51200, 128256]) + rng.randrange(0, 1024, 64),
                  kv_heads=rng.choice([h for h in (1, 2, 4, 8, heads) if heads % h == 0]) if llama else None,
                  block="llama" if llama else "gpt", tied=rng.random() < 0.5)

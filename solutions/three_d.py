@@ -1,7 +1,8 @@
 """Notebook 06, 3D parallelism: the reference solutions.
 
 A solved notebook pastes each function alone into its cell: they use only what the notebook's setup cell imports
-(torch, F, device_mesh, tp_copy, tp_reduce, the planner's names, lib.formulas' three) and the earlier puzzles' functions.
+(torch, F, device_mesh, tp_copy, tp_reduce, the planner's names, three of lib.formulas) and the earlier puzzles'
+functions.
 """
 
 import torch

@@ -163,7 +163,8 @@ def plan_from_best_plan(model, cluster, global_batch):
 def _memory(model, plan, mistake=""):
     """plan_memory as a learner writes it, with one of the classic mistakes named by `mistake`."""
     blocks = model.layers if mistake == "all layers" else model.layers // plan.pp
-    params = (blocks * model.layer_params + model.embedding_params + (model.head_params if plan.pp == 1 else 0)) / plan.tp
+    ends = model.embedding_params + (model.head_params if plan.pp == 1 else 0)
+    params = (blocks * model.layer_params + ends) / plan.tp
     if mistake == "states over tp·dp":
         states = 16 * params / plan.dp
     else:
