@@ -518,7 +518,7 @@ PLAN_MISTAKES = [
 
 
 def _planner_model(rng: random.Random, layers: int):
-    """A random GPT or Llama-style shape of `layers` blocks, 1B to 100B-ish: real sizes, no named model."""
+    """A random GPT or Llama-style shape of `layers` blocks, up to GPT-3's width: real sizes, no named model."""
     from lib.planner import Model
 
     heads = rng.choice([8, 16, 24, 32, 40, 48, 64, 96])
