@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import random
 from typing import Callable
 
@@ -464,7 +463,7 @@ train_3d = MeshPuzzle(
 # ---- 5. memory per GPU of a plan ---------------------------------------------------------------------------------
 # A prediction: derived from lib.formulas (notebooks 01, 03 and 05) and the model's parameter counts, not looked up in
 # lib.planner's estimator, which holds the answer, or in what calls it.
-PLANNER_ANSWERS = {"lib.planner's estimator": importlib.import_module("lib.planner.estimate"),
+PLANNER_ANSWERS = {"lib.planner's estimator": "lib.planner.estimate",
                    "lib.planner's search": "lib.planner.search", "lib.planner's published runs": "lib.planner.runs",
                    "lib.viz.planner": "lib.viz.planner"}
 PLANNER_ADVICE = ("add the terms up yourself: lib.formulas' model_state_bytes (or model_state_breakdown), "
@@ -473,7 +472,7 @@ PLANNER_ADVICE = ("add the terms up yourself: lib.formulas' model_state_bytes (o
 GATHERED = 3                  # ZeRO-3's extra blocks of 16-bit states: two gathered weights, one block's gradients
 
 
-def first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks: bool = True, in_flight: str = "1f1b",
+def _first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks: bool = True, in_flight: str = "1f1b",
                       sharding: str = "zero", recompute: str = "plan") -> float:
     """Notebook 06's statement of a first-stage GPU's bytes, with knobs for the classic mistakes (PLAN_MISTAKES).
     Left alone it is lib.planner.memory_breakdown's sum: the case builder holds the two together."""
@@ -493,8 +492,7 @@ def first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks:
 
 def _plan_mistake(message: str, **knobs) -> Mistake:
     def mistaken(model, plan):
-        return first_stage_bytes(model, plan, **knobs)
-    mistaken.__name__ = "plan_memory_" + "_".join(f"{k}_{v}" for k, v in knobs.items())
+        return _first_stage_bytes(model, plan, **knobs)
     return Mistake(mistaken, message)
 
 
@@ -544,7 +542,7 @@ def _memory_case(rng: random.Random, _world: int, pp: tuple = (1,), zero: tuple 
                 zero=rng.choice(zero), recompute=rng.choice(recompute), sequence_parallel=tp > 1 and rng.random() < 0.5)
     check(model, Cluster(gpu=H100_80GB, gpus=plan.gpus), plan)
     expected = sum(memory_breakdown(model, plan).values())
-    assert abs(first_stage_bytes(model, plan) - expected) <= 1e-12 * expected, "the statement and lib.planner differ"
+    assert abs(_first_stage_bytes(model, plan) - expected) <= 1e-12 * expected, "the statement and lib.planner differ"
     kv = f" ({model.kv_heads} key/value heads)" if model.kv_heads else ""
     return Case(1, (model, plan), [expected],
                 f"a {model.block} of {model.layers} layers, hidden {model.hidden}, {model.heads} heads{kv}, "

@@ -174,7 +174,8 @@ def _memory(model, plan, mistake=""):
     recompute = "none" if mistake == "no recomputation" else plan.recompute
     layer = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, plan.tp,
                                        plan.sequence_parallel, recompute)
-    in_flight = 1 if mistake == "one micro-batch" else min(plan.pp, plan.micro_batches)
+    in_flight = {"one micro-batch": 1, "every micro-batch": plan.micro_batches}.get(mistake,
+                                                                                 min(plan.pp, plan.micro_batches))
     return states + blocks * layer * in_flight
 
 
@@ -188,6 +189,11 @@ def memory_of_all_layers(model, plan):
 
 def memory_of_one_micro_batch(model, plan):
     return _memory(model, plan, "one micro-batch")
+
+
+def memory_of_every_micro_batch(model, plan):
+    """GPipe's count: all m micro-batches in flight, where 1F1B holds min(pp, m)."""
+    return _memory(model, plan, "every micro-batch")
 
 
 def memory_states_over_tp_dp_without_zero(model, plan):
@@ -212,6 +218,7 @@ WRONG = [
     ("plan_memory", memory_without_zero3_gathered_blocks, "expected", "ZeRO-3's extras"),
     ("plan_memory", memory_of_all_layers, "expected", "counting all the model's layers"),
     ("plan_memory", memory_of_one_micro_batch, "expected", "one micro-batch's activations"),
+    ("plan_memory", memory_of_every_micro_batch, "expected", "all m micro-batches' activations"),
     ("plan_memory", memory_states_over_tp_dp_without_zero, "expected", "whatever the ZeRO stage"),
     ("plan_memory", memory_ignoring_recomputation, "expected", "ignoring recomputation"),
     ("choose_plan", plan_ignoring_activation_memory, "result['fits']: expected True"),
