@@ -3,7 +3,8 @@
 Ranks sit on a (dp, pp, tp) mesh with TP innermost: rank = (d·pp + p)·tp + t, so a TP group is consecutive ranks
 (one node) and PP and DP groups cross nodes. The composed steps are checked against single-device training in
 float64, and their traffic per axis against the formulas of notebooks 02 (ring all-reduce), 04 (Megatron's f and g)
-and 05 (one activation forward and one gradient back per micro-batch and boundary). The plan search is checked
+and 05 (one activation forward and one gradient back per micro-batch and boundary). A plan's memory per GPU is
+a prediction, checked against lib.planner's memory model while its estimator is out of reach. The plan search is checked
 against lib.planner's brute force on randomised models and clusters, judged by what lib.planner.estimate says of
 the plan returned.
 """
