@@ -3,7 +3,8 @@
 Ranks sit on a (dp, pp, tp) mesh with TP innermost: rank = (d·pp + p)·tp + t, so a TP group is consecutive ranks
 (one node) and PP and DP groups cross nodes. The composed steps are checked against single-device training in
 float64, and their traffic per axis against the formulas of notebooks 02 (ring all-reduce), 04 (Megatron's f and g)
-and 05 (one activation forward and one gradient back per micro-batch and boundary). The plan search is checked
+and 05 (one activation forward and one gradient back per micro-batch and boundary). A plan's memory per GPU is
+a prediction, checked against lib.planner's memory model while its estimator is out of reach. The plan search is checked
 against lib.planner's brute force on randomised models and clusters, judged by what lib.planner.estimate says of
 the plan returned.
 """
@@ -21,7 +22,9 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Puzzle, flops_budgets
 from lib.device import device
 from lib.devices import device_mesh
+from lib.diagnose import Mistake
 from lib.errors import PuzzleError
+from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown
 from lib.measure import allocated, counted_flops, counted_time, saved_activation_bytes
 from lib.mesh_check import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
 from lib.schedules import peak_in_flight, schedule_orders
@@ -458,7 +461,116 @@ train_3d = MeshPuzzle(
              "gradients averaged over DP; several steps.")
 
 
-# ---- 5. choosing a plan ------------------------------------------------------------------------------------------
+# ---- 5. memory per GPU of a plan ---------------------------------------------------------------------------------
+# A prediction: derived from lib.formulas (notebooks 01, 03 and 05) and the model's parameter counts, not looked up in
+# lib.planner's estimator, which holds the answer, or in what calls it.
+PLANNER_ANSWERS = {"lib.planner's estimator": "lib.planner.estimate",
+                   "lib.planner's search": "lib.planner.search", "lib.planner's published runs": "lib.planner.runs",
+                   "lib.viz.planner": "lib.viz.planner"}
+PLANNER_ADVICE = ("add the terms up yourself: lib.formulas' model_state_bytes (or model_state_breakdown), "
+                  "activation_bytes_per_layer and first_stage_in_flight, with model.layer_params, "
+                  "model.embedding_params and model.head_params")
+GATHERED = 3                  # ZeRO-3's extra blocks of 16-bit states: two gathered weights, one block's gradients
+
+
+def _first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks: bool = True, in_flight: str = "1f1b",
+                      sharding: str = "zero", recompute: str = "plan") -> float:
+    """Notebook 06's statement of a first-stage GPU's bytes, with knobs for the classic mistakes (PLAN_MISTAKES).
+    Left alone it is lib.planner.memory_breakdown's sum: the case builder holds the two together."""
+    counted = model.layers if blocks == "all" else model.layers // plan.pp
+    ends = model.embedding_params + (model.head_params if plan.pp == 1 else 0)
+    params = (counted * model.layer_params + ends) / plan.tp
+    stage = 3 if sharding == "always" else plan.zero          # "always": every state over dp, whatever the stage
+    states = sum(model_state_breakdown(params, dp=plan.dp, zero_stage=stage).values())
+    extra = GATHERED * 2 * model.layer_params / plan.tp if zero3_blocks and plan.zero == 3 else 0.0
+    kept = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, t=plan.tp,
+                                      sequence_parallel=plan.sequence_parallel,
+                                      recompute=plan.recompute if recompute == "plan" else recompute)
+    micro_batches = {"1f1b": first_stage_in_flight(plan.pp, plan.micro_batches), "one": 1,
+                     "all": plan.micro_batches}[in_flight]
+    return states + extra + counted * kept * micro_batches
+
+
+def _plan_mistake(message: str, **knobs) -> Mistake:
+    def mistaken(model, plan):
+        return _first_stage_bytes(model, plan, **knobs)
+    return Mistake(mistaken, message)
+
+
+PLAN_MISTAKES = [
+    _plan_mistake("leaving out ZeRO-3's extras gives: with zero=3 a GPU also holds the gathered 16-bit weights of "
+                  "two blocks (the one computing, the one prefetched) and one block's 16-bit gradients until they are "
+                  "reduce-scattered.", zero3_blocks=False),
+    _plan_mistake("counting all the model's layers gives: a GPU of the first stage holds layers / pp blocks (and their "
+                  "activations), not the whole model.", blocks="all"),
+    _plan_mistake("keeping one micro-batch's activations gives: under 1F1B the first stage holds min(pp, m) "
+                  "micro-batches in flight at its peak (first_stage_in_flight, notebook 05).", in_flight="one"),
+    _plan_mistake("keeping all m micro-batches' activations gives: that is GPipe; 1F1B's first stage holds min(pp, m) "
+                  "(first_stage_in_flight, notebook 05).", in_flight="all"),
+    _plan_mistake("dividing every model state by dp whatever the ZeRO stage gives: ZeRO-0 keeps whole copies on each "
+                  "data-parallel rank, ZeRO-1 shards the optimizer's 12 bytes, ZeRO-2 the gradients too, only ZeRO-3 "
+                  "the weights (notebook 03).", sharding="always"),
+    _plan_mistake("ignoring recomputation gives: the activations are those of recompute='none'; selective drops "
+                  "the 5as/(ht) attention term, full keeps only each block's input (Korthikanti et al. 2022).",
+                  recompute="none"),
+]
+
+
+def _planner_model(rng: random.Random, layers: int):
+    """A random GPT or Llama-style shape of `layers` blocks, up to GPT-3's width: real sizes, no named model."""
+    from lib.planner import Model
+
+    heads = rng.choice([8, 16, 24, 32, 40, 48, 64, 96])
+    llama = rng.random() < 0.5
+    return Model(layers=layers, hidden=heads * rng.choice([64, 128]), heads=heads,
+                 seq=rng.choice([1024, 2048, 4096, 8192]),
+                 vocab=rng.choice([32000, 50257, 51200, 128256]) + rng.randrange(0, 1024, 64),
+                 kv_heads=rng.choice([h for h in (1, 2, 4, 8, heads) if heads % h == 0]) if llama else None,
+                 block="llama" if llama else "gpt", tied=rng.random() < 0.5)
+
+
+def _memory_case(rng: random.Random, _world: int, pp: tuple = (1,), zero: tuple = (0, 1, 2, 3),
+                 recompute: tuple = ("none", "selective", "full"), more_micro_batches: bool = False) -> Case:
+    from lib.planner import Cluster, H100_80GB, check, memory_breakdown
+
+    stages = rng.choice(pp)
+    model = _planner_model(rng, layers=stages * rng.randint(1 if stages > 1 else 2, 96 // stages))
+    tp = rng.choice([t for t in (1, 2, 4, 8) if model.heads % t == 0])
+    dp, micro_batch = rng.choice([2, 4, 8, 16, 64]), rng.choice([1, 2, 4])
+    # m: at most pp (1F1B holds m) or more than pp (it holds pp); at least 2 so that one micro-batch is wrong.
+    m = stages + rng.randint(1, 8) if more_micro_batches else rng.randint(2, max(2, stages))
+    plan = Plan(tp=tp, pp=stages, dp=dp, global_batch=dp * micro_batch * m, micro_batch=micro_batch,
+                zero=rng.choice(zero), recompute=rng.choice(recompute), sequence_parallel=tp > 1 and rng.random() < 0.5)
+    check(model, Cluster(gpu=H100_80GB, gpus=plan.gpus), plan)
+    expected = sum(memory_breakdown(model, plan).values())
+    assert abs(_first_stage_bytes(model, plan) - expected) <= 1e-12 * expected, "the statement and lib.planner differ"
+    kv = f" ({model.kv_heads} key/value heads)" if model.kv_heads else ""
+    return Case(1, (model, plan), [expected],
+                f"a {model.block} of {model.layers} layers, hidden {model.hidden}, {model.heads} heads{kv}, "
+                f"s={model.seq}, vocab {model.vocab}, {'tied' if model.tied else 'untied'}; {plan}, global batch "
+                f"{plan.global_batch} (m={plan.micro_batches})")
+
+
+plan_memory = Puzzle(
+    "plan_memory", NOTEBOOK, _memory_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
+    off_limits=PLANNER_ANSWERS, off_limits_advice=PLANNER_ADVICE, real_cell=False, mistakes=PLAN_MISTAKES,
+    # Each seed: ZeRO-3 on a pipeline without recomputation; pp=1 (the head on the first stage) with ZeRO-1 or 2 and
+    # selective recomputation; ZeRO-0 with full recomputation and more micro-batches than stages.
+    variants=[{"pp": (2, 4, 8), "zero": (3,), "recompute": ("none",)},
+              {"pp": (1,), "zero": (1, 2), "recompute": ("selective",)},
+              {"pp": (2, 4), "zero": (0,), "recompute": ("full",), "more_micro_batches": True}],
+    hints=["Three terms. The first stage's parameters: layers // pp blocks of model.layer_params, the embedding "
+           "(model.embedding_params) and, when pp = 1, the head (model.head_params); all of it over tp. Their model "
+           "states: model_state_bytes(params, dp=plan.dp, zero_stage=plan.zero), 16 bytes a parameter before ZeRO.",
+           "With zero=3, add 3 × 2 × model.layer_params / tp bytes: two blocks' gathered 16-bit weights and one "
+           "block's 16-bit gradients. Activations: (layers // pp) × activation_bytes_per_layer(model.seq, "
+           "plan.micro_batch, model.hidden, model.heads, t=plan.tp, sequence_parallel=..., recompute=...).",
+           "Multiply the activations by the micro-batches in flight on the first stage under 1F1B: "
+           "first_stage_in_flight(plan.pp, plan.micro_batches), min(pp, m)."],
+    describe="Peak bytes on a GPU of the first pipeline stage of a plan, as lib.planner's memory model counts them.")
+
+
+# ---- 6. choosing a plan ------------------------------------------------------------------------------------------
 class PlanWrong(PuzzleError):
     """choose_plan returned something that is not a plan of the space asked for."""
 
@@ -514,4 +626,4 @@ choose_plan = PlanPuzzle(
            "Among those, return the plan with the highest e.tokens_per_second (for one model and cluster, the highest "
            "MFU: the same model FLOPs per token). Not HFU: it counts recomputed FLOPs, which train nothing."],
     describe="The fastest plan that fits, by brute force with the course's estimator.")
-PUZZLES = [mesh_coordinates, process_groups, tp_dp_train, train_3d, choose_plan]
+PUZZLES = [mesh_coordinates, process_groups, tp_dp_train, train_3d, plan_memory, choose_plan]

@@ -1,13 +1,15 @@
 """Notebook 06, 3D parallelism: the reference solutions.
 
 A solved notebook pastes each function alone into its cell: they use only what the notebook's setup cell imports
-(torch, F, device_mesh, tp_copy, tp_reduce, the planner's names) and the earlier puzzles' functions.
+(torch, F, device_mesh, tp_copy, tp_reduce, the planner's names, three of lib.formulas) and the earlier puzzles'
+functions.
 """
 
 import torch
 import torch.nn.functional as F
 
 from lib.devices import device_mesh
+from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_bytes
 from lib.planner import Plan, PlanError, estimate
 from puzzles.parallel_gpt import tp_reduce
 
@@ -105,6 +107,19 @@ def train_3d(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
                 prm -= lr * prm.grad
                 prm.grad = None
     return stage
+
+
+def plan_memory(model, plan):
+    blocks = model.layers // plan.pp                           # the first stage's
+    params = blocks * model.layer_params + model.embedding_params
+    if plan.pp == 1:                                           # one stage holds the head too
+        params += model.head_params
+    states = model_state_bytes(params / plan.tp, dp=plan.dp, zero_stage=plan.zero)
+    if plan.zero == 3:            # two blocks' gathered 16-bit weights, one block's 16-bit gradients
+        states += 3 * 2 * model.layer_params / plan.tp
+    per_block = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, t=plan.tp,
+                                           sequence_parallel=plan.sequence_parallel, recompute=plan.recompute)
+    return states + blocks * per_block * first_stage_in_flight(plan.pp, plan.micro_batches)
 
 
 def choose_plan(model, cluster, global_batch):

@@ -14,14 +14,14 @@ from lib.devices import device_mesh  # noqa: E402
 from lib.errors import PuzzleError  # noqa: E402
 from lib.launch import launch  # noqa: E402
 from lib.mesh_check import AxisBudget, MeshCase, MeshPuzzle  # noqa: E402
-from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, best_plan, check, plans  # noqa: E402
+from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, Plan, best_plan, check, memory_breakdown, plans  # noqa: E402
 from lib.sim import run  # noqa: E402
 from lib.sim.cost import bus_factor  # noqa: E402
 from lib.sim.errors import CollectiveMismatch  # noqa: E402
 from lib.sim.mesh import coordinates, mesh_groups  # noqa: E402
 from lib.sim.traffic import OUTSIDE, SELF, MeshAxes, axis_labeller, traffic_by_axis  # noqa: E402
 from lib.viz.mesh import mesh_figure  # noqa: E402
-from lib.viz.planner import MODELS, PRACTICE, plan_explorer, plan_space_figure, published_table  # noqa: E402
+from lib.viz.planner import MODELS, PRACTICE, memory_bars, plan_explorer, plan_space_figure, published_table  # noqa: E402
 from lib.viz.timeline import draw_timeline  # noqa: E402
 
 NAMES = ("dp", "pp", "tp")
@@ -227,3 +227,15 @@ def test_plan_space_figure_draws_every_plan_and_rings_the_fastest_that_fits():
     assert ring.get_offsets().tolist() == [[best.memory / 2**30, best.tokens_per_second]]
     hollow = [c for c in points if "does not fit" in c.get_label()]
     assert all(x > cluster.gpu.memory / 2**30 for c in hollow for x, _ in c.get_offsets())
+
+
+def test_memory_bars_stack_each_plans_four_terms_against_the_gpu():
+    model = MODELS["Llama 2 13B"]
+    chosen = [Plan(dp=16, global_batch=64), Plan(tp=2, pp=2, dp=4, global_batch=64, zero=3, recompute="selective")]
+    ax = memory_bars(model, chosen, H100_80GB).axes[0]
+    for x, plan in enumerate(chosen):
+        stack = [bar for bar in ax.patches if abs(bar.get_x() + bar.get_width() / 2 - x) < 1e-9]
+        gib = [v / 2**30 for v in memory_breakdown(model, plan).values()]      # weights, gradients, optimizer, ...
+        assert [b.get_height() for b in stack] == pytest.approx(gib)
+    assert ax.lines[0].get_ydata()[0] == H100_80GB.memory / 2**30
+    assert [t.get_text() for t in ax.get_xticklabels()][1].startswith("TP2 PP2 DP4")

@@ -4,10 +4,10 @@ stacked bars, a space of plans as points, and a configuration explorer over them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
-from lib.planner import (A100_80GB, H100_80GB, Cluster, Estimate, Model, Plan, PlanError, PublishedRun, comparison,
-                         best_plan, estimate, plans)
+from lib.planner import (A100_80GB, GPU, H100_80GB, Cluster, Estimate, Model, Plan, PlanError, PublishedRun,
+                         best_plan, comparison, estimate, memory_breakdown, plans)
 from lib.units import fmt_bytes, fmt_time
 from lib.viz.widgets import live_box, slider_options
 
@@ -51,13 +51,7 @@ def plan_figure(e: Estimate, cluster: Cluster, title: str = ""):
     import matplotlib.pyplot as plt
 
     fig, (mem, time) = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
-    bottom = 0.0
-    for part, colour in MEMORY_PARTS.items():
-        value = e.breakdown.memory.get(part, 0.0) / 2**30
-        mem.bar(0, value, bottom=bottom, color=colour, label=part, width=0.5)
-        bottom += value
-    mem.axhline(cluster.gpu.memory / 2**30, color="black", linestyle="--", linewidth=1)
-    mem.text(0.3, cluster.gpu.memory / 2**30, f" {cluster.gpu.name}", va="bottom", fontsize="small")
+    _memory_stacks(mem, [e.breakdown.memory], cluster.gpu, width=0.5)
     mem.set_xlim(-0.6, 1.2)
     mem.set_xticks([])
     mem.set_ylabel("GiB per GPU (first pipeline stage)")
@@ -77,6 +71,39 @@ def plan_figure(e: Estimate, cluster: Cluster, title: str = ""):
         fig.suptitle(title)
     plt.close(fig)
     return fig
+
+
+def _memory_stacks(ax, breakdowns: list[dict[str, float]], gpu: GPU, width: float) -> None:
+    """One stacked bar of GiB per breakdown (weights, gradients, optimizer, activations), and the GPU's capacity."""
+    for x, breakdown in enumerate(breakdowns):
+        bottom = 0.0
+        for part, colour in MEMORY_PARTS.items():
+            value = breakdown.get(part, 0.0) / 2**30
+            ax.bar(x, value, bottom=bottom, color=colour, label=part if x == 0 else None, width=width)
+            bottom += value
+    ax.axhline(gpu.memory / 2**30, color="black", linestyle="--", linewidth=1)
+    ax.text(len(breakdowns) - 1 + width / 2 + 0.05, gpu.memory / 2**30, f" {gpu.name}", va="bottom", fontsize="small")
+
+
+def memory_bars(model: Model, plans: Sequence[Plan], gpu: GPU, title: str = ""):
+    """What a GPU of the first pipeline stage holds under each plan, the four terms of lib.planner's memory model
+    stacked (memory_breakdown), against the GPU's capacity: how ZeRO, TP, PP and recomputation each shrink it."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(min(12, 2.2 + 1.6 * len(plans)), 3.8), layout="constrained")
+    _memory_stacks(ax, [memory_breakdown(model, plan) for plan in plans], gpu, width=0.6)
+    ax.set_xticks(range(len(plans)), [_short(plan) for plan in plans], fontsize="small")
+    ax.set_ylabel("GiB per GPU (first pipeline stage)")
+    ax.set_title(title or "memory per GPU of each plan")
+    ax.legend(frameon=False, fontsize="small", loc="center left", bbox_to_anchor=(1, 0.5))
+    plt.close(fig)
+    return fig
+
+
+def _short(plan: Plan) -> str:
+    """A plan on two lines, for a bar's label."""
+    return (f"TP{plan.tp} PP{plan.pp} DP{plan.dp}{' SP' * plan.sequence_parallel}\nZeRO-{plan.zero}, "
+            f"b={plan.micro_batch}, {plan.recompute}")
 
 
 RECOMPUTE_COLOURS = {"none": "#4C72B0", "selective": "#55A868", "full": "#C44E52"}

@@ -6,7 +6,9 @@ import torch.nn.functional as F
 import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
+from lib.planner import H100_80GB, Cluster, estimate, memory_breakdown
 from lib.sim.mesh import coordinates, mesh_groups
+from lib.viz.planner import plan_figure
 from tests.cheats.common import everywhere, under_identity_hooks
 from tests.wrong.three_d import DPAverageReplaced
 
@@ -214,6 +216,24 @@ class _Board:
         tensor.copy_(_board.pop((src, me, k)))
 
 
+def memory_from_memory_breakdown(model, plan):
+    """lib.planner's memory model: the answer key."""
+    return sum(memory_breakdown(model, plan).values())
+
+
+def memory_from_estimate(model, plan):
+    """The estimate of the plan on a cluster it fills: its memory is the answer."""
+    return estimate(model, Cluster(gpu=H100_80GB, gpus=plan.gpus), plan).memory
+
+
+def memory_from_the_explorer(model, plan):
+    """lib.viz.planner, which draws estimates: the answer one call away."""
+    return plan_figure(None, None)
+
+
+ESTIMATOR_OUT_OF_REACH = "lib.planner's estimator"
+
+
 CHEATS = everywhere(P) + [
     ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
     ("process_groups", groups_from_device_mesh, WORK_DONE_FOR_IT),
@@ -222,6 +242,9 @@ CHEATS = everywhere(P) + [
     ("tp_dp_train", tp_dp_on_the_gathered_batch, "FLOPs counted"),
     ("tp_dp_train", tp_dp_without_tensor_parallelism, "DP axis"),
     ("tp_dp_train", tp_dp_partial_sums_through_a_module_dict, "SharedMemory"),
+    ("plan_memory", memory_from_memory_breakdown, ESTIMATOR_OUT_OF_REACH + " (memory_breakdown)"),
+    ("plan_memory", memory_from_estimate, ESTIMATOR_OUT_OF_REACH + " (estimate)"),
+    ("plan_memory", memory_from_the_explorer, "lib.viz.planner (plan_figure) out of reach"),
     ("train_3d", train_3d_gpipe, "peak memory"),
     ("train_3d", under_identity_hooks(train_3d_gpipe), "peak memory"),
     ("train_3d", train_3d_one_micro_batch_at_a_time, "simulated time"),

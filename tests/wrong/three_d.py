@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import solutions.three_d as S
 from lib.devices import device_mesh
+from lib.formulas import activation_bytes_per_layer, model_state_bytes
 from lib.planner import Plan, PlanError, best_plan, estimate
 from puzzles.parallel_gpt import tp_reduce
 
@@ -159,6 +160,50 @@ def plan_from_best_plan(model, cluster, global_batch):
     return best_plan(model, cluster, global_batch, virtual_stages=[1]).plan
 
 
+def _memory(model, plan, mistake=""):
+    """plan_memory as a learner writes it, with one of the classic mistakes named by `mistake`."""
+    blocks = model.layers if mistake == "all layers" else model.layers // plan.pp
+    ends = model.embedding_params + (model.head_params if plan.pp == 1 else 0)
+    params = (blocks * model.layer_params + ends) / plan.tp
+    if mistake == "states over tp·dp":
+        states = 16 * params / plan.dp
+    else:
+        states = model_state_bytes(params, plan.dp, plan.zero)
+    if plan.zero == 3 and mistake != "no gathered blocks":
+        states += 6 * model.layer_params / plan.tp
+    recompute = "none" if mistake == "no recomputation" else plan.recompute
+    layer = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, plan.tp,
+                                       plan.sequence_parallel, recompute)
+    in_flight = {"one micro-batch": 1, "every micro-batch": plan.micro_batches}.get(mistake,
+                                                                                 min(plan.pp, plan.micro_batches))
+    return states + blocks * layer * in_flight
+
+
+def memory_without_zero3_gathered_blocks(model, plan):
+    return _memory(model, plan, "no gathered blocks")
+
+
+def memory_of_all_layers(model, plan):
+    return _memory(model, plan, "all layers")
+
+
+def memory_of_one_micro_batch(model, plan):
+    return _memory(model, plan, "one micro-batch")
+
+
+def memory_of_every_micro_batch(model, plan):
+    """GPipe's count: all m micro-batches in flight, where 1F1B holds min(pp, m)."""
+    return _memory(model, plan, "every micro-batch")
+
+
+def memory_states_over_tp_dp_without_zero(model, plan):
+    return _memory(model, plan, "states over tp·dp")
+
+
+def memory_ignoring_recomputation(model, plan):
+    return _memory(model, plan, "no recomputation")
+
+
 WRONG = [
     ("mesh_coordinates", coordinates_tp_outermost, "expected"),
     ("mesh_coordinates", coordinates_from_a_mesh, "device_mesh (torch's DeviceMesh) does this puzzle's work"),
@@ -170,6 +215,12 @@ WRONG = [
     ("tp_dp_train", tp_dp_all_reduces_the_input, "DP axis"),
     ("train_3d", train_3d_averages_over_the_world, ("CollectiveMismatch", "none of its mesh groups")),
     ("train_3d", train_3d_without_data_parallel, "expected"),
+    ("plan_memory", memory_without_zero3_gathered_blocks, "expected", "ZeRO-3's extras"),
+    ("plan_memory", memory_of_all_layers, "expected", "counting all the model's layers"),
+    ("plan_memory", memory_of_one_micro_batch, "expected", "one micro-batch's activations"),
+    ("plan_memory", memory_of_every_micro_batch, "expected", "all m micro-batches' activations"),
+    ("plan_memory", memory_states_over_tp_dp_without_zero, "expected", "whatever the ZeRO stage"),
+    ("plan_memory", memory_ignoring_recomputation, "expected", "ignoring recomputation"),
     ("choose_plan", plan_ignoring_activation_memory, "result['fits']: expected True"),
     ("choose_plan", plan_from_best_plan, "write that search"),
 ]
