@@ -145,7 +145,7 @@ def _calibration_rank(dist, small: int, big: int, shape: tuple[int, int, int], e
     x, y = torch.randn(elements, device=lib.device()), torch.randn(elements, device=lib.device())
     dist.barrier()
     flops = 2 * m * k * n / _per_call(lambda: a @ b, seconds)
-    bandwidth = 3 * x.numel() * x.element_size() / _per_call(lambda: x + y, seconds)
+    bandwidth = 3 * x.nbytes / _per_call(lambda: x + y, seconds)
     times = {op: _median_time(dist, _collective(dist, op, big)) for op in COLLECTIVES}
     times["all_reduce_small"] = _median_time(dist, _collective(dist, "all_reduce", small))
     return flops, bandwidth, times

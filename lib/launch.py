@@ -367,7 +367,7 @@ def _to_cpu(value: Any) -> Any:
     """Make a result safe to send: CPU, detached from autograd, without the rest of a larger storage."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
-        if value.layout == torch.strided and value.untyped_storage().nbytes() > value.numel() * value.element_size():
+        if value.layout == torch.strided and value.untyped_storage().nbytes() > value.nbytes:
             value = value.clone()
         return value
     if isinstance(value, list):

@@ -25,8 +25,24 @@ def mlp(sizes: Sequence[int], seed: int = 0, dtype: torch.dtype = torch.float64)
     return nn.Sequential(*layers)
 
 
+def sharded_batches(seed: int, sizes: Sequence[int], world: int, local: int, steps: int,
+                    dtype: torch.dtype = torch.float64) -> tuple[list[list[tuple]], list[tuple]]:
+    """`steps` regression batches (inputs of sizes[0], targets of sizes[-1]) of world·local samples, drawn from
+    `seed`; and each rank's shard of every batch, its own copy: (shards[rank][step], batches[step])."""
+    gen = torch.Generator().manual_seed(seed)
+    shards: list[list[tuple]] = [[] for _ in range(world)]
+    batches = []
+    for _ in range(steps):
+        x = torch.randn(world * local, sizes[0], generator=gen, dtype=dtype)
+        y = torch.randn(world * local, sizes[-1], generator=gen, dtype=dtype)
+        batches.append((x, y))
+        for r in range(world):
+            shards[r].append((x[r * local:(r + 1) * local].clone(), y[r * local:(r + 1) * local].clone()))
+    return shards, batches
+
+
 def param_bytes(model: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return sum(p.nbytes for p in model.parameters())
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets
 from lib.diagnose import Mistake
 from lib.measure import counted_flops
-from lib.models import mlp, param_bytes
+from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, SimResult, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes, fmt_time
@@ -37,7 +37,7 @@ def _total(xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    return t.nbytes
 
 
 # ---- 1. all-reduce through a parameter server -------------------------------------------
@@ -85,7 +85,7 @@ def _ring_display(case: Case) -> tuple[CostModel, str]:
     from lib.viz.timeline import at_scale, scale_note
 
     x = case.args[0].values[0]
-    toy = x.numel() * x.element_size()
+    toy = x.nbytes
     factor = RING_DISPLAY_BYTES / toy
     return at_scale(factor, factor), (f"drawn as if each rank's input of {fmt_bytes(toy)} were "
                                       f"{fmt_bytes(RING_DISPLAY_BYTES)}\n{scale_note()}")
@@ -198,20 +198,6 @@ SIZES = (8, 32, 32, 32, 32, 32, 4)
 STEPS = 3
 
 
-def _batches(rng: random.Random, world: int, local: int, steps: int):
-    """Per-rank shards of `steps` global batches, and the global batches themselves."""
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    shards = [[] for _ in range(world)]
-    full = []
-    for _ in range(steps):
-        x = torch.randn(world * local, SIZES[0], generator=gen, dtype=torch.float64)
-        y = torch.randn(world * local, SIZES[-1], generator=gen, dtype=torch.float64)
-        full.append((x, y))
-        for r in range(world):
-            shards[r].append((x[r * local:(r + 1) * local].clone(), y[r * local:(r + 1) * local].clone()))
-    return shards, full
-
-
 def train_single(model, batches, lr: float, before_update=None):
     """The single-device reference: plain SGD on the whole batch, mean squared error. (A known mistake passes
     `before_update`, what it does to each parameter between backward and the update.)"""
@@ -241,7 +227,8 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
 
 def _ddp_case(rng: random.Random, world: int) -> Case:
     model = mlp(SIZES, seed=rng.randrange(2**31))
-    shards, full = _batches(rng, world, local=rng.randint(2, 5), steps=STEPS)
+    local = rng.randint(2, 5)
+    shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, local, STEPS)
     lr = 0.1
     expected, flops = counted_flops(lambda: train_single(model, full, lr))
     floor = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs")[1]
@@ -310,7 +297,7 @@ def _phase_flops(model, x, y) -> tuple[float, float]:
 def _bucketed_case(rng: random.Random, world: int) -> Case:
     model = mlp(SIZES, seed=rng.randrange(2**31))
     local, steps, lr = 16, 2, 0.1
-    shards, full = _batches(rng, world, local=local, steps=steps)
+    shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, local=local, steps=steps)
     f_flops, b_flops = _phase_flops(model, *shards[0][0])
     # A link chosen so that all-reducing the gradients takes as long as the backward pass:
     # the regime where overlapping the two pays off most.

@@ -159,12 +159,12 @@ def _pieces(model, tokens, targets) -> dict[str, int]:
     """Measured parts of a training step's memory: states, one layer's activations, the head's, a boundary."""
     x = model.embed(tokens).detach().requires_grad_()
     params = list(model.parameters())
-    states = 2 * sum(p.numel() * p.element_size() for p in params)           # weights and their gradients
+    states = 2 * sum(p.nbytes for p in params)           # weights and their gradients
     return {"states": states,
             "layer": saved_activation_bytes(lambda: model.blocks[0](x), exclude=params),
             "head": saved_activation_bytes(lambda: model.head_loss(x, targets), exclude=params),
-            "boundary": x.numel() * x.element_size(),
-            "inputs": 2 * tokens.numel() * tokens.element_size()}
+            "boundary": x.nbytes,
+            "inputs": 2 * tokens.nbytes}
 
 
 RECOMPUTED = 1.25   # one block's activations alive again in backward (the solution peaks at 0.75-0.85 of one more)
@@ -203,7 +203,7 @@ def _accumulation_case(rng: random.Random, _world: int) -> Case:
     k = rng.choice([2, 4])
     cfg, model, tokens, targets = _training_inputs(rng, layers=3, batch=2 * k)
     micro = _pieces(model, tokens[: len(tokens) // k], targets[: len(targets) // k])
-    full_inputs = 2 * tokens.numel() * tokens.element_size()
+    full_inputs = 2 * tokens.nbytes
     budget = micro["states"] + full_inputs + (cfg.layers + 1) * micro["layer"] + micro["head"]
     why = (f"weights and gradients {fmt_bytes(micro['states'])} + one micro-batch's activations "
            f"({cfg.layers} layers and the head) + one more layer's worth for backward's temporaries")
@@ -247,10 +247,10 @@ def _offload_case(rng: random.Random, _world: int) -> Case:
                                      for _ in range(2)]
     lr = 1e-2
     params = list(model.parameters())
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    param_bytes = sum(p.nbytes for p in params)
     param_count = sum(p.numel() for p in params)
     _, step_peak, _ = allocated(lambda: _reference_grads(model, tokens, targets))
-    largest = max(p.numel() * p.element_size() for p in params)
+    largest = max(p.nbytes for p in params)
     return Case(1, (model, batches, lr), [_adam_reference(model, batches, lr)],
                 f"{len(batches)} Adam steps, {fmt_bytes(param_bytes)} of parameters",
                 budgets=[Budget("peak_memory", step_peak + 2 * largest,

@@ -104,8 +104,8 @@ def linear_io_bytes(stage, micro: torch.Tensor) -> tuple[int, int]:
     sizes = [0, 0]
 
     def hook(module, args, out):
-        sizes[0] += args[0].numel() * args[0].element_size()
-        sizes[1] += out.numel() * out.element_size()
+        sizes[0] += args[0].nbytes
+        sizes[1] += out.nbytes
     handles = [m.register_forward_hook(hook) for m in stage.modules() if isinstance(m, torch.nn.Linear)]
     try:
         with torch.no_grad():
@@ -174,7 +174,7 @@ def _time_budget(schedule: str, stages, micro: torch.Tensor, micro_y: torch.Tens
     split = schedule == "zb-h1"
     step = schedule_step_time(schedule, stages, micro, micro_y, m, v, split)
     critical = m * v + p - 1
-    copies = critical * COPIES * COST.compute_time(micro.numel(), nbytes=2 * micro.numel() * micro.element_size())
+    copies = critical * COPIES * COST.compute_time(micro.numel(), nbytes=2 * micro.nbytes)
     limit = (step + copies) * (1 + SLACK)
     t_f, t_b = stage_times(stages[0], micro)
     equal = f"(m·v+p-1)(t_f+t_b) = {critical} × {fmt_time(t_f + t_b)}" if v > 1 else \
@@ -205,7 +205,7 @@ def _time_budget(schedule: str, stages, micro: torch.Tensor, micro_y: torch.Tens
 def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -> Budget:
     """Per rank: the inputs, one micro-batch's forward and backward, and what the schedule keeps of the
     micro-batches in flight (measured per micro-batch), plus the boundary tensors in flight."""
-    p, boundary = len(stages), micro.numel() * micro.element_size()
+    p, boundary = len(stages), micro.nbytes
     in_flight = peak_in_flight(schedule_orders(schedule, p, m))
     # Besides the stashes: the activation being sent, the next input received ahead, the gradient received for
     # a backward and the input gradient being sent.
@@ -247,7 +247,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     stages = [model[s] for s in stage_slices(p)]
     expected = reference(model, batch, targets, p)
     micro, micro_y = batch[:MICRO], targets[:MICRO]
-    boundary = micro.numel() * micro.element_size()
+    boundary = micro.nbytes
     if schedule == "one batch":
         sent = [boundary * m * ((r < p - 1) + (r > 0)) for r in range(p)]
         budgets = [Budget("bytes_sent", sent, "the activation to the next stage and the input gradient "
@@ -255,7 +255,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
                           hint="send each stage's output forward once and its input gradient back once.")]
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
                     budgets=budgets, cost=COST)
-    inputs = batch.numel() * batch.element_size() + targets.numel() * targets.element_size()
+    inputs = batch.nbytes + targets.nbytes
     budgets = [_time_budget(schedule, stages, micro, micro_y, m),
                _memory_budget(schedule, stages, micro, micro_y, inputs, m)]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
@@ -306,13 +306,13 @@ def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Op
     chunks = [[stages[c * p + r] for c in range(v)] for r in range(p)]
     expected = [[e for e in reference(model, batch, targets, p * v)[r::p]] for r in range(p)]
     micro, micro_y = batch[:MICRO], targets[:MICRO]
-    boundary = micro.numel() * micro.element_size()
+    boundary = micro.nbytes
     budgets = [_time_budget("interleaved", stages, micro, micro_y, m, v)]
     # Memory: rank r holds v chunks' weights and gradients, one chunk's forward and backward at a time, and at its
     # peak the activations of as many (chunk, micro-batch) pairs as Megatron's order keeps between their forward
     # and backward (peak_in_flight of the schedule, e.g. (p-r-1)·2 + (v-1)·p + 1 on rank r when m > p).
     held = peak_in_flight(schedule_orders("interleaved", p, m, v))
-    inputs = batch.numel() * batch.element_size() + targets.numel() * targets.element_size()
+    inputs = batch.nbytes + targets.nbytes
     limits, whys = [], []
     for r in range(p):
         mem = [stage_memory(chunks[r][c], micro, micro_y, last=c * p + r == p * v - 1) for c in range(v)]

@@ -146,7 +146,7 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
         _check_pattern("forward", forward, upstream.pattern, dist)     # before memory: the deeper mistake
     # What forward leaves alive counts too (the output aside): a tensor kept by a closure, as
     # torch.utils.checkpoint keeps its inputs, is memory autograd's saved tensors do not show.
-    saved = max(saved, kept - out.numel() * out.element_size())
+    saved = max(saved, kept - out.nbytes)
     if upstream.activations is not None and saved > upstream.activations[0]:
         limit, why, *hint = upstream.activations
         hint = hint[0] if hint else ("a rank should keep only its 1/N of the 4h-wide activations, once each: "

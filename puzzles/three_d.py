@@ -401,7 +401,7 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
     step = (m + pp - 1) * unit + 2 * (pp - 1) * hop + sync
     # Memory: 1F1B keeps p-r micro-batches on stage r (notebook 05), each stash measured on the stage.
     in_flight = peak_in_flight(schedule_orders("1f1b", pp, m))
-    inputs = tokens.numel() * tokens.element_size() * 2
+    inputs = tokens.nbytes * 2
     largest = [max(p.numel() for p in start[p][t].parameters()) * ITEM for _, p, t in where]
     memory = [inputs + measured[p][1] + in_flight[p] * measured[p][0] + largest[r] + 4 * act
               for r, (_, p, _) in enumerate(where)]

@@ -19,7 +19,7 @@ from lib.devices import device_mesh
 from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
 from lib.measure import counted_time, saved_activation_bytes
-from lib.models import mlp
+from lib.models import mlp, sharded_batches
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
@@ -32,7 +32,7 @@ SIZES = (6, 20, 20, 20, 20, 20, 20, 20, 3)    # 8 Linear layers; 400, 20 and 3 l
 STEPS = 3
 LOCAL = 4                                     # samples per rank per step
 LR = 1e-2
-WORD = 8                                      # bytes per float64 element
+ITEM = 8                                      # bytes per float64 element
 # lib.formulas counts 2-byte weights and gradients and K bytes of optimizer state per parameter. Everything
 # here is float64: weights 8 + gradients 8 bytes, and the optimizer keeps m and v (16) plus, in stages 1 and 2,
 # its own copy of its shard of the weights (8, the paper's fp32 master copy): 4 × model_state_bytes(Ψ, N, stage, k).
@@ -52,18 +52,6 @@ def adam_update(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: tor
 
 
 # ---- inputs and the single-device reference ------------------------------------------------------------
-def _batches(rng: random.Random, world: int):
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    shards, full = [[] for _ in range(world)], []
-    for _ in range(STEPS):
-        x = torch.randn(world * LOCAL, SIZES[0], generator=gen, dtype=torch.float64)
-        y = torch.randn(world * LOCAL, SIZES[-1], generator=gen, dtype=torch.float64)
-        full.append((x, y))
-        for r in range(world):
-            shards[r].append((x[r * LOCAL:(r + 1) * LOCAL].clone(), y[r * LOCAL:(r + 1) * LOCAL].clone()))
-    return shards, full
-
-
 def full_parameters(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -110,13 +98,13 @@ class _Sizes:
         params = list(model.parameters())
         self.world = world
         self.psi = sum(padded(p.numel(), world) for p in params)                  # Ψ, padded
-        self.layer = max(sum(padded(p.numel(), world) for p in m.parameters()) for m in _layers(model)) * WORD
-        self.shard = max(padded(p.numel(), world) // world for p in params) * WORD
-        self.inputs = sum(t.numel() * t.element_size() for x, y in shard for t in (x, y))
+        self.layer = max(sum(padded(p.numel(), world) for p in m.parameters()) for m in _layers(model)) * ITEM
+        self.shard = max(padded(p.numel(), world) // world for p in params) * ITEM
+        self.inputs = sum(t.nbytes for x, y in shard for t in (x, y))
         x, y = self.first_batch = shard[0]
         probe = copy.deepcopy(model)
         saved = saved_activation_bytes(lambda: F.mse_loss(probe(x), y), exclude=list(probe.parameters()))
-        widest = max(x.shape[0] * s for s in SIZES) * WORD
+        widest = max(x.shape[0] * s for s in SIZES) * ITEM
         self.act = saved + 2 * widest                 # what autograd saves, and the gradient flowing back
 
     def states(self, stage: int) -> float:
@@ -125,7 +113,7 @@ class _Sizes:
     def traffic(self, all_gathers: int, reduce_scatters: int) -> float:
         n = self.world
         return (all_gathers * bus_factor("all_gather", n) + reduce_scatters * bus_factor("reduce_scatter", n)) \
-            * WORD * self.psi
+            * ITEM * self.psi
 
 
 def _bytes_budget(s: _Sizes, per_step: int, final_gather: bool, what: str) -> Budget:
@@ -133,7 +121,7 @@ def _bytes_budget(s: _Sizes, per_step: int, final_gather: bool, what: str) -> Bu
     dp = STEPS * s.traffic(1, 1)
     end = " + one all-gather at the end to return the full parameters" if final_gather else ""
     return Budget("bytes_sent", total,
-                  f"{STEPS} steps × {per_step} × (N-1)/N × {fmt_bytes(WORD * s.psi)} of padded parameters: "
+                  f"{STEPS} steps × {per_step} × (N-1)/N × {fmt_bytes(ITEM * s.psi)} of padded parameters: "
                   f"{what}{end}; data parallelism's all-reduce sends {fmt_bytes(dp)}",
                   hint="reduce-scatter each gradient and all-gather each parameter once per use; an all-reduce "
                        "sends twice what a reduce-scatter does.")
@@ -144,7 +132,7 @@ def _regather_floor(s: _Sizes) -> Budget:
     reduce-scatter per step) kept the full parameters, whatever its peak. Half a regather is the floor, room for
     a layer kept between forward and backward (FSDP does so for the last one)."""
     return Budget("bytes_sent", STEPS * s.traffic(1.5, 1) + s.traffic(1, 0),
-                  f"{STEPS} steps × (N-1)/N × {fmt_bytes(WORD * s.psi)} × (1 all-gather for forward, half of one "
+                  f"{STEPS} steps × (N-1)/N × {fmt_bytes(ITEM * s.psi)} × (1 all-gather for forward, half of one "
                   "for backward and a reduce-scatter) + the final gather; ZeRO-2, which keeps the parameters, sends "
                   f"{fmt_bytes(STEPS * s.traffic(1, 1))}", least=True,
                   hint="free each layer's full parameters after its forward and gather them again for its backward; "
@@ -162,7 +150,7 @@ def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint:
     limit = states + s.inputs + s.act + work
     if stage == 3:
         # To return them, the full parameters come back at the end (the optimizer state dropped first).
-        final = WORD * s.psi * (1 + 1 / s.world) + s.inputs + 2 * s.layer + 3 * s.shard
+        final = ITEM * s.psi * (1 + 1 / s.world) + s.inputs + 2 * s.layer + 3 * s.shard
         if final > limit:
             why += (f"; here the end is larger: the full parameters, the shards, the batches and two layers' "
                     f"buffers, {fmt_bytes(final)}")
@@ -178,7 +166,7 @@ def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False
     """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there.
     `model`: one the caller drew from `rng` first (to fit the cost model to it)."""
     model = mlp(SIZES, seed=rng.randrange(2**31)) if model is None else model
-    shards, full = _batches(rng, world)
+    shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, LOCAL, STEPS)
     s = _Sizes(model, world, shards[0])
     return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
                 f"N={world}, {STEPS} Adam steps" + (f", {what}" if what else
@@ -313,9 +301,9 @@ def _step_times(s: _Sizes, model, cost: CostModel) -> tuple[float, float, float]
     prefetching can hide, and the final all-gather."""
     ranks = range(s.world)
     layers = list(model)
-    ag = [sum(cost.collective_time("all_gather", WORD * padded(p.numel(), s.world), ranks) for p in layer.parameters())
+    ag = [sum(cost.collective_time("all_gather", ITEM * padded(p.numel(), s.world), ranks) for p in layer.parameters())
           for layer in layers]
-    rs = [sum(cost.collective_time("reduce_scatter", WORD * padded(p.numel(), s.world), ranks)
+    rs = [sum(cost.collective_time("reduce_scatter", ITEM * padded(p.numel(), s.world), ranks)
               for p in layer.parameters()) for layer in layers]
     fwd, bwd, rest = _compute_times(model, s, cost)
     serial = 2 * sum(ag) + sum(fwd) + sum(bwd) + rest + sum(rs)
@@ -360,7 +348,7 @@ def _prefetch_case(rng: random.Random, world: int) -> Case:
     biggest = max(_layers(model), key=lambda m: m.weight.numel())
     flops = 2 * LOCAL * biggest.in_features * biggest.out_features
     cost = CostModel(flops_per_s=1e9, latency=1e-8)
-    gathered = WORD * sum(padded(p.numel(), world) for p in biggest.parameters())
+    gathered = ITEM * sum(padded(p.numel(), world) for p in biggest.parameters())
     # A link on which gathering the largest layer takes as long as computing its forward.
     cost = cost.with_(intra_node_bandwidth=bus_factor("all_gather", world) * gathered / cost.compute_time(flops))
 

@@ -128,7 +128,7 @@ def test_quick_run_prints_the_tables_and_writes_json_markdown_and_plot(tmp_path)
             assert r["busbw_ours"] > 0 and r["busbw_theirs"] > 0
     ddp = next(row for row in ROWS if row.key == "ddp")
     model = ddp.ours.setup.inputs(quick=True)(2, 0, 1)[0]
-    assert rows["ddp"]["bytes_sent_per_rank_per_step"] == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert rows["ddp"]["bytes_sent_per_rank_per_step"] == sum(p.nbytes for p in model.parameters())
 
     fidelity = report["fidelity"]
     assert [p["what"] for p in fidelity["pairs"]] == [p.what for p in PAIRS]

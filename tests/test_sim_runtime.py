@@ -163,7 +163,7 @@ def test_backward_buffers_count():
         layer = torch.nn.Linear(64, 64)
         x = torch.randn(8, 64, requires_grad=True)
         layer(x).square().sum().backward()
-        return sum(p.numel() * p.element_size() for p in layer.parameters())
+        return sum(p.nbytes for p in layer.parameters())
     result = lib.sim.run(prog, 1)
     params = result.results[0]
     assert params == (64 * 64 + 64) * 4

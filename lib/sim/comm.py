@@ -248,7 +248,7 @@ class Communicator:
         recv.peer = send.rank
         recv.deliver = _copy(buf, copy)
         send.payload = recv.payload = None     # matched: the call must not keep the rank's tensors alive
-        nbytes = data.numel() * data.element_size()
+        nbytes = data.nbytes
         s, r = self.rt.ranks[send.rank], self.rt.ranks[recv.rank]
         duration = self.rt.cost.p2p_time(nbytes, send.rank, recv.rank)
         start = earliest((s.outgoing, r.incoming), max(send.post_time, recv.post_time), duration)

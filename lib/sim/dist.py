@@ -173,7 +173,7 @@ class SimDist:
 
     @staticmethod
     def _nbytes(t: torch.Tensor) -> int:
-        return t.numel() * t.element_size()
+        return t.nbytes
 
     # ---- collectives --------------------------------------------------------------
     @_rule

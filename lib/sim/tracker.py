@@ -202,7 +202,7 @@ class RankTracker(TorchDispatchMode):
             if isinstance(source, torch.Tensor):
                 sides = {self._place(source), self._place(target, place)}
                 if sides == {DEVICE, ON_HOST}:
-                    self._on_transfer(source.numel() * source.element_size(), self._place(source) == DEVICE)
+                    self._on_transfer(source.nbytes, self._place(source) == DEVICE)
         if op.aliases:
             if op.fresh:
                 self.adopt(out, place)

@@ -122,7 +122,7 @@ def checkpoint_through_raw_addresses(model, tokens, targets):
         if not t.is_floating_point():
             return t
         t = t.detach().contiguous()
-        raw = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
+        raw = (ctypes.c_char * (t.nbytes)).from_address(t.data_ptr())
         return t.dtype, t.shape, bytearray(raw)
     return _step_hiding_activations(model, tokens, targets, pack, _unpacking(torch.frombuffer))
 
