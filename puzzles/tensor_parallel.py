@@ -195,7 +195,10 @@ def _shape(rng: random.Random, world: int, heads_per_rank: Optional[int] = None)
 
 
 def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
-    """Causal self-attention of [s, b, 3·w] (q, k and v side by side, `heads` heads each) to [s, b, w]."""
+    """Causal self-attention of [s, b, 3·w] (q, k and v side by side, `heads` heads each) to [s, b, w].
+
+    Not lib.models.Block.attention, on purpose: Megatron's layout is sequence-first ([s, b, h]), which makes
+    sequence parallelism a split of dim 0, and a rank here owns only its heads' slice of qkv, not a module."""
     s, b, three_w = qkv.shape
     w = three_w // 3
     d = w // heads
