@@ -9,22 +9,18 @@ Korthikanti et al.'s per-rank activation terms (lib.formulas.activation_bytes_pe
 
 from __future__ import annotations
 
-import functools
 import random
-from collections import Counter
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle, flops_budgets
+from lib.check import Budget, Case, flops_budgets
 from lib.devices import device_mesh
-from lib.errors import PuzzleError
 from lib.first_use import import_ahead
-from lib.measure import counted_flops, saved_activation_bytes
+from lib.layer_check import LayerPuzzle, Upstream, describe_calls
+from lib.measure import counted_flops
 from lib.sim import per_rank
-from lib.sim.context import current_tracker
 from lib.units import fmt_bytes
 
 import_ahead("explicit_gradient")          # every layer's check back-propagates an upstream gradient
@@ -34,149 +30,9 @@ WORLDS = (2, 4)
 ITEM = 8                      # float64: the comparison with the single-device layer can be strict
 
 
-class CollectivePattern(PuzzleError):
-    """The layer is right but talks differently from Megatron's pattern."""
-
-
-# ---- running a layer: forward by the learner, backward by the check ------------------------------
-@dataclass
-class Upstream:
-    """What the check holds back from the learner: the gradient flowing into the layer's output, and
-    the collectives Megatron-LM issues for it, as {"forward": [(op, elements)], "backward": [...]}."""
-
-    grad: torch.Tensor
-    pattern: Optional[dict] = None
-    activations: Optional[tuple] = None     # (bytes autograd may save in forward, why[, hint])
-
-
-_KIND = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
-         "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
-         "all_to_all_single": "all_to_all"}
-_COUNTED = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send", "recv",
-            "isend", "irecv", "gather", "scatter", *_KIND}
-
-
-def _elements(name: str, args: tuple, kwargs: dict) -> int:
-    """Elements of the whole buffer a collective works on (the gathered output, the scattered input)."""
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    lists = [a for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple))]
-    if name in ("all_gather_into_tensor", "all_gather_single"):
-        return max(t.numel() for t in tensors)
-    if name in ("reduce_scatter_tensor", "reduce_scatter_single"):
-        return max(t.numel() for t in tensors)
-    if name in ("all_gather", "reduce_scatter") and lists:
-        return sum(t.numel() for t in lists[0])
-    return tensors[0].numel() if tensors else 0
-
-
-class CountingDist:
-    """`dist` as the learner sees it: every call passes through, each collective is written down."""
-
-    def __init__(self, dist) -> None:
-        self._dist = dist
-        self.log: list[tuple[str, int]] = []
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._dist, name)
-        if name not in _COUNTED:
-            return attr
-
-        def counted(*args, **kwargs):
-            self.log.append((_KIND.get(name, name), _elements(name, args, kwargs)))
-            return attr(*args, **kwargs)
-        return counted
-
-
-def _describe_calls(calls: Sequence[tuple[str, int]]) -> str:
-    if not calls:
-        return "no collective"
-    counts = Counter(calls)
-    return ", ".join(f"{n} × {op} of {size:,} elements" if n > 1 else f"one {op} of {size:,} elements"
-                     for (op, size), n in sorted(counts.items()))
-
-
-def _leaves(names: Sequence[str], inputs: tuple) -> dict[str, torch.Tensor]:
-    return {n: a for n, a in zip(names, inputs) if isinstance(a, torch.Tensor) and a.requires_grad}
-
-
-NO_GRADIENT = "no gradient: backward never reached this input"
-
-
-def _check_pattern(phase: str, calls: list, pattern: dict, dist) -> None:
-    want = pattern[phase]
-    if sorted(calls) != sorted(want):
-        raise CollectivePattern(f"the {phase} pass should issue {_describe_calls(want)} (Megatron-LM's pattern); "
-                                f"rank {dist.get_rank()} issued {_describe_calls(calls)}.")
-
-
-def _forward_memory(forward: Callable[[], None], given: list[torch.Tensor]) -> tuple[int, int]:
-    """(bytes autograd saves while `forward()` runs, bytes it leaves allocated on this rank's tracker)."""
-    tracker = current_tracker()
-    before = tracker.current if tracker is not None else 0
-    saved = saved_activation_bytes(forward, exclude=given)
-    return saved, (tracker.current - before if tracker is not None else 0)
-
-
-def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
-    """Run the learner's forward, then backward from the held-back upstream gradient.
-
-    Returns {"output": ..., "<input>.grad": ...}; raises CollectivePattern when the collectives of
-    either pass differ from Megatron's (forward's checked first), or when the forward saves more bytes for
-    backward than upstream.activations allows."""
-    *inputs, upstream = args
-    counting = CountingDist(dist)
-    given = [a for a in inputs if isinstance(a, torch.Tensor)]
-    out = None
-
-    def forward_pass() -> None:
-        nonlocal out
-        out = fn(counting, *inputs)
-
-    saved, kept = _forward_memory(forward_pass, given)
-    forward = list(counting.log)
-    if not isinstance(out, torch.Tensor):
-        raise CollectivePattern(f"the layer should return a tensor, got {type(out).__name__}.")
-    if out.shape != upstream.grad.shape:
-        raise CollectivePattern(f"the output should have shape {tuple(upstream.grad.shape)} on this rank, "
-                                f"got {tuple(out.shape)}.")
-    if not out.requires_grad:
-        raise CollectivePattern("the output does not depend on any input through autograd: no gradient "
-                                "can flow back (was a result computed under torch.no_grad or detached?).")
-    if upstream.pattern is not None:
-        _check_pattern("forward", forward, upstream.pattern, dist)     # before memory: the deeper mistake
-    # What forward leaves alive counts too (the output aside): a tensor kept by a closure, as
-    # torch.utils.checkpoint keeps its inputs, is memory autograd's saved tensors do not show.
-    saved = max(saved, kept - out.nbytes)
-    if upstream.activations is not None and saved > upstream.activations[0]:
-        limit, why, *hint = upstream.activations
-        hint = hint[0] if hint else ("a rank should keep only its 1/N of the 4h-wide activations, once each: "
-                                     "use F.gelu, and gather no hidden units.")
-        raise CollectivePattern(
-            f"rank {dist.get_rank()}'s forward saved {fmt_bytes(saved)} of activations for backward; the "
-            f"tensor-parallel layer needs at most {fmt_bytes(limit)} ({why}).\nHint: {hint}")
-    out.backward(upstream.grad)
-    backward = counting.log[len(forward):]
-    if upstream.pattern is not None:
-        _check_pattern("backward", backward, upstream.pattern, dist)
-    result = {"output": out.detach()}
-    result.update({f"{n}.grad": NO_GRADIENT if t.grad is None else t.grad
-                   for n, t in _leaves(names, tuple(inputs)).items()})
-    return result
-
-
-class LayerPuzzle(Puzzle):
-    """A puzzle whose answer is a layer's forward pass: the check runs backward itself and compares the
-    output and the gradient of every input that requires one."""
-
-    def __init__(self, name: str, make_case: Callable, arg_names: Sequence[str], **kw) -> None:
-        super().__init__(name, NOTEBOOK, make_case, world_sizes=WORLDS, rtol=1e-9, atol=1e-10, **kw)
-        self.arg_names = tuple(arg_names)
-
-    def wrap(self, fn: Callable) -> Callable:
-        """Each rank runs the learner's forward, then backward against the kept upstream gradient."""
-        if not callable(fn):
-            return fn
-        return functools.partial(forward_backward, fn, self.arg_names)
+def _layer(name: str, make_case: Callable, arg_names: Sequence[str], **kw) -> LayerPuzzle:
+    return LayerPuzzle(name, NOTEBOOK, make_case, arg_names=arg_names, world_sizes=WORLDS, rtol=1e-9, atol=1e-10,
+                       **kw)
 
 
 # ---- the single-device layers ---------------------------------------------------------------
@@ -229,7 +85,7 @@ def _ring(op: str, elements: int, world: int) -> float:
 def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:
     calls = pattern["forward"] + pattern["backward"]
     total = sum(_ring(op, n, world) for op, n in calls)
-    why = f"{words}: {_describe_calls(calls)} per layer, ring cost 2(N-1)/N or (N-1)/N each"
+    why = f"{words}: {describe_calls(calls)} per layer, ring cost 2(N-1)/N or (N-1)/N each"
     return [Budget("bytes_sent", total, why), Budget("bytes_received", total, why)]
 
 
@@ -290,7 +146,7 @@ def _column_oracle(dist, x, weight, bias, upstream):
             "bias.grad": _local(module.fc.bias.grad)}
 
 
-column_parallel_linear = LayerPuzzle(
+column_parallel_linear = _layer(
     "column_parallel_linear", _column_case, ("x", "weight", "bias"),
     hints=["Forward needs no communication: each rank computes its slice of the output features, "
            "F.linear(x, weight, bias). The trouble is backward: x.grad on one rank only has the part that "
@@ -334,7 +190,7 @@ def _row_oracle(dist, x, weight, bias, upstream):
             "bias.grad": _local(module.fc.bias.grad).clone()}
 
 
-row_parallel_linear = LayerPuzzle(
+row_parallel_linear = _layer(
     "row_parallel_linear", _row_case, ("x", "weight", "bias"),
     hints=["Each rank holds a slice of the input features and the matching columns of the weight: "
            "x_r A_rᵀ is a partial sum, and the output is the sum of the partial sums over ranks. Add the bias "
@@ -417,7 +273,7 @@ def _mlp_oracle(dist, x, fc1_w, fc1_b, fc2_w, fc2_b, upstream):
             "fc2_w.grad": _local(module.fc2.weight.grad), "fc2_b.grad": _local(module.fc2.bias.grad).clone()}
 
 
-megatron_mlp = LayerPuzzle(
+megatron_mlp = _layer(
     "megatron_mlp", _mlp_case, ("x", "fc1_w", "fc1_b", "fc2_w", "fc2_b"),
     hints=["fc1 is column-parallel (this rank's 4h/N hidden units), GeLU acts on each unit alone, fc2 is "
            "row-parallel (the matching 4h/N inputs). No communication is needed between them.",
@@ -505,7 +361,7 @@ def _attention_oracle(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads, upstream):
             "proj_b.grad": _local(module.proj.bias.grad).clone()}
 
 
-parallel_attention = LayerPuzzle(
+parallel_attention = _layer(
     "parallel_attention", _attention_case, ("x", "qkv_w", "qkv_b", "proj_w", "proj_b", "heads"),
     hints=["Heads are independent: a rank holding heads/N whole heads of q, k and v computes their attention "
            "alone. The qkv projection is column-parallel, the output projection row-parallel.",
@@ -592,7 +448,7 @@ def _sp_oracle(dist, x, fc1_w, fc1_b, fc2_w, upstream):
             "fc2_w.grad": _local(module.fc2.weight.grad)}
 
 
-sequence_parallel_mlp = LayerPuzzle(
+sequence_parallel_mlp = _layer(
     "sequence_parallel_mlp", _sp_case, ("x", "fc1_w", "fc1_b", "fc2_w"),
     hints=["Outside the tensor-parallel region (LayerNorm, the residual, dropout) every token is independent: "
            "each rank works on its s/N tokens. Inside it (fc1, GeLU, fc2) each rank needs all s tokens.",
@@ -689,7 +545,7 @@ def _vocab_oracle(dist, tokens, targets, emb_w, head_w, upstream):
             "head_w.grad": _local(model.head.weight.grad)}
 
 
-vocab_parallel_loss = LayerPuzzle(
+vocab_parallel_loss = _layer(
     "vocab_parallel_loss", _vocab_case, ("tokens", "targets", "emb_w", "head_w"),
     hints=["Rank r holds vocabulary rows [r·V/N, (r+1)·V/N) of both the embedding and the head. Embedding: look "
            "up the tokens this rank owns, zeros for the others, and sum over ranks (g). Head: column-parallel "
