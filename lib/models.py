@@ -110,12 +110,12 @@ class Block(nn.Module):
             # memory, so the reshape below is a view and proj's input is that same tensor.
             p = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, s, h)))
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, s, h)))      # (b, a, s, d) -> (b, s, h)
         scores = (q @ k.transpose(-2, -1)) * (h // self.heads) ** -0.5
         # An additive mask: autograd saves nothing for it (masked_fill would save an s×s mask).
         causal = torch.full((s, s), float("-inf"), dtype=x.dtype, device=x.device).triu(1)
         weights = self.attn_drop((scores + causal).softmax(-1))
-        out = (weights @ v).transpose(1, 2).reshape(b, s, h)
+        out = (weights @ v).transpose(1, 2).reshape(b, s, h)                            # (b, a, s, d) -> (b, s, h)
         return self.proj_drop(self.proj(out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

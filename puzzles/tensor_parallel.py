@@ -58,10 +58,10 @@ def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
     s, b, three_w = qkv.shape
     w = three_w // 3
     d = w // heads
-    q, k, v = (t.reshape(s, b, heads, d).permute(1, 2, 0, 3) for t in qkv.split(w, dim=-1))
+    q, k, v = (t.reshape(s, b, heads, d).permute(1, 2, 0, 3) for t in qkv.split(w, dim=-1))  # (b, a, s, d) each
     causal = torch.full((s, s), float("-inf"), dtype=qkv.dtype, device=qkv.device).triu(1)
     weights = ((q @ k.transpose(-2, -1)) * d ** -0.5 + causal).softmax(-1)
-    return (weights @ v).permute(2, 0, 1, 3).reshape(s, b, w)
+    return (weights @ v).permute(2, 0, 1, 3).reshape(s, b, w)                           # (b, a, s, d) -> (s, b, w)
 
 
 def _reference(fn: Callable, upstream: torch.Tensor, **inputs: torch.Tensor) -> dict:

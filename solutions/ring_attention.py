@@ -133,10 +133,10 @@ def ulysses_attention(dist, q, k, v, block):
         send = x.reshape(b, world, h // world, c, d).transpose(0, 1).contiguous()   # (N, b, h/N, s/N, d)
         got = torch.empty_like(send)                           # (N, b, h/N, s/N, d), the N sequence chunks
         dist.all_to_all_single(got, send)
-        return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
+        return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)          # (b, h/N, s, d)
 
     o, _ = blockwise_attention(to_heads(q), to_heads(k), to_heads(v), block)   # (b, h/N, s, d)
     send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()  # (N, b, h/N, s/N, d)
     got = torch.empty_like(send)                                # (N, b, h/N, s/N, d), the N head groups
     dist.all_to_all_single(got, send)
-    return got.transpose(0, 1).reshape(b, h, c, d)
+    return got.transpose(0, 1).reshape(b, h, c, d)                                      # (b, h, s/N, d)

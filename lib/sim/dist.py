@@ -299,7 +299,7 @@ class SimDist:
 
         def finish(payloads):
             with self._rt.untracked():
-                total = self._reduce([payloads[r][1].reshape(g.size(), -1) for r in g.ranks], op)
+                total = self._reduce([payloads[r][1].reshape(g.size(), -1) for r in g.ranks], op)  # (N, chunk) per rank
             return {r: _copy(payloads[r][0], total[i]) for i, r in enumerate(g.ranks)}
         return self._collective("reduce_scatter", g, text=f"{what}({describe_tensor(inp)}, {_op_name(op)})",
                                 signature=(tuple(inp.shape), inp.dtype, _op_name(op)), payload=(out, inp),

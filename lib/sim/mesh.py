@@ -49,8 +49,8 @@ def mesh_groups(shape: Sequence[int], dim: int) -> list[list[int]]:
     """Every group along dimension `dim` of a mesh of `shape` over ranks 0..N-1 laid out row-major (the last
     dimension innermost), in the order torch creates them: by the other dimensions' coordinates, row-major."""
     refuse_answer_key("lib.sim.mesh.mesh_groups")
-    ranks = torch.arange(_product(shape)).reshape(tuple(shape))
-    return ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist()
+    ranks = torch.arange(_product(shape)).reshape(tuple(shape))                         # rank ids laid out on the mesh
+    return ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist()                      # one row per group along `dim`
 
 
 def coordinates(rank: int, shape: Sequence[int]) -> tuple[int, ...]:
@@ -90,7 +90,7 @@ class SimDeviceMesh:
     @property
     def mesh(self) -> torch.Tensor:
         """The global ranks of this mesh, laid out in its shape (a sub-mesh: the slice holding this rank)."""
-        full = torch.arange(_product(self._full_shape)).reshape(self._full_shape)
+        full = torch.arange(_product(self._full_shape)).reshape(self._full_shape)       # rank ids on the full mesh
         index = tuple(slice(None) if d in self._dims else c for d, c in enumerate(self._coordinate))
         return full[index]
 
