@@ -25,7 +25,7 @@ from lib.devices import device_mesh
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
 from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown
-from lib.measure import allocated, counted_flops, counted_time, saved_activation_bytes
+from lib.measure import WithoutPeers, allocated, counted_flops, counted_time, saved_activation_bytes
 from lib.mesh_check import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
 from lib.schedules import peak_in_flight, schedule_orders
 from lib.models import GPTConfig
@@ -298,14 +298,6 @@ tp_dp_train = MeshPuzzle(
 
 
 # ---- 4. 3D: pipeline × tensor × data parallel on a tiny GPT ----------------------------------------------------------
-class _NoComm:
-    """A stand-in `dist` for measuring one TP rank's stage alone: its all-reduces leave the tensor as it is (the
-    values are then not the real ones, but the shapes, the FLOPs and the tensors autograd saves are)."""
-
-    def all_reduce(self, tensor, op=None, group=None, async_op=False):
-        return None
-
-
 def train_gpt(model, tokens: torch.Tensor, targets: torch.Tensor, steps: int, lr: float):
     """The single-device reference: `steps` SGD steps on the whole batch, mean cross-entropy (float64)."""
     model = copy.deepcopy(model)
@@ -328,7 +320,7 @@ def stage_costs(stage: GPTStage, micro: torch.Tensor, targets: torch.Tensor, las
         x = micro.clone()
         if x.is_floating_point():
             x.requires_grad_()
-        out = s(_NoComm(), None, x)
+        out = s(WithoutPeers(), None, x)
         return s.loss(out, targets) if last else out
 
     def work(s):
