@@ -6,11 +6,8 @@ and the same number of steps. An implementation is `fn(dist, *inputs)` that runs
 PyTorch's side is the puzzle's own oracle wherever that oracle builds nothing per step; where it would
 (a DDP bucket size, a DTensor module, a pipeline schedule), the few lines here build it once, before the steps.
 
-A new notebook adds its row here and nothing else changes, e.g. for ring attention:
-
-    CONTEXT = Setup(sequence_shards_for_attention, dict(tokens=4096, heads=8, dim=64), dict(tokens=64, heads=2, dim=8))
-    Row("ring-attention", "ring attention, forward + backward", "08", Impl("ring_attention", ring_attention, CONTEXT),
-        Impl("SDPA on the gathered sequence", gathered_sdpa, CONTEXT), target=1.3)
+A new notebook adds its row here and nothing else changes (notebook 08's, ring attention against SDPA on the
+gathered sequence, is the latest).
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ import lib
 from lib.devices import device_mesh
 import solutions.data_parallel as dp
 import solutions.pipeline as pp
+import solutions.ring_attention as ra
 import solutions.tensor_parallel as tp
 import solutions.zero as zero
 from bench.timing import Steps
@@ -134,6 +132,14 @@ def sequence_shards(world: int, rank: int, steps: int, tokens: int, hidden: int)
     return (*weights, cut)
 
 
+def attention_shards(world: int, rank: int, steps: int, tokens: int, heads: int, dim: int) -> tuple:
+    """This rank's s/N tokens of q, k and v per step (one sequence of `tokens`), and the ring's key block."""
+    chunk = tokens // world
+    data = Steps([tuple(_rand(100 * s + i, 1, heads, tokens, dim)[:, :, rank * chunk:(rank + 1) * chunk].clone()
+                        for i in range(3)) for s in range(steps)])              # (1, heads, s/N, dim) each
+    return data, chunk // 2
+
+
 def _batch(steps: int, rows: int, width: int) -> Steps:
     return Steps([(_rand(10 + s, rows, width), _rand(20 + s, rows, width)) for s in range(steps)])
 
@@ -198,6 +204,12 @@ def _each_step(solution: Callable) -> Callable:
     return run
 
 
+def ring_attention(dist, steps, block):
+    for q, k, v in steps:
+        out, _ = ra.ring_attention(dist, q, k, v, block)
+    return {"out": out}
+
+
 # ---- PyTorch's side -------------------------------------------------------------------------------------
 def all_reduce(dist, steps):
     for x in steps:
@@ -208,6 +220,19 @@ def all_reduce(dist, steps):
 def ddp(dist, model, steps, lr, bucket):
     """DistributedDataParallel with our bucket size (the puzzle's oracle keeps DDP's default 25 MiB)."""
     return P02._ddp_oracle(dist, model, steps, lr, bucket_cap_mb=bucket * DTYPE.itemsize / 2**20)
+
+
+def gathered_sdpa(dist, steps, block):
+    """Context parallelism the plain way: all-gather K and V along the sequence, then PyTorch's fused attention."""
+    world = dist.get_world_size()
+    for q, k, v in steps:
+        whole = []
+        for t in (k, v):
+            parts = torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)  # (N, h, s/N, d)
+            dist.all_gather_single(parts, t.contiguous())
+            whole.append(torch.cat(parts.chunk(world), 2))                              # (1, heads, s, dim)
+        out = F.scaled_dot_product_attention(q, *whole)
+    return {"out": out}
 
 
 def parallelize(dist, w1, b1, w2, b2, steps):
@@ -276,6 +301,8 @@ MEGATRON = Impl("megatron_mlp", megatron, MLP)
 ONE_F_ONE_B = Impl("one_f_one_b", _each_step(pp.one_f_one_b), PIPE)
 INTERLEAVED_1F1B = Impl("interleaved_1f1b", _each_step(pp.interleaved_1f1b), INTERLEAVED)
 
+CONTEXT = Setup(attention_shards, dict(tokens=4096, heads=8, dim=64), dict(tokens=64, heads=2, dim=8))
+
 ROWS: list[Row] = [
     *(_ring_row(n) for n in RING_SIZES),
     Row("ddp", "bucketed, overlapped DDP step", "02", OVERLAPPED_DDP, Impl("DistributedDataParallel", ddp, DDP),
@@ -299,6 +326,10 @@ ROWS: list[Row] = [
         target=1.3),
     Row("interleaved", "interleaved 1F1B step (v=2)", "05", INTERLEAVED_1F1B,
         Impl("ScheduleInterleaved1F1B", pipelining("ScheduleInterleaved1F1B"), INTERLEAVED), target=1.3),
+    Row("ring-attention", "ring attention, forward", "08", Impl("ring_attention", ring_attention, CONTEXT),
+        Impl("SDPA on the gathered sequence", gathered_sdpa, CONTEXT), target=1.3,
+        why="ours computes attention block by block in separate ops (matmuls, exp, the merges: the lesson's "
+            "algorithm, PyTorch's kernel refused in the puzzle); SDPA is one fused kernel over the gathered K/V"),
 ]
 
 
