@@ -9,6 +9,7 @@ Korthikanti et al.'s per-rank activation terms (lib.formulas.activation_bytes_pe
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Callable, Optional, Sequence
 
@@ -33,6 +34,23 @@ ITEM = 8                      # float64: the comparison with the single-device l
 def _layer(name: str, make_case: Callable, arg_names: Sequence[str], **kw) -> LayerPuzzle:
     return LayerPuzzle(name, NOTEBOOK, make_case, arg_names=arg_names, world_sizes=WORLDS, rtol=1e-9, atol=1e-10,
                        **kw)
+
+
+GPT3_LAYER = (2048, 1, 12288)          # s, b, h of GPT-3 175B (Brown et al. 2020, Table 2.1)
+
+
+def _layer_display(case: Case, split: str = "") -> tuple:
+    """A layer's timeline at GPT-3's scale: the toy [s, b, h] float64 stands for GPT-3's in bf16, so that its
+    matmuls (s·b·h² FLOPs) and its all-reduces (s·b·h bytes) take their real proportions. `split`: the dimension
+    of x each rank holds 1/N of ("hidden" for row-parallel, "sequence" for sequence parallelism)."""
+    from lib.viz.timeline import at_scale, scale_note
+
+    x = case.args[0].values[0]                               # [s, b, h], or this rank's slice of it
+    (s, b, h), (S, B, H) = x.shape, GPT3_LAYER
+    s, h = s * (case.world_size if split == "sequence" else 1), h * (case.world_size if split == "hidden" else 1)
+    elements = S * B * H / (s * b * h)
+    return (at_scale(elements * 2 / x.element_size(), elements * H / h),
+            f"drawn as if s·b·h = {s}·{b}·{h} in float64 were GPT-3's {S}·{B}·{H} in bf16\n{scale_note()}")
 
 
 # ---- the single-device layers ---------------------------------------------------------------
@@ -157,6 +175,7 @@ column_parallel_linear = _layer(
            "class Copy(torch.autograd.Function): forward returns x.view_as(x); backward clones grad, calls "
            "dist.all_reduce on it and returns it. Define the class inside your function so it can use dist."],
     oracle=_column_oracle, oracle_name="parallelize_module with ColwiseParallel",
+    display=_layer_display,
     describe="y_r = x A_rᵀ + b_r for this rank's rows of A; x.grad complete on every rank.")
 
 
@@ -200,6 +219,7 @@ row_parallel_linear = _layer(
            "class Reduce(torch.autograd.Function): forward clones x, dist.all_reduce(x), returns it; backward "
            "returns grad unchanged. y = Reduce.apply(F.linear(x, weight)) + bias."],
     oracle=_row_oracle, oracle_name="parallelize_module with RowwiseParallel",
+    display=functools.partial(_layer_display, split="hidden"),
     describe="y = Σ_r x_r A_rᵀ + b on every rank, one all-reduce in forward, none in backward.")
 
 
@@ -235,21 +255,6 @@ def _mlp_case(rng: random.Random, world: int) -> Case:
     return Case(world, args, expected, _label(world, s, b, h),
                 budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
                 allowed_ops=frozenset({"all_reduce"}))
-
-
-GPT3_LAYER = (2048, 1, 12288)          # s, b, h of GPT-3 175B (Brown et al. 2020, Table 2.1)
-
-
-def _layer_display(case: Case) -> tuple:
-    """A layer's timeline at GPT-3's scale: the toy [s, b, h] float64 stands for GPT-3's in bf16, so that its
-    matmuls (s·b·h² FLOPs) and its all-reduces (s·b·h bytes) take their real proportions."""
-    from lib.viz.timeline import at_scale, scale_note
-
-    x = case.args[0].values[0]                               # [s, b, h]
-    (s, b, h), (S, B, H) = x.shape, GPT3_LAYER
-    elements = S * B * H / (s * b * h)
-    return (at_scale(elements * 2 / x.element_size(), elements * H / h),
-            f"drawn as if s·b·h = {s}·{b}·{h} in float64 were GPT-3's {S}·{B}·{H} in bf16\n{scale_note()}")
 
 
 class _MLP(torch.nn.Module):
@@ -460,6 +465,7 @@ sequence_parallel_mlp = _layer(
            "(before torch 2.13: all_gather_into_tensor, reduce_scatter_tensor). "
            "Add the residual x after the reduce-scatter."],
     oracle=_sp_oracle, oracle_name="parallelize_module (SequenceParallel norm, ColwiseParallel, RowwiseParallel)",
+    display=functools.partial(_layer_display, split="sequence"),
     describe="x + MLP(LayerNorm(x)) on this rank's tokens: all-gather before fc1, reduce-scatter after fc2.")
 
 
