@@ -57,13 +57,27 @@ def _all_reduce_oracle(dist, x):
     return x
 
 
+DISPLAY_BYTES = 100 * 2**20      # an all-reduce's timeline is drawn as if each rank's tensor were a 100 MiB bucket
+
+
+def _bucket_display(case: Case) -> tuple[CostModel, str]:
+    """An all-reduce's timeline at a gradient bucket's scale: the toy tensor's bytes stand for 100 MiB."""
+    from lib.viz.timeline import at_scale, scale_note
+
+    x = case.args[0].values[0]
+    toy = x.nbytes
+    factor = DISPLAY_BYTES / toy
+    return at_scale(factor, factor), (f"drawn as if each rank's input of {fmt_bytes(toy)} were "
+                                      f"{fmt_bytes(DISPLAY_BYTES)}\n{scale_note()}")
+
+
 param_server_all_reduce = Puzzle(
     "param_server_all_reduce", NOTEBOOK, _param_server_case,
     hints=["Rank 0 is the server: it receives every other rank's x, adds them to its own, then sends the sum back.",
            "Workers call dist.send(x, 0) then dist.recv(x, 0). The server loops over the workers twice: "
            "once receiving into a scratch buffer (x += buf), once sending x.",
            "A blocking recv on the server pairs with each worker's send in turn, so no deadlock is possible."],
-    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce",
+    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", display=_bucket_display,
     atol=1e-5, describe="Sum x over all ranks through rank 0; every rank returns the sum.")
 
 
@@ -75,20 +89,6 @@ def _ring_input(rng: random.Random, world: int) -> list[torch.Tensor]:
 def _ring_budget(factor: float, formula: str, size: int, what: str) -> Budget:
     return Budget("bytes_sent", factor * size, f"{formula} × {fmt_bytes(size)}, what {what} sends per rank",
                   hint="each step sends one chunk (1/N of the tensor) to the right neighbour; never the whole tensor.")
-
-
-RING_DISPLAY_BYTES = 100 * 2**20      # a ring's timeline is drawn as if each rank's tensor were a 100 MiB bucket
-
-
-def _ring_display(case: Case) -> tuple[CostModel, str]:
-    """The ring's timeline at a gradient bucket's scale: the toy tensor's bytes stand for 100 MiB."""
-    from lib.viz.timeline import at_scale, scale_note
-
-    x = case.args[0].values[0]
-    toy = x.nbytes
-    factor = RING_DISPLAY_BYTES / toy
-    return at_scale(factor, factor), (f"drawn as if each rank's input of {fmt_bytes(toy)} were "
-                                      f"{fmt_bytes(RING_DISPLAY_BYTES)}\n{scale_note()}")
 
 
 def _off_ring(result: SimResult) -> Optional[str]:
@@ -150,7 +150,7 @@ ring_reduce_scatter = Puzzle(
            "After N-1 steps chunk r holds the full sum on rank r.",
            "Send without blocking (req = dist.isend(...)), then dist.recv(buf, left), then req.wait(): "
            "if every rank does a blocking send first, nobody is receiving."],
-    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5, display=_ring_display,
+    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5, display=_bucket_display,
     describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring.")
 
 
@@ -174,7 +174,7 @@ ring_all_gather = Puzzle(
            "straight into its place in the output.",
            "dist.recv writes into the tensor you give it, and a chunk of out (out.chunk(N)[i]) is a view: "
            "receiving into it fills the output."],
-    oracle=_all_gather_oracle, oracle_name="dist.all_gather_single", display=_ring_display,
+    oracle=_all_gather_oracle, oracle_name="dist.all_gather_single", display=_bucket_display,
     describe="Every rank returns the concatenation of all ranks' chunks, in rank order, built from send/recv.")
 
 
@@ -189,7 +189,7 @@ ring_all_reduce = Puzzle(
     hints=["All-reduce = reduce-scatter, then all-gather of the reduced chunks.",
            "Call your ring_reduce_scatter, then your ring_all_gather on its result.",
            "Each phase sends (N-1)/N of the data per rank, 2(N-1)/N in all: independent of N for large N."],
-    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5, display=_ring_display,
+    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5, display=_bucket_display,
     describe="Every rank returns the sum over ranks of x, using 2(N-1)/N of the data per rank.")
 
 
