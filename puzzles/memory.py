@@ -54,7 +54,6 @@ DERIVE_ADVICE = "derive it from the configuration (and from lib/models.py, read,
 PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, off_limits_advice=DERIVE_ADVICE,
                   real_cell=False)
 
-import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
 # Each seed asks the three kinds of model of the statement: GPT-2's (tied, biases), LLaMA's (untied, no biases),
 # and grouped-query attention, which lib.formulas does not model.
 MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias": False}, {"gqa": True}]
