@@ -29,7 +29,7 @@ import_ahead("optimizer", "explicit_gradient")      # every check builds Adam; Z
 
 NOTEBOOK = "03_zero"
 SIZES = (6, 20, 20, 20, 20, 20, 20, 20, 3)    # 8 Linear layers; 400, 20 and 3 leave remainders at N = 2, 3, 4
-STEPS = 3
+STEPS = 2
 LOCAL = 4                                     # samples per rank per step
 LR = 1e-2
 ITEM = 8                                      # bytes per float64 element
