@@ -193,7 +193,8 @@ class Puzzle:
                  mistakes: Sequence[Mistake] = (),
                  off_limits: Mapping[str, Any] = MappingProxyType({}), off_limits_advice: str = "",
                  real_cell: bool = True,
-                 display: Optional[Callable[[Case], tuple[CostModel, str]]] = None) -> None:
+                 display: Optional[Callable[[Case], tuple[CostModel, str]]] = None,
+                 harness: Optional[Callable] = None) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -216,6 +217,9 @@ class Puzzle:
         # model, scaled so that the toy case shows a real run's proportions of compute, bandwidth and latency
         # (lib.viz.timeline.at_scale), with the scale it stands for in its title. None: the check's own run.
         self.display = display
+        # How each rank runs the answer, where the check judges what the answer does rather than what it returns:
+        # harness(answer, dist, *case.args) -> the result compared (the answer as the learner gave it, watched).
+        self.harness = harness
         self.oracle = oracle
         self.oracle_name = oracle_name
         self.rtol, self.atol = rtol, atol
@@ -236,6 +240,10 @@ class Puzzle:
         learner's forward; the simulated and the real checks both run what this returns."""
         if not callable(fn):
             return fn
+        if self.harness is not None:
+            watched = functools.partial(call_watched, self.off_limits, self.off_limits_advice, fn) if self.off_limits \
+                else fn
+            return functools.partial(self.harness, watched)
         inner = fn if self.takes_dist else functools.partial(_without_dist, fn)
         if self.off_limits:
             return functools.partial(call_watched, self.off_limits, self.off_limits_advice, inner)

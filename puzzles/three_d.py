@@ -121,18 +121,16 @@ def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
     return out
 
 
-class GroupsPuzzle(MeshPuzzle):
-    """The learner builds the groups (by hand: device_mesh and lib.sim.mesh's groups are refused meanwhile); the
-    check uses them (use_groups) in both worlds."""
-
-    def wrap(self, fn: Callable) -> Callable:
-        return functools.partial(use_groups, functools.partial(_by_hand, fn)) if callable(fn) else fn
-
-
 def _by_hand(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
     with answer_key_refused("process_groups asks you to build every group yourself with dist.new_group, as "
                             "torch's DeviceMesh does inside"):
         return fn(dist, dp, pp, tp)
+
+
+def _groups_used(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
+    """process_groups' harness: the learner builds the groups (by hand: device_mesh and lib.sim.mesh's groups are
+    refused meanwhile); the check uses them (use_groups), in both worlds."""
+    return use_groups(functools.partial(_by_hand, fn), dist, dp, pp, tp)
 
 
 def _mesh_groups_oracle(dist, dp: int, pp: int, tp: int) -> dict:
@@ -163,7 +161,7 @@ def _groups_case(rng: random.Random, n: int) -> MeshCase:
     return MeshCase(n, (dp, pp, tp), expected, f"a (dp, pp, tp) = {shape} mesh", axes=axes, axis_budgets=budgets)
 
 
-process_groups = GroupsPuzzle(
+process_groups = MeshPuzzle(
     "process_groups", NOTEBOOK, _groups_case, world_sizes=(4, 6, 8, 12), rtol=0, atol=0,
     hints=["Every rank must call dist.new_group for every group of every axis, members or not, in the same order: "
            "loop over all the TP groups, then all the PP groups, then all the DP groups, and keep the one this rank "
@@ -174,7 +172,7 @@ process_groups = GroupsPuzzle(
            "for d in range(dp): for p in range(pp): ranks = [...]; g = dist.new_group(ranks); if rank in ranks: "
            "groups['tp'] = g. Never guard the new_group call itself with `if rank in ranks`."],
     oracle=functools.partial(use_groups, _mesh_groups_oracle),
-    oracle_name="torch's DeviceMesh (init_device_mesh, mesh.get_group(axis))",
+    oracle_name="torch's DeviceMesh (init_device_mesh, mesh.get_group(axis))", harness=_groups_used,
     describe="This rank's TP, PP and DP groups, every group created by every rank in the same order.")
 
 
@@ -579,13 +577,6 @@ def plan_summary(fn: Callable, dist, model, cluster, global_batch: int) -> dict:
     return {"fits": e.fits, "tokens per second": e.tokens_per_second}
 
 
-class PlanPuzzle(Puzzle):
-    """A search over plans, judged by what the course's estimator says of the plan it returns."""
-
-    def wrap(self, fn: Callable) -> Callable:
-        return functools.partial(plan_summary, fn) if callable(fn) else fn
-
-
 def _plan_case(rng: random.Random, n: int, long: bool = False) -> Case:
     from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError, best_plan
 
@@ -607,7 +598,7 @@ def _plan_case(rng: random.Random, n: int, long: bool = False) -> Case:
                 f"{cluster.gpus} × {cluster.gpu.name}, batch {batch}")
 
 
-choose_plan = PlanPuzzle(
+choose_plan = Puzzle(
     "choose_plan", NOTEBOOK, _plan_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
     variants=[{"long": True}],        # 8K tokens on 8 A100s: activations decide what fits
     hints=["Loop over every tp dividing cluster.gpus_per_node, every pp dividing model.layers, dp = cluster.gpus "
@@ -617,5 +608,5 @@ choose_plan = PlanPuzzle(
            "estimate() raises PlanError for one that does not split (skip it). Keep the plans with e.fits.",
            "Among those, return the plan with the highest e.tokens_per_second (for one model and cluster, the highest "
            "MFU: the same model FLOPs per token). Not HFU: it counts recomputed FLOPs, which train nothing."],
-    describe="The fastest plan that fits, by brute force with the course's estimator.")
+    harness=plan_summary, describe="The fastest plan that fits, by brute force with the course's estimator.")
 PUZZLES = [mesh_coordinates, process_groups, tp_dp_train, train_3d, plan_memory, choose_plan]

@@ -483,3 +483,18 @@ def test_rebuilding_a_case_is_named_before_the_builder_meets_a_refused_kernel():
     outcome = puzzle.evaluate(cheat)
     assert not outcome.ok and "a check's case was being built" in outcome.message, outcome.message
     assert puzzle.evaluate(lambda dist, x: x @ x).message.count("no matmul") == 1
+
+
+def _plus_one_case(rng: random.Random, n: int) -> Case:
+    x = torch.arange(3.0)
+    return Case(n, (x,), [{"twice": 2 * (x + 1)}] * n, f"N={n}")
+
+
+def test_a_harness_runs_the_answer_as_given_and_the_check_judges_what_it_returns():
+    """harness(answer, dist, *args): the answer arrives untouched (no dist added), and what is compared is the
+    harness's result, as notebook 06's group and plan puzzles use it."""
+    puzzle = Puzzle("plus_one", "00_test", _plus_one_case, world_sizes=(2, 3),
+                    harness=lambda answer, dist, x: {"twice": 2 * answer(x)})
+    assert puzzle.check(lambda x: x + 1, seed=0, show=False) is True
+    outcome = puzzle.evaluate(lambda x: x + 2, seed=0)
+    assert outcome.status == FAILING and "result['twice']" in outcome.message
