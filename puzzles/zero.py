@@ -29,6 +29,13 @@ import_ahead("optimizer", "explicit_gradient")      # every check builds Adam; Z
 
 NOTEBOOK = "03_zero"
 SIZES = (6, 20, 20, 20, 20, 20, 20, 20, 3)    # 8 Linear layers; 400, 20 and 3 leave remainders at N = 2, 3, 4
+WIDTHS = (16, 20)                             # the hidden width each case draws (256 and 400 leave them at N = 3)
+
+
+def _sizes(rng: random.Random) -> tuple[int, ...]:
+    """SIZES with a hidden width drawn for the case: an answer may not assume the model's shapes."""
+    width = rng.choice(WIDTHS)
+    return (SIZES[0], *[width] * (len(SIZES) - 2), SIZES[-1])
 STEPS = 2
 LOCAL = 4                                     # samples per rank per step
 LR = 1e-2
@@ -104,7 +111,7 @@ class _Sizes:
         x, y = self.first_batch = shard[0]
         probe = copy.deepcopy(model)
         saved = saved_activation_bytes(lambda: F.mse_loss(probe(x), y), exclude=list(probe.parameters()))
-        widest = max(x.shape[0] * s for s in SIZES) * ITEM
+        widest = max(x.shape[0] * m.out_features for m in _layers(model)) * ITEM
         self.act = saved + 2 * widest                 # what autograd saves, and the gradient flowing back
 
     def states(self, stage: int) -> float:
@@ -165,7 +172,7 @@ def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False
           what: str = "") -> Case:
     """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there.
     `model`: one the caller drew from `rng` first (to fit the cost model to it)."""
-    model = mlp(SIZES, seed=rng.randrange(2**31)) if model is None else model
+    model = mlp(_sizes(rng), seed=rng.randrange(2**31)) if model is None else model
     shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, LOCAL, STEPS)
     s = _Sizes(model, world, shards[0])
     return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
@@ -344,7 +351,7 @@ def _backward_through(layer, inp, grad):
 
 
 def _prefetch_case(rng: random.Random, world: int) -> Case:
-    model = mlp(SIZES, seed=rng.randrange(2**31))
+    model = mlp(_sizes(rng), seed=rng.randrange(2**31))
     biggest = max(_layers(model), key=lambda m: m.weight.numel())
     flops = 2 * LOCAL * biggest.in_features * biggest.out_features
     cost = CostModel(flops_per_s=1e9, latency=1e-8)
