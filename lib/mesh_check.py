@@ -60,6 +60,14 @@ class MeshCase(Case):
                               *(b.contract(self.axes) for b in self.axis_budgets)]
 
 
+def _traffic(result: SimResult, axes: MeshAxes) -> list[dict[str, AxisTraffic]]:
+    """traffic_by_axis of a run, read from its trace once however many rules ask (kept on the result itself)."""
+    cache = result.__dict__.setdefault("_traffic_by_axis", {})
+    if axes not in cache:
+        cache[axes] = traffic_by_axis(result.trace, axes)
+    return cache[axes]
+
+
 def _label(axis: str) -> str:
     return "outside the mesh's groups" if axis == OUTSIDE else f"the {axis.upper()} axis"
 
@@ -68,7 +76,7 @@ def within_mesh(axes: MeshAxes) -> Contract:
     """No communication outside the mesh's groups: each travels along one axis."""
 
     def broken(result: SimResult) -> Optional[str]:
-        for rank, per_axis in enumerate(traffic_by_axis(result.trace, axes)):
+        for rank, per_axis in enumerate(_traffic(result, axes)):
             if per_axis[OUTSIDE].ops:
                 event = next(e for e in result.trace if e.rank == rank and e.lane == "comm"
                              and axes.axis_of(e) == OUTSIDE)
@@ -82,7 +90,7 @@ def within_mesh(axes: MeshAxes) -> Contract:
 
 def _over_axis_budget(b: AxisBudget, axes: MeshAxes, result: SimResult) -> Optional[str]:
     """Which rank used an op `b`'s axis does not carry, or sent more than `b` allows on it, or None."""
-    for rank, per_axis in enumerate(traffic_by_axis(result.trace, axes)):
+    for rank, per_axis in enumerate(_traffic(result, axes)):
         t: AxisTraffic = per_axis[b.axis]
         extra = sorted(set(t.ops) - b.ops) if b.ops else []
         if extra:
@@ -120,7 +128,7 @@ class MeshPuzzle(Puzzle):
         text = super()._success(result, case)
         if not isinstance(case, MeshCase) or case.axes is None:
             return text
-        traffic = traffic_by_axis(result.trace, case.axes)
+        traffic = _traffic(result, case.axes)
         for b in case.axis_budgets:
             worst = max(range(len(traffic)), key=lambda r: traffic[r][b.axis].sent / max(b.limit_for(r), 1e-30))
             text += (f"\n  sent on {_label(b.axis)} at N={case.world_size}: {fmt_bytes(traffic[worst][b.axis].sent)} "
