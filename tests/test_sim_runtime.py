@@ -261,6 +261,10 @@ def _send_1000_floats(dist):
 @pytest.mark.parametrize("cost, expected", [
     (SLOW_LINKS, 1e-3 + 4000 / 1e6),                              # one node: NVLink-like
     (SLOW_LINKS.with_(ranks_per_node=1), 1e-3 + 4000 / 1e5),      # one rank per node: the network
+    (SLOW_LINKS.with_(ranks_per_node=1, ranks_per_site=1, inter_site_bandwidth=1e4, inter_site_latency=0.25),
+     0.25 + 4000 / 1e4),                                          # one rank per datacenter: the wide-area link
+    (SLOW_LINKS.with_(ranks_per_site=2, inter_site_bandwidth=1e4, inter_site_latency=0.25),
+     1e-3 + 4000 / 1e6),                                          # both in one datacenter: NVLink again
 ])
 def test_p2p_clock_is_latency_plus_bytes_over_bandwidth(cost, expected):
     result = lib.sim.run(_send_1000_floats, 2, cost=cost)
@@ -271,6 +275,28 @@ def test_p2p_clock_is_latency_plus_bytes_over_bandwidth(cost, expected):
                                                                         (1, "recv", "p2p", 0, 4000)]
     for e in comm:
         assert e.start == 0.0 and e.end == pytest.approx(expected, abs=1e-12)
+
+
+def _all_reduce_1000_floats(dist):
+    dist.all_reduce(torch.ones(1000))
+
+
+def test_a_collective_spanning_datacenters_runs_at_the_wide_area_links_speed_and_latency():
+    """Two datacenters of two ranks: a group inside one keeps the node's link, the world pays the WAN's."""
+    cost = SLOW_LINKS.with_(ranks_per_site=2, inter_site_bandwidth=1e4, inter_site_latency=0.25)
+
+    def prog(dist):
+        local = dist.new_group([0, 1]), dist.new_group([2, 3])
+        dist.all_reduce(torch.ones(1000), group=local[dist.get_rank() // 2])
+        inside = lib.sim.context.current_runtime().me().clock
+        _all_reduce_1000_floats(dist)
+        return inside
+    result = lib.sim.run(prog, 4, cost=cost)
+    inside = 2 * 1e-3 + 1 * 4000 / 1e6                                # 2 ranks: 2 steps, (N-1)/N·2 of the bytes
+    world = 2 * 3 * 0.25 + 2 * 3 / 4 * 4000 / 1e4
+    assert result.results == [pytest.approx(inside, abs=1e-12)] * 4
+    assert result.time == pytest.approx(inside + world, abs=1e-12)
+    assert lib.sim.run(_all_reduce_1000_floats, 4, cost=SLOW_LINKS).time == pytest.approx(6e-3 + 1.5 * 4000 / 1e6)
 
 
 OVERLAP = CostModel(flops_per_s=1e9, intra_node_bandwidth=4e6, latency=5e-6)

@@ -66,6 +66,9 @@ class CostModel:
     host_flops_per_s: the host CPU for offloaded work; by default the device's / HOST_COMPUTE_SLOWDOWN.
     host_memory_bandwidth: the host's DRAM; by default the device's / HOST_MEMORY_SLOWDOWN.
     pcie_bandwidth: copies between host and device memory (PCIe 5 x16, about 50 GB/s in practice).
+    ranks_per_site: GPUs per datacenter; 0 (the default) puts every rank in one datacenter.
+    inter_site_bandwidth, inter_site_latency: the wide-area link between datacenters, per GPU (a group that
+    spans two sites runs at this bandwidth and pays this latency per message); 100 Gb/s and 10 ms by default.
     """
 
     flops_per_s: float = 989e12
@@ -77,6 +80,9 @@ class CostModel:
     host_flops_per_s: Optional[float] = None
     host_memory_bandwidth: Optional[float] = None
     pcie_bandwidth: float = 50e9
+    ranks_per_site: int = 0
+    inter_site_bandwidth: float = 12.5e9
+    inter_site_latency: float = 10e-3
 
     def with_(self, **changes) -> "CostModel":
         """A copy with some fields changed, e.g. `CostModel().with_(ranks_per_node=4)`."""
@@ -103,13 +109,24 @@ class CostModel:
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node
 
+    def spans_sites(self, ranks: Sequence[int]) -> bool:
+        """Whether a group's ranks sit in more than one datacenter (so it crosses the wide-area link)."""
+        return self.ranks_per_site > 0 and len({r // self.ranks_per_site for r in ranks}) > 1
+
     def bandwidth(self, ranks: Sequence[int]) -> float:
-        """The slowest link a group uses: NVLink inside one node, the network once it spans nodes."""
+        """The slowest link a group uses: NVLink inside one node, the network once it spans nodes, the wide-area
+        link once it spans datacenters."""
+        if self.spans_sites(ranks):
+            return self.inter_site_bandwidth
         nodes = {self.node_of(r) for r in ranks}
         return self.intra_node_bandwidth if len(nodes) <= 1 else self.inter_node_bandwidth
 
+    def latency_of(self, ranks: Sequence[int]) -> float:
+        """The latency each message of a group pays: the wide-area link's once the group spans datacenters."""
+        return self.inter_site_latency if self.spans_sites(ranks) else self.latency
+
     def p2p_time(self, nbytes: int, src: int, dst: int) -> float:
-        return self.latency + nbytes / self.bandwidth((src, dst))
+        return self.latency_of((src, dst)) + nbytes / self.bandwidth((src, dst))
 
     def collective_time(self, op: str, nbytes: int, ranks: Sequence[int]) -> float:
         """Time of one collective over `ranks` moving a message of `nbytes`.
@@ -121,7 +138,7 @@ class CostModel:
         n = len(ranks)
         if n <= 1:
             return 0.0
-        return (latency_steps(op, n) * self.latency
+        return (latency_steps(op, n) * self.latency_of(ranks)
                 + bus_factor(op, n) * nbytes / self.bandwidth(ranks))
 
     def all_reduce_time(self, algorithm: str, nbytes: int, ranks: Sequence[int]) -> float:
