@@ -4,7 +4,8 @@ import importlib
 import importlib.util
 
 # The course in order; a module not written yet is simply not there (its notebook is "coming").
-COURSE = ["memory", "data_parallel", "zero", "tensor_parallel", "pipeline", "three_d", "moe", "ring_attention"]
+COURSE = ["memory", "data_parallel", "zero", "tensor_parallel", "pipeline", "three_d", "moe", "ring_attention",
+          "beyond"]
 
 MODULES = [importlib.import_module(f"puzzles.{name}") for name in COURSE
            if importlib.util.find_spec(f"puzzles.{name}") is not None]

@@ -121,18 +121,20 @@ def at_scale(bytes_factor: float, flops_factor: float, cost=None):
     return cost.with_(flops_per_s=cost.flops_per_s / flops_factor, host_flops_per_s=cost.host_flops / flops_factor,
                       intra_node_bandwidth=cost.intra_node_bandwidth / bytes_factor,
                       inter_node_bandwidth=cost.inter_node_bandwidth / bytes_factor,
+                      inter_site_bandwidth=cost.inter_site_bandwidth / bytes_factor,
                       memory_bandwidth=cost.memory_bandwidth / bytes_factor,
                       host_memory_bandwidth=cost.host_bandwidth / bytes_factor,
                       pcie_bandwidth=cost.pcie_bandwidth / bytes_factor)
 
 
-def training_display(case, params: float = 1.3e9, tokens: int = 4096):
+def training_display(case, params: float = 1.3e9, tokens: int = 4096, cost=None):
     """A training step's timeline at GPT-3 1.3B's scale, for a case whose arguments start with the model and each
     rank's batches: the toy model's bytes stand for `params` bf16 parameters and its compute for
-    6 · params · tokens per rank and step, so that compute and communication take their real proportions."""
+    6 · params · tokens per rank and step, so that compute and communication take their real proportions.
+    `cost`: the cluster scaled (an H100 node by default)."""
     model, batches = case.args[0], case.args[1].values[0]
     first = next(model.parameters())
     psi, samples = sum(p.numel() for p in model.parameters()), batches[0][0].shape[0]
-    return (at_scale(params * 2 / (psi * first.element_size()), params * tokens / (psi * samples)),
+    return (at_scale(params * 2 / (psi * first.element_size()), params * tokens / (psi * samples), cost),
             f"drawn as if the {psi:,}-parameter model were GPT-3 {params / 1e9:g}B in bf16 with {tokens} tokens "
             f"per rank and step\n{scale_note()}")

@@ -1,0 +1,67 @@
+"""Pictures for notebook 09: one round of H steps of data parallelism, int8-compressed data parallelism and
+DiLoCo across two datacenters, and an explorer of step time and tokens/s. Every number comes from lib.cross_site.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from lib.cross_site import INT8_RATIO, Workload, step_times
+from lib.sim.cost import CostModel
+from lib.units import fmt_rate, fmt_time
+from lib.viz.widgets import live_box, slider_options
+
+COMPUTE, WAN = "#4C72B0", "#DD8452"
+
+
+def round_figure(work: Workload, cost: CostModel, inner_steps: int):
+    """H steps on one GPU under each scheme: compute (blue) and the wide-area all-reduce (orange), to scale."""
+    import matplotlib.pyplot as plt
+
+    compute = work.compute_time(cost)
+    comm = work.all_reduce_time(cost)
+    rows = {"data parallel": [comm] * inner_steps, "int8 data parallel": [comm / INT8_RATIO] * inner_steps,
+            f"DiLoCo, H={inner_steps}": [0.0] * (inner_steps - 1) + [comm]}
+    fig, ax = plt.subplots(figsize=(9, 2.2), layout="constrained")
+    for y, comms in enumerate(rows.values()):
+        t = 0.0
+        for c in comms:
+            ax.barh(y, compute, left=t, color=COMPUTE, edgecolor="white")
+            t += compute
+            if c:
+                ax.barh(y, c, left=t, color=WAN, edgecolor="white")
+                t += c
+        ax.text(t, y, f"  {fmt_time(t)}", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), list(rows))
+    ax.invert_yaxis()
+    ax.set_xlabel("time on one GPU")
+    ax.set_xlim(0, 1.25 * max(sum(c) + inner_steps * compute for c in rows.values()))
+    ax.set_title(f"{inner_steps} steps of a {work.params / 1e9:g}B model, {work.tokens} tokens per GPU and step: "
+                 f"compute (blue) and all-reduce across {fmt_rate(cost.inter_site_bandwidth)}, "
+                 f"{fmt_time(cost.inter_site_latency)} (orange)", fontsize=9)
+    plt.close(fig)
+    return fig
+
+
+def cross_site_explorer(params: float = 1e9, bandwidth: float = 12.5e9, inner_steps: int = 100):
+    """Model size, wide-area bandwidth and H: time per step and tokens/s per GPU of each scheme."""
+    import ipywidgets as widgets
+
+    opts = slider_options()
+    controls = {
+        "params": widgets.FloatLogSlider(value=params, base=10, min=8, max=11.5, step=0.1,
+                                         description="parameters", **opts),
+        "bandwidth": widgets.FloatLogSlider(value=bandwidth / 1e9, base=10, min=-1, max=2, step=0.1,
+                                            description="WAN GB/s", **opts),
+        "inner_steps": widgets.IntSlider(value=inner_steps, min=1, max=500, description="H", **opts),
+    }
+    state = SimpleNamespace(fig=None, readout="")
+
+    def update() -> None:
+        cost = CostModel(inter_site_bandwidth=controls["bandwidth"].value * 1e9)
+        work = Workload(params=controls["params"].value)
+        h = controls["inner_steps"].value
+        state.fig = round_figure(work, cost, min(h, 8))
+        state.readout = "\n".join(f"{name:>22}: {fmt_time(t)} per step, {work.tokens / t:,.0f} tokens/s per GPU"
+                                  for name, t in step_times(work, cost, h).items())
+    return live_box(list(controls.values()), controls, state, update)
