@@ -47,3 +47,9 @@ def inner_steps_to_hide(work: Workload, cost: CostModel, share: float = 0.1) -> 
     """The fewest inner steps H for which DiLoCo's all-reduce, spread over H steps, costs at most `share` of the
     compute time."""
     return max(1, math.ceil(work.all_reduce_time(cost) / (share * work.compute_time(cost)) - 1e-9))
+
+
+def powersgd_values(rows: int, cols: int, rank: int) -> int:
+    """Values PowerSGD all-reduces for one rows × cols gradient at `rank`: P (rows × rank) and Q (cols × rank)
+    (Vogels et al., 2019), against rows · cols for the gradient itself."""
+    return (rows + cols) * rank

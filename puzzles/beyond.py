@@ -14,7 +14,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Puzzle, one_thread
 from lib.diagnose import Mistake
 from lib.first_use import import_ahead
 from lib.measure import counted_time
@@ -153,4 +153,165 @@ diloco_train = Puzzle(
              "pseudo-gradient.")
 
 
-PUZZLES = [diloco_train]
+# ---- 2. compressed all-reduce with error feedback ----------------------------------------------------------
+def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (1-D, any float dtype) as integers of `bits` bits held in int8, and one float32 scale of shape (1,):
+    x ≈ q · scale, rounded to nearest, |q| <= 2**(bits-1) - 1 (127 for int8)."""
+    x = x.float()
+    scale = (x.abs().max() / (2 ** (bits - 1) - 1)).clamp_min(torch.finfo(torch.float32).tiny).reshape(1)
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """What `quantize` sent, back in float32."""
+    return q.float() * scale
+
+
+def compressed_reference(grads: list, residuals: list, bits: int, feedback: bool = True,
+                         subtract: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's (mean, new residual), in one process: each rank's grad + residual quantized chunk by chunk
+    (chunk j for rank j), the owners' float64 sums of what arrived divided by N and quantized again, gathered.
+    (Known mistakes: feedback=False ignores the residual, subtract=False keeps grad + residual as the residual.)"""
+    n = len(grads)
+    corrected = [g + r if feedback else g.clone() for g, r in zip(grads, residuals)]
+    sent = [torch.cat([dequantize(*quantize(c, bits)) for c in x.chunk(n)]) for x in corrected]
+    total = torch.stack([s.double() for s in sent]).sum(0) / n
+    mean = torch.cat([dequantize(*quantize(c, bits)) for c in total.chunk(n)])
+    if not feedback:
+        return [(mean, torch.zeros_like(c)) for c in corrected]
+    return [(mean, c - s if subtract else c) for c, s in zip(corrected, sent)]
+
+
+def _gather(dist, t: torch.Tensor) -> list[torch.Tensor]:
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return parts
+
+
+def _compressed_mistake(message: str, **how) -> Mistake:
+    def mistaken(dist, grad, residual, bits):
+        return compressed_reference(_gather(dist, grad), _gather(dist, residual), bits, **how)[dist.get_rank()]
+    return Mistake(mistaken, message)
+
+
+COMPRESSED_MISTAKES = [
+    _compressed_mistake("error feedback forgot to subtract what was sent: the new residual is grad + residual "
+                        "minus dequantize(what you sent), the part the quantisation lost.", subtract=False),
+    _compressed_mistake("there is no error feedback: the residual from the last call must be added to the "
+                        "gradient before quantising, and the new one kept.", feedback=False),
+]
+SCALE_BYTES = 8              # per chunk: a float32 scale, or room for a float64 one
+
+
+def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
+    bits = rng.choice([8, 8, 4, 2]) if bits is None else bits
+    length = world * rng.randint(3, 40)
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    grads = [torch.randn(length, generator=gen) * rng.choice([1e-3, 1.0, 30.0]) for _ in range(world)]
+    for g in grads:                                                    # an outlier or two, as real gradients have
+        g[torch.randint(length, (2,), generator=gen)] *= 50
+    residuals = [torch.randn(length, generator=gen) * g.abs().max() / 2 ** bits for g in grads]
+    expected = compressed_reference(grads, residuals, bits)
+    payload = 2 * (world - 1) / world * length                          # int8: one byte per value
+    fp32 = bus_factor("all_reduce", world) * 4 * length
+    why = (f"your int8 chunks to their owners and the owners' int8 means back, 2 × (N-1)/N × {length} values of "
+           f"1 byte, and a scale per chunk: about 1/4 of a float32 ring all-reduce's {fmt_bytes(fp32)}")
+    return Case(world, (per_rank(grads), per_rank(residuals), bits), expected,
+                f"N={world}, {length} float32 gradients per rank, {bits}-bit values",
+                budgets=[Budget("bytes_sent", payload + 2 * (world - 1) * SCALE_BYTES, why,
+                                hint="send int8 values and one scale per chunk, never float32 values."),
+                         Budget("bytes_sent", payload, why, least=True,
+                                hint="every rank's chunk j goes to rank j (all_to_all), and each owner's quantised "
+                                     "mean comes back to everyone (all_gather): both through dist.")],
+                allowed_ops=frozenset({"all_to_all", "all_gather"}))
+
+
+compressed_all_reduce = Puzzle(
+    "compressed_all_reduce", NOTEBOOK, _compressed_case, world_sizes=(2, 3, 4, 8), variants=[{"bits": 8}],
+    hints=["c = grad + residual. Cut it into N chunks; quantize(chunk j, bits) is what rank j receives from you. "
+           "Your new residual is c minus dequantize of what you sent, chunk by chunk (torch.cat them).",
+           "Stack the N int8 chunks and all_to_all_single them (and the N scales likewise): slice i of what "
+           "arrives is rank i's version of your chunk. Sum their dequantized values in float64, divide by N.",
+           "quantize that mean chunk, all_gather the int8 values and the scale from every rank, and dequantize "
+           "each into its place: the result is the mean, in float32, equal on every rank."],
+    mistakes=COMPRESSED_MISTAKES, rtol=1e-6, atol=0.0,
+    describe="All-reduce (mean) of gradients sent as int8 with a scale per chunk, with error feedback.")
+
+
+RACE_SIZES = (16, 32, 4)
+# What the race shows at 2 bits (tests/test_cross_site.py holds the reference solution to it): error feedback ends
+# within EF_CLOSE of float32 training's loss, and leaving it out ends at least NO_EF_WORSE above error feedback's.
+EF_CLOSE, NO_EF_WORSE = 0.15, 0.30
+
+
+def _race_rank(dist, fn, model, target, batches, lr: float, bits: int, feedback: bool):
+    """One rank of compressed SGD on a regression: its loss before each step. fn None: a float32 all-reduce."""
+    params = list(model.parameters())
+    residual = torch.zeros(sum(p.numel() for p in params))
+    losses = []
+    for x in batches:
+        model.zero_grad()
+        loss = F.mse_loss(model(x), target(x).detach())
+        loss.backward()
+        losses.append(loss.detach())
+        grad = torch.cat([p.grad.reshape(-1) for p in params])
+        if fn is None:
+            dist.all_reduce(grad)
+            mean = grad / dist.get_world_size()
+        else:
+            mean, residual = fn(dist, grad, residual if feedback else torch.zeros_like(grad), bits)
+        with torch.no_grad():
+            for p, g in zip(params, mean.split([p.numel() for p in params])):
+                p -= lr * g.view_as(p)
+    return torch.stack(losses)
+
+
+def compression_race(fn, steps: int = 50, world: int = 2, bits: int = 2, lr: float = 0.05, seed: int = 0,
+                     show: bool = True):
+    """SGD on a small regression on `world` simulated ranks, the gradients averaged by a float32 all-reduce and
+    by `fn` at `bits` bits with and without error feedback: the loss curves, and the final losses (a dict, or
+    None while `fn` does not run)."""
+    from lib.errors import PuzzleError, raised_the_stub
+    from lib.sim import run
+
+    model = mlp(RACE_SIZES, seed=seed, dtype=torch.float32)
+    target = mlp(RACE_SIZES, seed=seed + 1, dtype=torch.float32)
+    shards, _ = sharded_batches(seed + 2, RACE_SIZES, world, 8, steps, dtype=torch.float32)
+    batches = per_rank([[x for x, _ in rank] for rank in shards])
+    runs = {"float32 all-reduce": (None, True), f"{bits}-bit, error feedback": (fn, True),
+            f"{bits}-bit, no error feedback": (fn, False)}
+    curves = {}
+    for name, (f, feedback) in runs.items():
+        try:
+            with one_thread():
+                result = run(_race_rank, world, f, model, target, batches, lr, bits, feedback)
+        except PuzzleError as e:
+            print("○ solve compressed_all_reduce first, then race." if raised_the_stub(e)
+                  else f"✗ compressed_all_reduce failed here: {str(e).splitlines()[0]}")
+            return None
+        curves[name] = torch.stack(result.results).mean(0)
+    final = {name: float(c[-10:].mean()) for name, c in curves.items()}
+    base = final["float32 all-reduce"]
+    print(f"{steps} SGD steps on {world} ranks, mean loss of the last 10: " + ", ".join(
+        f"{name} {loss:.4f}" + ("" if name == "float32 all-reduce" else f" ({loss / base:.2f}×)")
+        for name, loss in final.items()))
+    kept, dropped = list(final.values())[1:]
+    close = "yes" if kept <= (1 + EF_CLOSE) * base else "no"
+    worse = "at least" if dropped >= (1 + NO_EF_WORSE) * kept else "less than"
+    print(f"error feedback within {EF_CLOSE:.0%} of float32: {close}; without it {dropped / kept:.2f}× error "
+          f"feedback's loss ({worse} {1 + NO_EF_WORSE:g}×)")
+    if show:
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        fig, ax = plt.subplots(figsize=(6, 3), layout="constrained")
+        for name, c in curves.items():
+            ax.plot(c.numpy(), label=name)
+        ax.set(yscale="log", xlabel="step", ylabel="training loss", title=f"{bits}-bit gradients, N = {world}")
+        ax.legend()
+        plt.close(fig)
+        display(fig)
+    return final
+
+
+PUZZLES = [diloco_train, compressed_all_reduce]

@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from puzzles.beyond import dequantize, quantize
+
 
 def diloco_train(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
     world = dist.get_world_size()
@@ -25,3 +27,21 @@ def diloco_train(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum
                 p.grad = d.view_as(p).clone()
         outer.step()
     return model
+
+
+def compressed_all_reduce(dist, grad, residual, bits):
+    world = dist.get_world_size()
+    corrected = grad + residual
+    pieces = [quantize(chunk, bits) for chunk in corrected.chunk(world)]
+    sent = torch.cat([dequantize(q, s) for q, s in pieces])
+    # Chunk j to rank j; slice i of what arrives is rank i's quantised copy of this rank's chunk.
+    q_in, s_in = torch.stack([q for q, _ in pieces]), torch.cat([s for _, s in pieces])   # (N, c), (N,)
+    q_out, s_out = torch.empty_like(q_in), torch.empty_like(s_in)
+    dist.all_to_all_single(q_out, q_in)
+    dist.all_to_all_single(s_out, s_in)
+    mean = sum(dequantize(q_out[i], s_out[i]).double() for i in range(world)) / world
+    q, s = quantize(mean, bits)
+    qs, scales = [torch.empty_like(q) for _ in range(world)], [torch.empty_like(s) for _ in range(world)]
+    dist.all_gather(qs, q)
+    dist.all_gather(scales, s)
+    return torch.cat([dequantize(a, b) for a, b in zip(qs, scales)]), corrected - sent

@@ -22,7 +22,7 @@ def round_figure(work: Workload, cost: CostModel, inner_steps: int):
     comm = work.all_reduce_time(cost)
     rows = {"data parallel": [comm] * inner_steps, "int8 data parallel": [comm / INT8_RATIO] * inner_steps,
             f"DiLoCo, H={inner_steps}": [0.0] * (inner_steps - 1) + [comm]}
-    fig, ax = plt.subplots(figsize=(9, 2.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(9, 2.4), layout="constrained")
     for y, comms in enumerate(rows.values()):
         t = 0.0
         for c in comms:
@@ -36,7 +36,7 @@ def round_figure(work: Workload, cost: CostModel, inner_steps: int):
     ax.invert_yaxis()
     ax.set_xlabel("time on one GPU")
     ax.set_xlim(0, 1.25 * max(sum(c) + inner_steps * compute for c in rows.values()))
-    ax.set_title(f"{inner_steps} steps of a {work.params / 1e9:g}B model, {work.tokens} tokens per GPU and step: "
+    ax.set_title(f"{inner_steps} steps of a {work.params / 1e9:g}B model, {work.tokens} tokens per GPU and step:\n"
                  f"compute (blue) and all-reduce across {fmt_rate(cost.inter_site_bandwidth)}, "
                  f"{fmt_time(cost.inter_site_latency)} (orange)", fontsize=9)
     plt.close(fig)
@@ -55,13 +55,39 @@ def cross_site_explorer(params: float = 1e9, bandwidth: float = 12.5e9, inner_st
                                             description="WAN GB/s", **opts),
         "inner_steps": widgets.IntSlider(value=inner_steps, min=1, max=500, description="H", **opts),
     }
-    state = SimpleNamespace(fig=None, readout="")
+    state = SimpleNamespace(fig=None, readout="", times={})
 
     def update() -> None:
         cost = CostModel(inter_site_bandwidth=controls["bandwidth"].value * 1e9)
         work = Workload(params=controls["params"].value)
         h = controls["inner_steps"].value
         state.fig = round_figure(work, cost, min(h, 8))
+        state.times = step_times(work, cost, h)
         state.readout = "\n".join(f"{name:>22}: {fmt_time(t)} per step, {work.tokens / t:,.0f} tokens/s per GPU"
-                                  for name, t in step_times(work, cost, h).items())
+                                  for name, t in state.times.items())
     return live_box(list(controls.values()), controls, state, update)
+
+
+def compression_figure(n: int = 4):
+    """The compressed all-reduce on `n` ranks: every rank's chunk j, quantised to int8, goes to rank j (left);
+    rank j's int8 mean of chunk j goes back to everyone (right)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    colours = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.5 * n + 1.2), layout="constrained")
+    for ax, (title, label) in zip(axes, (("1. all_to_all: chunk j of (grad + residual), as int8, to rank j",
+                                          "q{rank}→{chunk}"),
+                                         ("2. all_gather: rank j's int8 mean of chunk j, to everyone",
+                                          "mean {chunk}"))):
+        for rank in range(n):
+            for chunk in range(n):
+                ax.add_patch(Rectangle((chunk, rank), 0.92, 0.8, facecolor=colours[chunk % len(colours)],
+                                       alpha=0.9 if label.startswith("q") or chunk == rank else 0.45))
+                ax.text(chunk + 0.46, rank + 0.4, label.format(rank=rank, chunk=chunk), ha="center",
+                        va="center", color="white", fontsize=8)
+        ax.set(xlim=(0, n), ylim=(n, 0), xticks=[c + 0.46 for c in range(n)], xticklabels=range(n),
+               yticks=[r + 0.4 for r in range(n)], yticklabels=[f"rank {r}" for r in range(n)], xlabel="chunk")
+        ax.set_title(title, fontsize=9)
+    plt.close(fig)
+    return fig

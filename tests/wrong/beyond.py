@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from puzzles.beyond import dequantize, quantize
+
 
 def _diloco(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum, *, sign=1.0, outer_steps=1,
             every_step=False, flat=True):
@@ -55,9 +57,55 @@ def diloco_per_tensor_all_reduce(dist, model, batches, inner_steps, inner_lr, ou
     return _diloco(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum, flat=False)
 
 
+def _compressed(dist, grad, residual, bits, *, feedback=True, subtract=True, one_scale=False):
+    """The int8 all-reduce with one mistake switched on."""
+    world = dist.get_world_size()
+    corrected = grad + residual if feedback else grad.clone()
+    if one_scale:
+        q, s = quantize(corrected, bits)
+        pieces = [(c, s) for c in q.chunk(world)]
+    else:
+        pieces = [quantize(chunk, bits) for chunk in corrected.chunk(world)]
+    sent = torch.cat([dequantize(q, s) for q, s in pieces])
+    q_in, s_in = torch.stack([q for q, _ in pieces]), torch.cat([s for _, s in pieces])
+    q_out, s_out = torch.empty_like(q_in), torch.empty_like(s_in)
+    dist.all_to_all_single(q_out, q_in)
+    dist.all_to_all_single(s_out, s_in)
+    mean = sum(dequantize(q_out[i], s_out[i]).double() for i in range(world)) / world
+    q, s = quantize(mean, bits)
+    qs, scales = [torch.empty_like(q) for _ in range(world)], [torch.empty_like(s) for _ in range(world)]
+    dist.all_gather(qs, q)
+    dist.all_gather(scales, s)
+    new = (corrected - sent if subtract else corrected) if feedback else torch.zeros_like(grad)
+    return torch.cat([dequantize(a, b) for a, b in zip(qs, scales)]), new
+
+
+def feedback_forgets_to_subtract(dist, grad, residual, bits):
+    return _compressed(dist, grad, residual, bits, subtract=False)
+
+
+def no_error_feedback(dist, grad, residual, bits):
+    return _compressed(dist, grad, residual, bits, feedback=False)
+
+
+def one_scale_for_the_whole_gradient(dist, grad, residual, bits):
+    return _compressed(dist, grad, residual, bits, one_scale=True)
+
+
+def compressed_in_float32(dist, grad, residual, bits):
+    """No compression: a float32 all-reduce, the residual kept as zero."""
+    mean = grad + residual
+    dist.all_reduce(mean)
+    return mean / dist.get_world_size(), torch.zeros_like(grad)
+
+
 WRONG = [
     ("diloco_train", diloco_wrong_sign, "rank 0: the result", "wrong sign"),
     ("diloco_train", diloco_outer_momentum_per_inner_step, "rank 0: the result", "once per round"),
     ("diloco_train", diloco_every_inner_step, ("rank 0: the result", "over the budget")),
     ("diloco_train", diloco_per_tensor_all_reduce, "simulated time"),
+    ("compressed_all_reduce", feedback_forgets_to_subtract, "rank 0: the result", "forgot to subtract"),
+    ("compressed_all_reduce", no_error_feedback, "rank 0: the result", "no error feedback"),
+    ("compressed_all_reduce", one_scale_for_the_whole_gradient, "rank 0: the result"),
+    ("compressed_all_reduce", compressed_in_float32, "all_reduce"),
 ]
