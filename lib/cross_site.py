@@ -53,3 +53,16 @@ def powersgd_values(rows: int, cols: int, rank: int) -> int:
     """Values PowerSGD all-reduces for one rows × cols gradient at `rank`: P (rows × rank) and Q (cols × rank)
     (Vogels et al., 2019), against rows · cols for the gradient itself."""
     return (rows + cols) * rank
+
+
+def shard_bounds(total: int, world: int, rank: int) -> tuple[int, int]:
+    """ZeRO-3's flat layout (and DTensor's Shard(0)): rank r of `world` holds elements [r·s, (r+1)·s) of `total`,
+    s = ceil(total / world), the last shard shorter (or empty)."""
+    size = -(-total // world)
+    return min(rank * size, total), min((rank + 1) * size, total)
+
+
+def young_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """The checkpoint interval that wastes the least time (Young, 1974): saving costs save/τ of the run, a failure
+    loses τ/2 on average, once every MTBF; their sum is least at τ = sqrt(2 · save · MTBF)."""
+    return math.sqrt(2 * save_seconds * mtbf_seconds)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import copy
 import math
 import random
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle, one_thread
+from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
+from lib.errors import PuzzleError
 from lib.first_use import import_ahead
 from lib.measure import counted_time
 from lib.models import mlp, param_bytes, sharded_batches
@@ -314,4 +317,136 @@ def compression_race(fn, steps: int = 50, world: int = 2, bits: int = 2, lr: flo
     return final
 
 
-PUZZLES = [diloco_train, compressed_all_reduce]
+# ---- 3. a sharded checkpoint, loaded on another number of ranks -----------------------------------------------
+STATE = ("param", "exp_avg", "exp_avg_sq")      # what each file holds per element, besides its offset and step
+ADAM_LR = 1e-2
+
+
+def _adam_run(state: dict, grads: list, first_step: int) -> dict:
+    """Adam (torch.optim.Adam's update, no weight decay) on flat tensors, in place: state after len(grads) steps."""
+    from puzzles.zero import adam_update
+
+    for k, g in enumerate(grads):
+        adam_update(state["param"], g, state["exp_avg"], state["exp_avg_sq"], first_step + k, ADAM_LR)
+    return state
+
+
+class ShardMismatch(PuzzleError):
+    """A loaded shard that does not fit this rank's place in the new layout."""
+
+
+def _continue_training(answer, dist, files, grads):
+    """How the check runs an answer: this rank's loaded shard, then the rest of training on it (Adam is
+    elementwise: each rank updates its own elements with its slice of each step's gradient)."""
+    loaded = answer(dist, files)
+    param, exp_avg, exp_avg_sq, step = loaded
+    lo, hi = shard_bounds(grads[0].numel(), dist.get_world_size(), dist.get_rank())
+    for name, t in zip(STATE, loaded):
+        if t.shape != (hi - lo,):
+            raise ShardMismatch(f"rank {dist.get_rank()} loaded {name} of shape {tuple(t.shape)}; its shard in the "
+                                f"new layout is elements [{lo}, {hi}) of {grads[0].numel()}, {hi - lo} elements, "
+                                "so training cannot go on from it.\nHint: the files were saved by another number "
+                                "of ranks; compute your bounds for this world size and read them from the files "
+                                "that overlap them.")
+    state = {"param": param.clone(), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
+    _adam_run(state, [g[lo:hi] for g in grads], step + 1)
+    return loaded, tuple(state[k] for k in STATE)
+
+
+def _checkpoint_case(rng: random.Random, world: int) -> Case:
+    saved_on = rng.choice([n for n in (2, 3, 4, 5, 8) if n != world])
+    total = rng.randint(3 * max(world, saved_on), 60)
+    before, after = rng.randint(1, 3), rng.randint(1, 3)
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    state = {"param": torch.randn(total, generator=gen, dtype=torch.float64), **{
+        k: torch.zeros(total, dtype=torch.float64) for k in STATE[1:]}}
+    grads = [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(before + after)]
+    _adam_run(state, grads[:before], 1)
+    files = []
+    for r in range(saved_on):
+        lo, hi = shard_bounds(total, saved_on, r)
+        files.append({"offset": lo, "step": before, **{k: state[k][lo:hi].clone() for k in STATE}})
+    at_checkpoint = {k: t.clone() for k, t in state.items()}
+    _adam_run(state, grads[before:], before + 1)
+    expected = []
+    for r in range(world):
+        lo, hi = shard_bounds(total, world, r)
+        expected.append(((*(at_checkpoint[k][lo:hi].clone() for k in STATE), before),
+                         tuple(state[k][lo:hi].clone() for k in STATE)))
+    return Case(world, (files, grads[before:]), expected,
+                f"{total} parameters saved by {saved_on} ranks after {before} Adam steps, loaded on {world}, "
+                f"{after} more steps", allowed_ops=frozenset())
+
+
+def _dcp_state(dist, state: dict, zeros: bool = False) -> dict:
+    """`state`'s flat tensors as DTensors sharded along dim 0 over every rank (FSDP2's layout)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from lib.devices import device_mesh
+
+    mesh = device_mesh(dist)
+    return {k: distribute_tensor(torch.zeros_like(v) if zeros else v, mesh, [Shard(0)]) for k, v in state.items()}
+
+
+def _dcp_save(dist, path: str, state: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_dcp_state(dist, state), checkpoint_id=path)
+
+
+def _dcp_load_and_compare(dist, path: str, state: dict, files: list, fn) -> Optional[str]:
+    """This rank's shard loaded by torch.distributed.checkpoint and by `fn`: what differs, or None."""
+    import torch.distributed.checkpoint as dcp
+
+    from lib.compare import first_difference
+
+    theirs = _dcp_state(dist, state, zeros=True)
+    dcp.load(theirs, checkpoint_id=path)
+    mine = fn(dist, files)
+    expected = tuple(theirs[k].to_local() for k in STATE)
+    return first_difference(expected, tuple(mine[:3]), 0.0, 0.0, where=f"rank {dist.get_rank()}'s shard")
+
+
+def compare_with_dcp(fn, saved_on: int = 4, world: int = 2, total: int = 25, seed: int = 0) -> bool:
+    """torch.distributed.checkpoint saves a flat state sharded over `saved_on` real processes and loads it on
+    `world`; `fn` loads the same state from files saved in this notebook's layout: both must give every rank the
+    same shard."""
+    import tempfile
+
+    from lib.errors import raised_the_stub
+    from lib.launch import launch
+
+    gen = torch.Generator().manual_seed(seed)
+    state = {k: torch.randn(total, generator=gen, dtype=torch.float64) for k in STATE}
+    files = [{"offset": lo, "step": 1, **{k: v[lo:hi].clone() for k, v in state.items()}}
+             for lo, hi in (shard_bounds(total, saved_on, r) for r in range(saved_on))]
+    with tempfile.TemporaryDirectory() as path:
+        launch(_dcp_save, saved_on, path, state)
+        try:
+            problems = [p for p in launch(_dcp_load_and_compare, world, path, state, files, fn) if p]
+        except PuzzleError as e:
+            print("○ solve reshard_checkpoint first, then compare." if raised_the_stub(e)
+                  else f"✗ reshard_checkpoint failed here: {str(e).splitlines()[0]}")
+            return False
+    if problems:
+        print(f"✗ torch.distributed.checkpoint and your loader disagree: {problems[0]}")
+        return False
+    print(f"✓ {total} elements saved by torch.distributed.checkpoint on {saved_on} processes and loaded on {world}: "
+          "every rank's shard equals yours.")
+    return True
+
+
+reshard_checkpoint = Puzzle(
+    "reshard_checkpoint", NOTEBOOK, _checkpoint_case, world_sizes=(2, 3, 4), harness=_continue_training,
+    hints=["Your new shard covers elements [lo, hi) of the flat state: shard_bounds(total, N, rank) with total "
+           "the sum of the files' lengths. A file covers [offset, offset + len(file['param'])).",
+           "For each file that overlaps [lo, hi), take the overlap: from max(lo, offset) to min(hi, offset + "
+           "length), sliced relative to the file's offset; torch.cat the pieces in order.",
+           "Do the same for param, exp_avg and exp_avg_sq, and return the step of any file (they all saved "
+           "the same one). No communication is needed: every rank reads the files it needs."],
+    rtol=0.0, atol=0.0,
+    describe="Load this rank's ZeRO-3 shard (parameters and Adam moments) from a checkpoint saved by another "
+             "number of ranks.")
+
+
+PUZZLES = [diloco_train, compressed_all_reduce, reshard_checkpoint]

@@ -3,6 +3,7 @@
 import torch
 import torch.nn.functional as F
 
+from lib.cross_site import shard_bounds
 from puzzles.beyond import dequantize, quantize
 
 
@@ -45,3 +46,17 @@ def compressed_all_reduce(dist, grad, residual, bits):
     dist.all_gather(qs, q)
     dist.all_gather(scales, s)
     return torch.cat([dequantize(a, b) for a, b in zip(qs, scales)]), corrected - sent
+
+
+def reshard_checkpoint(dist, files):
+    total = sum(f["param"].numel() for f in files)
+    lo, hi = shard_bounds(total, dist.get_world_size(), dist.get_rank())
+    loaded = []
+    for key in ("param", "exp_avg", "exp_avg_sq"):
+        pieces = []
+        for f in files:
+            start, end = max(lo, f["offset"]), min(hi, f["offset"] + f[key].numel())
+            if start < end:
+                pieces.append(f[key][start - f["offset"]:end - f["offset"]])
+        loaded.append(torch.cat(pieces) if pieces else files[0][key].new_empty(0))
+    return (*loaded, files[0]["step"])

@@ -64,3 +64,26 @@ def test_error_feedback_keeps_compressed_sgd_close_and_its_absence_does_not():
     exact, kept, dropped = final.values()
     assert kept <= (1 + P.EF_CLOSE) * exact
     assert dropped >= (1 + P.NO_EF_WORSE) * kept
+
+
+def test_young_interval_minimises_the_time_lost():
+    from lib.cross_site import young_interval
+
+    save, mtbf = 60.0, 11000.0
+    tau = young_interval(save, mtbf)
+
+    def lost(t):
+        return save / t + t / (2 * mtbf)
+    assert lost(tau) < lost(0.9 * tau) and lost(tau) < lost(1.1 * tau)
+
+
+@pytest.mark.parametrize("total,world", [(25, 4), (25, 3), (7, 8), (64, 2)])
+def test_shard_bounds_tile_the_state_in_rank_order_as_dtensor_does(total, world):
+    from lib.cross_site import shard_bounds
+
+    bounds = [shard_bounds(total, world, r) for r in range(world)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    import torch
+    sizes = [len(c) for c in torch.arange(total).chunk(world)]          # DTensor's Shard(0) uses torch.chunk
+    assert [hi - lo for lo, hi in bounds][:len(sizes)] == sizes

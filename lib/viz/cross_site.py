@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lib.cross_site import INT8_RATIO, Workload, step_times
+from lib.cross_site import INT8_RATIO, Workload, shard_bounds, step_times
 from lib.sim.cost import CostModel
 from lib.units import fmt_rate, fmt_time
 from lib.viz.widgets import live_box, slider_options
@@ -89,5 +89,27 @@ def compression_figure(n: int = 4):
         ax.set(xlim=(0, n), ylim=(n, 0), xticks=[c + 0.46 for c in range(n)], xticklabels=range(n),
                yticks=[r + 0.4 for r in range(n)], yticklabels=[f"rank {r}" for r in range(n)], xlabel="chunk")
         ax.set_title(title, fontsize=9)
+    plt.close(fig)
+    return fig
+
+
+def reshard_figure(total: int = 25, saved_on: int = 4, world: int = 3):
+    """The flat training state cut for `saved_on` ranks (the files) and for `world` ranks (the new shards): each
+    new shard reads the pieces of the files it overlaps."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    colours = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+    fig, ax = plt.subplots(figsize=(9, 1.9), layout="constrained")
+    for y, (n, name) in enumerate(((saved_on, "file"), (world, "rank"))):
+        for r in range(n):
+            lo, hi = shard_bounds(total, n, r)
+            ax.add_patch(Rectangle((lo, y), hi - lo, 0.7, facecolor=colours[r % len(colours)], edgecolor="white",
+                                   alpha=0.9 if y == 0 else 0.6))
+            ax.text((lo + hi) / 2, y + 0.35, f"{name} {r}\n[{lo}, {hi})", ha="center", va="center", fontsize=8,
+                    color="white")
+    ax.set(xlim=(0, total), ylim=(1.8, -0.1), yticks=[0.35, 1.35],
+           yticklabels=[f"saved by {saved_on} ranks", f"loaded on {world}"], xlabel="element of the flat state")
+    ax.set_title("the same flat parameters and Adam moments, cut two ways", fontsize=9)
     plt.close(fig)
     return fig

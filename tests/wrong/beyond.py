@@ -99,6 +99,29 @@ def compressed_in_float32(dist, grad, residual, bits):
     return mean / dist.get_world_size(), torch.zeros_like(grad)
 
 
+def checkpoint_by_rank_number(dist, files):
+    """Loads the file this rank saved last time: right only while the world size stays the same."""
+    f = files[dist.get_rank()]
+    return f["param"], f["exp_avg"], f["exp_avg_sq"], f["step"]
+
+
+def checkpoint_without_the_moments(dist, files):
+    """The right parameters, and Adam's moments started again from zero."""
+    world, full = dist.get_world_size(), torch.cat([f["param"] for f in files])
+    size = -(-full.numel() // world)
+    param = full[dist.get_rank() * size:(dist.get_rank() + 1) * size].clone()
+    return param, torch.zeros_like(param), torch.zeros_like(param), files[0]["step"]
+
+
+def checkpoint_split_by_floor(dist, files):
+    """Shards of total // N elements, the remainder on the last rank: not the layout training uses."""
+    full = {k: torch.cat([f[k] for f in files]) for k in ("param", "exp_avg", "exp_avg_sq")}
+    world, rank = dist.get_world_size(), dist.get_rank()
+    size = full["param"].numel() // world
+    hi = full["param"].numel() if rank == world - 1 else (rank + 1) * size
+    return (*(full[k][rank * size:hi].clone() for k in ("param", "exp_avg", "exp_avg_sq")), files[0]["step"])
+
+
 WRONG = [
     ("diloco_train", diloco_wrong_sign, "rank 0: the result", "wrong sign"),
     ("diloco_train", diloco_outer_momentum_per_inner_step, "rank 0: the result", "once per round"),
@@ -108,4 +131,7 @@ WRONG = [
     ("compressed_all_reduce", no_error_feedback, "rank 0: the result", "no error feedback"),
     ("compressed_all_reduce", one_scale_for_the_whole_gradient, "rank 0: the result"),
     ("compressed_all_reduce", compressed_in_float32, "all_reduce"),
+    ("reshard_checkpoint", checkpoint_by_rank_number, ("elements [", "rank 0: the result")),
+    ("reshard_checkpoint", checkpoint_without_the_moments, "rank 0: the result"),
+    ("reshard_checkpoint", checkpoint_split_by_floor, ("elements [", "the result")),
 ]
