@@ -132,6 +132,7 @@ class Case:
     factors: dict = field(default_factory=dict)   # numbers a wrong factor may equal: {"k, the micro-batches": 4}
     contracts: list[Contract] = field(default_factory=list)
     raises: Optional[type] = None        # the exception the statement asks for on these arguments (then no expected)
+    faults: dict = field(default_factory=dict)   # {rank: k}: rank dies at its k-th communication call (lib.sim.run)
 
     def __post_init__(self) -> None:
         _refuse_inside_learner()
@@ -271,7 +272,8 @@ class Puzzle:
         fn = self.wrap(fn)
         for case in self.cases(seed):
             try:
-                result = run(fn, case.world_size, *case.args, cost=case.cost, protect=case.expected)
+                result = run(fn, case.world_size, *case.args, cost=case.cost, protect=case.expected,
+                             faults=case.faults)
             except RankFailed as e:
                 if raised_the_stub(e):
                     return Outcome(UNATTEMPTED,
@@ -388,7 +390,8 @@ class Puzzle:
             shown, scale = result, ""
             if self.display is not None and fn is not None:
                 cost, scale = self.display(case)
-                shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected)
+                shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected,
+                            faults=case.faults)
             figures.append(shown.timeline(title=f"{title}\n{scale}" if scale else title))
         if any(b.metric == "peak_memory" for b in case.budgets):
             from lib.viz.plots import memory_over_time_figure

@@ -4,6 +4,12 @@
 and returns the results by rank. It is made for notebook cells: functions defined in a cell work, each
 rank's output comes back labelled `[rank r]`, a failing rank raises RankFailed with its traceback, a hang
 ends in LaunchError after `timeout` seconds, and no process outlives the call.
+
+When a rank dies, real torch.distributed does not go on without it: its process group is broken (gloo raises
+"Connection closed by peer" in the peers' next collective, NCCL waits until its timeout), a new group needs every
+process of the old one, and torchrun (TorchElastic) restarts the whole job from its last checkpoint. So here too a
+rank that fails ends the launch; the simulator injects faults a program can survive (`lib.sim.run(...,
+faults=...)`), and lib.faults emulates them on real processes for the puzzle that needs it.
 """
 
 from __future__ import annotations

@@ -338,7 +338,7 @@ class ShardMismatch(PuzzleError):
 def _continue_training(answer, dist, files, grads):
     """How the check runs an answer: this rank's loaded shard, then the rest of training on it (Adam is
     elementwise: each rank updates its own elements with its slice of each step's gradient)."""
-    loaded = answer(dist, files)
+    loaded = answer(files, dist.get_world_size(), dist.get_rank())
     param, exp_avg, exp_avg_sq, step = loaded
     lo, hi = shard_bounds(grads[0].numel(), dist.get_world_size(), dist.get_rank())
     for name, t in zip(STATE, loaded):
@@ -357,23 +357,17 @@ def _checkpoint_case(rng: random.Random, world: int) -> Case:
     saved_on = rng.choice([n for n in (2, 3, 4, 5, 8) if n != world])
     total = rng.randint(3 * max(world, saved_on), 60)
     before, after = rng.randint(1, 3), rng.randint(1, 3)
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    state = {"param": torch.randn(total, generator=gen, dtype=torch.float64), **{
-        k: torch.zeros(total, dtype=torch.float64) for k in STATE[1:]}}
-    grads = [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(before + after)]
-    _adam_run(state, grads[:before], 1)
-    files = []
-    for r in range(saved_on):
-        lo, hi = shard_bounds(total, saved_on, r)
-        files.append({"offset": lo, "step": before, **{k: state[k][lo:hi].clone() for k in STATE}})
+    state, gen = _adam_state(rng, total, before)
+    grads = [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(after)]
+    files = _files(state, saved_on, before)
     at_checkpoint = {k: t.clone() for k, t in state.items()}
-    _adam_run(state, grads[before:], before + 1)
+    _adam_run(state, grads, before + 1)
     expected = []
     for r in range(world):
         lo, hi = shard_bounds(total, world, r)
         expected.append(((*(at_checkpoint[k][lo:hi].clone() for k in STATE), before),
                          tuple(state[k][lo:hi].clone() for k in STATE)))
-    return Case(world, (files, grads[before:]), expected,
+    return Case(world, (files, grads), expected,
                 f"{total} parameters saved by {saved_on} ranks after {before} Adam steps, loaded on {world}, "
                 f"{after} more steps", allowed_ops=frozenset())
 
@@ -402,7 +396,7 @@ def _dcp_load_and_compare(dist, path: str, state: dict, files: list, fn) -> Opti
 
     theirs = _dcp_state(dist, state, zeros=True)
     dcp.load(theirs, checkpoint_id=path)
-    mine = fn(dist, files)
+    mine = fn(files, dist.get_world_size(), dist.get_rank())
     expected = tuple(theirs[k].to_local() for k in STATE)
     return first_difference(expected, tuple(mine[:3]), 0.0, 0.0, where=f"rank {dist.get_rank()}'s shard")
 
@@ -438,7 +432,8 @@ def compare_with_dcp(fn, saved_on: int = 4, world: int = 2, total: int = 25, see
 
 reshard_checkpoint = Puzzle(
     "reshard_checkpoint", NOTEBOOK, _checkpoint_case, world_sizes=(2, 3, 4), harness=_continue_training,
-    hints=["Your new shard covers elements [lo, hi) of the flat state: shard_bounds(total, N, rank) with total "
+    takes_dist=False,
+    hints=["Your new shard covers elements [lo, hi) of the flat state: shard_bounds(total, world, rank) with total "
            "the sum of the files' lengths. A file covers [offset, offset + len(file['param'])).",
            "For each file that overlaps [lo, hi), take the overlap: from max(lo, offset) to min(hi, offset + "
            "length), sliced relative to the file's offset; torch.cat the pieces in order.",
@@ -449,4 +444,70 @@ reshard_checkpoint = Puzzle(
              "number of ranks.")
 
 
-PUZZLES = [diloco_train, compressed_all_reduce, reshard_checkpoint]
+# ---- 4. surviving a failed rank ------------------------------------------------------------------------------
+def _adam_state(rng: random.Random, total: int, before: int):
+    """A flat training state after `before` Adam steps from random parameters, and a generator for more."""
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    state = {"param": torch.randn(total, generator=gen, dtype=torch.float64), **{
+        k: torch.zeros(total, dtype=torch.float64) for k in STATE[1:]}}
+    return _adam_run(state, [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(before)], 1), gen
+
+
+def _files(state: dict, world: int, step: int) -> list[dict]:
+    """The checkpoint `world` ranks save of `state`: one dict per rank, its shard of each tensor."""
+    return [{"offset": lo, "step": step, **{k: state[k][lo:hi].clone() for k in STATE}}
+            for lo, hi in (shard_bounds(state["param"].numel(), world, r) for r in range(world))]
+
+
+def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
+    """Each rank runs the answer: in simulation the case's fault is injected by the simulator; on real processes
+    lib.faults emulates it (the failed rank is refused its k-th call and stands by)."""
+    from lib.faults import run_with_fault
+    from lib.sim import current_rank
+
+    if current_rank() is not None:
+        return answer(dist, files, grads, every, lr)
+    return run_with_fault(dist, answer, dead, k, files, grads, every, lr)
+
+
+def _survive_case(rng: random.Random, world: int) -> Case:
+    total, before = rng.randint(3 * world, 50), rng.randint(1, 3)
+    every, checkpoints = rng.randint(2, 3), rng.randint(2, 4)
+    steps = every * checkpoints + rng.randint(0, every - 1)
+    state, gen = _adam_state(rng, total, before)
+    files = _files(state, world, before)
+    grads = [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(before + steps)]
+    _adam_run(state, grads[before:], before + 1)
+    dead, k = rng.randrange(world), rng.randint(1, checkpoints)
+    survivors = [r for r in range(world) if r != dead]
+    expected = []
+    for r in range(world):
+        if r == dead:
+            expected.append(None)
+            continue
+        lo, hi = shard_bounds(total, world - 1, survivors.index(r))
+        expected.append(tuple(state[key][lo:hi].clone() for key in STATE))
+    return Case(world, (files, grads, every, ADAM_LR, dead, k), expected,
+                f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
+                f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
+                allowed_ops=frozenset({"all_gather"}))
+
+
+survive_failure = Puzzle(
+    "survive_failure", NOTEBOOK, _survive_case, world_sizes=(2, 3, 4), harness=_survive_harness,
+    min_world_size=2, min_world_size_reason="one rank fails and at least one must survive",
+    hints=["Keep `members` (the global ranks still alive, all of them at first), `group` (None, the default group, at "
+           "first) and `saved` (the last complete checkpoint: `files` at first). Load your shard with "
+           "reshard_checkpoint(saved, len(members), members.index(rank)) and train from saved[0]['step'].",
+           "Checkpoint: pad param, exp_avg and exp_avg_sq to ceil(total / n) elements, torch.stack them, "
+           "all_gather on `group`, and cut each rank's part back to its shard_bounds: a new list of files. Replace "
+           "`saved` only once the all_gather has returned.",
+           "Wrap the training in try/except RuntimeError as e: then members.remove(e.rank), group = "
+           "dist.new_group(members), and go back to loading from `saved`: the steps since it are trained again, on "
+           "the survivors."],
+    rtol=0.0, atol=0.0,
+    describe="Train a sharded Adam state with checkpoints; when a rank fails, regroup the survivors, reload the last "
+             "checkpoint and finish.")
+
+
+PUZZLES = [diloco_train, compressed_all_reduce, reshard_checkpoint, survive_failure]

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 from lib.cross_site import shard_bounds
 from puzzles.beyond import dequantize, quantize
+from puzzles.zero import adam_update
 
 
 def diloco_train(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
@@ -48,9 +49,9 @@ def compressed_all_reduce(dist, grad, residual, bits):
     return torch.cat([dequantize(a, b) for a, b in zip(qs, scales)]), corrected - sent
 
 
-def reshard_checkpoint(dist, files):
+def reshard_checkpoint(files, world, rank):
     total = sum(f["param"].numel() for f in files)
-    lo, hi = shard_bounds(total, dist.get_world_size(), dist.get_rank())
+    lo, hi = shard_bounds(total, world, rank)
     loaded = []
     for key in ("param", "exp_avg", "exp_avg_sq"):
         pieces = []
@@ -60,3 +61,34 @@ def reshard_checkpoint(dist, files):
                 pieces.append(f[key][start - f["offset"]:end - f["offset"]])
         loaded.append(torch.cat(pieces) if pieces else files[0][key].new_empty(0))
     return (*loaded, files[0]["step"])
+
+
+def survive_failure(dist, files, grads, every, lr):
+    members, group, saved = list(range(dist.get_world_size())), None, files
+    total = sum(f["param"].numel() for f in files)
+    while True:
+        n, me = len(members), members.index(dist.get_rank())
+        *state, step = reshard_checkpoint(saved, n, me)
+        param, m, v = (t.clone() for t in state)
+        try:
+            while step < len(grads):
+                lo, hi = shard_bounds(total, n, me)
+                adam_update(param, grads[step][lo:hi], m, v, step + 1, lr)
+                step += 1
+                if step % every == 0:
+                    # Checkpoint: every rank's shard, padded to the same length, gathered on every rank.
+                    size = -(-total // n)
+                    mine = torch.zeros(3, size, dtype=param.dtype)
+                    for row, t in zip(mine, (param, m, v)):
+                        row[:t.numel()] = t
+                    parts = [torch.empty_like(mine) for _ in range(n)]
+                    dist.all_gather(parts, mine, group=group)
+                    saved = []
+                    for r, part in enumerate(parts):
+                        a, b = shard_bounds(total, n, r)
+                        saved.append({"offset": a, "step": step, "param": part[0, :b - a].clone(),
+                                      "exp_avg": part[1, :b - a].clone(), "exp_avg_sq": part[2, :b - a].clone()})
+            return param, m, v
+        except RuntimeError as e:       # a peer failed: carry on without it, from the last checkpoint
+            members.remove(e.rank)
+            group = dist.new_group(members)

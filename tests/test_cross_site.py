@@ -9,7 +9,8 @@ import pytest  # noqa: E402
 
 from lib.cross_site import INT8_RATIO, Workload, inner_steps_to_hide, powersgd_values, step_times  # noqa: E402
 from lib.sim.cost import CostModel  # noqa: E402
-from lib.viz.cross_site import compression_figure, cross_site_explorer, round_figure  # noqa: E402
+from lib.viz.cross_site import (compression_figure, cross_site_explorer, failure_figure,  # noqa: E402
+                                reshard_figure, round_figure)
 
 WAN = CostModel()
 
@@ -46,6 +47,7 @@ def test_powersgd_sends_two_thin_matrices():
 def test_pictures_and_explorer_draw_from_the_formulas():
     assert round_figure(Workload(params=1e9), WAN, 4).number not in plt.get_fignums()
     assert compression_figure(3).number not in plt.get_fignums()
+    assert failure_figure().number not in plt.get_fignums() and reshard_figure().number not in plt.get_fignums()
     box = cross_site_explorer()
     box.controls["inner_steps"].value = 50
     work = Workload(params=box.controls["params"].value)

@@ -709,3 +709,67 @@ def test_two_hundred_failing_checks_leave_no_thread():
         outcome = puzzle.evaluate([raises, deadlocks, mismatches, stub][i % 4])
         assert not outcome.ok
     assert threading.active_count() == before
+
+
+# ---- injected faults: a rank that dies, and peers that carry on without it ---------------------------------
+def _all_reduce_until_a_peer_dies(dist):
+    x, done = torch.ones(4), 0
+    try:
+        while done < 5:
+            dist.all_reduce(x)
+            done += 1
+    except RuntimeError as e:                  # torch.distributed's errors are RuntimeErrors too
+        survivors = dist.new_group([r for r in range(dist.get_world_size()) if r != e.rank])
+        dist.all_reduce(x, group=survivors)
+        return done, e.rank, str(e), x
+    return done, None, "", x
+
+
+def test_a_faulty_rank_stops_at_its_kth_call_and_its_peers_catch_the_error_naming_it():
+    result = lib.sim.run(_all_reduce_until_a_peer_dies, 4, faults={2: 3})
+    assert result.results[2] is None
+    for rank in (0, 1, 3):
+        step, dead, message, x = result.results[rank]
+        assert (step, dead) == (2, 2)                    # two all-reduces done, the third needed rank 2
+        assert "rank 2, which died at its communication call #3" in message
+        assert torch.equal(x, torch.full((4,), 3.0 * 16))  # 4 × 4 = 16 before; the survivors' group sums 3 copies
+    assert result.stats[2].calls == {"all_reduce": 2}
+
+
+def test_a_peer_already_waiting_on_the_rank_that_dies_is_woken_with_the_error():
+    def prog(dist):
+        if dist.get_rank() == 0:
+            try:
+                dist.recv(torch.zeros(2), src=1)
+            except lib.sim.RankDied as e:
+                return e.rank
+        else:
+            dist.send(torch.ones(2), dst=0)
+    assert lib.sim.run(prog, 2, faults={1: 1}).results == [1, None]
+
+
+def test_an_uncaught_peer_death_fails_the_run_naming_both_ranks():
+    def prog(dist):
+        for _ in range(3):
+            dist.barrier()
+    with pytest.raises(RankFailed) as caught:
+        lib.sim.run(prog, 3, faults={1: 2})
+    assert "RankDied" in str(caught.value) and "needs rank 1, which died" in str(caught.value)
+
+
+def test_a_send_to_a_dead_rank_raises_at_once_and_faults_are_checked():
+    def prog(dist):
+        try:
+            dist.barrier()                       # rank 1 dies here; rank 0, already waiting, is woken
+        except lib.sim.RankDied:
+            pass
+        try:
+            dist.send(torch.ones(1), dst=1)
+        except lib.sim.RankDied as e:
+            return str(e)
+    result = lib.sim.run(prog, 2, faults={1: 1})
+    assert result.results[0].startswith("rank 0's send(dst=1) needs rank 1, which died")
+    with pytest.raises(InvalidCall):
+        lib.sim.run(prog, 2, faults={2: 1})
+    with pytest.raises(InvalidCall):
+        lib.sim.run(prog, 2, faults={0: 0})

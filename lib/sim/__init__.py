@@ -6,9 +6,10 @@
 
 from lib.sim.cost import CostModel
 from lib.sim.context import current_rank
-from lib.sim.errors import CollectiveMismatch, Deadlock, InvalidCall, OutOfView, SharedMemory, SimTimeout
+from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView, RankDied, SharedMemory,
+                            SimTimeout)
 from lib.sim.result import Event, RankStats, SimResult
 from lib.sim.runtime import PerRank, per_rank, run
 
 __all__ = ["run", "per_rank", "PerRank", "CostModel", "SimResult", "RankStats", "Event", "Deadlock",
-           "CollectiveMismatch", "InvalidCall", "SimTimeout", "SharedMemory", "OutOfView", "current_rank"]
+           "CollectiveMismatch", "InvalidCall", "SimTimeout", "SharedMemory", "OutOfView", "RankDied", "current_rank"]

@@ -68,6 +68,7 @@ class Call:
     deliver: Optional[Deliver] = None
     waited: bool = False
     waiting_on: list[int] = field(default_factory=list)
+    failed: Optional[BaseException] = None   # a peer died: waiting on the call raises this
 
 
 class Work:
@@ -137,7 +138,7 @@ class Communicator:
         """Which ranks made fewer new_group calls than the others, or None. torch.distributed requires every rank
         to call new_group for every group, members or not (a rank that skips one names its later groups
         differently from the others, and their first collective together hangs)."""
-        counts = {r: self.group_calls.get(r, 0) for r in range(self.rt.world_size)}
+        counts = {r: self.group_calls.get(r, 0) for r in range(self.rt.world_size) if not self.rt.ranks[r].dead}
         most = max(counts.values())
         behind = {r: k for r, k in counts.items() if k < most}
         if not behind:
@@ -272,6 +273,22 @@ class Communicator:
     def _next_order(self) -> int:
         self.order += 1
         return self.order
+
+    # ---- a rank that died ---------------------------------------------------------
+    def bury(self, dead: int, error: Callable[[Call], BaseException], when: float) -> None:
+        """Fail every posted call that needs `dead` (its groups' pending collectives, messages to or from it) and
+        forget the calls it left behind: the calls complete at `when`, and waiting on call c raises error(c)."""
+        failed: list[Call] = []
+        for g in self.groups:
+            if dead in g.ranks:
+                for seq in list(g.pending):
+                    failed += [c for c in g.pending.pop(seq).values() if c.rank != dead]
+        failed += [c for c in self.sends + self.recvs if c.peer == dead and c.rank != dead]
+        self.sends = [c for c in self.sends if dead not in (c.rank, c.peer)]
+        self.recvs = [c for c in self.recvs if dead not in (c.rank, c.peer)]
+        for c in failed:
+            c.complete, c.failed, c.payload = True, error(c), None
+            c.end_time = max(c.post_time, when)
 
     # ---- end of run ---------------------------------------------------------------
     def leftovers(self) -> Optional[str]:

@@ -153,6 +153,8 @@ class SimDist:
     def _collective(self, name: str, group, *, text: str, signature: tuple, payload, nbytes: int,
                     finish, async_op: bool, root: Optional[int] = None):
         g = self._comm.resolve(self._rank, group, name)
+        if self._rt.faults:
+            self._rt.communicating(g.ranks, text)
         self._rt.close_compute(self._rt.me())
         call = self._comm.post_collective(self._rank, name, g, text=text, signature=signature, payload=payload,
                                           nbytes=nbytes, finish=finish, root=root)
@@ -436,12 +438,16 @@ class SimDist:
     def _post_send(self, tensor, dst, group, tag, group_dst, what):
         t = self._tensor(tensor, what)
         dst = self._peer(group, dst, group_dst, what)
+        if self._rt.faults:
+            self._rt.communicating((dst,), f"{what}(dst={dst})")
         self._rt.close_compute(self._rt.me())
         return self._rt.post(self._comm.post_send(self._rank, t, dst, tag, f"{what}(dst={dst}, {describe_tensor(t)})"))
 
     def _post_recv(self, tensor, src, group, tag, group_src, what):
         t = self._tensor(tensor, what)
         src = self._peer(group, src, group_src, what)
+        if self._rt.faults:
+            self._rt.communicating(() if src is None else (src,), f"{what}(src={src})")
         self._rt.close_compute(self._rt.me())
         where = "any" if src is None else src
         return self._rt.post(self._comm.post_recv(self._rank, t, src, tag,

@@ -29,3 +29,12 @@ class SharedMemory(PuzzleError):
 class OutOfView(PuzzleError):
     """A rank moved memory or work where the simulator cannot measure it (numpy, pickled bytes, a thread
     of its own, dispatch switched off): its budgets would be meaningless."""
+
+
+class RankDied(RuntimeError):
+    """A peer of this call died (a fault injected with `run(..., faults=...)`): what NCCL and gloo report as a
+    broken connection. A RuntimeError, as torch.distributed's own errors are, so a rank can catch it."""
+
+    def __init__(self, dead: int, message: str) -> None:
+        super().__init__(message)
+        self.rank = dead

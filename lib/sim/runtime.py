@@ -29,7 +29,8 @@ from lib.sim import boundary, context, threads
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
 from lib.sim.cost import CostModel
-from lib.sim.errors import CollectiveMismatch, Deadlock, InvalidCall, OutOfView, SharedMemory, SimTimeout
+from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView, RankDied, SharedMemory,
+                            SimTimeout)
 from lib.sim.links import Link
 from lib.sim.output import labelled_output
 from lib.sim.ownership import SHARE_NOTHING, Ownership
@@ -44,6 +45,10 @@ boundary.install()
 
 class _Abort(BaseException):
     """Unwinds a rank's thread when the run is over; BaseException so `except Exception` can't keep it."""
+
+
+class _Died(BaseException):
+    """Unwinds the thread of a rank that dies by an injected fault; BaseException, so it cannot be caught."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class RankState:
         self.posted: list[Call] = []
         self.waiting: Optional[Call] = None
         self.finished = False
+        self.dead = False                # stopped by an injected fault
+        self.comm_calls = 0              # communication calls made so far (faults count them)
         self.stuck = False               # its thread would not stop when interrupted
         self.result: Any = None
         self.abort = False
@@ -102,8 +109,10 @@ class RankState:
 class Runtime:
     """One simulated run of `fn` on `world_size` ranks."""
 
-    def __init__(self, world_size: int, cost: CostModel, timeout: float, memory_limit: float) -> None:
+    def __init__(self, world_size: int, cost: CostModel, timeout: float, memory_limit: float,
+                 faults: Optional[dict[int, int]] = None) -> None:
         self.world_size = world_size
+        self.faults = dict(faults or {})             # rank -> the communication call (1 = first) it dies at
         self.cost = cost
         self.timeout = timeout
         self.memory_limit = memory_limit
@@ -158,6 +167,30 @@ class Runtime:
         state.calls[op] += 1
         self.events.append(Event(rank, op, group, peer, sent or received, start, end))
 
+    def communicating(self, peers: Sequence[int], text: str) -> None:
+        """Before a communication call that needs `peers`, in a run with faults (a run without pays nothing): the
+        calling rank dies here if a fault says so, and the call fails at once if a peer has died (as gloo reports
+        a closed connection)."""
+        state = self.me()
+        state.comm_calls += 1
+        if self.faults.get(state.rank) == state.comm_calls:
+            raise _Died()
+        dead = next((p for p in peers if self.ranks[p].dead), None)
+        if dead is not None:
+            raise self._died_error(dead, state.rank, text)
+
+    def _died_error(self, dead: int, rank: int, text: str) -> RankDied:
+        return RankDied(dead, f"rank {rank}'s {text} needs rank {dead}, which died at its communication call "
+                              f"#{self.faults[dead]} (an injected fault).\nHint: catch the error (a RuntimeError, "
+                              f"as torch.distributed raises), then carry on without rank {dead}: a group of the "
+                              "survivors (dist.new_group) and the last checkpoint.")
+
+    def _bury(self, state: RankState) -> None:
+        """Rank `state` died: fail the calls that need it, waking the ranks that wait on them."""
+        state.dead = True
+        self.close_compute(state)
+        self.comm.bury(state.rank, lambda call: self._died_error(state.rank, call.rank, call.text), state.clock)
+
     def post(self, call: Call) -> Call:
         self.me().posted.append(call)
         return call
@@ -172,6 +205,10 @@ class Runtime:
             self._yield(state)
         state.waiting = None
         call.waited = True
+        if call.failed is not None:
+            state.clock = max(state.clock, call.end_time)
+            state.segment_start = state.clock
+            raise call.failed
         if call.deliver is not None:
             with self.untracked():
                 call.deliver()
@@ -229,6 +266,8 @@ class Runtime:
                 self.close_compute(state)
         except _Abort:
             pass
+        except _Died:
+            self._bury(state)
         except PuzzleError as e:          # a sim rule broken inside a helper the learner called
             if self.error is None:
                 self.error = e
@@ -370,7 +409,7 @@ class Runtime:
 
     def _check_waited(self) -> None:
         for state in self.ranks:
-            for call in state.posted:
+            for call in state.posted if not state.dead else ():
                 if call.receives and not call.waited:
                     raise InvalidCall(
                         f"rank {state.rank} returned without waiting on its {call.text}. In real "
@@ -409,7 +448,8 @@ MEMORY_LIMIT = 4 * 2**30
 
 
 def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, timeout: float = 30.0,
-        memory_limit: float = MEMORY_LIMIT, protect: Any = None, **kwargs) -> SimResult:
+        memory_limit: float = MEMORY_LIMIT, protect: Any = None, faults: Optional[dict[int, int]] = None,
+        **kwargs) -> SimResult:
     """Run `fn(dist, *args, **kwargs)` on `world_size` simulated ranks and return what they did.
 
     Every rank gets its own deep copy of the arguments (wrap one in `per_rank([...])` to
@@ -417,6 +457,8 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
     (a check's expected results). Raises Deadlock, CollectiveMismatch, InvalidCall, SimTimeout,
     SharedMemory, OutOfView or RankFailed (all PuzzleErrors) with a message that names the ranks.
     `memory_limit` (bytes, all ranks together, shared equally) stops a run whose tensors keep growing.
+    `faults` {rank: k} makes `rank` die at its k-th communication call (k = 1: its first): it stops there (its
+    result is None), and every call of another rank that needs it raises RankDied, which the rank may catch.
     """
     from lib.sim.dist import SimDist
 
@@ -427,6 +469,11 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
             raise InvalidCall(f"per_rank(...) holds {len(a.values)} values for {world_size} ranks.")
     if current_rank() is not None:
         raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
-    runtime = Runtime(world_size, cost or CostModel(), timeout, memory_limit)
+    bad = {r: k for r, k in (faults or {}).items()
+           if not (isinstance(r, int) and 0 <= r < world_size and isinstance(k, int) and k >= 1)}
+    if bad:
+        raise InvalidCall(f"faults={faults!r}: each maps a rank (0 to {world_size - 1}) to the communication call "
+                          "(1 = its first) at which it dies.")
+    runtime = Runtime(world_size, cost or CostModel(), timeout, memory_limit, faults)
     runtime.run(fn, args, kwargs, SimDist, protect)
     return runtime.result()

@@ -113,3 +113,31 @@ def reshard_figure(total: int = 25, saved_on: int = 4, world: int = 3):
     ax.set_title("the same flat parameters and Adam moments, cut two ways", fontsize=9)
     plt.close(fig)
     return fig
+
+
+def failure_figure(world: int = 4, dead: int = 2, every: int = 3, fails_after: int = 7, steps: int = 10):
+    """Training steps per rank (blue), checkpoints every `every` steps (|), rank `dead` failing after step
+    `fails_after` (✗), and the survivors going back to the last checkpoint and doing its steps again (orange)."""
+    import matplotlib.pyplot as plt
+
+    last = fails_after // every * every
+    fig, ax = plt.subplots(figsize=(9, 0.45 * world + 1.3), layout="constrained")
+    for rank in range(world):
+        if rank == dead:
+            ax.barh(rank, fails_after, color=COMPUTE, edgecolor="white")
+            ax.text(fails_after + 0.1, rank, "✗ fails", va="center", color="#C44E52", fontsize=9)
+            continue
+        ax.barh(rank, fails_after, color=COMPUTE, edgecolor="white")
+        ax.barh(rank, steps - last, left=fails_after, color=WAN, edgecolor="white")
+        ax.text(fails_after + (steps - last) / 2, rank, f"steps {last + 1}-{steps}, from the checkpoint",
+                ha="center", va="center", fontsize=8, color="white")
+    for c in range(every, steps + 1, every):
+        ax.axvline(c if c <= fails_after else c + fails_after - last, color="black", linewidth=0.8,
+                   linestyle=":" if c > fails_after else "-")
+    ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
+    ax.invert_yaxis()
+    ax.set_xlabel("steps, in time order (lines: checkpoints)")
+    ax.set_title(f"rank {dead} fails after step {fails_after}: the survivors regroup, reload the checkpoint of step "
+                 f"{last} and train on {world - 1} ranks", fontsize=9)
+    plt.close(fig)
+    return fig

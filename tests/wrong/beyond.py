@@ -3,7 +3,10 @@
 import torch
 import torch.nn.functional as F
 
+from lib.cross_site import shard_bounds
 from puzzles.beyond import dequantize, quantize
+from puzzles.zero import adam_update
+from solutions.beyond import reshard_checkpoint
 
 
 def _diloco(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum, *, sign=1.0, outer_steps=1,
@@ -99,27 +102,76 @@ def compressed_in_float32(dist, grad, residual, bits):
     return mean / dist.get_world_size(), torch.zeros_like(grad)
 
 
-def checkpoint_by_rank_number(dist, files):
+def checkpoint_by_rank_number(files, world, rank):
     """Loads the file this rank saved last time: right only while the world size stays the same."""
-    f = files[dist.get_rank()]
+    f = files[rank]
     return f["param"], f["exp_avg"], f["exp_avg_sq"], f["step"]
 
 
-def checkpoint_without_the_moments(dist, files):
+def checkpoint_without_the_moments(files, world, rank):
     """The right parameters, and Adam's moments started again from zero."""
-    world, full = dist.get_world_size(), torch.cat([f["param"] for f in files])
+    full = torch.cat([f["param"] for f in files])
     size = -(-full.numel() // world)
-    param = full[dist.get_rank() * size:(dist.get_rank() + 1) * size].clone()
+    param = full[rank * size:(rank + 1) * size].clone()
     return param, torch.zeros_like(param), torch.zeros_like(param), files[0]["step"]
 
 
-def checkpoint_split_by_floor(dist, files):
+def checkpoint_split_by_floor(files, world, rank):
     """Shards of total // N elements, the remainder on the last rank: not the layout training uses."""
     full = {k: torch.cat([f[k] for f in files]) for k in ("param", "exp_avg", "exp_avg_sq")}
-    world, rank = dist.get_world_size(), dist.get_rank()
     size = full["param"].numel() // world
     hi = full["param"].numel() if rank == world - 1 else (rank + 1) * size
     return (*(full[k][rank * size:hi].clone() for k in ("param", "exp_avg", "exp_avg_sq")), files[0]["step"])
+
+
+def _survive(dist, files, grads, every, lr, *, regroup=True, replay=True, relayout=True):
+    """Surviving a failure with one mistake switched on: retrying with the dead rank still in the group, going on
+    from the step reached instead of the checkpoint's, or reloading the old layout by rank number."""
+    members, group, saved = list(range(dist.get_world_size())), None, files
+    total, reached = sum(f["param"].numel() for f in files), None
+    while True:
+        n, me = len(members), members.index(dist.get_rank())
+        *state, step = (reshard_checkpoint(saved, n, me) if relayout or n == dist.get_world_size()
+                        else reshard_checkpoint(saved, dist.get_world_size(), dist.get_rank()))
+        param, m, v = (t.clone() for t in state)
+        step = step if replay or reached is None else reached
+        try:
+            while step < len(grads):
+                lo, hi = shard_bounds(total, n, me)
+                adam_update(param, grads[step][lo:hi], m, v, step + 1, lr)
+                step += 1
+                reached = step
+                if step % every == 0:
+                    size = -(-total // n)
+                    mine = torch.zeros(3, size, dtype=param.dtype)
+                    for row, t in zip(mine, (param, m, v)):
+                        row[:t.numel()] = t
+                    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size() if group is None else n)]
+                    dist.all_gather(parts, mine, group=group)
+                    saved = [{"offset": a, "step": step, "param": p[0, :b - a].clone(), "exp_avg": p[1, :b - a].clone(),
+                              "exp_avg_sq": p[2, :b - a].clone()}
+                             for p, (a, b) in zip(parts, (shard_bounds(total, n, r) for r in range(n)))]
+            return param, m, v
+        except RuntimeError as e:
+            if len(members) < dist.get_world_size():          # a second failure: only the first was injected
+                raise
+            members.remove(e.rank)
+            group = dist.new_group(members) if regroup else None
+
+
+def survivors_wait_on_the_dead_rank(dist, files, grads, every, lr):
+    """Reloads and goes on with the default group, the dead rank still in it: in real NCCL that hangs until the
+    timeout; here its next collective fails, uncaught."""
+    return _survive(dist, files, grads, every, lr, regroup=False)
+
+
+def survivors_go_on_from_where_they_were(dist, files, grads, every, lr):
+    """Reloads the checkpoint but skips the steps since it: the dead rank's updates of those steps are lost."""
+    return _survive(dist, files, grads, every, lr, replay=False)
+
+
+def survivors_reload_by_old_rank_number(dist, files, grads, every, lr):
+    return _survive(dist, files, grads, every, lr, relayout=False)
 
 
 WRONG = [
@@ -134,4 +186,7 @@ WRONG = [
     ("reshard_checkpoint", checkpoint_by_rank_number, ("elements [", "rank 0: the result")),
     ("reshard_checkpoint", checkpoint_without_the_moments, "rank 0: the result"),
     ("reshard_checkpoint", checkpoint_split_by_floor, ("elements [", "the result")),
+    ("survive_failure", survivors_wait_on_the_dead_rank, "which died at its communication call"),
+    ("survive_failure", survivors_go_on_from_where_they_were, "the result"),
+    ("survive_failure", survivors_reload_by_old_rank_number, ("the result", "rank")),
 ]

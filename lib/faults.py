@@ -1,0 +1,59 @@
+"""The simulator's injected fault (`lib.sim.run(..., faults={rank: k})`) emulated on real processes, so that a
+puzzle about surviving a failure has a real cell too.
+
+Real torch.distributed cannot lose a process and go on: the group is broken, gloo raises "Connection closed by
+peer" and NCCL hangs until its timeout, and torchrun (TorchElastic) restarts the whole job. Here the failed rank
+stays alive as a bystander instead: its function stops at its k-th communication call, and it only joins the
+survivors' `new_group` call, which torch requires of every process. The other ranks' calls on the default group
+from their own k-th on raise RankDied, as the simulator's do. This holds for SPMD code whose ranks make the same
+communication calls in the same order, so that the failed rank's k-th call is everyone's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from lib.sim.errors import RankDied
+
+COMMUNICATION = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+                 "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "broadcast",
+                 "reduce", "gather", "scatter", "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+class Died(BaseException):
+    """Unwinds the failed rank's function at its k-th call (BaseException: the function cannot catch it)."""
+
+
+class FaultyDist:
+    """`dist` (torch.distributed) for one real rank of a run where rank `dead` fails at its k-th communication
+    call; every other attribute is torch.distributed's own."""
+
+    def __init__(self, dist: Any, dead: int, k: int) -> None:
+        self._dist, self._dead, self._k, self._calls = dist, dead, k, 0
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._dist, name)
+        return self._watched(name, target) if name in COMMUNICATION else target
+
+    def _watched(self, name: str, target: Callable) -> Callable:
+        def call(*args, **kwargs):
+            self._calls += 1
+            rank = self._dist.get_rank()
+            if rank == self._dead and self._calls == self._k:
+                raise Died()
+            group = kwargs.get("group", next((a for a in args if isinstance(a, self._dist.ProcessGroup)), None))
+            if rank != self._dead and self._calls >= self._k and group is None:
+                raise RankDied(self._dead, f"rank {rank}'s {name} needs rank {self._dead}, which died at its "
+                                           f"communication call #{self._k} (an emulated fault).")
+            return target(*args, **kwargs)
+        return call
+
+
+def run_with_fault(dist: Any, fn: Callable, dead: int, k: int, *args) -> Any:
+    """`fn(dist, *args)` on this real rank with the fault emulated; the failed rank returns None after joining
+    the survivors' group, as the simulator's does."""
+    try:
+        return fn(FaultyDist(dist, dead, k), *args)
+    except Died:
+        dist.new_group([r for r in range(dist.get_world_size()) if r != dead])
+        return None
