@@ -510,4 +510,70 @@ survive_failure = Puzzle(
              "checkpoint and finish.")
 
 
-PUZZLES = [diloco_train, compressed_all_reduce, reshard_checkpoint, survive_failure]
+# ---- 5. how far apart can datacenters be? ---------------------------------------------------------------------
+WAN_LINKS = {"100 Gb/s, 10 ms (across a country)": (12.5e9, 10e-3), "10 Gb/s, 40 ms (across an ocean)": (1.25e9, 40e-3),
+             "400 Gb/s, 2 ms (a metro campus)": (50e9, 2e-3)}
+DERIVE = {"lib.cross_site": "lib.cross_site", "lib.sim.cost": "lib.sim.cost"}
+
+
+def fewest_inner_steps(comm: float, compute: float, share: float) -> int:
+    """The fewest H with comm / H <= share · compute."""
+    h = max(1, math.ceil(comm / (share * compute)))
+    while comm / h > share * compute:
+        h += 1
+    while h > 1 and comm / (h - 1) <= share * compute:
+        h -= 1
+    return h
+
+
+def _budget_case(rng: random.Random, _world: int, size: Optional[float] = None) -> Case:
+    params = (size or rng.choice([0.15e9, 1e9, 7e9, 70e9])) * rng.uniform(0.8, 1.25)
+    tokens, world = rng.choice([2048, 4096, 8192]), rng.choice([2, 4, 8, 16])
+    name = rng.choice(sorted(WAN_LINKS))
+    bandwidth, latency = (x * rng.uniform(0.7, 1.4) for x in WAN_LINKS[name])
+    flops, share = CostModel().flops_per_s * rng.uniform(0.3, 0.6), rng.choice([0.05, 0.1, 0.2])
+    cost = CostModel(flops_per_s=flops, inter_site_bandwidth=bandwidth, inter_site_latency=latency,
+                     ranks_per_site=world // 2)
+    comm = cost.collective_time("all_reduce", 4 * params, range(world))       # the simulator's price
+    h = fewest_inner_steps(comm, 6 * params * tokens / flops, share)
+    return Case(1, (params, tokens, world, bandwidth, latency, flops, share), [h],
+                f"{params / 1e9:.3g}B parameters, {tokens} tokens per GPU and step, {world} GPUs in 2 datacenters, "
+                f"{fmt_rate(bandwidth)} and {fmt_time(latency)} between them, {flops / 1e12:.0f} TFLOP/s achieved, "
+                f"communication at most {share:.0%} of compute")
+
+
+inner_steps_for = Puzzle(
+    "inner_steps_for", NOTEBOOK, _budget_case, world_sizes=(1,) * 6, takes_dist=False, real_cell=False,
+    variants=[{"size": 0.15e9}, {"size": 70e9}],         # one where latency rules, one where bandwidth does
+    off_limits=DERIVE, off_limits_advice="derive it from the ring all-reduce's cost and 6 · params · tokens",
+    hints=["A step computes 6 · params · tokens FLOPs (forward and backward) at `flops` FLOP/s. DiLoCo all-reduces "
+           "the float32 pseudo-gradient (4 bytes per parameter) once every H steps.",
+           "A ring all-reduce over N GPUs sends 2(N-1) messages one after another and moves 2(N-1)/N of the bytes "
+           "per GPU; spanning two datacenters, each message pays the wide-area latency and every byte its bandwidth.",
+           "H is the smallest integer with all_reduce_time / H <= share × compute_time: math.ceil of their ratio, "
+           "and at least 1."],
+    describe="The fewest inner steps H for which DiLoCo's all-reduce, spread over H steps, stays within a share of "
+             "the compute.")
+
+
+def how_far(fn, params: float = 1e9, tokens: int = 4096, world: int = 8, share: float = 0.1) -> Optional[dict]:
+    """Your `inner_steps_for` on each wide-area link of WAN_LINKS, and what it buys per step (lib.cross_site's
+    times, compute at an H100's peak): {link: H}, or None while the function is a stub."""
+    from lib.cross_site import Workload, step_times
+
+    found = {}
+    for name, (bandwidth, latency) in WAN_LINKS.items():
+        cost = CostModel(inter_site_bandwidth=bandwidth, inter_site_latency=latency)
+        try:
+            h = fn(params, tokens, world, bandwidth, latency, cost.flops_per_s, share)
+        except NotImplementedError:
+            print("○ solve inner_steps_for first.")
+            return None
+        times = step_times(Workload(params, tokens, world), cost, h)
+        found[name] = h
+        print(f"{name:>36}: H = {h:>4}: DiLoCo {fmt_time(times[f'DiLoCo, H={h}'])} per step, data parallel "
+              f"{fmt_time(times['data parallel'])}")
+    return found
+
+
+PUZZLES = [diloco_train, compressed_all_reduce, reshard_checkpoint, survive_failure, inner_steps_for]

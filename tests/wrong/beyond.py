@@ -1,5 +1,7 @@
 """Wrong answers to notebook 09's puzzles, each with the words its failure message must contain."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -174,6 +176,19 @@ def survivors_reload_by_old_rank_number(dist, files, grads, every, lr):
     return _survive(dist, files, grads, every, lr, relayout=False)
 
 
+def inner_steps_without_latency(params, tokens, world, bandwidth, latency, flops, share):
+    """Bandwidth only: a wide-area link's milliseconds of latency per message forgotten."""
+    compute = 6 * params * tokens / flops
+    return max(1, math.ceil(2 * (world - 1) / world * 4 * params / bandwidth / (share * compute)))
+
+
+def inner_steps_with_half_the_bytes(params, tokens, world, bandwidth, latency, flops, share):
+    """(N-1)/N of the bytes, as a reduce-scatter alone would send."""
+    compute = 6 * params * tokens / flops
+    comm = 2 * (world - 1) * latency + (world - 1) / world * 4 * params / bandwidth
+    return max(1, math.ceil(comm / (share * compute)))
+
+
 WRONG = [
     ("diloco_train", diloco_wrong_sign, "rank 0: the result", "wrong sign"),
     ("diloco_train", diloco_outer_momentum_per_inner_step, "rank 0: the result", "once per round"),
@@ -189,4 +204,6 @@ WRONG = [
     ("survive_failure", survivors_wait_on_the_dead_rank, "which died at its communication call"),
     ("survive_failure", survivors_go_on_from_where_they_were, "the result"),
     ("survive_failure", survivors_reload_by_old_rank_number, ("the result", "rank")),
+    ("inner_steps_for", inner_steps_without_latency, "the result"),
+    ("inner_steps_for", inner_steps_with_half_the_bytes, "the result"),
 ]
