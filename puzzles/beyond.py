@@ -137,7 +137,7 @@ def _diloco_case(rng: random.Random, world: int) -> Case:
 
 def _diloco_display(case: Case) -> tuple[CostModel, str]:
     cost, note = training_display(case, cost=case.cost)
-    return cost, (f"{note}; two datacenters joined by {fmt_rate(case.cost.inter_site_bandwidth)} per GPU, "
+    return cost, (f"{note}\nbetween the 2 datacenters: {fmt_rate(case.cost.inter_site_bandwidth)} per GPU, "
                   f"{fmt_time(case.cost.inter_site_latency)} per message")
 
 
