@@ -1,8 +1,9 @@
 """Notebook 09, beyond one cluster: the puzzles, their inputs, references and budgets.
 
-DiLoCo (Douillard et al. 2023) and compressed all-reduce with error feedback. Each check compares with a
-single-process reference of the algorithm on the same data, and bounds the bytes (and, across two datacenters, the
-simulated time) by the algorithm's formula for the case at hand.
+DiLoCo (Douillard et al. 2023), compressed all-reduce with error feedback, a sharded checkpoint loaded on another
+number of ranks, surviving a failed rank (the simulator's injected faults), and DiLoCo's inner steps for a given
+wide-area link. Each check compares with a single-process reference of the algorithm on the same data, and bounds
+the bytes (and, across two datacenters, the simulated time) by the algorithm's formula for the case at hand.
 """
 
 from __future__ import annotations
