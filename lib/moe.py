@@ -52,9 +52,9 @@ class Routing:
 
     @property
     def all_to_all_bytes(self) -> float:
-        """Bytes one rank sends in dispatch and combine, with tokens spread evenly over ranks and experts: each
-        kept pair goes to its expert's rank and back, (N-1)/N of them leave the rank."""
-        return 2 * self.kept / self.ranks * (self.ranks - 1) / self.ranks * self.row_bytes
+        """Bytes a rank whose tokens these are sends in dispatch and combine, experts spread evenly over the ranks:
+        each kept pair goes to its expert's rank and back, and (N-1)/N of them leave the rank."""
+        return 2 * self.kept * (self.ranks - 1) / self.ranks * self.row_bytes
 
 
 def routing(logits: torch.Tensor, k: int, capacity_factor: float, ranks: int = 1, row_bytes: int = 0) -> Routing:
@@ -63,3 +63,15 @@ def routing(logits: torch.Tensor, k: int, capacity_factor: float, ranks: int = 1
     load = expert_load(logits, k)
     cap = capacity(tokens, experts, k, capacity_factor)
     return Routing(load.tolist(), cap, int(load.clamp(max=cap).sum()), tokens * k, ranks, row_bytes)
+
+
+def dispatch_counts(logits_per_rank: list[torch.Tensor], k: int, capacity_factor: float) -> torch.Tensor:
+    """(N, N) int64: kept (token, expert) pairs rank s sends to rank r, experts split evenly over the N ranks,
+    capacity per expert from each rank's own tokens (each rank is a routing group, as in GShard)."""
+    n = len(logits_per_rank)
+    counts = torch.zeros(n, n, dtype=torch.long)
+    for s, logits in enumerate(logits_per_rank):
+        tokens, experts = logits.shape
+        kept = expert_load(logits, k).clamp(max=capacity(tokens, experts, k, capacity_factor))
+        counts[s] = kept.view(n, experts // n).sum(1)
+    return counts

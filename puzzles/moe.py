@@ -48,7 +48,7 @@ def route_reference(logits: torch.Tensor, k: int, capacity_factor: float, pooled
     rank's); keep_last walks the tokens from the last; token_major gives token 0 both choices before token 1."""
     t_count, experts = logits.shape
     probs = torch.softmax(logits, dim=-1)                                          # (T, E)
-    choices = probs.topk(k, dim=-1).indices                                        # (T, k), best first
+    choices = logits.topk(k, dim=-1).indices                       # (T, k), best first (probabilities may tie at 0)
     cap = math.ceil(k * t_count * capacity_factor / experts)
     width = cap * max(pooled_by, 1)
     tokens = torch.full((experts, width), -1, dtype=torch.long, device=logits.device)
@@ -127,7 +127,7 @@ top_k_route = Puzzle(
     "top_k_route", NOTEBOOK, _route_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
     variants=[{"k": 1, "factor": 0.5}, {"k": 2, "factor": 0.75}, {"k": 1, "factor": 2.0}, {"k": 2, "factor": 1.25}],
     rtol=1e-12, atol=1e-15, mistakes=ROUTE_MISTAKES, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
-    hints=["probs = torch.softmax(logits, -1); choices = probs.topk(k, -1).indices, best first. Then hand out "
+    hints=["probs = torch.softmax(logits, -1); choices = logits.topk(k, -1).indices, best first. Then hand out "
            "slots: first choices of tokens 0, 1, ..., T-1, then second choices in the same order.",
            "A slot's index is how many earlier claims went to the same expert: flatten the one-hot choices in "
            "priority order, (k, T, E) -> (k·T, E), and take a cumulative sum down the rows minus one.",
@@ -143,7 +143,7 @@ def losses_reference(logits: torch.Tensor, k: int, alpha: float, beta: float):
     t_count, experts = logits.shape
     probs = torch.softmax(logits, dim=-1)
     counts = [0] * experts
-    for row in probs.topk(k, dim=-1).indices.tolist():
+    for row in logits.topk(k, dim=-1).indices.tolist():
         for e in row:
             counts[e] += 1
     f = torch.tensor(counts, dtype=logits.dtype, device=logits.device) / (t_count * k)
@@ -175,7 +175,8 @@ def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None)
     alpha, beta = rng.choice([1e-2, 0.1]), rng.choice([1e-3, 1e-2])
     leaf = logits.clone().requires_grad_()
     balance, z = losses_reference(leaf, k, alpha, beta)
-    expected = (balance.detach(), z.detach(), *(torch.autograd.grad(v, leaf, retain_graph=True)[0] for v in (balance, z)))
+    grads = (torch.autograd.grad(v, leaf, retain_graph=True)[0] for v in (balance, z))
+    expected = (balance.detach(), z.detach(), *grads)
     return Case(1, (*_on_device(logits), k, alpha, beta), [_on_device(*expected)],
                 f"T={t_count}, E={experts}, k={k}, α={alpha:g}, β={beta:g}, logits of scale {scale:g}")
 

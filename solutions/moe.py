@@ -11,7 +11,7 @@ import torch
 def top_k_route(logits, k, capacity_factor):
     t_count, experts = logits.shape
     probs = torch.softmax(logits, dim=-1)                                   # (T, E)
-    choices = probs.topk(k, dim=-1).indices                                 # (T, k), best first
+    choices = logits.topk(k, dim=-1).indices                                # (T, k), best first
     cap = math.ceil(k * t_count * capacity_factor / experts)
     claims = torch.nn.functional.one_hot(choices.t(), experts).flatten(0, 1)   # (k·T, E): first choices first
     slot = (claims.cumsum(0) - 1)[claims.bool()]                            # each claim's place in its expert

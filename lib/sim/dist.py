@@ -336,8 +336,8 @@ class SimDist:
 
         def traffic(payloads):
             """Each rank's bytes: the rows it sends to and receives from the other ranks (its own stay put)."""
-            return {r: (row * (sum(payloads[r][2]) - payloads[r][2][i]), row * (sum(payloads[r][3]) - payloads[r][3][i]))
-                    for i, r in enumerate(g.ranks)}
+            return {r: (row * (sum(payloads[r][2]) - payloads[r][2][i]),
+                        row * (sum(payloads[r][3]) - payloads[r][3][i])) for i, r in enumerate(g.ranks)}
         rows = inp.shape[0] if inp.dim() else 1
         return self._collective("all_to_all", g, text=f"all_to_all_single({describe_tensor(inp)})",
                                 signature=(tuple(inp.shape[1:]), inp.dtype), payload=(out, inp, in_splits, out_splits),
