@@ -400,4 +400,58 @@ moe_layer_backward = Puzzle(
     describe="The MoE layer's gradients: the all-to-alls carry them back to the tokens' and the experts' ranks.")
 
 
-PUZZLES = [top_k_route, router_losses, moe_layer, moe_layer_backward]
+# ---- 5. expert parallel × data parallel ---------------------------------------------------------------------
+STEPS = 2
+
+
+def train_reference(batches: list, router: torch.Tensor, experts: torch.Tensor, k: int, factor: float, lr: float,
+                    steps: int):
+    """Single-device SGD on the mean over ranks of each rank's mean squared error (each rank routes its own
+    tokens): (router, all experts) after `steps` steps."""
+    for step in range(steps):
+        router, experts = router.detach().requires_grad_(), experts.detach().requires_grad_()
+        losses = [((moe_reference(x, router, experts, k, factor) - target) ** 2).mean()
+                  for x, target in (rank[step] for rank in batches)]
+        d_router, d_experts = torch.autograd.grad(torch.stack(losses).mean(), [router, experts])
+        router, experts = router - lr * d_router, experts - lr * d_experts
+    return router.detach(), experts.detach()
+
+
+def _train_case(rng: random.Random, n: int, ep: Optional[int] = None) -> Case:
+    ep = ep or (2 if n == 2 else rng.choice([2, 4]))
+    layer = _layer(rng, n if ep == n else ep, per_rank_experts=rng.choice([1, 2]))
+    e_count, d = layer.experts.shape[0], layer.router.shape[0]
+    t_count = layer.xs[0].shape[0]
+    gen = _gen(rng)
+    batches = [[(torch.randn(t_count, d, generator=gen, dtype=torch.float64),
+                 torch.randn(t_count, d, generator=gen, dtype=torch.float64)) for _ in range(STEPS)]
+               for _ in range(n)]
+    lr = 0.5
+    router, experts = train_reference(batches, layer.router, layer.experts, layer.k, layer.factor, lr, STEPS)
+    shards = experts.chunk(ep)
+    expected = [(router.to(device()), shards[r % ep].clone().to(device())) for r in range(n)]
+    args = (per_rank([[tuple(t.to(device()) for t in b) for b in rank] for rank in batches]),
+            layer.router.to(device()), per_rank([c.clone().to(device()) for c in
+                                                 (layer.experts.chunk(ep)[r % ep] for r in range(n))]),
+            layer.k, layer.factor, lr, ep)
+    return Case(n, args, expected,
+                f"N={n} = {ep} expert-parallel × {n // ep} data-parallel, E={e_count} experts, T={t_count} tokens "
+                f"per rank, d={d}, k={layer.k}, capacity factor {layer.factor:g}, {STEPS} SGD steps",
+                allowed_ops=frozenset({"all_to_all", "all_reduce"}))
+
+
+moe_train = Puzzle(
+    "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2), variants=[{"ep": 2}, {"ep": 2}],
+    rtol=1e-9, atol=1e-12, min_world_size=2, min_world_size_reason="its experts live on different ranks",
+    hints=["Two kinds of groups: EP groups of ep_size consecutive ranks (they share experts' work through the "
+           "all-to-all) and DP groups of the ranks with the same rank % ep_size (they hold the same experts). "
+           "Every rank creates every group, in the same order.",
+           "Each step: y = moe_layer_backward(..., group=your EP group); loss = ((y - target) ** 2).mean(); "
+           "torch.autograd.grad(loss, [router, experts]).",
+           "The objective is the mean of the N ranks' losses. The router's gradient: all-reduce over all ranks. "
+           "The experts' gradient already sums the losses of your EP group's tokens: all-reduce it over your DP "
+           "group only. Divide both by N, then step."],
+    describe="SGD on an MoE layer over a mesh of expert-parallel × data-parallel ranks, equal to one device.")
+
+
+PUZZLES = [top_k_route, router_losses, moe_layer, moe_layer_backward, moe_train]

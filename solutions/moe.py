@@ -34,14 +34,14 @@ def router_losses(logits, k, alpha, beta):
     return balance, z
 
 
-def moe_layer(dist, x, router, experts, k, capacity_factor, exchange=None):
+def moe_layer(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
     def all_to_all(dist, rows, output_split_sizes, input_split_sizes):
         out = rows.new_empty(sum(output_split_sizes), *rows.shape[1:])
-        dist.all_to_all_single(out, rows, output_split_sizes, input_split_sizes)
+        dist.all_to_all_single(out, rows, output_split_sizes, input_split_sizes, group=group)
         return out
 
     exchange = exchange or all_to_all
-    n, local = dist.get_world_size(), experts.shape[0]
+    n, local = dist.get_world_size(group), experts.shape[0]
     tokens, weights = top_k_route(x @ router, k, capacity_factor)           # (E, C) each
     kept = tokens >= 0
     counts = kept.sum(1)                                                    # (E,) rows for each expert
@@ -55,7 +55,7 @@ def moe_layer(dist, x, router, experts, k, capacity_factor, exchange=None):
     return torch.zeros_like(x).index_add(0, ids, back * weights[kept].unsqueeze(-1))
 
 
-def moe_layer_backward(dist, x, router, experts, k, capacity_factor):
+def moe_layer_backward(dist, x, router, experts, k, capacity_factor, group=None):
     class AllToAll(torch.autograd.Function):
         """all_to_all_single forward; backward, the gradients go back with the split sizes swapped."""
 
@@ -63,15 +63,33 @@ def moe_layer_backward(dist, x, router, experts, k, capacity_factor):
         def forward(ctx, rows, output_split_sizes, input_split_sizes):
             ctx.splits = output_split_sizes, input_split_sizes
             out = rows.new_empty(sum(output_split_sizes), *rows.shape[1:])
-            dist.all_to_all_single(out, rows.contiguous(), output_split_sizes, input_split_sizes)
+            dist.all_to_all_single(out, rows.contiguous(), output_split_sizes, input_split_sizes, group=group)
             return out
 
         @staticmethod
         def backward(ctx, grad):
             output_split_sizes, input_split_sizes = ctx.splits
             out = grad.new_empty(sum(input_split_sizes), *grad.shape[1:])
-            dist.all_to_all_single(out, grad.contiguous(), input_split_sizes, output_split_sizes)
+            dist.all_to_all_single(out, grad.contiguous(), input_split_sizes, output_split_sizes, group=group)
             return out, None, None
 
-    return moe_layer(dist, x, router, experts, k, capacity_factor,
+    return moe_layer(dist, x, router, experts, k, capacity_factor, group=group,
                      exchange=lambda _dist, rows, out_splits, in_splits: AllToAll.apply(rows, out_splits, in_splits))
+
+
+def moe_train(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ep_groups = [dist.new_group(list(range(i, i + ep_size))) for i in range(0, world, ep_size)]
+    dp_groups = [dist.new_group(list(range(j, world, ep_size))) for j in range(ep_size)]
+    ep, dp = ep_groups[rank // ep_size], dp_groups[rank % ep_size]
+    for x, target in batches:
+        router.requires_grad_(), experts.requires_grad_()
+        y = moe_layer_backward(dist, x, router, experts, k, capacity_factor, group=ep)
+        loss = ((y - target) ** 2).mean()          # this rank's; the objective is the mean over all ranks
+        d_router, d_experts = torch.autograd.grad(loss, [router, experts])
+        dist.all_reduce(d_router)                  # dense: every rank's tokens
+        dist.all_reduce(d_experts, group=dp)       # experts: their replicas only (the EP group summed already)
+        with torch.no_grad():
+            router = router - lr * d_router / world
+            experts = experts - lr * d_experts / world
+    return router.detach(), experts.detach()

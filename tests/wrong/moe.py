@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from solutions.moe import moe_layer, top_k_route
+from solutions.moe import moe_layer, moe_layer_backward, top_k_route
 
 
 def _route(logits, k, capacity_factor, order="choice", from_the_end=False, with_k=True):
@@ -207,6 +207,41 @@ def backward_with_the_splits_unswapped(dist, x, router, experts, k, capacity_fac
     return moe_layer(dist, x, router, experts, k, capacity_factor, exchange=_autograd_exchange(dist, swap=False))
 
 
+def _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, experts_over="dp", divisor="world",
+           router_reduced=True):
+    """EP × DP SGD with one mistake chosen by the arguments."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    eps = [dist.new_group(list(range(i, i + ep_size))) for i in range(0, world, ep_size)]
+    dps = [dist.new_group(list(range(j, world, ep_size))) for j in range(ep_size)]
+    ep, dp = eps[rank // ep_size], dps[rank % ep_size]
+    for x, target in batches:
+        router, experts = router.detach().requires_grad_(), experts.detach().requires_grad_()
+        y = moe_layer_backward(dist, x, router, experts, k, capacity_factor, group=ep)
+        d_router, d_experts = torch.autograd.grad(((y - target) ** 2).mean(), [router, experts])
+        if router_reduced:
+            dist.all_reduce(d_router)
+        dist.all_reduce(d_experts, group=None if experts_over == "world" else dp)
+        by = world if divisor == "world" else dist.get_world_size(dp)
+        router, experts = router - lr * d_router / world, experts - lr * d_experts / by
+    return router.detach(), experts.detach()
+
+
+def train_averaging_experts_over_the_world(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
+    """All-reduces the experts' gradients over every rank: rank 0's expert 0 gets rank 1's expert 1's gradient."""
+    return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, experts_over="world")
+
+
+def train_dividing_experts_by_the_dp_size(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
+    """Averages the experts' gradients over their DP group: each already sums the EP group's losses, so they come
+    out ep_size times too large."""
+    return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, divisor="dp")
+
+
+def train_without_reducing_the_router(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
+    """Each rank steps its router with its own tokens' gradient only: the replicas drift apart."""
+    return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, router_reduced=False)
+
+
 WRONG = [
     ("top_k_route", route_dropping_the_first_tokens, "rank 0", "keeping the last tokens"),
     ("top_k_route", route_token_by_token, "rank 0", "every first choice outranks"),
@@ -223,4 +258,7 @@ WRONG = [
     ("moe_layer_backward", backward_with_a_detached_router, "rank"),
     ("moe_layer_backward", backward_through_a_plain_all_to_all, "rank"),
     ("moe_layer_backward", backward_with_the_splits_unswapped, ("rank", "expects")),
+    ("moe_train", train_averaging_experts_over_the_world, "rank"),
+    ("moe_train", train_dividing_experts_by_the_dp_size, "rank"),
+    ("moe_train", train_without_reducing_the_router, "rank"),
 ]
