@@ -332,6 +332,24 @@ def padded_dispatch(dist, x, router, experts, k, factor):
     return torch.zeros_like(x).index_add(0, tokens.clamp(min=0).flatten(), (back * kept.unsqueeze(-1)).flatten(0, 1))
 
 
+# One MoE layer of DeepSeek-V3's size (DeepSeek-AI, 2024): hidden 7168 in bf16, experts of three 7168 × 2048
+# matrices, here with 4096 tokens per rank.
+REAL_TOKENS, REAL_HIDDEN, REAL_EXPERT_FLOPS = 4096, 7168, 2 * 3 * 7168 * 2048
+
+
+def _layer_display(case: Case):
+    """An expert-parallel layer's timeline at DeepSeek-V3's scale: the toy rows' bytes stand for 4096 tokens of
+    hidden 7168 in bf16, a toy expert's matmul for a real expert's three."""
+    from lib.viz.timeline import at_scale, scale_note
+
+    x = case.args[0].values[0]
+    t_count, d = x.shape
+    bytes_factor = REAL_TOKENS * REAL_HIDDEN * 2 / (t_count * d * x.element_size())
+    flops_factor = REAL_TOKENS * REAL_EXPERT_FLOPS / (t_count * 2 * d * d)
+    return at_scale(bytes_factor, flops_factor), (f"drawn as if each rank routed {REAL_TOKENS} tokens of hidden "
+                                                  f"{REAL_HIDDEN} in bf16 to DeepSeek-V3-sized experts\n{scale_note()}")
+
+
 MOE_HINTS = [
     "Route your tokens with your top_k_route(x @ router, k, capacity_factor). Then send each kept (token, expert) "
     "row to the rank that owns the expert, e // (E/N), sorted by expert; tell the others first how many rows of "
@@ -349,7 +367,7 @@ moe_layer = Puzzle(
     variants=[{"experts_kind": "identity"}, {"gate": "round_robin", "experts_kind": "scaled"},
               {"factor": 0.5, "per_rank_experts": 2}],
     oracle=padded_dispatch, oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
-    rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2,
+    rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, display=_layer_display,
     min_world_size_reason="its experts live on different ranks",
     describe="An MoE layer whose experts live on different ranks: tokens go to their experts and back by "
              "all-to-all with uneven splits.")
@@ -454,4 +472,70 @@ moe_train = Puzzle(
     describe="SGD on an MoE layer over a mesh of expert-parallel × data-parallel ranks, equal to one device.")
 
 
-PUZZLES = [top_k_route, router_losses, moe_layer, moe_layer_backward, moe_train]
+# ---- 6. the capacity a drop budget needs --------------------------------------------------------------------
+def capacity_reference(logits: torch.Tensor, k: int, max_dropped: float) -> tuple[int, int]:
+    """(the smallest capacity, in slots per expert, that drops at most max_dropped of the T·k choices, the padded
+    slots it leaves), trying every capacity from 1 up, one at a time."""
+    t_count, experts = logits.shape
+    load = [0] * experts
+    for row in logits.topk(k, dim=-1).indices.tolist():
+        for e in row:
+            load[e] += 1
+    cap = 1
+    while sum(max(0, n - cap) for n in load) > max_dropped * t_count * k:
+        cap += 1
+    kept = sum(min(n, cap) for n in load)
+    return cap, cap * experts - kept
+
+
+def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
+                   max_dropped: Optional[float] = None) -> Case:
+    k = k or rng.choice([1, 2])
+    experts = rng.randint(4, 16)
+    t_count = experts * rng.randint(4, 16)
+    logits = _logits(rng, t_count, experts, rng.choice([1.0, 2.0]))
+    max_dropped = rng.choice([0.0, 0.01, 0.05, 0.1, 0.25]) if max_dropped is None else max_dropped
+    cap, padded = capacity_reference(logits, k, max_dropped)
+    return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
+                f"T={t_count}, E={experts}, k={k}, at most {max_dropped:.0%} of the choices dropped")
+
+
+smallest_capacity = Puzzle(
+    "smallest_capacity", NOTEBOOK, _capacity_case, world_sizes=(1, 1, 1, 1), takes_dist=False, rtol=1e-12,
+    variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}],
+    atol=0, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
+    hints=["Count each expert's load L_e (how many top-k choices pick it). A capacity C drops Σ_e max(0, L_e - C) "
+           "choices; find the smallest C that drops at most max_dropped · T · k.",
+           "Padded slots: the C · E slots minus the kept choices, Σ_e min(L_e, C).",
+           "Return two Python ints: (C, C * E - kept). No capacity is smaller than 1; torch.bincount counts "
+           "the loads, (load - C).clamp(min=0).sum() the drops."],
+    describe="The smallest capacity a drop budget allows, and the padding it costs.")
+
+
+def capacity_costs(fn, tokens: int = 4096, experts: int = 64, k: int = 2, skew: float = 0.2, ranks: int = 8,
+                   budgets=(0.0, 0.01, 0.05, 0.1)) -> Optional[list[tuple]]:
+    """Your smallest_capacity on one skewed router (DeepSeek-V3's hidden 7168 in bf16 per row), for several drop
+    budgets: the capacity and its factor, the padded share of the experts' compute, and the bytes a rank's
+    dispatch and combine send over `ranks` EP ranks, by uneven splits (the kept rows) and padded (every slot).
+    None (and why, printed) while fn does not run."""
+    from lib.moe import routing, skewed_logits
+
+    logits = skewed_logits(tokens, experts, skew)
+    rows = []
+    for budget in budgets:
+        try:
+            cap, padded = fn(logits, k, budget)
+        except NotImplementedError:
+            print("○ solve smallest_capacity first to see this.")
+            return None
+        factor = cap * experts / (k * tokens)
+        r = routing(logits, k, factor, ranks=ranks, row_bytes=REAL_HIDDEN * 2)
+        slots = 2 * cap * experts * (ranks - 1) / ranks * REAL_HIDDEN * 2
+        rows.append((budget, cap, factor, padded / (cap * experts), r.all_to_all_bytes, slots))
+        print(f"drops ≤ {budget:>4.0%}: C = {cap:>4} (factor {factor:.2f}), {padded / (cap * experts):.0%} of the "
+              f"experts' slots padding; sent per rank and layer: {fmt_bytes(r.all_to_all_bytes)} by uneven "
+              f"splits, {fmt_bytes(slots)} padded")
+    return rows
+
+
+PUZZLES = [top_k_route, router_losses, moe_layer, moe_layer_backward, moe_train, smallest_capacity]

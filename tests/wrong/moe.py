@@ -242,6 +242,25 @@ def train_without_reducing_the_router(dist, batches, router, experts, k, capacit
     return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, router_reduced=False)
 
 
+def _capacity(logits, k, max_dropped, padding_of="kept", choices=None):
+    t_count, experts = logits.shape
+    load = torch.bincount(logits.topk(choices or k, dim=-1).indices.flatten(), minlength=experts)
+    allowed = max_dropped * t_count * k
+    cap = next(c for c in range(1, int(load.max()) + 2) if (load - c).clamp(min=0).sum() <= allowed)
+    kept = int(load.clamp(max=cap).sum()) if padding_of == "kept" else t_count * k
+    return cap, cap * experts - kept
+
+
+def capacity_padding_as_if_nothing_dropped(logits, k, max_dropped):
+    """Padding counted as C·E - T·k: the dropped choices fill no slot, so it is more than that."""
+    return _capacity(logits, k, max_dropped, padding_of="all")
+
+
+def capacity_from_first_choices(logits, k, max_dropped):
+    """The load of first choices only: with k = 2 the second choices need slots too."""
+    return _capacity(logits, k, max_dropped, choices=1)
+
+
 WRONG = [
     ("top_k_route", route_dropping_the_first_tokens, "rank 0", "keeping the last tokens"),
     ("top_k_route", route_token_by_token, "rank 0", "every first choice outranks"),
@@ -261,4 +280,6 @@ WRONG = [
     ("moe_train", train_averaging_experts_over_the_world, "rank"),
     ("moe_train", train_dividing_experts_by_the_dp_size, "rank"),
     ("moe_train", train_without_reducing_the_router, "rank"),
+    ("smallest_capacity", capacity_padding_as_if_nothing_dropped, "rank 0"),
+    ("smallest_capacity", capacity_from_first_choices, "rank 0"),
 ]
