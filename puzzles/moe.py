@@ -24,6 +24,7 @@ NOTEBOOK = "07_moe"
 ITEM = 8                                   # float64
 A2A = frozenset({"all_to_all"})
 FACTORS = (0.5, 0.75, 1.0, 1.25, 2.0)      # capacity factors a case draws: below and above 1
+LARGE = 1000.0                             # logits of this scale overflow exp() in any precision
 # The course's own MoE arithmetic would answer the capacity for the learner.
 OFF_LIMITS = {"lib.moe": "lib.moe"}
 OFF_LIMITS_ADVICE = "compute the capacity and the routing yourself: lib.moe is what the figures use"
@@ -183,13 +184,13 @@ def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None)
 
 router_losses = Puzzle(
     "router_losses", NOTEBOOK, _losses_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
-    variants=[{"scale": 1.0}, {"scale": 1000.0}], harness=_losses_harness, rtol=1e-9, atol=1e-12,
+    variants=[{"scale": 1.0}, {"scale": LARGE}], harness=_losses_harness, rtol=1e-9, atol=1e-12,
     off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["f_i counts, P_i averages: f = (how many of the T·k top-k choices picked expert i) / (T·k), "
            "P = softmax(logits).mean(0). balance = α · E · (f · P).sum(); z = β · mean of logsumexp(logits)².",
            "Only P carries a gradient: f comes from a top-k, a count. Build f with torch.bincount (or a one-hot "
            "sum) of the top-k indices; never from detached probabilities.",
-           "Logits near ±1000 overflow exp(): torch.logsumexp and torch.softmax subtract the maximum first, "
+           f"Logits near ±{LARGE:g} overflow exp(): torch.logsumexp and torch.softmax subtract the maximum first, "
            "log(exp(x).sum()) does not."],
     describe="The Switch load-balancing loss and the router z-loss, with their gradients.")
 
@@ -521,6 +522,8 @@ def capacity_costs(fn, tokens: int = 4096, experts: int = 64, k: int = 2, skew: 
     from lib.moe import routing, skewed_logits
 
     logits = skewed_logits(tokens, experts, skew)
+    print(f"{tokens} tokens per rank, E={experts}, k={k}, router skew {skew:g}, rows of {REAL_HIDDEN} bf16 values, "
+          f"{ranks} EP ranks:")
     rows = []
     for budget in budgets:
         try:
