@@ -343,7 +343,8 @@ def _layer_display(case: Case):
     hidden 7168 in bf16, a toy expert's matmul for a real expert's three."""
     from lib.viz.timeline import at_scale, scale_note
 
-    x = case.args[0].values[0]
+    first = case.args[0].values[0]
+    x = first[0][0] if isinstance(first, list) else first          # moe_train's args start with its batches
     t_count, d = x.shape
     bytes_factor = REAL_TOKENS * REAL_HIDDEN * 2 / (t_count * d * x.element_size())
     flops_factor = REAL_TOKENS * REAL_EXPERT_FLOPS / (t_count * 2 * d * d)
@@ -405,7 +406,7 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
 
 
 moe_layer_backward = Puzzle(
-    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 2),
+    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 2), display=_layer_display,
     variants=[{"gate": "round_robin", "experts_kind": "scaled"}, {}, {"factor": 0.5, "per_rank_experts": 2}],
     harness=_backward_harness, oracle=lambda dist, *args: _backward_harness(padded_dispatch, dist, *args),
     oracle_name="GShard's padded dispatch through all_to_all_single_autograd", rtol=1e-10, atol=1e-12,
@@ -436,8 +437,7 @@ def train_reference(batches: list, router: torch.Tensor, experts: torch.Tensor, 
     return router.detach(), experts.detach()
 
 
-def _train_case(rng: random.Random, n: int, ep: Optional[int] = None) -> Case:
-    ep = ep or (2 if n == 2 else rng.choice([2, 4]))
+def _train_case(rng: random.Random, n: int, ep: int = 2) -> Case:
     layer = _layer(rng, n if ep == n else ep, per_rank_experts=rng.choice([1, 2]))
     e_count, d = layer.experts.shape[0], layer.router.shape[0]
     t_count = layer.xs[0].shape[0]
@@ -454,13 +454,14 @@ def _train_case(rng: random.Random, n: int, ep: Optional[int] = None) -> Case:
                                                  (layer.experts.chunk(ep)[r % ep] for r in range(n))]),
             layer.k, layer.factor, lr, ep)
     return Case(n, args, expected,
-                f"N={n} = {ep} expert-parallel × {n // ep} data-parallel, E={e_count} experts, T={t_count} tokens "
-                f"per rank, d={d}, k={layer.k}, capacity factor {layer.factor:g}, {STEPS} SGD steps",
+                f"N={n}: {ep} EP × {n // ep} DP, E={e_count}, T={t_count} per rank, d={d}, k={layer.k}, "
+                f"factor {layer.factor:g}, {STEPS} SGD steps",
                 allowed_ops=frozenset({"all_to_all", "all_reduce"}))
 
 
 moe_train = Puzzle(
-    "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2), variants=[{"ep": 2}, {"ep": 2}],
+    "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2, 4), variants=[{}, {}, {}, {"ep": 4}],
+    display=_layer_display,
     rtol=1e-9, atol=1e-12, min_world_size=2, min_world_size_reason="its experts live on different ranks",
     hints=["Two kinds of groups: EP groups of ep_size consecutive ranks (they share experts' work through the "
            "all-to-all) and DP groups of the ranks with the same rank % ep_size (they hold the same experts). "
