@@ -228,18 +228,23 @@ class Layer:
 def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
            factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Layer:
     e_count = n * (per_rank_experts or rng.choice([1, 2] if n > 2 else [1, 2, 3]))
-    k = 1 if gate == "round_robin" else rng.choice([1, 2]) if e_count > 2 else 1
-    factor = 1.0 if gate == "round_robin" else factor or rng.choice(FACTORS)
+    k = 1 if gate != "learned" else rng.choice([1, 2]) if e_count > 2 else 1
+    factor = {"round_robin": 1.0, "shifted": 2.0}.get(gate) or factor or rng.choice(FACTORS)
     d = max(e_count, rng.randint(3, 6))
     t_count = e_count * rng.randint(2, 4)
     gen = _gen(rng)
-    if gate == "round_robin":         # token t's logits: 8 at expert (t + r) mod E, noise elsewhere
+    if gate != "learned":             # token t's logits: 8 at its chosen expert, noise elsewhere
         router = torch.zeros(d, e_count, dtype=torch.float64)
         router[:e_count] = torch.eye(e_count, dtype=torch.float64)
-        xs = []
+        xs, per, t = [], e_count // n, torch.arange(t_count)
         for r in range(n):
             x = 0.1 * torch.randn(t_count, d, generator=gen, dtype=torch.float64)
-            x[torch.arange(t_count), (torch.arange(t_count) + r) % e_count] += 8.0
+            if gate == "round_robin":     # expert (t + r) mod E
+                chosen = (t + r) % e_count
+            else:                         # even tokens to the next rank's experts, odd ones anywhere: uneven both ways
+                anywhere = torch.randint(e_count, (t_count,), generator=gen)
+                chosen = torch.where(t % 2 == 0, (r + 1) % n * per + t // 2 % per, anywhere)
+            x[t, chosen] += 8.0
             xs.append(x)
     else:
         router = torch.randn(d, e_count, generator=gen, dtype=torch.float64)
@@ -254,8 +259,9 @@ def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str 
     else:
         experts = torch.randn(e_count, d, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
         what = "random experts"
-    gate_words = "round-robin gate (token t of rank r to expert (t+r) mod E)" if gate == "round_robin" \
-        else f"k={k}, capacity factor {factor:g}"
+    gate_words = {"round_robin": "round-robin gate (token t of rank r to expert (t+r) mod E)",
+                  "shifted": f"half of rank r's tokens to rank r+1's experts, capacity factor {factor:g}"}.get(
+        gate, f"k={k}, capacity factor {factor:g}")
     return Layer(xs, router, experts, k, factor,
                  f"N={n}, E={e_count} experts ({e_count // n} per rank), T={t_count} tokens per rank, d={d}, "
                  f"{gate_words}, {what}")
@@ -406,8 +412,9 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
 
 
 moe_layer_backward = Puzzle(
-    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 2), display=_layer_display,
-    variants=[{"gate": "round_robin", "experts_kind": "scaled"}, {}, {"factor": 0.5, "per_rank_experts": 2}],
+    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 4), display=_layer_display,
+    variants=[{"gate": "round_robin", "experts_kind": "scaled"}, {"gate": "shifted"},
+              {"factor": 0.5, "per_rank_experts": 2}],
     harness=_backward_harness, oracle=lambda dist, *args: _backward_harness(padded_dispatch, dist, *args),
     oracle_name="GShard's padded dispatch through all_to_all_single_autograd", rtol=1e-10, atol=1e-12,
     min_world_size=2, min_world_size_reason="its experts live on different ranks",
