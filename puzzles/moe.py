@@ -229,7 +229,7 @@ def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str 
            factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Layer:
     e_count = n * (per_rank_experts or rng.choice([1, 2] if n > 2 else [1, 2, 3]))
     k = 1 if gate != "learned" else rng.choice([1, 2]) if e_count > 2 else 1
-    factor = {"round_robin": 1.0, "shifted": 2.0}.get(gate) or factor or rng.choice(FACTORS)
+    factor = {"round_robin": 2.0, "shifted": 2.0, "lopsided": 1.0}.get(gate) or factor or rng.choice(FACTORS)
     d = max(e_count, rng.randint(3, 6))
     t_count = e_count * rng.randint(2, 4)
     gen = _gen(rng)
@@ -241,9 +241,11 @@ def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str 
             x = 0.1 * torch.randn(t_count, d, generator=gen, dtype=torch.float64)
             if gate == "round_robin":     # expert (t + r) mod E
                 chosen = (t + r) % e_count
-            else:                         # even tokens to the next rank's experts, odd ones anywhere: uneven both ways
+            elif gate == "shifted":       # even tokens to the next rank's experts, odd ones anywhere: uneven both ways
                 anywhere = torch.randint(e_count, (t_count,), generator=gen)
                 chosen = torch.where(t % 2 == 0, (r + 1) % n * per + t // 2 % per, anywhere)
+            else:                         # lopsided: 3 tokens in 4 to even experts, which overflow; odd ones have room
+                chosen = 2 * (t // 4 % (e_count // 2)) + (t % 4 == 3).long()
             x[t, chosen] += 8.0
             xs.append(x)
     else:
@@ -259,8 +261,9 @@ def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str 
     else:
         experts = torch.randn(e_count, d, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
         what = "random experts"
-    gate_words = {"round_robin": "round-robin gate (token t of rank r to expert (t+r) mod E)",
-                  "shifted": f"half of rank r's tokens to rank r+1's experts, capacity factor {factor:g}"}.get(
+    gate_words = {"round_robin": f"round-robin gate (token t of rank r to expert (t+r) mod E), factor {factor:g}",
+                  "shifted": f"half of rank r's tokens to rank r+1's experts, capacity factor {factor:g}",
+                  "lopsided": f"3 tokens in 4 to even experts, capacity factor {factor:g}"}.get(
         gate, f"k={k}, capacity factor {factor:g}")
     return Layer(xs, router, experts, k, factor,
                  f"N={n}, E={e_count} experts ({e_count // n} per rank), T={t_count} tokens per rank, d={d}, "
@@ -373,7 +376,7 @@ MOE_HINTS = [
 moe_layer = Puzzle(
     "moe_layer", NOTEBOOK, _moe_case, world_sizes=(2, 4, 2, 4),
     variants=[{"experts_kind": "identity"}, {"gate": "round_robin", "experts_kind": "scaled"},
-              {"factor": 0.5, "per_rank_experts": 2}],
+              {"gate": "lopsided", "per_rank_experts": 2}],
     oracle=padded_dispatch, oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
     rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, display=_layer_display,
     min_world_size_reason="its experts live on different ranks",
