@@ -110,6 +110,7 @@ class Contract:
     rule: str                                  # what the statement asks, e.g. "a ring sends only to a neighbour"
     broken: Callable[[SimResult], Optional[str]]       # what the run did instead, or None when it kept the rule
     hint: str = ""
+    timed: bool = False                        # it reads the simulated clocks (so depends on the cost model)
 
     def judge(self, result: SimResult) -> Optional[str]:
         found = self.broken(result)
@@ -169,6 +170,7 @@ class Outcome:
     case: Optional[Case] = None
     hinted: bool = False               # the message already ends with this puzzle's hint (a budget's)
     seed: Optional[int] = None
+    scale: Optional[str] = None        # the real run the result's clocks stand for (Puzzle.display), if any
 
     @property
     def ok(self) -> bool:
@@ -214,9 +216,10 @@ class Puzzle:
         # False for a prediction: the notebook shows a measurement on the device instead of a real cell, since a
         # real process would only repeat the prediction's arithmetic (Puzzle.real still runs it).
         self.real_cell = real_cell
-        # The timeline after a success is drawn from one more run of the last case under display(case)'s cost
-        # model, scaled so that the toy case shows a real run's proportions of compute, bandwidth and latency
-        # (lib.viz.timeline.at_scale), with the scale it stands for in its title. None: the check's own run.
+        # The timeline after a success is drawn under display(case)'s cost model, scaled so that the toy case
+        # shows a real run's proportions of compute, bandwidth and latency (lib.viz.timeline.at_scale), with the
+        # scale it stands for in its title: the check runs its last case so where no judgement reads the clocks,
+        # else one more run of it draws the picture. None: the check's own run.
         self.display = display
         # How each rank runs the answer, where the check judges what the answer does rather than what it returns:
         # harness(answer, dist, *case.args) -> the result compared (the answer as the learner gave it, watched).
@@ -270,10 +273,14 @@ class Puzzle:
         replay = f"\n(Cases from seed {seed}: {call} replays them.)"
         last: Optional[SimResult] = None
         fn = self.wrap(fn)
-        for case in self.cases(seed):
+        cases = self.cases(seed)
+        scale = None
+        for case in cases:
+            cost = case.cost
+            if case is cases[-1] and self._timed_at_scale(case):
+                cost, scale = self.display(case)
             try:
-                result = run(fn, case.world_size, *case.args, cost=case.cost, protect=case.expected,
-                             faults=case.faults)
+                result = run(fn, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults)
             except RankFailed as e:
                 if raised_the_stub(e):
                     return Outcome(UNATTEMPTED,
@@ -288,7 +295,13 @@ class Puzzle:
                 hinted = "\nHint: " in problem
                 return Outcome(FAILING, f"on {case.label}: {problem}{replay}", result, case, hinted)
             last = result
-        return Outcome(PASSED, self._success(last, case), last, case, seed=seed)
+        return Outcome(PASSED, self._success(last, case), last, case, seed=seed, scale=scale)
+
+    def _timed_at_scale(self, case: Case) -> bool:
+        """Whether the check may run `case` under the display's cost model, so that its success picture needs no
+        second run: only where nothing judged reads the clocks (no cost model of its own, no time budget)."""
+        return (self.display is not None and case.cost is None and not any(b.metric == "time" for b in case.budgets)
+                and not any(c.timed for c in case.contracts))
 
     def _judge(self, case: Case, result: SimResult) -> Optional[str]:
         return self._judge_answer(case, result) or self._judge_budgets(case, result)
@@ -387,8 +400,8 @@ class Puzzle:
         title = f"{self.name}, {case.label}"
         figures = []
         if any(e.lane == "comm" or e.op in ("to_host", "to_device") for e in result.trace):
-            shown, scale = result, ""
-            if self.display is not None and fn is not None:
+            shown, scale = result, outcome.scale or ""
+            if self.display is not None and outcome.scale is None and fn is not None:
                 cost, scale = self.display(case)
                 shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected,
                             faults=case.faults)

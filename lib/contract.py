@@ -88,7 +88,7 @@ def communication_hidden(limit: float, what: str, why: str, hint: str = "") -> C
             return None
         return (f"rank {rank} spent {fmt_time(exposed[rank])} waiting on {what} instead of computing, over the "
                 f"budget of {fmt_time(limit)}")
-    return Contract(why, broken, hint)
+    return Contract(why, broken, hint, timed=True)
 
 
 class KernelRefused(PuzzleError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
@@ -55,40 +56,58 @@ def live_bytes(fn: Callable[[], Any], where: torch.device | str = "cpu") -> tupl
     return result, torch.cuda.memory_allocated(where) - before
 
 
-def allocated(fn: Callable[[], Any]) -> tuple[Any, int, int]:
-    """Run `fn()` counting the bytes it allocates: (its result, peak bytes, bytes still live at the end)."""
-    tracker = RankTracker(on_work=_ignore, now=lambda: 0.0)
+@dataclass
+class Work:
+    """What a function did, as a simulated rank counts it, measured once and priced under any cost model: its
+    FLOPs, its peak and final bytes, and its ops in order ((flops, on_host, bytes) computed, (bytes,) copied
+    between host and device)."""
+
+    flops: float = 0.0
+    peak: int = 0
+    current: int = 0
+    steps: list[tuple] = field(default_factory=list)
+
+    def seconds(self, cost: CostModel) -> float:
+        """The time a simulated rank's clock counts for it under `cost` (every op on the roofline, host work at
+        the host's speed, host-device copies over PCIe)."""
+        clock = 0.0
+        for step in self.steps:
+            clock += cost.compute_time(*step) if len(step) == 3 else cost.transfer_time(step[0])
+        return clock
+
+
+def counted_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
+    """Run `fn()` counting what a simulated rank counts: (its result, its Work)."""
+    work = Work()
+
+    def compute(flops: float, nbytes: float, on_host: bool) -> None:
+        work.steps.append((flops, on_host, nbytes))
+
+    def transfer(nbytes: int, to_host: bool) -> None:
+        work.steps.append((nbytes,))
+    tracker = RankTracker(on_work=compute, now=lambda: 0.0, on_transfer=transfer)
     with tracker:
         result = fn()
-    return result, tracker.peak, tracker.current
+    work.flops, work.peak, work.current = tracker.flops, tracker.peak, tracker.current
+    return result, work
+
+
+def allocated(fn: Callable[[], Any]) -> tuple[Any, int, int]:
+    """Run `fn()` counting the bytes it allocates: (its result, peak bytes, bytes still live at the end)."""
+    result, work = counted_work(fn)
+    return result, work.peak, work.current
 
 
 def counted_flops(fn: Callable[[], Any]) -> tuple[Any, float]:
     """Run `fn()` counting its FLOPs exactly as a simulated rank does: (its result, FLOPs)."""
-    tracker = RankTracker(on_work=_ignore, now=lambda: 0.0)
-    with tracker:
-        result = fn()
-    return result, tracker.flops
+    result, work = counted_work(fn)
+    return result, work.flops
 
 
 def counted_time(fn: Callable[[], Any], cost: CostModel) -> tuple[Any, float]:
-    """Run `fn()` timing it as a simulated rank's clock would under `cost` (every op on the roofline, host
-    work at the host's speed, host-device copies over PCIe): (its result, seconds)."""
-    clock = [0.0]
-
-    def work(flops: float, nbytes: float, on_host: bool) -> None:
-        clock[0] += cost.compute_time(flops, on_host, nbytes)
-
-    def transfer(nbytes: int, to_host: bool) -> None:
-        clock[0] += cost.transfer_time(nbytes)
-    tracker = RankTracker(on_work=work, now=lambda: clock[0], on_transfer=transfer)
-    with tracker:
-        result = fn()
-    return result, clock[0]
-
-
-def _ignore(*_) -> None:
-    pass
+    """Run `fn()` timing it as a simulated rank's clock would under `cost`: (its result, seconds)."""
+    result, work = counted_work(fn)
+    return result, work.seconds(cost)
 
 
 class WithoutPeers:

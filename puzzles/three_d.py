@@ -25,7 +25,7 @@ from lib.devices import device_mesh
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
 from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown
-from lib.measure import WithoutPeers, allocated, counted_flops, counted_time, saved_activation_bytes
+from lib.measure import WithoutPeers, counted_flops, counted_work, saved_activation_bytes
 from lib.mesh_check import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
 from lib.schedules import peak_in_flight, schedule_orders
 from lib.models import GPTConfig
@@ -309,27 +309,27 @@ def train_gpt(model, tokens: torch.Tensor, targets: torch.Tensor, steps: int, lr
 
 
 def stage_costs(stage: GPTStage, micro: torch.Tensor, targets: torch.Tensor, last: bool):
-    """One micro-batch through one stage on one TP rank, measured: (the seconds of its forward and backward as a
-    function of the cost model, their FLOPs, the bytes of activations it keeps until its backward, the peak of its
-    forward and backward with the stage's weights and gradients)."""
+    """One micro-batch through one stage on one TP rank, measured in one pass: (the seconds of its forward and
+    backward as a function of the cost model, their FLOPs, the bytes of activations it keeps until its backward,
+    the peak of its forward and backward with the stage's weights and gradients)."""
     stage = copy.deepcopy(stage)
+    kept: dict = {}
 
-    def forward(s):
+    def forward():
         x = micro.clone()
         if x.is_floating_point():
             x.requires_grad_()
-        out = s(WithoutPeers(), None, x)
-        return s.loss(out, targets) if last else out
+        out = stage(WithoutPeers(), None, x)
+        return stage.loss(out, targets) if last else out
 
-    def work(s):
-        out = forward(s)
+    def work():
+        kept["stash"] = saved_activation_bytes(lambda: kept.setdefault("out", forward()),
+                                               exclude=[*stage.parameters(), targets])
+        out = kept.pop("out")
         (out if last else out.sum()).backward()
-
-    def seconds(cost: CostModel) -> float:
-        return counted_time(functools.partial(work, copy.deepcopy(stage)), cost)[1]
-    _, flops = counted_flops(functools.partial(work, copy.deepcopy(stage)))
-    stash = saved_activation_bytes(lambda: forward(stage), exclude=[*stage.parameters(), targets])
-    return seconds, flops, stash, allocated(lambda: work(copy.deepcopy(stage)))[1]     # the copy: its weights
+    _, measured = counted_work(work)
+    weights = sum(t.nbytes for t in stage.state_dict().values())      # allocated before the pass, held throughout
+    return measured.seconds, measured.flops, kept["stash"], weights + measured.peak
 
 
 def _scaled_cost(flops: float, tp_seconds: float, tp: int) -> CostModel:

@@ -14,11 +14,11 @@ import random
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle, nothing_on_the_host
+from lib.check import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
 from lib.devices import device_mesh
 from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
-from lib.measure import counted_time, saved_activation_bytes
+from lib.measure import counted_flops, counted_time, saved_activation_bytes
 from lib.models import mlp, sharded_batches
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
@@ -134,6 +134,19 @@ def _bytes_budget(s: _Sizes, per_step: int, final_gather: bool, what: str) -> Bu
                        "sends twice what a reduce-scatter does.")
 
 
+def _gradient_traffic(s: _Sizes) -> list[Budget]:
+    """ZeRO-1 and 2's traffic, as a ceiling and a floor: each rank trains on its own shard of the batch, so the
+    gradients travel (a reduce-scatter), then the updated parameters (an all-gather); moving the data instead is
+    another algorithm."""
+    total = STEPS * s.traffic(1, 1)
+    per_step = "a reduce-scatter of the gradients and an all-gather of the parameters per step"
+    return [_bytes_budget(s, 2, False, per_step),
+            Budget("bytes_sent", total, f"{STEPS} steps × a reduce-scatter of the gradients and an all-gather of the "
+                                        f"parameters, (N-1)/N × {fmt_bytes(ITEM * s.psi)} each", least=True,
+                   hint="each rank computes the gradients of its own samples; reduce-scatter them, all-gather the "
+                        "updated parameters: the gradients travel, not the data.")]
+
+
 def _regather_floor(s: _Sizes) -> Budget:
     """ZeRO-3 gathers a layer again for its backward: a run that sends no more than ZeRO-2 (one all-gather and one
     reduce-scatter per step) kept the full parameters, whatever its peak. Half a regather is the floor, room for
@@ -175,10 +188,13 @@ def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False
     model = mlp(_sizes(rng), seed=rng.randrange(2**31)) if model is None else model
     shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, LOCAL, STEPS)
     s = _Sizes(model, world, shards[0])
-    return Case(world, (model, per_rank(shards), LR), [train_single(model, full, LR)] * world,
+    expected, flops = counted_flops(lambda: train_single(model, full, LR))
+    work = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs (forward, backward and "
+                                        "Adam on the whole batch)", over=FLOPS_OVER)
+    return Case(world, (model, per_rank(shards), LR), [expected] * world,
                 f"N={world}, {STEPS} Adam steps" + (f", {what}" if what else
                                                      f" of {LOCAL} samples per rank, {s.psi} padded parameters"),
-                budgets=([] if host else [ON_DEVICE]) + budgets(s, model), cost=cost)
+                budgets=([] if host else [ON_DEVICE]) + budgets(s, model) + work, cost=cost)
 
 
 def _params_of(model) -> dict[str, torch.Tensor]:
@@ -224,6 +240,7 @@ def _zero_redundancy_oracle(dist, model, batches, lr):
 SHARD_HINT = ("shard each parameter flat, padded to a multiple of N: c = ceil(n/N); rank r keeps "
               "F.pad(p.reshape(-1), (0, N*c - n))[r*c:(r+1)*c]. Every element must live on some rank.")
 RTOL, ATOL = 1e-7, 1e-10
+FLOPS_OVER = 0.75     # over 1/N of the reference's FLOPs: ZeRO-3's gathers and copies cost 40% more
 WORLDS = (2, 3, 4)
 
 
@@ -232,7 +249,7 @@ def _zero1_case(rng: random.Random, world: int) -> Case:
     return _case(rng, world, lambda s, m: [
         _memory_budget(s, 1, 2, "stage 1, (8+8)Ψ + 24Ψ/N",
                        "keep Adam's m and v for your shard only (c elements per parameter), not for the whole model."),
-        _bytes_budget(s, 2, False, "a reduce-scatter of the gradients and an all-gather of the parameters per step")])
+        *_gradient_traffic(s)])
 
 
 zero1_train = Puzzle(
@@ -257,7 +274,7 @@ def _zero2_case(rng: random.Random, world: int) -> Case:
         _memory_budget(s, 2, 2, "stage 2, 8Ψ + (8+24)Ψ/N",
                        "reduce-scatter each gradient from a hook as soon as backward produces it, keep the shard, "
                        "and drop the full gradient (p.grad = None)."),
-        _bytes_budget(s, 2, False, "a reduce-scatter of the gradients and an all-gather of the parameters per step")])
+        *_gradient_traffic(s)])
 
 
 zero2_train = Puzzle(
@@ -401,8 +418,7 @@ def _offload_case(rng: random.Random, world: int) -> Case:
                        f"the shard's parameters, gradients, m and v, (8+8+16)Ψ/N = {fmt_bytes(host)}, "
                        f"+ Adam's temporaries on one shard",
                        hint="keep one copy of each shard on the host; free per-step temporaries."),
-                _bytes_budget(s, 2, False, "a reduce-scatter of the gradients and an all-gather of the parameters "
-                                           "per step")]
+                *_gradient_traffic(s)]
     return _case(rng, world, budgets, host=True)
 
 

@@ -627,3 +627,24 @@ def test_product_stays_exact_on_integers():
     for got in lib.sim.run(prog, 4).results:
         assert got.dtype == torch.int64
         assert got.tolist() == [2 * 3 * 4 * 5, 81]
+
+
+def _routed_prog(dist, splits, width):
+    """Rank s sends splits[s][r] rows of `width` float64 to rank r: an expert-parallel dispatch's shape."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(sum(splits[s][rank] for s in range(n)), width, dtype=torch.float64)
+    dist.all_to_all_single(out, torch.zeros(sum(splits[rank]), width, dtype=torch.float64),
+                           [splits[s][rank] for s in range(n)], splits[rank])
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), n=st.integers(1, 4), width=st.integers(1, 3))
+def test_uneven_all_to_all_single_counts_the_rows_that_leave(data, n, width):
+    """An all-to-all with uneven splits: each rank's bytes are the rows it sends to (receives from) the others,
+    not a share of its whole buffer; the rows it keeps cost nothing."""
+    splits = data.draw(st.lists(st.lists(st.integers(0, 4), min_size=n, max_size=n), min_size=n, max_size=n))
+    stats = lib.sim.run(_routed_prog, n, splits, width).stats
+    row = 8 * width
+    for r in range(n):
+        assert stats[r].bytes_sent == row * (sum(splits[r]) - splits[r][r])
+        assert stats[r].bytes_received == row * (sum(splits[s][r] for s in range(n)) - splits[r][r])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from lib.sim.cost import ring_traffic
+from lib.sim.cost import bus_factor, ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
 
@@ -163,8 +163,12 @@ class Communicator:
     # ---- collectives --------------------------------------------------------------
     def post_collective(self, me: int, name: str, group: Group, *, text: str, signature: tuple,
                         payload: object, nbytes: int, finish: Callable[[dict[int, object]], dict[int, Deliver]],
-                        root: Optional[int] = None) -> Call:
-        """Post rank `me`'s part; the last member to arrive runs `finish` on everyone's payloads."""
+                        root: Optional[int] = None,
+                        traffic: Optional[Callable[[dict[int, object]], dict[int, tuple[float, float]]]] = None
+                        ) -> Call:
+        """Post rank `me`'s part; the last member to arrive runs `finish` on everyone's payloads. `traffic`, where
+        the bytes differ by rank (an all-to-all with uneven splits), gives each rank's (sent, received) from the
+        payloads; otherwise each rank's share of `nbytes` follows the ring (lib.sim.cost.ring_traffic)."""
         state = self.rt.ranks[me]
         seq = group.next_seq[me]
         group.next_seq[me] = seq + 1
@@ -183,8 +187,12 @@ class Communicator:
         if len(calls) < group.size():
             return call
         del group.pending[seq]
-        deliveries = finish({r: c.payload for r, c in calls.items()})
+        payloads = {r: c.payload for r, c in calls.items()}
+        exact = traffic(payloads) if traffic is not None else None
+        deliveries = finish(payloads)
         members = [self.rt.ranks[r] for r in group.ranks]
+        if exact is not None:           # timed by the busiest rank's bytes, as if every rank moved as many
+            nbytes = max(max(pair) for pair in exact.values()) / max(bus_factor(name, group.size()), 1e-30)
         duration = self.rt.cost.collective_time(name, nbytes, group.ranks)
         links = [link for m in members for link in (m.outgoing, m.incoming)]
         start = earliest(links, max(c.post_time for c in calls.values()), duration)
@@ -193,7 +201,8 @@ class Communicator:
             link.book(start, end)
         root_pos = group.rank_of(root) if root is not None else 0
         for pos, m in enumerate(members):
-            sent, received = ring_traffic(name, nbytes, group.size(), pos, root_pos)
+            sent, received = exact[m.rank] if exact is not None else ring_traffic(name, nbytes, group.size(), pos,
+                                                                                  root_pos)
             c = calls[m.rank]
             c.complete, c.end_time, c.deliver = True, end, deliveries.get(m.rank)
             c.payload = None               # the buffers are the rank's; the call must not keep them alive

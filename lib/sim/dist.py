@@ -5,6 +5,7 @@ real ranks with `torch.distributed` itself."""
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
@@ -151,13 +152,13 @@ class SimDist:
         return None
 
     def _collective(self, name: str, group, *, text: str, signature: tuple, payload, nbytes: int,
-                    finish, async_op: bool, root: Optional[int] = None):
+                    finish, async_op: bool, root: Optional[int] = None, traffic=None):
         g = self._comm.resolve(self._rank, group, name)
         if self._rt.faults:
             self._rt.communicating(g.ranks, text)
         self._rt.close_compute(self._rt.me())
         call = self._comm.post_collective(self._rank, name, g, text=text, signature=signature, payload=payload,
-                                          nbytes=nbytes, finish=finish, root=root)
+                                          nbytes=nbytes, finish=finish, root=root, traffic=traffic)
         return self._finish(call, async_op)
 
     def _check_op(self, op, t: Optional[torch.Tensor] = None) -> None:
@@ -332,10 +333,18 @@ class SimDist:
                     data = torch.cat([chunks[s][i] for s in g.ranks]) if n else None
                     deliveries[r] = _copy(payloads[r][0], data)
             return deliveries
+
+        row = inp.element_size() * math.prod(inp.shape[1:])
+
+        def traffic(payloads):
+            """Each rank's bytes: the rows it sends to and receives from the other ranks (its own stay put)."""
+            return {r: (row * (sum(payloads[r][2]) - payloads[r][2][i]),
+                        row * (sum(payloads[r][3]) - payloads[r][3][i])) for i, r in enumerate(g.ranks)}
         rows = inp.shape[0] if inp.dim() else 1
         return self._collective("all_to_all", g, text=f"all_to_all_single({describe_tensor(inp)})",
                                 signature=(tuple(inp.shape[1:]), inp.dtype), payload=(out, inp, in_splits, out_splits),
-                                nbytes=self._nbytes(inp) if rows else 0, finish=finish, async_op=async_op)
+                                nbytes=self._nbytes(inp) if rows else 0, finish=finish, async_op=async_op,
+                                traffic=traffic)
 
     @_rule
     def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op: bool = False):

@@ -208,7 +208,9 @@ WRONG = [
     ("ring_attention", ring_with_local_keys_only, "rank 0"),
     ("ring_attention", ring_by_all_gather, "used all_gather"),
     ("ring_attention_overlap", ring_attention_overlap_blocking, "waiting on K/V transfers"),
-    ("zigzag_attention", zigzag_with_contiguous_positions, "values differ"),      # on rank 0 or 1, by the case
+    # On rank 0 or 1, by the case; rarely (seed 1667246467) logits near ±1e4 make both masks pick the same keys,
+    # and then the work it does in the wrong tiles is what gives it away.
+    ("zigzag_attention", zigzag_with_contiguous_positions, ("values differ", "unbalanced")),
     ("zigzag_attention", zigzag_computing_the_future_of_the_late_chunk, "unbalanced"),
     ("zigzag_attention", zigzag_masking_instead_of_skipping, "FLOPs, over the budget"),
     ("ulysses_attention", ulysses_without_the_way_back, "rank 0"),

@@ -1,0 +1,555 @@
+"""Notebook 07, mixture of experts and expert parallelism: the puzzles, their inputs, references and budgets.
+
+Layout everywhere: tokens are rows, (T, d); router logits (T, E); expert e maps a row v to v @ W_e, with
+W (E, d, d) and rank r holding experts r·E/N ... (r+1)·E/N - 1. float64, so that every comparison is strict.
+Expected results come from per-token reference loops; budgets from the tokens the reference routing keeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Optional
+
+import torch
+
+from lib.check import Budget, Case, Puzzle
+from lib.device import device
+from lib.diagnose import Mistake
+from lib.sim import per_rank
+from lib.units import fmt_bytes
+
+NOTEBOOK = "07_moe"
+ITEM = 8                                   # float64
+A2A = frozenset({"all_to_all"})
+FACTORS = (0.5, 0.75, 1.0, 1.25, 2.0)      # capacity factors a case draws: below and above 1
+LARGE = 1000.0                             # logits of this scale overflow exp() in any precision
+# The course's own MoE arithmetic would answer the capacity for the learner.
+OFF_LIMITS = {"lib.moe": "lib.moe"}
+OFF_LIMITS_ADVICE = "compute the capacity and the routing yourself: lib.moe is what the figures use"
+
+
+def _gen(rng: random.Random) -> torch.Generator:
+    return torch.Generator().manual_seed(rng.randrange(2**31))
+
+
+def _on_device(*tensors):
+    return tuple(t.clone().to(device()) for t in tensors)
+
+
+# ---- references ------------------------------------------------------------------------------------------
+def route_reference(logits: torch.Tensor, k: int, capacity_factor: float, pooled_by: int = 0,
+                    keep_last: bool = False, token_major: bool = False):
+    """The single-device reference, one claim at a time: (tokens (E, C) int64, -1 in empty slots; weights (E, C),
+    the router's probability of each kept (token, expert), 0 in empty slots). Slots are claimed by every token's
+    first choice in token order, then every token's second choice, and so on (GShard's priority).
+
+    The known mistakes, for the diagnosis: pooled_by=n shares capacity between each n neighbouring experts (a
+    rank's); keep_last walks the tokens from the last; token_major gives token 0 both choices before token 1."""
+    t_count, experts = logits.shape
+    probs = torch.softmax(logits, dim=-1)                                          # (T, E)
+    choices = logits.topk(k, dim=-1).indices                       # (T, k), best first (probabilities may tie at 0)
+    cap = math.ceil(k * t_count * capacity_factor / experts)
+    width = cap * max(pooled_by, 1)
+    tokens = torch.full((experts, width), -1, dtype=torch.long, device=logits.device)
+    weights = torch.zeros(experts, width, dtype=logits.dtype, device=logits.device)
+    fill, kept = [0] * experts, set()
+    order = [(j, t) for t in range(t_count) for j in range(k)] if token_major else \
+        [(j, t) for j in range(k) for t in range(t_count)]
+    for j, t in (order[::-1] if keep_last else order):          # which claims fit
+        e = int(choices[t, j])
+        pool = range(e - e % pooled_by, e - e % pooled_by + pooled_by) if pooled_by else [e]
+        if sum(fill[p] for p in pool) < cap * len(pool):
+            fill[e] += 1
+            kept.add((j, t))
+    fill = [0] * experts
+    for j, t in order:                                          # their slots, in priority order
+        if (j, t) in kept:
+            e = int(choices[t, j])
+            tokens[e, fill[e]], weights[e, fill[e]] = t, probs[t, e]
+            fill[e] += 1
+    return tokens, weights
+
+
+def combine_reference(x: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
+    """y[t] = Σ over the slots holding t of weight · x[t] @ W_e, token by token."""
+    y = torch.zeros_like(x)
+    for e in range(tokens.shape[0]):
+        for slot in range(tokens.shape[1]):
+            t = int(tokens[e, slot])
+            if t >= 0:
+                y[t] = y[t] + weights[e, slot] * (x[t] @ experts[e])
+    return y
+
+
+def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: torch.Tensor, k: int, capacity_factor: float,
+                  unweighted: bool = False, **mistake) -> torch.Tensor:
+    """The MoE layer on one device: y[t] = Σ over t's kept experts e of p[t, e] · x[t] @ W_e (with unweighted, a
+    known mistake: 1 instead of p[t, e])."""
+    tokens, weights = route_reference(x @ router, k, capacity_factor, **mistake)
+    return combine_reference(x, tokens, (tokens >= 0).to(x.dtype) if unweighted else weights, experts)
+
+
+# ---- 1. the top-k router with capacity ---------------------------------------------------------------------
+def _logits(rng: random.Random, t_count: int, experts: int, skew: float) -> torch.Tensor:
+    gen = _gen(rng)
+    bias = torch.randn(experts, generator=gen, dtype=torch.float64) * skew        # a router that prefers some
+    return torch.randn(t_count, experts, generator=gen, dtype=torch.float64) + bias
+
+
+def _route_case(rng: random.Random, _world: int, k: Optional[int] = None, factor: Optional[float] = None) -> Case:
+    k = rng.choice([1, 2]) if k is None else k
+    experts = rng.randint(5 if k == 2 else 3, 8)          # with few experts, the priority order rarely shows
+    factor = rng.choice(FACTORS) if factor is None else factor
+    t_count = experts * rng.randint(3, 6)
+    logits = _logits(rng, t_count, experts, rng.choice([0.0, 1.0, 2.0]))
+    tokens, weights = route_reference(logits, k, factor)
+    dropped = t_count * k - int((tokens >= 0).sum())
+    return Case(1, (*_on_device(logits), k, factor), [_on_device(tokens, weights)],
+                f"T={t_count} tokens, E={experts} experts, k={k}, capacity factor {factor:g} "
+                f"({tokens.shape[1]} slot{'s' * (tokens.shape[1] > 1)} per expert, {dropped} of {t_count * k} choices "
+                f"dropped)")
+
+
+def _route_mistake(message: str, **mistake) -> Mistake:
+    return Mistake(lambda logits, k, factor: route_reference(logits, k, factor, **mistake), message)
+
+
+ROUTE_MISTAKES = [
+    _route_mistake("keeping the last tokens gives: capacity drops the tokens that come last in the batch (Switch "
+                   "and GShard keep tokens by position), not the first.", keep_last=True),
+    _route_mistake("giving each token all its k choices before the next token gives: every first choice outranks "
+                   "every second choice (GShard's priority), so first choices are placed for all tokens first.",
+                   token_major=True),
+]
+
+top_k_route = Puzzle(
+    "top_k_route", NOTEBOOK, _route_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
+    variants=[{"k": 1, "factor": 0.5}, {"k": 2, "factor": 0.75}, {"k": 1, "factor": 2.0}, {"k": 2, "factor": 1.25}],
+    rtol=1e-12, atol=1e-15, mistakes=ROUTE_MISTAKES, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
+    hints=["probs = torch.softmax(logits, -1); choices = logits.topk(k, -1).indices, best first. Then hand out "
+           "slots: first choices of tokens 0, 1, ..., T-1, then second choices in the same order.",
+           "A slot's index is how many earlier claims went to the same expert: flatten the one-hot choices in "
+           "priority order, (k, T, E) -> (k·T, E), and take a cumulative sum down the rows minus one.",
+           "Keep a claim when its slot index < C = ceil(k·T·capacity_factor / E); scatter the token ids and their "
+           "probabilities into (E, C) tensors filled with -1 and 0: tokens[e, slot] = t."],
+    describe="Top-k routing with a capacity: per expert, the tokens it computes in order and their weights.")
+
+
+# ---- 2. the load-balancing loss and the router z-loss ------------------------------------------------------
+def losses_reference(logits: torch.Tensor, k: int, alpha: float, beta: float):
+    """(balance, z) by their papers' definitions: α·E·Σ_i f_i·P_i (Switch; f_i the share of the T·k choices
+    that go to expert i, P_i its mean probability) and β·mean_t(logsumexp_e logits[t])² (ST-MoE)."""
+    t_count, experts = logits.shape
+    probs = torch.softmax(logits, dim=-1)
+    counts = [0] * experts
+    for row in logits.topk(k, dim=-1).indices.tolist():
+        for e in row:
+            counts[e] += 1
+    f = torch.tensor(counts, dtype=logits.dtype, device=logits.device) / (t_count * k)
+    balance = alpha * experts * (f * probs.mean(0)).sum()
+    z = beta * (torch.logsumexp(logits, dim=-1) ** 2).mean()
+    return balance, z
+
+
+def _grad_of(value: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    """d value / d leaf, zeros when value does not depend on it (a detached answer)."""
+    if not isinstance(value, torch.Tensor) or not value.requires_grad:
+        return torch.zeros_like(leaf)
+    grad, = torch.autograd.grad(value, leaf, retain_graph=True, allow_unused=True)
+    return torch.zeros_like(leaf) if grad is None else grad
+
+
+def _losses_harness(answer, _dist, logits, k, alpha, beta):
+    """The answer's (balance, z) and their gradients with respect to the logits."""
+    logits = logits.detach().requires_grad_()
+    balance, z = answer(logits, k, alpha, beta)
+    return balance.detach(), z.detach(), _grad_of(balance, logits), _grad_of(z, logits)
+
+
+def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None) -> Case:
+    experts, k = rng.randint(3, 8), rng.choice([1, 2])
+    t_count = rng.randint(5, 40)
+    scale = rng.choice([1.0, 3.0]) if scale is None else scale
+    logits = _logits(rng, t_count, experts, rng.choice([0.0, 1.5])) * scale
+    alpha, beta = rng.choice([1e-2, 0.1]), rng.choice([1e-3, 1e-2])
+    leaf = logits.clone().requires_grad_()
+    balance, z = losses_reference(leaf, k, alpha, beta)
+    grads = (torch.autograd.grad(v, leaf, retain_graph=True)[0] for v in (balance, z))
+    expected = (balance.detach(), z.detach(), *grads)
+    return Case(1, (*_on_device(logits), k, alpha, beta), [_on_device(*expected)],
+                f"T={t_count}, E={experts}, k={k}, α={alpha:g}, β={beta:g}, logits of scale {scale:g}")
+
+
+router_losses = Puzzle(
+    "router_losses", NOTEBOOK, _losses_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
+    variants=[{"scale": 1.0}, {"scale": LARGE}], harness=_losses_harness, rtol=1e-9, atol=1e-12,
+    off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
+    hints=["f_i counts, P_i averages: f = (how many of the T·k top-k choices picked expert i) / (T·k), "
+           "P = softmax(logits).mean(0). balance = α · E · (f · P).sum(); z = β · mean of logsumexp(logits)².",
+           "Only P carries a gradient: f comes from a top-k, a count. Build f with torch.bincount (or a one-hot "
+           "sum) of the top-k indices; never from detached probabilities.",
+           f"Logits near ±{LARGE:g} overflow exp(): torch.logsumexp and torch.softmax subtract the maximum first, "
+           "log(exp(x).sum()) does not."],
+    describe="The Switch load-balancing loss and the router z-loss, with their gradients.")
+
+
+# ---- 3. dispatch and combine across expert-parallel ranks --------------------------------------------------
+@dataclasses.dataclass
+class Layer:
+    """One MoE layer's inputs on every rank, and the reference's routing on each (for the budgets)."""
+
+    xs: list            # each rank's tokens (T, d)
+    router: torch.Tensor        # (d, E), on every rank
+    experts: torch.Tensor       # (E, d, d), all of them: rank r holds rows r·E/N ...
+    k: int
+    factor: float
+    label: str
+
+    def shard(self, n: int) -> list:
+        return [c.clone().to(device()) for c in self.experts.chunk(n)]
+
+    def routed_rows(self, n: int) -> tuple[list[int], list[int]]:
+        """Per rank: the kept (token, expert) pairs whose expert lives on another rank (sent), and those other
+        ranks send to its experts (received)."""
+        per = self.experts.shape[0] // n
+        sent, received = [0] * n, [0] * n
+        for r, x in enumerate(self.xs):
+            tokens, _ = route_reference(x @ self.router, self.k, self.factor)
+            for e in range(tokens.shape[0]):
+                if e // per != r:
+                    kept = int((tokens[e] >= 0).sum())
+                    sent[r] += kept
+                    received[e // per] += kept
+        return sent, received
+
+
+def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
+           factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Layer:
+    e_count = n * (per_rank_experts or rng.choice([1, 2] if n > 2 else [1, 2, 3]))
+    k = 1 if gate != "learned" else rng.choice([1, 2]) if e_count > 2 else 1
+    factor = {"round_robin": 2.0, "shifted": 2.0, "lopsided": 1.0}.get(gate) or factor or rng.choice(FACTORS)
+    d = max(e_count, rng.randint(3, 6))
+    t_count = e_count * rng.randint(2, 4)
+    gen = _gen(rng)
+    if gate != "learned":             # token t's logits: 8 at its chosen expert, noise elsewhere
+        router = torch.zeros(d, e_count, dtype=torch.float64)
+        router[:e_count] = torch.eye(e_count, dtype=torch.float64)
+        xs, per, t = [], e_count // n, torch.arange(t_count)
+        for r in range(n):
+            x = 0.1 * torch.randn(t_count, d, generator=gen, dtype=torch.float64)
+            if gate == "round_robin":     # expert (t + r) mod E
+                chosen = (t + r) % e_count
+            elif gate == "shifted":       # even tokens to the next rank's experts, odd ones anywhere: uneven both ways
+                anywhere = torch.randint(e_count, (t_count,), generator=gen)
+                chosen = torch.where(t % 2 == 0, (r + 1) % n * per + t // 2 % per, anywhere)
+            else:                         # lopsided: 3 tokens in 4 to even experts, which overflow; odd ones have room
+                chosen = 2 * (t // 4 % (e_count // 2)) + (t % 4 == 3).long()
+            x[t, chosen] += 8.0
+            xs.append(x)
+    else:
+        router = torch.randn(d, e_count, generator=gen, dtype=torch.float64)
+        xs = [torch.randn(t_count, d, generator=gen, dtype=torch.float64) for _ in range(n)]
+    eye = torch.eye(d, dtype=torch.float64)
+    if experts_kind == "identity":
+        experts = eye.repeat(e_count, 1, 1)
+        what = "identity experts"
+    elif experts_kind == "scaled":
+        experts = torch.stack([(e // (e_count // n) + 1) * eye for e in range(e_count)])
+        what = "experts on rank r multiply by r+1"
+    else:
+        experts = torch.randn(e_count, d, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
+        what = "random experts"
+    gate_words = {"round_robin": f"round-robin gate (token t of rank r to expert (t+r) mod E), factor {factor:g}",
+                  "shifted": f"half of rank r's tokens to rank r+1's experts, capacity factor {factor:g}",
+                  "lopsided": f"3 tokens in 4 to even experts, capacity factor {factor:g}"}.get(
+        gate, f"k={k}, capacity factor {factor:g}")
+    return Layer(xs, router, experts, k, factor,
+                 f"N={n}, E={e_count} experts ({e_count // n} per rank), T={t_count} tokens per rank, d={d}, "
+                 f"{gate_words}, {what}")
+
+
+def _bytes_budgets(layer: Layer, n: int, trips: int, counts: bool, what: str) -> list[Budget]:
+    """Exactly the routed rows, `trips` times (there and back; twice more for backward), as a ceiling (padding
+    and rows sent whole cost more) with room for one all-to-all of E int64 counts, and as a floor."""
+    sent, received = layer.routed_rows(n)
+    row = layer.xs[0].shape[1] * ITEM
+    e_count = layer.experts.shape[0]
+    count_bytes = e_count * 8 * (n - 1) / n if counts else 0
+    rows = [s + r for s, r in zip(sent, received)]
+    why = (f"each kept (token, expert) pair whose expert is on another rank, {fmt_bytes(row)} a row, there and "
+           f"back" + (", forward and backward" if trips == 4 else ""))
+    hint = ("send each rank only the rows routed to its experts (uneven splits), never padded capacity buffers; "
+            "a row whose expert is local stays put.")
+    return [Budget("bytes_sent", [trips // 2 * row * r + count_bytes for r in rows],
+                   why + (f" + the counts, at most E = {e_count} int64 per rank" if counts else ""), hint=hint),
+            Budget("bytes_sent", [trips // 2 * row * r for r in rows], why, least=True,
+                   hint=f"the {what} reach their experts through dist.all_to_all_single only.")]
+
+
+def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
+              factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Case:
+    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts)
+    expected = [moe_reference(x, layer.router, layer.experts, layer.k, layer.factor) for x in layer.xs]
+    return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
+                    per_rank(layer.shard(n)), layer.k, layer.factor),
+                [e.to(device()) for e in expected], layer.label,
+                budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A)
+
+
+RANK = -1          # pooled_by=RANK: a rank's experts share their capacity
+
+
+def _moe_mistake(message: str, **mistake) -> Mistake:
+    """Each rank computing the reference with `mistake`, all experts at hand (the values such an answer gives)."""
+    def mistaken(dist, x, router, experts, k, factor, *_):
+        pooled = {"pooled_by": experts.shape[0]} if mistake.get("pooled_by") == RANK else {}
+        return moe_reference(x, router, _all_experts_of(dist, experts), k, factor, **{**mistake, **pooled})
+    return Mistake(mistaken, message)
+
+
+def _all_experts_of(dist, experts):
+    everyone = [torch.empty_like(experts) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, experts)
+    return torch.cat(everyone)
+
+
+MOE_MISTAKES = [
+    _moe_mistake("forgetting the combine weights gives: each expert's output must be scaled by the router's "
+                 "probability p[t, e] before a token's experts' outputs are added.", unweighted=True),
+    _moe_mistake("sharing capacity between a rank's experts gives: capacity is per expert, ceil(k·T·factor / E) "
+                 "slots each, even when a sibling expert on the same rank has room.", pooled_by=RANK),
+]
+
+
+def padded_dispatch(dist, x, router, experts, k, factor):
+    """GShard's dispatch, the oracle of the real cells: every expert's whole capacity buffer, padding included, in
+    one even all-to-all there and one back, through torch's differentiable all_to_all_single_autograd."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    n, local = dist.get_world_size(), experts.shape[0]
+    tokens, weights = route_reference(x @ router, k, factor)                       # (E, C) each
+    e_count, cap = tokens.shape
+    kept = tokens >= 0
+    rows = x[tokens.clamp(min=0)] * kept.unsqueeze(-1)                             # (E, C, d), zeros in padding
+    even = [local * cap] * n
+    arrived = all_to_all_single_autograd(rows.reshape(e_count * cap, -1), even, even, dist.group.WORLD)
+    arrived = arrived.reshape(n, local, cap, -1).transpose(0, 1)                   # (E/N, N, C, d)
+    done = torch.einsum("lncd,lde->lnce", arrived, experts).transpose(0, 1)        # (N, E/N, C, d)
+    back = all_to_all_single_autograd(done.reshape(e_count * cap, -1), even, even, dist.group.WORLD)
+    back = back.reshape(e_count, cap, -1) * weights.unsqueeze(-1)                  # (E, C, d)
+    return torch.zeros_like(x).index_add(0, tokens.clamp(min=0).flatten(), (back * kept.unsqueeze(-1)).flatten(0, 1))
+
+
+# One MoE layer of DeepSeek-V3's size (DeepSeek-AI, 2024): hidden 7168 in bf16, experts of three 7168 × 2048
+# matrices, here with 4096 tokens per rank.
+REAL_TOKENS, REAL_HIDDEN, REAL_EXPERT_FLOPS = 4096, 7168, 2 * 3 * 7168 * 2048
+
+
+def _layer_display(case: Case):
+    """An expert-parallel layer's timeline at DeepSeek-V3's scale: the toy rows' bytes stand for 4096 tokens of
+    hidden 7168 in bf16, a toy expert's matmul for a real expert's three."""
+    from lib.viz.timeline import at_scale, scale_note
+
+    first = case.args[0].values[0]
+    x = first[0][0] if isinstance(first, list) else first          # moe_train's args start with its batches
+    t_count, d = x.shape
+    bytes_factor = REAL_TOKENS * REAL_HIDDEN * 2 / (t_count * d * x.element_size())
+    flops_factor = REAL_TOKENS * REAL_EXPERT_FLOPS / (t_count * 2 * d * d)
+    return at_scale(bytes_factor, flops_factor), (f"drawn as if each rank routed {REAL_TOKENS} tokens of hidden "
+                                                  f"{REAL_HIDDEN} in bf16 to DeepSeek-V3-sized experts\n{scale_note()}")
+
+
+MOE_HINTS = [
+    "Route your tokens with your top_k_route(x @ router, k, capacity_factor). Then send each kept (token, expert) "
+    "row to the rank that owns the expert, e // (E/N), sorted by expert; tell the others first how many rows of "
+    "each of their experts you send: an all_to_all_single of E counts.",
+    "counts (E,) int64 -> all_to_all_single(got, counts): got (N·E/N,) holds, per source rank, its rows for each of "
+    "your experts. Input splits: counts.view(N, -1).sum(1); output splits: got.view(N, -1).sum(1). Split sizes "
+    "are Python ints (.tolist()).",
+    "Rows arrive as [source][local expert]: run each block through its expert, send the results back with the "
+    "splits swapped, then y.index_add_(0, token ids, weight · result) adds each token's experts together.",
+]
+
+
+moe_layer = Puzzle(
+    "moe_layer", NOTEBOOK, _moe_case, world_sizes=(2, 4, 2, 4),
+    variants=[{"experts_kind": "identity"}, {"gate": "round_robin", "experts_kind": "scaled"},
+              {"gate": "lopsided", "per_rank_experts": 2}],
+    oracle=padded_dispatch, oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
+    rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, display=_layer_display,
+    min_world_size_reason="its experts live on different ranks",
+    describe="An MoE layer whose experts live on different ranks: tokens go to their experts and back by "
+             "all-to-all with uneven splits.")
+
+
+# ---- 4. backward through the all-to-all --------------------------------------------------------------------
+def _backward_harness(answer, _dist, x, router, experts, k, factor, dy):
+    """The answer's output, and the gradients of <y, dy> for the tokens, the router and the rank's experts."""
+    leaves = [t.detach().requires_grad_() for t in (x, router, experts)]
+    y = answer(_dist, *leaves, k, factor)
+    grads = torch.autograd.grad(y, leaves, dy, allow_unused=True) if y.requires_grad else [None] * 3
+    return (y.detach(), *(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)))
+
+
+def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
+                   factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Case:
+    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts)
+    gen = _gen(rng)
+    dys = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs]
+    expected, dw = [], torch.zeros_like(layer.experts)
+    for x, dy in zip(layer.xs, dys):
+        leaves = [x.clone().requires_grad_(), layer.router.clone().requires_grad_(),
+                  layer.experts.clone().requires_grad_()]
+        y = moe_reference(*leaves, layer.k, layer.factor)
+        dx, drouter, dexperts = torch.autograd.grad(y, leaves, dy)
+        expected.append([y.detach(), dx, drouter])
+        dw += dexperts                                          # a rank's experts collect every rank's tokens
+    for r, mine in enumerate(dw.chunk(n)):
+        expected[r].append(mine)
+    return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
+                    per_rank(layer.shard(n)), layer.k, layer.factor, per_rank([dy.to(device()) for dy in dys])),
+                [tuple(t.to(device()) for t in e) for e in expected], layer.label + "; (y, dx, drouter, dexperts)",
+                budgets=_bytes_budgets(layer, n, 4, True, "tokens and their gradients"), allowed_ops=A2A)
+
+
+moe_layer_backward = Puzzle(
+    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 4), display=_layer_display,
+    variants=[{"gate": "round_robin", "experts_kind": "scaled"}, {"gate": "shifted"},
+              {"factor": 0.5, "per_rank_experts": 2}],
+    harness=_backward_harness, oracle=lambda dist, *args: _backward_harness(padded_dispatch, dist, *args),
+    oracle_name="GShard's padded dispatch through all_to_all_single_autograd", rtol=1e-10, atol=1e-12,
+    min_world_size=2, min_world_size_reason="its experts live on different ranks",
+    hints=["dist.all_to_all_single is invisible to autograd: wrap it in a torch.autograd.Function whose backward "
+           "is the same all-to-all with the split sizes swapped (gradients go back where the rows came from).",
+           "Define the Function inside your answer (it needs dist): forward(ctx, rows, out_splits, in_splits) "
+           "keeps the splits on ctx; backward returns (the reverse all-to-all of grad, None, None).",
+           "Pass your Function's apply as moe_layer's exchange: the router's weights must stay attached to the "
+           "graph (no .detach(), no torch.no_grad()), so that the router learns from the combine."],
+    describe="The MoE layer's gradients: the all-to-alls carry them back to the tokens' and the experts' ranks.")
+
+
+# ---- 5. expert parallel × data parallel ---------------------------------------------------------------------
+STEPS = 2
+
+
+def train_reference(batches: list, router: torch.Tensor, experts: torch.Tensor, k: int, factor: float, lr: float,
+                    steps: int):
+    """Single-device SGD on the mean over ranks of each rank's mean squared error (each rank routes its own
+    tokens): (router, all experts) after `steps` steps."""
+    for step in range(steps):
+        router, experts = router.detach().requires_grad_(), experts.detach().requires_grad_()
+        losses = [((moe_reference(x, router, experts, k, factor) - target) ** 2).mean()
+                  for x, target in (rank[step] for rank in batches)]
+        d_router, d_experts = torch.autograd.grad(torch.stack(losses).mean(), [router, experts])
+        router, experts = router - lr * d_router, experts - lr * d_experts
+    return router.detach(), experts.detach()
+
+
+def _train_case(rng: random.Random, n: int, ep: int = 2) -> Case:
+    layer = _layer(rng, n if ep == n else ep, per_rank_experts=rng.choice([1, 2]))
+    e_count, d = layer.experts.shape[0], layer.router.shape[0]
+    t_count = layer.xs[0].shape[0]
+    gen = _gen(rng)
+    batches = [[(torch.randn(t_count, d, generator=gen, dtype=torch.float64),
+                 torch.randn(t_count, d, generator=gen, dtype=torch.float64)) for _ in range(STEPS)]
+               for _ in range(n)]
+    lr = 0.5
+    router, experts = train_reference(batches, layer.router, layer.experts, layer.k, layer.factor, lr, STEPS)
+    shards = experts.chunk(ep)
+    expected = [(router.to(device()), shards[r % ep].clone().to(device())) for r in range(n)]
+    args = (per_rank([[tuple(t.to(device()) for t in b) for b in rank] for rank in batches]),
+            layer.router.to(device()), per_rank([c.clone().to(device()) for c in
+                                                 (layer.experts.chunk(ep)[r % ep] for r in range(n))]),
+            layer.k, layer.factor, lr, ep)
+    return Case(n, args, expected,
+                f"N={n}: {ep} EP × {n // ep} DP, E={e_count}, T={t_count} per rank, d={d}, k={layer.k}, "
+                f"factor {layer.factor:g}, {STEPS} SGD steps",
+                allowed_ops=frozenset({"all_to_all", "all_reduce"}))
+
+
+moe_train = Puzzle(
+    "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2, 4), variants=[{}, {}, {}, {"ep": 4}],
+    display=_layer_display,
+    rtol=1e-9, atol=1e-12, min_world_size=2, min_world_size_reason="its experts live on different ranks",
+    hints=["Two kinds of groups: EP groups of ep_size consecutive ranks (they share experts' work through the "
+           "all-to-all) and DP groups of the ranks with the same rank % ep_size (they hold the same experts). "
+           "Every rank creates every group, in the same order.",
+           "Each step: y = moe_layer_backward(..., group=your EP group); loss = ((y - target) ** 2).mean(); "
+           "torch.autograd.grad(loss, [router, experts]).",
+           "The objective is the mean of the N ranks' losses. The router's gradient: all-reduce over all ranks. "
+           "The experts' gradient already sums the losses of your EP group's tokens: all-reduce it over your DP "
+           "group only. Divide both by N, then step."],
+    describe="SGD on an MoE layer over a mesh of expert-parallel × data-parallel ranks, equal to one device.")
+
+
+# ---- 6. the capacity a drop budget needs --------------------------------------------------------------------
+def capacity_reference(logits: torch.Tensor, k: int, max_dropped: float) -> tuple[int, int]:
+    """(the smallest capacity, in slots per expert, that drops at most max_dropped of the T·k choices, the padded
+    slots it leaves), trying every capacity from 1 up, one at a time."""
+    t_count, experts = logits.shape
+    load = [0] * experts
+    for row in logits.topk(k, dim=-1).indices.tolist():
+        for e in row:
+            load[e] += 1
+    cap = 1
+    while sum(max(0, n - cap) for n in load) > max_dropped * t_count * k:
+        cap += 1
+    kept = sum(min(n, cap) for n in load)
+    return cap, cap * experts - kept
+
+
+def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
+                   max_dropped: Optional[float] = None) -> Case:
+    k = k or rng.choice([1, 2])
+    experts = rng.randint(4, 16)
+    t_count = experts * rng.randint(4, 16)
+    logits = _logits(rng, t_count, experts, rng.choice([1.0, 2.0]))
+    max_dropped = rng.choice([0.0, 0.01, 0.05, 0.1, 0.25]) if max_dropped is None else max_dropped
+    cap, padded = capacity_reference(logits, k, max_dropped)
+    return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
+                f"T={t_count}, E={experts}, k={k}, at most {max_dropped:.0%} of the choices dropped")
+
+
+smallest_capacity = Puzzle(
+    "smallest_capacity", NOTEBOOK, _capacity_case, world_sizes=(1, 1, 1, 1), takes_dist=False, rtol=1e-12,
+    variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}],
+    atol=0, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
+    hints=["Count each expert's load L_e (how many top-k choices pick it). A capacity C drops Σ_e max(0, L_e - C) "
+           "choices; find the smallest C that drops at most max_dropped · T · k.",
+           "Padded slots: the C · E slots minus the kept choices, Σ_e min(L_e, C).",
+           "Return two Python ints: (C, C * E - kept). No capacity is smaller than 1; torch.bincount counts "
+           "the loads, (load - C).clamp(min=0).sum() the drops."],
+    describe="The smallest capacity a drop budget allows, and the padding it costs.")
+
+
+def capacity_costs(fn, tokens: int = 4096, experts: int = 64, k: int = 2, skew: float = 0.2, ranks: int = 8,
+                   budgets=(0.0, 0.01, 0.05, 0.1)) -> Optional[list[tuple]]:
+    """Your smallest_capacity on one skewed router (DeepSeek-V3's hidden 7168 in bf16 per row), for several drop
+    budgets: the capacity and its factor, the padded share of the experts' compute, and the bytes a rank's
+    dispatch and combine send over `ranks` EP ranks, by uneven splits (the kept rows) and padded (every slot).
+    None (and why, printed) while fn does not run."""
+    from lib.moe import routing, skewed_logits
+
+    logits = skewed_logits(tokens, experts, skew)
+    print(f"{tokens} tokens per rank, E={experts}, k={k}, router skew {skew:g}, rows of {REAL_HIDDEN} bf16 values, "
+          f"{ranks} EP ranks:")
+    rows = []
+    for budget in budgets:
+        try:
+            cap, padded = fn(logits, k, budget)
+        except NotImplementedError:
+            print("○ solve smallest_capacity first to see this.")
+            return None
+        factor = cap * experts / (k * tokens)
+        r = routing(logits, k, factor, ranks=ranks, row_bytes=REAL_HIDDEN * 2)
+        slots = 2 * cap * experts * (ranks - 1) / ranks * REAL_HIDDEN * 2
+        rows.append((budget, cap, factor, padded / (cap * experts), r.all_to_all_bytes, slots))
+        print(f"drops ≤ {budget:>4.0%}: C = {cap:>4} (factor {factor:.2f}), {padded / (cap * experts):.0%} of the "
+              f"experts' slots padding; sent per rank and layer: {fmt_bytes(r.all_to_all_bytes)} by uneven "
+              f"splits, {fmt_bytes(slots)} padded")
+    return rows
+
+
+PUZZLES = [top_k_route, router_losses, moe_layer, moe_layer_backward, moe_train, smallest_capacity]
