@@ -49,8 +49,8 @@ def moe_layer(dist, x, router, experts, k, capacity_factor, exchange=None, group
     ids = tokens[kept]                                                      # kept rows, sorted by expert
     sent, received = counts.view(n, local).sum(1).tolist(), got.sum(1).tolist()
     rows = exchange(dist, x[ids], received, sent)                           # (Σ received, d)
-    owner = torch.arange(local, device=x.device).repeat(n).repeat_interleave(got.flatten())
-    done = torch.einsum("rd,rde->re", rows, experts[owner])                 # each row through its expert
+    blocks = rows.split(got.flatten().tolist())                             # [source][my expert] blocks of rows
+    done = torch.cat([block @ experts[i % local] for i, block in enumerate(blocks)])   # one matmul per block
     back = exchange(dist, done, sent, received)                             # (Σ sent, d), in the order sent
     return torch.zeros_like(x).index_add(0, ids, back * weights[kept].unsqueeze(-1))
 
