@@ -26,6 +26,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 import lib
 from lib.devices import device_mesh
 import solutions.data_parallel as dp
+import solutions.moe as moe
 import solutions.pipeline as pp
 import solutions.ring_attention as ra
 import solutions.tensor_parallel as tp
@@ -33,6 +34,7 @@ import solutions.zero as zero
 from bench.timing import Steps
 from lib.models import mlp
 from puzzles import data_parallel as P02
+from puzzles import moe as P07
 from puzzles import tensor_parallel as P04
 from puzzles import zero as P03
 
@@ -140,6 +142,17 @@ def attention_shards(world: int, rank: int, steps: int, tokens: int, heads: int,
     return data, chunk // 2
 
 
+def expert_shards(world: int, rank: int, steps: int, tokens: int, hidden: int, experts: int, k: int,
+                  factor: float) -> tuple:
+    """The router (hidden, E), this rank's E/N experts (E/N, hidden, hidden), k, the capacity factor, and per step
+    this rank's tokens (tokens, hidden) with the gradient of the layer's output."""
+    router = _rand(5, hidden, experts) * hidden ** -0.5
+    mine = (_rand(6, experts, hidden, hidden) * hidden ** -0.5).chunk(world)[rank].clone()
+    data = Steps([(_rand(100 * s + 2 * rank + 30, tokens, hidden), _rand(100 * s + 2 * rank + 31, tokens, hidden))
+                  for s in range(steps)])
+    return router, mine, k, factor, data
+
+
 def _batch(steps: int, rows: int, width: int) -> Steps:
     return Steps([(_rand(10 + s, rows, width), _rand(20 + s, rows, width)) for s in range(steps)])
 
@@ -208,6 +221,16 @@ def ring_attention(dist, steps, block):
     for q, k, v in steps:
         out, _ = ra.ring_attention(dist, q, k, v, block)
     return {"out": out}
+
+
+def moe_step(layer: Callable) -> Callable:
+    """An expert-parallel MoE layer's forward and backward per step (notebook 07's harness): output and gradients."""
+    def run(dist, router, experts, k, factor, steps):
+        for x, dy in steps:
+            y, dx, drouter, dexperts = P07._backward_harness(layer, dist, x, router, experts, k, factor, dy)
+        return {"y": y, "dx": dx, "drouter": drouter, "dexperts": dexperts}
+    run.__name__ = layer.__name__
+    return run
 
 
 # ---- PyTorch's side -------------------------------------------------------------------------------------
@@ -301,6 +324,8 @@ MEGATRON = Impl("megatron_mlp", megatron, MLP)
 ONE_F_ONE_B = Impl("one_f_one_b", _each_step(pp.one_f_one_b), PIPE)
 INTERLEAVED_1F1B = Impl("interleaved_1f1b", _each_step(pp.interleaved_1f1b), INTERLEAVED)
 
+EXPERTS = Setup(expert_shards, dict(tokens=2048, hidden=256, experts=8, k=2, factor=1.25),
+                dict(tokens=64, hidden=16, experts=4, k=2, factor=1.25))
 CONTEXT = Setup(attention_shards, dict(tokens=4096, heads=8, dim=64), dict(tokens=64, heads=2, dim=8))
 
 ROWS: list[Row] = [
@@ -326,6 +351,11 @@ ROWS: list[Row] = [
         target=1.3),
     Row("interleaved", "interleaved 1F1B step (v=2)", "05", INTERLEAVED_1F1B,
         Impl("ScheduleInterleaved1F1B", pipelining("ScheduleInterleaved1F1B"), INTERLEAVED), target=1.3),
+    Row("moe", "expert-parallel MoE layer, forward + backward", "07",
+        Impl("moe_layer_backward", moe_step(moe.moe_layer_backward), EXPERTS),
+        Impl("padded dispatch, all_to_all_single_autograd", moe_step(P07.padded_dispatch), EXPERTS), target=None,
+        why="no PyTorch layer to compare with: its side is GShard's padded dispatch (every expert's whole capacity "
+            "sent) through torch's differentiable all-to-all, the real cells' oracle"),
     Row("ring-attention", "ring attention, forward", "08", Impl("ring_attention", ring_attention, CONTEXT),
         Impl("SDPA on the gathered sequence", gathered_sdpa, CONTEXT), target=1.3,
         why="ours computes attention block by block in separate ops (matmuls, exp, the merges: the lesson's "
