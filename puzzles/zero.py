@@ -8,6 +8,7 @@ is computed from the padded sizes of that convention and from lib.formulas, neve
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 
@@ -181,6 +182,16 @@ def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint:
 ON_DEVICE = nothing_on_the_host("ZeRO shards the training state across the ranks' devices")
 
 
+@functools.lru_cache(maxsize=32)
+def _training_flops(sizes: tuple[int, ...], batch: int) -> float:
+    """FLOPs of train_single on an MLP of these widths, `batch` samples a step: they depend on the shapes alone,
+    so they are counted once per shape."""
+    batches = [(torch.zeros(batch, sizes[0], dtype=torch.float64), torch.zeros(batch, sizes[-1], dtype=torch.float64))
+               for _ in range(STEPS)]
+    model = mlp(sizes)
+    return counted_flops(lambda: train_single(model, batches, LR))[1]
+
+
 def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False, model=None,
           what: str = "") -> Case:
     """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there.
@@ -188,7 +199,8 @@ def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False
     model = mlp(_sizes(rng), seed=rng.randrange(2**31)) if model is None else model
     shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, LOCAL, STEPS)
     s = _Sizes(model, world, shards[0])
-    expected, flops = counted_flops(lambda: train_single(model, full, LR))
+    expected = train_single(model, full, LR)
+    flops = _training_flops(tuple(layer.in_features for layer in _layers(model)) + (SIZES[-1],), world * LOCAL)
     work = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs (forward, backward and "
                                         "Adam on the whole batch)", over=FLOPS_OVER)
     return Case(world, (model, per_rank(shards), LR), [expected] * world,
