@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle, one_thread
+from lib.check import Budget, Case, Contract, Puzzle, one_thread
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
@@ -525,6 +525,20 @@ def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
     return run_with_fault(dist, answer, dead, k, files, grads, every, lr)
 
 
+def _checkpoints_at_most(limit: int, every: int) -> Contract:
+    """A checkpoint every `every` steps and no more often: each one all-gathers the whole state. `limit` counts the
+    checkpoints due over the run, plus the one the failure interrupts (taken again after the reload)."""
+    def broken(result) -> Optional[str]:
+        for s in result.stats:
+            made = s.calls.get("all_gather", 0)
+            if made > limit:
+                return (f"rank {s.rank} all-gathered {made} times, where a checkpoint every {every} steps takes "
+                        f"{limit} at the most")
+        return None
+    return Contract(f"a checkpoint every {every} steps, not more often: each one moves the whole training state",
+                    broken, hint="all-gather the shards only when step % every == 0.")
+
+
 def _survive_case(rng: random.Random, world: int) -> Case:
     total, before = rng.randint(3 * world, 50), rng.randint(1, 3)
     every, checkpoints = rng.randint(2, 3), rng.randint(2, 4)
@@ -545,7 +559,9 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     return Case(world, (files, grads, every, ADAM_LR, dead, k), expected,
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
-                allowed_ops=frozenset({"all_gather"}))
+                allowed_ops=frozenset({"all_gather"}),
+                contracts=[_checkpoints_at_most(sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0)
+                                                + 1, every)])
 
 
 survive_failure = Puzzle(
