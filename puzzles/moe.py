@@ -447,6 +447,33 @@ def train_reference(batches: list, router: torch.Tensor, experts: torch.Tensor, 
     return router.detach(), experts.detach()
 
 
+def _train_traffic(batches: list, router, experts, k: int, factor: float, lr: float, ep: int) -> list[Budget]:
+    """Each rank's bytes over the run, per step under the router of that step: its routed rows within its EP group
+    (dispatched, combined back, the combine's gradient to the experts: the batches need no gradient, so the
+    dispatch's way back is free; the ceiling allows it, and the counts), the router's gradient all-reduced over all
+    ranks, its experts' over their DP group. A floor too: no batch and no expert travels instead of the tokens."""
+    n = len(batches)
+    dp, (d, e_count) = n // ep, router.shape
+    least, most = [0.0] * n, [0.0] * n
+    for step in range(STEPS):
+        now, _ = train_reference(batches, router, experts, k, factor, lr, step)       # the router of this step
+        for first in range(0, n, ep):
+            group = Layer([batches[r][step][0] for r in range(first, first + ep)], now, experts, k, factor, "")
+            out, back = group.routed_rows(ep)
+            for i, (o, b) in enumerate(zip(out, back)):
+                least[first + i] += (2 * o + b) * d * ITEM
+                most[first + i] += 2 * (o + b) * d * ITEM
+    grads = STEPS * (2 * (n - 1) / n * d * e_count + 2 * (dp - 1) / dp * (e_count // ep) * d * d) * ITEM
+    counts = STEPS * e_count * 8 * (ep - 1) / ep
+    why = (f"{STEPS} steps × (the rank's routed rows, there, back and the combine's gradient, + the router's gradient "
+           f"all-reduced over all {n} ranks + its experts' over their {dp} DP replicas)")
+    return [Budget("bytes_sent", [b + grads + counts for b in most], why + " + the counts and the dispatch's gradient",
+                   hint="tokens travel to their experts inside the EP group; gradients are all-reduced, nothing "
+                        "else: never the batches or the experts themselves."),
+            Budget("bytes_sent", [b + grads for b in least], why, least=True,
+                   hint="each rank routes its own tokens to the experts of its EP group by all_to_all_single.")]
+
+
 def _train_case(rng: random.Random, n: int, ep: int = 2) -> Case:
     layer = _layer(rng, n if ep == n else ep, per_rank_experts=rng.choice([1, 2]))
     e_count, d = layer.experts.shape[0], layer.router.shape[0]
@@ -466,6 +493,7 @@ def _train_case(rng: random.Random, n: int, ep: int = 2) -> Case:
     return Case(n, args, expected,
                 f"N={n}: {ep} EP × {n // ep} DP, E={e_count}, T={t_count} per rank, d={d}, k={layer.k}, "
                 f"factor {layer.factor:g}, {STEPS} SGD steps",
+                budgets=_train_traffic(batches, layer.router, layer.experts, layer.k, layer.factor, lr, ep),
                 allowed_ops=frozenset({"all_to_all", "all_reduce"}))
 
 
