@@ -52,12 +52,12 @@ class GroupsWrong(PuzzleError):
 
 def _shape_of(rng: random.Random, n: int, dims: int, at_least: tuple[int, ...] = (),
               real_axes: int = 0) -> tuple[int, ...]:
-    """A random shape of `dims` sizes multiplying to n (at_least[i] a lower bound on size i, where given), with at
-    least `real_axes` sizes above 1."""
+    """A random shape of `dims` sizes multiplying to n (at_least[i] a lower bound on size i, where given), with
+    `real_axes` sizes above 1 where n has that many factors (a prime n has one)."""
     lows = tuple(at_least) + (1,) * (dims - len(at_least))
-    shapes = [s for s in _factorisations(n, dims)
-              if all(a >= b for a, b in zip(s, lows)) and sum(a > 1 for a in s) >= real_axes]
-    return rng.choice(shapes)
+    shapes = [s for s in _factorisations(n, dims) if all(a >= b for a, b in zip(s, lows))]
+    most = max(sum(a > 1 for a in s) for s in shapes)
+    return rng.choice([s for s in shapes if sum(a > 1 for a in s) >= min(real_axes, most)])
 
 
 def _factorisations(n: int, dims: int) -> list[tuple[int, ...]]:
@@ -78,8 +78,8 @@ def _ring(op: str, nbytes: float, n: int) -> float:
 # ---- 1. coordinates --------------------------------------------------------------------------------------------
 def _coordinates_case(rng: random.Random, n: int) -> Case:
     dims = rng.randint(2, 4)
-    # Two axes above 1 at least: with one, every order of the axes gives the same coordinates (an answer with TP
-    # outermost passed on such draws). Axes of size 1 still appear, around them.
+    # Two axes above 1 at least (the check's world sizes all allow it; the real cell's 2 ranks do not): with one,
+    # every order of the axes gives the same coordinates (an answer with TP outermost passed on such draws).
     shape = _shape_of(rng, n, dims, real_axes=2)
     return Case(n, (shape,), [coordinates(r, shape) for r in range(n)], f"a mesh of shape {shape}")
 
