@@ -23,7 +23,9 @@ MODULE_OF = {m.NOTEBOOK: m for m in puzzles.MODULES}
 def _nbval(path: Path, strict: bool) -> subprocess.CompletedProcess:
     env = dict(os.environ, COURSE_STRICT="1" if strict else "0", MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", str(path)],
+    # -n 0: the notebook's cells run in order in one kernel (the repository's addopts would hand them to workers).
+    return subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", "-n", "0",
+                           str(path)],
                           cwd=path.parent, env=env, capture_output=True, text=True, timeout=900)
 
 
