@@ -307,35 +307,20 @@ def parallelize(dist, w1, b1, w2, b2, steps):
 
 
 def fsdp_tp(dist, weights, batch, targets, dp, tp, lr, steps):
-    """The puzzle's oracle built once, then a step per item: DTensor's ColwiseParallel fc1 and RowwiseParallel
-    fc2 on the mesh's "tp" dimension, FSDP2 (fully_shard) on its "dp" dimension, torch.optim.SGD; this rank's
-    TP shards at the end, as tp_dp_train returns them."""
+    """The puzzle's oracle's module (FSDP2 over "dp", DTensor Colwise fc1 and Rowwise fc2 over "tp"), built once
+    in the batch's dtype, then a step per item with torch.optim.SGD; this rank's TP shards at the end, as
+    tp_dp_train returns them."""
     import warnings
-    from torch.distributed.fsdp import fully_shard
 
-    P06.quiet()
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # FSDP2's: the batch needs no grad
-    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
-    h = weights["fc2_b"].shape[0]
-    model = torch.nn.Sequential(torch.nn.Linear(h, 4 * h), torch.nn.GELU(), torch.nn.Linear(4 * h, h))
-    model = model.to(device=batch.device, dtype=batch.dtype)
-    layers = {"fc1": model[0], "fc2": model[2]}
-    with torch.no_grad():
-        for name, layer in layers.items():
-            layer.weight.copy_(weights[f"{name}_w"])
-            layer.bias.copy_(weights[f"{name}_b"])
-    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    fully_shard(model, mesh=mesh["dp"])
+    model, d, t = P06.fsdp_tp_mlp(dist, weights, dp, tp, batch.dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
     x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
     for _ in steps:
         F.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-    full = {f"{name}_{p}": getattr(layer, "weight" if p == "w" else "bias").full_tensor().detach()
-            for name, layer in layers.items() for p in ("w", "b")}
-    return P06.mlp_shard(full, tp, t)
+    return P06.fsdp_tp_shards(model, tp, t)
 
 
 def ddp_adamw(dist, model, steps, inner_steps, inner_lr, outer_lr, momentum):
