@@ -4,6 +4,7 @@ fidelity and speed, and the check cells' times. Prints the tables; writes bench/
     python -m bench                      # everything, 4 ranks (gloo; NCCL when there is one GPU per rank)
     python -m bench --quick              # a subset at small sizes, under a minute (written to bench/results/scratch/)
     python -m bench --only rows --rows ddp,zero1 --world 2
+    python -m bench --only rows --rows tp-dp --into bench/results/amd-epyc-2cpu   # add rows to earlier results
     python -m bench --before /tmp/old    # the simulator's speed here and in a checkout of an older commit
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from bench import check_times, runner, sim_speed
-from bench.report import Report, machine
+from bench.report import Report, machine, merge_rows
 from bench.rows import PAIRS, ROWS
 
 PARTS = ("rows", "fidelity", "sim", "checks")
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> Report:
     ap.add_argument("--out", type=Path, help="folder for the results (default bench/results, quick: "
                                              "bench/results/scratch)")
     ap.add_argument("--machine", help="name of the results' files (default: from the CPU or GPU)")
+    ap.add_argument("--into", type=Path, help="with --only rows: merge the rows measured into these results "
+                                              "(<INTO>.json and .md; a row of the same key replaced, the rest kept) "
+                                              "and redraw <INTO>.png, instead of writing new files")
     ap.add_argument("--before", type=Path, help="the simulator's speed also in this checkout (e.g. a worktree of an "
                                                 "older commit), measured by the same script")
     args = ap.parse_args(argv)
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> Report:
     unknown = set(parts) - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose among {', '.join(PARTS)}")
+    if args.into and parts != ["rows"]:
+        ap.error("--into merges rows only: add --only rows")
     keys = [k for k in args.rows.split(",") if k]
     missing = set(keys) - {r.key for r in ROWS}
     if missing:
@@ -83,6 +89,12 @@ def main(argv: list[str] | None = None) -> Report:
     started = time.perf_counter()
     out = args.out or (RESULTS / "scratch" if plan.quick else RESULTS)
     rows = [r for r in ROWS if (r.key in keys if keys else (r.quick or not args.quick))] if "rows" in parts else []
+    if args.into:
+        _real_then_simulated(report, plan, rows, [])
+        print(report.markdown())
+        paths = merge_rows(args.into, report)
+        print("merged into " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+        return report
     if rows or "fidelity" in parts:
         _timed(report, out, "real_and_simulated", _real_then_simulated, report, plan, rows,
                PAIRS if "fidelity" in parts else [])

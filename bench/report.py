@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from bench import check_times as checks
+from bench.rows import ROWS
 from bench.runner import Calibration, PairResult, RowResult
 from bench import sim_speed as speed
 from bench.timing import Timing
@@ -132,6 +133,46 @@ def _row_dict(r: RowResult, quick: bool) -> dict:
             "target": r.row.target, "meets_target": r.meets, "bytes_sent_per_rank_per_step": r.bytes_sent,
             "message_bytes": r.message_bytes, "busbw_ours": r.busbw(r.ours), "busbw_theirs": r.busbw(r.theirs),
             "why": r.row.why}
+
+
+def _row_result(d: dict, world: int) -> RowResult:
+    """A row of a results file, as the run that measured it had it."""
+    timing = [Timing(t["median_s"], t["min_s"], t["max_s"], t["samples"]) for t in (d["ours_time"], d["theirs_time"])]
+    row = next(r for r in ROWS if r.key == d["key"])
+    return RowResult(row, *timing, world, d["message_bytes"], d["bytes_sent_per_rank_per_step"])
+
+
+def merge_rows(stem: Path, report: "Report") -> dict[str, Path]:
+    """Put the rows of `report` into the results at <stem>.json and .md (a row with the same key replaced, the
+    others and every other part kept, in bench.rows' order) and redraw <stem>.png from all of them. Each merged
+    row notes the load and the commit it was measured at, which the file's header does not describe."""
+    paths = {k: stem.with_suffix(f".{k}") for k in ("json", "md", "png")}
+    data = json.loads(paths["json"].read_text())
+    same = ("world", "backend", "quick")
+    if any(data["settings"][k] != report.settings[k] for k in same):
+        raise ValueError(f"{paths['json']} was measured with {({k: data['settings'][k] for k in same})}, this run "
+                         f"with {({k: report.settings[k] for k in same})}: its rows would not compare")
+    apart = {"load_average": report.machine.get("load_average"), "commit": _commit(),
+             "repeats": report.settings["repeats"], "steps": report.settings["steps"]}
+    new = {r.row.key: {**_row_dict(r, report.settings["quick"]), "measured_apart": apart} for r in report.rows}
+    order = {r.key: i for i, r in enumerate(ROWS)}
+    data["rows"] = sorted([d for d in data["rows"] if d["key"] not in new] + list(new.values()),
+                          key=lambda d: order.get(d["key"], len(order)))
+    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
+    rows = [_row_result(d, data["settings"]["world"]) for d in data["rows"] if d["key"] in order]
+    lines = paths["md"].read_text().split("\n")
+    first = lines.index(next(line for line in lines if line.startswith("| nb | row |")))
+    last = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    paths["md"].write_text("\n".join(lines[:first] + rows_table(rows).split("\n") + lines[last:]))
+    from bench.plot import draw
+    draw(Report(data["machine"], data["settings"], rows=rows), paths["png"])
+    return paths
+
+
+def _commit() -> Optional[str]:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                         capture_output=True, text=True)
+    return out.stdout.strip() or None
 
 
 def _span(t: Timing) -> str:

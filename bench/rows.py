@@ -6,8 +6,8 @@ and the same number of steps. An implementation is `fn(dist, *inputs)` that runs
 PyTorch's side is the puzzle's own oracle wherever that oracle builds nothing per step; where it would
 (a DDP bucket size, a DTensor module, a pipeline schedule), the few lines here build it once, before the steps.
 
-A new notebook adds its row here and nothing else changes (notebook 08's, ring attention against SDPA on the
-gathered sequence, is the latest).
+A new notebook adds its row here and nothing else changes (notebooks 06's and 09's, whose solutions run every
+step inside one call, are the latest: bench.timing.one_call times their steps from their collectives).
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ import solutions.moe as moe
 import solutions.pipeline as pp
 import solutions.ring_attention as ra
 import solutions.tensor_parallel as tp
+import solutions.three_d as three_d
+import solutions.beyond as beyond
 import solutions.zero as zero
-from bench.timing import Steps
+from bench.timing import Steps, one_call
 from lib.models import mlp
 from puzzles import data_parallel as P02
 from puzzles import moe as P07
 from puzzles import tensor_parallel as P04
+from puzzles import three_d as P06
 from puzzles import zero as P03
 
 DTYPE = torch.float32
@@ -48,9 +51,13 @@ class Setup:
     build: Callable[..., tuple]
     size: dict
     quick: dict
+    rounds: str = ""              # the size's key, if any, saying how many steps make a round (timed as one)
 
     def inputs(self, quick: bool) -> Callable[[int, int, int], tuple]:
         return functools.partial(self.build, **(self.quick if quick else self.size))
+
+    def round_size(self, quick: bool) -> int:
+        return (self.quick if quick else self.size)[self.rounds] if self.rounds else 1
 
     def describe(self, quick: bool) -> str:
         return ", ".join(f"{k}={v}" for k, v in (self.quick if quick else self.size).items())
@@ -77,6 +84,7 @@ class Row:
     target: Optional[float]
     quick: bool = True                        # part of `--quick`
     why: str = ""                             # one line: why ours is slower, shown where the row misses its target
+    agrees: bool = True                       # both sides compute the same thing (tests compare their results)
 
     def message_bytes(self, quick: bool) -> Optional[int]:
         """All-reduce rows: the message's size (for bus bandwidth); None for the others."""
@@ -151,6 +159,23 @@ def expert_shards(world: int, rank: int, steps: int, tokens: int, hidden: int, e
     data = Steps([(_rand(100 * s + 2 * rank + 30, tokens, hidden), _rand(100 * s + 2 * rank + 31, tokens, hidden))
                   for s in range(steps)])
     return router, mine, k, factor, data
+
+
+def mesh_training(world: int, rank: int, steps: int, hidden: int, rows: int, lr: float) -> tuple:
+    """Notebook 06's inputs: the whole MLP (fc1 4h x h, fc2 h x 4h) and the global batch, the same on every rank,
+    the (dp, tp) mesh's shape (tp = 2 where the world is even, dp the rest), a learning rate, and the steps (their
+    items unused: every step trains on the same batch, as the puzzle's does)."""
+    h = hidden
+    weights = {"fc1_w": _rand(1, 4 * h, h) * h ** -0.5, "fc1_b": _rand(2, 4 * h) * 0.1,
+               "fc2_w": _rand(3, h, 4 * h) * (4 * h) ** -0.5, "fc2_b": _rand(4, h) * 0.1}
+    tp_size = 2 if world % 2 == 0 else 1
+    return weights, _rand(5, rows, h), _rand(6, rows, h), world // tp_size, tp_size, lr, Steps([None] * steps)
+
+
+def local_training(world: int, rank: int, steps: int, width: int, layers: int, rows: int, inner_steps: int,
+                   inner_lr: float, outer_lr: float, momentum: float) -> tuple:
+    """Notebook 09's inputs: an MLP, this rank's batches, DiLoCo's H and its inner and outer optimizers' settings."""
+    return _model(width, layers), _shards(rank, steps, rows, width), inner_steps, inner_lr, outer_lr, momentum
 
 
 def _batch(steps: int, rows: int, width: int) -> Steps:
@@ -233,6 +258,19 @@ def moe_step(layer: Callable) -> Callable:
     return run
 
 
+def tp_dp(dist, weights, batch, targets, dp, tp, lr, steps):
+    """Notebook 06's tp_dp_train, which runs every step in one call, its steps timed from its collectives."""
+    return one_call(dist, steps, lambda paced: three_d.tp_dp_train(paced, weights, batch, targets, dp, tp,
+                                                                     len(steps), lr))
+
+
+def diloco(dist, model, steps, inner_steps, inner_lr, outer_lr, momentum):
+    """Notebook 09's diloco_train on this rank's batches (a list it slices), timed a round at a time from its
+    outer all-reduce."""
+    return one_call(dist, steps, lambda paced: beyond.diloco_train(paced, model, steps.items, inner_steps, inner_lr,
+                                                                     outer_lr, momentum))
+
+
 # ---- PyTorch's side -------------------------------------------------------------------------------------
 def all_reduce(dist, steps):
     for x in steps:
@@ -268,6 +306,41 @@ def parallelize(dist, w1, b1, w2, b2, steps):
                                                          module.fc2.bias)))
 
 
+def fsdp_tp(dist, weights, batch, targets, dp, tp, lr, steps):
+    """The puzzle's oracle's module (FSDP2 over "dp", DTensor Colwise fc1 and Rowwise fc2 over "tp"), built once
+    in the batch's dtype, then a step per item with torch.optim.SGD; this rank's TP shards at the end, as
+    tp_dp_train returns them."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")  # FSDP2's: the batch needs no grad
+    model, d, t = P06.fsdp_tp_mlp(dist, weights, dp, tp, batch.dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
+    for _ in steps:
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return P06.fsdp_tp_shards(model, tp, t)
+
+
+def ddp_adamw(dist, model, steps, inner_steps, inner_lr, outer_lr, momentum):
+    """DistributedDataParallel with DiLoCo's inner optimizer (AdamW, its learning rate): every step all-reduces
+    the gradients, where DiLoCo all-reduces once per round."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(model)
+    _fit(ddp, torch.optim.AdamW(ddp.parameters(), lr=inner_lr), steps)
+    return model
+
+
+def _fit(module, optimizer, steps) -> None:
+    """An optimizer step per batch, loss F.mse_loss (the puzzles' DDP oracle's loop, with another optimizer)."""
+    for x, y in steps:
+        optimizer.zero_grad()
+        F.mse_loss(module(x), y).backward()
+        optimizer.step()
+
+
 def pipelining(schedule: str) -> Callable:
     """torch.distributed.pipelining's `schedule` over this rank's stage (or chunks), built once. Not the puzzles'
     oracles (puzzles.pipeline), which build it at each call: its first step sets up the stages, shapes sent
@@ -297,6 +370,7 @@ RING_SIZES = [2**10, 2**16, 2**20, 2**22, 2**24]         # 1 KiB .. 16 MiB
 RING_QUICK = {2**16, 2**20}
 TRAIN = dict(width=512, layers=4, rows=32, lr=1e-3)
 TRAIN_QUICK = dict(width=64, layers=4, rows=8, lr=1e-3)
+TRAIN_NO_LR, TRAIN_QUICK_NO_LR = ({k: v for k, v in t.items() if k != "lr"} for t in (TRAIN, TRAIN_QUICK))
 DDP = Setup(bucketed, dict(bucket=2**18, **TRAIN), dict(bucket=2**12, **TRAIN_QUICK))
 ZERO = Setup(training, TRAIN, TRAIN_QUICK)
 MLP = Setup(mlp_shards, dict(tokens=512, hidden=512), dict(tokens=32, hidden=32))
@@ -327,6 +401,9 @@ INTERLEAVED_1F1B = Impl("interleaved_1f1b", _each_step(pp.interleaved_1f1b), INT
 EXPERTS = Setup(expert_shards, dict(tokens=2048, hidden=256, experts=8, k=2, factor=1.25),
                 dict(tokens=64, hidden=16, experts=4, k=2, factor=1.25))
 CONTEXT = Setup(attention_shards, dict(tokens=4096, heads=8, dim=64), dict(tokens=64, heads=2, dim=8))
+MESH = Setup(mesh_training, dict(hidden=512, rows=512, lr=0.1), dict(hidden=16, rows=8, lr=0.1))
+LOCAL = Setup(local_training, dict(inner_steps=8, inner_lr=1e-3, outer_lr=0.7, momentum=0.9, **TRAIN_NO_LR),
+              dict(inner_steps=2, inner_lr=1e-3, outer_lr=0.7, momentum=0.9, **TRAIN_QUICK_NO_LR), rounds="inner_steps")
 
 ROWS: list[Row] = [
     *(_ring_row(n) for n in RING_SIZES),
@@ -351,6 +428,9 @@ ROWS: list[Row] = [
         target=1.3),
     Row("interleaved", "interleaved 1F1B step (v=2)", "05", INTERLEAVED_1F1B,
         Impl("ScheduleInterleaved1F1B", pipelining("ScheduleInterleaved1F1B"), INTERLEAVED), target=1.3),
+    Row("tp-dp", "2-D TP × DP step (SGD)", "06", Impl("tp_dp_train", tp_dp, MESH),
+        Impl("fully_shard + parallelize_module, 2-D mesh", fsdp_tp, MESH), target=1.3,
+        quick=True),
     Row("moe", "expert-parallel MoE layer, forward + backward", "07",
         Impl("moe_layer_backward", moe_step(moe.moe_layer_backward), EXPERTS),
         Impl("padded dispatch, all_to_all_single_autograd", moe_step(P07.padded_dispatch), EXPERTS), target=None,
@@ -360,6 +440,12 @@ ROWS: list[Row] = [
         Impl("SDPA on the gathered sequence", gathered_sdpa, CONTEXT), target=1.3,
         why="ours computes attention block by block in separate ops (matmuls, exp, the merges: the lesson's "
             "algorithm, PyTorch's kernel refused in the puzzle); SDPA is one fused kernel over the gathered K/V"),
+    Row("diloco", "DiLoCo step (mean over rounds of H steps)", "09",
+        Impl("diloco_train", diloco, LOCAL), Impl("DistributedDataParallel (AdamW)", ddp_adamw, LOCAL), target=None,
+        agrees=False,
+        why="not the same computation: DiLoCo all-reduces a pseudo-gradient once per round of H steps, DDP every "
+            "gradient every step; a step's time is a whole round's over H (mean, the outer all-reduce included), "
+            "DDP's the same way"),
 ]
 
 

@@ -41,11 +41,12 @@ def measure(impls: Sequence[Impl], plan: Plan, progress: Progress = lambda done,
     each time; within a launch the implementations take turns, in alternating order from one repeat to the
     next, so that a change of load on a shared machine falls on all of them."""
     sides = [(i.fn, i.setup.inputs(plan.quick)) for i in impls]
+    (round_size,) = {i.setup.round_size(plan.quick) for i in impls}
     runs: list[list] = [[] for _ in impls]            # per implementation: per repeat, per rank, step times
     progress(0, plan.repeats)
     for r in range(plan.repeats):
         order = list(range(len(sides)))[::(-1 if r % 2 else 1)]
-        per_rank = launch(time_on_rank, plan.world, [sides[i] for i in order], plan.steps, plan.warmup,
+        per_rank = launch(time_on_rank, plan.world, [sides[i] for i in order], plan.steps, plan.warmup, round_size,
                           backend=plan.backend, timeout=plan.timeout)
         for j, i in enumerate(order):
             runs[i].append([rank[j] for rank in per_rank])
@@ -58,18 +59,19 @@ _simulated: dict[tuple, tuple[float, float]] = {}
 
 def simulate(impl: Impl, plan: Plan, cost: Optional[CostModel] = None) -> tuple[float, float]:
     """(bytes sent by the busiest rank, simulated time) of one steady step: a 2-step run minus a 1-step run,
-    so that set-up and clean-up (sharding, the final gather) cancel out."""
+    so that set-up and clean-up (sharding, the final gather) cancel out; where steps come in rounds (DiLoCo's),
+    2 rounds minus 1, over the steps of a round."""
     key = (impl.name, id(impl.setup), plan.world, plan.quick, cost)
     if key not in _simulated:
-        inputs = impl.setup.inputs(plan.quick)
+        inputs, size = impl.setup.inputs(plan.quick), impl.setup.round_size(plan.quick)
         runs = []
-        for steps in (1, 2):
+        for steps in (size, 2 * size):
             ranks = [inputs(plan.world, r, steps) for r in range(plan.world)]
             args = [sim.per_rank([ranks[r][i] for r in range(plan.world)]) for i in range(len(ranks[0]))]
             runs.append(sim.run(impl.fn, plan.world, *args, cost=cost, timeout=plan.timeout, memory_limit=2**40))
         one, two = runs
         sent = max(b.bytes_sent - a.bytes_sent for a, b in zip(one.stats, two.stats))
-        _simulated[key] = (sent, two.time - one.time)
+        _simulated[key] = (sent / size, (two.time - one.time) / size)
     return _simulated[key]
 
 

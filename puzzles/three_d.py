@@ -244,9 +244,10 @@ def _tp_dp_case(rng: random.Random, n: int) -> MeshCase:
                     axis_budgets=budgets)
 
 
-def _fsdp_tp_oracle(dist, weights, batch, targets, dp, tp, steps, lr):
-    """torchtitan's 2D: DTensor tensor parallelism (ColwiseParallel fc1, RowwiseParallel fc2) on the mesh's "tp"
-    dimension, FSDP2 (fully_shard) on its "dp" dimension, torch.optim.SGD."""
+def fsdp_tp_mlp(dist, weights: dict, dp: int, tp: int, dtype: torch.dtype) -> tuple[torch.nn.Module, int, int]:
+    """torchtitan's 2D, built once: the MLP of `weights` in `dtype`, DTensor tensor parallelism (ColwiseParallel
+    fc1, RowwiseParallel fc2) on the mesh's "tp" dimension, FSDP2 (fully_shard) on its "dp" dimension. Returns the
+    module and this rank's (dp, tp) coordinates. The puzzle's oracle and bench/'s row both train it."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -254,22 +255,32 @@ def _fsdp_tp_oracle(dist, weights, batch, targets, dp, tp, steps, lr):
     mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
     h = weights["fc2_b"].shape[0]
     model = torch.nn.Sequential(torch.nn.Linear(h, 4 * h), torch.nn.GELU(), torch.nn.Linear(4 * h, h))
-    model = model.to(device=batch.device, dtype=torch.float64)
+    model = model.to(device=weights["fc2_b"].device, dtype=dtype)
     with torch.no_grad():
         for (w, b), layer in ((("fc1_w", "fc1_b"), model[0]), (("fc2_w", "fc2_b"), model[2])):
             layer.weight.copy_(weights[w])
             layer.bias.copy_(weights[b])
     parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
+    return model, mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+
+
+def fsdp_tp_shards(model: torch.nn.Module, tp: int, t: int) -> dict:
+    """This rank's TP shards of fsdp_tp_mlp's trained weights, as tp_dp_train returns them."""
+    full = {"fc1_w": model[0].weight, "fc1_b": model[0].bias, "fc2_w": model[2].weight, "fc2_b": model[2].bias}
+    return mlp_shard({k: v.full_tensor().detach() for k, v in full.items()}, tp, t)
+
+
+def _fsdp_tp_oracle(dist, weights, batch, targets, dp, tp, steps, lr):
+    """fsdp_tp_mlp in float64, trained with torch.optim.SGD on this rank's rows."""
+    model, d, t = fsdp_tp_mlp(dist, weights, dp, tp, torch.float64)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
     x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
     for _ in range(steps):
         F.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-    full = {"fc1_w": model[0].weight, "fc1_b": model[0].bias, "fc2_w": model[2].weight, "fc2_b": model[2].bias}
-    return mlp_shard({k: v.full_tensor().detach() for k, v in full.items()}, tp, t)
+    return fsdp_tp_shards(model, tp, t)
 
 
 def quiet() -> None:

@@ -78,26 +78,68 @@ def _named(value) -> dict:
 def _both_sides(dist, comparisons):
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []
-    for a, b, inputs in comparisons:
-        out.append([_named(fn(dist, *inputs(world, rank, 2))) for fn in (a, b)])
+    for a, b, inputs, steps in comparisons:
+        out.append([_named(fn(dist, *inputs(world, rank, steps))) for fn in (a, b)])
     return out
+
+
+def _close(got: dict, want: dict, where: str) -> None:
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, key=key: f"{where}, {key}: {m}")
+
+
+def _compare(cases: list, world: int) -> None:
+    """Run both sides of each case (name, ours, theirs, agrees) for two steps (two rounds where steps come in
+    rounds) at the quick size on `world` real ranks. Where they compute the same thing, they agree; where they do
+    not (DiLoCo and DDP), each keeps the replicas of its model equal on every rank."""
+    comparisons = [(a.fn, b.fn, a.setup.inputs(quick=True), 2 * a.setup.round_size(quick=True))
+                   for _, a, b, _ in cases]
+    per_rank = launch(_both_sides, world, comparisons, timeout=600)
+    for rank, results in enumerate(per_rank):
+        for i, ((name, a, b, agrees), (ours, theirs)) in enumerate(zip(cases, results)):
+            assert ours.keys() == theirs.keys(), f"{name}: {a.name} and {b.name} return different things"
+            if agrees:
+                _close(ours, theirs, f"{name}, rank {rank}: {a.name} vs {b.name}")
+            else:
+                first_ours, first_theirs = per_rank[0][i]
+                _close(ours, first_ours, f"{name}: {a.name}, rank {rank} vs rank 0")
+                _close(theirs, first_theirs, f"{name}: {b.name}, rank {rank} vs rank 0")
 
 
 @pytest.mark.slow
 def test_both_sides_of_every_row_and_pair_do_the_same_work():
     """Same model, same data, same steps: after two steps at the quick size, ours and PyTorch's agree (and the
     two schedules of a pair agree where they share their inputs)."""
-    cases = [(r.key, r.ours, r.theirs) for r in ROWS]
-    cases += [(p.what, p.a, p.b) for p in PAIRS if p.a.setup is p.b.setup]
-    comparisons = [(a.fn, b.fn, a.setup.inputs(quick=True)) for _, a, b in cases]
-    per_rank = launch(_both_sides, 2, comparisons, timeout=600)
-    for rank, results in enumerate(per_rank):
-        for (name, a, b), (ours, theirs) in zip(cases, results):
-            assert ours.keys() == theirs.keys(), f"{name}: {a.name} and {b.name} return different things"
-            for key in ours:
-                torch.testing.assert_close(ours[key], theirs[key], rtol=1e-4, atol=1e-5,
-                                           msg=lambda m, where=f"{name}, rank {rank}, {key}: {a.name} vs {b.name}":
-                                           f"{where}: {m}")
+    cases = [(r.key, r.ours, r.theirs, r.agrees) for r in ROWS]
+    cases += [(p.what, p.a, p.b, True) for p in PAIRS if p.a.setup is p.b.setup]
+    _compare(cases, 2)
+
+
+@pytest.mark.slow
+def test_the_2d_row_agrees_on_a_real_2x2_mesh():
+    """On 2 ranks notebook 06's mesh is (dp, tp) = (1, 2); on 4 both axes have 2 ranks, as in the benchmark."""
+    row = next(r for r in ROWS if r.key == "tp-dp")
+    assert row.ours.setup.inputs(quick=True)(4, 0, 1)[3:5] == (2, 2)
+    _compare([(row.key, row.ours, row.theirs, row.agrees)], 4)
+
+
+def test_one_call_marks_a_step_at_its_last_collective_or_spreads_a_round_over_its_steps():
+    from bench.timing import _marks
+
+    # 2 collectives a step: a step ends with its second
+    assert _marks(0.0, [1.0, 2.0, 3.0, 5.0], 2) == [0.0, 2.0, 5.0]
+    # one collective every 2 steps: each round's time split evenly
+    assert _marks(0.0, [4.0, 6.0], 4) == [0.0, 2.0, 4.0, 5.0, 6.0]
+    with pytest.raises(ValueError, match="3 steps made 2 communication calls"):
+        _marks(0.0, [1.0, 2.0], 3)
+
+
+def test_a_round_counts_as_one_sample_its_mean_step():
+    from bench.timing import per_round
+
+    assert per_round([1.0, 3.0, 2.0, 2.0, 9.0], 2) == [2.0, 2.0]
+    assert per_round([1.0, 3.0], 1) == [1.0, 3.0]
 
 
 @pytest.mark.slow
@@ -129,6 +171,13 @@ def test_quick_run_prints_the_tables_and_writes_json_markdown_and_plot(tmp_path)
     ddp = next(row for row in ROWS if row.key == "ddp")
     model = ddp.ours.setup.inputs(quick=True)(2, 0, 1)[0]
     assert rows["ddp"]["bytes_sent_per_rank_per_step"] == sum(p.nbytes for p in model.parameters())
+    # DiLoCo all-reduces the whole model once per round of H steps; on 2 ranks notebook 06's mesh is (dp, tp) =
+    # (1, 2), so a step sends g's all-reduce of the output alone (rows × hidden floats)
+    diloco = next(row for row in ROWS if row.key == "diloco")
+    model, _, inner_steps, *_ = diloco.ours.setup.inputs(quick=True)(2, 0, 1)
+    assert rows["diloco"]["bytes_sent_per_rank_per_step"] == sum(p.nbytes for p in model.parameters()) / inner_steps
+    mesh = next(row for row in ROWS if row.key == "tp-dp").ours.setup.quick
+    assert rows["tp-dp"]["bytes_sent_per_rank_per_step"] == mesh["rows"] * mesh["hidden"] * 4
 
     fidelity = report["fidelity"]
     assert [p["what"] for p in fidelity["pairs"]] == [p.what for p in PAIRS]
@@ -142,3 +191,31 @@ def test_quick_run_prints_the_tables_and_writes_json_markdown_and_plot(tmp_path)
     speed = {s["key"]: s["samples_s"]["this checkout"] for s in report["sim_speed"]}
     assert speed.keys() == {key for _, key in FIGURES}
     assert all(len(v) == 1 and v[0] > 0 for k, v in speed.items() if k != "per_op_overhead_s")
+
+
+def test_rows_measured_apart_merge_into_earlier_results_and_keep_the_rest(tmp_path):
+    from bench.report import Report, merge_rows
+    from bench.runner import RowResult
+
+    def result(key: str, seconds: float) -> RowResult:
+        row = next(r for r in ROWS if r.key == key)
+        return RowResult(row, Timing(seconds, seconds, seconds, 1), Timing(1.0, 1.0, 1.0, 1), 4, None, 8.0)
+
+    settings = {"world": 4, "backend": "gloo", "quick": False, "repeats": 3, "steps": 3, "warmup": 1}
+    info = {"name": "m", "cpu": "X", "cores": 2, "gpus": [], "torch": "t", "python": "p", "os": "o",
+            "load_average": [9.0, 9.0, 9.0]}
+    earlier = Report(info, settings, rows=[result("diloco", 3.0), result("ddp", 2.0)])
+    earlier.write(tmp_path)
+    stem = tmp_path / "m"
+    stem.with_suffix(".md").write_text(stem.with_suffix(".md").read_text() + "\nthe next part\n")
+    merge_rows(stem, Report(info, settings, rows=[result("diloco", 0.5), result("tp-dp", 1.5)]))
+
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert [(r["key"], r["ratio"]) for r in data["rows"]] == [("ddp", 2.0), ("tp-dp", 1.5), ("diloco", 0.5)]
+    assert "measured_apart" in data["rows"][1] and "measured_apart" not in data["rows"][0]
+    md = stem.with_suffix(".md").read_text()
+    assert md.count("| 09 |") == 1 and "**0.50×**" in md and "**3.00×**" not in md and "**2.00×**" in md
+    assert md.rstrip().endswith("the next part")
+    assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="would not compare"):
+        merge_rows(stem, Report(info, {**settings, "world": 2}, rows=[result("diloco", 0.5)]))
