@@ -637,7 +637,8 @@ RECOMPUTE_PAYS = 1e-3         # the highest-HFU plan trains at least this much s
 
 
 def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = False) -> Case:
-    from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError, best_plan
+    from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError
+    from lib.planner.search import fitting_plans, top
 
     while True:                                   # a model, cluster and batch where some plan fits
         if short:                                 # 1K tokens, 5B-50B parameters: recomputing everything hides DP
@@ -654,13 +655,14 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
                               gpus=8 if long else rng.choice([8, 16]), gpus_per_node=8)
             batch = rng.choice([32, 64])
         try:
-            best = best_plan(model, cluster, batch, virtual_stages=[1])
+            fitting = fitting_plans(model, cluster, batch, virtual_stages=[1])
         except PlanError:
             continue
+        best = top(fitting)
         if not short:
             break
         # The short case keeps a draw where the plan of highest HFU is not the fastest: ranking by it then fails.
-        by_hfu = best_plan(model, cluster, batch, by="hfu", virtual_stages=[1])
+        by_hfu = top(fitting, "hfu")
         if by_hfu.tokens_per_second < (1 - RECOMPUTE_PAYS) * best.tokens_per_second:
             _RANKED_BY_HFU[model, cluster, batch] = by_hfu.plan
             break
