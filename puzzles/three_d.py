@@ -471,7 +471,7 @@ def _first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks
     counted = model.layers if blocks == "all" else model.layers // plan.pp
     ends = model.embedding_params + (model.head_params if plan.pp == 1 else 0)
     params = (counted * model.layer_params + ends) / plan.tp
-    stage = 3 if sharding == "always" else plan.zero          # "always": every state over dp, whatever the stage
+    stage = {"zero": plan.zero, "always": 3, "never": 0}[sharding]   # "always": every state over dp, whatever ZeRO
     states = sum(model_state_breakdown(params, dp=plan.dp, zero_stage=stage).values())
     extra = GATHERED * 2 * model.layer_params / plan.tp if zero3_blocks and plan.zero == 3 else 0.0
     sp = {"plan": plan.sequence_parallel, "never": False, "always": True}[sequence_parallel]
@@ -502,6 +502,9 @@ PLAN_MISTAKES = [
     _plan_mistake("dividing every model state by dp whatever the ZeRO stage gives: ZeRO-0 keeps whole copies on each "
                   "data-parallel rank, ZeRO-1 shards the optimizer's 12 bytes, ZeRO-2 the gradients too, only ZeRO-3 "
                   "the weights (notebook 03).", sharding="always"),
+    _plan_mistake("ignoring ZeRO gives: each data-parallel rank keeps whole copies of its 16 bytes a parameter only "
+                  "with zero=0; ZeRO-1 shards the optimizer's 12 over dp, ZeRO-2 the gradients' 2 too, ZeRO-3 the "
+                  "weights' 2 too (model_state_bytes, notebook 03).", sharding="never"),
     _plan_mistake("ignoring recomputation gives: the activations are those of recompute='none'; selective drops "
                   "the 5as/(ht) attention term, full keeps only each block's input (Korthikanti et al. 2022).",
                   recompute="none"),

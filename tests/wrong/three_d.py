@@ -174,7 +174,7 @@ def _memory(model, plan, mistake=""):
     if mistake == "states over tp·dp":
         states = 16 * params / plan.dp
     else:
-        states = model_state_bytes(params, plan.dp, plan.zero)
+        states = model_state_bytes(params, plan.dp, 0 if mistake == "no zero" else plan.zero)
     if plan.zero == 3 and mistake != "no gathered blocks":
         states += 6 * model.layer_params / plan.tp
     recompute = "none" if mistake == "no recomputation" else plan.recompute
@@ -207,6 +207,11 @@ def memory_states_over_tp_dp_without_zero(model, plan):
     return _memory(model, plan, "states over tp·dp")
 
 
+def memory_ignoring_zero(model, plan):
+    """16 bytes a parameter on every GPU, as if every plan ran ZeRO-0."""
+    return _memory(model, plan, "no zero")
+
+
 def memory_ignoring_recomputation(model, plan):
     return _memory(model, plan, "no recomputation")
 
@@ -237,6 +242,7 @@ WRONG = [
     ("plan_memory", memory_of_one_micro_batch, "expected", "one micro-batch's activations"),
     ("plan_memory", memory_of_every_micro_batch, "expected", "all m micro-batches' activations"),
     ("plan_memory", memory_states_over_tp_dp_without_zero, "expected", "whatever the ZeRO stage"),
+    ("plan_memory", memory_ignoring_zero, "expected", "ignoring ZeRO"),
     ("plan_memory", memory_ignoring_recomputation, "expected", "ignoring recomputation"),
     ("plan_memory", memory_ignoring_sequence_parallelism, "expected", "ignoring sequence parallelism"),
     ("plan_memory", memory_dividing_every_activation_by_tp, "expected", "dividing every activation by tp"),
