@@ -644,7 +644,7 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
     from lib.planner.search import fitting_plans, top
 
     while True:                                   # a model, cluster and batch where some plan fits
-        if short:                                 # 1K tokens, 5B-50B parameters: recomputing everything hides DP
+        if short:                                 # 1K tokens, 15B to 52B parameters: recomputing all hides DP
             heads = rng.choice([40, 48, 64])
             model = Model(layers=rng.choice([48, 64]), hidden=heads * 128, heads=heads, seq=1024,
                           vocab=rng.choice([32000, 50304]))
