@@ -7,9 +7,11 @@ comment says where it comes from or that it is our reading.
 from dataclasses import replace
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lib import sim
 from lib.errors import PuzzleError
 from lib.formulas import (activation_bytes_per_layer, bubble_fraction, first_stage_in_flight, flops_per_token,
                           megatron_flops_per_iteration, mfu, model_state_breakdown, recompute_flops_per_token)
@@ -20,6 +22,7 @@ from lib.planner.measured import measured_first_stage
 from lib.planner.runs import fitted_efficiency, implied_efficiency, llama3_405b
 from lib.sim.cost import CostModel
 from lib.schedules import peak_in_flight, schedule_orders
+from torch.utils.checkpoint import checkpoint
 
 TOLERANCE = 0.20   # the issue's bar: every published figure within 20%
 
@@ -263,6 +266,40 @@ def test_the_memory_model_is_what_a_built_first_stage_holds(recompute, pp, m, ze
         assert stage.in_flight == min(pp, m)
         # LayerNorm keeps a mean and a 1/std per token (two norms a block), unless the block is recomputed whole
         assert stage.norm_statistics == (0 if recompute == "full" else layers // pp * 2 * 2 * seq * micro_batch * 2)
+
+
+def _first_stage_under_1f1b(dist, cfg, tokens, order, recompute):
+    """Stage 0 of a bf16 GPT playing 1F1B's order alone (the next stage's gradient stands in as ones), with a
+    gradient buffer kept throughout as Megatron keeps one; no optimizer state."""
+    torch.manual_seed(0)
+    gpt = TinyGPT(cfg).to(torch.bfloat16)
+    for p in (p for m in (gpt.tok, gpt.pos, *gpt.blocks) for p in m.parameters()):
+        p.grad = torch.zeros_like(p)
+    xs, stash = tokens.chunk(sum(step.kind == "F" for step in order)), {}
+    for step in order:
+        if step.kind == "F":
+            h = gpt.embed(xs[step.mb])
+            for block in gpt.blocks:
+                h = checkpoint(block, h, use_reentrant=True) if recompute == "full" else block(h)
+            stash[step.mb] = h
+        else:
+            out = stash.pop(step.mb)
+            out.backward(torch.ones_like(out))
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_a_simulated_first_stage_holds_at_least_the_planners_bytes(recompute):
+    # The planner leaves out what a step also holds at its peak: the tokens, the stage's outputs, backward's
+    # working memory and, with full recomputation, the block being recomputed (measured: 14-15% of the
+    # activations without recomputation here, 8.6 times them with full). A lower bound, then, not an equality.
+    model = Model(layers=4, hidden=64, heads=4, seq=32, vocab=64, tied=False)
+    plan = Plan(pp=2, global_batch=8, micro_batch=2, recompute=recompute)
+    cfg = GPTConfig(vocab=64, seq=32, hidden=64, heads=4, layers=2, dropout=0.1, tied=False)
+    tokens = torch.randint(64, (8, 32), generator=torch.Generator().manual_seed(0))
+    peak = sim.run(_first_stage_under_1f1b, 1, cfg, tokens, schedule_orders("1f1b", 2, 4)[0], recompute) \
+        .stats[0].peak_memory
+    counted = memory_breakdown(model, plan)
+    assert peak > counted["weights"] + counted["gradients"] + counted["activations"]
 
 
 @pytest.mark.parametrize("model, plan, says", [
