@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -27,6 +28,33 @@ def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return sum(seen.values())
+
+
+def blocks_activation_bytes(blocks: Iterable[torch.nn.Module], x: torch.Tensor, recompute: str = "none") -> int:
+    """Bytes autograd keeps while `blocks` (lib.models.Block) run one after another on `x`, x included, parameters
+    left out, under Korthikanti et al.'s recomputation: "none"; "selective", each block's attention core
+    (Block.core) run again in backward; "full", each block whole, only its input kept (torch.utils.checkpoint)."""
+    from torch.utils.checkpoint import checkpoint
+
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+    blocks = list(blocks)
+
+    def forward() -> torch.Tensor:
+        h = x
+        for block in blocks:
+            if recompute == "full":
+                h = checkpoint(block, h, use_reentrant=True)       # reentrant: it saves its input for backward
+            elif recompute == "selective":
+                block.core = functools.partial(checkpoint, type(block).core.__get__(block), use_reentrant=True)
+                try:
+                    h = block(h)
+                finally:
+                    del block.core
+            else:
+                h = block(h)
+        return h
+    return saved_activation_bytes(forward, exclude=[p for block in blocks for p in block.parameters()])
 
 
 def forward_memory(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = (),

@@ -111,12 +111,17 @@ class Block(nn.Module):
             p = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, s, h)))      # (b, a, s, d) -> (b, s, h)
-        scores = (q @ k.transpose(-2, -1)) * (h // self.heads) ** -0.5
-        # An additive mask: autograd saves nothing for it (masked_fill would save an s×s mask).
-        causal = torch.full((s, s), float("-inf"), dtype=x.dtype, device=x.device).triu(1)
-        weights = self.attn_drop((scores + causal).softmax(-1))
-        out = (weights @ v).transpose(1, 2).reshape(b, s, h)                            # (b, a, s, d) -> (b, s, h)
+        out = self.core(q, k, v).transpose(1, 2).reshape(b, s, h)                      # (b, a, s, d) -> (b, s, h)
         return self.proj_drop(self.proj(out))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q kᵀ/√d + causal mask), dropped out, times v: (b, a, s, d) each, and out. The part that
+        Korthikanti et al.'s selective recomputation runs again in backward (its s×s tensors are the 5as²b term)."""
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        # An additive mask: autograd saves nothing for it (masked_fill would save an s×s mask).
+        causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+        return self.attn_drop((scores + causal).softmax(-1)) @ v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.ln1(x))

@@ -4,9 +4,10 @@ Ranks sit on a (dp, pp, tp) mesh with TP innermost: rank = (d·pp + p)·tp + t, 
 (one node) and PP and DP groups cross nodes. The composed steps are checked against single-device training in
 float64, and their traffic per axis against the formulas of notebooks 02 (ring all-reduce), 04 (Megatron's f and g)
 and 05 (one activation forward and one gradient back per micro-batch and boundary). A plan's memory per GPU is
-a prediction, checked against lib.planner's memory model while its estimator is out of reach. The plan search is checked
-against lib.planner's brute force on randomised models and clusters, judged by what lib.planner.estimate says of
-the plan returned.
+a prediction: checked against the first stage of tiny GPTs built from lib.models and measured (lib.planner.measured),
+then against lib.formulas' terms at real sizes, lib.planner's estimator and measurement out of reach. The plan search
+is checked against lib.planner's brute force on randomised models and clusters, judged by what lib.planner.estimate
+says of the plan returned; one case is drawn where ranking by HFU picks another plan.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -472,7 +473,7 @@ train_3d = MeshPuzzle(
 # lib.planner's estimator, which holds the answer, or in what calls it.
 PLANNER_ANSWERS = {"lib.planner's estimator": "lib.planner.estimate",
                    "lib.planner's search": "lib.planner.search", "lib.planner's published runs": "lib.planner.runs",
-                   "lib.viz.planner": "lib.viz.planner"}
+                   "lib.planner's measurement": "lib.planner.measured", "lib.viz.planner": "lib.viz.planner"}
 PLANNER_ADVICE = ("add the terms up yourself: lib.formulas' model_state_bytes (or model_state_breakdown), "
                   "activation_bytes_per_layer and first_stage_in_flight, with model.layer_params, "
                   "model.embedding_params and model.head_params")
@@ -480,17 +481,18 @@ GATHERED = 3                  # ZeRO-3's extra blocks of 16-bit states: two gath
 
 
 def _first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks: bool = True, in_flight: str = "1f1b",
-                      sharding: str = "zero", recompute: str = "plan") -> float:
+                      sharding: str = "zero", recompute: str = "plan", sequence_parallel: str = "plan") -> float:
     """Notebook 06's statement of a first-stage GPU's bytes, with knobs for the classic mistakes (PLAN_MISTAKES).
     Left alone it is lib.planner.memory_breakdown's sum: the case builder holds the two together."""
     counted = model.layers if blocks == "all" else model.layers // plan.pp
     ends = model.embedding_params + (model.head_params if plan.pp == 1 else 0)
     params = (counted * model.layer_params + ends) / plan.tp
-    stage = 3 if sharding == "always" else plan.zero          # "always": every state over dp, whatever the stage
+    stage = {"zero": plan.zero, "always": 3, "never": 0}[sharding]   # "always": every state over dp, whatever ZeRO
     states = sum(model_state_breakdown(params, dp=plan.dp, zero_stage=stage).values())
     extra = GATHERED * 2 * model.layer_params / plan.tp if zero3_blocks and plan.zero == 3 else 0.0
+    sp = {"plan": plan.sequence_parallel, "never": False, "always": True}[sequence_parallel]
     kept = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, t=plan.tp,
-                                      sequence_parallel=plan.sequence_parallel,
+                                      sequence_parallel=sp,
                                       recompute=plan.recompute if recompute == "plan" else recompute)
     micro_batches = {"1f1b": first_stage_in_flight(plan.pp, plan.micro_batches), "one": 1,
                      "all": plan.micro_batches}[in_flight]
@@ -516,10 +518,47 @@ PLAN_MISTAKES = [
     _plan_mistake("dividing every model state by dp whatever the ZeRO stage gives: ZeRO-0 keeps whole copies on each "
                   "data-parallel rank, ZeRO-1 shards the optimizer's 12 bytes, ZeRO-2 the gradients too, only ZeRO-3 "
                   "the weights (notebook 03).", sharding="always"),
+    _plan_mistake("ignoring ZeRO gives: each data-parallel rank keeps whole copies of its 16 bytes a parameter only "
+                  "with zero=0; ZeRO-1 shards the optimizer's 12 over dp, ZeRO-2 the gradients' 2 too, ZeRO-3 the "
+                  "weights' 2 too (model_state_bytes, notebook 03).", sharding="never"),
     _plan_mistake("ignoring recomputation gives: the activations are those of recompute='none'; selective drops "
                   "the 5as/(ht) attention term, full keeps only each block's input (Korthikanti et al. 2022).",
                   recompute="none"),
+    _plan_mistake("ignoring sequence parallelism gives: with it, the layer norms' and dropouts' 10sbh that tensor "
+                  "parallelism leaves whole on every TP rank are split along the sequence too, sbh(34/t + 5as/(ht)) "
+                  "(Korthikanti et al. 2022).", sequence_parallel="never"),
+    _plan_mistake("dividing every activation by tp gives: without sequence parallelism the layer norms' and dropouts' "
+                  "10sbh stay whole on every TP rank, sbh(10 + 24/t + 5as/(ht)) (Korthikanti et al. 2022); only "
+                  "sequence parallelism splits them too.", sequence_parallel="always"),
 ]
+
+
+def _micro_batches(rng: random.Random, stages: int, more: bool) -> int:
+    """m: at most pp (1F1B holds m) or more than pp (it holds pp); at least 2 so that one micro-batch is wrong."""
+    return stages + rng.randint(1, 8) if more else rng.randint(2, max(2, stages))
+
+
+def _measured_memory_case(rng: random.Random, _world: int, pp: tuple, zero: tuple, recompute: tuple,
+                          more_micro_batches: bool) -> Case:
+    """A tiny GPT whose first stage is built and measured (lib.planner.measured): its parameters counted in
+    lib.models' bf16 modules, its activations as autograd keeps them under the plan's recomputation, the
+    micro-batches in flight as 1F1B plays; one GPU of a stage (tp = 1), lib.models' block having no TP."""
+    from lib.planner import Model
+    from lib.planner.measured import measured_first_stage
+
+    stages, heads = rng.choice(pp), rng.choice([2, 4])
+    model = Model(layers=stages * rng.randint(1, 2), hidden=heads * rng.choice([8, 16]), heads=heads,
+                  seq=rng.choice([8, 16, 32]), vocab=rng.choice([32, 64]), tied=rng.random() < 0.5)
+    dp, micro_batch, m = rng.choice([2, 4]), rng.choice([1, 2]), _micro_batches(rng, stages, more_micro_batches)
+    plan = Plan(pp=stages, dp=dp, global_batch=dp * micro_batch * m, micro_batch=micro_batch, zero=rng.choice(zero),
+                recompute=rng.choice(recompute))
+    stage = measured_first_stage(model, plan, seed=rng.randrange(2**31))
+    return Case(1, (model, plan), [sum(stage.memory.values())],
+                f"a tiny GPT of {model.layers} layers, hidden {model.hidden}, {heads} heads, s={model.seq}, vocab "
+                f"{model.vocab}, {'tied' if model.tied else 'untied'}; {plan}, m={plan.micro_batches}; its first stage "
+                f"measured: {stage.params:,} parameters in its modules, {fmt_bytes(stage.saved_per_micro_batch)} kept "
+                f"by autograd per micro-batch in its bf16 blocks (LayerNorm's {fmt_bytes(stage.norm_statistics)} of "
+                f"statistics left out), {stage.in_flight} micro-batches in flight under 1F1B")
 
 
 def _planner_model(rng: random.Random, layers: int):
@@ -535,18 +574,22 @@ def _planner_model(rng: random.Random, layers: int):
                  block="llama" if llama else "gpt", tied=rng.random() < 0.5)
 
 
-def _memory_case(rng: random.Random, _world: int, pp: tuple = (1,), zero: tuple = (0, 1, 2, 3),
-                 recompute: tuple = ("none", "selective", "full"), more_micro_batches: bool = False) -> Case:
+def _memory_case(rng: random.Random, world: int, pp: tuple = (1,), zero: tuple = (0, 1, 2, 3),
+                 recompute: tuple = ("none", "selective", "full"), more_micro_batches: bool = False,
+                 sequence_parallel: Optional[bool] = None, measured: bool = False) -> Case:
+    if measured:
+        return _measured_memory_case(rng, world, pp, zero, recompute, more_micro_batches)
     from lib.planner import Cluster, H100_80GB, check, memory_breakdown
 
     stages = rng.choice(pp)
     model = _planner_model(rng, layers=stages * rng.randint(1 if stages > 1 else 2, 96 // stages))
-    tp = rng.choice([t for t in (1, 2, 4, 8) if model.heads % t == 0])
+    # With sequence_parallel given, tensor parallelism is real (tp > 1), so that its terms are the lesson.
+    tp = rng.choice([t for t in (1, 2, 4, 8) if model.heads % t == 0 and (sequence_parallel is None or t > 1)])
+    sp = tp > 1 and rng.random() < 0.5 if sequence_parallel is None else sequence_parallel
     dp, micro_batch = rng.choice([2, 4, 8, 16, 64]), rng.choice([1, 2, 4])
-    # m: at most pp (1F1B holds m) or more than pp (it holds pp); at least 2 so that one micro-batch is wrong.
-    m = stages + rng.randint(1, 8) if more_micro_batches else rng.randint(2, max(2, stages))
+    m = _micro_batches(rng, stages, more_micro_batches)
     plan = Plan(tp=tp, pp=stages, dp=dp, global_batch=dp * micro_batch * m, micro_batch=micro_batch,
-                zero=rng.choice(zero), recompute=rng.choice(recompute), sequence_parallel=tp > 1 and rng.random() < 0.5)
+                zero=rng.choice(zero), recompute=rng.choice(recompute), sequence_parallel=sp)
     check(model, Cluster(gpu=H100_80GB, gpus=plan.gpus), plan)
     expected = sum(memory_breakdown(model, plan).values())
     assert abs(_first_stage_bytes(model, plan) - expected) <= 1e-12 * expected, "the statement and lib.planner differ"
@@ -558,12 +601,17 @@ def _memory_case(rng: random.Random, _world: int, pp: tuple = (1,), zero: tuple 
 
 
 plan_memory = Puzzle(
-    "plan_memory", NOTEBOOK, _memory_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
+    "plan_memory", NOTEBOOK, _memory_case, world_sizes=(1,) * 5, takes_dist=False, rtol=1e-9, atol=0,
     off_limits=PLANNER_ANSWERS, off_limits_advice=PLANNER_ADVICE, real_cell=False, mistakes=PLAN_MISTAKES,
-    # Each seed: ZeRO-3 on a pipeline without recomputation; pp=1 (the head on the first stage) with ZeRO-1 or 2 and
-    # selective recomputation; ZeRO-0 with full recomputation and more micro-batches than stages.
-    variants=[{"pp": (2, 4, 8), "zero": (3,), "recompute": ("none",)},
-              {"pp": (1,), "zero": (1, 2), "recompute": ("selective",)},
+    # Each seed, two tiny GPTs measured: a pipeline holding pp micro-batches, with ZeRO-1 or 3, without or with
+    # selective recomputation; one holding m, ZeRO-0 or 2, full recomputation. Then three at real sizes, against
+    # the formulas: ZeRO-3 on a pipeline, sequence parallel, no recomputation; pp=1 (the head on the first stage),
+    # TP without sequence parallelism, ZeRO-1 or 2, selective; ZeRO-0, full, more micro-batches than stages.
+    variants=[{"measured": True, "pp": (2, 4), "zero": (1, 3), "recompute": ("none", "selective"),
+               "more_micro_batches": True},
+              {"measured": True, "pp": (2, 4), "zero": (0, 2), "recompute": ("full",)},
+              {"pp": (2, 4, 8), "zero": (3,), "recompute": ("none",), "sequence_parallel": True},
+              {"pp": (1,), "zero": (1, 2), "recompute": ("selective",), "sequence_parallel": False},
               {"pp": (2, 4), "zero": (0,), "recompute": ("full",), "more_micro_batches": True}],
     hints=["Three terms. The first stage's parameters: layers // pp blocks of model.layer_params, the embedding "
            "(model.embedding_params) and, when pp = 1, the head (model.head_params); all of it over tp. Their model "
@@ -573,7 +621,8 @@ plan_memory = Puzzle(
            "plan.micro_batch, model.hidden, model.heads, t=plan.tp, sequence_parallel=..., recompute=...).",
            "Multiply the activations by the micro-batches in flight on the first stage under 1F1B: "
            "first_stage_in_flight(plan.pp, plan.micro_batches), min(pp, m)."],
-    describe="Peak bytes on a GPU of the first pipeline stage of a plan, as lib.planner's memory model counts them.")
+    describe="Peak bytes on a GPU of the first pipeline stage of a plan, as lib.planner's memory model counts them "
+             "and a built stage measures them.")
 
 
 # ---- 6. choosing a plan ------------------------------------------------------------------------------------------
@@ -593,30 +642,64 @@ def plan_summary(fn: Callable, dist, model, cluster, global_batch: int) -> dict:
     return {"fits": e.fits, "tokens per second": e.tokens_per_second}
 
 
-def _plan_case(rng: random.Random, n: int, long: bool = False) -> Case:
-    from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError, best_plan
+# What ranking the plans by HFU returns on each case drawn for it: lib.planner's search, which a mistake cannot call
+# (it is refused inside the check, where the mistakes run as the learner's function does).
+_RANKED_BY_HFU: dict = {}
+
+
+def _ranked_by_hfu(model, cluster, global_batch: int):
+    """Ranking the plans that fit by HFU: MFU with recomputation's FLOPs counted."""
+    return _RANKED_BY_HFU[model, cluster, global_batch]
+
+
+RECOMPUTE_PAYS = 1e-3         # the highest-HFU plan trains at least this much slower than the fastest, relatively
+
+
+def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = False) -> Case:
+    from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError
+    from lib.planner.search import fitting_plans, top
 
     while True:                                   # a model, cluster and batch where some plan fits
-        heads = rng.choice([48, 64] if long else [32, 40, 48, 64])     # 3B to 40B parameters: memory decides
-        model = Model(layers=rng.choice([40, 48] if long else [24, 32, 40, 48]), hidden=heads * 128, heads=heads,
-                      seq=8192 if long else rng.choice([4096, 8192]), vocab=rng.choice([32000, 50304]))
-        cluster = Cluster(gpu=A100_80GB if long else rng.choice([A100_80GB, H100_80GB]),
-                          gpus=8 if long else rng.choice([8, 16]), gpus_per_node=8)
-        batch = rng.choice([32, 64])
+        if short:                                 # 1K tokens, 15B to 52B parameters: recomputing all hides DP
+            heads = rng.choice([40, 48, 64])
+            model = Model(layers=rng.choice([48, 64]), hidden=heads * 128, heads=heads, seq=1024,
+                          vocab=rng.choice([32000, 50304]))
+            cluster = Cluster(gpu=rng.choice([A100_80GB, H100_80GB]), gpus=rng.choice([16, 32]), gpus_per_node=8)
+            batch = rng.choice([16, 32])
+        else:
+            heads = rng.choice([48, 64] if long else [32, 40, 48, 64])     # 3B to 40B parameters: memory decides
+            model = Model(layers=rng.choice([40, 48] if long else [24, 32, 40, 48]), hidden=heads * 128, heads=heads,
+                          seq=8192 if long else rng.choice([4096, 8192]), vocab=rng.choice([32000, 50304]))
+            cluster = Cluster(gpu=A100_80GB if long else rng.choice([A100_80GB, H100_80GB]),
+                              gpus=8 if long else rng.choice([8, 16]), gpus_per_node=8)
+            batch = rng.choice([32, 64])
         try:
-            best = best_plan(model, cluster, batch, virtual_stages=[1])
-            break
+            fitting = fitting_plans(model, cluster, batch, virtual_stages=[1])
         except PlanError:
             continue
+        best = top(fitting)
+        if not short:
+            break
+        # The short case keeps a draw where the plan of highest HFU is not the fastest: ranking by it then fails.
+        by_hfu = top(fitting, "hfu")
+        if by_hfu.tokens_per_second < (1 - RECOMPUTE_PAYS) * best.tokens_per_second:
+            _RANKED_BY_HFU[model, cluster, batch] = by_hfu.plan
+            break
     expected = {"fits": True, "tokens per second": best.tokens_per_second}
     return Case(n, (model, cluster, batch), [expected],
                 f"{model.layers} layers, hidden {model.hidden}, {heads} heads, s={model.seq} on "
-                f"{cluster.gpus} × {cluster.gpu.name}, batch {batch}")
+                f"{cluster.gpus} × {cluster.gpu.name}, batch {batch}"
+                + (": here the plan of highest HFU is not the fastest" if short else ""))
 
 
 choose_plan = Puzzle(
     "choose_plan", NOTEBOOK, _plan_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
-    variants=[{"long": True}],        # 8K tokens on 8 A100s: activations decide what fits
+    # 8K tokens on 8 A100s, where activations decide what fits; 1K tokens, where HFU and throughput disagree
+    variants=[{"long": True}, {"short": True}],
+    mistakes=[Mistake(_ranked_by_hfu, "ranking the plans by HFU gives: HFU counts the FLOPs of recomputation, "
+                                      "which train nothing, so a plan that recomputes every forward can have the "
+                                      "highest HFU and still train fewer tokens per second. Rank by tokens per "
+                                      "second (for one model and batch, the same order as MFU).")],
     hints=["Loop over every tp dividing cluster.gpus_per_node, every pp dividing model.layers, dp = cluster.gpus "
            "// (tp·pp) (skip when it does not fill the cluster or divide the batch), every zero in 0..3, every "
            "micro_batch dividing global_batch // dp and every recompute in ('none', 'selective', 'full').",

@@ -54,15 +54,33 @@ def plans(model: Model, cluster: Cluster, global_batch: int, *, tp: Optional[Seq
             yield plan
 
 
-def best_plan(model: Model, cluster: Cluster, global_batch: int, **space) -> Estimate:
+RANKINGS = ("tokens_per_second", "mfu", "hfu")
+
+
+def best_plan(model: Model, cluster: Cluster, global_batch: int, *, by: str = "tokens_per_second",
+              **space) -> Estimate:
     """The estimate of the fastest plan (tokens per second) that fits in memory. Plans within a relative 1e-9 of
     the fastest tie, and the first of them in the order of `plans` wins: the simplest. `space` narrows the search
-    as `plans` takes it; PlanError if nothing fits."""
-    _not_inside_a_check("best_plan")
+    as `plans` takes it; PlanError if nothing fits. by="hfu" ranks by hardware FLOPs utilisation instead: the
+    plan a search misled by recomputation's FLOPs picks (by="mfu" ranks as tokens per second do)."""
+    return top(fitting_plans(model, cluster, global_batch, **space), by)
+
+
+def fitting_plans(model: Model, cluster: Cluster, global_batch: int, **space) -> list[Estimate]:
+    """The estimates of the plans of a space (as `plans` takes it) that fit in memory, in the order of `plans`;
+    PlanError if none does."""
+    _not_inside_a_check("fitting_plans")
     fitting = [e for e in (estimate(model, cluster, plan) for plan in plans(model, cluster, global_batch, **space))
                if e.fits]
     if not fitting:
         raise PlanError(f"no plan of this space fits in the {cluster.gpu.memory / 1e9:g} GB of an {cluster.gpu.name}: "
                         f"allow recomputation, a higher ZeRO stage, smaller micro-batches or more GPUs")
-    fastest = max(e.tokens_per_second for e in fitting)
-    return next(e for e in fitting if math.isclose(e.tokens_per_second, fastest, rel_tol=TIE))
+    return fitting
+
+
+def top(estimates: Sequence[Estimate], by: str = "tokens_per_second") -> Estimate:
+    """The first of `estimates` within a relative 1e-9 of the highest `by` (a field of Estimate, one of RANKINGS)."""
+    if by not in RANKINGS:
+        raise PlanError(f"by must be one of {', '.join(RANKINGS)}, got {by!r}")
+    highest = max(getattr(e, by) for e in estimates)
+    return next(e for e in estimates if math.isclose(getattr(e, by), highest, rel_tol=TIE))

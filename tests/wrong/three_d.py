@@ -155,6 +155,12 @@ def plan_ignoring_activation_memory(model, cluster, global_batch):
     return _search(model, cluster, global_batch, lambda e: e.tokens_per_second, states)
 
 
+def plan_by_mfu_counting_recomputation(model, cluster, global_batch):
+    """MFU with recomputation's FLOPs counted, which is HFU: full recomputation wins where its FLOPs hide the
+    data-parallel traffic, though it trains fewer tokens per second."""
+    return _search(model, cluster, global_batch, lambda e: e.hardware_flops / e.step_time, lambda e, c: e.fits)
+
+
 def plan_from_best_plan(model, cluster, global_batch):
     """The library's search: the answer key, refused inside a check."""
     return best_plan(model, cluster, global_batch, virtual_stages=[1]).plan
@@ -168,12 +174,13 @@ def _memory(model, plan, mistake=""):
     if mistake == "states over tp·dp":
         states = 16 * params / plan.dp
     else:
-        states = model_state_bytes(params, plan.dp, plan.zero)
+        states = model_state_bytes(params, plan.dp, 0 if mistake == "no zero" else plan.zero)
     if plan.zero == 3 and mistake != "no gathered blocks":
         states += 6 * model.layer_params / plan.tp
     recompute = "none" if mistake == "no recomputation" else plan.recompute
-    layer = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, plan.tp,
-                                       plan.sequence_parallel, recompute)
+    sp = {"no sequence parallelism": False, "every activation over tp": True}.get(mistake, plan.sequence_parallel)
+    layer = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, plan.tp, sp,
+                                       recompute)
     in_flight = {"one micro-batch": 1, "every micro-batch": plan.micro_batches}.get(mistake,
                                                                                  min(plan.pp, plan.micro_batches))
     return states + blocks * layer * in_flight
@@ -200,8 +207,23 @@ def memory_states_over_tp_dp_without_zero(model, plan):
     return _memory(model, plan, "states over tp·dp")
 
 
+def memory_ignoring_zero(model, plan):
+    """16 bytes a parameter on every GPU, as if every plan ran ZeRO-0."""
+    return _memory(model, plan, "no zero")
+
+
 def memory_ignoring_recomputation(model, plan):
     return _memory(model, plan, "no recomputation")
+
+
+def memory_ignoring_sequence_parallelism(model, plan):
+    """Korthikanti's TP term sbh(10 + 24/t + 5as/(ht)) whether or not the plan shards the norms along the sequence."""
+    return _memory(model, plan, "no sequence parallelism")
+
+
+def memory_dividing_every_activation_by_tp(model, plan):
+    """sbh(34 + 5as/h)/t under TP alone: the norms' and dropouts' 10sbh are replicated, not split, without SP."""
+    return _memory(model, plan, "every activation over tp")
 
 
 WRONG = [
@@ -220,7 +242,11 @@ WRONG = [
     ("plan_memory", memory_of_one_micro_batch, "expected", "one micro-batch's activations"),
     ("plan_memory", memory_of_every_micro_batch, "expected", "all m micro-batches' activations"),
     ("plan_memory", memory_states_over_tp_dp_without_zero, "expected", "whatever the ZeRO stage"),
+    ("plan_memory", memory_ignoring_zero, "expected", "ignoring ZeRO"),
     ("plan_memory", memory_ignoring_recomputation, "expected", "ignoring recomputation"),
+    ("plan_memory", memory_ignoring_sequence_parallelism, "expected", "ignoring sequence parallelism"),
+    ("plan_memory", memory_dividing_every_activation_by_tp, "expected", "dividing every activation by tp"),
     ("choose_plan", plan_ignoring_activation_memory, "result['fits']: expected True"),
+    ("choose_plan", plan_by_mfu_counting_recomputation, "result['tokens per second']", "ranking the plans by HFU"),
     ("choose_plan", plan_from_best_plan, "write that search"),
 ]
