@@ -30,6 +30,7 @@ from lib.device import device
 from lib.diagnose import Mistake, diagnose
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed, raised_the_stub
+from lib.first_use import draw_ahead
 from lib.offlimits import call_watched
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
@@ -658,3 +659,7 @@ def _in_notebook() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+if _in_notebook():          # the notebook's setup cell imports this: the kernel's first figure is drawn now, not
+    draw_ahead()            # after the learner's first check (lib.first_use)
