@@ -374,9 +374,13 @@ class Puzzle:
         if outcome.ok:
             print(outcome.message)
             if show and _in_notebook():
+                import matplotlib
                 from IPython.display import display
+
+                from lib.viz import RENDER_RC
                 for figure in self.picture(outcome, fn):
-                    display(figure)
+                    with matplotlib.rc_context(RENDER_RC):
+                        display(figure)
             return True
         if outcome.status == UNATTEMPTED:
             print(f"○ {outcome.message}")

@@ -27,10 +27,13 @@ def import_ahead(*uses: str) -> None:
 def draw_ahead() -> None:
     """Draw and render, as a notebook displays it (PNG, tight bounding box), a figure with the artists a check's
     pictures use: bars, steps, lines, a legend, a title, tick labels, in both layout engines. Nothing is shown."""
+    import matplotlib
     import matplotlib.pyplot as plt
     from IPython.core.pylabtools import print_figure
     from IPython.display import display  # noqa: F401  (imported for the first check's pictures)
     from matplotlib.patches import Patch
+
+    from lib.viz import RENDER_RC
 
     for layout in ("constrained", None):
         fig, ax = plt.subplots(figsize=(3, 2), layout=layout)
@@ -47,4 +50,5 @@ def draw_ahead() -> None:
         if layout is None:
             fig.tight_layout()
         plt.close(fig)
-        print_figure(fig, "png", bbox_inches="tight")
+        with matplotlib.rc_context(RENDER_RC):
+            print_figure(fig, "png", bbox_inches="tight")
