@@ -408,8 +408,9 @@ class Puzzle:
             shown, scale = result, outcome.scale or ""
             if self.display is not None and outcome.scale is None and fn is not None:
                 cost, scale = self.display(case)
-                shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected,
-                            faults=case.faults)
+                with one_thread():         # as the check's own runs: intra-op threads only spin on tiny tensors
+                    shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected,
+                                faults=case.faults)
             figures.append(shown.timeline(title=f"{title}\n{scale}" if scale else title))
         if any(b.metric == "peak_memory" for b in case.budgets):
             from lib.viz.plots import memory_over_time_figure
