@@ -30,6 +30,7 @@ from lib.device import device
 from lib.diagnose import Mistake, diagnose
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed, raised_the_stub
+from lib.first_use import draw_ahead
 from lib.offlimits import call_watched
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
@@ -373,9 +374,13 @@ class Puzzle:
         if outcome.ok:
             print(outcome.message)
             if show and _in_notebook():
+                import matplotlib
                 from IPython.display import display
+
+                from lib.viz import RENDER_RC
                 for figure in self.picture(outcome, fn):
-                    display(figure)
+                    with matplotlib.rc_context(RENDER_RC):
+                        display(figure)
             return True
         if outcome.status == UNATTEMPTED:
             print(f"○ {outcome.message}")
@@ -403,8 +408,9 @@ class Puzzle:
             shown, scale = result, outcome.scale or ""
             if self.display is not None and outcome.scale is None and fn is not None:
                 cost, scale = self.display(case)
-                shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected,
-                            faults=case.faults)
+                with one_thread():         # as the check's own runs: intra-op threads only spin on tiny tensors
+                    shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected,
+                                faults=case.faults)
             figures.append(shown.timeline(title=f"{title}\n{scale}" if scale else title))
         if any(b.metric == "peak_memory" for b in case.budgets):
             from lib.viz.plots import memory_over_time_figure
@@ -658,3 +664,7 @@ def _in_notebook() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+if _in_notebook():          # the notebook's setup cell imports this: the kernel's first figure is drawn now, not
+    draw_ahead()            # after the learner's first check (lib.first_use)

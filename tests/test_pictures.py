@@ -130,3 +130,12 @@ def test_a_timeline_after_a_check_is_drawn_at_the_scale_its_title_names(puzzle, 
     assert len(runs) == (0 if timeless else 1)
     toy = puzzle.picture(outcome)[0].axes[0].get_title()           # without the function: the check's own run
     assert ("drawn as if" in toy) == timeless
+
+
+def test_the_setup_cells_throwaway_figure_renders_and_leaves_no_figure_open():
+    from lib.first_use import draw_ahead
+
+    before = plt.get_fignums()
+    draw_ahead()
+    assert plt.get_fignums() == before
+    assert matplotlib.rcParams["text.hinting"] == matplotlib.rcParamsDefault["text.hinting"]   # scoped to the render

@@ -45,20 +45,6 @@ def written_args(func) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return known
 
 
-def tensors_in(args, kwargs) -> Iterator[torch.Tensor]:
-    """Every tensor among an op's arguments (they nest at most in lists and tuples)."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
-    for a in kwargs.values():
-        if isinstance(a, torch.Tensor):
-            yield a
-
-
 def tensors_within(obj, seen: Optional[set] = None) -> Iterator[torch.Tensor]:
     """Every tensor reachable in `obj`: tensors (and their .grad), modules' parameters and buffers, lists,
     tuples, sets, dicts, dataclasses and objects' attributes."""
@@ -110,21 +96,36 @@ class Ownership:
               written: Optional[tuple] = None) -> Optional[SharedMemory]:
         """The rule `func` would break if rank `rank` ran it on these arguments, or None. Runs on every op
         of every rank: written for speed (`written`: the op's written_args, when the caller has them)."""
-        owners = self.owners
-        for t in tensors_in(args, kwargs):
-            owner = owners.get(t.untyped_storage()._cdata)
-            if owner is not None and owner != rank:
-                return self._read_error(rank, owner, func)
+        owners, tensor = self.owners, torch.Tensor
+        for a in args:                     # tensors nest at most in lists and tuples; a loop, not a generator
+            if isinstance(a, tensor):
+                owner = owners.get(a.untyped_storage()._cdata)
+                if owner is not None and owner != rank:
+                    return self._read_error(rank, owner, func)
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, tensor):
+                        owner = owners.get(b.untyped_storage()._cdata)
+                        if owner is not None and owner != rank:
+                            return self._read_error(rank, owner, func)
+        if kwargs:
+            for a in kwargs.values():
+                if isinstance(a, tensor):
+                    owner = owners.get(a.untyped_storage()._cdata)
+                    if owner is not None and owner != rank:
+                        return self._read_error(rank, owner, func)
         positions, names = written_args(func) if written is None else written
         for i in positions:
             t = args[i] if i < len(args) else None
-            if isinstance(t, torch.Tensor) and owners.get(t.untyped_storage()._cdata) != rank:
+            if isinstance(t, tensor) and owners.get(t.untyped_storage()._cdata) != rank:
                 return self._write_error(rank, owners.get(t.untyped_storage()._cdata), func)
+        if not kwargs:
+            return None
         for name in names:
             t = kwargs.get(name)
-            if isinstance(t, torch.Tensor) and owners.get(t.untyped_storage()._cdata) != rank:
+            if isinstance(t, tensor) and owners.get(t.untyped_storage()._cdata) != rank:
                 return self._write_error(rank, owners.get(t.untyped_storage()._cdata), func)
-        generator = kwargs.get("generator") if kwargs else None
+        generator = kwargs.get("generator")
         if generator is not None and generator is not torch.default_generator:
             first = self._generators.setdefault(id(generator), (generator, rank))[1]
             if first != rank:
