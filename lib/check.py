@@ -135,6 +135,8 @@ class Case:
     contracts: list[Contract] = field(default_factory=list)
     raises: Optional[type] = None        # the exception the statement asks for on these arguments (then no expected)
     faults: dict = field(default_factory=dict)   # {rank: k}: rank dies at its k-th communication call (lib.sim.run)
+    mistakes: tuple = ()                 # known wrong answers of this case alone (their answer drawn with it), named
+                                         # as the puzzle's are
 
     def __post_init__(self) -> None:
         _refuse_inside_learner()
@@ -318,7 +320,8 @@ class Puzzle:
         for rank, (want, got) in enumerate(zip(case.expected, result.results)):
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
-                found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes, wrap=self.wrap,
+                found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes + case.mistakes,
+                                 wrap=self.wrap,
                                  factors=case.factors, rtol=self.rtol, atol=self.atol)
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
         for contract in case.contracts:
