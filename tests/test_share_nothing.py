@@ -6,6 +6,7 @@ Every pattern "sums x over the ranks" without communicating it, the way a learne
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
@@ -230,6 +231,43 @@ def test_the_issue_example_fails_the_ring_all_reduce_check(capsys):
     assert ring_all_reduce.check(sharing_ring, strict=False, show=False) is False
     out = capsys.readouterr().out
     assert "SharedMemory" in out and "read a tensor that rank" in out
+
+
+def environment_between_ranks(dist, x):
+    """Rank 0 leaves its numbers in an environment variable for rank 1 (threads share os.environ)."""
+    if dist.get_rank() == 0:
+        os.environ["COURSE_TEST_SHARED_X"] = ",".join(str(v) for v in x.tolist())
+        dist.barrier()
+        return x
+    dist.barrier()
+    return x + torch.tensor([float(v) for v in os.environ["COURSE_TEST_SHARED_X"].split(",")])
+
+
+def test_environment_variables_are_each_ranks_own():
+    """A variable set by rank 0 is not there for rank 1, as in processes; the KeyError says why; the caller's
+    environment is the real one again afterwards, without what the ranks set."""
+    with pytest.raises(RankFailed) as info:
+        lib.sim.run(environment_between_ranks, WORLD, per_rank(_xs()))
+    message = str(info.value)
+    assert "rank 1" in message and "which rank 0 set during the run" in message
+    assert "Send the value with dist" in message
+    assert "COURSE_TEST_SHARED_X" not in os.environ and type(os.environ) is os._Environ
+
+    def own_and_others(dist):
+        rank = dist.get_rank()
+        os.environ[f"COURSE_TEST_RANK_{rank}"] = str(rank)
+        dist.barrier()
+        return (os.environ[f"COURSE_TEST_RANK_{rank}"], os.environ.get(f"COURSE_TEST_RANK_{1 - rank}"),
+                os.environ.get("PATH") == PATH)
+    PATH = os.environ.get("PATH")
+    assert lib.sim.run(own_and_others, WORLD).results == [("0", None, True), ("1", None, True)]
+    assert not any(k.startswith("COURSE_TEST_RANK_") for k in os.environ)
+
+
+@pytest.mark.slow
+def test_environment_between_ranks_fails_on_real_processes_too():
+    outcome = _real(environment_between_ranks)
+    assert isinstance(outcome, RankFailed) and "KeyError" in str(outcome), outcome
 
 
 # ---- what stays allowed ------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ makes every run deterministic and makes deadlock a plain fact: every live rank i
 wait can be satisfied.
 
 Ranks behave like processes: each owns what it allocates (lib.sim.ownership), starts from a copy of
-the global random state as a forked process would, and every thread is joined before `run` returns.
+the global random state as a forked process would, has its own environment variables (lib.sim.environ), and
+every thread is joined before `run` returns.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from lib.errors import PuzzleError, RankFailed
 from lib.sim import boundary, context, threads
+from lib.sim.environ import own_environments
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
 from lib.sim.cost import CostModel
@@ -287,7 +289,7 @@ class Runtime:
                                             name=f"sim-rank-{state.rank}", daemon=True)
             state.thread.start()
         deadline = time.monotonic() + self.timeout
-        with labelled_output(current_rank):
+        with labelled_output(current_rank), own_environments():
             try:
                 self._schedule(deadline)
             except BaseException as e:
