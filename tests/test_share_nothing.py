@@ -16,7 +16,7 @@ import torch
 import lib
 import lib.sim
 from lib.errors import RankFailed
-from lib.sim import SharedMemory, per_rank
+from lib.sim import OutOfView, SharedMemory, per_rank
 from lib.sim.ownership import Ownership
 
 WORLD = 2
@@ -268,6 +268,28 @@ def test_environment_variables_are_each_ranks_own():
 def test_environment_between_ranks_fails_on_real_processes_too():
     outcome = _real(environment_between_ranks)
     assert isinstance(outcome, RankFailed) and "KeyError" in str(outcome), outcome
+
+
+def file_between_ranks(dist, x, path):
+    """Rank 0 writes its numbers to a file that rank 1 reads: it works between processes of one machine, not
+    across machines, and the simulator would count none of it."""
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            f.write(",".join(str(v) for v in x.tolist()))
+        dist.barrier()
+        return x
+    dist.barrier()
+    return x + torch.tensor([float(v) for v in path.read_text().split(",")])
+
+
+def test_files_are_out_of_the_simulators_view(tmp_path):
+    with pytest.raises(OutOfView) as info:
+        lib.sim.run(file_between_ranks, WORLD, per_rank(_xs()), tmp_path / "x.txt")
+    assert "rank 0 called open (a file)" in str(info.value) and "Hint:" in str(info.value)
+    assert not (tmp_path / "x.txt").exists()
+    with pytest.raises(OutOfView, match="rank 1 called open"):        # pathlib's reads too
+        lib.sim.run(lambda dist, p: p.read_text() if dist.get_rank() else "", WORLD, tmp_path)
+    assert (tmp_path / "y.txt").write_text("outside a run, files are files") > 0
 
 
 # ---- what stays allowed ------------------------------------------------------------------------------------

@@ -12,15 +12,20 @@ switch the tracker off or run work where it is not. Inside a simulated rank:
   code is refused (the work would not be counted), and so is disabling saved-tensor hooks; a learner's
   saved-tensor hooks entered inside the check's own measuring hooks are composed with them, not hiding from them;
 - looking at other threads' frames or at the garbage collector's objects is refused (that is where the check's
-  cases and the other ranks' inputs live).
+  cases and the other ranks' inputs live);
+- opening a file is refused: what goes through a file is neither counted nor sent (a rank could leave its data
+  there for another, as processes of one machine could, but not ranks on different machines).
 Outside a simulated rank, and for torch's and the engine's own calls, every patch does exactly what torch does.
 """
 
 from __future__ import annotations
 
 import _thread
+import builtins
 import functools
 import gc
+import io
+import os
 import sys
 import threading
 from pathlib import Path
@@ -91,6 +96,8 @@ def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
 
 _HIDDEN_WORK = ("work there runs outside the simulator's view, so its time, FLOPs and memory would not count.\n"
                 "Hint: compute in your function's own thread, with torch's ordinary ops.")
+_FILES = ("the simulator does not see what goes through a file, and ranks on different machines share none.\n"
+          "Hint: pass data between ranks with dist, and keep what a rank needs in tensors of its own.")
 _PEEKING = ("other threads and the garbage collector hold the check's own cases and every rank's inputs.\n"
             "Hint: use only the arguments your function receives; get other ranks' data through dist.")
 
@@ -195,6 +202,8 @@ def install() -> None:
                                                  _PEEKING)
     for name in ("get_objects", "get_referrers", "get_referents"):
         setattr(gc, name, _refusing_from_learner(getattr(gc, name), f"gc.{name}", _PEEKING))
+    builtins.open = io.open = _refusing_from_learner(builtins.open, "open (a file)", _FILES)
+    os.open = _refusing_from_learner(os.open, "os.open (a file)", _FILES)
 
 
 _original_save = torch.serialization.save
