@@ -9,6 +9,7 @@ the bytes (and, across two datacenters, the simulated time) by the algorithm's f
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 from typing import Optional
@@ -21,7 +22,7 @@ from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
 from lib.first_use import import_ahead
-from lib.measure import counted_time
+from lib.measure import Work, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
@@ -31,7 +32,7 @@ from lib.viz.timeline import training_display
 import_ahead("optimizer")
 
 NOTEBOOK = "09_beyond_one_cluster"
-SIZES = (8, 16, 16, 4)
+SIZES = (8, 16, 4)
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9          # DiLoCo's outer Nesterov SGD (Douillard et al. 2023, section 3)
 # Two datacenters joined by a wide-area link: 100 Gb/s per GPU and 10 ms per message (CostModel's defaults).
 WAN = CostModel()
@@ -120,6 +121,29 @@ def _diloco_budgets(model, world: int, rounds: int, inner_steps: int, cost: Cost
                         "of all parameters as one flat tensor (torch.cat), once per round.")]
 
 
+@functools.lru_cache(maxsize=8)
+def _worker_work(local: int) -> tuple[Work, Work, Work]:
+    """One worker's DiLoCo of `local` samples per batch, counted as a rank counts it, for (H, rounds) = (1, 1),
+    (2, 1) and (1, 2). What a rank counts depends on the shapes alone, not on the values: counted once per `local`."""
+    model = mlp(SIZES)
+    (batches,), _ = sharded_batches(0, SIZES, 1, local, 2)
+
+    def counted(h: int, rounds: int) -> Work:
+        return counted_work(lambda: diloco_reference(model, [batches[:h * rounds]], h, 1e-2, OUTER_LR,
+                                                     OUTER_MOMENTUM))[1]
+    return counted(1, 1), counted(2, 1), counted(1, 2)
+
+
+def worker_compute(local: int, inner_steps: int, rounds: int, cost: CostModel) -> float:
+    """The seconds a worker's clock counts for its own H inner steps and outer step per round, alone (diloco_reference
+    on one worker's batches): the first step and round set up the optimizers' state, every later inner step and every
+    later round's outer step repeat the same ops, so three short counted runs price any H and number of rounds."""
+    once, two_steps, two_rounds = (work.seconds(cost) for work in _worker_work(local))
+    step = two_steps - once                               # a later inner step
+    round_end = two_rounds - once - step                  # a later round's pseudo-gradient and outer step
+    return once + (rounds * inner_steps - 1) * step + (rounds - 1) * round_end
+
+
 def _diloco_case(rng: random.Random, world: int) -> Case:
     model = mlp(SIZES, seed=rng.randrange(2**31))
     inner_steps, rounds, local = rng.randint(2, 4), rng.randint(2, 3), rng.randint(2, 5)
@@ -128,9 +152,7 @@ def _diloco_case(rng: random.Random, world: int) -> Case:
     shards, _ = sharded_batches(rng.randrange(2**31), SIZES, world, local, rounds * inner_steps)
     cost = two_datacenters(world)
     expected = diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
-    # A worker's compute: its own H inner steps and outer step per round, timed as a rank's clock counts them.
-    _, compute = counted_time(lambda: diloco_reference(model, shards[:1], inner_steps, inner_lr, outer_lr, momentum),
-                              cost)
+    compute = worker_compute(local, inner_steps, rounds, cost)
     return Case(world, (model, per_rank(shards), inner_steps, inner_lr, outer_lr, momentum), [expected] * world,
                 f"N={world} workers in 2 datacenters, H={inner_steps} inner steps × {rounds} rounds of {local} "
                 f"samples, inner lr {inner_lr:g}, outer lr {outer_lr:.3g}, momentum {momentum:g}",

@@ -248,7 +248,7 @@ RING_HINTS = [
 
 
 ring_attention = _attention_puzzle(
-    "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 8), variants=[{"scale": LARGE}],
+    "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 6), variants=[{"scale": LARGE}],
     oracle=_ring_oracle, oracle_name=GATHERED, hints=RING_HINTS,
     describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
 

@@ -89,3 +89,18 @@ def test_shard_bounds_tile_the_state_in_rank_order_as_dtensor_does(total, world)
     import torch
     sizes = [len(c) for c in torch.arange(total).chunk(world)]          # DTensor's Shard(0) uses torch.chunk
     assert [hi - lo for lo, hi in bounds][:len(sizes)] == sizes
+
+
+@pytest.mark.parametrize("local,inner_steps,rounds", [(2, 2, 2), (5, 4, 3), (3, 3, 2)])
+def test_diloco_worker_compute_equals_counting_the_whole_reference(local, inner_steps, rounds):
+    """diloco_train's time budget prices a worker's compute from three short counted runs: it must equal counting
+    one worker's whole single-process DiLoCo, whatever the weights, learning rates and momentum."""
+    import puzzles.beyond as P
+    from lib.measure import counted_time
+    from lib.models import mlp, sharded_batches
+
+    cost = P.two_datacenters(3)
+    model = mlp(P.SIZES, seed=local + inner_steps)
+    shards, _ = sharded_batches(rounds, P.SIZES, 2, local, rounds * inner_steps)
+    _, whole = counted_time(lambda: P.diloco_reference(model, shards[:1], inner_steps, 3e-2, 0.5, 0.8), cost)
+    assert P.worker_compute(local, inner_steps, rounds, cost) == pytest.approx(whole, rel=1e-12)
