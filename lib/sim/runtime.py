@@ -85,7 +85,11 @@ class RankState:
         self.stuck = False               # its thread would not stop when interrupted
         self.result: Any = None
         self.abort = False
-        self.resume = threading.Semaphore(0)
+        # The baton: held (locked) while the rank waits, released by whoever hands it the baton. A bare lock, which
+        # another thread may release: half the CPU of a threading.Semaphore per switch, and a check switches ranks
+        # at every collective.
+        self.resume = threading.Lock()
+        self.resume.acquire()
         self.thread: Optional[threading.Thread] = None
         self.rng: Optional[torch.Tensor] = None     # the global random state while another rank runs
         self.tracker = RankTracker(on_work=self._add_work, now=lambda: self.clock, on_transfer=self._transfer,

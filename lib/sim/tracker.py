@@ -20,7 +20,6 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from lib.sim.errors import InvalidCall
@@ -30,6 +29,7 @@ HOST = torch.device("cpu", 1)
 PYTHON_NUMBER_BYTES = 24                # a Python float or int object
 LIST_SLOT_BYTES = 8                     # its slot in a list
 DEVICE, ON_HOST, NEUTRAL = 0, 1, 2      # where a storage lives
+_BIT = (1, 2, 4)                        # a place as a bit, to collect an op's places in one int
 # Ops that may take a host tensor and a device tensor together, as on a GPU.
 _CROSSING = {torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}
 # Ops that wrap memory allocated outside the dispatcher (torch.tensor(list), torch.as_tensor, torch.from_numpy):
@@ -140,6 +140,19 @@ def _shape(x):
     return x
 
 
+def _tensors(values) -> list:
+    """The tensors among `values` and inside their lists and tuples, however nested (an op's arguments or
+    outputs), in order: torch's tree_flatten does the same at ten times the cost, and runs on every op."""
+    found, pending = [], list(reversed(values))
+    while pending:
+        v = pending.pop()
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            pending.extend(reversed(v))
+    return found
+
+
 def _raise(error: Exception) -> None:
     raise error
 
@@ -214,9 +227,8 @@ class RankTracker(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             self.adopt_storage(out.untyped_storage(), place)
         else:
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self.adopt(t, place)
+            for t in _tensors(out if isinstance(out, (list, tuple)) else ()):
+                self.adopt(t, place)
         return out
 
     def _placement(self, func, args, kwargs) -> int:
@@ -228,18 +240,32 @@ class RankTracker(TorchDispatchMode):
                 return ON_HOST if target == HOST else DEVICE
         if not self._hosted:
             return DEVICE                  # nothing on the host yet: the common, fast case
-        seen = {self._place(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() > 0}
-        places = seen - {NEUTRAL}
-        if len(places) > 1 and func not in _CROSSING:
+        seen = self._places(args)
+        if kwargs:
+            seen |= self._places(kwargs.values())
+        if seen & _BIT[DEVICE] and seen & _BIT[ON_HOST] and func not in _CROSSING:
             self._on_violation(InvalidCall(
                 f"{func._overloadpacket.__name__} was given a tensor in host memory and one in device "
                 "memory. On a GPU this fails (tensors must be on the same device).\n"
                 "Hint: bring one to the other's side first, with .to(lib.device()) or .to(lib.host()). In "
                 "simulation, place new tensors with device=lib.device() or lib.host(): a host tensor's .device "
                 "reads plain 'cpu' there."))
-        if places:
-            return places.pop() if len(places) == 1 else DEVICE
-        return NEUTRAL if target is not None or NEUTRAL in seen else DEVICE
+        if seen & _BIT[ON_HOST] and not seen & _BIT[DEVICE]:
+            return ON_HOST
+        if seen & _BIT[DEVICE]:
+            return DEVICE
+        return NEUTRAL if target is not None or seen & _BIT[NEUTRAL] else DEVICE
+
+    def _places(self, values) -> int:
+        """The places (a bit per place, _BIT) of the tensors of more than 0 dimensions among `values` and in their
+        lists and tuples (an op's arguments nest no deeper). Runs on every op once the rank holds host memory."""
+        sizes, seen = self._sizes, 0
+        for v in values:
+            for t in ((v,) if isinstance(v, torch.Tensor) else v if isinstance(v, (list, tuple)) else ()):
+                if isinstance(t, torch.Tensor) and t.dim() > 0:
+                    known = sizes.get(t.untyped_storage()._cdata)
+                    seen |= _BIT[known[1] if known is not None else DEVICE]
+        return seen
 
     def adopt_copies(self, memo: dict) -> None:
         """Count every tensor a deep copy made (its memo): the rank's own copy of its arguments, whatever

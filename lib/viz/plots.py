@@ -117,7 +117,9 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
     frees, so the shape reads the same whether compute or host transfers dominate the clock."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
+    from lib.viz import place_axes
+
+    fig, ax = plt.subplots(figsize=(9, 3.6))
     top = max(result.stats[rank].peak_memory for result in runs.values())
     unit, scale = byte_unit(top)
     for label, result in runs.items():
@@ -135,5 +137,7 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
     ax.legend(loc="upper left", frameon=False)
     if title:
         ax.set_title(title)
+    peaks = max(len(f"peak {fmt_bytes(r.stats[rank].peak_memory)}") for r in runs.values())
+    place_axes(fig, ax, left=0.7, bottom=0.48, top=0.26 + 0.2 * title.count("\n"), right=0.15 + 0.065 * peaks)
     plt.close(fig)
     return fig

@@ -51,7 +51,11 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
     kind_of: names each communication's kind (its mesh axis, say: lib.sim.traffic.axis_labeller), which then
     colours it and names it in the legend instead of its op."""
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
+
+    from lib.viz import place_axes
 
     label_of, palette = _colouring(events, kind_of)
 
@@ -63,8 +67,12 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
         y, height = _lane(e, world_size - 1 - e.rank)
         bars.setdefault((y, height, label_of(e)), []).append(
             (e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3)))
-    for (y, height, label), spans in bars.items():
-        ax.broken_barh(spans, (y, height), facecolors=palette.get(label, "#999999"), edgecolor="white", linewidth=0.3)
+    for (y, height, label), spans in bars.items():       # the rectangles ax.broken_barh draws, built at once
+        x0, dx = np.asarray(spans).T
+        x1, y0, y1 = x0 + dx, np.full_like(x0, y), np.full_like(x0, y + height)
+        corners = np.stack([np.stack(c, axis=1) for c in ((x0, y0), (x0, y1), (x1, y1), (x1, y0))], axis=1)
+        ax.add_collection(PolyCollection(corners, facecolors=palette.get(label, "#999999"), edgecolor="white",
+                                         linewidth=0.3), autolim=False)
     used = {label for _, _, label in bars}
     ax.set_yticks([world_size - 1 - r + 0.5 for r in range(world_size)])
     ax.set_yticklabels([f"rank {r}" for r in range(world_size)])
@@ -75,7 +83,9 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
         ax.set_title(title)
     ax.legend(handles=[Patch(color=palette.get(k, "#999999"), label=k) for k in sorted(used)],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
-    fig.tight_layout()
+    place_axes(fig, ax, left=0.62 + 0.08 * len(str(world_size - 1)), bottom=0.59,        # "rank N", the x label
+               top=(0.36 + 0.215 * title.count("\n")) if title else 0.15,               # the title's lines
+               right=0.45 + 0.075 * max(map(len, used), default=0))                     # the legend's longest label
     plt.close(fig)          # returned, not shown twice in a notebook
     return fig
 
