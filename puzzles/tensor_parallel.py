@@ -105,7 +105,12 @@ def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:
     calls = pattern["forward"] + pattern["backward"]
     total = sum(_ring(op, n, world) for op, n in calls)
     why = f"{words}: {describe_calls(calls)} per layer, ring cost 2(N-1)/N or (N-1)/N each"
-    return [Budget("bytes_sent", total, why), Budget("bytes_received", total, why)]
+    # The same amounts as floors: the pattern's collectives carry the layer's float64 activations, not a smaller
+    # stand-in while the values travel some other way (a global, a class attribute: threads share them).
+    hint = ("the collectives carry the activations and gradients themselves, in float64: separate processes share "
+            "nothing else.")
+    return [Budget("bytes_sent", total, why), Budget("bytes_received", total, why),
+            *(Budget(metric, total, why, least=True, hint=hint) for metric in ("bytes_sent", "bytes_received"))]
 
 
 def _label(world: int, s: int, b: int, h: int, extra: str = "") -> str:

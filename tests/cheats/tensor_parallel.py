@@ -101,6 +101,24 @@ def mlp_gelu_intermediates_on_ctx(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
     return S.row_parallel_linear(dist, Gelu.apply(S.column_parallel_linear(dist, x, fc1_w, fc1_b)), fc2_w, fc2_b)
 
 
+def row_parallel_through_a_class_attribute(dist, x, weight, bias):
+    """The partial sums left as Python floats on a class attribute of torch.nn.Module (threads share it, processes
+    do not), and the all-reduce the pattern asks for issued on a float16 buffer of zeros of the right size."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    partial = F.linear(x, weight)
+    if not hasattr(torch.nn.Module, "_course_cheat_board"):
+        torch.nn.Module._course_cheat_board = {}
+    board = torch.nn.Module._course_cheat_board
+    board[rank] = partial.detach().tolist()
+    dist.all_reduce(torch.zeros(partial.shape, dtype=torch.float16))
+    others = sum(torch.tensor(board[r], dtype=partial.dtype) for r in range(world) if r != rank)
+
+    class AddOthers(torch.autograd.Function):
+        forward = staticmethod(lambda ctx, p: p + others)
+        backward = staticmethod(lambda ctx, grad: grad)
+    return AddOthers.apply(partial) + bias
+
+
 CHEATS = everywhere(P) + [
     ("sequence_parallel_mlp", sp_norm_and_fc1_recomputed_on_the_whole_sequence, "FLOPs counted"),
     ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_under_checkpoint, "activations for backward"),
@@ -108,4 +126,5 @@ CHEATS = everywhere(P) + [
     ("vocab_parallel_loss", vocab_loss_without_the_max, ("expected", "nan", "inf")),
     ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_keeping_only_its_output, "FLOPs counted"),
     ("megatron_mlp", mlp_gelu_intermediates_on_ctx, "activations for backward"),
+    ("row_parallel_linear", row_parallel_through_a_class_attribute, "under the floor"),
 ]
