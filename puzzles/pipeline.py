@@ -273,16 +273,20 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     expected = reference(model, batch, targets, p)
     micro, micro_y = batch[:MICRO], targets[:MICRO]
     boundary = micro.nbytes
+    sent = [boundary * m * ((r < p - 1) + (r > 0)) for r in range(p)]
+    why = "each micro-batch's activation to the next stage and its input gradient back to the previous one, once each"
+    # A floor too: the activations and gradients travel by dist, not through anything threads share.
+    messages = [Budget("bytes_sent", sent, why, hint="send each stage's output forward once and its input gradient "
+                                                      "back once, per micro-batch."),
+                Budget("bytes_sent", sent, why, least=True, hint="activations and gradients go from stage to stage by "
+                                                                 "dist.send / dist.isend: separate processes share "
+                                                                 "nothing else.")]
     if schedule == "one batch":
-        sent = [boundary * m * ((r < p - 1) + (r > 0)) for r in range(p)]
-        budgets = [Budget("bytes_sent", sent, "the activation to the next stage and the input gradient "
-                                              "back to the previous one, once each",
-                          hint="send each stage's output forward once and its input gradient back once.")]
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
-                    budgets=[ON_DEVICE] + budgets, cost=COST)
+                    budgets=[ON_DEVICE] + messages, cost=COST)
     inputs = batch.nbytes + targets.nbytes
     budgets = [ON_DEVICE, _time_budget(schedule, stages, micro, micro_y, m),
-               _memory_budget(schedule, stages, micro, micro_y, inputs, m)]
+               _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m},
                 contracts=[GPIPE_ORDER] if schedule == "gpipe" else [])

@@ -1,6 +1,7 @@
 """Cheats on notebook 05's puzzles, each with the words its rejection must contain."""
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import lib
@@ -60,10 +61,39 @@ def one_f_one_b_gpipe_recomputed(dist, stage, batch, targets, m):
     return stage
 
 
+
+def stages_through_a_class_attribute(dist, stage, batch, targets):
+    """Activations and gradients left as Python floats on a class attribute of torch.nn.Module (threads share it,
+    processes do not); 1-element messages only keep the order."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if not hasattr(torch.nn.Module, "_course_cheat_pipe"):
+        torch.nn.Module._course_cheat_pipe = {}
+    pipe, token = torch.nn.Module._course_cheat_pipe, torch.zeros(1, dtype=batch.dtype)
+    if rank == 0:
+        x = batch
+    else:
+        dist.recv(token, rank - 1)
+        x = torch.tensor(pipe[("act", rank)], dtype=batch.dtype)
+    x.requires_grad_()
+    out = stage(x)
+    if rank == p - 1:
+        F.mse_loss(out, targets).backward()
+    else:
+        pipe[("act", rank + 1)] = out.detach().tolist()
+        dist.send(token, rank + 1)
+        dist.recv(token, rank + 1)
+        out.backward(torch.tensor(pipe[("grad", rank)], dtype=batch.dtype))
+    if rank > 0:
+        pipe[("grad", rank - 1)] = x.grad.tolist()
+        dist.send(token, rank - 1)
+    return stage
+
+
 CHEATS = everywhere(P) + [
     ("zero_bubble", zero_bubble_w_by_broadcast_and_sum, "simulated time"),
     ("zero_bubble", zero_bubble_w_by_mv, "simulated time"),
     ("gpipe", gpipe_in_1f1b_order, "forwards and backwards interleaved"),
     ("one_f_one_b", one_f_one_b_gpipe_with_its_stash_on_the_host, "peak host memory"),
     ("one_f_one_b", one_f_one_b_gpipe_recomputed, "simulated time"),
+    ("pipeline_stages", stages_through_a_class_attribute, "under the floor"),
 ]
