@@ -267,20 +267,26 @@ GPIPE_ORDER = Contract("GPipe runs every micro-batch's forward before any backwa
                             "backwards.")
 
 
+def _messages(p: int, v: int, m: int, boundary: int) -> list[Budget]:
+    """What each rank sends, as a ceiling and a floor: every virtual stage (c·p + r on rank r) but the last sends each
+    micro-batch's activation forward, and every one but the first its input gradient back. The floor: they travel by
+    dist, not through anything threads share."""
+    sent = [boundary * m * ((v - (r == p - 1)) + (v - (r == 0))) for r in range(p)]
+    why = "each micro-batch's activation to the next stage and its input gradient back to the previous one, once each"
+    return [Budget("bytes_sent", sent, why, hint="send each stage's output forward once and its input gradient back "
+                                                 "once, per micro-batch."),
+            Budget("bytes_sent", sent, why, least=True, hint="activations and gradients go from stage to stage by "
+                                                             "dist.send / dist.isend: separate processes share "
+                                                             "nothing else.")]
+
+
 def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     model, batch, targets = _model_and_data(rng, p, m)
     stages = [model[s] for s in stage_slices(p)]
     expected = reference(model, batch, targets, p)
     micro, micro_y = batch[:MICRO], targets[:MICRO]
     boundary = micro.nbytes
-    sent = [boundary * m * ((r < p - 1) + (r > 0)) for r in range(p)]
-    why = "each micro-batch's activation to the next stage and its input gradient back to the previous one, once each"
-    # A floor too: the activations and gradients travel by dist, not through anything threads share.
-    messages = [Budget("bytes_sent", sent, why, hint="send each stage's output forward once and its input gradient "
-                                                      "back once, per micro-batch."),
-                Budget("bytes_sent", sent, why, least=True, hint="activations and gradients go from stage to stage by "
-                                                                 "dist.send / dist.isend: separate processes share "
-                                                                 "nothing else.")]
+    messages = _messages(p, 1, m, boundary)
     if schedule == "one batch":
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
                     budgets=[ON_DEVICE] + messages, cost=COST)
@@ -363,7 +369,8 @@ def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Op
         hint="free each (chunk, micro-batch) stash as soon as its backward has run, and do not run more forwards "
              "ahead than (p-r-1)·2 + (v-1)·p."))
     return Case(p, (per_rank(chunks), batch, targets, m), expected,
-                f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}", budgets=[ON_DEVICE] + budgets, cost=COST)
+                f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}",
+                budgets=[ON_DEVICE] + budgets + _messages(p, v, m, boundary), cost=COST)
 
 
 def _torch_pipelining(schedule_name: str, multi: bool = False):
