@@ -201,11 +201,13 @@ def ddp_ring_per_parameter(dist, model, batches, lr, bucket_size):
     return model
 
 
+OFF_RING = ("not the next rank around the ring", "not the same way around the ring")
+
 CHEATS = everywhere(P) + [
     ("ring_all_reduce", all_reduce_through_a_module_dict, "SharedMemory"),
-    ("ring_reduce_scatter", reduce_scatter_all_to_all, "not the next rank around the ring"),
-    ("ring_all_gather", all_gather_all_to_all, "not the next rank around the ring"),
-    ("ring_all_reduce", all_reduce_all_to_all, "not the next rank around the ring"),
+    ("ring_reduce_scatter", reduce_scatter_all_to_all, OFF_RING),
+    ("ring_all_gather", all_gather_all_to_all, OFF_RING),
+    ("ring_all_reduce", all_reduce_all_to_all, OFF_RING),
     ("ring_reduce_scatter", reduce_scatter_one_rank_at_a_time, "simulated time"),
     ("data_parallel_train", ddp_on_the_gathered_batch, "under the floor"),
     ("bucketed_data_parallel_train", ddp_all_reduce_per_parameter, "bucket_size"),
