@@ -46,10 +46,19 @@ def _param_server_case(rng: random.Random, world: int) -> Case:
     size = _nbytes(xs[0])
     star = [(world - 1) * size] + [size] * (world - 1)    # the server talks to everyone, the others once
     why = "the server sends the sum to N-1 workers; a worker sends its tensor once"
+    sent = Budget("bytes_sent", star, why)
+    received = Budget("bytes_received", star, "the server receives N-1 tensors; a worker receives the sum")
     return Case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 per rank",
-                budgets=[Budget("bytes_sent", star, why),
-                         Budget("bytes_received", star, "the server receives N-1 tensors; a worker receives the sum")],
+                budgets=[sent, received, *_travels(sent, received)],
                 allowed_ops=P2P)
+
+
+def _travels(*ceilings: Budget) -> list[Budget]:
+    """The same amounts as floors: the data must go through dist, where the check counts it (not through a file,
+    an environment variable or any other channel the ranks share in one process and not on separate machines)."""
+    return [Budget(b.metric, b.limit, b.why, least=True,
+                   hint="every tensor goes from rank to rank through dist.send / dist.recv: the check counts the "
+                        "bytes, and separate processes share nothing else.") for b in ceilings]
 
 
 def _all_reduce_oracle(dist, x):
@@ -92,19 +101,26 @@ def _ring_budget(factor: float, formula: str, size: int, what: str) -> Budget:
 
 
 def _off_ring(result: SimResult) -> Optional[str]:
-    """The first send that goes to neither neighbour in the ring's direction (all ranks to the right, or all
-    to the left), or None."""
+    """The first send to a rank that is not a neighbour, or the first step (each rank's k-th send) at which the
+    ranks did not all send the same way round; None for a ring. Each phase may go its own way (a reduce-scatter to
+    the right, then an all-gather to the left, is a ring all-reduce too)."""
     n = result.world_size
-    sends = [(e.rank, e.peer) for e in sorted(result.trace, key=lambda e: e.start) if e.op == "send"]
-    strays = [[(r, p) for r, p in sends if p != (r + d) % n] for d in (1, -1)]
-    fewest = min(strays, key=len)
-    if not fewest:
-        return None
-    rank, peer = fewest[0]
-    return f"rank {rank} sent to rank {peer}, which is not the next rank around the ring"
+    sends = {r: [e.peer for e in sorted(result.trace, key=lambda e: e.start) if e.rank == r and e.op == "send"]
+             for r in range(n)}
+    for rank, peers in sends.items():
+        for peer in peers:
+            if peer not in ((rank + 1) % n, (rank - 1) % n):
+                return f"rank {rank} sent to rank {peer}, which is not the next rank around the ring"
+    for step in range(max(map(len, sends.values()), default=0)):
+        way = {rank: (peers[step] - rank) % n for rank, peers in sends.items() if step < len(peers)}
+        if len(set(way.values())) > 1:
+            right, left = (min(r for r, w in way.items() if w == d) for d in (1, n - 1))
+            return (f"at step {step + 1} rank {right} sent to rank {(right + 1) % n} and rank {left} to rank "
+                    f"{(left - 1) % n}: not the same way around the ring")
+    return None
 
 
-RING = Contract("in a ring every rank sends only to its neighbour, the same way round for all ranks", _off_ring,
+RING = Contract("in a ring every rank sends only to its neighbour, at each step all the same way round", _off_ring,
                 hint="send to (rank + 1) % N and receive from (rank - 1) % N at every step.")
 
 
@@ -124,9 +140,9 @@ RING_SLACK = 1.5     # room for the copies and bookkeeping around the messages; 
 def _ring_case(world: int, args: tuple, expected: list, label: str, size: int, op: str, factor: float,
                formula: str) -> Case:
     cost = CostModel()
+    sent = _ring_budget(factor, formula, size, f"a ring {op.replace('_', '-')}")
     return Case(world, args, expected, label, cost=cost, allowed_ops=P2P, contracts=[RING],
-                budgets=[_ring_budget(factor, formula, size, f"a ring {op.replace('_', '-')}"),
-                         _ring_time(cost, op, size, world)])
+                budgets=[sent, *_travels(sent), _ring_time(cost, op, size, world)])
 
 
 def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
@@ -231,6 +247,24 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
                    hint="each rank trains on its own shard of the batch and the gradients travel, not the data.")]
 
 
+GRADIENT_PASSES = 4           # elementwise passes over the gradients a step may add: flatten, average, copy back, spare
+OWN_SLACK = 0.1               # on top of a rank's own training: bookkeeping a different but honest loop may add
+
+
+def _own_work_budget(model, shard, lr: float, steps: int) -> Budget:
+    """A FLOPs ceiling: one rank's own training on its shard (counted on the reference), plus a few elementwise
+    passes over the gradients per step. Training on the whole batch, gathered through any channel, costs N times
+    the forward and backward."""
+    numel = sum(p.numel() for p in model.parameters())
+    _, own = counted_flops(lambda: train_single(model, shard, lr))
+    limit = own * (1 + OWN_SLACK) + GRADIENT_PASSES * steps * numel
+    return Budget("flops", limit, f"single-device training on this rank's shard ({own:,.0f} FLOPs) + "
+                                  f"{OWN_SLACK:.0%}, + {GRADIENT_PASSES} passes over the {numel:,} gradient elements "
+                                  f"per step",
+                  hint="each rank runs forward and backward on its own shard only; the whole batch's gradient is "
+                       "the average of the ranks' gradients, which the all-reduce makes.")
+
+
 def _ddp_case(rng: random.Random, world: int) -> Case:
     sizes = _model_sizes(rng)
     model = mlp(sizes, seed=rng.randrange(2**31))
@@ -241,7 +275,8 @@ def _ddp_case(rng: random.Random, world: int) -> Case:
     floor = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs")[1]
     return Case(world, (model, per_rank(shards), lr), [expected] * world,
                 f"N={world}, {STEPS} steps of {len(shards[0][0][0])} samples per rank",
-                budgets=_all_reduce_grads_budgets(model, world, STEPS) + [floor])
+                budgets=_all_reduce_grads_budgets(model, world, STEPS) + [_own_work_budget(model, shards[0], lr, STEPS),
+                                                                         floor])
 
 
 def _ddp_mistake(what: str, message: str) -> Mistake:
@@ -253,8 +288,24 @@ def _ddp_mistake(what: str, message: str) -> Mistake:
     return Mistake(mistaken, message)
 
 
+def _averaging_after_the_step(dist, model, batches, lr, *_):
+    """Each rank steps with its own gradient, then the ranks average their parameters."""
+    world = dist.get_world_size()
+
+    def average(p):
+        with torch.no_grad():
+            p -= lr * p.grad
+            dist.all_reduce(p.data)
+            p /= world
+            p += lr * p.grad           # train_single's update comes next: leave it the averaged result
+    return train_single(model, batches, lr, average)
+
+
 DDP_MISTAKES = [
     _ddp_mistake("nothing", "each rank training alone on its own shard gives: the gradients were never all-reduced."),
+    Mistake(_averaging_after_the_step, "averaging the parameters after each rank's own step gives: for plain SGD the "
+                                       "weights agree, but each p.grad is still this rank's shard gradient, not the "
+                                       "whole batch's. All-reduce the gradients before the update instead."),
     _ddp_mistake("sum", "summing the gradients without dividing by N gives: the sum of N shard gradients is N × the "
                         "whole batch's gradient (off by a factor of N = world size). Average them."),
     _ddp_mistake("average the parameters", "all-reducing the parameters instead of their gradients gives: p.data "
@@ -289,8 +340,19 @@ data_parallel_train = Puzzle(
              "single-device training on the whole batch.")
 
 
-BUCKET_ELEMENTS = 1000        # about one hidden layer of 32x32: one to two layers per bucket, several per backward
 OVERLAP = 0.5                 # the share of what overlap can save (serial step - overlapped step) that must be saved
+STEP_PASSES = 6               # elementwise passes over the gradients a step makes besides forward and backward: the
+                              # SGD update (2), a bucket's flatten, average and copy back (3), one spare
+
+
+def _bucket_size(rng: random.Random, model, layers: tuple[float, float]) -> int:
+    """bucket_size drawn for the case, between layers[0] and layers[1] times the largest layer's gradients (weight
+    and bias): an answer that ignores the argument meets a case where its buckets break DDP's rule."""
+    largest = max(sum(p.numel() for p in layer.parameters()) for layer in model if isinstance(layer, torch.nn.Linear))
+    return rng.randint(int(layers[0] * largest), int(layers[1] * largest))
+
+
+BUCKET_LAYERS = {"one": (0.5, 1.0), "several": (2.1, 3.0)}     # a bucket per layer; three layers per bucket
 
 
 def _phase_flops(model, x, y) -> tuple[float, float]:
@@ -313,10 +375,10 @@ def _bucket_elements(model, bucket_size: int) -> list[int]:
     return buckets + [current] if current else buckets
 
 
-def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float) -> float:
+def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float, bucket_size: int) -> float:
     """Backward with each bucket all-reduced on the link as soon as backward has filled it (gradients appear at
     a pace proportional to their size): when the last all-reduce ends."""
-    buckets = _bucket_elements(model, BUCKET_ELEMENTS)
+    buckets = _bucket_elements(model, bucket_size)
     total, filled, link_free = sum(buckets), 0, 0.0
     word = next(model.parameters()).element_size()
     for elements in buckets:
@@ -326,9 +388,10 @@ def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float) -> fl
     return max(t_bwd, link_free)
 
 
-def _bucketed_case(rng: random.Random, world: int) -> Case:
+def _bucketed_case(rng: random.Random, world: int, bucket: str = "several") -> Case:
     sizes = _model_sizes(rng)
     model = mlp(sizes, seed=rng.randrange(2**31))
+    bucket_size = _bucket_size(rng, model, BUCKET_LAYERS[bucket])
     local, steps, lr = rng.randint(8, 24), rng.randint(2, 3), 0.1
     shards, full = sharded_batches(rng.randrange(2**31), sizes, world, local=local, steps=steps)
     f_flops, b_flops = _phase_flops(model, *shards[0][0])
@@ -340,36 +403,56 @@ def _bucketed_case(rng: random.Random, world: int) -> Case:
     cost = cost.with_(intra_node_bandwidth=comm_bytes / t_bwd)
     t_comm = cost.collective_time("all_reduce", param_bytes(model), range(world))
     serial = t_fwd + t_bwd + t_comm
-    overlapped = t_fwd + _overlapped_backward(model, cost, world, t_bwd)
-    budget = steps * (overlapped + (1 - OVERLAP) * (serial - overlapped))
+    overlapped = t_fwd + _overlapped_backward(model, cost, world, t_bwd, bucket_size)
+    word = next(model.parameters()).element_size()
+    numel = sum(p.numel() for p in model.parameters())
+    passes = STEP_PASSES * cost.compute_time(numel, nbytes=2 * numel * word)
+    budget = steps * (overlapped + (1 - OVERLAP) * (serial - overlapped) + passes)
     why = (f"{steps} steps × (forward + backward + all-reduce, {serial * 1e3:.3f} ms one after the other, "
            f"{overlapped * 1e3:.3f} ms with every bucket's all-reduce started as it fills: "
-           f"at least {OVERLAP:.0%} of the difference saved)")
-    return Case(world, (model, per_rank(shards), lr, BUCKET_ELEMENTS), [train_single(model, full, lr)] * world,
-                f"N={world}, {steps} steps, all-reduce of the gradients as long as the backward pass",
-                budgets=[Budget("time", budget, why,
-                                hint="launch each bucket's all_reduce with async_op=True from a gradient hook as "
-                                     "soon as its last gradient is ready, and wait only after backward."),
-                         *_all_reduce_grads_budgets(model, world, steps)],
-                cost=cost, contracts=[_bucket_contract(BUCKET_ELEMENTS, steps, world)])
+           f"at least {OVERLAP:.0%} of the difference saved; + {STEP_PASSES} passes over the gradients, "
+           f"{passes * 1e6:.1f} µs)")
+    budgets = [*_all_reduce_grads_budgets(model, world, steps), _own_work_budget(model, shards[0], lr, steps)]
+    if bucket == "one":          # overlap is judged where it pays: buckets of several layers are too few to hide much
+        budgets.insert(0, Budget("time", budget, why,
+                                 hint="launch each bucket's all_reduce with async_op=True from a gradient hook as "
+                                      "soon as its last gradient is ready, and wait only after backward."))
+    largest = max(p.numel() for p in model.parameters())
+    return Case(world, (model, per_rank(shards), lr, bucket_size), [train_single(model, full, lr)] * world,
+                f"N={world}, {steps} steps, bucket_size={bucket_size}, all-reduce of the gradients as long as the "
+                "backward pass", budgets=budgets, cost=cost,
+                contracts=[_bucket_contract(bucket_size, largest, steps, world, word)])
 
 
-def _bucket_contract(bucket_size: int, steps: int, world: int, word: int = 8) -> Contract:
-    """DDP's rule: a bucket is all-reduced once it holds bucket_size elements; only a step's last may hold fewer."""
+GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")     # the ways a bucket of gradients travels
+
+
+def _bucket_contract(bucket_size: int, largest: int, steps: int, world: int, word: int) -> Contract:
+    """DDP's rule: a bucket is all-reduced once it holds bucket_size elements, so it holds fewer than bucket_size
+    plus its last gradient (the largest parameter, at most; a few elements more for padding to N); only a step's
+    last bucket may hold fewer than bucket_size. Every collective counts, however the bucket travels."""
+    most = bucket_size + largest + world
+
     def broken(result: SimResult) -> Optional[str]:
         for rank in range(world):
-            sizes = [e.bytes / bus_factor("all_reduce", world) / word for e in result.trace
-                     if e.rank == rank and e.op == "all_reduce"]
-            small = [round(n) for n in sizes if n < bucket_size - 0.5]
-            if len(small) > steps:
-                return (f"rank {rank} all-reduced {len(small)} buffers of fewer than bucket_size = {bucket_size} "
-                        f"elements in {steps} steps "
-                        f"({', '.join(map(str, small[:6]))}{'...' if len(small) > 6 else ''})")
+            for op in GRADIENT_COLLECTIVES:
+                sizes = [e.bytes / bus_factor(op, world) / word for e in result.trace if e.rank == rank and e.op == op]
+                small = [round(n) for n in sizes if n < bucket_size - 0.5]
+                if len(small) > steps:
+                    return (f"rank {rank} sent {len(small)} buffers of fewer than bucket_size = {bucket_size} "
+                            f"elements by {op} in {steps} steps "
+                            f"({', '.join(map(str, small[:6]))}{'...' if len(small) > 6 else ''})")
+                large = [round(n) for n in sizes if n > most - 0.5]
+                if large:
+                    return (f"rank {rank} sent a bucket of {large[0]} elements by {op}, more than bucket_size = "
+                            f"{bucket_size} plus the largest gradient ({largest}): that bucket was full before its "
+                            "last gradients were added")
         return None
-    return Contract("a bucket is all-reduced once it holds at least bucket_size elements (DDP's rule); only each "
-                    "step's last bucket may be smaller", broken,
+    return Contract("a bucket is all-reduced once it holds at least bucket_size elements (DDP's rule), and no later; "
+                    "only each step's last bucket may be smaller", broken,
                     hint="add gradients to the current bucket until it holds bucket_size elements, then all-reduce "
-                         "it as one flat tensor; many small all-reduces each pay the link's latency.")
+                         "it as one flat tensor at once; many small all-reduces each pay the link's latency, and a "
+                         "bucket kept open longer starts its all-reduce late.")
 
 
 bucketed_data_parallel_train = Puzzle(
@@ -381,7 +464,7 @@ bucketed_data_parallel_train = Puzzle(
            "In the hook, when a bucket is complete: flat = torch.cat of its grads; work = dist.all_reduce(flat, "
            "async_op=True). After backward: work.wait(), divide by the world size, copy back into each p.grad."],
     oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9, mistakes=DDP_MISTAKES,
-    display=training_display,
+    display=training_display, variants=[{"bucket": "several"}, {"bucket": "one"}],
     describe="Data-parallel training whose gradient all-reduce overlaps the backward pass.")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from fractions import Fraction
 from typing import Optional
 
 import torch
@@ -98,11 +99,22 @@ def _logits(rng: random.Random, t_count: int, experts: int, skew: float) -> torc
     return torch.randn(t_count, experts, generator=gen, dtype=torch.float64) + bias
 
 
-def _route_case(rng: random.Random, _world: int, k: Optional[int] = None, factor: Optional[float] = None) -> Case:
+def _tokens_for(rng: random.Random, experts: int, k: int, factor: float, fractional: bool) -> int:
+    """T between 3E and 6E; with `fractional`, one where k·T·factor/E has a fractional part below one half, so that
+    a capacity taken with int() or round() instead of ceil() is one slot short."""
+    if not fractional:
+        return experts * rng.randint(3, 6)
+    fits = [t for t in range(3 * experts, 6 * experts + 1)
+            if 0 < Fraction(k * t, experts) * Fraction(factor) % 1 < Fraction(1, 2)]
+    return rng.choice(fits)
+
+
+def _route_case(rng: random.Random, _world: int, k: Optional[int] = None, factor: Optional[float] = None,
+                fractional: bool = False) -> Case:
     k = rng.choice([1, 2]) if k is None else k
     experts = rng.randint(5 if k == 2 else 3, 8)          # with few experts, the priority order rarely shows
     factor = rng.choice(FACTORS) if factor is None else factor
-    t_count = experts * rng.randint(3, 6)
+    t_count = _tokens_for(rng, experts, k, factor, fractional)
     logits = _logits(rng, t_count, experts, rng.choice([0.0, 1.0, 2.0]))
     tokens, weights = route_reference(logits, k, factor)
     dropped = t_count * k - int((tokens >= 0).sum())
@@ -126,7 +138,8 @@ ROUTE_MISTAKES = [
 
 top_k_route = Puzzle(
     "top_k_route", NOTEBOOK, _route_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
-    variants=[{"k": 1, "factor": 0.5}, {"k": 2, "factor": 0.75}, {"k": 1, "factor": 2.0}, {"k": 2, "factor": 1.25}],
+    variants=[{"k": 1, "factor": 0.5, "fractional": True}, {"k": 2, "factor": 0.75, "fractional": True},
+              {"k": 1, "factor": 2.0}, {"k": 2, "factor": 1.25}],
     rtol=1e-12, atol=1e-15, mistakes=ROUTE_MISTAKES, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["probs = torch.softmax(logits, -1); choices = logits.topk(k, -1).indices, best first. Then hand out "
            "slots: first choices of tokens 0, 1, ..., T-1, then second choices in the same order.",
@@ -168,8 +181,8 @@ def _losses_harness(answer, _dist, logits, k, alpha, beta):
     return balance.detach(), z.detach(), _grad_of(balance, logits), _grad_of(z, logits)
 
 
-def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None) -> Case:
-    experts, k = rng.randint(3, 8), rng.choice([1, 2])
+def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None, k: Optional[int] = None) -> Case:
+    experts, k = rng.randint(3, 8), k or rng.choice([1, 2])
     t_count = rng.randint(5, 40)
     scale = rng.choice([1.0, 3.0]) if scale is None else scale
     logits = _logits(rng, t_count, experts, rng.choice([0.0, 1.5])) * scale
@@ -184,7 +197,7 @@ def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None)
 
 router_losses = Puzzle(
     "router_losses", NOTEBOOK, _losses_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
-    variants=[{"scale": 1.0}, {"scale": LARGE}], harness=_losses_harness, rtol=1e-9, atol=1e-12,
+    variants=[{"scale": 1.0, "k": 2}, {"scale": LARGE}], harness=_losses_harness, rtol=1e-9, atol=1e-12,
     off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["f_i counts, P_i averages: f = (how many of the T·k top-k choices picked expert i) / (T·k), "
            "P = softmax(logits).mean(0). balance = α · E · (f · P).sum(); z = β · mean of logsumexp(logits)².",
@@ -226,9 +239,13 @@ class Layer:
 
 
 def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
-           factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Layer:
+           factor: Optional[float] = None, per_rank_experts: Optional[int] = None, k: Optional[int] = None) -> Layer:
+    """k=2 asks for a learned gate over at least 3 experts (a token's two experts add up: the case an answer written
+    for k=1 gets wrong)."""
     e_count = n * (per_rank_experts or rng.choice([1, 2] if n > 2 else [1, 2, 3]))
-    k = 1 if gate != "learned" else rng.choice([1, 2]) if e_count > 2 else 1
+    if k == 2 and e_count < 3:
+        e_count = 2 * n
+    k = k or (1 if gate != "learned" else rng.choice([1, 2]) if e_count > 2 else 1)
     factor = {"round_robin": 2.0, "shifted": 2.0, "lopsided": 1.0}.get(gate) or factor or rng.choice(FACTORS)
     d = max(e_count, rng.randint(3, 6))
     t_count = e_count * rng.randint(2, 4)
@@ -289,8 +306,9 @@ def _bytes_budgets(layer: Layer, n: int, trips: int, counts: bool, what: str) ->
 
 
 def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
-              factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Case:
-    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts)
+              factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
+              k: Optional[int] = None) -> Case:
+    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k)
     expected = [moe_reference(x, layer.router, layer.experts, layer.k, layer.factor) for x in layer.xs]
     return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
                     per_rank(layer.shard(n)), layer.k, layer.factor),
@@ -375,7 +393,7 @@ MOE_HINTS = [
 
 moe_layer = Puzzle(
     "moe_layer", NOTEBOOK, _moe_case, world_sizes=(2, 4, 2, 4),
-    variants=[{"experts_kind": "identity"}, {"gate": "round_robin", "experts_kind": "scaled"},
+    variants=[{"experts_kind": "identity", "k": 2}, {"gate": "round_robin", "experts_kind": "scaled"},
               {"gate": "lopsided", "per_rank_experts": 2}],
     oracle=padded_dispatch, oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
     rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, display=_layer_display,
@@ -394,8 +412,9 @@ def _backward_harness(answer, _dist, x, router, experts, k, factor, dy):
 
 
 def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
-                   factor: Optional[float] = None, per_rank_experts: Optional[int] = None) -> Case:
-    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts)
+                   factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
+                   k: Optional[int] = None) -> Case:
+    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k)
     gen = _gen(rng)
     dys = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs]
     expected, dw = [], torch.zeros_like(layer.experts)
@@ -417,7 +436,7 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
 moe_layer_backward = Puzzle(
     "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 4), display=_layer_display,
     variants=[{"gate": "round_robin", "experts_kind": "scaled"}, {"gate": "shifted"},
-              {"factor": 0.5, "per_rank_experts": 2}],
+              {"factor": 0.5, "per_rank_experts": 2, "k": 2}],
     harness=_backward_harness, oracle=lambda dist, *args: _backward_harness(padded_dispatch, dist, *args),
     oracle_name="GShard's padded dispatch through all_to_all_single_autograd", rtol=1e-10, atol=1e-12,
     min_world_size=2, min_world_size_reason="its experts live on different ranks",
@@ -474,8 +493,8 @@ def _train_traffic(batches: list, router, experts, k: int, factor: float, lr: fl
                    hint="each rank routes its own tokens to the experts of its EP group by all_to_all_single.")]
 
 
-def _train_case(rng: random.Random, n: int, ep: int = 2) -> Case:
-    layer = _layer(rng, n if ep == n else ep, per_rank_experts=rng.choice([1, 2]))
+def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None) -> Case:
+    layer = _layer(rng, n if ep == n else ep, per_rank_experts=rng.choice([1, 2]), k=k)
     e_count, d = layer.experts.shape[0], layer.router.shape[0]
     t_count = layer.xs[0].shape[0]
     gen = _gen(rng)
@@ -498,7 +517,7 @@ def _train_case(rng: random.Random, n: int, ep: int = 2) -> Case:
 
 
 moe_train = Puzzle(
-    "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2, 4), variants=[{}, {}, {}, {"ep": 4}],
+    "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2, 4), variants=[{"k": 2}, {}, {}, {"ep": 4}],
     display=_layer_display,
     rtol=1e-9, atol=1e-12, min_world_size=2, min_world_size_reason="its experts live on different ranks",
     hints=["Two kinds of groups: EP groups of ep_size consecutive ranks (they share experts' work through the "
@@ -528,21 +547,34 @@ def capacity_reference(logits: torch.Tensor, k: int, max_dropped: float) -> tupl
     return cap, cap * experts - kept
 
 
+def _exactly_met(rng: random.Random, logits: torch.Tensor, k: int) -> float:
+    """A drop budget that some capacity meets exactly (drops = max_dropped·T·k, "at most" includes it): T·k is a
+    power of two here, so max_dropped·T·k is exact in floating point, computed in any order."""
+    t_count, experts = logits.shape
+    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
+    drops = [int((load - c).clamp(min=0).sum()) for c in range(1, int(load.max()))]
+    return rng.choice([d for d in drops if d > 0]) / (t_count * k)
+
+
 def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
-                   max_dropped: Optional[float] = None) -> Case:
+                   max_dropped: Optional[float] = None, exact: bool = False) -> Case:
     k = k or rng.choice([1, 2])
     experts = rng.randint(4, 16)
-    t_count = experts * rng.randint(4, 16)
+    t_count = rng.choice([64, 128]) if exact else experts * rng.randint(4, 16)
     logits = _logits(rng, t_count, experts, rng.choice([1.0, 2.0]))
-    max_dropped = rng.choice([0.0, 0.01, 0.05, 0.1, 0.25]) if max_dropped is None else max_dropped
+    if exact:
+        max_dropped = _exactly_met(rng, logits, k)
+    elif max_dropped is None:
+        max_dropped = rng.choice([0.0, 0.01, 0.05, 0.1, 0.25])
     cap, padded = capacity_reference(logits, k, max_dropped)
+    share = f"{max_dropped:.4g} ({round(max_dropped * t_count * k)} choices)" if exact else f"{max_dropped:.0%}"
     return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
-                f"T={t_count}, E={experts}, k={k}, at most {max_dropped:.0%} of the choices dropped")
+                f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped")
 
 
 smallest_capacity = Puzzle(
     "smallest_capacity", NOTEBOOK, _capacity_case, world_sizes=(1, 1, 1, 1), takes_dist=False, rtol=1e-12,
-    variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}],
+    variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}, {"exact": True}],
     atol=0, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["Count each expert's load L_e (how many top-k choices pick it). A capacity C drops Σ_e max(0, L_e - C) "
            "choices; find the smallest C that drops at most max_dropped · T · k.",

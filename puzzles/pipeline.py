@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Contract, Puzzle, nothing_on_the_host
 from lib.first_use import import_ahead
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
 from lib.measure import allocated, counted_time, saved_activation_bytes
@@ -242,24 +242,60 @@ def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -
               "do not run more forwards ahead than the schedule needs."))
 
 
+# A stage's activations and weights live on its device: host memory would hide a schedule's stash from the budget.
+ON_DEVICE = nothing_on_the_host("a pipeline stage keeps its weights and its micro-batches' activations on its device")
+
+
+def _all_forwards_first(result: SimResult) -> Optional[str]:
+    """GPipe's order, seen from the last stage: it cannot start a backward before its last forward, so every
+    activation has arrived before the first gradient leaves (whatever the other stages do, since no gradient
+    reaches them before the last stage sends one)."""
+    last = result.world_size - 1
+    arrived = [e.end for e in result.trace if e.rank == last and e.op == "recv" and e.peer == last - 1]
+    back = [e.start for e in result.trace if e.rank == last and e.op == "send" and e.peer == last - 1]
+    if arrived and back and min(back) < max(arrived):
+        early = sum(t > min(back) for t in arrived)
+        return (f"rank {last}, the last stage, sent its first gradient back at {fmt_time(min(back))}, before "
+                f"{early} of the micro-batches' activations had reached it (the last at {fmt_time(max(arrived))}): "
+                "forwards and backwards interleaved, as in 1F1B's order or one micro-batch at a time")
+    return None
+
+
+GPIPE_ORDER = Contract("GPipe runs every micro-batch's forward before any backward (interleaving them is 1F1B, the "
+                       "next puzzle)", _all_forwards_first, timed=True,
+                       hint="forward all m micro-batches first, keeping each (input, output) pair; only then run the "
+                            "backwards.")
+
+
+def _messages(p: int, v: int, m: int, boundary: int) -> list[Budget]:
+    """What each rank sends, as a ceiling and a floor: every virtual stage (c·p + r on rank r) but the last sends each
+    micro-batch's activation forward, and every one but the first its input gradient back. The floor: they travel by
+    dist, not through anything threads share."""
+    sent = [boundary * m * ((v - (r == p - 1)) + (v - (r == 0))) for r in range(p)]
+    why = "each micro-batch's activation to the next stage and its input gradient back to the previous one, once each"
+    return [Budget("bytes_sent", sent, why, hint="send each stage's output forward once and its input gradient back "
+                                                 "once, per micro-batch."),
+            Budget("bytes_sent", sent, why, least=True, hint="activations and gradients go from stage to stage by "
+                                                             "dist.send / dist.isend: separate processes share "
+                                                             "nothing else.")]
+
+
 def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     model, batch, targets = _model_and_data(rng, p, m)
     stages = [model[s] for s in stage_slices(p)]
     expected = reference(model, batch, targets, p)
     micro, micro_y = batch[:MICRO], targets[:MICRO]
     boundary = micro.nbytes
+    messages = _messages(p, 1, m, boundary)
     if schedule == "one batch":
-        sent = [boundary * m * ((r < p - 1) + (r > 0)) for r in range(p)]
-        budgets = [Budget("bytes_sent", sent, "the activation to the next stage and the input gradient "
-                                              "back to the previous one, once each",
-                          hint="send each stage's output forward once and its input gradient back once.")]
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
-                    budgets=budgets, cost=COST)
+                    budgets=[ON_DEVICE] + messages, cost=COST)
     inputs = batch.nbytes + targets.nbytes
-    budgets = [_time_budget(schedule, stages, micro, micro_y, m),
-               _memory_budget(schedule, stages, micro, micro_y, inputs, m)]
+    budgets = [ON_DEVICE, _time_budget(schedule, stages, micro, micro_y, m),
+               _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
-                budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m})
+                budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m},
+                contracts=[GPIPE_ORDER] if schedule == "gpipe" else [])
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:
@@ -333,7 +369,8 @@ def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Op
         hint="free each (chunk, micro-batch) stash as soon as its backward has run, and do not run more forwards "
              "ahead than (p-r-1)·2 + (v-1)·p."))
     return Case(p, (per_rank(chunks), batch, targets, m), expected,
-                f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}", budgets=budgets, cost=COST)
+                f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}",
+                budgets=[ON_DEVICE] + budgets + _messages(p, v, m, boundary), cost=COST)
 
 
 def _torch_pipelining(schedule_name: str, multi: bool = False):

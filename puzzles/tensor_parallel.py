@@ -62,10 +62,11 @@ def _rand(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor
     return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
 
 
-def _shape(rng: random.Random, world: int, heads_per_rank: Optional[int] = None) -> tuple[int, int, int, int]:
+def _shape(rng: random.Random, world: int, heads_per_rank: Optional[int] = None,
+           head_dim: Optional[int] = None) -> tuple[int, int, int, int]:
     """(s, b, h, a): 1 to 3 heads per rank, the sequence a multiple of the world size."""
     a = world * (heads_per_rank or rng.randint(1, 3))
-    return world * rng.randint(1, 3), rng.randint(1, 2), a * rng.choice([2, 4]), a
+    return world * rng.randint(1, 3), rng.randint(1, 2), a * (head_dim or rng.choice([2, 4])), a
 
 
 def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -104,7 +105,12 @@ def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:
     calls = pattern["forward"] + pattern["backward"]
     total = sum(_ring(op, n, world) for op, n in calls)
     why = f"{words}: {describe_calls(calls)} per layer, ring cost 2(N-1)/N or (N-1)/N each"
-    return [Budget("bytes_sent", total, why), Budget("bytes_received", total, why)]
+    # The same amounts as floors: the pattern's collectives carry the layer's float64 activations, not a smaller
+    # stand-in while the values travel some other way (a global, a class attribute: threads share them).
+    hint = ("the collectives carry the activations and gradients themselves, in float64: separate processes share "
+            "nothing else.")
+    return [Budget("bytes_sent", total, why), Budget("bytes_received", total, why),
+            *(Budget(metric, total, why, least=True, hint=hint) for metric in ("bytes_sent", "bytes_received"))]
 
 
 def _label(world: int, s: int, b: int, h: int, extra: str = "") -> str:
@@ -387,8 +393,10 @@ def _sp_mlp(x, fc1_w, fc1_b, fc2_w):
     return x + _mlp(F.layer_norm(x, x.shape[-1:]), fc1_w, fc1_b, fc2_w, None)
 
 
-def _sp_case(rng: random.Random, world: int) -> Case:
-    s, b, h, _ = _shape(rng, world)
+def _sp_case(rng: random.Random, world: int, narrow: bool = False) -> Case:
+    """narrow: h = 2N, where LayerNorm's share of the work is largest, so that a LayerNorm run on the whole
+    sequence on every rank (replicated, not sequence-parallel) shows in the FLOPs ceiling."""
+    s, b, h, _ = _shape(rng, world, *((1, 2) if narrow else ()))
     gen = _gen(rng)
     x, (w1, b1, w2, _) = _rand(gen, s, b, h), _mlp_weights(gen, h)
     dy = _rand(gen, s, b, h)
@@ -465,7 +473,7 @@ sequence_parallel_mlp = _layer(
            "(before torch 2.13: all_gather_into_tensor, reduce_scatter_tensor). "
            "Add the residual x after the reduce-scatter."],
     oracle=_sp_oracle, oracle_name="parallelize_module (SequenceParallel norm, ColwiseParallel, RowwiseParallel)",
-    display=functools.partial(_layer_display, split="sequence"),
+    display=functools.partial(_layer_display, split="sequence"), variants=[{}, {"narrow": True}],
     describe="x + MLP(LayerNorm(x)) on this rank's tokens: all-gather before fc1, reduce-scatter after fc2.")
 
 
@@ -475,13 +483,23 @@ def _vocab_loss(emb_w, head_w, tokens, targets):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def _with_shard_edges(ids: torch.Tensor, vocab: int, world: int, gen: torch.Generator) -> torch.Tensor:
+    """`ids` with every vocabulary shard's first and last id put in random places: an ownership test off by one at
+    a shard's edge then always shows (s·b >= 2N, so they all fit)."""
+    part = vocab // world
+    edges = torch.tensor([i for r in range(world) for i in (r * part, (r + 1) * part - 1)])
+    flat = ids.flatten().clone()
+    flat[torch.randperm(flat.numel(), generator=gen)[:len(edges)]] = edges
+    return flat.view_as(ids)
+
+
 def _vocab_case(rng: random.Random, world: int, logit_scale: Optional[float] = None) -> Case:
     """Logits of about ±logit_scale (random when not given): at 1e4, exp overflows without the max subtracted."""
     s, b, h = world * rng.randint(2, 3), rng.randint(1, 2), rng.choice([4, 8])
     vocab = world * 32 * rng.randint(2, 3)              # logits dominate memory, as in a real LM head
     gen = _gen(rng)
-    tokens = torch.randint(vocab, (s, b), generator=gen)
-    targets = torch.randint(vocab, (s, b), generator=gen)
+    tokens = _with_shard_edges(torch.randint(vocab, (s, b), generator=gen), vocab, world, gen)
+    targets = _with_shard_edges(torch.randint(vocab, (s, b), generator=gen), vocab, world, gen)
     scale = logit_scale or 10 ** rng.uniform(0, 4)
     emb_w, head_w = _rand(gen, vocab, h), _rand(gen, vocab, h, scale=scale * h ** -0.5)
     ref = _reference(lambda emb_w, head_w: _vocab_loss(emb_w, head_w, tokens, targets), torch.tensor(1.0,

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import puzzles.data_parallel as P
+from solutions.data_parallel import bucketed_data_parallel_train
 from tests.cheats.common import everywhere
 
 _board: dict = {}
@@ -81,17 +82,17 @@ def ddp_on_the_gathered_batch(dist, model, batches, lr):
     return model
 
 
-def ddp_all_reduce_per_parameter(dist, model, batches, lr, bucket_size):
-    """Overlaps by all-reducing each gradient from its hook the moment it is ready: no buckets at all."""
+def _per_parameter(dist, model, batches, lr, start, finish):
+    """Data-parallel SGD where start(p) runs from each gradient's hook (returning what finish needs) and
+    finish(p, started) after backward; then the average and the update."""
     world, pending = dist.get_world_size(), []
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: pending.append(dist.all_reduce(p.grad, async_op=True)))
-             for p in model.parameters()]
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: pending.append((p, start(p)))) for p in model.parameters()]
     for x, y in batches:
         model.zero_grad()
         pending.clear()
         F.mse_loss(model(x), y).backward()
-        for work in pending:
-            work.wait()
+        for p, started in pending:
+            finish(p, started)
         with torch.no_grad():
             for p in model.parameters():
                 p.grad /= world
@@ -101,12 +102,118 @@ def ddp_all_reduce_per_parameter(dist, model, batches, lr, bucket_size):
     return model
 
 
+def ddp_all_reduce_per_parameter(dist, model, batches, lr, bucket_size):
+    """Overlaps by all-reducing each gradient from its hook the moment it is ready: no buckets at all."""
+    return _per_parameter(dist, model, batches, lr, lambda p: dist.all_reduce(p.grad, async_op=True),
+                          lambda p, work: work.wait())
+
+
+def param_server_through_the_environment(dist, x):
+    """Every rank writes its x into os.environ as text (threads of one process share it; processes do not), and
+    1-element sends only keep the order."""
+    import os
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    token = torch.zeros(1)
+    os.environ[f"COURSE_CHEAT_X{rank}"] = repr(x.tolist())
+    if rank == 0:
+        for src in range(1, world):
+            dist.recv(token, src)
+        total = sum(torch.tensor(eval(os.environ[f"COURSE_CHEAT_X{r}"]), dtype=torch.float64) for r in range(world))
+        os.environ["COURSE_CHEAT_SUM"] = repr(total.tolist())
+        for dst in range(1, world):
+            dist.send(token, dst)
+    else:
+        dist.send(token, 0)
+        dist.recv(token, 0)
+    return torch.tensor(eval(os.environ["COURSE_CHEAT_SUM"]), dtype=torch.float64).to(x.dtype)
+
+
+def ddp_batch_inside_a_gradient_sized_all_reduce(dist, model, batches, lr):
+    """The bytes of the gradients' all-reduce, spent on the data: every rank's shard packed into a zero buffer the
+    size of the gradients, all-reduced, and the whole batch trained on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    numel = sum(p.numel() for p in model.parameters())
+    for x, y in batches:
+        n = x.numel() + y.numel()
+        buf = torch.zeros(numel, dtype=x.dtype)
+        buf[rank * n:(rank + 1) * n] = torch.cat([x.reshape(-1), y.reshape(-1)])
+        dist.all_reduce(buf)
+        parts = buf[:world * n].view(world, n)
+        model.zero_grad()
+        F.mse_loss(model(parts[:, :x.numel()].reshape(-1, x.shape[1])),
+                   parts[:, x.numel():].reshape(-1, y.shape[1])).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return model
+
+
+def ddp_buckets_of_half_the_model(dist, model, batches, lr, bucket_size):
+    """Hooks and asynchronous all-reduces, but two buckets of half the model each, whatever bucket_size says: fewer
+    latencies, and the first all-reduce starts halfway through backward."""
+    return bucketed_data_parallel_train(dist, model, batches, lr, sum(p.numel() for p in model.parameters()) // 2)
+
+
+def ddp_reduce_scatter_and_all_gather_per_parameter(dist, model, batches, lr, bucket_size):
+    """No buckets, and no all_reduce for the bucket rule to count: each gradient reduce-scattered from its hook
+    (asynchronously), then all-gathered after backward."""
+    world = dist.get_world_size()
+
+    def start(p):
+        flat = torch.cat([p.grad.reshape(-1), p.grad.new_zeros((-p.numel()) % world)])
+        part = flat.new_empty(flat.numel() // world)
+        return flat, part, dist.reduce_scatter_tensor(part, flat, async_op=True)
+
+    def finish(p, started):
+        flat, part, work = started
+        work.wait()
+        dist.all_gather_into_tensor(flat, part)
+        p.grad.copy_(flat[:p.numel()].view_as(p.grad))
+    return _per_parameter(dist, model, batches, lr, start, finish)
+
+
+def ddp_ring_per_parameter(dist, model, batches, lr, bucket_size):
+    """No collective at all: every gradient all-reduced on its own by a send/recv ring after backward."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+
+    def ring_all_reduce(g):
+        chunks = list(torch.cat([g, g.new_zeros((-g.numel()) % world)]).chunk(world))
+        buf = torch.empty_like(chunks[0])
+        for step in range(world - 1):
+            req = dist.isend(chunks[(rank - step - 1) % world].clone(), right)
+            dist.recv(buf, left)
+            req.wait()
+            chunks[(rank - step - 2) % world].add_(buf)
+        for step in range(world - 1):
+            req = dist.isend(chunks[(rank - step) % world].clone(), right)
+            dist.recv(chunks[(rank - step - 1) % world], left)
+            req.wait()
+        return torch.cat(chunks)[:g.numel()]
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.grad.copy_(ring_all_reduce(p.grad.reshape(-1)).view_as(p) / world)
+                p -= lr * p.grad
+    return model
+
+
+OFF_RING = ("not the next rank around the ring", "not the same way around the ring")
+
 CHEATS = everywhere(P) + [
     ("ring_all_reduce", all_reduce_through_a_module_dict, "SharedMemory"),
-    ("ring_reduce_scatter", reduce_scatter_all_to_all, "not the next rank around the ring"),
-    ("ring_all_gather", all_gather_all_to_all, "not the next rank around the ring"),
-    ("ring_all_reduce", all_reduce_all_to_all, "not the next rank around the ring"),
+    ("ring_reduce_scatter", reduce_scatter_all_to_all, OFF_RING),
+    ("ring_all_gather", all_gather_all_to_all, OFF_RING),
+    ("ring_all_reduce", all_reduce_all_to_all, OFF_RING),
     ("ring_reduce_scatter", reduce_scatter_one_rank_at_a_time, "simulated time"),
     ("data_parallel_train", ddp_on_the_gathered_batch, "under the floor"),
     ("bucketed_data_parallel_train", ddp_all_reduce_per_parameter, "bucket_size"),
+    ("param_server_all_reduce", param_server_through_the_environment, "under the floor"),
+    ("data_parallel_train", ddp_batch_inside_a_gradient_sized_all_reduce, "FLOPs counted"),
+    ("bucketed_data_parallel_train", ddp_buckets_of_half_the_model, "bucket_size ="),
+    ("bucketed_data_parallel_train", ddp_reduce_scatter_and_all_gather_per_parameter, "by reduce_scatter"),
+    ("bucketed_data_parallel_train", ddp_ring_per_parameter, ("simulated time", "sent is")),
 ]

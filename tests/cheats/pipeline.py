@@ -1,10 +1,14 @@
 """Cheats on notebook 05's puzzles, each with the words its rejection must contain."""
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+import lib
 import puzzles.pipeline as P
+from solutions.pipeline import gpipe
 from tests.cheats.common import everywhere
-from tests.wrong.pipeline import _zero_bubble
+from tests.wrong.pipeline import _one_f_one_b, _zero_bubble
 
 
 def zero_bubble_w_by_broadcast_and_sum(dist, stage, batch, targets, m):
@@ -20,7 +24,76 @@ def zero_bubble_w_by_mv(dist, stage, batch, targets, m):
                         outer=lambda dy, x: torch.stack([torch.mv(x.T, dy[:, i]) for i in range(dy.shape[1])]))
 
 
+def gpipe_in_1f1b_order(dist, stage, batch, targets, m):
+    """1F1B's order handed in for GPipe: the same gradients in the same time with less memory, but not the schedule
+    the puzzle names."""
+    return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: p - r - 1, refuse=False)
+
+
+def _refusing_too_few(dist, m: int) -> None:
+    if m < dist.get_world_size():
+        raise ValueError(f"1F1B needs m >= p, got m={m}")
+
+
+def one_f_one_b_gpipe_with_its_stash_on_the_host(dist, stage, batch, targets, m):
+    """GPipe's order for 1F1B, every activation autograd saves moved to host memory until its backward: the
+    device holds 1F1B's share, the host the rest."""
+    _refusing_too_few(dist, m)
+    host, device = lib.host(), lib.device()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.to(host), lambda t: t.to(device)):
+        return gpipe(dist, stage, batch, targets, m)
+
+
+class _Recomputed(torch.nn.Module):
+    def __init__(self, stage):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x):
+        return checkpoint(self.stage, x, use_reentrant=False)
+
+
+def one_f_one_b_gpipe_recomputed(dist, stage, batch, targets, m):
+    """GPipe's order for 1F1B under activation checkpointing: only each micro-batch's input kept, every forward
+    run twice."""
+    _refusing_too_few(dist, m)
+    gpipe(dist, _Recomputed(stage), batch, targets, m)
+    return stage
+
+
+
+def stages_through_a_class_attribute(dist, stage, batch, targets):
+    """Activations and gradients left as Python floats on a class attribute of torch.nn.Module (threads share it,
+    processes do not); 1-element messages only keep the order."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if not hasattr(torch.nn.Module, "_course_cheat_pipe"):
+        torch.nn.Module._course_cheat_pipe = {}
+    pipe, token = torch.nn.Module._course_cheat_pipe, torch.zeros(1, dtype=batch.dtype)
+    if rank == 0:
+        x = batch
+    else:
+        dist.recv(token, rank - 1)
+        x = torch.tensor(pipe[("act", rank)], dtype=batch.dtype)
+    x.requires_grad_()
+    out = stage(x)
+    if rank == p - 1:
+        F.mse_loss(out, targets).backward()
+    else:
+        pipe[("act", rank + 1)] = out.detach().tolist()
+        dist.send(token, rank + 1)
+        dist.recv(token, rank + 1)
+        out.backward(torch.tensor(pipe[("grad", rank)], dtype=batch.dtype))
+    if rank > 0:
+        pipe[("grad", rank - 1)] = x.grad.tolist()
+        dist.send(token, rank - 1)
+    return stage
+
+
 CHEATS = everywhere(P) + [
     ("zero_bubble", zero_bubble_w_by_broadcast_and_sum, "simulated time"),
     ("zero_bubble", zero_bubble_w_by_mv, "simulated time"),
+    ("gpipe", gpipe_in_1f1b_order, "forwards and backwards interleaved"),
+    ("one_f_one_b", one_f_one_b_gpipe_with_its_stash_on_the_host, "peak host memory"),
+    ("one_f_one_b", one_f_one_b_gpipe_recomputed, "simulated time"),
+    ("pipeline_stages", stages_through_a_class_attribute, "under the floor"),
 ]

@@ -61,9 +61,70 @@ def vocab_loss_without_the_max(dist, tokens, targets, emb_w, head_w):
     return vocab_loss_shifted_by(dist, tokens, targets, emb_w, head_w, lambda logits: logits)
 
 
+def sp_norm_on_the_whole_sequence_keeping_only_its_output(dist, x, fc1_w, fc1_b, fc2_w):
+    """Gathers x first and LayerNorms all s tokens on every rank, through a Function that keeps only its output
+    (which fc1 keeps anyway) and 1/std: no more memory than sequence parallelism, the norm's work replicated."""
+    gather, scatter = _sequence_ops(dist)
+
+    class Norm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            mean = t.mean(-1, keepdim=True)
+            rstd = ((t - mean) ** 2).mean(-1, keepdim=True).add(1e-5).rsqrt()
+            y = (t - mean) * rstd
+            ctx.save_for_backward(y, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            y, rstd = ctx.saved_tensors
+            return rstd * (g - g.mean(-1, keepdim=True) - y * (g * y).mean(-1, keepdim=True))
+    return x + scatter(F.linear(F.gelu(F.linear(Norm.apply(gather(x)), fc1_w, fc1_b)), fc2_w))
+
+
+def mlp_gelu_intermediates_on_ctx(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """A tanh GeLU whose intermediates are kept as ctx attributes instead of save_for_backward, where saved-tensor
+    hooks do not see them."""
+    import math
+
+    class Gelu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h):
+            t = torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3))
+            ctx.h, ctx.t = h, t
+            return 0.5 * h * (1 + t)
+
+        @staticmethod
+        def backward(ctx, g):
+            h, t = ctx.h, ctx.t
+            return g * (0.5 * (1 + t) + 0.5 * h * (1 - t ** 2) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * h ** 2))
+    return S.row_parallel_linear(dist, Gelu.apply(S.column_parallel_linear(dist, x, fc1_w, fc1_b)), fc2_w, fc2_b)
+
+
+def row_parallel_through_a_class_attribute(dist, x, weight, bias):
+    """The partial sums left as Python floats on a class attribute of torch.nn.Module (threads share it, processes
+    do not), and the all-reduce the pattern asks for issued on a float16 buffer of zeros of the right size."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    partial = F.linear(x, weight)
+    if not hasattr(torch.nn.Module, "_course_cheat_board"):
+        torch.nn.Module._course_cheat_board = {}
+    board = torch.nn.Module._course_cheat_board
+    board[rank] = partial.detach().tolist()
+    dist.all_reduce(torch.zeros(partial.shape, dtype=torch.float16))
+    others = sum(torch.tensor(board[r], dtype=partial.dtype) for r in range(world) if r != rank)
+
+    class AddOthers(torch.autograd.Function):
+        forward = staticmethod(lambda ctx, p: p + others)
+        backward = staticmethod(lambda ctx, grad: grad)
+    return AddOthers.apply(partial) + bias
+
+
 CHEATS = everywhere(P) + [
     ("sequence_parallel_mlp", sp_norm_and_fc1_recomputed_on_the_whole_sequence, "FLOPs counted"),
     ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_under_checkpoint, "activations for backward"),
     ("parallel_attention", attention_ignoring_heads, "expected"),
     ("vocab_parallel_loss", vocab_loss_without_the_max, ("expected", "nan", "inf")),
+    ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_keeping_only_its_output, "FLOPs counted"),
+    ("megatron_mlp", mlp_gelu_intermediates_on_ctx, "activations for backward"),
+    ("row_parallel_linear", row_parallel_through_a_class_attribute, "under the floor"),
 ]

@@ -8,26 +8,25 @@ import torch.nn.functional as F
 
 
 
-def ddp_never_communicates(dist, model, batches, lr):
+def _sgd(model, batches, lr, before_update=lambda p: None, after_update=lambda p: None):
+    """Plain SGD on this rank's batches, with what a wrong answer does to each parameter around its update."""
     for x, y in batches:
         model.zero_grad()
         F.mse_loss(model(x), y).backward()
         with torch.no_grad():
             for p in model.parameters():
+                before_update(p)
                 p -= lr * p.grad
+                after_update(p)
     return model
+
+
+def ddp_never_communicates(dist, model, batches, lr):
+    return _sgd(model, batches, lr)
 
 
 def ddp_forgets_to_average(dist, model, batches, lr):
-    for x, y in batches:
-        model.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= lr * p.grad
-    return model
+    return _sgd(model, batches, lr, before_update=lambda p: dist.all_reduce(p.grad))
 
 
 def ddp_hook_reduces_the_weights(dist, model, batches, lr, bucket_size):
@@ -47,18 +46,28 @@ def ddp_hook_reduces_the_weights(dist, model, batches, lr, bucket_size):
 
 
 def ddp_without_overlap(dist, model, batches, lr, bucket_size):
-    """One bucket of every gradient, all-reduced after backward: DDP's bucket rule kept, nothing overlapped."""
+    """DDP's buckets, each all-reduced as one flat tensor, but only after backward: the rule kept, nothing
+    overlapped."""
     world = dist.get_world_size()
     params = list(model.parameters())
+    buckets, filled = [[]], 0
+    for p in reversed(params):                  # DDP's rule: closed once it holds bucket_size elements
+        buckets[-1].append(p)
+        filled += p.numel()
+        if filled >= bucket_size:
+            buckets, filled = buckets + [[]], 0
+    buckets = [b for b in buckets if b]
     for x, y in batches:
         model.zero_grad()
         F.mse_loss(model(x), y).backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        flat /= world
-        with torch.no_grad():
-            for p, g in zip(params, flat.split([p.numel() for p in params])):
+        for bucket in buckets:
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            dist.all_reduce(flat)
+            flat /= world
+            for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
                 p.grad.copy_(g.view_as(p))
+        with torch.no_grad():
+            for p in params:
                 p -= lr * p.grad
     return model
 
@@ -118,12 +127,25 @@ def param_server_with_all_reduce(dist, x):
     return x
 
 
+def ddp_ignores_bucket_size(dist, model, batches, lr, bucket_size):
+    """Buckets of 1000 elements, the size the example used, whatever bucket_size says."""
+    from solutions.data_parallel import bucketed_data_parallel_train
+    return bucketed_data_parallel_train(dist, model, batches, lr, 1000)
+
+
+def ddp_averages_the_parameters_after_each_step(dist, model, batches, lr):
+    """Each rank steps with its own gradient, then the ranks average the weights: the right weights for plain SGD,
+    but every p.grad is still the rank's own."""
+    return _sgd(model, batches, lr, after_update=lambda p: (dist.all_reduce(p.data), p.div_(dist.get_world_size())))
+
 WRONG = [
     ("data_parallel_train", ddp_never_communicates, "rank 0: the result", "training alone"),
     ("data_parallel_train", ddp_forgets_to_average, "rank 0: the result", "without dividing by N"),
     ("bucketed_data_parallel_train", ddp_hook_reduces_the_weights, "rank 0: the result",
      "the parameters instead of their gradients"),
     ("bucketed_data_parallel_train", ddp_without_overlap, "simulated time"),
+    ("bucketed_data_parallel_train", ddp_ignores_bucket_size, "bucket_size ="),
+    ("data_parallel_train", ddp_averages_the_parameters_after_each_step, ".grad", "averaging the parameters after"),
     ("ring_all_reduce", ring_sends_whole_tensor, "over the budget"),
     ("ring_reduce_scatter", reduce_scatter_off_by_one, "expected"),
     ("ring_all_gather", all_gather_everyone_sends_first, "Deadlock"),

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 from solutions.moe import moe_layer, moe_layer_backward, top_k_route
 
 
-def _route(logits, k, capacity_factor, order="choice", from_the_end=False, with_k=True):
-    """Vectorised top-k routing with one mistake chosen by the arguments."""
+def _route(logits, k, capacity_factor, order="choice", from_the_end=False, with_k=True, whole=math.ceil):
+    """Vectorised top-k routing with one mistake chosen by the arguments (`whole`: how C becomes a whole number)."""
     t_count, experts = logits.shape
     probs = torch.softmax(logits, dim=-1)                                   # (T, E)
     choices = probs.topk(k, dim=-1).indices                                 # (T, k)
-    cap = math.ceil((k if with_k else 1) * t_count * capacity_factor / experts)
+    cap = max(1, whole((k if with_k else 1) * t_count * capacity_factor / experts))
     by = choices.t() if order == "choice" else choices                      # (k, T) or (T, k)
     token = torch.arange(t_count).repeat(k) if order == "choice" else torch.arange(t_count).repeat_interleave(k)
     expert = by.flatten()
@@ -51,6 +51,16 @@ def route_capacity_without_k(logits, k, capacity_factor):
     return _route(logits, k, capacity_factor, with_k=False)
 
 
+def route_capacity_truncated(logits, k, capacity_factor):
+    """C = int(k·T·factor / E): one slot short whenever that is not a whole number."""
+    return _route(logits, k, capacity_factor, whole=int)
+
+
+def route_capacity_rounded(logits, k, capacity_factor):
+    """C = round(k·T·factor / E): one slot short when the fraction is below one half."""
+    return _route(logits, k, capacity_factor, whole=round)
+
+
 def route_renormalising_the_weights(logits, k, capacity_factor):
     """Mixtral's renormalised top-k weights, where the statement asks for the router's probabilities."""
     tokens, weights = top_k_route(logits, k, capacity_factor)
@@ -58,10 +68,12 @@ def route_renormalising_the_weights(logits, k, capacity_factor):
     return tokens, torch.where(tokens >= 0, weights / top[tokens.clamp(min=0)], weights)
 
 
-def _losses(logits, k, alpha, beta, detach=False, soft=False, plain_exp=False):
+def _losses(logits, k, alpha, beta, detach=False, soft=False, plain_exp=False, first_only=False):
     t_count, experts = logits.shape
     probs = torch.softmax(logits.detach() if detach else logits, dim=-1)
-    hard = torch.bincount(logits.topk(k, -1).indices.flatten(), minlength=experts).to(logits.dtype) / (t_count * k)
+    counted = 1 if first_only else k
+    hard = torch.bincount(logits.topk(counted, -1).indices.flatten(), minlength=experts).to(logits.dtype) / (
+        t_count * counted)
     f = probs.mean(0) if soft else hard
     lse = torch.log(torch.exp(logits).sum(-1)) if plain_exp else torch.logsumexp(logits, -1)
     return alpha * experts * (f * probs.mean(0)).sum(), beta * (lse ** 2).mean()
@@ -98,29 +110,43 @@ def moe_guessing_the_split_sizes(dist, x, router, experts, k, capacity_factor):
     return torch.zeros_like(x).index_add(0, ids, back * weights[kept].unsqueeze(-1))
 
 
-def _expert_parallel(dist, x, router, experts, k, capacity_factor, route=top_k_route, weighted=True):
-    """The right dispatch and combine around a given router."""
-    n, local = dist.get_world_size(), experts.shape[0]
+def _plain_exchange(dist, rows, out_splits, in_splits, group=None):
+    out = rows.new_empty(sum(out_splits), *rows.shape[1:])
+    dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+def _expert_parallel(dist, x, router, experts, k, capacity_factor, route=top_k_route, weighted=True,
+                     exchange=_plain_exchange, group=None, assign=False):
+    """The right dispatch and combine around a given router (assign: a token's rows written, not added)."""
+    n, local = dist.get_world_size(group), experts.shape[0]
     tokens, weights = route(x @ router, k, capacity_factor)
     kept = tokens >= 0
     counts = kept.sum(1)
     got = torch.empty_like(counts)
-    dist.all_to_all_single(got, counts)
+    dist.all_to_all_single(got, counts, group=group)
     sent, received = counts.view(n, local).sum(1).tolist(), got.view(n, local).sum(1).tolist()
     ids = tokens[kept]
-    rows = x.new_empty(sum(received), x.shape[1])
-    dist.all_to_all_single(rows, x[ids].contiguous(), received, sent)
+    rows = exchange(dist, x[ids], received, sent)
     owner = torch.arange(local).repeat(n).repeat_interleave(got)
     done = torch.einsum("rd,rde->re", rows, experts[owner])
-    back = x.new_empty(sum(sent), x.shape[1])
-    dist.all_to_all_single(back, done, sent, received)
+    back = exchange(dist, done, sent, received)
     scale = weights[kept] if weighted else torch.ones_like(weights[kept])
+    if assign:
+        y = torch.zeros_like(x)
+        y[ids] = back * scale.unsqueeze(-1)
+        return y
     return torch.zeros_like(x).index_add(0, ids, back * scale.unsqueeze(-1))
 
 
 def moe_without_combine_weights(dist, x, router, experts, k, capacity_factor):
     """Adds the experts' outputs as they come back, without the router's probabilities."""
     return _expert_parallel(dist, x, router, experts, k, capacity_factor, weighted=False)
+
+
+def moe_combines_by_assignment(dist, x, router, experts, k, capacity_factor):
+    """y[ids] = ... instead of adding: right when k = 1, but a token's second expert overwrites its first."""
+    return _expert_parallel(dist, x, router, experts, k, capacity_factor, assign=True)
 
 
 def moe_with_capacity_per_rank(dist, x, router, experts, k, capacity_factor):
@@ -174,27 +200,33 @@ def moe_by_gathering_the_experts(dist, x, router, experts, k, capacity_factor):
     return torch.zeros_like(x).index_add(0, tokens[kept], out)
 
 
-def _autograd_exchange(dist, swap=True):
+def _autograd_exchange(dist, swap=True, group=None):
     class AllToAll(torch.autograd.Function):
         @staticmethod
         def forward(ctx, rows, out_splits, in_splits):
             ctx.splits = out_splits, in_splits
-            out = rows.new_empty(sum(out_splits), *rows.shape[1:])
-            dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits)
-            return out
+            return _plain_exchange(dist, rows, out_splits, in_splits, group)
 
         @staticmethod
         def backward(ctx, grad):
             out_splits, in_splits = ctx.splits if swap else ctx.splits[::-1]
-            out = grad.new_empty(sum(in_splits), *grad.shape[1:])
-            dist.all_to_all_single(out, grad.contiguous(), in_splits, out_splits)
-            return out, None, None
+            return _plain_exchange(dist, grad, in_splits, out_splits, group), None, None
     return lambda _dist, rows, out_splits, in_splits: AllToAll.apply(rows, out_splits, in_splits)
 
 
 def backward_with_a_detached_router(dist, x, router, experts, k, capacity_factor):
     """The combine weights from a detached router: y is right, the router gets no gradient."""
     return moe_layer(dist, x, router.detach(), experts, k, capacity_factor, exchange=_autograd_exchange(dist))
+
+
+def _backward_by_assignment(dist, x, router, experts, k, capacity_factor, group=None):
+    return _expert_parallel(dist, x, router, experts, k, capacity_factor, group=group, assign=True,
+                            exchange=_autograd_exchange(dist, group=group))
+
+
+def backward_combines_by_assignment(dist, x, router, experts, k, capacity_factor):
+    """A token's rows written into y, not added: with k = 2 its first expert's output and gradient are lost."""
+    return _backward_by_assignment(dist, x, router, experts, k, capacity_factor)
 
 
 def backward_through_a_plain_all_to_all(dist, x, router, experts, k, capacity_factor):
@@ -208,7 +240,7 @@ def backward_with_the_splits_unswapped(dist, x, router, experts, k, capacity_fac
 
 
 def _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, experts_over="dp", divisor="world",
-           router_reduced=True):
+           router_reduced=True, layer=moe_layer_backward):
     """EP × DP SGD with one mistake chosen by the arguments."""
     rank, world = dist.get_rank(), dist.get_world_size()
     eps = [dist.new_group(list(range(i, i + ep_size))) for i in range(0, world, ep_size)]
@@ -216,7 +248,7 @@ def _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, expe
     ep, dp = eps[rank // ep_size], dps[rank % ep_size]
     for x, target in batches:
         router, experts = router.detach().requires_grad_(), experts.detach().requires_grad_()
-        y = moe_layer_backward(dist, x, router, experts, k, capacity_factor, group=ep)
+        y = layer(dist, x, router, experts, k, capacity_factor, group=ep)
         d_router, d_experts = torch.autograd.grad(((y - target) ** 2).mean(), [router, experts])
         if router_reduced:
             dist.all_reduce(d_router)
@@ -242,11 +274,12 @@ def train_without_reducing_the_router(dist, batches, router, experts, k, capacit
     return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, router_reduced=False)
 
 
-def _capacity(logits, k, max_dropped, padding_of="kept", choices=None):
+def _capacity(logits, k, max_dropped, padding_of="kept", choices=None, inclusive=True):
     t_count, experts = logits.shape
     load = torch.bincount(logits.topk(choices or k, dim=-1).indices.flatten(), minlength=experts)
     allowed = max_dropped * t_count * k
-    cap = next(c for c in range(1, int(load.max()) + 2) if (load - c).clamp(min=0).sum() <= allowed)
+    fits = (lambda drops: drops <= allowed) if inclusive else (lambda drops: drops < allowed or drops == 0)
+    cap = next(c for c in range(1, int(load.max()) + 2) if fits((load - c).clamp(min=0).sum()))
     kept = int(load.clamp(max=cap).sum()) if padding_of == "kept" else t_count * k
     return cap, cap * experts - kept
 
@@ -261,10 +294,33 @@ def capacity_from_first_choices(logits, k, max_dropped):
     return _capacity(logits, k, max_dropped, choices=1)
 
 
+def losses_counting_first_choices_only(logits, k, alpha, beta):
+    """f from each token's first choice, over T: right for k = 1, but with k = 2 second choices load experts too."""
+    return _losses(logits, k, alpha, beta, first_only=True)
+
+
+def train_combining_by_assignment(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
+    """The EP × DP step around a layer that writes a token's rows instead of adding them (k = 2 loses one)."""
+    return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, layer=_backward_by_assignment)
+
+
+def capacity_with_the_budget_excluded(logits, k, max_dropped):
+    """Drops < max_dropped·T·k: "at most" includes the budget itself, so this is one slot too many when a
+    capacity drops exactly that many."""
+    return _capacity(logits, k, max_dropped, inclusive=False)
+
+
 WRONG = [
     ("top_k_route", route_dropping_the_first_tokens, "rank 0", "keeping the last tokens"),
     ("top_k_route", route_token_by_token, "rank 0", "every first choice outranks"),
     ("top_k_route", route_capacity_without_k, "rank 0"),
+    ("top_k_route", route_capacity_truncated, "rank 0"),
+    ("top_k_route", route_capacity_rounded, "rank 0"),
+    ("router_losses", losses_counting_first_choices_only, "rank 0"),
+    ("moe_layer", moe_combines_by_assignment, "rank"),
+    ("moe_layer_backward", backward_combines_by_assignment, "rank"),
+    ("moe_train", train_combining_by_assignment, "rank"),
+    ("smallest_capacity", capacity_with_the_budget_excluded, "rank 0"),
     ("top_k_route", route_renormalising_the_weights, "rank 0"),
     ("router_losses", losses_with_a_detached_router, "rank 0"),
     ("router_losses", losses_counting_probabilities_as_f, "rank 0"),

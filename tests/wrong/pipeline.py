@@ -61,6 +61,12 @@ def one_f_one_b_warm_up_one_too_many(dist, stage, batch, targets, m):
     return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: p - r)
 
 
+def one_f_one_b_warm_up_one_too_few(dist, stage, batch, targets, m):
+    """p-r-2 forwards before the first backward: less memory, but every stage waits for a gradient that is not
+    there yet."""
+    return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: max(p - r - 2, 0))
+
+
 def one_f_one_b_blocking_sends(dist, stage, batch, targets, m):
     """Stage r sends its activation forward while stage r+1 sends its gradient back: both wait in send."""
     return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: p - r - 1, blocking=True)
@@ -391,12 +397,13 @@ WRONG = [
     ("interleaved_1f1b", interleaved_one_tag, ".grad"),
     ("interleaved_1f1b", interleaved_contiguous_chunks, "Deadlock"),
     ("one_f_one_b", one_f_one_b_warm_up_one_too_many, "peak memory"),
+    ("one_f_one_b", one_f_one_b_warm_up_one_too_few, "simulated time"),
     ("one_f_one_b", one_f_one_b_blocking_sends, "waits in send"),
     ("one_f_one_b", one_f_one_b_stashes_everything, "peak memory"),
     ("one_f_one_b", one_f_one_b_is_gpipe, "peak memory"),
     ("one_f_one_b", one_f_one_b_accepts_too_few_micro_batches, "asks for a ValueError"),
     ("gpipe", gpipe_forgets_one_over_m, ".grad", "= m, the number of micro-batches"),
-    ("gpipe", gpipe_one_micro_batch_at_a_time, "simulated time"),
+    ("gpipe", gpipe_one_micro_batch_at_a_time, ("simulated time", "forwards and backwards interleaved")),
     ("pipeline_stages", stages_forget_requires_grad, "rank"),
     ("pipeline_stages", stages_only_the_last_trains, "grad is None"),
 ]

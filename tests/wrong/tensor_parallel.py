@@ -120,14 +120,19 @@ def loss_gathers_the_logits(dist, tokens, targets, emb_w, head_w):
     return F.cross_entropy(full.flatten(0, 1), targets.flatten())
 
 
-def vocab_loss_shifted_by(dist, tokens, targets, emb_w, head_w, shift):
+def _owned(ids, first, part):
+    return (ids >= first) & (ids < first + part)
+
+
+def vocab_loss_shifted_by(dist, tokens, targets, emb_w, head_w, shift, owned=_owned):
     """A deliberate copy of solutions.tensor_parallel.vocab_parallel_loss with its all-reduced max replaced by
-    `shift(logits)`, the one change of the wrong answers and cheats built on it (same collectives)."""
+    `shift(logits)` (and, for one wrong answer, its test of which ids a rank owns), the changes of the wrong answers
+    and cheats built on it (same collectives)."""
     part, first = emb_w.shape[0], dist.get_rank() * emb_w.shape[0]
 
     def local(ids):
-        mine = (ids >= first) & (ids < first + part)
-        return torch.where(mine, ids - first, 0), mine
+        mine = owned(ids, first, part)
+        return torch.where(mine, (ids - first).clamp(0, part - 1), 0), mine
 
     rows, mine = local(tokens)
     x = _Reduce.apply(F.embedding(rows, emb_w) * mine.unsqueeze(-1), dist)
@@ -144,6 +149,16 @@ def loss_without_max_all_reduce(dist, tokens, targets, emb_w, head_w):
     """Each rank subtracts its own maximum: the sum of exponentials mixes different shifts."""
     return vocab_loss_shifted_by(dist, tokens, targets, emb_w, head_w,
                                  lambda logits: logits - logits.detach().amax(-1, keepdim=True))
+
+
+def vocab_loss_owning_ids_off_by_one(dist, tokens, targets, emb_w, head_w):
+    """A rank owns ids first < id <= first + V/N: each shard's first id is nobody's, and its last the next rank's."""
+    def shift(logits):
+        top = logits.detach().amax(-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        return logits - top.unsqueeze(-1)
+    return vocab_loss_shifted_by(dist, tokens, targets, emb_w, head_w, shift,
+                                 owned=lambda ids, first, part: (ids > first) & (ids <= first + part))
 
 
 def mlp_with_hand_written_gelu(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
@@ -217,4 +232,5 @@ WRONG = [
     # At N = 2 the full logits are only twice a shard: the gather may fit in memory and fail on bytes instead.
     ("vocab_parallel_loss", loss_gathers_the_logits, ("peak memory", "sent is")),
     ("vocab_parallel_loss", loss_without_max_all_reduce, "the result['output']"),
+    ("vocab_parallel_loss", vocab_loss_owning_ids_off_by_one, "the result['output']"),
 ]
