@@ -6,6 +6,7 @@ Every pattern "sums x over the ranks" without communicating it, the way a learne
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import threading
@@ -290,6 +291,30 @@ def test_files_are_out_of_the_simulators_view(tmp_path):
     with pytest.raises(OutOfView, match="rank 1 called open"):        # pathlib's reads too
         lib.sim.run(lambda dist, p: p.read_text() if dist.get_rank() else "", WORLD, tmp_path)
     assert (tmp_path / "y.txt").write_text("outside a run, files are files") > 0
+
+
+def storage_bytes_into_a_buffer(dist, x):
+    """Saved bytes written to a Python buffer, where the memory tracker does not look (read back later)."""
+    buffer = io.BytesIO()
+    x.untyped_storage()._write_file(buffer, True, True, x.element_size())
+    return x
+
+
+def tensor_over_outside_bytes(dist, x):
+    return x + torch.frombuffer(bytearray(x.numel() * x.element_size()), dtype=x.dtype)
+
+
+def storage_over_outside_bytes(dist, x):
+    return x + torch.UntypedStorage.from_buffer(bytearray(4), dtype=torch.uint8).size()
+
+
+@pytest.mark.parametrize("fn,what", [(storage_bytes_into_a_buffer, "_write_file"),
+                                     (tensor_over_outside_bytes, "torch.frombuffer"),
+                                     (storage_over_outside_bytes, "from_buffer")])
+def test_bytes_outside_torch_are_refused(fn, what):
+    with pytest.raises(OutOfView) as info:
+        lib.sim.run(fn, WORLD, per_rank(_xs()))
+    assert "rank 0 called" in str(info.value) and what in str(info.value) and "Hint:" in str(info.value)
 
 
 # ---- what stays allowed ------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ switch the tracker off or run work where it is not. Inside a simulated rank:
 - `.tolist()` and `.item()` are allowed (split sizes, a loss to print) and their Python objects count toward
   the rank's memory until the run ends, since Python does not tell when they are freed;
 - a raw storage a rank makes (`torch.UntypedStorage(n)`) is its memory, and a resized storage is re-measured;
+  a storage's bytes written into a buffer (`_write_file`) and tensors or storages made over outside bytes
+  (`torch.frombuffer`, `from_buffer`, `from_file`) are refused;
 - starting a thread, switching torch's Python dispatch off or popping the simulator's mode from the learner's
   code is refused (the work would not be counted), and so is disabling saved-tensor hooks; a learner's
   saved-tensor hooks entered inside the check's own measuring hooks are composed with them, not hiding from them;
@@ -202,6 +204,16 @@ def install() -> None:
                                                  _PEEKING)
     for name in ("get_objects", "get_referrers", "get_referents"):
         setattr(gc, name, _refusing_from_learner(getattr(gc, name), f"gc.{name}", _PEEKING))
+    # Storage bytes written to a Python buffer or a file, and tensors made over such bytes, are memory the
+    # tracker cannot see: refused like numpy.
+    for cls in (torch.UntypedStorage, torch.TypedStorage):
+        cls._write_file = _refusing_from_learner(cls._write_file, f"{cls.__name__}._write_file (its bytes into a "
+                                                 "buffer or a file)", _OUT_OF_VIEW)
+        for name in ("from_buffer", "from_file"):
+            setattr(cls, name, staticmethod(_refusing_from_learner(
+                getattr(cls, name), f"{cls.__name__}.{name} (a storage over bytes outside torch)", _OUT_OF_VIEW)))
+    torch.frombuffer = _refusing_from_learner(torch.frombuffer, "torch.frombuffer (a tensor over bytes outside "
+                                              "torch)", _OUT_OF_VIEW)
     builtins.open = io.open = _refusing_from_learner(builtins.open, "open (a file)", _FILES)
     os.open = _refusing_from_learner(os.open, "os.open (a file)", _FILES)
 
