@@ -71,10 +71,11 @@ def tensors_within(obj, seen: Optional[set] = None) -> Iterator[torch.Tensor]:
 
 
 def learner_line() -> str:
-    """Where in the learner's code the current op was called, as ' at file:line: source', or ''."""
+    """Where in the learner's code the current op was called, as ' at file:line (`source`)', or '' (the source
+    quoted: a message goes on after it with a colon, and a line like `with open(p) as f:` ends in one)."""
     for frame in reversed(traceback.extract_stack()):
         if not frame.filename.startswith((_LIB_DIR, _TORCH_DIR)) and "/threading.py" not in frame.filename:
-            source = f": {frame.line.strip()}" if frame.line else ""
+            source = f" (`{frame.line.strip()}`)" if frame.line else ""
             return f" at {Path(frame.filename).name}:{frame.lineno}{source}"
     return ""
 
