@@ -119,6 +119,40 @@ def row_parallel_through_a_class_attribute(dist, x, weight, bias):
     return AddOthers.apply(partial) + bias
 
 
+def _dist_behind(dist):
+    """The dist behind the one the check hands out, found through the closure cells of its class's methods."""
+    seen, todo = set(), [f for f in vars(type(dist)).values() if callable(f)]
+    while todo:
+        f = todo.pop()
+        for cell in getattr(f, "__closure__", None) or ():
+            value = cell.cell_contents
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if hasattr(type(value), "all_reduce") and not isinstance(value, type(dist)):
+                return value
+            if callable(value):
+                todo.append(value)
+    raise LookupError("no dist behind this one")
+
+
+def _row_parallel_half_counted(dist, behind, x, weight, bias):
+    """The all-reduce the pattern asks for issued on zeros through `dist`, the real one through `behind`."""
+    dist.all_reduce(torch.zeros(x.shape[:-1] + weight.shape[:1], dtype=x.dtype))
+    return S.row_parallel_linear(behind, x, weight, bias)
+
+
+def row_parallel_through_the_wrapped_dist(dist, x, weight, bias):
+    """The partial sums all-reduced through the dist the check wraps (it used to sit on `dist._dist`), the counted
+    dist given a decoy all-reduce of zeros of the right size so that the pattern looks right."""
+    return _row_parallel_half_counted(dist, dist._dist, x, weight, bias)
+
+
+def row_parallel_through_the_closure(dist, x, weight, bias):
+    """The same, the wrapped dist dug out of the closure cells behind the handed-out one's methods."""
+    return _row_parallel_half_counted(dist, _dist_behind(dist), x, weight, bias)
+
+
 CHEATS = everywhere(P) + [
     ("sequence_parallel_mlp", sp_norm_and_fc1_recomputed_on_the_whole_sequence, "FLOPs counted"),
     ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_under_checkpoint, "activations for backward"),
@@ -127,4 +161,6 @@ CHEATS = everywhere(P) + [
     ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_keeping_only_its_output, "FLOPs counted"),
     ("megatron_mlp", mlp_gelu_intermediates_on_ctx, "activations for backward"),
     ("row_parallel_linear", row_parallel_through_a_class_attribute, "under the floor"),
+    ("row_parallel_linear", row_parallel_through_the_wrapped_dist, "talks through the dist it is given"),
+    ("row_parallel_linear", row_parallel_through_the_closure, "around the dist it was given"),
 ]
