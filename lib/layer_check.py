@@ -1,7 +1,8 @@
 """A layer's forward pass as a puzzle answer: the check runs backward itself from a gradient it held back, and
 judges the collectives of each pass (Megatron-LM's pattern), the activations the forward keeps, the output and
-every input's gradient. `dist` reaches the learner through CountingDist, which writes each collective down in
-both worlds (a real process has no simulator's trace to read), and counts the calls that went around it.
+every input's gradient. `dist` reaches the learner through counting_dist, which writes each collective down in
+both worlds (a real process has no simulator's trace to read) and, in simulation, counts the calls that went
+around it.
 """
 
 from __future__ import annotations

@@ -329,8 +329,9 @@ def _tokens_not_experts(layer: Layer, n: int, trips: int) -> Contract:
     return sends_less_than(
         d * d * ITEM, f"one expert's weights, d×d = {d}×{d} float64",
         f"tokens go to their experts, the experts stay home. Here d = {d} is chosen so that one expert outweighs "
-        f"all the rows a rank can send ({trips} all-to-alls of at most (N-1)·(E/N)·C = {most // trips} rows of "
-        f"{d} numbers): sending that much means it moved the experts' weights instead of the tokens",
+        f"all the rows a rank can need to send ({trips} all-to-alls of at most (N-1)·(E/N)·C = {most // trips} rows "
+        f"of {d} numbers): sending that much means it moved the experts' weights instead of the tokens (or sent "
+        "rows to ranks whose experts do not compute them)",
         hint="route each token to the rank that owns its expert, compute there, send the result back: a row of d "
              "numbers per (token, expert), never an expert's d×d weights.")
 
