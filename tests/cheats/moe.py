@@ -65,6 +65,31 @@ def moe_by_moving_the_experts_padded(dist, x, router, experts, k, capacity_facto
     return _combine_with(x, tokens, weights, expert_of)
 
 
+def moe_backward_by_moving_the_experts(dist, x, router, experts, k, capacity_factor, group=None):
+    """The experts' weights to every rank through a differentiable all-to-all, their gradients back through the
+    same: the tokens and their gradients stay home."""
+    n = dist.get_world_size()
+
+    class Exchange(torch.autograd.Function):
+        """Block i to rank i, both ways: the experts out forward, the gradients of their copies back backward."""
+
+        @staticmethod
+        def forward(ctx, rows):
+            out = torch.empty_like(rows)
+            dist.all_to_all_single(out, rows.contiguous())
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            out = torch.empty_like(grad)
+            dist.all_to_all_single(out, grad.contiguous())
+            return out
+
+    everyone = Exchange.apply(experts.repeat(n, 1, 1))
+    tokens, weights = top_k_route(x @ router, k, capacity_factor)
+    return _combine_with(x, tokens, weights, everyone)
+
+
 def moe_train_without_expert_parallelism(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
     """No expert parallelism: every rank gathers every batch and every expert (all-reduces of zero-padded buffers,
     the ops the puzzle allows) and trains the whole layer itself, single-device style."""
@@ -87,5 +112,6 @@ CHEATS = everywhere(P) + [
     ("top_k_route", route_by_the_course_arithmetic, "lib.moe"),
     ("moe_layer", moe_by_moving_the_experts, "moved the experts' weights instead of the tokens"),
     ("moe_layer", moe_by_moving_the_experts_padded, "moved the experts' weights instead of the tokens"),
+    ("moe_layer_backward", moe_backward_by_moving_the_experts, "moved the experts' weights instead of the tokens"),
     ("moe_train", moe_train_without_expert_parallelism, "over the budget"),
 ]
