@@ -44,6 +44,18 @@ def sends_only_to(neighbour: Callable[[int, int], int], what: str, hint: str = "
     return Contract(what, broken, hint)
 
 
+def sends_less_than(limit: float, what: str, rule: str, hint: str = "") -> Contract:
+    """No rank sends `limit` bytes or more: as much as `what`, which the algorithm never needs to send (a case sized
+    so that its whole traffic weighs less) and a way around it does."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        for s in result.stats:
+            if s.bytes_sent >= limit:
+                return f"rank {s.rank} sent {fmt_bytes(s.bytes_sent)}, at least {what} ({fmt_bytes(limit)})"
+        return None
+    return Contract(rule, broken, hint)
+
+
 def flops_balanced(tolerance: float, why: str, hint: str = "") -> Contract:
     """The busiest rank computes at most (1 + tolerance) times the FLOPs of the least busy one."""
 

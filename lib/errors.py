@@ -10,7 +10,8 @@ class PuzzleError(Exception):
 
 
 class RankFailed(PuzzleError):
-    """A rank raised: names the rank and shows the traceback of the learner's code.
+    """A rank raised: names the rank and what it raised, then the traceback of the learner's code, its frames only
+    (the exception's own line, which a formatted traceback ends with, is the message already: said once).
 
     `kind` is the name of what it raised (message's prefix, "NotImplementedError: ..."), in both worlds;
     `exception` the exception itself, in simulation only (it does not cross from a real process)."""
@@ -18,7 +19,7 @@ class RankFailed(PuzzleError):
     def __init__(self, rank: int, message: str, traceback: str = "",
                  exception: Optional[BaseException] = None) -> None:
         self.rank = rank
-        self.traceback = traceback
+        self.traceback = traceback = _without_repeat(traceback, message)
         self.exception = exception
         name = message.split(":", 1)[0].rsplit(".", 1)[-1]         # "module.Error: ..." from a real process
         self.kind = type(exception).__name__ if exception is not None else name if name.isidentifier() else ""
@@ -26,6 +27,18 @@ class RankFailed(PuzzleError):
         if traceback:
             text += "\n\n" + traceback.rstrip()
         super().__init__(text)
+
+
+def _without_repeat(traceback: str, message: str) -> str:
+    """`traceback` without its closing exception text when `message` says it already (a chained exception's cause,
+    above, stays); "" when no frame is left (every one was the engine's)."""
+    lines = traceback.rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if not frames:
+        return "" if "\n".join(lines[1:]).strip() in message else traceback
+    end = next((i for i in range(frames[-1] + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    closing = "\n".join(lines[end:]).strip()
+    return "\n".join(lines[:end]) + "\n" if closing in message else traceback
 
 
 class LaunchError(PuzzleError):

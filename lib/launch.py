@@ -390,13 +390,33 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+# Frames a learner has nothing to read in: the course's engine (the launcher, the check that calls the learner's
+# function) and torch's own (where a collective or a kernel raised, below the learner's call of it).
+_ENGINE_DIRS = (str(Path(__file__).resolve().parent) + os.sep, str(Path(torch.__file__).resolve().parent) + os.sep)
+
+
+def _learners_frames(info: traceback.TracebackException) -> None:
+    """Keep only the learner's frames, in the exception and in those it was raised from (all of them where none is
+    the learner's)."""
+    seen = set()
+    while info is not None and id(info) not in seen:
+        seen.add(id(info))
+        learners = [f for f in info.stack if not str(Path(f.filename).resolve()).startswith(_ENGINE_DIRS)]
+        info.stack = traceback.StackSummary.from_list(learners or list(info.stack))
+        info = info.__cause__ or info.__context__
+
+
 def _error_report(exc: BaseException) -> tuple:
-    """("error", message, traceback of the learner's code, is it a consequence, when)."""
+    """("error", message, traceback of the learner's code, is it a consequence, when). The traceback keeps the
+    learner's frames; where the message explains a cryptic error in a line of its own, the raw text goes."""
     info = traceback.TracebackException.from_exception(exc)
-    info.stack = traceback.StackSummary.from_list([f for f in info.stack if f.filename != __file__])
+    _learners_frames(info)
     message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     consequence = bool(_CONSEQUENCE.search(message))
-    return ("error", _explain_mismatch(message) or message, "".join(info.format()), consequence, time.time())
+    explained = _explain_mismatch(message)
+    tb = "".join(info.format()) if explained is None else \
+        "Traceback (most recent call last):\n" + "".join(info.stack.format())
+    return ("error", explained or message, tb, consequence, time.time())
 
 
 def _explain_mismatch(message: str) -> str | None:

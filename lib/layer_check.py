@@ -1,7 +1,8 @@
 """A layer's forward pass as a puzzle answer: the check runs backward itself from a gradient it held back, and
 judges the collectives of each pass (Megatron-LM's pattern), the activations the forward keeps, the output and
-every input's gradient. `dist` reaches the learner through CountingDist, which writes each collective down in
-both worlds (a real process has no simulator's trace to read).
+every input's gradient. `dist` reaches the learner through counting_dist, which writes each collective down in
+both worlds (a real process has no simulator's trace to read) and, in simulation, counts the calls that went
+around it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from lib.check import Puzzle
 from lib.errors import PuzzleError
 from lib.measure import saved_activation_bytes
-from lib.sim.context import current_tracker
+from lib.sim.context import current_runtime, current_tracker
 from lib.units import fmt_bytes
 
 
@@ -63,22 +64,78 @@ def _elements(name: str, args: tuple, kwargs: dict) -> int:
     return tensors[0].numel() if tensors else 0
 
 
-class CountingDist:
-    """`dist` as the learner sees it: every call passes through, each collective is written down."""
+class WentAround(PuzzleError):
+    """The layer reached the dist behind the one it was given, so that some of its collectives went uncounted."""
 
-    def __init__(self, dist) -> None:
-        self._dist = dist
-        self.log: list[tuple[str, int]] = []
 
-    def __getattr__(self, name: str):
-        attr = getattr(self._dist, name)
-        if name not in _COUNTED:
-            return attr
+class _Watch:
+    """How many communication calls the simulated rank posts in all, and how many through the dist handed out (a
+    real process has no count to compare: there the check trusts the simulated one)."""
 
-        def counted(*args, **kwargs):
-            self.log.append((_KIND.get(name, name), _elements(name, args, kwargs)))
-            return attr(*args, **kwargs)
-        return counted
+    def __init__(self) -> None:
+        self.inside = self.depth = 0
+        self.start = self.posted()
+
+    @staticmethod
+    def posted() -> Optional[int]:
+        runtime = current_runtime()
+        return len(runtime.me().posted) if runtime is not None else None
+
+    def call(self, method: Callable, *args, **kwargs):
+        """`method(*args, **kwargs)`, its posts counted as the handed-out dist's (once, should calls nest)."""
+        before, self.depth = self.posted(), self.depth + 1
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self.depth -= 1
+            if self.depth == 0 and before is not None:
+                self.inside += self.posted() - before
+
+    def around(self) -> int:
+        """Calls posted since the start that did not go through the dist handed out."""
+        return 0 if self.start is None else self.posted() - self.start - self.inside
+
+
+def counting_dist(dist, log: list) -> tuple[object, _Watch]:
+    """(`dist` as the learner sees it, its watch): every call passes through, each collective is written down in
+    `log` as (kind, elements). The dist behind it lives in this closure only: the object has no attribute holding
+    it, no __dict__ (so no vars()), and names starting with _ are refused; a call that reaches it anyway (through
+    the closure's cells) posts without passing the watch, which `_Watch.around` counts."""
+
+    def forward(name: str):
+        if name.startswith("_"):
+            raise AttributeError(f"dist has no attribute {name!r}: a layer talks through the dist it is given, "
+                                 "whose every collective the check counts.")
+        attr = getattr(dist, name)
+        if not callable(attr) or isinstance(attr, type):
+            return attr                          # ReduceOp, P2POp, group: names, not calls
+
+        def call(*args, **kwargs):
+            if name in _COUNTED:
+                log.append((_KIND.get(name, name), _elements(name, args, kwargs)))
+            return watch.call(attr, *args, **kwargs)
+        call.__name__ = call.__qualname__ = name     # a P2POp names its op by __name__
+        return call
+
+    class CountingDist:
+        __slots__ = ()
+
+        def __getattr__(self, name: str):
+            return forward(name)
+
+        def __repr__(self) -> str:
+            return "<dist>"
+
+    watch = _Watch()
+    return CountingDist(), watch
+
+
+def _went_around(watch: _Watch, phase: str, dist) -> None:
+    n = watch.around()
+    if n:
+        raise WentAround(f"rank {dist.get_rank()} made {n} communication call{'s' * (n > 1)} in the {phase} pass "
+                         "around the dist it was given (reaching for the dist behind it), which the check counts "
+                         "collectives through: the layer's communication must go through `dist`.")
 
 
 def describe_calls(calls: Sequence[tuple[str, int]]) -> str:
@@ -118,7 +175,8 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     CollectivePattern when the collectives of either pass differ from Megatron's (forward's checked first), and
     TooManyActivations when the forward saves more bytes for backward than upstream.activations allows."""
     *inputs, upstream = args
-    counting = CountingDist(dist)
+    log: list[tuple[str, int]] = []
+    counting, watch = counting_dist(dist, log)
     given = [a for a in inputs if isinstance(a, torch.Tensor)]
     out = None
 
@@ -127,7 +185,8 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
         out = fn(counting, *inputs)
 
     saved, kept = _forward_memory(forward_pass, given)
-    forward = list(counting.log)
+    _went_around(watch, "forward", dist)
+    forward = list(log)
     if not isinstance(out, torch.Tensor):
         raise UnusableOutput(f"the layer should return a tensor, got {type(out).__name__}.")
     if out.shape != upstream.grad.shape:
@@ -149,7 +208,8 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
             f"rank {dist.get_rank()}'s forward saved {fmt_bytes(saved)} of activations for backward; the "
             f"tensor-parallel layer needs at most {fmt_bytes(limit)} ({why}).\nHint: {hint}")
     out.backward(upstream.grad)
-    backward = counting.log[len(forward):]
+    _went_around(watch, "backward", dist)
+    backward = log[len(forward):]
     if upstream.pattern is not None:
         _check_pattern("backward", backward, upstream.pattern, dist)
     result = {"output": out.detach()}

@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from lib.check import Budget, Case, Puzzle
+from lib.check import Budget, Case, Contract, Puzzle
+from lib.contract import sends_less_than
 from lib.device import device
 from lib.diagnose import Mistake
 from lib.sim import per_rank
@@ -238,10 +239,22 @@ class Layer:
         return sent, received
 
 
+def outweighing_hidden(n: int, per_rank: int, cap: int, trips: int) -> int:
+    """The smallest hidden size d at which one expert's weights (d·d numbers) outweigh every row a rank can send in
+    `trips` all-to-alls of rows of d (2: there and back; 4 with backward). Each all-to-all sends at most (N-1)·(E/N)·C
+    rows: going out, at most C of the rank's rows to each expert on the other N-1 ranks (its capacity); coming back,
+    the results of at most C rows from each other rank for each of its own E/N experts. An expert sent anywhere then
+    costs more than all the tokens' traffic, so no padding can make it fit."""
+    return trips * (n - 1) * per_rank * cap + 1
+
+
 def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
-           factor: Optional[float] = None, per_rank_experts: Optional[int] = None, k: Optional[int] = None) -> Layer:
+           factor: Optional[float] = None, per_rank_experts: Optional[int] = None, k: Optional[int] = None,
+           trips: int = 0) -> Layer:
     """k=2 asks for a learned gate over at least 3 experts (a token's two experts add up: the case an answer written
-    for k=1 gets wrong)."""
+    for k=1 gets wrong). With `trips` (the all-to-alls of rows the puzzle makes, there and back), d is large
+    enough that an expert outweighs them all (outweighing_hidden): an answer that moves experts instead of tokens
+    cannot fit in the tokens' bytes, however it pads."""
     e_count = n * (per_rank_experts or rng.choice([1, 2] if n > 2 else [1, 2, 3]))
     if k == 2 and e_count < 3:
         e_count = 2 * n
@@ -249,6 +262,8 @@ def _layer(rng: random.Random, n: int, gate: str = "learned", experts_kind: str 
     factor = {"round_robin": 2.0, "shifted": 2.0, "lopsided": 1.0}.get(gate) or factor or rng.choice(FACTORS)
     d = max(e_count, rng.randint(3, 6))
     t_count = e_count * rng.randint(2, 4)
+    if trips:
+        d = max(d, outweighing_hidden(n, e_count // n, math.ceil(k * t_count * factor / e_count), trips))
     gen = _gen(rng)
     if gate != "learned":             # token t's logits: 8 at its chosen expert, noise elsewhere
         router = torch.zeros(d, e_count, dtype=torch.float64)
@@ -305,15 +320,32 @@ def _bytes_budgets(layer: Layer, n: int, trips: int, counts: bool, what: str) ->
                    hint=f"the {what} reach their experts through dist.all_to_all_single only.")]
 
 
+def _tokens_not_experts(layer: Layer, n: int, trips: int) -> Contract:
+    """The tokens travel, never the experts: d is outweighing_hidden's, so one expert's weights weigh more than all
+    the rows a rank can send, and a rank that sends that much moved experts (or far more rows than routing asks)."""
+    d, per = layer.router.shape[0], layer.experts.shape[0] // n
+    cap = math.ceil(layer.k * layer.xs[0].shape[0] * layer.factor / layer.experts.shape[0])
+    most = trips * (n - 1) * per * cap
+    return sends_less_than(
+        d * d * ITEM, f"one expert's weights, d×d = {d}×{d} float64",
+        f"tokens go to their experts, the experts stay home. Here d = {d} is chosen so that one expert outweighs "
+        f"all the rows a rank can need to send ({trips} all-to-alls of at most (N-1)·(E/N)·C = {most // trips} rows "
+        f"of {d} numbers): sending that much means it moved the experts' weights instead of the tokens (or sent "
+        "rows to ranks whose experts do not compute them)",
+        hint="route each token to the rank that owns its expert, compute there, send the result back: a row of d "
+             "numbers per (token, expert), never an expert's d×d weights.")
+
+
 def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
               factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
               k: Optional[int] = None) -> Case:
-    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k)
+    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k, trips=2)
     expected = [moe_reference(x, layer.router, layer.experts, layer.k, layer.factor) for x in layer.xs]
     return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
                     per_rank(layer.shard(n)), layer.k, layer.factor),
                 [e.to(device()) for e in expected], layer.label,
-                budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A)
+                budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A,
+                contracts=[_tokens_not_experts(layer, n, 2)])
 
 
 RANK = -1          # pooled_by=RANK: a rank's experts share their capacity
@@ -414,7 +446,7 @@ def _backward_harness(answer, _dist, x, router, experts, k, factor, dy):
 def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
                    factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
                    k: Optional[int] = None) -> Case:
-    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k)
+    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k, trips=4)
     gen = _gen(rng)
     dys = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs]
     expected, dw = [], torch.zeros_like(layer.experts)
@@ -430,7 +462,8 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
     return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
                     per_rank(layer.shard(n)), layer.k, layer.factor, per_rank([dy.to(device()) for dy in dys])),
                 [tuple(t.to(device()) for t in e) for e in expected], layer.label + "; (y, dx, drouter, dexperts)",
-                budgets=_bytes_budgets(layer, n, 4, True, "tokens and their gradients"), allowed_ops=A2A)
+                budgets=_bytes_budgets(layer, n, 4, True, "tokens and their gradients"), allowed_ops=A2A,
+                contracts=[_tokens_not_experts(layer, n, 4)])
 
 
 moe_layer_backward = Puzzle(

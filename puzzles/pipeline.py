@@ -246,25 +246,40 @@ def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -
 ON_DEVICE = nothing_on_the_host("a pipeline stage keeps its weights and its micro-batches' activations on its device")
 
 
-def _all_forwards_first(result: SimResult) -> Optional[str]:
-    """GPipe's order, seen from the last stage: it cannot start a backward before its last forward, so every
-    activation has arrived before the first gradient leaves (whatever the other stages do, since no gradient
-    reaches them before the last stage sends one)."""
-    last = result.world_size - 1
-    arrived = [e.end for e in result.trace if e.rank == last and e.op == "recv" and e.peer == last - 1]
-    back = [e.start for e in result.trace if e.rank == last and e.op == "send" and e.peer == last - 1]
-    if arrived and back and min(back) < max(arrived):
-        early = sum(t > min(back) for t in arrived)
-        return (f"rank {last}, the last stage, sent its first gradient back at {fmt_time(min(back))}, before "
-                f"{early} of the micro-batches' activations had reached it (the last at {fmt_time(max(arrived))}): "
-                "forwards and backwards interleaved, as in 1F1B's order or one micro-batch at a time")
-    return None
+def _all_forwards_first(pair_times: list[float]):
+    """GPipe's order on every stage r > 0, judged from its own messages: between the last activation's arrival and
+    the first gradient it sends back, stage r runs that micro-batch's forward and then a backward (its first
+    gradient needs both), pair_times[r] = t_f + t_b of simulated compute. Interleaving sends the first gradient
+    before the last activation is even in (or as it arrives): half of pair_times[r] is the line, so that neither
+    a right answer's own ops (a copy more or less) nor the clocks' rounding come near it. (Stage 0 receives no
+    activation: interleaving there, with the next stage in GPipe's order, deadlocks; with the next stage
+    interleaving too, that stage is caught.)"""
+
+    def broken(result: SimResult) -> Optional[str]:
+        for r in range(1, result.world_size):
+            arrived = [e.end for e in result.trace if e.rank == r and e.op == "recv" and e.peer == r - 1]
+            back = [e.start for e in result.trace if e.rank == r and e.op == "send" and e.peer == r - 1]
+            if not arrived or not back:
+                continue
+            gap, need = min(back) - max(arrived), pair_times[r]
+            if gap < need / 2:
+                where = "before" if gap < 0 else f"{fmt_time(gap)} after"
+                return (f"rank {r} sent its first gradient back at {fmt_time(min(back))}, {where} the last "
+                        f"micro-batch's activation reached it (at {fmt_time(max(arrived))}), where GPipe computes "
+                        f"that micro-batch's forward and a backward in between ({fmt_time(need)} here): forwards "
+                        "and backwards interleaved, as in 1F1B's order or one micro-batch at a time")
+        return None
+    return Contract("GPipe runs every micro-batch's forward before any backward, on every stage (interleaving them "
+                    "is 1F1B, the next puzzle)", broken, timed=True,
+                    hint="forward all m micro-batches first, keeping each (input, output) pair; only then run the "
+                         "backwards.")
 
 
-GPIPE_ORDER = Contract("GPipe runs every micro-batch's forward before any backward (interleaving them is 1F1B, the "
-                       "next puzzle)", _all_forwards_first, timed=True,
-                       hint="forward all m micro-batches first, keeping each (input, output) pair; only then run the "
-                            "backwards.")
+def _gpipe_order(stages, micro: torch.Tensor, micro_y: torch.Tensor, m: int) -> Contract:
+    """GPipe's order contract with each stage's measured t_f + t_b (the last one's forward computes the loss)."""
+    last = len(stages) - 1
+    return _all_forwards_first([sum(stage_times(st, micro, COST, micro_y if r == last else None, m))
+                                for r, st in enumerate(stages)])
 
 
 def _messages(p: int, v: int, m: int, boundary: int) -> list[Budget]:
@@ -295,7 +310,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
                _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m},
-                contracts=[GPIPE_ORDER] if schedule == "gpipe" else [])
+                contracts=[_gpipe_order(stages, micro, micro_y, m)] if schedule == "gpipe" else [])
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:

@@ -523,11 +523,29 @@ def _vocab_case(rng: random.Random, world: int, logit_scale: Optional[float] = N
                f"alive at once, plus inputs, weight shards, their gradients and s·b·h activations "
                f"({fmt_bytes(held)}); the full logits are {fmt_bytes(sb * vocab * ITEM)}")
     return Case(world, args, expected, _label(world, s, b, h, f", vocabulary {vocab}, logits of about ±{scale:.3g}"),
-                # Memory first: it is the point of this puzzle (a gather also sends too much).
-                budgets=[Budget("peak_memory", memory, why_mem,
+                # The floor first: below it, bytes went by some other way than dist, whatever the memory says. Then
+                # memory: it is the point of this puzzle (a gather also sends too much).
+                budgets=[_vocab_floor(tokens, h, sb), Budget("peak_memory", memory, why_mem,
                                 hint="never build [s, b, V]: reduce the max, the sum of exponentials and the "
                                      "target's logit across ranks instead, each [s, b]."),
                          Budget("bytes_sent", sent, why_bytes), Budget("bytes_received", sent, why_bytes)])
+
+
+def _vocab_floor(tokens: torch.Tensor, h: int, sb: int) -> Budget:
+    """What any algorithm sends at least, per rank (the reference sends about twice as much: its all-reduces move
+    2(N-1)/N of their buffers). Each distinct id among the tokens has one owner: in forward the owner sends its row
+    out (no one else has it), in backward every other rank sends out its share of the row's gradient (only its
+    head shard gives it), so each id costs every rank h numbers one way or the other. The loss needs, per token, a
+    log-sum-exp over the whole vocabulary: every rank sends out its part of it, one number per token at least (a
+    max and a sum of exponentials, all-reduced, are two; a ring merging (max, sum) pairs is one). The target logits
+    need only their sum over tokens, one number."""
+    distinct = int(tokens.unique().numel())
+    return Budget("bytes_sent", (distinct * h + sb) * ITEM,
+                  f"the least any algorithm sends: h = {h} numbers for each of the {distinct} distinct token ids "
+                  f"(its row forward from its owner, or its gradient's share back to it) and one per token for "
+                  f"the softmax's normaliser, s·b = {sb}", least=True,
+                  hint="the embedding rows, the softmax statistics and the head input's gradient travel between "
+                       "ranks by dist: separate processes share nothing else.")
 
 
 LOGIT_COPIES = 4

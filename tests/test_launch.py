@@ -160,6 +160,10 @@ def test_a_raising_rank_reports_its_own_traceback():
     assert "ValueError: rank one is unhappy" in str(error)
     assert "raises_on_rank_1" in error.traceback and 'raise ValueError("rank one is unhappy")' in error.traceback
     assert "lib/launch.py" not in error.traceback and "_run_rank" not in error.traceback
+    # Said once: the message first, then the learner's frames without the exception's line again.
+    text = str(error)
+    assert text.startswith("rank 1 raised ValueError: rank one is unhappy\n\nTraceback (most recent call last):")
+    assert text.count("rank one is unhappy") == 2 and text.rstrip().endswith('raise ValueError("rank one is unhappy")')
 
 
 def test_a_killed_rank_names_the_signal():
@@ -194,6 +198,9 @@ def test_mismatched_collectives_are_explained_in_debug_mode():
         launch(shapes_differ, 2, debug=True)
     assert "mismatched collectives" in str(info.value)
     assert "shape [3]" in str(info.value) and "shape [4]" in str(info.value)
+    # The one-line explanation replaces torch's fingerprints, and torch's frames go: the learner's call remains.
+    assert "CollectiveFingerPrint" not in str(info.value) and "distributed_c10d" not in str(info.value)
+    assert "dist.all_reduce(torch.ones(3 + dist.get_rank()))" in str(info.value)
 
 
 def asymmetric_point_to_point(dist):

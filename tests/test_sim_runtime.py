@@ -467,6 +467,28 @@ def test_rank_raising_names_rank_line_and_error():
     assert 'raise ValueError("shard size 7 does not divide 10")' in text
     assert "test_sim_runtime.py" in text
     assert "lib/sim" not in text and "lib\\sim" not in text
+    # Said once: the message, then the learner's frames, not the exception's line again at the traceback's end.
+    assert text.count("shard size 7 does not divide 10") == 2        # the message, and the raise in the frame
+    assert text.startswith("rank 1 raised ValueError: shard size 7")
+    assert text.rstrip().endswith('raise ValueError("shard size 7 does not divide 10")')
+
+
+def test_rank_raising_in_torch_shows_the_learners_line_and_the_error_once():
+    def prog(dist):
+        torch.ones(2, 3) @ torch.ones(2, 3)
+    text = str(_fails(prog, 2, RankFailed))
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in text
+    assert text.count("cannot be multiplied") == 1 and "torch.ones(2, 3) @ torch.ones(2, 3)" in text
+
+
+def test_rank_raising_from_another_exception_says_it_once():
+    def prog(dist):
+        try:
+            {}["shard"]
+        except KeyError as e:
+            raise ValueError("no such shard") from e
+    text = str(_fails(prog, 2, RankFailed))
+    assert text.count("no such shard") == 2 and text.rstrip().endswith('raise ValueError("no such shard") from e')
 
 
 def test_a_bad_argument_inside_a_dist_call_is_invalid_call():

@@ -16,6 +16,15 @@ def route_by_the_course_arithmetic(logits, k, capacity_factor):
     return tokens, weights
 
 
+def _combine_with(x, tokens, weights, expert_of):
+    """y[t] = Σ over t's kept slots of weight · x[t] @ W_e, with W_e = expert_of[e] at hand on this rank."""
+    kept = tokens >= 0
+    e = torch.arange(tokens.shape[0], device=x.device).unsqueeze(1).expand_as(tokens)[kept]
+    weights_at_hand = torch.stack([expert_of[int(i)] for i in e]) if len(e) else x.new_empty(0, x.shape[1], x.shape[1])
+    out = torch.einsum("rd,rde->re", x[tokens[kept]], weights_at_hand) * weights[kept].unsqueeze(-1)
+    return torch.zeros_like(x).index_add(0, tokens[kept], out)
+
+
 def moe_by_moving_the_experts(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
     """All-to-all only, but of the experts' weights: every rank receives every expert and keeps its tokens home."""
     n = dist.get_world_size()
@@ -23,10 +32,62 @@ def moe_by_moving_the_experts(dist, x, router, experts, k, capacity_factor, exch
     everyone = torch.empty_like(rows)
     dist.all_to_all_single(everyone, rows)
     tokens, weights = top_k_route(x @ router, k, capacity_factor)
-    kept = tokens >= 0
-    e = torch.arange(tokens.shape[0]).unsqueeze(1).expand_as(tokens)[kept]
-    out = torch.einsum("rd,rde->re", x[tokens[kept]], everyone[e]) * weights[kept].unsqueeze(-1)
-    return torch.zeros_like(x).index_add(0, tokens[kept], out)
+    return _combine_with(x, tokens, weights, everyone)
+
+
+def moe_by_moving_the_experts_padded(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
+    """The experts' weights moved instead of the tokens, in the tokens' exact bytes: the counts all-to-all as the
+    lesson's, then to each rank the experts it uses (d rows of d each) padded with zeros to the rows the tokens'
+    way would send it there and back (both sides know both numbers from the counts). It passed the byte floor and
+    ceiling wherever the experts fit (2 seeds in 20) until d was sized so that no expert ever fits."""
+    n, rank, local, d = dist.get_world_size(), dist.get_rank(), experts.shape[0], x.shape[1]
+    tokens, weights = top_k_route(x @ router, k, capacity_factor)
+    counts = (tokens >= 0).sum(1)
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    mine_to, theirs_from = counts.view(n, local), got.view(n, local)       # (rank, its expert): rows each way
+    rows = mine_to.sum(1) + theirs_from.sum(1)                              # what the tokens' way sends each rank
+
+    def padded(used: torch.Tensor, s: int) -> int:
+        return 0 if s == rank else max(d * int(used.sum()), int(rows[s]))
+
+    send = [padded(theirs_from[s] > 0, s) for s in range(n)]
+    recv = [padded(mine_to[s] > 0, s) for s in range(n)]
+    wanted = [experts[theirs_from[s] > 0].reshape(-1, d) for s in range(n)]  # the experts rank s uses, d rows each
+    blocks = [torch.cat([wanted[s], x.new_zeros(send[s] - len(wanted[s]), d)]) for s in range(n) if s != rank]
+    out = x.new_empty(sum(recv), d)
+    dist.all_to_all_single(out, torch.cat(blocks) if blocks else x.new_empty(0, d), recv, send)
+    expert_of, parts = {}, out.split(recv)
+    for s in range(n):
+        arrived = experts if s == rank else parts[s][:d * int((mine_to[s] > 0).sum())].view(-1, d, d)
+        used = range(local) if s == rank else (mine_to[s] > 0).nonzero().flatten().tolist()
+        expert_of.update({s * local + i: w for i, w in zip(used, arrived)})
+    return _combine_with(x, tokens, weights, expert_of)
+
+
+def moe_backward_by_moving_the_experts(dist, x, router, experts, k, capacity_factor, group=None):
+    """The experts' weights to every rank through a differentiable all-to-all, their gradients back through the
+    same: the tokens and their gradients stay home."""
+    n = dist.get_world_size()
+
+    class Exchange(torch.autograd.Function):
+        """Block i to rank i, both ways: the experts out forward, the gradients of their copies back backward."""
+
+        @staticmethod
+        def forward(ctx, rows):
+            out = torch.empty_like(rows)
+            dist.all_to_all_single(out, rows.contiguous())
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            out = torch.empty_like(grad)
+            dist.all_to_all_single(out, grad.contiguous())
+            return out
+
+    everyone = Exchange.apply(experts.repeat(n, 1, 1))
+    tokens, weights = top_k_route(x @ router, k, capacity_factor)
+    return _combine_with(x, tokens, weights, everyone)
 
 
 def moe_train_without_expert_parallelism(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
@@ -49,6 +110,8 @@ def moe_train_without_expert_parallelism(dist, batches, router, experts, k, capa
 
 CHEATS = everywhere(P) + [
     ("top_k_route", route_by_the_course_arithmetic, "lib.moe"),
-    ("moe_layer", moe_by_moving_the_experts, ("over the budget", "under the floor")),
+    ("moe_layer", moe_by_moving_the_experts, "moved the experts' weights instead of the tokens"),
+    ("moe_layer", moe_by_moving_the_experts_padded, "moved the experts' weights instead of the tokens"),
+    ("moe_layer_backward", moe_backward_by_moving_the_experts, "moved the experts' weights instead of the tokens"),
     ("moe_train", moe_train_without_expert_parallelism, "over the budget"),
 ]

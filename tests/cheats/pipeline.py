@@ -89,12 +89,9 @@ def stages_through_a_class_attribute(dist, stage, batch, targets):
     return stage
 
 
-def gpipe_in_1f1b_order_with_receives_posted_first(dist, stage, batch, targets, m):
-    """1F1B's order for GPipe, the last stage posting every activation's irecv up front so that they might all
-    arrive before its first gradient leaves (they cannot: the stage before it waits for that gradient)."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    if rank != p - 1:
-        return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: p - r - 1, refuse=False)
+def _last_stage_1f1b_with_receives_posted_first(dist, stage, batch, targets, m):
+    """The last stage: every activation's irecv posted up front, then a backward right after each forward."""
+    rank = dist.get_rank()
     xs, ys = batch.chunk(m), targets.chunk(m)
     posted = [(buf, dist.irecv(buf, rank - 1)) for buf in map(torch.empty_like, xs)]
     sends = []
@@ -108,6 +105,24 @@ def gpipe_in_1f1b_order_with_receives_posted_first(dist, stage, batch, targets, 
     return stage
 
 
+def gpipe_in_1f1b_order_with_receives_posted_first(dist, stage, batch, targets, m):
+    """1F1B's order for GPipe, the last stage posting every activation's irecv up front so that they might all
+    arrive before its first gradient leaves (they cannot: the stage before it waits for that gradient)."""
+    if dist.get_rank() != dist.get_world_size() - 1:
+        return _one_f_one_b(dist, stage, batch, targets, m, lambda p, r: p - r - 1, refuse=False)
+    return _last_stage_1f1b_with_receives_posted_first(dist, stage, batch, targets, m)
+
+
+def gpipe_but_the_last_stage_in_1f1b_order(dist, stage, batch, targets, m):
+    """GPipe on every stage but the last, which posts every activation's irecv up front and then runs 1F1B's order:
+    the activations arrive as the stage before sends them, so the last one lands a hair (0.01 µs) after the first
+    gradient leaves, which an arrival-time contract barely saw; the gap between them is judged against a forward
+    and a backward now."""
+    if dist.get_rank() != dist.get_world_size() - 1:
+        return gpipe(dist, stage, batch, targets, m)
+    return _last_stage_1f1b_with_receives_posted_first(dist, stage, batch, targets, m)
+
+
 CHEATS = everywhere(P) + [
     ("zero_bubble", zero_bubble_w_by_broadcast_and_sum, "simulated time"),
     ("zero_bubble", zero_bubble_w_by_mv, "simulated time"),
@@ -116,4 +131,5 @@ CHEATS = everywhere(P) + [
     ("one_f_one_b", one_f_one_b_gpipe_recomputed, "simulated time"),
     ("pipeline_stages", stages_through_a_class_attribute, "under the floor"),
     ("gpipe", gpipe_in_1f1b_order_with_receives_posted_first, "forwards and backwards interleaved"),
+    ("gpipe", gpipe_but_the_last_stage_in_1f1b_order, "forwards and backwards interleaved"),
 ]

@@ -8,7 +8,7 @@ import puzzles.tensor_parallel as P
 import solutions.tensor_parallel as S
 from puzzles.tensor_parallel import attention_core
 from tests.cheats.common import everywhere
-from tests.wrong.tensor_parallel import vocab_loss_shifted_by
+from tests.wrong.tensor_parallel import _Reduce, vocab_loss_shifted_by
 
 
 def _sequence_ops(dist):
@@ -119,6 +119,113 @@ def row_parallel_through_a_class_attribute(dist, x, weight, bias):
     return AddOthers.apply(partial) + bias
 
 
+def _dist_behind(dist):
+    """The dist behind the one the check hands out, found through the closure cells of its class's methods."""
+    seen, todo = set(), [f for f in vars(type(dist)).values() if callable(f)]
+    while todo:
+        f = todo.pop()
+        for cell in getattr(f, "__closure__", None) or ():
+            value = cell.cell_contents
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if hasattr(type(value), "all_reduce") and not isinstance(value, type(dist)):
+                return value
+            if callable(value):
+                todo.append(value)
+    raise LookupError("no dist behind this one")
+
+
+def _row_parallel_half_counted(dist, behind, x, weight, bias):
+    """The all-reduce the pattern asks for issued on zeros through `dist`, the real one through `behind`."""
+    dist.all_reduce(torch.zeros(x.shape[:-1] + weight.shape[:1], dtype=x.dtype))
+    return S.row_parallel_linear(behind, x, weight, bias)
+
+
+def row_parallel_through_the_wrapped_dist(dist, x, weight, bias):
+    """The partial sums all-reduced through the dist the check wraps (it used to sit on `dist._dist`), the counted
+    dist given a decoy all-reduce of zeros of the right size so that the pattern looks right."""
+    return _row_parallel_half_counted(dist, dist._dist, x, weight, bias)
+
+
+def row_parallel_through_the_closure(dist, x, weight, bias):
+    """The same, the wrapped dist dug out of the closure cells behind the handed-out one's methods."""
+    return _row_parallel_half_counted(dist, _dist_behind(dist), x, weight, bias)
+
+
+def _board(name: str) -> dict:
+    """A dict on a class attribute of torch.nn.Module: threads share it, processes do not."""
+    if not hasattr(torch.nn.Module, name):
+        setattr(torch.nn.Module, name, {})
+    return getattr(torch.nn.Module, name)
+
+
+def _through_the_board(dist, key: str, mine: torch.Tensor) -> list:
+    """Every rank's `mine`, passed as Python floats on the board; a 1-element all-reduce only keeps the order."""
+    board = _board("_course_cheat_vocab")
+    board[key, dist.get_rank()] = (mine.detach().tolist(), mine.dtype)
+    dist.all_reduce(torch.zeros(1, dtype=mine.dtype))
+    return [torch.tensor(board[key, r][0], dtype=board[key, r][1]) for r in range(dist.get_world_size())]
+
+
+def vocab_loss_through_a_class_attribute(dist, tokens, targets, emb_w, head_w):
+    """Every exchange of the vocabulary-parallel loss (the embedding rows, the softmax statistics, the head input's
+    gradient) left as Python floats on a class attribute, three 1-element all-reduces keeping the order: the
+    numbers and the collectives' count look fine, but the bytes are far below what any algorithm must send."""
+    rank, part = dist.get_rank(), emb_w.shape[0]
+
+    def local(ids):
+        mine = (ids >= rank * part) & (ids < (rank + 1) * part)
+        return torch.where(mine, ids - rank * part, 0), mine
+
+    class SumOverRanks(torch.autograd.Function):
+        """x from every rank's rows forward; backward, the gradient summed over ranks through the board."""
+
+        @staticmethod
+        def forward(ctx, mine):
+            return sum(_through_the_board(dist, "rows", mine))
+
+        @staticmethod
+        def backward(ctx, grad):
+            return sum(_through_the_board(dist, "dx", grad))
+
+    rows, mine = local(tokens)
+    x = SumOverRanks.apply(F.embedding(rows, emb_w) * mine.unsqueeze(-1))
+    logits = F.linear(x, head_w)                                                   # [s, b, V/N]
+    lse = torch.logsumexp(logits, -1)
+    rows, mine = local(targets)
+    target = logits.gather(-1, rows.unsqueeze(-1)).squeeze(-1) * mine
+    stats = _through_the_board(dist, "stats", torch.stack([lse, target]))
+    others_lse = torch.logsumexp(torch.stack([s[0] for r, s in enumerate(stats) if r != rank]), 0)
+    others_target = sum(s[1] for r, s in enumerate(stats) if r != rank)
+    return (torch.logaddexp(lse, others_lse) - target - others_target).mean()
+
+
+def vocab_loss_gathering_the_logits(dist, tokens, targets, emb_w, head_w):
+    """The logits gathered whole on every rank, [s, b, V], and torch's cross-entropy on them: no statistics to
+    reduce, but the memory and the bytes of the whole vocabulary on every rank."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    part = emb_w.shape[0]
+    mine = (tokens >= rank * part) & (tokens < (rank + 1) * part)
+    x = _Reduce.apply(F.embedding(torch.where(mine, tokens - rank * part, 0), emb_w) * mine.unsqueeze(-1), dist)
+    logits = S.column_parallel_linear(dist, x, head_w, None)                       # [s, b, V/N]
+
+    class Gather(torch.autograd.Function):
+        """Every rank's slice side by side forward; backward, this rank's slice of the gradient."""
+
+        @staticmethod
+        def forward(ctx, shard):
+            out = shard.new_empty((world * shard.shape[0], *shard.shape[1:]))
+            dist.all_gather_into_tensor(out, shard.contiguous())
+            return torch.cat(out.chunk(world), -1)                                # [s, b, V]
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.chunk(world, -1)[rank]
+
+    return F.cross_entropy(Gather.apply(logits).flatten(0, 1), targets.flatten())
+
+
 CHEATS = everywhere(P) + [
     ("sequence_parallel_mlp", sp_norm_and_fc1_recomputed_on_the_whole_sequence, "FLOPs counted"),
     ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_under_checkpoint, "activations for backward"),
@@ -127,4 +234,8 @@ CHEATS = everywhere(P) + [
     ("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_keeping_only_its_output, "FLOPs counted"),
     ("megatron_mlp", mlp_gelu_intermediates_on_ctx, "activations for backward"),
     ("row_parallel_linear", row_parallel_through_a_class_attribute, "under the floor"),
+    ("row_parallel_linear", row_parallel_through_the_wrapped_dist, "talks through the dist it is given"),
+    ("row_parallel_linear", row_parallel_through_the_closure, "around the dist it was given"),
+    ("vocab_parallel_loss", vocab_loss_through_a_class_attribute, "under the floor"),
+    ("vocab_parallel_loss", vocab_loss_gathering_the_logits, "over the budget"),
 ]
