@@ -57,6 +57,7 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgba_array
     from matplotlib.patches import Patch
 
     from lib.viz import place_axes
@@ -72,11 +73,11 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
         bars.setdefault((y, height, label), []).append(
             (e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3)))
     if bars:                                 # one collection of every rectangle: a run has thousands of events
+        counts = [len(spans) for spans in bars.values()]
         x0, dx = np.concatenate([np.asarray(spans) for spans in bars.values()]).T
-        y0 = np.concatenate([np.full(len(spans), y) for (y, _, _), spans in bars.items()])
-        y1 = y0 + np.concatenate([np.full(len(spans), h) for (_, h, _), spans in bars.items()])
-        x1 = x0 + dx
-        colours = [palette.get(label, "#999999") for (_, _, label), spans in bars.items() for _ in spans]
+        y0, height = np.repeat([(y, h) for y, h, _ in bars], counts, axis=0).T
+        x1, y1 = x0 + dx, y0 + height
+        colours = np.repeat(to_rgba_array([palette.get(label, "#999999") for _, _, label in bars]), counts, axis=0)
         corners = np.stack([np.stack(c, axis=1) for c in ((x0, y0), (x0, y1), (x1, y1), (x1, y0))], axis=1)
         ax.add_collection(PolyCollection(corners, facecolors=colours, edgecolor="white", linewidth=0.3),
                           autolim=False)
