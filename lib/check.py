@@ -377,13 +377,11 @@ class Puzzle:
         if outcome.ok:
             print(outcome.message)
             if show and _in_notebook():
-                import matplotlib
                 from IPython.display import display
 
-                from lib.viz import RENDER_RC
+                from lib.viz.png import Picture
                 for figure in self.picture(outcome, fn):
-                    with matplotlib.rc_context(RENDER_RC):
-                        display(figure)
+                    display(Picture(figure))
             return True
         if outcome.status == UNATTEMPTED:
             print(f"○ {outcome.message}")

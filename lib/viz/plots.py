@@ -136,7 +136,7 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", frameon=False)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, y=1.0)           # where matplotlib would put it, without measuring the ticks
     peaks = max(len(f"peak {fmt_bytes(r.stats[rank].peak_memory)}") for r in runs.values())
     place_axes(fig, ax, left=0.7, bottom=0.48, top=0.26 + 0.2 * title.count("\n"), right=0.15 + 0.065 * peaks)
     plt.close(fig)

@@ -36,12 +36,16 @@ KIND_COLOURS = ("#55A868", "#DD8452", "#8172B3", "#C44E52", "#CCB974", "#64B5CD"
 
 
 def _colouring(events: Sequence, kind_of: Optional[Callable[[Any], str]]):
-    """(label of an event, colour of a label): by op, or communication by the kind `kind_of` names."""
+    """(label of each event, colour of a label): by op, or communication by the kind `kind_of` names. kind_of is
+    asked once per rank, op, group and peer: a run repeats the same few communications hundreds of times."""
     if kind_of is None:
-        return (lambda e: e.op), COLOURS
-    kinds = sorted({kind_of(e) for e in events if e.lane == "comm"})
-    palette = {**COLOURS, **dict(zip(kinds, KIND_COLOURS * (1 + len(kinds) // len(KIND_COLOURS))))}
-    return (lambda e: kind_of(e) if e.lane == "comm" else e.op), palette
+        return [e.op for e in events], COLOURS
+    kinds: dict[tuple, str] = {}
+    labels = [e.op if e.lane != "comm" else kinds.get((e.rank, e.op, e.group, e.peer)) or
+              kinds.setdefault((e.rank, e.op, e.group, e.peer), kind_of(e)) for e in events]
+    comm = sorted(set(kinds.values()))
+    palette = {**COLOURS, **dict(zip(comm, KIND_COLOURS * (1 + len(comm) // len(KIND_COLOURS))))}
+    return labels, palette
 
 
 def draw_timeline(events: Sequence, world_size: int, title: str = "",
@@ -53,26 +57,30 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgba_array
     from matplotlib.patches import Patch
 
     from lib.viz import place_axes
 
-    label_of, palette = _colouring(events, kind_of)
+    labels, palette = _colouring(events, kind_of)
 
     end = max((e.end for e in events), default=0.0)
     factor, unit = _scale(end)
     fig, ax = plt.subplots(figsize=(10, 0.55 * world_size + 1.2))
-    bars: dict[tuple, list] = {}             # one collection per lane and colour: a run has thousands of events
-    for e in events:
+    bars: dict[tuple, list] = {}             # the rectangles of each lane and colour, drawn in that order
+    for e, label in zip(events, labels):
         y, height = _lane(e, world_size - 1 - e.rank)
-        bars.setdefault((y, height, label_of(e)), []).append(
+        bars.setdefault((y, height, label), []).append(
             (e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3)))
-    for (y, height, label), spans in bars.items():       # the rectangles ax.broken_barh draws, built at once
-        x0, dx = np.asarray(spans).T
-        x1, y0, y1 = x0 + dx, np.full_like(x0, y), np.full_like(x0, y + height)
+    if bars:                                 # one collection of every rectangle: a run has thousands of events
+        counts = [len(spans) for spans in bars.values()]
+        x0, dx = np.concatenate([np.asarray(spans) for spans in bars.values()]).T
+        y0, height = np.repeat([(y, h) for y, h, _ in bars], counts, axis=0).T
+        x1, y1 = x0 + dx, y0 + height
+        colours = np.repeat(to_rgba_array([palette.get(label, "#999999") for _, _, label in bars]), counts, axis=0)
         corners = np.stack([np.stack(c, axis=1) for c in ((x0, y0), (x0, y1), (x1, y1), (x1, y0))], axis=1)
-        ax.add_collection(PolyCollection(corners, facecolors=palette.get(label, "#999999"), edgecolor="white",
-                                         linewidth=0.3), autolim=False)
+        ax.add_collection(PolyCollection(corners, facecolors=colours, edgecolor="white", linewidth=0.3),
+                          autolim=False)
     used = {label for _, _, label in bars}
     ax.set_yticks([world_size - 1 - r + 0.5 for r in range(world_size)])
     ax.set_yticklabels([f"rank {r}" for r in range(world_size)])
@@ -80,7 +88,7 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
     ax.set_xlim(0, end * factor * 1.01 or 1)
     ax.set_xlabel(f"simulated time ({unit})   each rank: compute above; communication below (sends over receives)")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, y=1.0)           # where matplotlib would put it, without measuring the ticks
     ax.legend(handles=[Patch(color=palette.get(k, "#999999"), label=k) for k in sorted(used)],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
     place_axes(fig, ax, left=0.62 + 0.08 * len(str(world_size - 1)), bottom=0.59,        # "rank N", the x label
