@@ -25,8 +25,9 @@ def import_ahead(*uses: str) -> None:
 
 
 def draw_ahead() -> None:
-    """Draw and render, as a notebook displays it (PNG, tight bounding box), a figure with the artists a check's
-    pictures use: bars, steps, lines, a legend, a title, tick labels, in both layout engines. Nothing is shown."""
+    """Draw and render a figure with the artists a check's pictures use (bars, steps, lines, a legend, a title,
+    tick labels), in both layout engines, both as a notebook displays a figure (PNG, tight bounding box) and as a
+    check displays its pictures (lib.viz.png.Picture, whose glyph cache keeps the labels' glyphs). Nothing is shown."""
     import matplotlib
     import matplotlib.pyplot as plt
     from IPython.core.pylabtools import print_figure
@@ -34,6 +35,7 @@ def draw_ahead() -> None:
     from matplotlib.patches import Patch
 
     from lib.viz import RENDER_RC
+    from lib.viz.png import Picture
 
     for layout in ("constrained", None):
         fig, ax = plt.subplots(figsize=(3, 2), layout=layout)
@@ -52,3 +54,4 @@ def draw_ahead() -> None:
         plt.close(fig)
         with matplotlib.rc_context(RENDER_RC):
             print_figure(fig, "png", bbox_inches="tight")
+        Picture(fig)._repr_png_()
