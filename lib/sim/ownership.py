@@ -53,7 +53,9 @@ def tensor_inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
         if isinstance(a, torch.Tensor):
             found.append(a)
         elif isinstance(a, (list, tuple)):
-            found += [t for t in a if isinstance(t, torch.Tensor)]
+            for t in a:                    # a loop, not a comprehension: a comprehension is a call of its own
+                if isinstance(t, torch.Tensor):
+                    found.append(t)
     return found
 
 

@@ -337,33 +337,39 @@ class RankTracker(TorchDispatchMode):
     def adopt_storage(self, storage, place: int = DEVICE, resized: bool = False) -> None:
         """Count a storage as this rank's until it is freed; `resized`: re-measure one already counted."""
         key = storage._cdata
-        if resized and key not in self._sizes:
-            return
-        size = storage.nbytes()
         known = self._sizes.get(key)
         if known is None:
-            self._watch[key] = weakref.ref(storage, functools.partial(self._released, key))
-            if self._ownership is not None:
-                self._ownership.claim(key, self._rank)
-        elif known[0] == size:
+            if not resized:
+                self._adopt_new(storage, key, place)
             return
-        else:
-            place = known[1]               # a storage resized in place stays where it is
+        size = storage.nbytes()
+        if known[0] != size:               # resized in place: it stays where it is
+            self._sizes[key] = (size, known[1])
+            self._change(size - known[0], known[1] == ON_HOST)
+
+    def _adopt_new(self, storage, key: int, place: int) -> None:
+        """Count a storage this rank has not counted yet (an op's new output, the common case) until it dies."""
+        size = storage.nbytes()
+        self._watch[key] = weakref.ref(storage, functools.partial(self._release, key))
+        if self._ownership is not None:
+            self._ownership.owners[key] = self._rank
         self._sizes[key] = (size, place)
-        self._hosted += (place == ON_HOST) - (known is not None and known[1] == ON_HOST)
-        self._change(size - (known[0] if known else 0), place == ON_HOST)
+        if place == ON_HOST:
+            self._hosted += 1
+        self._change(size, place == ON_HOST)
 
-    def _released(self, key: int, _ref) -> None:
-        self._release(key)
-
-    def _release(self, key: int) -> None:
+    def _release(self, key: int, _ref=None) -> None:
+        """Forget a storage that died (the callback of its weak reference, `_ref`)."""
         self._watch.pop(key, None)
-        if self._ownership is not None and key in self._sizes:
+        known = self._sizes.pop(key, None)
+        if known is None:
+            return
+        if self._ownership is not None:
             self._ownership.release(key)
-        size, place = self._sizes.pop(key, (0, DEVICE))
-        self._hosted -= place == ON_HOST
-        if size:
-            self._change(-size, place == ON_HOST)
+        if known[1] == ON_HOST:
+            self._hosted -= 1
+        if known[0]:
+            self._change(-known[0], known[1] == ON_HOST)
 
     def _change(self, delta: int, on_host: bool) -> None:
         if delta > 0 and self.current + self.host_current + delta > self._limit:
