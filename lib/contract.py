@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lib.check import Contract, Puzzle
 from lib.errors import PuzzleError
 from lib.sim import SimResult
+from lib.sim.context import current_tracker
 from lib.units import fmt_bytes, fmt_time
 
 class ContractPuzzle(Puzzle):
@@ -108,11 +109,12 @@ class KernelRefused(PuzzleError):
 
 
 class _Refusing(TorchDispatchMode):
-    """Stops at the first op whose name starts with one of `prefixes`."""
+    """Stops at the first op whose name starts with one of `prefixes`, with error(its name): on real ranks (a
+    simulated rank's tracker refuses the ops itself, RankTracker.refusing)."""
 
-    def __init__(self, prefixes: tuple[str, ...], why: str) -> None:
+    def __init__(self, prefixes: tuple[str, ...], error: Callable[[str], Exception]) -> None:
         super().__init__()
-        self.prefixes, self.why = prefixes, why
+        self.prefixes, self.error = prefixes, error
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -121,15 +123,20 @@ class _Refusing(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._overloadpacket.__name__
         if name.startswith(self.prefixes):
-            raise KernelRefused(f"the answer called torch's {name}: {self.why}")
+            raise self.error(name)
         return func(*args, **(kwargs or {}))
 
 
 def refusing_kernels(fn: Callable, prefixes: Iterable[str], why: str) -> Callable:
     """`fn` run so that any op named with one of `prefixes` raises KernelRefused (in simulation and on real ranks)."""
+    prefixes = tuple(prefixes)
+
+    def refused(name: str) -> KernelRefused:
+        return KernelRefused(f"the answer called torch's {name}: {why}")
 
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
-        with _Refusing(tuple(prefixes), why):
+        tracker = current_tracker()
+        with _Refusing(prefixes, refused) if tracker is None else tracker.refusing(prefixes, refused):
             return fn(*args, **kwargs)
     return guarded

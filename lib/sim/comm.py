@@ -96,7 +96,7 @@ class Work:
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> Deliver:
     def deliver() -> None:
         with torch.no_grad():
-            dst.copy_(src.reshape(dst.shape))
+            dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))   # a reshape costs microseconds
     return deliver
 
 
@@ -112,6 +112,7 @@ class Communicator:
         self.recvs: list[Call] = []
         self.order = 0
         self.unmatched_at_exit: list[Call] = []
+        self._durations: dict[tuple, float] = {}         # (op, bytes, ranks) -> seconds, by the cost model
 
     # ---- groups -------------------------------------------------------------------
     def new_group(self, me: int, ranks) -> Group:
@@ -193,7 +194,7 @@ class Communicator:
         members = [self.rt.ranks[r] for r in group.ranks]
         if exact is not None:           # timed by the busiest rank's bytes, as if every rank moved as many
             nbytes = max(max(pair) for pair in exact.values()) / max(bus_factor(name, group.size()), 1e-30)
-        duration = self.rt.cost.collective_time(name, nbytes, group.ranks)
+        duration = self._collective_time(name, nbytes, group.ranks)
         links = [link for m in members for link in (m.outgoing, m.incoming)]
         start = earliest(links, max(c.post_time for c in calls.values()), duration)
         end = start + duration
@@ -208,6 +209,15 @@ class Communicator:
             c.payload = None               # the buffers are the rank's; the call must not keep them alive
             self.rt.record(m.rank, name, str(group), None, sent, received, start, end)
         return call
+
+    def _collective_time(self, name: str, nbytes: float, ranks: tuple[int, ...]) -> float:
+        """The cost model's time for a collective, kept per (op, bytes, group): a training loop repeats the same
+        few collectives, and the model's arithmetic walks the group's nodes and sites each time."""
+        key = (name, nbytes, ranks)
+        duration = self._durations.get(key)
+        if duration is None:
+            duration = self._durations[key] = self.rt.cost.collective_time(name, nbytes, ranks)
+        return duration
 
     def waiting_for(self, call: Call) -> list[int]:
         """The ranks whose posting `call` still needs."""

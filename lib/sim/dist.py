@@ -29,8 +29,14 @@ _REDUCERS: dict[object, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+_OP_NAMES: dict = {}          # ReduceOp -> its name; str() of the enum costs microseconds, and every reduction asks
+
+
 def _op_name(op) -> str:
-    return str(op).split(".")[-1]
+    name = _OP_NAMES.get(op)
+    if name is None:
+        name = _OP_NAMES[op] = str(op).split(".")[-1]
+    return name
 
 
 def _rule(method):

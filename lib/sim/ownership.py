@@ -45,6 +45,20 @@ def written_args(func) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return known
 
 
+def tensor_inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an op was given, in order: its arguments, the tensors in its list arguments (an aten op's
+    arguments nest no deeper), then its keyword arguments'. Collected once per op, for every rule that reads them."""
+    found = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            for t in a:                    # a loop, not a comprehension: a comprehension is a call of its own
+                if isinstance(t, torch.Tensor):
+                    found.append(t)
+    return found
+
+
 def tensors_within(obj, seen: Optional[set] = None) -> Iterator[torch.Tensor]:
     """Every tensor reachable in `obj`: tensors (and their .grad), modules' parameters and buffers, lists,
     tuples, sets, dicts, dataclasses and objects' attributes."""
@@ -93,28 +107,18 @@ class Ownership:
     def release(self, key: int) -> None:
         self.owners.pop(key, None)
 
-    def check(self, rank: int, func, args: tuple, kwargs: dict,
-              written: Optional[tuple] = None) -> Optional[SharedMemory]:
+    def check(self, rank: int, func, args: tuple, kwargs: dict, written: Optional[tuple] = None,
+              inputs: Optional[list] = None) -> Optional[SharedMemory]:
         """The rule `func` would break if rank `rank` ran it on these arguments, or None. Runs on every op
-        of every rank: written for speed (`written`: the op's written_args, when the caller has them)."""
+        of every rank: written for speed (`written`: the op's written_args, `inputs`: its tensors, tensor_inputs,
+        when the caller has them)."""
+        if inputs is None:
+            inputs = tensor_inputs(args, kwargs)
         owners, tensor = self.owners, torch.Tensor
-        for a in args:                     # tensors nest at most in lists and tuples; a loop, not a generator
-            if isinstance(a, tensor):
-                owner = owners.get(a.untyped_storage()._cdata)
-                if owner is not None and owner != rank:
-                    return self._read_error(rank, owner, func)
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    if isinstance(b, tensor):
-                        owner = owners.get(b.untyped_storage()._cdata)
-                        if owner is not None and owner != rank:
-                            return self._read_error(rank, owner, func)
-        if kwargs:
-            for a in kwargs.values():
-                if isinstance(a, tensor):
-                    owner = owners.get(a.untyped_storage()._cdata)
-                    if owner is not None and owner != rank:
-                        return self._read_error(rank, owner, func)
+        for t in inputs:
+            owner = owners.get(t.untyped_storage()._cdata)
+            if owner is not None and owner != rank:
+                return self._read_error(rank, owner, func)
         positions, names = written_args(func) if written is None else written
         for i in positions:
             t = args[i] if i < len(args) else None

@@ -18,10 +18,9 @@ import threading
 import time
 import traceback
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -143,11 +142,10 @@ class Runtime:
             self.error = error
         raise _Abort()
 
-    @contextmanager
-    def untracked(self) -> Iterator[None]:
-        """The runtime's own temporaries (message copies, reductions) are not the rank's memory."""
-        with boundary.untracked():
-            yield
+    def untracked(self):
+        """The runtime's own temporaries (message copies, reductions) are not the rank's memory. torch's own guard,
+        not a generator around it: a check enters it several times per communication call."""
+        return boundary.untracked()
 
     def check_view(self, state: RankState) -> None:
         """Stop the run if the rank's ops escape its tracker (checked at every dist call and at return)."""

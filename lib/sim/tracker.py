@@ -14,16 +14,17 @@ device reads `cpu`) is neutral: it goes with either side and counts as device me
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from lib.sim.errors import InvalidCall
-from lib.sim.ownership import Ownership, written_args
+from lib.sim.ownership import Ownership, tensor_inputs, written_args
 
 HOST = torch.device("cpu", 1)
 PYTHON_NUMBER_BYTES = 24                # a Python float or int object
@@ -56,6 +57,7 @@ class _Op(NamedTuple):
     dispatcher runs thousands of ops per check, and hashing an OpOverload is a Python call."""
 
     func: object                        # kept alive, so that its id stays its own
+    run: Callable                       # what runs it: the C++ op itself (OpOverload.__call__ only forwards to it)
     counted: bool                       # costs work (not free, not a pure view, not a host/device copy)
     crossing: bool
     fresh: bool
@@ -87,36 +89,30 @@ def _op(func) -> _Op:
                 counter, kind = counter.__wrapped__, _BY_SHAPES
             else:
                 kind = _BY_TENSORS
+        run = func._op if type(func) is torch._ops.OpOverload else func
         known = _OPS[id(func)] = _Op(
-            func, func not in _FREE and (writes or not aliases) and func not in _CROSSING, func in _CROSSING,
+            func, run, func not in _FREE and (writes or not aliases) and func not in _CROSSING, func in _CROSSING,
             func in _FRESH, aliases, writes, written, counter, kind)
     return known
 
 
-def _work(op: _Op, args: tuple, kwargs: dict, out) -> tuple[float, float]:
+def _work(op: _Op, inputs: list, args: tuple, kwargs: dict, out) -> tuple[float, float]:
     """(FLOPs, bytes read and written) of one op: FLOPs by torch's formula where it has one, else one per
-    element of the largest tensor it touches (elementwise ops, reductions)."""
+    element of the largest tensor it touches (elementwise ops, reductions). `inputs`: its argument tensors
+    (tensor_inputs), measured after the op ran (an in-place resize_ has changed them)."""
     nbytes = largest = 0
-    nested = []
-    for t in (*args, *kwargs.values(), out) if kwargs else (*args, out):      # flat: the common case, fast
+    for t in inputs:
+        n = t.numel()
+        nbytes += n * t.element_size()
+        if n > largest:
+            largest = n
+    for t in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (list, tuple)) else ():
         if isinstance(t, torch.Tensor):
             n = t.numel()
             nbytes += n * t.element_size()
             if n > largest:
                 largest = n
-        elif isinstance(t, (list, tuple, dict)):
-            nested.append(t)
-    while nested:
-        t = nested.pop()
-        if isinstance(t, torch.Tensor):
-            n = t.numel()
-            nbytes += n * t.element_size()
-            largest = max(largest, n)
-        elif isinstance(t, (list, tuple)):
-            nested.extend(t)
-        elif isinstance(t, dict):
-            nested.extend(t.values())
-    flops = _count_flops(op, args, kwargs, out)
+    flops = None if op.formula is None else _count_flops(op, args, kwargs, out)
     return float(largest if flops is None else flops), float(nbytes)
 
 
@@ -129,7 +125,9 @@ def _count_flops(op: _Op, args: tuple, kwargs: dict, out) -> Optional[float]:
         return formula(*args, **kwargs)
     if op.formula_kind == _BY_TENSORS:
         return formula(*args, **kwargs, out_val=out)
-    return formula(*map(_shape, args), out_shape=_shape(out), **{k: _shape(v) for k, v in kwargs.items()})
+    if kwargs:
+        return formula(*map(_shape, args), out_shape=_shape(out), **{k: _shape(v) for k, v in kwargs.items()})
+    return formula(*map(_shape, args), out_shape=_shape(out))
 
 
 def _shape(x):
@@ -187,6 +185,8 @@ class RankTracker(TorchDispatchMode):
         self._on_work = on_work
         self._on_transfer = on_transfer
         self._now = now
+        self._refusals: list[tuple[tuple[str, ...], Callable[[str], Exception]]] = []    # innermost last
+        self._verdicts: dict[int, Optional[Callable[[str], Exception]]] = {}   # id(func) -> its refusal, or None
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -197,15 +197,18 @@ class RankTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         op = _OPS.get(id(func)) or _op(func)
+        if self._refusals:
+            self._refuse(func)
+        inputs = tensor_inputs(args, kwargs)
         if self._ownership is not None:
-            broken = self._ownership.check(self._rank, func, args, kwargs, op.written)
+            broken = self._ownership.check(self._rank, func, args, kwargs, op.written, inputs)
             if broken is not None:
                 self._on_violation(broken)
-        place = self._placement(func, args, kwargs)
+        place = self._placement(func, inputs, kwargs) if kwargs or self._hosted else DEVICE
         on_host = place == ON_HOST
-        out = func(*args, **kwargs)
+        out = op.run(*args, **kwargs)
         if op.counted:
-            flops, nbytes = _work(op, args, kwargs, out)
+            flops, nbytes = _work(op, inputs, args, kwargs, out)
             self.flops += flops
             if on_host:
                 self.host_flops += flops
@@ -231,8 +234,35 @@ class RankTracker(TorchDispatchMode):
                 self.adopt(t, place)
         return out
 
-    def _placement(self, func, args, kwargs) -> int:
-        """Where the op's outputs live; mixing host and device inputs is an error."""
+    @contextlib.contextmanager
+    def refusing(self, prefixes: tuple[str, ...], error: Callable[[str], Exception]) -> Iterator[None]:
+        """While it lasts, an op whose name starts with one of `prefixes` raises error(its name) instead of running
+        (a puzzle's refused kernels, lib.contract). Checked here rather than by a dispatch mode of its own: a second
+        Python mode on the stack costs every op a second trip through Python."""
+        rule = (prefixes, error)
+        self._refusals.append(rule)
+        self._verdicts.clear()
+        try:
+            yield
+        finally:
+            self._refusals.remove(rule)
+            self._verdicts.clear()
+
+    def _refuse(self, func) -> None:
+        """Raise the refusal of `func`, if a rule refuses it (the innermost rule first, as nested modes would);
+        the verdict is kept per op."""
+        key = id(func)
+        if key not in self._verdicts:
+            name = func._overloadpacket.__name__
+            self._verdicts[key] = next((error for prefixes, error in reversed(self._refusals)
+                                        if name.startswith(prefixes)), None)
+        error = self._verdicts[key]
+        if error is not None:
+            raise error(func._overloadpacket.__name__)
+
+    def _placement(self, func, inputs: list, kwargs: dict) -> int:
+        """Where the op's outputs live (`inputs`: its tensors, tensor_inputs); mixing host and device inputs is an
+        error. Only an op with keyword arguments or a rank holding host memory needs to ask."""
         target = kwargs.get("device")
         if target is not None:
             target = torch.device(target)
@@ -240,9 +270,7 @@ class RankTracker(TorchDispatchMode):
                 return ON_HOST if target == HOST else DEVICE
         if not self._hosted:
             return DEVICE                  # nothing on the host yet: the common, fast case
-        seen = self._places(args)
-        if kwargs:
-            seen |= self._places(kwargs.values())
+        seen = self._places(inputs)
         if seen & _BIT[DEVICE] and seen & _BIT[ON_HOST] and func not in _CROSSING:
             self._on_violation(InvalidCall(
                 f"{func._overloadpacket.__name__} was given a tensor in host memory and one in device "
@@ -256,15 +284,14 @@ class RankTracker(TorchDispatchMode):
             return DEVICE
         return NEUTRAL if target is not None or seen & _BIT[NEUTRAL] else DEVICE
 
-    def _places(self, values) -> int:
-        """The places (a bit per place, _BIT) of the tensors of more than 0 dimensions among `values` and in their
-        lists and tuples (an op's arguments nest no deeper). Runs on every op once the rank holds host memory."""
+    def _places(self, tensors: list) -> int:
+        """The places (a bit per place, _BIT) of the `tensors` of more than 0 dimensions. Runs on every op once the
+        rank holds host memory."""
         sizes, seen = self._sizes, 0
-        for v in values:
-            for t in ((v,) if isinstance(v, torch.Tensor) else v if isinstance(v, (list, tuple)) else ()):
-                if isinstance(t, torch.Tensor) and t.dim() > 0:
-                    known = sizes.get(t.untyped_storage()._cdata)
-                    seen |= _BIT[known[1] if known is not None else DEVICE]
+        for t in tensors:
+            if t.dim() > 0:
+                known = sizes.get(t.untyped_storage()._cdata)
+                seen |= _BIT[known[1] if known is not None else DEVICE]
         return seen
 
     def adopt_copies(self, memo: dict) -> None:
@@ -310,33 +337,39 @@ class RankTracker(TorchDispatchMode):
     def adopt_storage(self, storage, place: int = DEVICE, resized: bool = False) -> None:
         """Count a storage as this rank's until it is freed; `resized`: re-measure one already counted."""
         key = storage._cdata
-        if resized and key not in self._sizes:
-            return
-        size = storage.nbytes()
         known = self._sizes.get(key)
         if known is None:
-            self._watch[key] = weakref.ref(storage, functools.partial(self._released, key))
-            if self._ownership is not None:
-                self._ownership.claim(key, self._rank)
-        elif known[0] == size:
+            if not resized:
+                self._adopt_new(storage, key, place)
             return
-        else:
-            place = known[1]               # a storage resized in place stays where it is
+        size = storage.nbytes()
+        if known[0] != size:               # resized in place: it stays where it is
+            self._sizes[key] = (size, known[1])
+            self._change(size - known[0], known[1] == ON_HOST)
+
+    def _adopt_new(self, storage, key: int, place: int) -> None:
+        """Count a storage this rank has not counted yet (an op's new output, the common case) until it dies."""
+        size = storage.nbytes()
+        self._watch[key] = weakref.ref(storage, functools.partial(self._release, key))
+        if self._ownership is not None:
+            self._ownership.owners[key] = self._rank
         self._sizes[key] = (size, place)
-        self._hosted += (place == ON_HOST) - (known is not None and known[1] == ON_HOST)
-        self._change(size - (known[0] if known else 0), place == ON_HOST)
+        if place == ON_HOST:
+            self._hosted += 1
+        self._change(size, place == ON_HOST)
 
-    def _released(self, key: int, _ref) -> None:
-        self._release(key)
-
-    def _release(self, key: int) -> None:
+    def _release(self, key: int, _ref=None) -> None:
+        """Forget a storage that died (the callback of its weak reference, `_ref`)."""
         self._watch.pop(key, None)
-        if self._ownership is not None and key in self._sizes:
+        known = self._sizes.pop(key, None)
+        if known is None:
+            return
+        if self._ownership is not None:
             self._ownership.release(key)
-        size, place = self._sizes.pop(key, (0, DEVICE))
-        self._hosted -= place == ON_HOST
-        if size:
-            self._change(-size, place == ON_HOST)
+        if known[1] == ON_HOST:
+            self._hosted -= 1
+        if known[0]:
+            self._change(-known[0], known[1] == ON_HOST)
 
     def _change(self, delta: int, on_host: bool) -> None:
         if delta > 0 and self.current + self.host_current + delta > self._limit:
