@@ -393,6 +393,7 @@ def powersgd_on_gloo(rank: int = 1, steps: int = 50, world: int = 2, lr: float =
 
 # ---- 3. a sharded checkpoint, loaded on another number of ranks -----------------------------------------------
 STATE = ("param", "exp_avg", "exp_avg_sq")      # what each file holds per element, besides its offset and step
+ITEM = 8                                        # float64
 ADAM_LR = 1e-2
 
 
@@ -561,6 +562,26 @@ def _checkpoints_at_most(limit: int, every: int) -> Contract:
                     broken, hint="all-gather the shards only when step % every == 0.")
 
 
+def _checkpoint_traffic(total: int, world: int, dead: int, k: int, due: int) -> Budget:
+    """What the checkpoints move, as a floor: each one all-gathers every rank's param, exp_avg and exp_avg_sq (the
+    smallest shard's worth, (n-1)/n of n of them). The first k-1 complete on all N ranks; the k-th fails (rank `dead`
+    dies in it) and is taken again, with every later one, by the N-1 survivors. Without it, a run that sends
+    heartbeats at the checkpoints' steps and replays every step from the first files (every rank holds every
+    gradient) would pass: no state would travel."""
+    def moved(n: int) -> float:
+        return bus_factor("all_gather", n) * n * len(STATE) * (total // n) * ITEM
+
+    before_failure = (k - 1) * moved(world)
+    limit = [before_failure + (0 if r == dead else (due - k + 1) * moved(world - 1)) for r in range(world)]
+    return Budget("bytes_sent", limit,
+                  f"{k - 1} checkpoint{'s' * (k != 2)} on {world} ranks before the failure, then {due - k + 1} on the "
+                  f"{world - 1} survivor{'s' * (world > 2)}, each all-gathering the whole state: {len(STATE)} float64 "
+                  "tensors of at least total // n elements per rank", least=True,
+                  hint="a checkpoint all-gathers the state itself (param, exp_avg and exp_avg_sq, stacked), so that "
+                       "the survivors can reload it: the survivors train on from the last checkpoint, not from the "
+                       "first files.")
+
+
 def _survive_case(rng: random.Random, world: int) -> Case:
     total, before = rng.randint(3 * world, 50), rng.randint(1, 3)
     every, checkpoints = rng.randint(2, 3), rng.randint(2, 4)
@@ -582,6 +603,8 @@ def _survive_case(rng: random.Random, world: int) -> Case:
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
                 allowed_ops=frozenset({"all_gather"}),
+                budgets=[_checkpoint_traffic(total, world, dead, k,
+                                             sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0))],
                 contracts=[_checkpoints_at_most(sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0)
                                                 + 1, every)])
 

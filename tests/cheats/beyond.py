@@ -1,7 +1,11 @@
 """Cheats on notebook 09's puzzles, each with the words its rejection must contain."""
 
+import torch
+
 import puzzles.beyond as P
 import solutions.beyond as S
+from lib.cross_site import shard_bounds
+from puzzles.zero import adam_update
 from tests.cheats.common import everywhere
 
 
@@ -11,6 +15,51 @@ def survive_checkpointing_every_step(dist, files, grads, every, lr):
     return S.survive_failure(dist, files, grads, 1, lr)
 
 
+def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
+    """No checkpoint: a one-number heartbeat all-gathered at each checkpoint's step finds the failure, and the
+    survivors replay every step from the files they were given (every rank holds every gradient): no state ever
+    travels. Passed every seed before the checkpoints' bytes had a floor."""
+    members, group, beaten = list(range(dist.get_world_size())), None, 0
+    total = sum(f["param"].numel() for f in files)
+    while True:
+        n, me = len(members), members.index(dist.get_rank())
+        *state, step = S.reshard_checkpoint(files, n, me)
+        param, m, v = (t.clone() for t in state)
+        lo, hi = shard_bounds(total, n, me)
+        try:
+            while step < len(grads):
+                adam_update(param, grads[step][lo:hi], m, v, step + 1, lr)
+                step += 1
+                if step % every == 0 and step > beaten:
+                    dist.all_gather([torch.zeros(1, dtype=param.dtype) for _ in range(n)],
+                                    torch.zeros(1, dtype=param.dtype), group=group)
+                    beaten = step
+            return param, m, v
+        except RuntimeError as e:
+            members.remove(e.rank)
+            group = dist.new_group(members)
+
+
+def compressed_by_gathering_every_vector(dist, grad, residual, bits):
+    """Every rank's whole quantised vector all-gathered (int8), each rank computing every owner's mean itself: no
+    reduce-scatter. As many bytes as the algorithm at N = 2, N-1 times the payload beyond."""
+    world = dist.get_world_size()
+    corrected = grad + residual
+    pieces = [P.quantize(c, bits) for c in corrected.chunk(world)]
+    sent = torch.cat([P.dequantize(q, s) for q, s in pieces])
+    values, scales = torch.cat([q for q, _ in pieces]), torch.cat([s for _, s in pieces])
+    all_values, all_scales = [torch.empty_like(values) for _ in range(world)], [torch.empty_like(scales)
+                                                                              for _ in range(world)]
+    dist.all_gather(all_values, values)
+    dist.all_gather(all_scales, scales)
+    sizes = [c.numel() for c in corrected.chunk(world)]
+    total = sum(torch.cat([P.dequantize(q, s[j:j + 1]) for j, q in enumerate(v.split(sizes))]).double()
+                for v, s in zip(all_values, all_scales)) / world
+    return torch.cat([P.dequantize(*P.quantize(c, bits)) for c in total.chunk(world)]), corrected - sent
+
+
 CHEATS = everywhere(P) + [
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
+    ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
+    ("compressed_all_reduce", compressed_by_gathering_every_vector, "sent"),
 ]
