@@ -17,12 +17,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Puzzle, one_thread
+from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, one_thread
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
 from lib.first_use import import_ahead
-from lib.measure import Work, counted_work
+from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
@@ -138,7 +138,17 @@ def worker_compute(local: int, inner_steps: int, rounds: int, cost: CostModel) -
     """The seconds a worker's clock counts for its own H inner steps and outer step per round, alone (diloco_reference
     on one worker's batches): the first step and round set up the optimizers' state, every later inner step and every
     later round's outer step repeat the same ops, so three short counted runs price any H and number of rounds."""
-    once, two_steps, two_rounds = (work.seconds(cost) for work in _worker_work(local))
+    return _extrapolated([work.seconds(cost) for work in _worker_work(local)], inner_steps, rounds)
+
+
+def worker_flops(local: int, inner_steps: int, rounds: int) -> float:
+    """A worker's FLOPs for its own H inner steps and outer step per round, alone (as worker_compute)."""
+    return _extrapolated([work.flops for work in _worker_work(local)], inner_steps, rounds)
+
+
+def _extrapolated(measured: list[float], inner_steps: int, rounds: int) -> float:
+    """From (H, rounds) = (1, 1), (2, 1) and (1, 2) measured, any H and number of rounds."""
+    once, two_steps, two_rounds = measured
     step = two_steps - once                               # a later inner step
     round_end = two_rounds - once - step                  # a later round's pseudo-gradient and outer step
     return once + (rounds * inner_steps - 1) * step + (rounds - 1) * round_end
@@ -153,10 +163,15 @@ def _diloco_case(rng: random.Random, world: int) -> Case:
     cost = two_datacenters(world)
     expected = diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
     compute = worker_compute(local, inner_steps, rounds, cost)
+    flops = worker_flops(local, inner_steps, rounds)
+    # Each worker trains on its own batches: compute is nothing next to the wide-area link, so the time budget cannot
+    # see a rank that trains every worker itself (on batches it has no way to get but outside dist); FLOPs can.
+    work = flops_budgets(flops, f"one worker's {rounds * inner_steps} AdamW steps and {rounds} outer steps on its own "
+                                f"{local} samples a step, {flops:,.0f} FLOPs")
     return Case(world, (model, per_rank(shards), inner_steps, inner_lr, outer_lr, momentum), [expected] * world,
                 f"N={world} workers in 2 datacenters, H={inner_steps} inner steps × {rounds} rounds of {local} "
                 f"samples, inner lr {inner_lr:g}, outer lr {outer_lr:.3g}, momentum {momentum:g}",
-                budgets=_diloco_budgets(model, world, rounds, inner_steps, cost, compute), cost=cost,
+                budgets=_diloco_budgets(model, world, rounds, inner_steps, cost, compute) + work, cost=cost,
                 allowed_ops=frozenset({"all_reduce"}))
 
 
@@ -229,6 +244,21 @@ COMPRESSED_MISTAKES = [
                         "gradient before quantising, and the new one kept.", feedback=False),
 ]
 SCALE_BYTES = 8              # per chunk: a float32 scale, or room for a float64 one
+# A rank's FLOPs may exceed its share by this much (bookkeeping: copies, casts); one that computes every rank's share
+# (with the others' gradients got outside dist) counts N times it.
+COMPRESSED_OVER = 0.5
+PASSES = 7
+
+
+def _rank_flops(chunk: int, world: int, bits: int) -> float:
+    """One rank's FLOPs in the algorithm, from quantize's and dequantize's on a chunk (counted as a rank counts them):
+    N + 1 chunks quantised (its own N, its mean), 2N dequantised (what it sent, every owner's mean), and PASSES
+    elementwise passes over its N·c values (adding the residual, subtracting what was sent, stacking, casting and
+    summing what arrived, concatenating the result)."""
+    x = torch.zeros(chunk)
+    (q, scale), quantising = counted_flops(lambda: quantize(x, bits))
+    dequantising = counted_flops(lambda: dequantize(q, scale))[1]
+    return (world + 1) * quantising + 2 * world * dequantising + PASSES * world * chunk
 
 
 def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
@@ -240,6 +270,7 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
         g[torch.randint(length, (2,), generator=gen)] *= 50
     residuals = [torch.randn(length, generator=gen) * g.abs().max() / 2 ** bits for g in grads]
     expected = compressed_reference(grads, residuals, bits)
+    flops = _rank_flops(length // world, world, bits)
     payload = 2 * (world - 1) / world * length                          # int8: one byte per value
     fp32 = bus_factor("all_reduce", world) * 4 * length
     why = (f"your int8 chunks to their owners and the owners' int8 means back, 2 × (N-1)/N × {length} values of "
@@ -250,7 +281,11 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
                                 hint="send int8 values and one scale per chunk, never float32 values."),
                          Budget("bytes_sent", payload, why, least=True,
                                 hint="every rank's chunk j goes to rank j (all_to_all), and each owner's quantised "
-                                     "mean comes back to everyone (all_gather): both through dist.")],
+                                     "mean comes back to everyone (all_gather): both through dist."),
+                         *flops_budgets(flops, f"a rank's quantising (N chunks and its mean), dequantising (what it "
+                                               f"sent, every owner's mean) and {PASSES} passes over its {length} values, "
+                                               f"{flops:,.0f} FLOPs",
+                                        over=COMPRESSED_OVER)],
                 allowed_ops=frozenset({"all_to_all", "all_gather"}))
 
 

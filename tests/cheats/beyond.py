@@ -1,10 +1,13 @@
 """Cheats on notebook 09's puzzles, each with the words its rejection must contain."""
 
+import sys
+
 import torch
 
 import puzzles.beyond as P
 import solutions.beyond as S
 from lib.cross_site import shard_bounds
+from lib.sim import PerRank
 from puzzles.zero import adam_update
 from tests.cheats.common import everywhere
 
@@ -40,6 +43,31 @@ def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
             group = dist.new_group(members)
 
 
+def _every_ranks_argument(position: int) -> list:
+    """Every rank's value of an argument, read from the simulator's own frame below the function (the originals each
+    rank's copy is made from): .tolist() then copies them out without an op, so no ownership rule fires."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        args = frame.f_locals.get("args")
+        if isinstance(args, (list, tuple)) and len(args) > position and isinstance(args[position], PerRank):
+            return args[position].values
+        frame = frame.f_back
+    raise LookupError("no simulator frame below this function")
+
+
+def diloco_every_worker_trained_here(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
+    """Every worker's batches read out of the simulator's frame, every worker trained on this rank (the reference
+    itself), and one all-reduce of the right size per round for the bytes. Compute is nothing next to the wide-area
+    link: it passed every seed before DiLoCo's FLOPs had a ceiling. (The frame exists only in simulation; the hole is
+    the engine's, see the red team's report; the FLOPs ceiling stops this use of it.)"""
+    shards = [[(torch.tensor(x.tolist(), dtype=x.dtype), torch.tensor(y.tolist(), dtype=y.dtype)) for x, y in rank]
+              for rank in _every_ranks_argument(1)]
+    trained = P.diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
+    for _ in range(len(batches) // inner_steps):
+        dist.all_reduce(torch.zeros(sum(p.numel() for p in model.parameters()), dtype=torch.float64))
+    return trained
+
+
 def compressed_by_gathering_every_vector(dist, grad, residual, bits):
     """Every rank's whole quantised vector all-gathered (int8), each rank computing every owner's mean itself: no
     reduce-scatter. As many bytes as the algorithm at N = 2, N-1 times the payload beyond."""
@@ -58,8 +86,24 @@ def compressed_by_gathering_every_vector(dist, grad, residual, bits):
     return torch.cat([P.dequantize(*P.quantize(c, bits)) for c in total.chunk(world)]), corrected - sent
 
 
+def compressed_computed_for_every_rank_here(dist, grad, residual, bits):
+    """Every rank's grad and residual read out of the simulator's frame, the whole reference computed on this rank,
+    and collectives of the algorithm's exact sizes carrying zeros for the bytes. Passed every seed before the
+    FLOPs had a ceiling."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    grads, residuals = ([torch.tensor(t.tolist(), dtype=t.dtype) for t in _every_ranks_argument(i)] for i in (0, 1))
+    mean, new = P.compressed_reference(grads, residuals, bits)[rank]
+    chunk = -(-grad.numel() // world)
+    for size, dtype in ((chunk, torch.int8), (1, torch.float32)):
+        dist.all_to_all_single(torch.empty(world, size, dtype=dtype), torch.zeros(world, size, dtype=dtype))
+        dist.all_gather([torch.empty(size, dtype=dtype) for _ in range(world)], torch.zeros(size, dtype=dtype))
+    return mean, new
+
+
 CHEATS = everywhere(P) + [
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
     ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
-    ("compressed_all_reduce", compressed_by_gathering_every_vector, "sent"),
+    ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
+    ("diloco_train", diloco_every_worker_trained_here, "FLOPs counted"),
+    ("compressed_all_reduce", compressed_computed_for_every_rank_here, "FLOPs counted"),
 ]
