@@ -282,10 +282,9 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
                          Budget("bytes_sent", payload, why, least=True,
                                 hint="every rank's chunk j goes to rank j (all_to_all), and each owner's quantised "
                                      "mean comes back to everyone (all_gather): both through dist."),
-                         *flops_budgets(flops, f"a rank's quantising (N chunks and its mean), dequantising (what it "
-                                               f"sent, every owner's mean) and {PASSES} passes over its {length} values, "
-                                               f"{flops:,.0f} FLOPs",
-                                        over=COMPRESSED_OVER)],
+                         *flops_budgets(flops, f"a rank's quantising (N chunks and its mean), dequantising (what "
+                                               f"it sent, every owner's mean) and {PASSES} passes over its {length} "
+                                               f"values, {flops:,.0f} FLOPs", over=COMPRESSED_OVER)],
                 allowed_ops=frozenset({"all_to_all", "all_gather"}))
 
 
