@@ -18,11 +18,11 @@ def survive_checkpointing_every_step(dist, files, grads, every, lr):
     return S.survive_failure(dist, files, grads, 1, lr)
 
 
-def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
-    """No checkpoint: a one-number heartbeat all-gathered at each checkpoint's step finds the failure, and the
-    survivors replay every step from the files they were given (every rank holds every gradient): no state ever
-    travels. Passed every seed before the checkpoints' bytes had a floor."""
-    members, group, beaten = list(range(dist.get_world_size())), None, 0
+def replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint):
+    """Survivors that never reload a checkpoint: after a failure they replay every step from the files they were
+    given (every rank holds every gradient). At each checkpoint's step, the first time it comes,
+    checkpoint(dist, (param, m, v), n, group) runs: whatever the cheat sends there."""
+    members, group, taken = list(range(dist.get_world_size())), None, 0
     total = sum(f["param"].numel() for f in files)
     while True:
         n, me = len(members), members.index(dist.get_rank())
@@ -33,14 +33,25 @@ def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
             while step < len(grads):
                 adam_update(param, grads[step][lo:hi], m, v, step + 1, lr)
                 step += 1
-                if step % every == 0 and step > beaten:
-                    dist.all_gather([torch.zeros(1, dtype=param.dtype) for _ in range(n)],
-                                    torch.zeros(1, dtype=param.dtype), group=group)
-                    beaten = step
+                if step % every == 0 and step > taken:
+                    checkpoint(dist, (param, m, v), n, group)
+                    taken = step
             return param, m, v
         except RuntimeError as e:
             members.remove(e.rank)
             group = dist.new_group(members)
+
+
+def _heartbeat(dist, state, n, group):
+    dist.all_gather([torch.zeros(1, dtype=state[0].dtype) for _ in range(n)], torch.zeros(1, dtype=state[0].dtype),
+                    group=group)
+
+
+def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
+    """No checkpoint: a one-number heartbeat all-gathered at each checkpoint's step finds the failure, and the
+    survivors replay every step from the first files: no state ever travels. Passed every seed before the
+    checkpoints' bytes had a floor."""
+    return replaying_from_the_first_files(dist, files, grads, every, lr, _heartbeat)
 
 
 def _every_ranks_argument(position: int) -> list:
