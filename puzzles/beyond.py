@@ -17,12 +17,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Puzzle, one_thread
+from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, one_thread
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
 from lib.first_use import import_ahead
-from lib.measure import Work, counted_work
+from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
@@ -138,7 +138,17 @@ def worker_compute(local: int, inner_steps: int, rounds: int, cost: CostModel) -
     """The seconds a worker's clock counts for its own H inner steps and outer step per round, alone (diloco_reference
     on one worker's batches): the first step and round set up the optimizers' state, every later inner step and every
     later round's outer step repeat the same ops, so three short counted runs price any H and number of rounds."""
-    once, two_steps, two_rounds = (work.seconds(cost) for work in _worker_work(local))
+    return _extrapolated([work.seconds(cost) for work in _worker_work(local)], inner_steps, rounds)
+
+
+def worker_flops(local: int, inner_steps: int, rounds: int) -> float:
+    """A worker's FLOPs for its own H inner steps and outer step per round, alone (as worker_compute)."""
+    return _extrapolated([work.flops for work in _worker_work(local)], inner_steps, rounds)
+
+
+def _extrapolated(measured: list[float], inner_steps: int, rounds: int) -> float:
+    """From (H, rounds) = (1, 1), (2, 1) and (1, 2) measured, any H and number of rounds."""
+    once, two_steps, two_rounds = measured
     step = two_steps - once                               # a later inner step
     round_end = two_rounds - once - step                  # a later round's pseudo-gradient and outer step
     return once + (rounds * inner_steps - 1) * step + (rounds - 1) * round_end
@@ -153,10 +163,15 @@ def _diloco_case(rng: random.Random, world: int) -> Case:
     cost = two_datacenters(world)
     expected = diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
     compute = worker_compute(local, inner_steps, rounds, cost)
+    flops = worker_flops(local, inner_steps, rounds)
+    # Each worker trains on its own batches: compute is nothing next to the wide-area link, so the time budget cannot
+    # see a rank that trains every worker itself (on batches it has no way to get but outside dist); FLOPs can.
+    work = flops_budgets(flops, f"one worker's {rounds * inner_steps} AdamW steps and {rounds} outer steps on its own "
+                                f"{local} samples a step, {flops:,.0f} FLOPs")
     return Case(world, (model, per_rank(shards), inner_steps, inner_lr, outer_lr, momentum), [expected] * world,
                 f"N={world} workers in 2 datacenters, H={inner_steps} inner steps × {rounds} rounds of {local} "
                 f"samples, inner lr {inner_lr:g}, outer lr {outer_lr:.3g}, momentum {momentum:g}",
-                budgets=_diloco_budgets(model, world, rounds, inner_steps, cost, compute), cost=cost,
+                budgets=_diloco_budgets(model, world, rounds, inner_steps, cost, compute) + work, cost=cost,
                 allowed_ops=frozenset({"all_reduce"}))
 
 
@@ -229,6 +244,21 @@ COMPRESSED_MISTAKES = [
                         "gradient before quantising, and the new one kept.", feedback=False),
 ]
 SCALE_BYTES = 8              # per chunk: a float32 scale, or room for a float64 one
+# A rank's FLOPs may exceed its share by this much (bookkeeping: copies, casts); one that computes every rank's share
+# (with the others' gradients got outside dist) counts N times it.
+COMPRESSED_OVER = 0.5
+PASSES = 7
+
+
+def _rank_flops(chunk: int, world: int, bits: int) -> float:
+    """One rank's FLOPs in the algorithm, from quantize's and dequantize's on a chunk (counted as a rank counts them):
+    N + 1 chunks quantised (its own N, its mean), 2N dequantised (what it sent, every owner's mean), and PASSES
+    elementwise passes over its N·c values (adding the residual, subtracting what was sent, stacking, casting and
+    summing what arrived, concatenating the result)."""
+    x = torch.zeros(chunk)
+    (q, scale), quantising = counted_flops(lambda: quantize(x, bits))
+    dequantising = counted_flops(lambda: dequantize(q, scale))[1]
+    return (world + 1) * quantising + 2 * world * dequantising + PASSES * world * chunk
 
 
 def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
@@ -240,6 +270,7 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
         g[torch.randint(length, (2,), generator=gen)] *= 50
     residuals = [torch.randn(length, generator=gen) * g.abs().max() / 2 ** bits for g in grads]
     expected = compressed_reference(grads, residuals, bits)
+    flops = _rank_flops(length // world, world, bits)
     payload = 2 * (world - 1) / world * length                          # int8: one byte per value
     fp32 = bus_factor("all_reduce", world) * 4 * length
     why = (f"your int8 chunks to their owners and the owners' int8 means back, 2 × (N-1)/N × {length} values of "
@@ -250,7 +281,10 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
                                 hint="send int8 values and one scale per chunk, never float32 values."),
                          Budget("bytes_sent", payload, why, least=True,
                                 hint="every rank's chunk j goes to rank j (all_to_all), and each owner's quantised "
-                                     "mean comes back to everyone (all_gather): both through dist.")],
+                                     "mean comes back to everyone (all_gather): both through dist."),
+                         *flops_budgets(flops, f"a rank's quantising (N chunks and its mean), dequantising (what "
+                                               f"it sent, every owner's mean) and {PASSES} passes over its {length} "
+                                               f"values, {flops:,.0f} FLOPs", over=COMPRESSED_OVER)],
                 allowed_ops=frozenset({"all_to_all", "all_gather"}))
 
 
@@ -393,6 +427,7 @@ def powersgd_on_gloo(rank: int = 1, steps: int = 50, world: int = 2, lr: float =
 
 # ---- 3. a sharded checkpoint, loaded on another number of ranks -----------------------------------------------
 STATE = ("param", "exp_avg", "exp_avg_sq")      # what each file holds per element, besides its offset and step
+ITEM = 8                                        # float64
 ADAM_LR = 1e-2
 
 
@@ -561,6 +596,26 @@ def _checkpoints_at_most(limit: int, every: int) -> Contract:
                     broken, hint="all-gather the shards only when step % every == 0.")
 
 
+def _checkpoint_traffic(total: int, world: int, dead: int, k: int, due: int) -> Budget:
+    """What the checkpoints move, as a floor: each one all-gathers every rank's param, exp_avg and exp_avg_sq (the
+    smallest shard's worth, (n-1)/n of n of them). The first k-1 complete on all N ranks; the k-th fails (rank `dead`
+    dies in it) and is taken again, with every later one, by the N-1 survivors. Without it, a run that sends
+    heartbeats at the checkpoints' steps and replays every step from the first files (every rank holds every
+    gradient) would pass: no state would travel."""
+    def moved(n: int) -> float:
+        return bus_factor("all_gather", n) * n * len(STATE) * (total // n) * ITEM
+
+    before_failure = (k - 1) * moved(world)
+    limit = [before_failure + (0 if r == dead else (due - k + 1) * moved(world - 1)) for r in range(world)]
+    return Budget("bytes_sent", limit,
+                  f"{k - 1} checkpoint{'s' * (k != 2)} on {world} ranks before the failure, then {due - k + 1} on the "
+                  f"{world - 1} survivor{'s' * (world > 2)}, each all-gathering the whole state: {len(STATE)} float64 "
+                  "tensors of at least total // n elements per rank", least=True,
+                  hint="a checkpoint all-gathers the state itself (param, exp_avg and exp_avg_sq, stacked), so that "
+                       "the survivors can reload it: the survivors train on from the last checkpoint, not from the "
+                       "first files.")
+
+
 def _survive_case(rng: random.Random, world: int) -> Case:
     total, before = rng.randint(3 * world, 50), rng.randint(1, 3)
     every, checkpoints = rng.randint(2, 3), rng.randint(2, 4)
@@ -582,6 +637,8 @@ def _survive_case(rng: random.Random, world: int) -> Case:
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
                 allowed_ops=frozenset({"all_gather"}),
+                budgets=[_checkpoint_traffic(total, world, dead, k,
+                                             sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0))],
                 contracts=[_checkpoints_at_most(sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0)
                                                 + 1, every)])
 

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle, flops_budgets
+from lib.check import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
 from lib.device import device
 from lib.devices import device_mesh
 from lib.diagnose import Mistake
@@ -414,6 +414,7 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
               for r, (_, p, _) in enumerate(where)]
     stash0, step0 = measured[0]
     budgets = [
+        ON_DEVICE,
         Budget("time", steps * step * (1 + TIME_SLACK),
                f"{steps} steps × ((m+p-1) = {m + pp - 1} × {fmt_time(unit)}, the slowest stage's forward, backward and "
                f"TP all-reduces for one micro-batch (1F1B's step, notebook 05), + 2(p-1) activation hops + one DP "
@@ -449,6 +450,9 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
 
 
 TIME_SLACK = 0.1
+# The memory budget is 1F1B's stash on the device: activations parked in host memory (saved-tensor hooks that move
+# them to lib.host()) would let GPipe's m micro-batches in flight pass it.
+ON_DEVICE = nothing_on_the_host("1F1B bounds the activations each stage keeps on its device")
 
 
 train_3d = MeshPuzzle(

@@ -8,6 +8,7 @@ is computed from the padded sizes of that convention and from lib.formulas, neve
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 
@@ -434,8 +435,30 @@ def _offload_case(rng: random.Random, world: int) -> Case:
                        f"the shard's parameters, gradients, m and v, (8+8+16)Ψ/N = {fmt_bytes(host)}, "
                        f"+ Adam's temporaries on one shard",
                        hint="keep one copy of each shard on the host; free per-step temporaries."),
+                _host_step(s),
                 *_gradient_traffic(s)]
     return _case(rng, world, budgets, host=True)
+
+
+HOST_STEP = 0.5       # of Adam's FLOPs on this rank's shards: the floor on what the host computes
+
+
+@functools.lru_cache(maxsize=16)
+def _adam_flops(elements: int) -> float:
+    """adam_update's FLOPs on a shard of `elements` float64s, as a rank counts them (elementwise: by size alone)."""
+    p, g, m, v = (torch.ones(elements, dtype=torch.float64) for _ in range(4))
+    return counted_flops(lambda: adam_update(p, g, m, v, 1, LR))[1]
+
+
+def _host_step(s: _Sizes) -> Budget:
+    """ZeRO-Offload moves the optimizer's step to the host, not only its state: the host computes Adam on the
+    shard. A run that carries the state to the device to update it there, and back, leaves the host idle."""
+    adam = STEPS * _adam_flops(s.psi // s.world)
+    return Budget("host_flops", HOST_STEP * adam,
+                  f"{HOST_STEP:.0%} of {STEPS} steps × Adam on this rank's {s.psi // s.world} shard elements, "
+                  f"{adam:,.0f} FLOPs: the step runs where the state lives", least=True,
+                  hint="run adam_update on the host shards themselves (device=lib.host()); carrying m and v to the "
+                       "device to update them there leaves the device's memory and compute doing the host's work.")
 
 
 zero_offload_train = Puzzle(

@@ -1,7 +1,14 @@
 """Cheats on notebook 09's puzzles, each with the words its rejection must contain."""
 
+import sys
+
+import torch
+
 import puzzles.beyond as P
 import solutions.beyond as S
+from lib.cross_site import shard_bounds
+from lib.sim import PerRank
+from puzzles.zero import adam_update
 from tests.cheats.common import everywhere
 
 
@@ -11,6 +18,103 @@ def survive_checkpointing_every_step(dist, files, grads, every, lr):
     return S.survive_failure(dist, files, grads, 1, lr)
 
 
+def replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint):
+    """Survivors that never reload a checkpoint: after a failure they replay every step from the files they were
+    given (every rank holds every gradient). At each checkpoint's step, the first time it comes,
+    checkpoint(dist, (param, m, v), n, group) runs: whatever the cheat sends there."""
+    members, group, taken = list(range(dist.get_world_size())), None, 0
+    total = sum(f["param"].numel() for f in files)
+    while True:
+        n, me = len(members), members.index(dist.get_rank())
+        *state, step = S.reshard_checkpoint(files, n, me)
+        param, m, v = (t.clone() for t in state)
+        lo, hi = shard_bounds(total, n, me)
+        try:
+            while step < len(grads):
+                adam_update(param, grads[step][lo:hi], m, v, step + 1, lr)
+                step += 1
+                if step % every == 0 and step > taken:
+                    checkpoint(dist, (param, m, v), n, group)
+                    taken = step
+            return param, m, v
+        except RuntimeError as e:
+            members.remove(e.rank)
+            group = dist.new_group(members)
+
+
+def _heartbeat(dist, state, n, group):
+    dist.all_gather([torch.zeros(1, dtype=state[0].dtype) for _ in range(n)], torch.zeros(1, dtype=state[0].dtype),
+                    group=group)
+
+
+def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
+    """No checkpoint: a one-number heartbeat all-gathered at each checkpoint's step finds the failure, and the
+    survivors replay every step from the first files: no state ever travels. Passed every seed before the
+    checkpoints' bytes had a floor."""
+    return replaying_from_the_first_files(dist, files, grads, every, lr, _heartbeat)
+
+
+def _every_ranks_argument(position: int) -> list:
+    """Every rank's value of an argument, read from the simulator's own frame below the function (the originals each
+    rank's copy is made from): .tolist() then copies them out without an op, so no ownership rule fires."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        args = frame.f_locals.get("args")
+        if isinstance(args, (list, tuple)) and len(args) > position and isinstance(args[position], PerRank):
+            return args[position].values
+        frame = frame.f_back
+    raise LookupError("no simulator frame below this function")
+
+
+def diloco_every_worker_trained_here(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
+    """Every worker's batches read out of the simulator's frame, every worker trained on this rank (the reference
+    itself), and one all-reduce of the right size per round for the bytes. Compute is nothing next to the wide-area
+    link: it passed every seed before DiLoCo's FLOPs had a ceiling. (The frame exists only in simulation; the hole is
+    the engine's, see the red team's report; the FLOPs ceiling stops this use of it.)"""
+    shards = [[(torch.tensor(x.tolist(), dtype=x.dtype), torch.tensor(y.tolist(), dtype=y.dtype)) for x, y in rank]
+              for rank in _every_ranks_argument(1)]
+    trained = P.diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
+    for _ in range(len(batches) // inner_steps):
+        dist.all_reduce(torch.zeros(sum(p.numel() for p in model.parameters()), dtype=torch.float64))
+    return trained
+
+
+def compressed_by_gathering_every_vector(dist, grad, residual, bits):
+    """Every rank's whole quantised vector all-gathered (int8), each rank computing every owner's mean itself: no
+    reduce-scatter. As many bytes as the algorithm at N = 2, N-1 times the payload beyond."""
+    world = dist.get_world_size()
+    corrected = grad + residual
+    pieces = [P.quantize(c, bits) for c in corrected.chunk(world)]
+    sent = torch.cat([P.dequantize(q, s) for q, s in pieces])
+    values, scales = torch.cat([q for q, _ in pieces]), torch.cat([s for _, s in pieces])
+    all_values, all_scales = [torch.empty_like(values) for _ in range(world)], [torch.empty_like(scales)
+                                                                              for _ in range(world)]
+    dist.all_gather(all_values, values)
+    dist.all_gather(all_scales, scales)
+    sizes = [c.numel() for c in corrected.chunk(world)]
+    total = sum(torch.cat([P.dequantize(q, s[j:j + 1]) for j, q in enumerate(v.split(sizes))]).double()
+                for v, s in zip(all_values, all_scales)) / world
+    return torch.cat([P.dequantize(*P.quantize(c, bits)) for c in total.chunk(world)]), corrected - sent
+
+
+def compressed_computed_for_every_rank_here(dist, grad, residual, bits):
+    """Every rank's grad and residual read out of the simulator's frame, the whole reference computed on this rank,
+    and collectives of the algorithm's exact sizes carrying zeros for the bytes. Passed every seed before the
+    FLOPs had a ceiling."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    grads, residuals = ([torch.tensor(t.tolist(), dtype=t.dtype) for t in _every_ranks_argument(i)] for i in (0, 1))
+    mean, new = P.compressed_reference(grads, residuals, bits)[rank]
+    chunk = -(-grad.numel() // world)
+    for size, dtype in ((chunk, torch.int8), (1, torch.float32)):
+        dist.all_to_all_single(torch.empty(world, size, dtype=dtype), torch.zeros(world, size, dtype=dtype))
+        dist.all_gather([torch.empty(size, dtype=dtype) for _ in range(world)], torch.zeros(size, dtype=dtype))
+    return mean, new
+
+
 CHEATS = everywhere(P) + [
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
+    ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
+    ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
+    ("diloco_train", diloco_every_worker_trained_here, "FLOPs counted"),
+    ("compressed_all_reduce", compressed_computed_for_every_rank_here, "FLOPs counted"),
 ]

@@ -1,5 +1,7 @@
 """Cheats on notebook 08's puzzles, each with the words its rejection must contain."""
 
+import math
+
 import torch
 
 import puzzles.ring_attention as P
@@ -117,6 +119,128 @@ def overlap_posting_and_waiting_at_once(dist, q, k, v, block):
     return out, lse
 
 
+def _attention_in_one_tile(q, k, v):
+    """Attention with every score at once: (output, log-sum-exp)."""
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    lse = s.logsumexp(-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def _overlapped_with_busy_work(dist, q, k, v, block, busy):
+    """Each step posts the transfer, runs `busy(kv)` while it travels, waits for it, and only then attends to the
+    block it holds: compute covers the wire, and nothing of the next block's work runs under it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kv, out, lse = torch.stack([k, v]), None, None
+    for step in range(world):
+        if step < world - 1:
+            incoming = torch.empty_like(kv)
+            works = [dist.isend(kv, (rank + 1) % world), dist.irecv(incoming, (rank - 1) % world)]
+            busy(kv)
+            for w in works:
+                w.wait()
+        bo, bl = blockwise_attention(q, kv[0], kv[1], block)
+        out, lse = (bo, bl) if out is None else merge_attention(out, lse, bo, bl)
+        if step < world - 1:
+            kv = incoming
+    return out, lse
+
+
+def overlap_computing_each_block_twice(dist, q, k, v, block):
+    """The block computed while its transfer runs and thrown away, then computed again after the wait: the run
+    takes longer than without overlap. Passed every seed when only the exposed time was checked."""
+    return _overlapped_with_busy_work(dist, q, k, v, block, lambda kv: blockwise_attention(q, kv[0], kv[1], block))
+
+
+def overlap_busy_while_waiting(dist, q, k, v, block):
+    """Useless matmuls while the transfer runs: the wire is covered by work that is not the next block's. Passed
+    every seed when only the exposed time was checked."""
+    def busy(_kv):
+        junk = q @ q.transpose(-2, -1)
+        for _ in range(3):
+            junk = junk @ junk * 1e-3
+    return _overlapped_with_busy_work(dist, q, k, v, block, busy)
+
+
+def ring_softmax_over_every_score_kept(dist, q, k, v, block):
+    """K and V go round the ring, but no online softmax: every step's scores and V block are kept, and one softmax
+    runs over the s/N × s scores at the end."""
+    world, scores, values = dist.get_world_size(), [], []
+    for step in range(world):
+        scores.append(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5)
+        values.append(v)
+        if step < world - 1:
+            k, v = _pass_right(dist, torch.stack([k, v]))
+    s = torch.cat(scores, -1)
+    lse = s.logsumexp(-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ torch.cat(values, -2), lse
+
+
+def blockwise_over_query_blocks_only(q, k, v, block, causal=False):
+    """Blocks of queries, each against every key at once: block × s scores, never block × block tiles."""
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
+    for i in range(0, q.shape[-2], block):
+        s = q[..., i:i + block, :] @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        if causal:
+            rows = torch.arange(i, i + s.shape[-2], device=q.device).unsqueeze(1)
+            s = s.masked_fill(torch.arange(k.shape[-2], device=q.device) > rows, -math.inf)
+        lse[..., i:i + block] = s.logsumexp(-1)
+        out[..., i:i + block, :] = torch.exp(s - lse[..., i:i + block].unsqueeze(-1)) @ v
+    return out, lse
+
+
+def backward_by_autograd_on_the_gathered_sequence(dist, q, k, v, out, lse, dout, block):
+    """K and V gathered around the ring (its bytes), autograd through the rank's queries' whole attention, the
+    dK/dV partials summed around the ring (a ring reduce-scatter), and one padding message to meet the byte floor."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kv, blocks = torch.stack([k, v]), {}
+    blocks[rank] = kv
+    for step in range(1, world):
+        kv = _pass_right(dist, kv)
+        blocks[(rank - step) % world] = kv
+    whole = torch.cat([blocks[r] for r in range(world)], -2).requires_grad_()      # (2, b, h, s, d)
+    mine = q.clone().requires_grad_()
+    scores = mine @ whole[0].transpose(-2, -1) * q.shape[-1] ** -0.5
+    (torch.softmax(scores, -1) @ whole[1]).backward(dout)
+    partial = whole.grad.chunk(world, -2)                                         # dK/dV by owner
+    owner = (rank - 1) % world
+    total = partial[owner]
+    for _ in range(world - 1):
+        owner = (owner - 1) % world
+        total = _pass_right(dist, total.contiguous()) + partial[owner]
+    _pass_right(dist, torch.zeros_like(total))
+    return mine.grad, total[0], total[1]
+
+
+def ulysses_gathering_kv_with_all_to_all(dist, q, k, v, block):
+    """No head split: the queries stay, K and V gathered whole by all-to-alls that send every rank the same."""
+    world = dist.get_world_size()
+
+    def gathered(t):
+        send = t.unsqueeze(0).expand(world, *t.shape).contiguous()
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send)
+        return torch.cat(list(got), -2)
+    return blockwise_attention(q, gathered(k), gathered(v), block)[0]
+
+
+def ulysses_with_whole_score_matrices(dist, q, k, v, block):
+    """Ulysses' all-to-alls, then attention on the rank's heads with the whole s × s score matrix, not blockwise.
+    Passed 3 seeds in 10 when the cases' heads were up to 16 wide and their sequences up to 64 tokens."""
+    world = dist.get_world_size()
+    b, h, c, d = q.shape
+
+    def to_heads(x):
+        send = x.reshape(b, world, h // world, c, d).transpose(0, 1).contiguous()
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send)
+        return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
+    o, _ = _attention_in_one_tile(to_heads(q), to_heads(k), to_heads(v))
+    send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)
+    return got.transpose(0, 1).reshape(b, h, c, d)
+
+
 CHEATS = [(name, fn, REBUILT if reason == ANSWER_KEY else reason) for name, fn, reason in everywhere(P)] + [
     ("ring_attention", ring_through_a_module_dict, "SharedMemory"),
     ("ring_attention", ring_through_python_numbers, "under the floor"),
@@ -124,4 +248,11 @@ CHEATS = [(name, fn, REBUILT if reason == ANSWER_KEY else reason) for name, fn, 
     ("ring_attention", ring_gathering_then_attending, "peak memory"),
     ("zigzag_attention", zigzag_gathering_then_attending, "peak memory"),
     ("ring_attention_overlap", overlap_posting_and_waiting_at_once, "waiting on K/V transfers"),
+    ("ring_attention_overlap", overlap_computing_each_block_twice, "simulated time"),
+    ("ring_attention_overlap", overlap_busy_while_waiting, "simulated time"),
+    ("ring_attention", ring_softmax_over_every_score_kept, "peak memory"),
+    ("blockwise_attention", blockwise_over_query_blocks_only, "peak memory"),
+    ("ring_attention_backward", backward_by_autograd_on_the_gathered_sequence, "peak memory"),
+    ("ulysses_attention", ulysses_gathering_kv_with_all_to_all, "sent"),
+    ("ulysses_attention", ulysses_with_whole_score_matrices, "peak memory"),
 ]

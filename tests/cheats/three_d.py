@@ -3,12 +3,14 @@
 import torch
 import torch.nn.functional as F
 
+import lib
 import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
 from lib.planner import H100_80GB, Cluster, estimate, memory_breakdown
 from lib.sim.mesh import coordinates, mesh_groups
 from lib.viz.planner import plan_figure
+from puzzles.parallel_gpt import tp_reduce
 from tests.cheats.common import everywhere, under_identity_hooks
 from tests.wrong.three_d import DPAverageReplaced
 
@@ -216,6 +218,78 @@ class _Board:
         tensor.copy_(_board.pop((src, me, k)))
 
 
+def train_3d_gpipe_parking_activations_on_the_host(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """GPipe, its saved activations moved to host memory by saved-tensor hooks and back for backward: the device
+    never holds m micro-batches' stash. Passed every seed before train_3d kept the host empty."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.to(lib.host()), lambda t: t.to(lib.device())):
+        return train_3d_gpipe(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr)
+
+
+class _Recomputed(torch.nn.Module):
+    """A stage whose forward runs under activation checkpointing: it keeps its input only and runs again in
+    backward (its TP all-reduces too)."""
+
+    def __init__(self, stage):
+        super().__init__()
+        self.stage = stage
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.stage, name)
+
+    def forward(self, dist, group, x):
+        import torch.utils.checkpoint as checkpoint
+        return checkpoint.checkpoint(self.stage, dist, group, x, use_reentrant=False)
+
+
+def train_3d_gpipe_recomputing(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """GPipe under activation checkpointing: m micro-batches in flight, each keeping only its input."""
+    train_3d_gpipe(dist, _Recomputed(stage), tokens, targets, dp, pp, tp, m, steps, lr)
+    return stage
+
+
+def train_3d_every_replica_on_the_whole_batch(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """tokens arrive whole on every rank: each DP replica trains on all of them (micro-batches dp times larger),
+    leaving nothing to average over DP."""
+    whole = torch.cat([tokens] * dp), torch.cat([targets] * dp)          # chunk(dp)[d] is then the whole batch
+    return S.train_3d(DPAverageReplaced(dist, lambda d, tensor, group: None), stage, *whole, dp, pp, tp, m, steps, lr)
+
+
+def tp_dp_every_tp_group_on_the_whole_batch(dist, weights, batch, targets, dp, tp, steps, lr):
+    """The batch arrives whole: each TP group trains on every row, with no DP all-reduce at all."""
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    t, tp_group = mesh.get_local_rank("tp"), mesh["tp"].get_group()
+    params = {k: (v.chunk(tp, P.MLP_SPLIT[k])[t] if k in P.MLP_SPLIT else v).clone().requires_grad_()
+              for k, v in weights.items()}
+    for _ in range(steps):
+        hidden = F.gelu(F.linear(batch, params["fc1_w"], params["fc1_b"]))
+        out = tp_reduce(dist, F.linear(hidden, params["fc2_w"]), tp_group) + params["fc2_b"]
+        F.mse_loss(out, targets).backward()
+        with torch.no_grad():
+            for p in params.values():
+                p -= lr * p.grad
+                p.grad = None
+    return {k: v.detach() for k, v in params.items()}
+
+
+def groups_in_an_order_of_their_own(dist, dp, pp, tp):
+    """Every group created by every rank, but odd ranks create the axes in the reverse order: torch needs one order
+    on every rank."""
+    at = lambda i, j, k: (i * pp + j) * tp + k     # noqa: E731
+    lists = {"tp": [[at(i, j, k) for k in range(tp)] for i in range(dp) for j in range(pp)],
+             "pp": [[at(i, j, k) for j in range(pp)] for i in range(dp) for k in range(tp)],
+             "dp": [[at(i, j, k) for i in range(dp)] for j in range(pp) for k in range(tp)]}
+    rank, groups = dist.get_rank(), {}
+    for axis in ("tp", "pp", "dp")[::-1 if rank % 2 else 1]:
+        for ranks in lists[axis]:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                groups[axis] = group
+    return groups
+
+
 def memory_from_memory_breakdown(model, plan):
     """lib.planner's memory model: the answer key."""
     return sum(memory_breakdown(model, plan).values())
@@ -258,4 +332,9 @@ CHEATS = everywhere(P) + [
     ("train_3d", train_3d_whole_batch, "simulated time"),
     ("train_3d", train_3d_dp_average_per_micro_batch, "DP axis"),
     ("train_3d", train_3d_pp_through_a_module_dict, "SharedMemory"),
+    ("train_3d", train_3d_gpipe_parking_activations_on_the_host, "peak host memory"),
+    ("train_3d", train_3d_gpipe_recomputing, "TP axis"),                  # the recomputed forward all-reduces again
+    ("train_3d", train_3d_every_replica_on_the_whole_batch, "TP axis"),   # micro-batches dp times larger
+    ("tp_dp_train", tp_dp_every_tp_group_on_the_whole_batch, "TP axis"),
+    ("process_groups", groups_in_an_order_of_their_own, "new_group call"),
 ]
