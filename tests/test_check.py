@@ -428,6 +428,18 @@ def reads_the_originals(dist, x):
     return sum(v.clone() for v in frame.f_locals["args"][0].values)
 
 
+def reads_the_originals_through_a_traceback(dist, x):
+    """The same walk from a caught exception's frame (frames cannot be refused there): the originals are the run's
+    own tensors, which no rank may read."""
+    try:
+        raise LookupError
+    except LookupError as e:
+        frame = e.__traceback__.tb_frame
+    while "args" not in frame.f_locals or not frame.f_locals["args"]:
+        frame = frame.f_back
+    return sum(v.clone() for v in frame.f_locals["args"][0].values)
+
+
 def peeks_at_other_threads(dist, x):
     import sys
     for frame in sys._current_frames().values():
@@ -438,7 +450,8 @@ def peeks_at_other_threads(dist, x):
 
 @pytest.mark.parametrize("cheat, words", [
     (rebuilds_the_case, "a check's case was being built inside the function under check"),
-    (reads_the_originals, "read a tensor of the run itself"),
+    (reads_the_originals, "sys._getframe"),
+    (reads_the_originals_through_a_traceback, "read a tensor of the run itself"),
     (peeks_at_other_threads, "sys._current_frames"),
 ])
 def test_the_answer_key_cannot_be_reached_from_inside(cheat, words):

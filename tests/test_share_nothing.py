@@ -6,10 +6,18 @@ Every pattern "sums x over the ranks" without communicating it, the way a learne
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import inspect
 import io
+import logging
 import os
 import queue
+import sys
 import threading
+import traceback
+import typing
+import warnings
 
 import pytest
 import torch
@@ -315,6 +323,113 @@ def test_bytes_outside_torch_are_refused(fn, what):
     with pytest.raises(OutOfView) as info:
         lib.sim.run(fn, WORLD, per_rank(_xs()))
     assert "rank 0 called" in str(info.value) and what in str(info.value) and "Hint:" in str(info.value)
+
+
+# ---- the simulator's own objects: the frames below the function and the dispatch-mode stack -----------------
+def frame_below(dist, x):
+    """Every rank's inputs (and the rank's meters) from the simulator's frame under the function."""
+    return x + len(sys._getframe(1).f_locals)
+
+
+def inspect_frame_below(dist, x):
+    return x + len(inspect.currentframe().f_back.f_locals)
+
+
+def inspect_stack(dist, x):
+    return x + len(inspect.stack())
+
+
+def walk_the_stack(dist, x):
+    return x + len(list(traceback.walk_stack(None)))
+
+
+def rewrite_the_peak(dist, x):
+    """Its own memory tracker, found on torch's dispatch-mode stack, told that its peak is its current bytes."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    big = torch.zeros(10_000)
+    del big
+    for mode in _get_current_dispatch_mode_stack():
+        if hasattr(mode, "peak"):
+            mode.peak = mode.current
+    return x
+
+
+def meters_behind_dist(dist, x):
+    """The rank's bytes sent, reached through the simulator's objects behind dist."""
+    dist._rt.ranks[dist.get_rank()].bytes_sent = 0
+    return x
+
+
+def vars_of_dist(dist, x):
+    return x + len(vars(dist))
+
+
+def work_handles_runtime(dist, x):
+    peer = 1 - dist.get_rank()
+    work = dist.isend(x, peer)
+    dist.recv(torch.empty_like(x), peer)
+    work._runtime.ranks[dist.get_rank()].bytes_sent = 0
+    return x
+
+
+def dispatch_stack_at(dist, x):
+    torch._C._get_dispatch_stack_at(0)
+    return x
+
+
+def originals_as_a_list(dist, x):
+    """The run's original arguments (every rank's inputs), read without an op: Tensor.tolist()."""
+    return torch.tensor(ORIGINALS[1 - dist.get_rank()].tolist()) + x
+
+
+ORIGINALS = _xs()
+
+
+@pytest.mark.parametrize("fn,what", [(frame_below, "sys._getframe"), (inspect_frame_below, "inspect.currentframe"),
+                                     (inspect_stack, "inspect.stack"), (walk_the_stack, "traceback.walk_stack"),
+                                     (rewrite_the_peak, "_get_current_dispatch_mode_stack"),
+                                     (dispatch_stack_at, "_get_dispatch_stack_at"),
+                                     (meters_behind_dist, "SimDist._rt"), (vars_of_dist, "SimDist.__dict__"),
+                                     (work_handles_runtime, "Work._runtime")])
+def test_the_simulators_own_objects_are_refused(fn, what):
+    with pytest.raises(OutOfView) as info:
+        lib.sim.run(fn, WORLD, per_rank(_xs()))
+    message = str(info.value)
+    assert message.startswith(("rank 0 ", "rank 1 ")) and what in message and "test_share_nothing.py" in message
+    assert "Hint:" in message
+
+
+def test_tolist_of_the_originals_is_a_read_of_the_runs_tensors():
+    with pytest.raises(SharedMemory) as info:
+        lib.sim.run(originals_as_a_list, WORLD, per_rank(ORIGINALS))
+    assert "Tensor.tolist()" in str(info.value) and "tensor of the run itself" in str(info.value)
+
+
+def libraries_reading_their_callers_frame(dist, x):
+    """Python's library reads frames for its own bookkeeping (logging, namedtuple, typing, dataclasses, warnings,
+    a traceback printed in an except): allowed inside a rank."""
+    logging.getLogger("tests.share_nothing").debug("rank %d", dist.get_rank())
+    Pair = collections.namedtuple("Pair", "a b")
+    Named = typing.NamedTuple("Named", [("a", int)])
+    Made = dataclasses.make_dataclass("Made", ["a"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.warn("a warning from inside a rank", stacklevel=2)
+    try:
+        raise ValueError("caught")
+    except ValueError:
+        traceback.format_exc()
+    return x + Pair(1, 2).a + Named(1).a + Made(1).a + len(x.tolist())
+
+
+def test_libraries_reading_frames_still_run_and_frames_work_outside_a_rank():
+    result = lib.sim.run(libraries_reading_their_callers_frame, WORLD, per_rank(_xs()))
+    assert torch.equal(result.results[1], _xs()[1] + 7)
+
+    def here():
+        return sys._getframe().f_code.co_name, sys._getframe(1).f_code.co_name, inspect.currentframe().f_code.co_name
+    assert here() == ("here", "test_libraries_reading_frames_still_run_and_frames_work_outside_a_rank", "here")
 
 
 # ---- what stays allowed ------------------------------------------------------------------------------------

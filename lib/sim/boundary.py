@@ -13,8 +13,10 @@ switch the tracker off or run work where it is not. Inside a simulated rank:
 - starting a thread, switching torch's Python dispatch off or popping the simulator's mode from the learner's
   code is refused (the work would not be counted), and so is disabling saved-tensor hooks; a learner's
   saved-tensor hooks entered inside the check's own measuring hooks are composed with them, not hiding from them;
-- looking at other threads' frames or at the garbage collector's objects is refused (that is where the check's
-  cases and the other ranks' inputs live);
+- looking at other threads' frames, the frames below the learner's function (sys._getframe, inspect's and
+  traceback's frame walkers), the garbage collector's objects or the dispatch-mode stack is refused: that is where
+  the check's cases, the other ranks' inputs and the rank's own meters (its tracker: peak memory, FLOPs) live;
+- `.tolist()` of a tensor another rank made, or of the run's originals, is refused as any op reading it is;
 - opening a file is refused: what goes through a file is neither counted nor sent (a rank could leave its data
   there for another, as processes of one machine could, but not ranks on different machines).
 Outside a simulated rank, and for torch's and the engine's own calls, every patch does exactly what torch does.
@@ -27,9 +29,11 @@ import builtins
 import functools
 import gc
 import io
+import inspect
 import os
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +43,7 @@ import torch.utils._python_dispatch as python_dispatch
 
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
+from lib.sim.ownership import LIBRARIES
 from lib.sim.tracker import LIST_SLOT_BYTES, PYTHON_NUMBER_BYTES
 
 _OUT_OF_VIEW = ("The simulator measures a rank's memory in torch tensors; bytes moved into numpy arrays, "
@@ -78,9 +83,33 @@ def tracking_switched_off(tracker) -> str:
     return ""
 
 
+_getframe = sys._getframe                                      # the engine's own, before install() guards it
+
+
 def _from_learner(depth: int = 2) -> bool:
     """Whether the function `depth` frames up was called by the learner's code, not torch's or the engine's."""
-    return not sys._getframe(depth).f_code.co_filename.startswith(_ENGINE)
+    return not _getframe(depth).f_code.co_filename.startswith(_ENGINE)
+
+
+_FRAME_GIVERS = {inspect.currentframe.__code__, inspect.stack.__code__, traceback.walk_stack.__code__}
+
+
+def _guarded_getframe(depth: int = 0):
+    """sys._getframe, refused inside a simulated rank where it would hand the learner's code a frame: called by
+    that code itself, or by inspect.currentframe/inspect.stack/traceback.walk_stack called by it. Python's library
+    reading frames for its own bookkeeping (logging, namedtuple, typing) still may."""
+    caller = _getframe(1)
+    if current_rank() is not None:
+        asked_by = caller.f_back if caller.f_code in _FRAME_GIVERS and caller.f_back is not None else caller
+        if not asked_by.f_code.co_filename.startswith(LIBRARIES):
+            from lib.sim.ownership import learner_line
+            name = caller.f_code.co_name if asked_by is not caller else "_getframe"
+            what = f"{'sys' if name == '_getframe' else caller.f_globals.get('__name__', '')}.{name}"
+            _fail(OutOfView(f"rank {current_rank()} called {what}{learner_line()}: {_FRAMES}"))
+    return _getframe(depth + 1)
+
+
+_guarded_getframe._lib_sim_patch = True
 
 
 def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
@@ -104,6 +133,44 @@ _PEEKING = ("other threads and the garbage collector hold the check's own cases 
             "Hint: use only the arguments your function receives; get other ranks' data through dist.")
 
 
+_ENGINE_CODE: dict = {}           # code object -> whether it is the engine's or torch's: asked at every dist call
+
+
+def _engine_code(code) -> bool:
+    known = _ENGINE_CODE.get(code)
+    if known is None:
+        if len(_ENGINE_CODE) > 100_000:              # notebook cells run again make new code objects
+            _ENGINE_CODE.clear()
+        known = _ENGINE_CODE[code] = code.co_filename.startswith(_ENGINE)
+    return known
+
+
+class EngineHandle:
+    """An object the learner's code is handed (its dist, a work handle) whose private attributes lead to the
+    simulator's own state: every rank's inputs and the rank's meters (bytes sent, memory, FLOPs, clock). Inside a
+    simulated rank the learner's code may use its public API only; the engine's and torch's code may use it all."""
+
+    __slots__ = ()
+
+    def __getattribute__(self, name: str):
+        if name[0] == "_" and (name[1] != "_" or name == "__dict__") and not _engine_code(_getframe(1).f_code) \
+                and current_rank() is not None:
+            from lib.sim.ownership import learner_line
+            _fail(OutOfView(f"rank {current_rank()} reached {type(self).__name__}.{name}{learner_line()}: "
+                            f"{_HANDLES}"))
+        return object.__getattribute__(self, name)
+
+
+_HANDLES = ("behind dist and its work handles lie the simulator's own objects (every rank's inputs, the rank's "
+            "meters), not the rank's to read or change.\nHint: use dist's public calls, as torch.distributed has them.")
+
+
+_FRAMES = ("the frames below your function are the simulator's own: they hold every rank's inputs and the rank's "
+           "meters.\nHint: use only the arguments your function receives; get other ranks' data through dist.")
+_METERS = ("the simulator's dispatch mode is the rank's meter (memory, FLOPs, time): not the rank's to read or "
+           "change.\nHint: compute with torch's ordinary ops; the check measures them.")
+
+
 def _composing_enter(original_enter: Callable) -> Callable:
     """saved_tensors_hooks.__enter__ that, inside a rank, composes a learner's hooks with the check's measuring
     hooks below them (only the innermost hooks apply: nesting would otherwise hide saved tensors from the check)."""
@@ -122,8 +189,10 @@ def _composing_enter(original_enter: Callable) -> Callable:
 def _counting(original: Callable, what: str) -> Callable:
     @functools.wraps(original)
     def counted(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
         tracker = current_tracker()
+        if tracker is not None:
+            tracker.check_read(self, what)
+        out = original(self, *args, **kwargs)
         if tracker is not None:
             n = self.numel() if isinstance(self, torch.Tensor) else self.nbytes()
             tracker.keep_outside(n * (PYTHON_NUMBER_BYTES + LIST_SLOT_BYTES), what)
@@ -204,6 +273,12 @@ def install() -> None:
                                                  _PEEKING)
     for name in ("get_objects", "get_referrers", "get_referents"):
         setattr(gc, name, _refusing_from_learner(getattr(gc, name), f"gc.{name}", _PEEKING))
+    sys._getframe = _guarded_getframe
+    for module, name in ((python_dispatch, "_get_current_dispatch_mode_stack"),
+                         (python_dispatch, "_get_current_dispatch_mode"), (torch._C, "_get_dispatch_stack_at"),
+                         (torch._C, "_get_dispatch_mode")):
+        setattr(module, name, _refusing_from_learner(getattr(module, name), f"{module.__name__}.{name} (the "
+                                                     "dispatch-mode stack)", _METERS))
     # Storage bytes written to a Python buffer or a file, and tensors made over such bytes, are memory the
     # tracker cannot see: refused like numpy.
     for cls in (torch.UntypedStorage, torch.TypedStorage):

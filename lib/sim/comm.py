@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
+from lib.sim.boundary import EngineHandle
 from lib.sim.cost import bus_factor, ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
@@ -71,7 +72,7 @@ class Call:
     failed: Optional[BaseException] = None   # a peer died: waiting on the call raises this
 
 
-class Work:
+class Work(EngineHandle):
     """What an async call returns: `wait()` blocks until the transfer is done and shows its results."""
 
     def __init__(self, runtime: "Runtime", call: Call) -> None:

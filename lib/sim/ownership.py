@@ -16,6 +16,7 @@ that reads the originals is reading every rank's inputs, or the answer.
 
 from __future__ import annotations
 
+import sysconfig
 import traceback
 from pathlib import Path
 from typing import Iterator, Optional
@@ -26,6 +27,9 @@ from lib.sim.errors import SharedMemory
 
 _LIB_DIR = str(Path(__file__).resolve().parents[1])
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+# Code that is not the learner's: the engine, torch, Python's own library and installed packages.
+LIBRARIES = (_LIB_DIR, _TORCH_DIR) + tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                                                 "platlib")}) + ("<frozen ",)
 _WRITES: dict = {}
 
 CHECK = -1          # the owner of the run's own arguments and expected results
@@ -88,7 +92,7 @@ def learner_line() -> str:
     """Where in the learner's code the current op was called, as ' at file:line (`source`)', or '' (the source
     quoted: a message goes on after it with a colon, and a line like `with open(p) as f:` ends in one)."""
     for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith((_LIB_DIR, _TORCH_DIR)) and "/threading.py" not in frame.filename:
+        if not frame.filename.startswith(LIBRARIES):
             source = f" (`{frame.line.strip()}`)" if frame.line else ""
             return f" at {Path(frame.filename).name}:{frame.lineno}{source}"
     return ""
@@ -118,7 +122,7 @@ class Ownership:
         for t in inputs:
             owner = owners.get(t.untyped_storage()._cdata)
             if owner is not None and owner != rank:
-                return self._read_error(rank, owner, func)
+                return self.read_error(rank, owner, func)
         positions, names = written_args(func) if written is None else written
         for i in positions:
             t = args[i] if i < len(args) else None
@@ -148,7 +152,7 @@ class Ownership:
             self.owners[t.untyped_storage()._cdata] = CHECK
 
     @staticmethod
-    def _read_error(rank: int, owner: int, func) -> SharedMemory:
+    def read_error(rank: int, owner: int, func) -> SharedMemory:
         if owner == CHECK:
             return SharedMemory(
                 f"rank {rank} read a tensor of the run itself ({_name(func)}{learner_line()}): an original of the "
@@ -179,4 +183,5 @@ class Ownership:
 
 
 def _name(func) -> str:
-    return func._overloadpacket.__name__
+    """An op's name, or what a patch of lib.sim.boundary says was called."""
+    return func if isinstance(func, str) else func._overloadpacket.__name__

@@ -326,6 +326,14 @@ class RankTracker(TorchDispatchMode):
             if broken is not None:
                 self._on_violation(broken)
 
+    def check_read(self, obj, what: str) -> None:
+        """Share-nothing for a read that bypasses the dispatcher (`what`: Tensor.tolist() of a tensor or storage)."""
+        if self._ownership is not None:
+            storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else obj
+            owner = self._ownership.owners.get(storage._cdata)
+            if owner is not None and owner != self._rank:
+                self._on_violation(self._ownership.read_error(self._rank, owner, what))
+
     def _place(self, t: torch.Tensor, default: int = DEVICE) -> int:
         known = self._sizes.get(t.untyped_storage()._cdata)
         return known[1] if known is not None else default

@@ -9,22 +9,8 @@ import torch
 
 from lib.cross_site import shard_bounds
 from tests.cheats.beyond import replaying_from_the_first_files
-from tests.cheats.three_d import train_3d_gpipe
 
 CHEATS: list = []
-
-
-def train_3d_gpipe_rewriting_its_peak(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
-    """GPipe, then the rank's own memory tracker, found on torch's dispatch-mode stack, told that its peak is its
-    current bytes. Any meter a rank can reach it can rewrite: the peak, the FLOPs, and through `dist` or the frames
-    below the function (lib.sim.runtime's _rank_main: `state`, `self`) the bytes sent and the clock."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    out = train_3d_gpipe(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr)
-    for mode in _get_current_dispatch_mode_stack():
-        if hasattr(mode, "peak"):
-            mode.peak = mode.current
-    return out
 
 
 def reshard_reading_every_file(files, world, rank):
@@ -77,8 +63,6 @@ def coordinates_by_unravel_index(dist, shape):
 
 
 OPEN = [
-    ("train_3d", train_3d_gpipe_rewriting_its_peak,
-     "meters a rank cannot write (lib.sim): every budget of every puzzle falls to this"),
     ("reshard_checkpoint", reshard_reading_every_file,
      "a measure of the bytes a rank reads of its arguments (lib.sim), then a budget of what overlaps [lo, hi)"),
     ("survive_failure", survive_checkpointing_but_replaying_the_first_files,

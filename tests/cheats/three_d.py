@@ -314,6 +314,19 @@ def memory_from_the_explorer(model, plan):
 ESTIMATOR_OUT_OF_REACH = "lib.planner's estimator"
 
 
+def train_3d_gpipe_rewriting_its_peak(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """GPipe, then the rank's own memory tracker, found on torch's dispatch-mode stack, told that its peak is its
+    current bytes (the dispatch-mode stack, the frames below the function and the objects behind dist are refused
+    to a rank's code: tests/test_share_nothing.py)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    out = train_3d_gpipe(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr)
+    for mode in _get_current_dispatch_mode_stack():
+        if hasattr(mode, "peak"):
+            mode.peak = mode.current
+    return out
+
+
 CHEATS = everywhere(P) + [
     ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
     ("process_groups", groups_from_device_mesh, WORK_DONE_FOR_IT),
@@ -327,6 +340,7 @@ CHEATS = everywhere(P) + [
     ("plan_memory", memory_from_the_explorer, "lib.viz.planner (plan_figure) out of reach"),
     ("plan_memory", memory_from_the_measurement, "lib.planner's measurement (measured_first_stage) out of reach"),
     ("train_3d", train_3d_gpipe, "peak memory"),
+    ("train_3d", train_3d_gpipe_rewriting_its_peak, "dispatch-mode stack"),
     ("train_3d", under_identity_hooks(train_3d_gpipe), "peak memory"),
     ("train_3d", train_3d_one_micro_batch_at_a_time, "simulated time"),
     ("train_3d", train_3d_whole_batch, "simulated time"),
