@@ -34,7 +34,6 @@ import os
 import sys
 import threading
 import traceback
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -43,7 +42,7 @@ import torch.utils._python_dispatch as python_dispatch
 
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
-from lib.sim.ownership import LIBRARIES
+from lib.sim.places import ENGINE, LIBRARIES
 from lib.sim.tracker import LIST_SLOT_BYTES, PYTHON_NUMBER_BYTES
 
 _OUT_OF_VIEW = ("The simulator measures a rank's memory in torch tensors; bytes moved into numpy arrays, "
@@ -64,7 +63,6 @@ def _refusing(original: Callable, what: str, gpu_note: str = "") -> Callable:
     return refused
 
 
-_ENGINE = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent))
 _DISABLE_TORCH_DISPATCH = torch._C._DisableTorchDispatch      # the engine's own, before install() guards it
 
 
@@ -88,7 +86,7 @@ _getframe = sys._getframe                                      # the engine's ow
 
 def _from_learner(depth: int = 2) -> bool:
     """Whether the function `depth` frames up was called by the learner's code, not torch's or the engine's."""
-    return not _getframe(depth).f_code.co_filename.startswith(_ENGINE)
+    return not _getframe(depth).f_code.co_filename.startswith(ENGINE)
 
 
 _FRAME_GIVERS = {inspect.currentframe.__code__, inspect.stack.__code__, traceback.walk_stack.__code__}
@@ -141,7 +139,7 @@ def _engine_code(code) -> bool:
     if known is None:
         if len(_ENGINE_CODE) > 100_000:              # notebook cells run again make new code objects
             _ENGINE_CODE.clear()
-        known = _ENGINE_CODE[code] = code.co_filename.startswith(_ENGINE)
+        known = _ENGINE_CODE[code] = code.co_filename.startswith(ENGINE)
     return known
 
 

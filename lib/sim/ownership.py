@@ -16,7 +16,6 @@ that reads the originals is reading every rank's inputs, or the answer.
 
 from __future__ import annotations
 
-import sysconfig
 import traceback
 from pathlib import Path
 from typing import Iterator, Optional
@@ -24,12 +23,8 @@ from typing import Iterator, Optional
 import torch
 
 from lib.sim.errors import SharedMemory
+from lib.sim.places import LIBRARIES
 
-_LIB_DIR = str(Path(__file__).resolve().parents[1])
-_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-# Code that is not the learner's: the engine, torch, Python's own library and installed packages.
-LIBRARIES = (_LIB_DIR, _TORCH_DIR) + tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
-                                                                                 "platlib")}) + ("<frozen ",)
 _WRITES: dict = {}
 
 CHECK = -1          # the owner of the run's own arguments and expected results

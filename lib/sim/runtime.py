@@ -19,7 +19,6 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -34,12 +33,11 @@ from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView
                             SimTimeout)
 from lib.sim.links import Link
 from lib.sim.output import labelled_output
+from lib.sim.places import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult
 from lib.sim.tracker import RankTracker
 
-_LIB_DIR = str(Path(__file__).resolve().parents[1])
-_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _JOIN_TIMEOUT = 10.0     # seconds for every rank thread to finish once the run is over
 boundary.install()
 
@@ -433,7 +431,7 @@ class Runtime:
 def _learner_traceback(e: BaseException) -> str:
     """The traceback without the simulator's or torch's frames: what a learner needs to see."""
     frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not f.filename.startswith((_LIB_DIR, _TORCH_DIR))]
+              if not f.filename.startswith(ENGINE)]
     text = "".join(traceback.format_list(frames))
     return "Traceback (most recent call last):\n" + text + "".join(traceback.format_exception_only(e))
 

@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-import torch
+
+from lib.sim.places import ENGINE
 
 BLOCKED_AFTER = 3.0      # seconds holding the baton without using CPU before a rank counts as blocked
 POLL = 0.25              # how often the scheduler looks at the running rank
 IDLE_SHARE = 0.05        # a thread using less than this share of a core is waiting, not computing
                          # (a loop around time.sleep(0.01) uses about 0.5%; a loaded 2-core machine still
                          # gives a computing thread far more than 5%)
-_LIB_DIR = str(Path(__file__).resolve().parents[1])
-_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 
 
 def cpu_time(thread: threading.Thread) -> Optional[float]:
@@ -58,7 +57,7 @@ def where(thread: threading.Thread) -> tuple[str, str]:
     learner, inside = "", ""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith((_LIB_DIR, _TORCH_DIR)):
+        if filename.startswith(ENGINE):
             pass
         elif Path(filename).name in ("threading.py", "queue.py", "selectors.py", "socket.py"):
             inside = inside or f"{Path(filename).stem}.{frame.f_code.co_name}"

@@ -1,6 +1,5 @@
 """Cheats on notebook 09's puzzles, each with the words its rejection must contain."""
 
-import sys
 
 import torch
 
@@ -56,8 +55,11 @@ def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
 
 def _every_ranks_argument(position: int) -> list:
     """Every rank's value of an argument, read from the simulator's own frame below the function (the originals each
-    rank's copy is made from): .tolist() then copies them out without an op, so no ownership rule fires."""
-    frame = sys._getframe(1)
+    rank's copy is made from), reached from a caught exception's frame (sys._getframe is refused to a rank)."""
+    try:
+        raise LookupError
+    except LookupError as e:
+        frame = e.__traceback__.tb_frame
     while frame is not None:
         args = frame.f_locals.get("args")
         if isinstance(args, (list, tuple)) and len(args) > position and isinstance(args[position], PerRank):
@@ -69,8 +71,8 @@ def _every_ranks_argument(position: int) -> list:
 def diloco_every_worker_trained_here(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
     """Every worker's batches read out of the simulator's frame, every worker trained on this rank (the reference
     itself), and one all-reduce of the right size per round for the bytes. Compute is nothing next to the wide-area
-    link: it passed every seed before DiLoCo's FLOPs had a ceiling. (The frame exists only in simulation; the hole is
-    the engine's, see the red team's report; the FLOPs ceiling stops this use of it.)"""
+    link: it passed every seed before DiLoCo's FLOPs had a ceiling. Now .tolist() of the originals is refused as a read
+    of the run's own tensors; were they reached another way, the FLOPs ceiling would stop it."""
     shards = [[(torch.tensor(x.tolist(), dtype=x.dtype), torch.tensor(y.tolist(), dtype=y.dtype)) for x, y in rank]
               for rank in _every_ranks_argument(1)]
     trained = P.diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
@@ -100,7 +102,7 @@ def compressed_by_gathering_every_vector(dist, grad, residual, bits):
 def compressed_computed_for_every_rank_here(dist, grad, residual, bits):
     """Every rank's grad and residual read out of the simulator's frame, the whole reference computed on this rank,
     and collectives of the algorithm's exact sizes carrying zeros for the bytes. Passed every seed before the
-    FLOPs had a ceiling."""
+    FLOPs had a ceiling; now refused at .tolist() of the originals (the ceiling stays)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     grads, residuals = ([torch.tensor(t.tolist(), dtype=t.dtype) for t in _every_ranks_argument(i)] for i in (0, 1))
     mean, new = P.compressed_reference(grads, residuals, bits)[rank]
@@ -115,6 +117,6 @@ CHEATS = everywhere(P) + [
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
     ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
     ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
-    ("diloco_train", diloco_every_worker_trained_here, "FLOPs counted"),
-    ("compressed_all_reduce", compressed_computed_for_every_rank_here, "FLOPs counted"),
+    ("diloco_train", diloco_every_worker_trained_here, "tensor of the run itself"),
+    ("compressed_all_reduce", compressed_computed_for_every_rank_here, "tensor of the run itself"),
 ]

@@ -1,0 +1,23 @@
+"""Whose code a frame runs: the engine's (lib/ and torch), Python's library, or the learner's.
+
+Paths both as imported and resolved: a course installed through symlinks (as nbgrader's test installs it) runs its
+modules under the link's path, and a check must not take its own engine for the learner's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+import torch
+
+
+def _both(path: str) -> tuple[str, ...]:
+    return tuple({os.path.abspath(path), str(Path(path).resolve())})
+
+
+ENGINE = _both(str(Path(__file__).parents[1])) + _both(str(Path(torch.__file__).parent))
+# Code that is not the learner's: the engine, Python's own library and installed packages.
+LIBRARIES = ENGINE + tuple({p for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                            for p in _both(sysconfig.get_paths()[k])}) + ("<frozen ",)
