@@ -39,6 +39,7 @@ import torch.nn.parallel  # noqa: F401  (imported before forking so ranks inheri
 
 from .devices import nccl_shortfall, visible_gpus
 from .errors import LaunchError, RankFailed
+from .places import ENGINE
 
 __all__ = ["launch", "current_backend"]
 
@@ -390,18 +391,14 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-# Frames a learner has nothing to read in: the course's engine (the launcher, the check that calls the learner's
-# function) and torch's own (where a collective or a kernel raised, below the learner's call of it).
-_ENGINE_DIRS = (str(Path(__file__).resolve().parent) + os.sep, str(Path(torch.__file__).resolve().parent) + os.sep)
-
-
 def _learners_frames(info: traceback.TracebackException) -> None:
     """Keep only the learner's frames, in the exception and in those it was raised from (all of them where none is
-    the learner's)."""
+    the learner's): the course's engine (the launcher, the check that calls the learner's function) and torch's own
+    (where a collective or a kernel raised, below the learner's call of it) have nothing for a learner to read."""
     seen = set()
     while info is not None and id(info) not in seen:
         seen.add(id(info))
-        learners = [f for f in info.stack if not str(Path(f.filename).resolve()).startswith(_ENGINE_DIRS)]
+        learners = [f for f in info.stack if not str(Path(f.filename).resolve()).startswith(ENGINE)]
         info.stack = traceback.StackSummary.from_list(learners or list(info.stack))
         info = info.__cause__ or info.__context__
 

@@ -361,6 +361,10 @@ def meters_behind_dist(dist, x):
     return x
 
 
+def underscore_of_dist(dist, x):
+    return x + len(str(dist._))
+
+
 def vars_of_dist(dist, x):
     return x + len(vars(dist))
 
@@ -391,6 +395,7 @@ ORIGINALS = _xs()
                                      (rewrite_the_peak, "_get_current_dispatch_mode_stack"),
                                      (dispatch_stack_at, "_get_dispatch_stack_at"),
                                      (meters_behind_dist, "SimDist._rt"), (vars_of_dist, "SimDist.__dict__"),
+                                     (underscore_of_dist, "SimDist._ "),
                                      (work_handles_runtime, "Work._runtime")])
 def test_the_simulators_own_objects_are_refused(fn, what):
     with pytest.raises(OutOfView) as info:

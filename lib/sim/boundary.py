@@ -42,7 +42,7 @@ import torch.utils._python_dispatch as python_dispatch
 
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
-from lib.sim.places import ENGINE, LIBRARIES
+from lib.places import ENGINE, LIBRARIES
 from lib.sim.tracker import LIST_SLOT_BYTES, PYTHON_NUMBER_BYTES
 
 _OUT_OF_VIEW = ("The simulator measures a rank's memory in torch tensors; bytes moved into numpy arrays, "
@@ -84,9 +84,21 @@ def tracking_switched_off(tracker) -> str:
 _getframe = sys._getframe                                      # the engine's own, before install() guards it
 
 
+_ENGINE_CODE: dict = {}           # code object -> whether it is the engine's or torch's: asked at every dist call
+
+
+def _engine_code(code) -> bool:
+    known = _ENGINE_CODE.get(code)
+    if known is None:
+        if len(_ENGINE_CODE) > 100_000:              # notebook cells run again make new code objects
+            _ENGINE_CODE.clear()
+        known = _ENGINE_CODE[code] = code.co_filename.startswith(ENGINE)
+    return known
+
+
 def _from_learner(depth: int = 2) -> bool:
     """Whether the function `depth` frames up was called by the learner's code, not torch's or the engine's."""
-    return not _getframe(depth).f_code.co_filename.startswith(ENGINE)
+    return not _engine_code(_getframe(depth).f_code)
 
 
 _FRAME_GIVERS = {inspect.currentframe.__code__, inspect.stack.__code__, traceback.walk_stack.__code__}
@@ -96,8 +108,8 @@ def _guarded_getframe(depth: int = 0):
     """sys._getframe, refused inside a simulated rank where it would hand the learner's code a frame: called by
     that code itself, or by inspect.currentframe/inspect.stack/traceback.walk_stack called by it. Python's library
     reading frames for its own bookkeeping (logging, namedtuple, typing) still may."""
-    caller = _getframe(1)
     if current_rank() is not None:
+        caller = _getframe(1)
         asked_by = caller.f_back if caller.f_code in _FRAME_GIVERS and caller.f_back is not None else caller
         if not asked_by.f_code.co_filename.startswith(LIBRARIES):
             from lib.sim.ownership import learner_line
@@ -131,18 +143,6 @@ _PEEKING = ("other threads and the garbage collector hold the check's own cases 
             "Hint: use only the arguments your function receives; get other ranks' data through dist.")
 
 
-_ENGINE_CODE: dict = {}           # code object -> whether it is the engine's or torch's: asked at every dist call
-
-
-def _engine_code(code) -> bool:
-    known = _ENGINE_CODE.get(code)
-    if known is None:
-        if len(_ENGINE_CODE) > 100_000:              # notebook cells run again make new code objects
-            _ENGINE_CODE.clear()
-        known = _ENGINE_CODE[code] = code.co_filename.startswith(ENGINE)
-    return known
-
-
 class EngineHandle:
     """An object the learner's code is handed (its dist, a work handle) whose private attributes lead to the
     simulator's own state: every rank's inputs and the rank's meters (bytes sent, memory, FLOPs, clock). Inside a
@@ -151,7 +151,7 @@ class EngineHandle:
     __slots__ = ()
 
     def __getattribute__(self, name: str):
-        if name[0] == "_" and (name[1] != "_" or name == "__dict__") and not _engine_code(_getframe(1).f_code) \
+        if name.startswith("_") and (not name.startswith("__") or name == "__dict__") and _from_learner() \
                 and current_rank() is not None:
             from lib.sim.ownership import learner_line
             _fail(OutOfView(f"rank {current_rank()} reached {type(self).__name__}.{name}{learner_line()}: "

@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 import torch
 
 from lib.sim.errors import SharedMemory
-from lib.sim.places import LIBRARIES
+from lib.places import LIBRARIES
 
 _WRITES: dict = {}
 

@@ -33,7 +33,7 @@ from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView
                             SimTimeout)
 from lib.sim.links import Link
 from lib.sim.output import labelled_output
-from lib.sim.places import ENGINE
+from lib.places import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult
 from lib.sim.tracker import RankTracker

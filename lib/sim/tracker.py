@@ -100,18 +100,13 @@ def _work(op: _Op, inputs: list, args: tuple, kwargs: dict, out) -> tuple[float,
     """(FLOPs, bytes read and written) of one op: FLOPs by torch's formula where it has one, else one per
     element of the largest tensor it touches (elementwise ops, reductions). `inputs`: its argument tensors
     (tensor_inputs), measured after the op ran (an in-place resize_ has changed them)."""
+    outputs = (out,) if isinstance(out, torch.Tensor) else _tensors(out) if isinstance(out, (list, tuple)) else ()
     nbytes = largest = 0
-    for t in inputs:
+    for t in (*inputs, *outputs):
         n = t.numel()
         nbytes += n * t.element_size()
         if n > largest:
             largest = n
-    for t in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (list, tuple)) else ():
-        if isinstance(t, torch.Tensor):
-            n = t.numel()
-            nbytes += n * t.element_size()
-            if n > largest:
-                largest = n
     flops = None if op.formula is None else _count_flops(op, args, kwargs, out)
     return float(largest if flops is None else flops), float(nbytes)
 
@@ -360,7 +355,7 @@ class RankTracker(TorchDispatchMode):
         size = storage.nbytes()
         self._watch[key] = weakref.ref(storage, functools.partial(self._release, key))
         if self._ownership is not None:
-            self._ownership.owners[key] = self._rank
+            self._ownership.claim(key, self._rank)
         self._sizes[key] = (size, place)
         if place == ON_HOST:
             self._hosted += 1

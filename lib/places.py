@@ -1,0 +1,24 @@
+"""Whose code a frame runs: the engine's (lib/ and torch), Python's library, or the learner's.
+
+Directories both as imported and resolved, each ending in a separator (torch's must not take in torchvision's): a
+course installed through symlinks (as nbgrader's test installs it) runs its modules under the link's path, and a
+check must not take its own engine for the learner's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+import torch
+
+
+def _both(directory: str) -> tuple[str, ...]:
+    return tuple({os.path.join(os.path.abspath(directory), ""), os.path.join(str(Path(directory).resolve()), "")})
+
+
+ENGINE = _both(str(Path(__file__).parent)) + _both(str(Path(torch.__file__).parent))
+# Code that is not the learner's: the engine, Python's own library and installed packages.
+LIBRARIES = ENGINE + tuple({p for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                            for p in _both(sysconfig.get_paths()[k])}) + ("<frozen ",)
