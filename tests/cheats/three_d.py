@@ -10,7 +10,6 @@ from lib.devices import device_mesh
 from lib.planner import H100_80GB, Cluster, estimate, memory_breakdown
 from lib.sim.mesh import coordinates, mesh_groups
 from lib.viz.planner import plan_figure
-from puzzles.parallel_gpt import tp_reduce
 from tests.cheats.common import everywhere, under_identity_hooks
 from tests.wrong.three_d import DPAverageReplaced
 
@@ -259,19 +258,8 @@ def train_3d_every_replica_on_the_whole_batch(dist, stage, tokens, targets, dp, 
 
 def tp_dp_every_tp_group_on_the_whole_batch(dist, weights, batch, targets, dp, tp, steps, lr):
     """The batch arrives whole: each TP group trains on every row, with no DP all-reduce at all."""
-    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
-    t, tp_group = mesh.get_local_rank("tp"), mesh["tp"].get_group()
-    params = {k: (v.chunk(tp, P.MLP_SPLIT[k])[t] if k in P.MLP_SPLIT else v).clone().requires_grad_()
-              for k, v in weights.items()}
-    for _ in range(steps):
-        hidden = F.gelu(F.linear(batch, params["fc1_w"], params["fc1_b"]))
-        out = tp_reduce(dist, F.linear(hidden, params["fc2_w"]), tp_group) + params["fc2_b"]
-        F.mse_loss(out, targets).backward()
-        with torch.no_grad():
-            for p in params.values():
-                p -= lr * p.grad
-                p.grad = None
-    return {k: v.detach() for k, v in params.items()}
+    whole = torch.cat([batch] * dp), torch.cat([targets] * dp)            # chunk(dp)[d] is then the whole batch
+    return S.tp_dp_train(DPAverageReplaced(dist, lambda d, tensor, group: None), weights, *whole, dp, tp, steps, lr)
 
 
 def groups_in_an_order_of_their_own(dist, dp, pp, tp):
