@@ -429,8 +429,8 @@ def reads_the_originals(dist, x):
 
 
 def reads_the_originals_through_a_traceback(dist, x):
-    """The same walk from a caught exception's frame (frames cannot be refused there): the originals are the run's
-    own tensors, which no rank may read."""
+    """The same walk from a caught exception's frame: refused by the audit hook at tb_frame, which no patch can
+    guard (were it reached, the originals are the run's own tensors, which no rank may read)."""
     try:
         raise LookupError
     except LookupError as e:
@@ -451,7 +451,7 @@ def peeks_at_other_threads(dist, x):
 @pytest.mark.parametrize("cheat, words", [
     (rebuilds_the_case, "a check's case was being built inside the function under check"),
     (reads_the_originals, "sys._getframe"),
-    (reads_the_originals_through_a_traceback, "read a tensor of the run itself"),
+    (reads_the_originals_through_a_traceback, "tb_frame (the frame of a traceback)"),
     (peeks_at_other_threads, "sys._current_frames"),
 ])
 def test_the_answer_key_cannot_be_reached_from_inside(cheat, words):

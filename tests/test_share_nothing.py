@@ -390,19 +390,92 @@ def originals_as_a_list(dist, x):
 ORIGINALS = _xs()
 
 
+# ---- doors Python's C code opens, refused by the audit hook (lib.sim.audit) whichever way they are reached ------
+def traceback_frame(dist, x):
+    try:
+        raise LookupError
+    except LookupError as e:
+        return x + len(e.__traceback__.tb_frame.f_back.f_locals)
+
+
+def generator_frame(dist, x):
+    def walk():
+        yield
+    steps = walk()
+    next(steps)
+    return x + len(steps.gi_frame.f_back.f_locals)
+
+
+def inspect_trace(dist, x):
+    try:
+        raise LookupError
+    except LookupError:
+        return x + len(inspect.trace()[0].frame.f_back.f_locals)
+
+
+def walk_the_traceback(dist, x):
+    try:
+        raise LookupError
+    except LookupError as e:
+        return x + len([frame.f_back for frame, _ in traceback.walk_tb(e.__traceback__)])
+
+
+def collector_objects(dist, x):
+    import gc
+    return x + len(gc.get_objects())
+
+
+def collector_through_an_alias(dist, x):
+    """The collector's C function kept from before the run, as a closure cell or `__wrapped__` would keep it."""
+    return x + len(_REFERRERS(x))
+
+
+_REFERRERS = __import__("gc").get_referrers
+
+
+def profiler(dist, x):
+    sys.setprofile(lambda frame, event, arg: None)
+    sys.setprofile(None)
+    return x
+
+
 @pytest.mark.parametrize("fn,what", [(frame_below, "sys._getframe"), (inspect_frame_below, "inspect.currentframe"),
                                      (inspect_stack, "inspect.stack"), (walk_the_stack, "traceback.walk_stack"),
                                      (rewrite_the_peak, "_get_current_dispatch_mode_stack"),
                                      (dispatch_stack_at, "_get_dispatch_stack_at"),
                                      (meters_behind_dist, "SimDist._rt"), (vars_of_dist, "SimDist.__dict__"),
                                      (underscore_of_dist, "SimDist._ "),
-                                     (work_handles_runtime, "Work._runtime")])
+                                     (work_handles_runtime, "Work._runtime"),
+                                     # Python's C code's doors, refused by the audit hook however reached
+                                     (traceback_frame, "tb_frame (the frame of a traceback)"),
+                                     (generator_frame, "gi_frame (the frame of a generator)"),
+                                     (inspect_trace, "tb_frame"), (walk_the_traceback, "tb_frame"),
+                                     (collector_objects, "gc.get_objects"),
+                                     (collector_through_an_alias, "gc.get_referrers"),
+                                     (profiler, "sys.setprofile")])
 def test_the_simulators_own_objects_are_refused(fn, what):
     with pytest.raises(OutOfView) as info:
         lib.sim.run(fn, WORLD, per_rank(_xs()))
     message = str(info.value)
     assert message.startswith(("rank 0 ", "rank 1 ")) and what in message and "test_share_nothing.py" in message
     assert "Hint:" in message
+
+
+def test_the_patches_do_not_hand_out_what_they_guard():
+    """functools.wraps would leave the original one attribute away (`__wrapped__`)."""
+    patched = [torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.data_ptr, torch.frombuffer, threading.Thread.start,
+               torch._C._DisableTorchDispatch, open, os.open]
+    assert all(getattr(p, "_lib_sim_patch", False) for p in patched)
+    assert not [p for p in patched if hasattr(p, "__wrapped__")]
+
+
+def test_frames_and_the_collector_work_outside_a_rank():
+    import gc
+    try:
+        raise LookupError
+    except LookupError as e:
+        assert e.__traceback__.tb_frame.f_code.co_name == "test_frames_and_the_collector_work_outside_a_rank"
+    assert gc.get_referrers(WORLD) is not None and inspect.trace() == []
 
 
 def test_tolist_of_the_originals_is_a_read_of_the_runs_tensors():

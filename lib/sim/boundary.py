@@ -14,8 +14,10 @@ switch the tracker off or run work where it is not. Inside a simulated rank:
   code is refused (the work would not be counted), and so is disabling saved-tensor hooks; a learner's
   saved-tensor hooks entered inside the check's own measuring hooks are composed with them, not hiding from them;
 - looking at other threads' frames, the frames below the learner's function (sys._getframe, inspect's and
-  traceback's frame walkers), the garbage collector's objects or the dispatch-mode stack is refused: that is where
-  the check's cases, the other ranks' inputs and the rank's own meters (its tracker: peak memory, FLOPs) live;
+  traceback's frame walkers, an exception's or generator's frame), the garbage collector's objects or the
+  dispatch-mode stack is refused: that is where the check's cases, the other ranks' inputs and the rank's own
+  meters (its tracker: peak memory, FLOPs) live. Those Python's C code reaches are refused by an audit hook
+  (lib.sim.audit), which no patch's original walks around;
 - `.tolist()` of a tensor another rank made, or of the run's originals, is refused as any op reading it is;
 - opening a file is refused: what goes through a file is neither counted nor sent (a rank could leave its data
   there for another, as processes of one machine could, but not ranks on different machines).
@@ -27,7 +29,6 @@ from __future__ import annotations
 import _thread
 import builtins
 import functools
-import gc
 import io
 import inspect
 import os
@@ -40,6 +41,7 @@ import torch
 import torch.autograd.graph
 import torch.utils._python_dispatch as python_dispatch
 
+from lib.sim import audit
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
 from lib.places import ENGINE, LIBRARIES
@@ -51,8 +53,17 @@ _OUT_OF_VIEW = ("The simulator measures a rank's memory in torch tensors; bytes 
                 "buffer, .to(lib.host()) for host memory.")
 
 
+def _standing_in_for(original: Callable) -> Callable:
+    """functools.wraps without `__wrapped__`: a patch must not hand the learner's code the original it guards."""
+    def wrap(patch: Callable) -> Callable:
+        patch = functools.wraps(original)(patch)
+        del patch.__wrapped__
+        return patch
+    return wrap
+
+
 def _refusing(original: Callable, what: str, gpu_note: str = "") -> Callable:
-    @functools.wraps(original)
+    @_standing_in_for(original)
     def refused(self, *args, **kwargs):
         rank = current_rank()
         if rank is not None:
@@ -124,7 +135,7 @@ _guarded_getframe._lib_sim_patch = True
 
 def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
     """`original`, refused when the learner's code calls it inside a simulated rank."""
-    @functools.wraps(original)
+    @_standing_in_for(original)
     def guarded(*args, **kwargs):
         rank = current_rank()
         if rank is not None and _from_learner():
@@ -139,9 +150,6 @@ _HIDDEN_WORK = ("work there runs outside the simulator's view, so its time, FLOP
                 "Hint: compute in your function's own thread, with torch's ordinary ops.")
 _FILES = ("the simulator does not see what goes through a file, and ranks on different machines share none.\n"
           "Hint: pass data between ranks with dist, and keep what a rank needs in tensors of its own.")
-_PEEKING = ("other threads and the garbage collector hold the check's own cases and every rank's inputs.\n"
-            "Hint: use only the arguments your function receives; get other ranks' data through dist.")
-
 
 class EngineHandle:
     """An object the learner's code is handed (its dist, a work handle) whose private attributes lead to the
@@ -172,7 +180,7 @@ _METERS = ("the simulator's dispatch mode is the rank's meter (memory, FLOPs, ti
 def _composing_enter(original_enter: Callable) -> Callable:
     """saved_tensors_hooks.__enter__ that, inside a rank, composes a learner's hooks with the check's measuring
     hooks below them (only the innermost hooks apply: nesting would otherwise hide saved tensors from the check)."""
-    @functools.wraps(original_enter)
+    @_standing_in_for(original_enter)
     def enter(self):
         if current_rank() is not None and _from_learner():
             top = torch._C._autograd._top_saved_tensors_default_hooks(False)
@@ -185,7 +193,7 @@ def _composing_enter(original_enter: Callable) -> Callable:
 
 
 def _counting(original: Callable, what: str) -> Callable:
-    @functools.wraps(original)
+    @_standing_in_for(original)
     def counted(self, *args, **kwargs):
         tracker = current_tracker()
         if tracker is not None:
@@ -211,7 +219,7 @@ def _storage_new(original_new: Callable) -> Callable:
 
 
 def _storage_resize(original: Callable) -> Callable:
-    @functools.wraps(original)
+    @_standing_in_for(original)
     def resize(self, size):
         tracker = current_tracker()
         if tracker is not None:
@@ -267,10 +275,7 @@ def install() -> None:
                                                      _HIDDEN_WORK))
     torch.autograd.graph.saved_tensors_hooks.__enter__ = _composing_enter(
         torch.autograd.graph.saved_tensors_hooks.__enter__)
-    sys._current_frames = _refusing_from_learner(sys._current_frames, "sys._current_frames (other threads' frames)",
-                                                 _PEEKING)
-    for name in ("get_objects", "get_referrers", "get_referents"):
-        setattr(gc, name, _refusing_from_learner(getattr(gc, name), f"gc.{name}", _PEEKING))
+    audit.install()            # the collector's lists, other threads' frames, tracebacks' and generators' frames
     sys._getframe = _guarded_getframe
     for module, name in ((python_dispatch, "_get_current_dispatch_mode_stack"),
                          (python_dispatch, "_get_current_dispatch_mode"), (torch._C, "_get_dispatch_stack_at"),

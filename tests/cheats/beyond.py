@@ -55,7 +55,8 @@ def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
 
 def _every_ranks_argument(position: int) -> list:
     """Every rank's value of an argument, read from the simulator's own frame below the function (the originals each
-    rank's copy is made from), reached from a caught exception's frame (sys._getframe is refused to a rank)."""
+    rank's copy is made from), reached from a caught exception's frame (sys._getframe is refused to a rank, and so is
+    tb_frame now: lib.sim.audit)."""
     try:
         raise LookupError
     except LookupError as e:
@@ -71,8 +72,8 @@ def _every_ranks_argument(position: int) -> list:
 def diloco_every_worker_trained_here(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
     """Every worker's batches read out of the simulator's frame, every worker trained on this rank (the reference
     itself), and one all-reduce of the right size per round for the bytes. Compute is nothing next to the wide-area
-    link: it passed every seed before DiLoCo's FLOPs had a ceiling. Now .tolist() of the originals is refused as a read
-    of the run's own tensors; were they reached another way, the FLOPs ceiling would stop it."""
+    link: it passed every seed before DiLoCo's FLOPs had a ceiling. Now the traceback's frame is refused (were the
+    originals reached another way, .tolist() of them is a read of the run's own tensors; the FLOPs ceiling stays)."""
     shards = [[(torch.tensor(x.tolist(), dtype=x.dtype), torch.tensor(y.tolist(), dtype=y.dtype)) for x, y in rank]
               for rank in _every_ranks_argument(1)]
     trained = P.diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
@@ -102,7 +103,7 @@ def compressed_by_gathering_every_vector(dist, grad, residual, bits):
 def compressed_computed_for_every_rank_here(dist, grad, residual, bits):
     """Every rank's grad and residual read out of the simulator's frame, the whole reference computed on this rank,
     and collectives of the algorithm's exact sizes carrying zeros for the bytes. Passed every seed before the
-    FLOPs had a ceiling; now refused at .tolist() of the originals (the ceiling stays)."""
+    FLOPs had a ceiling; now refused at the traceback's frame (the .tolist() refusal and the ceiling stay)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     grads, residuals = ([torch.tensor(t.tolist(), dtype=t.dtype) for t in _every_ranks_argument(i)] for i in (0, 1))
     mean, new = P.compressed_reference(grads, residuals, bits)[rank]
@@ -117,6 +118,6 @@ CHEATS = everywhere(P) + [
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
     ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
     ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
-    ("diloco_train", diloco_every_worker_trained_here, "tensor of the run itself"),
-    ("compressed_all_reduce", compressed_computed_for_every_rank_here, "tensor of the run itself"),
+    ("diloco_train", diloco_every_worker_trained_here, "tb_frame (the frame of a traceback)"),
+    ("compressed_all_reduce", compressed_computed_for_every_rank_here, "tb_frame (the frame of a traceback)"),
 ]
