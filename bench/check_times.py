@@ -1,7 +1,10 @@
 """How long a learner waits for each check cell: the first in a fresh kernel after the notebook's setup
-cell, and a second one (warm), for every puzzle of the course with its reference solution.
+cell, and then again (warm) several times, for every puzzle of the course with its reference solution.
 
-    python -m bench.check_times [puzzle ...] [--into bench/results/<machine>]
+    python -m bench.check_times [puzzle ...] [--repeats K] [--into bench/results/<machine>]
+
+Every check draws fresh cases (a new seed each run), so one warm run is one draw: the warm figures are the median
+and the slowest of K runs, since a learner may wait for any of them.
 
 Each puzzle gets its own Jupyter kernel, so "first" pays what a learner's first check pays (the simulator's
 one-time costs, matplotlib's first figure) and nothing another puzzle paid before. The check cell runs as the
@@ -15,6 +18,7 @@ import importlib
 import inspect
 import json
 import os
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -40,10 +44,13 @@ class CheckTime:
     first_cpu: float      # CPU seconds of the kernel (all its threads) for each: on a loaded machine, closer to
     warm_cpu: float       # what an idle one takes than the wall time
     error: str = ""       # why a check cell failed with the reference solution (its times are then NaN)
+    warm_cpu_max: float = float("nan")    # the slowest warm run's CPU seconds (warm and warm_cpu are medians)
+    repeats: int = 1                      # warm runs, each on fresh cases
 
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "puzzle": self.puzzle, "first_s": self.first, "warm_s": self.warm,
-                "first_cpu_s": self.first_cpu, "warm_cpu_s": self.warm_cpu, "error": self.error}
+                "first_cpu_s": self.first_cpu, "warm_cpu_s": self.warm_cpu, "warm_cpu_max_s": self.warm_cpu_max,
+                "repeats": self.repeats, "error": self.error}
 
 
 def _cells(notebook: str, tag: str) -> list:
@@ -111,21 +118,23 @@ class _Kernel:
         self.sockets.cleanup()
 
 
-def time_check(puzzle, timeout: float = 300.0) -> CheckTime:
-    """Setup cell, every puzzle cell solved, then the puzzle's check cell twice, in a fresh kernel."""
+def time_check(puzzle, repeats: int = 1, timeout: float = 300.0) -> CheckTime:
+    """Setup cell, every puzzle cell solved, then the puzzle's check cell once (first) and `repeats` times more
+    (warm), in a fresh kernel."""
     kernel = _Kernel(timeout)
     try:
         kernel.run(_cells(puzzle.notebook, "setup")[0].source)
         kernel.run(_answers(puzzle.notebook, puzzle.module))
         timed = _TIMED.format(_check_cell(puzzle.notebook, puzzle.name))
         first = kernel.run(timed, "_bench_dt")
-        warm = kernel.run(timed, "_bench_dt")
+        warm = [kernel.run(timed, "_bench_dt") for _ in range(repeats)]
     except CellFailed as failed:                # a reference solution that fails its check is reported, not timed
         nan = float("nan")
         return CheckTime(puzzle.notebook, puzzle.name, nan, nan, nan, nan, str(failed))
     finally:
         kernel.close()
-    return CheckTime(puzzle.notebook, puzzle.name, first[0], warm[0], first[1], warm[1])
+    return CheckTime(puzzle.notebook, puzzle.name, first[0], statistics.median(w[0] for w in warm), first[1],
+                     statistics.median(w[1] for w in warm), warm_cpu_max=max(w[1] for w in warm), repeats=repeats)
 
 
 def chosen(names: Sequence[str] = ()) -> list:
@@ -137,13 +146,16 @@ def chosen(names: Sequence[str] = ()) -> list:
 
 
 def table(rows: Sequence[CheckTime]) -> str:
-    lines = [f"{TABLE_TITLE} the first check after the notebook's setup cell, then the same check again (warm), "
-             "as the notebook has it (the figures it draws included); wall time, and the kernel's CPU time:", "",
-             "| notebook | puzzle | first: wall | first: CPU | warm: wall | warm: CPU |", "|---|---|---|---|---|---|"]
+    repeats = max((c.repeats for c in rows), default=1)
+    lines = [f"{TABLE_TITLE} the first check after the notebook's setup cell, then the same check {repeats} times "
+             "more (warm), each on fresh cases, as the notebook has it (the figures it draws included); wall time, "
+             "and the kernel's CPU time; warm: the median, and the slowest draw:", "",
+             "| notebook | puzzle | first: wall | first: CPU | warm: wall | warm: CPU | warm: CPU, slowest |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {c.notebook} | `{c.puzzle}` | {c.first:.2f} s | {c.first_cpu:.2f} s | {c.warm:.2f} s | "
-              f"{c.warm_cpu:.2f} s |" if not c.error else
+              f"{c.warm_cpu:.2f} s | {c.warm_cpu_max:.2f} s |" if not c.error else
               f"| {c.notebook} | `{c.puzzle}` | the reference solution failed its check: "
-              f"{c.error.splitlines()[0][:200]} | | | |" for c in rows]
+              f"{c.error.splitlines()[0][:200]} | | | | |" for c in rows]
     return "\n".join(lines)
 
 
@@ -163,13 +175,15 @@ def update(stem: Path, rows: Sequence[CheckTime]) -> None:
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.check_times", description=__doc__.split("\n\n")[0])
     ap.add_argument("puzzles", nargs="*", help="puzzle names (default: all)")
+    ap.add_argument("--repeats", type=int, default=8, help="warm runs per puzzle, each on fresh cases (default 8)")
     ap.add_argument("--into", type=Path, help="results to update in place, e.g. bench/results/amd-epyc-2cpu")
     args = ap.parse_args(argv)
     rows = []
     for puzzle in chosen(args.puzzles):
-        rows.append(time_check(puzzle))
-        print(f"{puzzle.name}: first {rows[-1].first:.2f} s, warm {rows[-1].warm:.2f} s {rows[-1].error}",
-              file=sys.stderr, flush=True)
+        rows.append(time_check(puzzle, args.repeats))
+        c = rows[-1]
+        print(f"{puzzle.name}: first {c.first_cpu:.2f} s CPU, warm {c.warm_cpu:.2f} s (slowest {c.warm_cpu_max:.2f} s)"
+              f" {c.error}", file=sys.stderr, flush=True)
     print(table(rows))
     if args.into:
         update(args.into, rows)

@@ -60,12 +60,14 @@ def test_check_times_update_only_their_part_of_a_results_file(tmp_path):
     stem = tmp_path / "machine"
     stem.with_suffix(".json").write_text(json.dumps({"rows": [1], "check_times": []}))
     stem.with_suffix(".md").write_text(f"Measured on X.\n\n| rows |\n\n{check_times.TABLE_TITLE} old\n| old |\n")
-    timed = [check_times.CheckTime("02_data_parallel", "ring_all_reduce", 1.5, 0.5, 1.25, 0.25)]
+    timed = [check_times.CheckTime("02_data_parallel", "ring_all_reduce", 1.5, 0.5, 1.25, 0.25, warm_cpu_max=0.4,
+                                   repeats=4)]
     check_times.update(stem, timed)
     assert json.loads(stem.with_suffix(".json").read_text()) == {"rows": [1], "check_times": [timed[0].as_dict()]}
     md = stem.with_suffix(".md").read_text()
     assert md.startswith("Measured on X.\n\n| rows |\n\n") and "old" not in md
-    assert "| 02_data_parallel | `ring_all_reduce` | 1.50 s | 1.25 s | 0.50 s | 0.25 s |" in md
+    assert "| 02_data_parallel | `ring_all_reduce` | 1.50 s | 1.25 s | 0.50 s | 0.25 s | 0.40 s |" in md
+    assert "the same check 4 times more" in md
 
 
 def _named(value) -> dict:
