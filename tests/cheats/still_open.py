@@ -1,4 +1,4 @@
-"""Cheats on notebooks 03, 06, 08 and 09 that still pass, kept runnable for whoever closes them (the red team's
+"""Cheats on notebooks 08 and 09 that still pass, kept runnable for whoever closes them (the red team's
 report says what each needs). None is in CHEATS yet: move an entry there, with the words its rejection must contain,
 once the engine or its puzzle rejects it.
 
@@ -57,11 +57,6 @@ def ring_ignoring_block(dist, q, k, v, block):
     return out, lse
 
 
-def coordinates_by_unravel_index(dist, shape):
-    """torch's unravel_index does the puzzle's arithmetic (numpy's too)."""
-    return tuple(int(c) for c in torch.unravel_index(torch.tensor(dist.get_rank()), tuple(shape)))
-
-
 OPEN = [
     ("reshard_checkpoint", reshard_reading_every_file,
      "a measure of the bytes a rank reads of its arguments (lib.sim), then a budget of what overlaps [lo, hi)"),
@@ -69,6 +64,4 @@ OPEN = [
      "a statement that does not hand every rank every gradient up front (e.g. grads(step) given once per step)"),
     ("ring_attention", ring_ignoring_block,
      "a measure of a rank's largest single tensor (lib.sim), then a budget of block-sized tiles"),
-    ("mesh_coordinates", coordinates_by_unravel_index,
-     "ArithmeticPuzzle honouring off_limits (lib.mesh_check), with torch.unravel_index and numpy put there"),
 ]
