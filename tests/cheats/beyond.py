@@ -78,6 +78,12 @@ def survive_checkpointing_but_replaying_the_first_files(dist, files, grads, ever
     return replaying_from_the_first_files(dist, files, grads, every, lr, real_checkpoints(files))
 
 
+def survive_reading_every_gradient_behind_grads(dist, files, grads, every, lr):
+    """Every step's gradient read out of grads' own list, to replay from the first files."""
+    whole = grads._values
+    return replaying_from_the_first_files(dist, files, lambda step: whole[step], every, lr, real_checkpoints(files))
+
+
 def _every_ranks_argument(position: int) -> list:
     """Every rank's value of an argument, read from the simulator's own frame below the function (the originals each
     rank's copy is made from), reached from a caught exception's frame (sys._getframe is refused to a rank)."""
@@ -143,6 +149,7 @@ CHEATS = everywhere(P) + [
     ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
     ("survive_failure", survive_checkpointing_but_replaying_the_first_files,
      "again, having reached step"),
+    ("survive_failure", survive_reading_every_gradient_behind_grads, "reached StepFeed._values"),
     ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
     ("diloco_train", diloco_every_worker_trained_here, "tensor of the run itself"),
     ("compressed_all_reduce", compressed_computed_for_every_rank_here, "tensor of the run itself"),
