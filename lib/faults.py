@@ -24,36 +24,50 @@ class Died(BaseException):
     """Unwinds the failed rank's function at its k-th call (BaseException: the function cannot catch it)."""
 
 
-class FaultyDist:
+def faulty_dist(dist: Any, dead: int, k: int) -> Any:
     """`dist` (torch.distributed) for one real rank of a run where rank `dead` fails at its k-th communication
-    call; every other attribute is torch.distributed's own."""
+    call; every other attribute is torch.distributed's own. As the simulator's dist keeps its engine out of reach,
+    the real module and the count live in this closure only: the object has no attribute holding them, no __dict__,
+    and names starting with _ are refused."""
+    calls = 0
 
-    def __init__(self, dist: Any, dead: int, k: int) -> None:
-        self._dist, self._dead, self._k, self._calls = dist, dead, k, 0
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._dist, name)
-        return self._watched(name, target) if name in COMMUNICATION else target
-
-    def _watched(self, name: str, target: Callable) -> Callable:
+    def watched(name: str, target: Callable) -> Callable:
         def call(*args, **kwargs):
-            self._calls += 1
-            rank = self._dist.get_rank()
-            if rank == self._dead and self._calls == self._k:
+            nonlocal calls
+            calls += 1
+            rank = dist.get_rank()
+            if rank == dead and calls == k:
                 raise Died()
-            group = kwargs.get("group", next((a for a in args if isinstance(a, self._dist.ProcessGroup)), None))
-            if rank != self._dead and self._calls >= self._k and group is None:
-                raise RankDied(self._dead, f"rank {rank}'s {name} needs rank {self._dead}, which died at its "
-                                           f"communication call #{self._k} (an emulated fault).")
+            group = kwargs.get("group", next((a for a in args if isinstance(a, dist.ProcessGroup)), None))
+            if rank != dead and calls >= k and group is None:
+                raise RankDied(dead, f"rank {rank}'s {name} needs rank {dead}, which died at its communication "
+                                     f"call #{k} (an emulated fault).")
             return target(*args, **kwargs)
+        call.__name__ = call.__qualname__ = name
         return call
+
+    class FaultyDist:
+        __slots__ = ()
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_"):
+                raise AttributeError(f"dist has no attribute {name!r}: behind it is the real torch.distributed, "
+                                     "with a failure emulated for this run, not the function's to reach.\nHint: use "
+                                     "dist's public calls, as torch.distributed has them.")
+            target = getattr(dist, name)
+            return watched(name, target) if name in COMMUNICATION else target
+
+        def __repr__(self) -> str:
+            return f"<torch.distributed, rank {dead} failing at its communication call #{k}>"
+
+    return FaultyDist()
 
 
 def run_with_fault(dist: Any, fn: Callable, dead: int, k: int, *args) -> Any:
     """`fn(dist, *args)` on this real rank with the fault emulated; the failed rank returns None after joining
     the survivors' group, as the simulator's does."""
     try:
-        return fn(FaultyDist(dist, dead, k), *args)
+        return fn(faulty_dist(dist, dead, k), *args)
     except Died:
         dist.new_group([r for r in range(dist.get_world_size()) if r != dead])
         return None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from lib.check import Case, Contract, Outcome, Puzzle, fresh_seed
+from lib.offlimits import call_watched
 from lib.sim import SimResult
 from lib.sim.errors import InvalidCall
 from lib.sim.mesh import answer_key_refused
@@ -177,7 +178,11 @@ def _rank_only(fn: Callable, puzzle: str, dist, *args):
 
 class ArithmeticPuzzle(Puzzle):
     """A puzzle whose function may ask `dist` its rank and world size, and nothing else (lib.sim.mesh's arithmetic,
-    its answer key, neither)."""
+    its answer key, neither), nor call what the puzzle puts off limits (lib.offlimits)."""
 
     def wrap(self, fn: Callable) -> Callable:
-        return functools.partial(_rank_only, fn, self.name) if callable(fn) else fn
+        if not callable(fn):
+            return fn
+        ranked = functools.partial(_rank_only, fn, self.name)
+        return functools.partial(call_watched, self.off_limits, self.off_limits_advice, ranked) if self.off_limits \
+            else ranked

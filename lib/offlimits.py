@@ -2,6 +2,8 @@
 
 A puzzle names what its answer must not come from (building the model, the formula library, the measuring
 tools); while the learner's function runs, a profile hook on that thread stops the first call into any of them.
+A C function (numpy's) is seen when Python calls it; numpy's public ones run a Python dispatcher first (which
+arguments may override them), and that call is the one seen.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import importlib.util
 import os
 import sys
 import threading
+import inspect
 from contextlib import contextmanager
 from types import CodeType, FrameType, ModuleType
 from typing import Any, Callable, Iterator, Mapping
@@ -21,6 +24,7 @@ from lib.errors import PuzzleError
 # What a prediction puzzle may not call: building any module (nn.Module.__init__, also on the meta device) and
 # the library's own formulas, measurements and planner, which hold the answers.
 MODULE_INIT = torch.nn.Module.__init__
+_SETPROFILE, _GETPROFILE = sys.setprofile, sys.getprofile       # the originals, before a watch refuses them
 
 
 class OffLimits(PuzzleError):
@@ -33,6 +37,7 @@ class _Watch:
     def __init__(self, targets: Mapping[str, Any]) -> None:
         self.codes: dict[CodeType, str] = {}
         self.files: dict[str, str] = {}
+        self.builtins: dict[int, str] = {}           # C functions by id, seen at their c_call event
         for label, target in targets.items():
             if isinstance(target, str):          # a module by name, not imported until it is called
                 spec = importlib.util.find_spec(target)
@@ -41,10 +46,15 @@ class _Watch:
             elif isinstance(target, ModuleType):
                 path = getattr(target, "__path__", None)
                 self.files[os.path.join(list(path)[0], "") if path else target.__file__] = label
+            elif _is_c_function(target):
+                self.builtins[id(target)] = label
+            elif hasattr(target, "_implementation"):     # numpy's dispatcher over a C function
+                self.builtins[id(target._implementation)] = label
+                self.codes[_dispatcher_code(target)] = label
             else:
                 code = getattr(getattr(target, "__func__", target), "__code__", None)
                 if code is None:
-                    raise TypeError(f"{label}: only Python functions and modules can be put off limits, "
+                    raise TypeError(f"{label}: only functions (Python's or C's) and modules can be put off limits, "
                                     f"not {type(target).__name__}")
                 self.codes[code] = label
 
@@ -55,6 +65,37 @@ class _Watch:
             if code.co_filename == where or (where.endswith(os.sep) and code.co_filename.startswith(where)):
                 return label
         return None
+
+
+def _is_c_function(target: Any) -> bool:
+    return type(target).__name__ == "builtin_function_or_method"
+
+
+_DISPATCHERS: dict[int, CodeType] = {}
+
+
+def _dispatcher_code(target: Any) -> CodeType:
+    """The code of the Python dispatcher numpy runs before `target`'s C function: called once with placeholder
+    arguments under a profile hook that notes the first Python call (the C function then refuses the arguments)."""
+    if id(target) not in _DISPATCHERS:
+        seen: list[CodeType] = []
+
+        def note(frame: FrameType, event: str, _arg: Any) -> None:
+            if event == "call" and not seen:
+                seen.append(frame.f_code)
+        required = [p for p in inspect.signature(target).parameters.values() if p.default is p.empty]
+        before = _GETPROFILE()
+        _SETPROFILE(note)
+        try:
+            target(*[None] * len(required))
+        except Exception:
+            pass
+        finally:
+            _SETPROFILE(before)
+        if not seen:
+            raise TypeError(f"{target!r}: no Python dispatcher runs before it, so it cannot be put off limits")
+        _DISPATCHERS[id(target)] = seen[0]
+    return _DISPATCHERS[id(target)]
 
 
 def _named(label: str, frame: FrameType) -> str:
@@ -76,11 +117,13 @@ def watching(targets: Mapping[str, Any], advice: str) -> Iterator[None]:
         return
     watch = _Watch(targets)
 
-    def profile(frame: FrameType, event: str, _arg: Any) -> None:
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             label = watch.label_of(frame.f_code)
             if label is not None:
                 raise OffLimits(f"this puzzle puts {_named(label, frame)} out of reach: {advice}.")
+        elif event == "c_call" and id(arg) in watch.builtins:
+            raise OffLimits(f"this puzzle puts {watch.builtins[id(arg)]} ({arg.__name__}) out of reach: {advice}.")
 
     def refusing(*_a: Any, **_k: Any) -> None:
         raise OffLimits(f"this puzzle's check watches which library calls your function makes; touching its "

@@ -21,6 +21,7 @@ from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, one_thread
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
+from lib.feed import StepFeed
 from lib.first_use import import_ahead
 from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
@@ -624,7 +625,9 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     files = _files(state, world, before)
     grads = [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(before + steps)]
     _adam_run(state, grads[before:], before + 1)
-    dead, k = rng.randrange(world), rng.randint(1, checkpoints)
+    # The failure cuts the second checkpoint or a later one short: one completed before it, so that replaying from
+    # the first files is not what reloading the last checkpoint would do.
+    dead, k = rng.randrange(world), rng.randint(2, checkpoints)
     survivors = [r for r in range(world) if r != dead]
     expected = []
     for r in range(world):
@@ -633,7 +636,7 @@ def _survive_case(rng: random.Random, world: int) -> Case:
             continue
         lo, hi = shard_bounds(total, world - 1, survivors.index(r))
         expected.append(tuple(state[key][lo:hi].clone() for key in STATE))
-    return Case(world, (files, grads, every, ADAM_LR, dead, k), expected,
+    return Case(world, (files, StepFeed(grads, before, every), every, ADAM_LR, dead, k), expected,
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
                 allowed_ops=frozenset({"all_gather"}),
@@ -648,13 +651,14 @@ survive_failure = Puzzle(
     min_world_size=2, min_world_size_reason="one rank fails and at least one must survive",
     hints=["Keep `members` (the global ranks still alive, all of them at first), `group` (None, the default group, at "
            "first) and `saved` (the last complete checkpoint: `files` at first). Load your shard with "
-           "reshard_checkpoint(saved, len(members), members.index(rank)) and train from saved[0]['step'].",
+           "reshard_checkpoint(saved, len(members), members.index(rank)) and train from step = saved[0]['step'] "
+           "while step < len(grads), on grads(step)[lo:hi].",
            "Checkpoint: pad param, exp_avg and exp_avg_sq to ceil(total / n) elements, torch.stack them, "
            "all_gather on `group`, and cut each rank's part back to its shard_bounds: a new list of files. Replace "
            "`saved` only once the all_gather has returned.",
            "Wrap the training in try/except RuntimeError as e: then members.remove(e.rank), group = "
            "dist.new_group(members), and go back to loading from `saved`: the steps since it are trained again, on "
-           "the survivors."],
+           "the survivors (grads hands their gradients out again, none before it)."],
     rtol=0.0, atol=0.0,
     describe="Train a sharded Adam state with checkpoints; when a rank fails, regroup the survivors, reload the last "
              "checkpoint and finish.")

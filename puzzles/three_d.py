@@ -17,6 +17,7 @@ import functools
 import random
 from typing import Callable, Optional
 
+import numpy
 import torch
 import torch.nn.functional as F
 
@@ -85,8 +86,16 @@ def _coordinates_case(rng: random.Random, n: int) -> Case:
     return Case(n, (shape,), [coordinates(r, shape) for r in range(n)], f"a mesh of shape {shape}")
 
 
+# The lesson is which axis varies fastest: a library's unravel does that arithmetic (numpy's are C functions behind a
+# Python dispatcher, which lib.offlimits watches).
+UNRAVEL = {"torch.unravel_index": torch.unravel_index, "numpy.unravel_index": numpy.unravel_index,
+           "numpy.ravel_multi_index": numpy.ravel_multi_index}
+UNRAVEL_ADVICE = ("derive it: on a (dp, pp, tp) mesh rank = (d·PP + p)·TP + t, the last axis varying fastest, so peel "
+                  "the axes off from the last with divmod")
+
 mesh_coordinates = ArithmeticPuzzle(
     "mesh_coordinates", NOTEBOOK, _coordinates_case, world_sizes=(4, 6, 8, 12), rtol=0, atol=0,
+    off_limits=UNRAVEL, off_limits_advice=UNRAVEL_ADVICE,
     hints=["The last dimension is innermost: ranks 0, 1, ..., shape[-1]-1 differ only in the last coordinate. So the "
            "last coordinate is rank % shape[-1], and rank // shape[-1] is the rank on the mesh of the other "
            "dimensions.",

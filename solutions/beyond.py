@@ -75,7 +75,7 @@ def survive_failure(dist, files, grads, every, lr):
         try:
             while step < len(grads):
                 lo, hi = shard_bounds(total, n, me)
-                adam_update(param, grads[step][lo:hi], m, v, step + 1, lr)
+                adam_update(param, grads(step)[lo:hi], m, v, step + 1, lr)
                 step += 1
                 if step % every == 0:
                     # Checkpoint: every rank's shard, padded to the same length, gathered on every rank.

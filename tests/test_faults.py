@@ -22,3 +22,121 @@ def test_the_emulated_fault_on_gloo_gives_what_the_simulator_gives():
         for said in (message, sim_message):
             assert said.startswith(f"rank {rank}'s all_reduce") and "needs rank 1, which died at its communication " \
                 "call #2" in said
+
+
+# ---- survive_failure: any right answer to the statement passes (gradients come as training goes) -------------
+def survive_prefetching(dist, files, grads, every, lr):
+    """A right answer unlike the reference: the next step's gradient asked before the checkpoint, the checkpoint
+    kept as one (3, total) tensor and resharded by slicing it, one flat all-gather per checkpoint."""
+    from lib.cross_site import shard_bounds
+    from puzzles.zero import adam_update
+
+    total, rank = sum(f["param"].numel() for f in files), dist.get_rank()
+    members, group = list(range(dist.get_world_size())), None
+    saved = torch.stack([torch.cat([f[k] for f in files]) for k in ("param", "exp_avg", "exp_avg_sq")])  # (3, total)
+    saved_step = files[0]["step"]
+    while True:
+        n = len(members)
+        lo, hi = shard_bounds(total, n, members.index(rank))
+        param, m, v = (saved[i, lo:hi].clone() for i in range(3))
+        step = saved_step
+        try:
+            grad = grads(step) if step < len(grads) else None
+            while grad is not None:
+                adam_update(param, grad[lo:hi], m, v, step + 1, lr)
+                step += 1
+                grad = grads(step) if step < len(grads) else None
+                if step % every == 0:
+                    size = -(-total // n)
+                    mine = torch.zeros(3 * size, dtype=param.dtype)
+                    for i, t in enumerate((param, m, v)):
+                        mine[i * size:i * size + t.numel()] = t
+                    parts = [torch.empty_like(mine) for _ in range(n)]
+                    dist.all_gather(parts, mine, group=group)
+                    bounds = [shard_bounds(total, n, r) for r in range(n)]
+                    saved = torch.stack([torch.cat([p[i * size:i * size + b - a] for p, (a, b) in zip(parts, bounds)])
+                                         for i in range(3)])
+                    saved_step = step
+            return param, m, v
+        except RuntimeError as e:
+            members.remove(e.rank)
+            group = dist.new_group(members)
+
+
+def survive_by_recursion(dist, files, grads, every, lr, members=None, group=None):
+    """Another: a failure starts the whole function again on the survivors from the last checkpoint's files, and
+    each step's gradient is asked twice (asking again for the step in hand is allowed)."""
+    from lib.cross_site import shard_bounds
+    from puzzles.zero import adam_update
+    from solutions.beyond import reshard_checkpoint
+
+    members = list(range(dist.get_world_size())) if members is None else members
+    n, me = len(members), members.index(dist.get_rank())
+    total = sum(f["param"].numel() for f in files)
+    *state, start = reshard_checkpoint(files, n, me)
+    param, m, v = (t.clone() for t in state)
+    lo, hi = shard_bounds(total, n, me)
+    saved = files
+    try:
+        for step in range(start, len(grads)):
+            assert grads(step).numel() == total
+            adam_update(param, grads(step)[lo:hi], m, v, step + 1, lr)
+            if (step + 1) % every == 0:
+                mine = torch.zeros(3, -(-total // n), dtype=param.dtype)
+                mine[:, :hi - lo] = torch.stack([param, m, v])
+                parts = [torch.empty_like(mine) for _ in range(n)]
+                dist.all_gather(parts, mine, group=group)
+                saved = [{"offset": a, "step": step + 1, "param": p[0, :b - a], "exp_avg": p[1, :b - a],
+                          "exp_avg_sq": p[2, :b - a]} for p, (a, b) in zip(parts, (shard_bounds(total, n, r)
+                                                                                  for r in range(n)))]
+        return param, m, v
+    except RuntimeError as e:
+        survivors = [r for r in members if r != e.rank]
+        return survive_by_recursion(dist, saved, grads, every, lr, survivors, dist.new_group(survivors))
+
+
+@pytest.mark.parametrize("answer", [survive_prefetching, survive_by_recursion])
+def test_right_answers_unlike_the_reference_survive_on_every_seed(answer):
+    import puzzles.beyond as P
+
+    for seed in range(6):
+        outcome = P.survive_failure.evaluate(answer, seed=seed)
+        assert outcome.status == "passed", (seed, outcome.message)
+
+
+def test_the_gradients_come_in_order_and_again_only_from_the_last_checkpoint():
+    """grads(step) outside a run: in order; the step in hand again; after a failure back to the step of the
+    checkpoint before the last one reached (the last may have been cut short), never further."""
+    from lib.feed import FeedRefused, StepFeed
+
+    feed = StepFeed([torch.full((2,), float(t)) for t in range(10)], first=1, every=3)
+    assert len(feed) == 10 and feed(1)[0] == 1 and feed(1)[0] == 1 and feed(2)[0] == 2
+    with pytest.raises(FeedRefused, match="after step 2: a step's value comes when training reaches it"):
+        feed(4)
+    for t in range(3, 9):
+        feed(t)                                  # steps done: 9, so the checkpoints at 6 and at 9 (maybe cut short)
+    assert feed.earliest() == 6 and feed(6)[0] == 6 and feed(7)[0] == 7
+    with pytest.raises(FeedRefused, match=r"asked for step 5 again, having reached step 8.*\(step 6\)"):
+        feed(5)
+    with pytest.raises(FeedRefused, match="there are steps 1 to 9"):
+        feed(10)
+
+
+def _reaching_behind_dist(dist):
+    """A learner's function that reaches for the real module behind its dist, then for its __dict__."""
+    said = []
+    for name in ("_dist", "__dict__"):
+        try:
+            getattr(dist, name)
+        except AttributeError as e:
+            said.append(str(e))
+    return said, dist.get_rank()
+
+
+@pytest.mark.slow
+def test_the_real_dist_behind_the_emulated_fault_is_out_of_reach():
+    said = launch(run_with_fault, 2, _reaching_behind_dist, 1, 5)
+    for rank, (messages, reported) in enumerate(said):
+        assert reported == rank and len(messages) == 2, messages
+        assert all("not the function's to reach" in m and "Hint: use dist's public calls" in m for m in messages)
+        assert "'_dist'" in messages[0]

@@ -2,10 +2,13 @@
 and in the check's own code, they work."""
 
 import random
+import re
 import sys
 
+import numpy
 import pytest
 import torch
+from numpy._core import _multiarray_umath
 
 import lib.formulas
 from lib.check import Case, Puzzle
@@ -80,7 +83,26 @@ def test_watching_a_function_by_code_and_a_module_by_name():
     with pytest.raises(OffLimits, match=r"lib.formulas \(model_state_bytes\)"):
         with watching({"lib.formulas": "lib.formulas"}, ADVICE):
             lib.formulas.model_state_bytes(1)
-    with pytest.raises(TypeError, match="only Python functions and modules"):     # a builtin has no code
-        with watching({"the sum": sum}, ADVICE):
+    with pytest.raises(TypeError, match="only functions"):                        # a number is no call
+        with watching({"three": 3}, ADVICE):
             pass
     assert lib.formulas.model_state_bytes(1) == 16
+
+
+UNRAVEL = {"numpy.unravel_index": numpy.unravel_index, "numpy.ravel_multi_index": numpy.ravel_multi_index,
+           "the sum": sum}
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: numpy.unravel_index(5, (2, 3)), "numpy.unravel_index (unravel_index)"),
+    (lambda: numpy.ravel_multi_index((1, 2), (2, 3)), "numpy.ravel_multi_index (ravel_multi_index)"),
+    (lambda: _multiarray_umath.unravel_index(5, (2, 3)), "numpy.unravel_index (unravel_index)"),   # no dispatcher
+    (lambda: sum([1, 2]), "the sum (sum)")])
+def test_c_functions_are_watched_directly_and_behind_numpys_dispatcher(call, words):
+    """numpy's public functions are C functions behind a Python dispatcher: a call of either is seen; other C
+    calls (a list's append, divmod) pass, and everything works again after the block."""
+    with pytest.raises(OffLimits, match=re.escape(words)):
+        with watching(UNRAVEL, ADVICE):
+            [].append(divmod(5, 3))
+            call()
+    assert call() is not None

@@ -17,11 +17,12 @@ def survive_checkpointing_every_step(dist, files, grads, every, lr):
     return S.survive_failure(dist, files, grads, 1, lr)
 
 
-def replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint):
+def replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint, keep=False):
     """Survivors that never reload a checkpoint: after a failure they replay every step from the files they were
-    given (every rank holds every gradient). At each checkpoint's step, the first time it comes,
-    checkpoint(dist, (param, m, v), n, group) runs: whatever the cheat sends there."""
-    members, group, taken = list(range(dist.get_world_size())), None, 0
+    given, asking `grads` for those steps again, or, with `keep`, reading the gradients they kept as they came. At
+    each checkpoint's step, the first time it comes, checkpoint(dist, (param, m, v), n, group) runs: whatever the
+    cheat sends there."""
+    members, group, taken, kept = list(range(dist.get_world_size())), None, 0, {}
     total = sum(f["param"].numel() for f in files)
     while True:
         n, me = len(members), members.index(dist.get_rank())
@@ -30,7 +31,10 @@ def replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint):
         lo, hi = shard_bounds(total, n, me)
         try:
             while step < len(grads):
-                adam_update(param, grads[step][lo:hi], m, v, step + 1, lr)
+                grad = kept[step] if step in kept else grads(step)
+                if keep:
+                    kept[step] = grad
+                adam_update(param, grad[lo:hi], m, v, step + 1, lr)
                 step += 1
                 if step % every == 0 and step > taken:
                     checkpoint(dist, (param, m, v), n, group)
@@ -48,9 +52,36 @@ def _heartbeat(dist, state, n, group):
 
 def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
     """No checkpoint: a one-number heartbeat all-gathered at each checkpoint's step finds the failure, and the
-    survivors replay every step from the first files: no state ever travels. Passed every seed before the
-    checkpoints' bytes had a floor."""
-    return replaying_from_the_first_files(dist, files, grads, every, lr, _heartbeat)
+    survivors replay every step from the first files, on the gradients they kept: no state ever travels. Passed
+    every seed before the checkpoints' bytes had a floor."""
+    return replaying_from_the_first_files(dist, files, grads, every, lr, _heartbeat, keep=True)
+
+
+def real_checkpoints(files):
+    """A checkpoint function for replaying_from_the_first_files that all-gathers the whole state, as the algorithm
+    does, and never keeps it."""
+    size = sum(f["param"].numel() for f in files)
+
+    def checkpoint(dist, state, n, group):
+        mine = torch.zeros(3, -(-size // n), dtype=state[0].dtype)
+        for row, t in zip(mine, state):
+            row[:t.numel()] = t
+        dist.all_gather([torch.empty_like(mine) for _ in range(n)], mine, group=group)
+    return checkpoint
+
+
+def survive_checkpointing_but_replaying_the_first_files(dist, files, grads, every, lr):
+    """Real checkpoints, never reloaded: after the failure the survivors replay every step from the first files,
+    asking grads for them again, and skip the all-gathers of checkpoints already taken. Its bytes meet the
+    checkpoints' floor and its FLOPs are below the reference's; it passed every seed while every rank was handed
+    every step's gradient up front. grads(step) refuses a step behind the last checkpoint."""
+    return replaying_from_the_first_files(dist, files, grads, every, lr, real_checkpoints(files))
+
+
+def survive_reading_every_gradient_behind_grads(dist, files, grads, every, lr):
+    """Every step's gradient read out of grads' own list, to replay from the first files."""
+    whole = grads._values
+    return replaying_from_the_first_files(dist, files, lambda step: whole[step], every, lr, real_checkpoints(files))
 
 
 def _every_ranks_argument(position: int) -> list:
@@ -117,6 +148,9 @@ def compressed_computed_for_every_rank_here(dist, grad, residual, bits):
 CHEATS = everywhere(P) + [
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
     ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
+    ("survive_failure", survive_checkpointing_but_replaying_the_first_files,
+     "again, having reached step"),
+    ("survive_failure", survive_reading_every_gradient_behind_grads, "reached StepFeed._values"),
     ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
     ("diloco_train", diloco_every_worker_trained_here, "tb_frame (the frame of a traceback)"),
     ("compressed_all_reduce", compressed_computed_for_every_rank_here, "tb_frame (the frame of a traceback)"),

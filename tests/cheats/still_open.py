@@ -1,4 +1,4 @@
-"""Cheats on notebooks 03, 06, 08 and 09 that still pass, kept runnable for whoever closes them (the red team's
+"""Cheats on notebooks 08 and 09 that still pass, kept runnable for whoever closes them (the red team's
 report says what each needs). None is in CHEATS yet: move an entry there, with the words its rejection must contain,
 once the engine or its puzzle rejects it.
 
@@ -8,7 +8,7 @@ once the engine or its puzzle rejects it.
 import torch
 
 from lib.cross_site import shard_bounds
-from tests.cheats.beyond import replaying_from_the_first_files
+from tests.cheats.beyond import real_checkpoints, replaying_from_the_first_files
 
 CHEATS: list = []
 
@@ -22,18 +22,12 @@ def reshard_reading_every_file(files, world, rank):
             files[0]["step"])
 
 
-def survive_checkpointing_but_replaying_the_first_files(dist, files, grads, every, lr):
-    """Real checkpoints, never reloaded: after the failure the survivors replay every step from the first files
-    (every rank holds every gradient), skipping the all-gathers of checkpoints already taken. Its bytes meet the
-    checkpoints' floor and its FLOPs are below the reference's (it builds no files)."""
-    size = sum(f["param"].numel() for f in files)
-
-    def checkpoint(dist, state, n, group):
-        mine = torch.zeros(3, -(-size // n), dtype=state[0].dtype)
-        for row, t in zip(mine, state):
-            row[:t.numel()] = t
-        dist.all_gather([torch.empty_like(mine) for _ in range(n)], mine, group=group)
-    return replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint)
+def survive_keeping_every_gradient(dist, files, grads, every, lr):
+    """Real checkpoints, never reloaded: every rank keeps each full gradient grads hands it, and after the failure the
+    survivors replay every step from the first files on those. Its bytes meet the checkpoints' floor; what it keeps, a
+    full gradient per step, is a few times the state every rank's checkpoint holds anyway (the cases run 4 to 14
+    steps), which no memory budget a right answer always meets can tell apart."""
+    return replaying_from_the_first_files(dist, files, grads, every, lr, real_checkpoints(files), keep=True)
 
 
 def _attention_in_one_tile(q, k, v):
@@ -57,18 +51,12 @@ def ring_ignoring_block(dist, q, k, v, block):
     return out, lse
 
 
-def coordinates_by_unravel_index(dist, shape):
-    """torch's unravel_index does the puzzle's arithmetic (numpy's too)."""
-    return tuple(int(c) for c in torch.unravel_index(torch.tensor(dist.get_rank()), tuple(shape)))
-
-
 OPEN = [
     ("reshard_checkpoint", reshard_reading_every_file,
      "a measure of the bytes a rank reads of its arguments (lib.sim), then a budget of what overlaps [lo, hi)"),
-    ("survive_failure", survive_checkpointing_but_replaying_the_first_files,
-     "a statement that does not hand every rank every gradient up front (e.g. grads(step) given once per step)"),
+    ("survive_failure", survive_keeping_every_gradient,
+     "grads handing each rank only its shard of a step's gradient, in the layout of the ranks alive (the survivors' "
+     "after the failure), so that a rank cannot keep the elements its new shard will need"),
     ("ring_attention", ring_ignoring_block,
      "a measure of a rank's largest single tensor (lib.sim), then a budget of block-sized tiles"),
-    ("mesh_coordinates", coordinates_by_unravel_index,
-     "ArithmeticPuzzle honouring off_limits (lib.mesh_check), with torch.unravel_index and numpy put there"),
 ]

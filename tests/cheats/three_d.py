@@ -22,6 +22,32 @@ def coordinates_from_the_checks_own_arithmetic(dist, shape):
     return coordinates(dist.get_rank(), shape)
 
 
+def coordinates_by_unravel_index(dist, shape):
+    """torch's unravel_index does the puzzle's arithmetic: the lesson is which axis varies fastest."""
+    return tuple(int(c) for c in torch.unravel_index(torch.tensor(dist.get_rank()), tuple(shape)))
+
+
+def coordinates_by_numpys_unravel_index(dist, shape):
+    """numpy's, a C function behind a Python dispatcher."""
+    import numpy
+    return tuple(int(c) for c in numpy.unravel_index(dist.get_rank(), tuple(shape)))
+
+
+def coordinates_by_numpys_c_function(dist, shape):
+    """numpy's C function itself, its dispatcher skipped."""
+    from numpy._core import _multiarray_umath
+    return tuple(int(c) for c in _multiarray_umath.unravel_index(dist.get_rank(), tuple(shape)))
+
+
+def coordinates_by_searching_ravel_multi_index(dist, shape):
+    """numpy's ravel_multi_index, the other way round, searched for the rank."""
+    import itertools
+
+    import numpy
+    return next(c for c in itertools.product(*(range(s) for s in shape))
+                if numpy.ravel_multi_index(c, tuple(shape)) == dist.get_rank())
+
+
 def groups_from_device_mesh(dist, dp, pp, tp):
     """The course's DeviceMesh builds every group: the oracle, not the lesson."""
     mesh = device_mesh(dist, (dp, pp, tp), ("dp", "pp", "tp"))
@@ -317,6 +343,11 @@ def train_3d_gpipe_rewriting_its_peak(dist, stage, tokens, targets, dp, pp, tp, 
 
 CHEATS = everywhere(P) + [
     ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
+    ("mesh_coordinates", coordinates_by_unravel_index, "torch.unravel_index (unravel_index) out of reach: derive it"),
+    ("mesh_coordinates", coordinates_by_numpys_unravel_index, "numpy.unravel_index (unravel_index) out of reach"),
+    ("mesh_coordinates", coordinates_by_numpys_c_function, "numpy.unravel_index (unravel_index) out of reach"),
+    ("mesh_coordinates", coordinates_by_searching_ravel_multi_index,
+     "numpy.ravel_multi_index (ravel_multi_index) out of reach"),
     ("process_groups", groups_from_device_mesh, WORK_DONE_FOR_IT),
     ("process_groups", groups_from_the_meshs_own_lists, WORK_DONE_FOR_IT),
     ("process_groups", groups_from_rank_0, "fewer new_group calls"),

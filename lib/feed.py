@@ -1,0 +1,76 @@
+"""Inputs that come as training goes: step t's value is handed out when training reaches step t, as a data loader
+hands out batches.
+
+A list of every step's gradient, given up front, lets an answer that should reload a checkpoint replay every step
+from the first files instead. A StepFeed hands its values out in order and, like a data loader whose position is
+saved with each checkpoint, goes back only as far as the step after the last checkpoint that may have completed.
+In a simulated rank its private attributes are out of the learner's reach (lib.sim.boundary.EngineHandle).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+from lib.errors import PuzzleError
+from lib.sim.boundary import EngineHandle
+from lib.sim.context import current_rank, current_runtime
+
+
+class FeedRefused(PuzzleError):
+    """A step asked of a StepFeed that training has not reached, or one behind the last checkpoint."""
+
+
+class StepFeed(EngineHandle):
+    """feed(t) for t from `first` to len(feed) - 1: values[t], in order. Going back (after a failure) is allowed to
+    any step after the checkpoint before the last one reached: with a checkpoint every `every` steps (after the
+    steps whose number, counted from 1, is a multiple of `every`), the last may have been cut short."""
+
+    __slots__ = ("_values", "_first", "_every", "_last", "_furthest")
+
+    def __init__(self, values: Sequence[Any], first: int, every: int) -> None:
+        self._values, self._first, self._every = list(values), first, every
+        self._last = self._furthest = first - 1          # the last step handed out, and the furthest
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __call__(self, step: int) -> Any:
+        step = int(step)
+        if not self._first <= step < len(self._values):
+            self._refuse(f"asked for step {step}'s value; there are steps {self._first} to {len(self._values) - 1}")
+        if step > self._last + 1:
+            self._refuse(f"asked for step {step} after step {self._last}: a step's value comes when training "
+                         f"reaches it; the next is step {self._last + 1}")
+        if step <= self._last and step < self.earliest():
+            self._refuse(f"asked for step {step} again, having reached step {self._furthest}: a step comes again only "
+                         "after a failure, and only from the step of the last checkpoint that may have completed "
+                         f"(step {self.earliest()}) on: what came before is in that checkpoint",
+                         "reload the last complete checkpoint and train on from its step; do not replay from the "
+                         "first files.")
+        self._last, self._furthest = step, max(self._furthest, step)
+        return self._values[step]
+
+    def earliest(self) -> int:
+        """The earliest step that may be asked again: the one after the checkpoint before the last one reached."""
+        reached = self._furthest + 1                      # steps done, counted from 1
+        last_checkpoint = reached - reached % self._every
+        return max(self._first, last_checkpoint - self._every)
+
+    def _refuse(self, what: str, hint: str = "ask for step t's value at step t, in order.") -> None:
+        rank = current_rank()
+        error = FeedRefused(f"{'' if rank is None else f'rank {rank} '}{what}.\nHint: {hint}")
+        runtime = current_runtime()
+        if runtime is None:
+            raise error
+        runtime.fail(error)           # not the learner's to catch
+
+    def __deepcopy__(self, memo: dict) -> StepFeed:
+        """Each simulated rank's own copy (its own position), its values copied through `memo` as the run's are."""
+        return StepFeed(copy.deepcopy(self._values, memo), self._first, self._every)
+
+    def __reduce__(self):
+        return StepFeed, (self._values, self._first, self._every)
+
+    def __repr__(self) -> str:
+        return f"<gradients of steps {self._first} to {len(self._values) - 1}, handed out one step at a time>"
