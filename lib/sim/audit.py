@@ -25,17 +25,20 @@ from lib.sim.errors import OutOfView
 
 _getframe = sys._getframe
 
-# event -> code that may raise it for a rank: the engine's only, or Python's library's too
-_EVENTS = {"gc.get_objects": ENGINE, "gc.get_referrers": ENGINE, "gc.get_referents": ENGINE,
-           "sys._current_frames": ENGINE, "sys.settrace": LIBRARIES, "sys.setprofile": LIBRARIES}
+_PEEKING = ("other threads, the garbage collector and the frames below your function hold the check's own cases, "
+            "every rank's inputs and the rank's meters.\n"
+            "Hint: use only the arguments your function receives; get other ranks' data through dist.")
+_TRACING = ("a profiler or tracer is handed every frame, the simulator's own too (every rank's inputs, the rank's "
+            "meters), and takes the place of the check's own watch.\n"
+            "Hint: time or debug your function outside the check, by calling it on your own inputs.")
+# event -> (code that may raise it for a rank: the engine's only, or Python's library's too; why not the learner's)
+_EVENTS = {"gc.get_objects": (ENGINE, _PEEKING), "gc.get_referrers": (ENGINE, _PEEKING),
+           "gc.get_referents": (ENGINE, _PEEKING), "sys._current_frames": (ENGINE, _PEEKING),
+           "sys.settrace": (LIBRARIES, _TRACING), "sys.setprofile": (LIBRARIES, _TRACING)}
 _FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 # Python's library functions that hand the frames they read to their caller: their caller is the one asking.
 _FRAME_GIVERS = {inspect.trace.__code__, inspect.getinnerframes.__code__, traceback.walk_tb.__code__,
                  asyncio.base_tasks._task_get_stack.__code__}
-
-_PEEKING = ("other threads, the garbage collector and the frames below your function hold the check's own cases, "
-            "every rank's inputs and the rank's meters.\n"
-            "Hint: use only the arguments your function receives; get other ranks' data through dist.")
 
 
 def _asked_by_learner(may: tuple) -> bool:
@@ -51,19 +54,19 @@ def _hook(event: str, args: tuple) -> None:
     if event == "object.__getattr__":
         if args[1] not in _FRAME_ATTRIBUTES:
             return
-        what, may = f"{args[1]} (the frame of a {type(args[0]).__name__})", LIBRARIES
+        what, (may, why) = f"{args[1]} (the frame of a {type(args[0]).__name__})", (LIBRARIES, _PEEKING)
     else:
-        may = _EVENTS.get(event)
-        if may is None:
+        rule = _EVENTS.get(event)
+        if rule is None:
             return
-        what = event
+        what, (may, why) = event, rule
     rank = current_rank()
     if rank is None:
         return
     if _asked_by_learner(may):
         from lib.sim.boundary import _fail
         from lib.sim.ownership import learner_line
-        _fail(OutOfView(f"rank {rank} reached {what}{learner_line()}: {_PEEKING}"))
+        _fail(OutOfView(f"rank {rank} reached {what}{learner_line()}: {why}"))
 
 
 def install() -> None:

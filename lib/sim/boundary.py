@@ -167,8 +167,9 @@ class EngineHandle:
         return object.__getattribute__(self, name)
 
 
-_HANDLES = ("behind dist and its work handles lie the simulator's own objects (every rank's inputs, the rank's "
-            "meters), not the rank's to read or change.\nHint: use dist's public calls, as torch.distributed has them.")
+_HANDLES = ("behind the objects a check hands your function (dist, its work handles, a feed of inputs) lie the "
+            "simulator's own state (every rank's inputs, the rank's meters, what is yet to come), not the rank's to "
+            "read or change.\nHint: use their public calls only (dist's as torch.distributed has them).")
 
 
 _FRAMES = ("the frames below your function are the simulator's own: they hold every rank's inputs and the rank's "
