@@ -23,7 +23,7 @@ from lib.places import ENGINE, LIBRARIES
 from lib.sim.context import current_rank
 from lib.sim.errors import OutOfView
 
-_getframe = sys._getframe
+_getframe, _getprofile, _gettrace = sys._getframe, sys.getprofile, sys.gettrace    # before anyone patches them
 
 _PEEKING = ("other threads, the garbage collector and the frames below your function hold the check's own cases, "
             "every rank's inputs and the rank's meters.\n"
@@ -50,6 +50,14 @@ def _asked_by_learner(may: tuple) -> bool:
     return frame is not None and not frame.f_code.co_filename.startswith(may)
 
 
+def _engine_is_tracing(event: str) -> bool:
+    """Whether the engine's own profiler or tracer is set (lib.offlimits' watch): CPython unsets one that raised, at
+    the learner's line, and the watch itself tells when the learner's code switched it off."""
+    current = _getprofile() if event == "sys.setprofile" else _gettrace()
+    code = getattr(current, "__code__", None)
+    return code is not None and code.co_filename.startswith(ENGINE)
+
+
 def _hook(event: str, args: tuple) -> None:
     if event == "object.__getattr__":
         if args[1] not in _FRAME_ATTRIBUTES:
@@ -61,7 +69,7 @@ def _hook(event: str, args: tuple) -> None:
             return
         what, (may, why) = event, rule
     rank = current_rank()
-    if rank is None:
+    if rank is None or (why is _TRACING and _engine_is_tracing(event)):
         return
     if _asked_by_learner(may):
         from lib.sim.boundary import _fail
