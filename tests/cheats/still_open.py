@@ -7,19 +7,9 @@ once the engine or its puzzle rejects it.
 
 import torch
 
-from lib.cross_site import shard_bounds
 from tests.cheats.beyond import replaying_from_the_first_files
 
 CHEATS: list = []
-
-
-def reshard_reading_every_file(files, world, rank):
-    """Every file concatenated whole, then this rank's slice cut out: the overlap of [lo, hi) with each file is
-    never worked out. No budget reads what a rank reads of its arguments."""
-    total = sum(f["param"].numel() for f in files)
-    lo, hi = shard_bounds(total, world, rank)
-    return (*(torch.cat([f[k] for f in files])[lo:hi].clone() for k in ("param", "exp_avg", "exp_avg_sq")),
-            files[0]["step"])
 
 
 def survive_checkpointing_but_replaying_the_first_files(dist, files, grads, every, lr):
@@ -63,8 +53,6 @@ def coordinates_by_unravel_index(dist, shape):
 
 
 OPEN = [
-    ("reshard_checkpoint", reshard_reading_every_file,
-     "a measure of the bytes a rank reads of its arguments (lib.sim), then a budget of what overlaps [lo, hi)"),
     ("survive_failure", survive_checkpointing_but_replaying_the_first_files,
      "a statement that does not hand every rank every gradient up front (e.g. grads(step) given once per step)"),
     ("ring_attention", ring_ignoring_block,
