@@ -48,6 +48,9 @@ TILES, ROWS = 4, 8
 RING_CHUNKS = 10
 BALANCE = 0.10                 # zigzag: the busiest rank may compute 10% more than the least busy
 CAUSAL_SLACK = 0.5             # zigzag: FLOPs over the 2N+1 tiles a rank must compute (its inner blocks, merges)
+# Over the largest tensor a ring rank needs (K and V stacked, or a tile of its queries × block keys). The ring's
+# chunks hold at least 3d tokens (s/N ≥ 3d), so that a whole s/N × s/N tile is 1.2 times this budget or more.
+TILE_SLACK = 0.25
 OVERLAP = 0.5                  # the share of the (N-1) transfers that must be hidden behind compute
 
 
@@ -217,15 +220,27 @@ def _ring_inputs(rng, n: int, b, h, d, scale, causal=False, pairs=(3, 8)):
     return (split(q), split(k), split(v)), list(zip(split(out), split(lse))), chunk
 
 
+def _largest_tensor_budget(b, h, rows, d, block, chunks: int) -> Budget:
+    """The largest single tensor a rank needs: `chunks` tensors of rows × d in one (K and V stacked for one message),
+    or a tile of rows × block scores (the rank's queries against one block of keys), per (batch, head)."""
+    stacked, tile = chunks * rows * d, rows * block
+    return Budget("largest_tensor", b * h * ITEM * max(stacked, tile) * (1 + TILE_SLACK),
+                  f"the larger of K and V stacked ({chunks} × {rows} rows × d) and a tile of your {rows} queries × "
+                  f"block = {block} keys, per head, + {TILE_SLACK:.0%}",
+                  hint="attend to each K/V block tile by tile, `block` keys at a time (your blockwise_attention): "
+                       "a block attended as one s/N × s/N tile of scores ignores `block`.")
+
+
 def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
-    b, h, d = _shape(rng, dims=(8, 16))
+    b, h, d = _shape(rng, dims=(4, 8))
     scale = _scale(rng, scale)
-    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, pairs=(3 * d // 2, 3 * d // 2 + 4))
     block = rng.choice([chunk // 2, chunk // 2 + 1])                  # two key blocks per chunk, one short at times
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*_kv_budget(b, h, chunk, d, n),
-                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)")],
+                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)"),
+                         _largest_tensor_budget(b, h, chunk, d, block, 2)],
                 allowed_ops=P2P, contracts=_ring_rules(n))
 
 
