@@ -220,15 +220,16 @@ def _ring_inputs(rng, n: int, b, h, d, scale, causal=False, pairs=(3, 8)):
     return (split(q), split(k), split(v)), list(zip(split(out), split(lse))), chunk
 
 
-def _largest_tensor_budget(b, h, rows, d, block, chunks: int) -> Budget:
-    """The largest single tensor a rank needs: `chunks` tensors of rows × d in one (K and V stacked for one message),
-    or a tile of rows × block scores (the rank's queries against one block of keys), per (batch, head)."""
-    stacked, tile = chunks * rows * d, rows * block
-    return Budget("largest_tensor", b * h * ITEM * max(stacked, tile) * (1 + TILE_SLACK),
-                  f"the larger of K and V stacked ({chunks} × {rows} rows × d) and a tile of your {rows} queries × "
-                  f"block = {block} keys, per head, + {TILE_SLACK:.0%}",
-                  hint="attend to each K/V block tile by tile, `block` keys at a time (your blockwise_attention): "
-                       "a block attended as one s/N × s/N tile of scores ignores `block`.")
+def _largest_tensor_budget(b, h, rows, d, block, stacked: str, chunks: int, hint: str) -> Budget:
+    """The largest single tensor a rank needs, per (batch, head): `chunks` tensors of rows × d in one (`stacked`,
+    e.g. K and V stacked for one message), or a tile of rows × block scores (its queries against a block of keys)."""
+    return Budget("largest_tensor", b * h * ITEM * max(chunks * rows * d, rows * block) * (1 + TILE_SLACK),
+                  f"the larger of {stacked} stacked ({chunks} × {rows} rows × d) and a tile of your {rows} queries × "
+                  f"block = {block} keys, per head, + {TILE_SLACK:.0%}", hint=hint)
+
+
+RING_TILES = ("attend to each K/V block tile by tile, `block` keys at a time (your blockwise_attention): a block "
+              "attended as one s/N × s/N tile of scores ignores `block`.")
 
 
 def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
@@ -240,7 +241,7 @@ def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Cas
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*_kv_budget(b, h, chunk, d, n),
                          _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)"),
-                         _largest_tensor_budget(b, h, chunk, d, block, 2)],
+                         _largest_tensor_budget(b, h, chunk, d, block, "K and V", 2, RING_TILES)],
                 allowed_ops=P2P, contracts=_ring_rules(n))
 
 
@@ -379,12 +380,19 @@ zigzag_attention = _attention_puzzle(
 
 # ---- 6. Ulysses: all-to-all context parallelism --------------------------------------------------------
 A2A = frozenset({"all_to_all"})
-# A Ulysses rank's tensors of h/N heads × s rows (as many bytes as h heads × s/N rows): q, k, v and the output
-# (4), the three inputs' all-to-all buffers, sent and received (6), the output's (2).
-ULYSSES_CHUNKS = 12
-# Sequences long against the head size (s = N·c up to 96 tokens, d of 4 or 8), so that the budget tells blockwise
-# attention from a whole s × s score matrix per head (which passed 3 seeds in 10 with d up to 16 and c up to 16).
+# A Ulysses rank's tensors of h/N heads × s rows (as many bytes as h heads × s/N rows), as one all-to-all for q, k
+# and v together needs them when it keeps its buffers until it returns: q, k and v (3), their stack (3), the
+# all-to-all's buffers, sent and received (6), the head split's copy (3), the output (1), its buffers (2) and the
+# result (1); and one more, for a copy a reshape of a permuted tensor makes. (12, the tensors of one all-to-all per
+# input, rejected that right answer on 26 seeds in 30.)
+ULYSSES_CHUNKS = 20
+# Sequences long against the head size (s = N·c up to 96 tokens, d of 4 or 8), so that the budgets tell blockwise
+# attention from a whole s × s score matrix per head (which passed 3 seeds in 10 with d up to 16 and c up to 16):
+# with N >= 3, s / block >= 1.5 and s >= 36 > 3.75 d, so one head group's s × s scores break the largest-tensor
+# budget.
 ULYSSES_PAIRS = (6, 12)
+ULYSSES_TILES = ("attend with your blockwise_attention, `block` keys at a time: the whole s × s score matrix of your "
+                 "heads ignores `block`.")
 
 
 def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
@@ -402,8 +410,8 @@ def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> 
                             "comes back the same way.")
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
-                                                 "O(s·h/N · d)")],
+                budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk, "O(s·h/N · d)"),
+                         _largest_tensor_budget(b, h // n, n * chunk, d, block, "q, k and v", 3, ULYSSES_TILES)],
                 allowed_ops=A2A)
 
 
