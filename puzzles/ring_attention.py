@@ -46,6 +46,9 @@ TILES, ROWS = 4, 8
 # A ring rank's chunks of (s/N)·d per (batch, head): q, k, v and the output (4); the K/V block in use and the one
 # arriving (4); a block's output and the merge's temporaries (2).
 RING_CHUNKS = 10
+# Of blockwise attention's rows of block × d, a ring rank needs a tile's output and its merge's (4): the merge over
+# s/N rows is in RING_CHUNKS. (With 8, a rank keeping every K/V block passed at N = 6 once s/N grew to 3d or more.)
+RING_BLOCK_ROWS = 4
 BALANCE = 0.10                 # zigzag: the busiest rank may compute 10% more than the least busy
 CAUSAL_SLACK = 0.5             # zigzag: FLOPs over the 2N+1 tiles a rank must compute (its inner blocks, merges)
 # Over the largest tensor a ring rank needs (K and V stacked, or a tile of its queries × block keys). The ring's
@@ -105,17 +108,17 @@ def _describe(b, h, d, scale) -> str:
     return f"b={b}, {h} head{'s' * (h > 1)} of d={d}, float64" + (f", logits near ±{LARGE:g}" if scale > 1 else "")
 
 
-def _working_set(b: int, h: int, block: int, d: int) -> float:
-    return b * h * ITEM * (TILES * block * block + ROWS * block * d)
+def _working_set(b: int, h: int, block: int, d: int, block_rows: int = ROWS) -> float:
+    return b * h * ITEM * (TILES * block * block + block_rows * block * d)
 
 
-def _memory_budget(b, h, d, block, chunks: float, rows: int, what: str) -> Budget:
+def _memory_budget(b, h, d, block, chunks: float, rows: int, what: str, block_rows: int = ROWS) -> Budget:
     """Peak memory: `chunks` tensors of rows × d and a log-sum-exp per row, plus blockwise attention's tiles."""
     fixed = b * h * ITEM * rows * (chunks * d + 2)
     unit = fmt_bytes(b * h * ITEM * rows * d)
-    return Budget("peak_memory", fixed + _working_set(b, h, block, d),
+    return Budget("peak_memory", fixed + _working_set(b, h, block, d, block_rows),
                   f"{what}: {chunks:g} tensors of {rows} rows × d ({unit} each) and blockwise attention's "
-                  f"{TILES} tiles of block² and {ROWS} rows of block × d",
+                  f"{TILES} tiles of block² and {block_rows} rows of block × d",
                   hint="never hold a score matrix longer than block × block: loop over key blocks and merge.")
 
 
@@ -240,8 +243,8 @@ def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Cas
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*_kv_budget(b, h, chunk, d, n),
-                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)"),
-                         _largest_tensor_budget(b, h, chunk, d, block, "K and V", 2, RING_TILES)],
+                         _largest_tensor_budget(b, h, chunk, d, block, "K and V", 2, RING_TILES),
+                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)", RING_BLOCK_ROWS)],
                 allowed_ops=P2P, contracts=_ring_rules(n))
 
 
