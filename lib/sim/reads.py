@@ -23,6 +23,16 @@ _PICKING = {aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_select.defa
             aten.take.default, aten.masked_select.default, aten.embedding.default, aten.take_along_dim.default}
 
 
+_NOTHING, _WHOLE, _PICKS = 0, 1, 2
+_KINDS: dict[int, int] = {}        # id(op) -> what it reads: hashing an OpOverload is a Python call, on every op
+_KEEP: list = []                   # the ops in _KINDS, kept alive so that their ids stay theirs
+
+
+def _kind(func) -> int:
+    _KEEP.append(func)
+    return _NOTHING if func in _SHAPE_ONLY else _PICKS if func in _PICKING else _WHOLE
+
+
 class ArgumentReads:
     """Bytes read of each positional argument of one rank (its own copy of them), by the rank's ops."""
 
@@ -36,14 +46,19 @@ class ArgumentReads:
     def count(self, func, viewing: bool, inputs: list, out) -> None:
         """Charge the op `func` (`viewing`: a pure view, free) with the bytes it read of the arguments' storages
         among `inputs` (its tensors)."""
-        if viewing or func in _SHAPE_ONLY:
+        if viewing:
+            return
+        kind = _KINDS.get(id(func))
+        if kind is None:
+            kind = _KINDS[id(func)] = _kind(func)
+        if kind == _NOTHING:
             return
         positions = self.positions
         for t in inputs:
             i = positions.get(t.untyped_storage()._cdata)
             if i is not None:
                 n = t.numel() * t.element_size()
-                if func in _PICKING and isinstance(out, torch.Tensor):
+                if kind == _PICKS and isinstance(out, torch.Tensor):
                     n = min(n, out.numel() * out.element_size())
                 self.bytes[i] += n
 
