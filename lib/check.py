@@ -49,7 +49,8 @@ GPU_TOLERANCE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), to
 
 METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory",
            "host_peak_memory": "peak host memory", "host_flops": "FLOPs computed in host memory",
-           "flops": "FLOPs counted", "time": "simulated time"}
+           "flops": "FLOPs counted", "time": "simulated time", "largest_tensor": "largest tensor",
+           "argument_reads": "bytes read of its arguments"}
 
 
 class CheckFailed(PuzzleError):
@@ -71,6 +72,17 @@ class Budget:
     why: str                             # e.g. "2(N-1)/N × 4.00 KiB, what a ring all-reduce sends"
     hint: str = ""
     least: bool = False                  # a floor: the measurement may not fall below the limit
+    argument: Optional[int] = None       # argument_reads: the bytes read of this positional argument only
+    label: str = ""                      # what the measurement is called in messages, if not METRICS's name
+
+    def value(self, stats) -> float:
+        """This budget's measurement of one rank (RankStats)."""
+        found = getattr(stats, self.metric)
+        return found if self.argument is None else found[self.argument]
+
+    @property
+    def name(self) -> str:
+        return self.label or METRICS[self.metric]
 
     def broken(self, value: float, limit: float) -> bool:
         if self.least:
@@ -338,7 +350,7 @@ class Puzzle:
                     return self._over(b, "the run", result.time, b.limit_for(0))
                 continue
             for s in result.stats:
-                value = getattr(s, b.metric)
+                value = b.value(s)
                 if b.broken(value, b.limit_for(s.rank)):
                     outside = s.outside_bytes if b.metric == "peak_memory" else 0
                     return self._over(b, f"rank {s.rank}", value, b.limit_for(s.rank), outside)
@@ -347,7 +359,7 @@ class Puzzle:
     @staticmethod
     def _over(b: Budget, who: str, value: float, limit: float, outside: float = 0) -> str:
         side = "under the floor" if b.least else "over the budget"
-        text = (f"the answer is right, but {who}'s {METRICS[b.metric]} is {b.fmt(value)}, {side} of {b.fmt(limit)} "
+        text = (f"the answer is right, but {who}'s {b.name} is {b.fmt(value)}, {side} of {b.fmt(limit)} "
                 f"({b.why}).")
         if outside:
             text += (f" Of that, {b.fmt(outside)} are Python numbers taken out of tensors (.tolist(), .item()), which "
@@ -362,12 +374,12 @@ class Puzzle:
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
-                ratio = lambda s, b=b: getattr(s, b.metric) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
+                ratio = lambda s, b=b: b.value(s) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
                 worst = (min if b.least else max)(result.stats, key=ratio)
-                value, limit = getattr(worst, b.metric), b.limit_for(worst.rank)
+                value, limit = b.value(worst), b.limit_for(worst.rank)
             at = f" at N={case.world_size}" if self.takes_dist else ""
             kind = "floor" if b.least else "budget"
-            text += f"\n  {METRICS[b.metric]}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
+            text += f"\n  {b.name}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
 
     def check(self, fn: Callable, strict: Optional[bool] = None, seed: Optional[int] = None, show: bool = True) -> bool:

@@ -481,7 +481,22 @@ def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
                          tuple(state[k][lo:hi].clone() for k in STATE)))
     return Case(world, (files, grads), expected,
                 f"{total} parameters saved by {saved_on} ranks after {before} Adam steps, loaded on {world}, "
-                f"{after} more steps", allowed_ops=frozenset())
+                f"{after} more steps", budgets=[_files_read(total, world)], allowed_ops=frozenset())
+
+
+READ_SLACK = 0.25          # over the bytes of the files that overlap a rank's shard: a piece read twice, in part
+
+
+def _files_read(total: int, world: int) -> Budget:
+    """What each rank may read of the files: the part of each that overlaps its shard, for the 3 tensors. A loader
+    reads every byte it copies, so this is the lesson itself: read only what the new layout puts here."""
+    shards = [hi - lo for lo, hi in (shard_bounds(total, world, r) for r in range(world))]
+    return Budget("argument_reads", [len(STATE) * ITEM * n * (1 + READ_SLACK) for n in shards],
+                  f"the part of each file that overlaps your shard [lo, hi): {len(STATE)} tensors × hi - lo "
+                  f"elements × {ITEM} bytes, + {READ_SLACK:.0%}", argument=0, label="bytes read of the files",
+                  hint="read only the part of each file that overlaps your shard: slice each file first (a slice "
+                       "reads nothing), then copy the slices (torch.cat, clone, copy_). Reading every file whole "
+                       "(torch.cat of whole files, sliced afterwards) reads the whole checkpoint on every rank.")
 
 
 def _dcp_state(dist, state: dict, zeros: bool = False) -> dict:

@@ -46,8 +46,14 @@ TILES, ROWS = 4, 8
 # A ring rank's chunks of (s/N)·d per (batch, head): q, k, v and the output (4); the K/V block in use and the one
 # arriving (4); a block's output and the merge's temporaries (2).
 RING_CHUNKS = 10
+# Of blockwise attention's rows of block × d, a ring rank needs a tile's output and its merge's (4): the merge over
+# s/N rows is in RING_CHUNKS. (With 8, a rank keeping every K/V block passed at N = 6 once s/N grew to 3d or more.)
+RING_BLOCK_ROWS = 4
 BALANCE = 0.10                 # zigzag: the busiest rank may compute 10% more than the least busy
 CAUSAL_SLACK = 0.5             # zigzag: FLOPs over the 2N+1 tiles a rank must compute (its inner blocks, merges)
+# Over the largest tensor a ring rank needs (K and V stacked, or a tile of its queries × block keys). The ring's
+# chunks hold at least 3d tokens (s/N ≥ 3d), so that a whole s/N × s/N tile is 1.2 times this budget or more.
+TILE_SLACK = 0.25
 OVERLAP = 0.5                  # the share of the (N-1) transfers that must be hidden behind compute
 
 
@@ -102,17 +108,17 @@ def _describe(b, h, d, scale) -> str:
     return f"b={b}, {h} head{'s' * (h > 1)} of d={d}, float64" + (f", logits near ±{LARGE:g}" if scale > 1 else "")
 
 
-def _working_set(b: int, h: int, block: int, d: int) -> float:
-    return b * h * ITEM * (TILES * block * block + ROWS * block * d)
+def _working_set(b: int, h: int, block: int, d: int, block_rows: int = ROWS) -> float:
+    return b * h * ITEM * (TILES * block * block + block_rows * block * d)
 
 
-def _memory_budget(b, h, d, block, chunks: float, rows: int, what: str) -> Budget:
+def _memory_budget(b, h, d, block, chunks: float, rows: int, what: str, block_rows: int = ROWS) -> Budget:
     """Peak memory: `chunks` tensors of rows × d and a log-sum-exp per row, plus blockwise attention's tiles."""
     fixed = b * h * ITEM * rows * (chunks * d + 2)
     unit = fmt_bytes(b * h * ITEM * rows * d)
-    return Budget("peak_memory", fixed + _working_set(b, h, block, d),
+    return Budget("peak_memory", fixed + _working_set(b, h, block, d, block_rows),
                   f"{what}: {chunks:g} tensors of {rows} rows × d ({unit} each) and blockwise attention's "
-                  f"{TILES} tiles of block² and {ROWS} rows of block × d",
+                  f"{TILES} tiles of block² and {block_rows} rows of block × d",
                   hint="never hold a score matrix longer than block × block: loop over key blocks and merge.")
 
 
@@ -217,15 +223,28 @@ def _ring_inputs(rng, n: int, b, h, d, scale, causal=False, pairs=(3, 8)):
     return (split(q), split(k), split(v)), list(zip(split(out), split(lse))), chunk
 
 
+def _largest_tensor_budget(b, h, rows, d, block, stacked: str, chunks: int, hint: str) -> Budget:
+    """The largest single tensor a rank needs, per (batch, head): `chunks` tensors of rows × d in one (`stacked`,
+    e.g. K and V stacked for one message), or a tile of rows × block scores (its queries against a block of keys)."""
+    return Budget("largest_tensor", b * h * ITEM * max(chunks * rows * d, rows * block) * (1 + TILE_SLACK),
+                  f"the larger of {stacked} stacked ({chunks} × {rows} rows × d) and a tile of your {rows} queries × "
+                  f"block = {block} keys, per head, + {TILE_SLACK:.0%}", hint=hint)
+
+
+RING_TILES = ("attend to each K/V block tile by tile, `block` keys at a time (your blockwise_attention): a block "
+              "attended as one s/N × s/N tile of scores ignores `block`.")
+
+
 def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
-    b, h, d = _shape(rng, dims=(8, 16))
+    b, h, d = _shape(rng, dims=(4, 8))
     scale = _scale(rng, scale)
-    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, pairs=(3 * d // 2, 3 * d // 2 + 4))
     block = rng.choice([chunk // 2, chunk // 2 + 1])                  # two key blocks per chunk, one short at times
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*_kv_budget(b, h, chunk, d, n),
-                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)")],
+                         _largest_tensor_budget(b, h, chunk, d, block, "K and V", 2, RING_TILES),
+                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)", RING_BLOCK_ROWS)],
                 allowed_ops=P2P, contracts=_ring_rules(n))
 
 
@@ -364,12 +383,19 @@ zigzag_attention = _attention_puzzle(
 
 # ---- 6. Ulysses: all-to-all context parallelism --------------------------------------------------------
 A2A = frozenset({"all_to_all"})
-# A Ulysses rank's tensors of h/N heads × s rows (as many bytes as h heads × s/N rows): q, k, v and the output
-# (4), the three inputs' all-to-all buffers, sent and received (6), the output's (2).
-ULYSSES_CHUNKS = 12
-# Sequences long against the head size (s = N·c up to 96 tokens, d of 4 or 8), so that the budget tells blockwise
-# attention from a whole s × s score matrix per head (which passed 3 seeds in 10 with d up to 16 and c up to 16).
+# A Ulysses rank's tensors of h/N heads × s rows (as many bytes as h heads × s/N rows), as one all-to-all for q, k
+# and v together needs them when it keeps its buffers until it returns: q, k and v (3), their stack (3), the
+# all-to-all's buffers, sent and received (6), the head split's copy (3), the output (1), its buffers (2) and the
+# result (1); and one more, for a copy a reshape of a permuted tensor makes. (12, the tensors of one all-to-all per
+# input, rejected that right answer on 26 seeds in 30.)
+ULYSSES_CHUNKS = 20
+# Sequences long against the head size (s = N·c up to 96 tokens, d of 4 or 8), so that the budgets tell blockwise
+# attention from a whole s × s score matrix per head (which passed 3 seeds in 10 with d up to 16 and c up to 16):
+# with N >= 3, s / block >= 1.5 and s >= 36 > 3.75 d, so one head group's s × s scores break the largest-tensor
+# budget.
 ULYSSES_PAIRS = (6, 12)
+ULYSSES_TILES = ("attend with your blockwise_attention, `block` keys at a time: the whole s × s score matrix of your "
+                 "heads ignores `block`.")
 
 
 def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
@@ -387,8 +413,8 @@ def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> 
                             "comes back the same way.")
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), [o for o, _ in expected],
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
-                budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk,
-                                                 "O(s·h/N · d)")],
+                budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk, "O(s·h/N · d)"),
+                         _largest_tensor_budget(b, h // n, n * chunk, d, block, "q, k and v", 3, ULYSSES_TILES)],
                 allowed_ops=A2A)
 
 

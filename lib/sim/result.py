@@ -40,6 +40,10 @@ class RankStats:
     calls: dict[str, int] = field(default_factory=dict)
     memory: list[tuple[float, int]] = field(default_factory=list)   # (simulated time, live bytes)
     outside_bytes: int = 0          # of peak_memory's bytes, Python values taken out of tensors (.tolist, .item)
+    largest_tensor: int = 0         # bytes of the largest storage its ops allocated (its arguments' copies aside)
+    # bytes its ops read of each positional argument of the run (its own copy): views free, an op reading a view
+    # reads the view's bytes (lib.sim.reads)
+    argument_reads: tuple[int, ...] = ()
 
 
 @dataclass

@@ -261,6 +261,7 @@ class Runtime:
                                           {k: v.values[state.rank] if isinstance(v, PerRank) else v
                                            for k, v in kwargs.items()}), memo)
                 state.tracker.adopt_copies(memo)
+                state.tracker.watch_arguments(mine[0])
                 del memo
                 state.result = fn(make_dist(self, state.rank), *mine[0], **mine[1])
                 del mine
@@ -422,7 +423,9 @@ class Runtime:
         stats = [RankStats(rank=s.rank, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
                            peak_memory=s.tracker.peak, clock=s.clock, flops=s.tracker.flops,
                            host_peak_memory=s.tracker.host_peak, host_flops=s.tracker.host_flops,
-                           calls=dict(s.calls), memory=list(s.tracker.samples), outside_bytes=s.tracker.outside)
+                           calls=dict(s.calls), memory=list(s.tracker.samples), outside_bytes=s.tracker.outside,
+                           largest_tensor=s.tracker.largest,
+                           argument_reads=tuple(s.tracker.reads.bytes) if s.tracker.reads else ())
                  for s in self.ranks]
         trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))
         return SimResult([s.result for s in self.ranks], stats, trace, self.cost)

@@ -25,6 +25,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from lib.sim.errors import InvalidCall
 from lib.sim.ownership import Ownership, tensor_inputs, written_args
+from lib.sim.reads import ArgumentReads
 
 HOST = torch.device("cpu", 1)
 PYTHON_NUMBER_BYTES = 24                # a Python float or int object
@@ -172,6 +173,8 @@ class RankTracker(TorchDispatchMode):
         self.outside = 0                   # bytes taken out of torch as Python values (counted in `current`)
         self.flops = 0.0
         self.host_flops = 0.0
+        self.largest = 0                   # bytes of the largest storage the rank's ops allocated (not its arguments)
+        self.reads: Optional[ArgumentReads] = None      # bytes read of its arguments, once watch_arguments is called
         self.samples: list[tuple[float, int]] = [(0.0, 0)]
         self._sizes: dict[int, tuple[int, int]] = {}     # storage -> (bytes, DEVICE / ON_HOST / NEUTRAL)
         # storage -> a weak reference whose callback releases it (a third of the cost of weakref.finalize)
@@ -202,6 +205,8 @@ class RankTracker(TorchDispatchMode):
         place = self._placement(func, inputs, kwargs) if kwargs or self._hosted else DEVICE
         on_host = place == ON_HOST
         out = op.run(*args, **kwargs)
+        if self.reads is not None:
+            self.reads.count(func, op.aliases and not op.writes, inputs, out)
         if op.counted:
             flops, nbytes = _work(op, inputs, args, kwargs, out)
             self.flops += flops
@@ -293,9 +298,15 @@ class RankTracker(TorchDispatchMode):
         """Count every tensor a deep copy made (its memo): the rank's own copy of its arguments, whatever
         holds them (containers, modules, dataclasses)."""
         memo.pop(id(memo), None)           # deepcopy's keep-alive list holds the originals
+        largest = self.largest             # the arguments are not the rank's allocations
         for copy in memo.values():
             if isinstance(copy, torch.Tensor):
                 self.adopt(copy)
+        self.largest = largest
+
+    def watch_arguments(self, arguments: list) -> None:
+        """Measure the bytes the rank's ops read of each of `arguments` (its own copies, adopted already)."""
+        self.reads = ArgumentReads(arguments)
 
     def _remeasure(self, out) -> None:
         for t in (out if isinstance(out, (list, tuple)) else (out,)):
@@ -328,6 +339,8 @@ class RankTracker(TorchDispatchMode):
             owner = self._ownership.owners.get(storage._cdata)
             if owner is not None and owner != self._rank:
                 self._on_violation(self._ownership.read_error(self._rank, owner, what))
+        if self.reads is not None and isinstance(obj, torch.Tensor):
+            self.reads.read(obj)
 
     def _place(self, t: torch.Tensor, default: int = DEVICE) -> int:
         known = self._sizes.get(t.untyped_storage()._cdata)
@@ -348,6 +361,7 @@ class RankTracker(TorchDispatchMode):
         size = storage.nbytes()
         if known[0] != size:               # resized in place: it stays where it is
             self._sizes[key] = (size, known[1])
+            self.largest = max(self.largest, size)
             self._change(size - known[0], known[1] == ON_HOST)
 
     def _adopt_new(self, storage, key: int, place: int) -> None:
@@ -357,6 +371,8 @@ class RankTracker(TorchDispatchMode):
         if self._ownership is not None:
             self._ownership.claim(key, self._rank)
         self._sizes[key] = (size, place)
+        if size > self.largest:
+            self.largest = size
         if place == ON_HOST:
             self._hosted += 1
         self._change(size, place == ON_HOST)
@@ -369,6 +385,8 @@ class RankTracker(TorchDispatchMode):
             return
         if self._ownership is not None:
             self._ownership.release(key)
+        if self.reads is not None:
+            self.reads.forget(key)
         if known[1] == ON_HOST:
             self._hosted -= 1
         if known[0]:

@@ -11,6 +11,15 @@ from puzzles.zero import adam_update
 from tests.cheats.common import everywhere
 
 
+def reshard_reading_every_file(files, world, rank):
+    """Every file concatenated whole, then this rank's slice cut out: the overlap of [lo, hi) with each file is
+    never worked out. Passed every seed until the simulator measured the bytes a rank reads of its arguments."""
+    total = sum(f["param"].numel() for f in files)
+    lo, hi = shard_bounds(total, world, rank)
+    return (*(torch.cat([f[k] for f in files])[lo:hi].clone() for k in ("param", "exp_avg", "exp_avg_sq")),
+            files[0]["step"])
+
+
 def survive_checkpointing_every_step(dist, files, grads, every, lr):
     """Right after any failure, since it never loses a step: it checkpoints at every step, whatever `every` says,
     moving the whole training state each time."""
@@ -146,6 +155,8 @@ def compressed_computed_for_every_rank_here(dist, grad, residual, bits):
 
 
 CHEATS = everywhere(P) + [
+    ("reshard_checkpoint", reshard_reading_every_file,
+     "read only the part of each file that overlaps your shard"),
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
     ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
     ("survive_failure", survive_checkpointing_but_replaying_the_first_files,
