@@ -295,7 +295,8 @@ class Puzzle:
             if case is cases[-1] and self._timed_at_scale(case):
                 cost, scale = self.display(case)
             try:
-                result = run(fn, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults)
+                result = run(fn, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults,
+                             read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
             except RankFailed as e:
                 if raised_the_stub(e):
                     return Outcome(UNATTEMPTED,

@@ -113,8 +113,9 @@ class Runtime:
     """One simulated run of `fn` on `world_size` ranks."""
 
     def __init__(self, world_size: int, cost: CostModel, timeout: float, memory_limit: float,
-                 faults: Optional[dict[int, int]] = None) -> None:
+                 faults: Optional[dict[int, int]] = None, read_arguments: bool = False) -> None:
         self.world_size = world_size
+        self.read_arguments = read_arguments
         self.faults = dict(faults or {})             # rank -> the communication call (1 = first) it dies at
         self.cost = cost
         self.timeout = timeout
@@ -261,7 +262,8 @@ class Runtime:
                                           {k: v.values[state.rank] if isinstance(v, PerRank) else v
                                            for k, v in kwargs.items()}), memo)
                 state.tracker.adopt_copies(memo)
-                state.tracker.watch_arguments(mine[0])
+                if self.read_arguments:
+                    state.tracker.watch_arguments(mine[0])
                 del memo
                 state.result = fn(make_dist(self, state.rank), *mine[0], **mine[1])
                 del mine
@@ -454,7 +456,7 @@ MEMORY_LIMIT = 4 * 2**30
 
 def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, timeout: float = 30.0,
         memory_limit: float = MEMORY_LIMIT, protect: Any = None, faults: Optional[dict[int, int]] = None,
-        **kwargs) -> SimResult:
+        read_arguments: bool = False, **kwargs) -> SimResult:
     """Run `fn(dist, *args, **kwargs)` on `world_size` simulated ranks and return what they did.
 
     Every rank gets its own deep copy of the arguments (wrap one in `per_rank([...])` to
@@ -464,6 +466,8 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
     `memory_limit` (bytes, all ranks together, shared equally) stops a run whose tensors keep growing.
     `faults` {rank: k} makes `rank` die at its k-th communication call (k = 1: its first): it stops there (its
     result is None), and every call of another rank that needs it raises RankDied, which the rank may catch.
+    `read_arguments` measures the bytes each rank's ops read of each positional argument (RankStats.argument_reads;
+    a cost on every op, so only when asked).
     """
     from lib.sim.dist import SimDist
 
@@ -479,6 +483,6 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
     if bad:
         raise InvalidCall(f"faults={faults!r}: each maps a rank (0 to {world_size - 1}) to the communication call "
                           "(1 = its first) at which it dies.")
-    runtime = Runtime(world_size, cost or CostModel(), timeout, memory_limit, faults)
+    runtime = Runtime(world_size, cost or CostModel(), timeout, memory_limit, faults, read_arguments)
     runtime.run(fn, args, kwargs, SimDist, protect)
     return runtime.result()
