@@ -1,0 +1,216 @@
+"""Right answers unlike the reference solutions: each must pass its puzzle's check. A check that fails one judges
+how the reference did it rather than the lesson (tests/wrong/ and tests/cheats/ hold the answers that must fail).
+
+Each answer's docstring says what a learner did differently from the reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import puzzles.beyond
+import puzzles.ring_attention
+from lib.cross_site import shard_bounds
+from puzzles.beyond import STATE
+from solutions.ring_attention import blockwise_attention, merge_attention, ring_attention_overlap
+from tests.cheats.ring_attention import _pass_right
+
+SEEDS = (0, 1, 2)                  # a few for CI time; a sweep over 0-29 passed for every answer here
+
+
+# ---- reshard_checkpoint(files, world, rank): this rank's (param, exp_avg, exp_avg_sq, step) in the new layout ---
+def _shard(files, world, rank) -> tuple[int, int]:
+    """[lo, hi): this rank's elements of the flat state in the new layout."""
+    return shard_bounds(sum(f["param"].numel() for f in files), world, rank)
+
+
+def _overlaps(files, lo, hi):
+    """(file, start, end) for each file that holds part of [lo, hi): its elements [start, end)."""
+    for f in files:
+        start, end = max(lo, f["offset"]), min(hi, f["offset"] + f["param"].numel())
+        if start < end:
+            yield f, start - f["offset"], end - f["offset"]
+
+
+def _positions(f, lo, hi) -> torch.Tensor:
+    """Which of the file's elements fall in [lo, hi), as a boolean mask."""
+    where = torch.arange(f["offset"], f["offset"] + f["param"].numel(), device=f["param"].device)
+    return (where >= lo) & (where < hi)
+
+
+def slice_then_clone(files, world, rank):
+    """Clones each slice before concatenating (one copy too many, but only of the shard's bytes)."""
+    lo, hi = _shard(files, world, rank)
+    return (*(torch.cat([f[key][a:b].clone() for f, a, b in _overlaps(files, lo, hi)]) for key in STATE),
+            files[0]["step"])
+
+
+def copy_into_buffer(files, world, rank):
+    """Allocates the shard, then copy_ each file's overlap into its place."""
+    lo, hi = _shard(files, world, rank)
+    loaded = [files[0][key].new_empty(hi - lo) for key in STATE]
+    for f, a, b in _overlaps(files, lo, hi):
+        for buffer, key in zip(loaded, STATE):
+            start = f["offset"] + a - lo
+            buffer[start:start + b - a].copy_(f[key][a:b])
+    return (*loaded, files[0]["step"])
+
+
+def assign_into_zeros(files, world, rank):
+    """Zeros first, then slice assignment from each file."""
+    lo, hi = _shard(files, world, rank)
+    loaded = [files[0][key].new_zeros(hi - lo) for key in STATE]
+    for f, a, b in _overlaps(files, lo, hi):
+        for buffer, key in zip(loaded, STATE):
+            buffer[f["offset"] + a - lo:f["offset"] + b - lo] = f[key][a:b]
+    return (*loaded, files[0]["step"])
+
+
+def index_per_file(files, world, rank):
+    """Indexes every file with the positions of its elements in the shard (empty for most files)."""
+    lo, hi = _shard(files, world, rank)
+    return (*(torch.cat([f[key][_positions(f, lo, hi).nonzero().flatten()] for f in files]) for key in STATE),
+            files[0]["step"])
+
+
+def mask_per_file(files, world, rank):
+    """Picks every file's elements with a boolean mask."""
+    lo, hi = _shard(files, world, rank)
+    return (*(torch.cat([f[key][_positions(f, lo, hi)] for f in files]) for key in STATE), files[0]["step"])
+
+
+def index_select_per_file(files, world, rank):
+    """index_select with a range of indices into each overlapping file."""
+    lo, hi = _shard(files, world, rank)
+
+    def pick(t, a, b):
+        return t.index_select(0, torch.arange(a, b, device=t.device))
+    return (*(torch.cat([pick(f[key], a, b) for f, a, b in _overlaps(files, lo, hi)]) for key in STATE),
+            files[0]["step"])
+
+
+def views_when_one_file_holds_the_shard(files, world, rank):
+    """Returns the files' own slices (views) when one file holds the whole shard, copying nothing itself."""
+    lo, hi = _shard(files, world, rank)
+    parts = list(_overlaps(files, lo, hi))
+    if len(parts) == 1:
+        f, a, b = parts[0]
+        return (*(f[key][a:b] for key in STATE), files[0]["step"])
+    return (*(torch.cat([f[key][a:b] for f, a, b in parts]) for key in STATE), files[0]["step"])
+
+
+def narrow_and_stack(files, world, rank):
+    """The three tensors of each file narrowed and stacked, one (3, hi - lo) tensor unpacked at the end."""
+    lo, hi = _shard(files, world, rank)
+    rows = [torch.stack([f[key].narrow(0, a, b - a) for key in STATE]) for f, a, b in _overlaps(files, lo, hi)]
+    return (*torch.cat(rows, 1), files[0]["step"])
+
+
+# ---- ring_attention(dist, q, k, v, block): this rank's (out, lse) -------------------------------------------------
+def _attend_in_key_blocks(q, k, v, block):
+    """All of the rank's queries against `block` keys at a time (tiles of s/N × block), merged as they come."""
+    out = lse = None
+    for j in range(0, k.shape[-2], block):
+        part = blockwise_attention(q, k[..., j:j + block, :], v[..., j:j + block, :], q.shape[-2])   # one tile
+        out, lse = part if out is None else merge_attention(out, lse, *part)
+    return out, lse
+
+
+def ring_key_blocks_only(dist, q, k, v, block):
+    """Blocks over keys only, not queries; K and V passed on as two messages, never stacked."""
+    out, lse = _attend_in_key_blocks(q, k, v, block)
+    for _ in range(dist.get_world_size() - 1):
+        k, v = _pass_right(dist, k), _pass_right(dist, v)
+        out, lse = merge_attention(out, lse, *_attend_in_key_blocks(q, k, v, block))
+    return out, lse
+
+
+def ring_even_odd(dist, q, k, v, block):
+    """Blocking send and recv, even ranks sending first and odd ranks receiving first."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])                                                        # (2, b, h, s/N, d)
+    out, lse = blockwise_attention(q, k, v, block)
+    for _ in range(world - 1):
+        incoming = torch.empty_like(kv)
+        if rank % 2 == 0:
+            dist.send(kv, (rank + 1) % world)
+            dist.recv(incoming, (rank - 1) % world)
+        else:
+            dist.recv(incoming, (rank - 1) % world)
+            dist.send(kv, (rank + 1) % world)
+        kv = incoming
+        out, lse = merge_attention(out, lse, *blockwise_attention(q, kv[0], kv[1], block))
+    return out, lse
+
+
+def ring_head_by_head(dist, q, k, v, block):
+    """Attends one (batch, head) at a time, writing into preallocated out and lse."""
+    world = dist.get_world_size()
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])                      # (b, h, s/N, d), (b, h, s/N)
+    kv = torch.stack([k, v])                                                        # (2, b, h, s/N, d)
+    for step in range(world):
+        for i in range(q.shape[0]):
+            for j in range(q.shape[1]):
+                head = (slice(i, i + 1), slice(j, j + 1))
+                block_out, block_lse = blockwise_attention(q[head], kv[0][head], kv[1][head], block)
+                if step > 0:
+                    block_out, block_lse = merge_attention(out[head], lse[head], block_out, block_lse)
+                out[head], lse[head] = block_out, block_lse
+        if step < world - 1:
+            kv = _pass_right(dist, kv)
+    return out, lse
+
+
+# ---- ulysses_attention(dist, q, k, v, block): this rank's attention output, (b, h, s/N, d) -----------------------
+def _heads_back(dist, o, world):
+    """The second all-to-all: (b, h/N, s, d) computed for a group of heads -> (b, h, s/N, d) for this rank's chunk."""
+    b, heads, s, d = o.shape
+    send = o.reshape(b, heads, world, s // world, d).permute(2, 0, 1, 3, 4).contiguous()   # (N, b, h/N, s/N, d)
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)
+    return got.transpose(0, 1).reshape(b, heads * world, s // world, d)
+
+
+def ulysses_stacked(dist, q, k, v, block):
+    """One all-to-all for q, k and v stacked; every buffer kept until the function returns."""
+    world = dist.get_world_size()
+    b, h, c, d = q.shape
+    qkv = torch.stack([q, k, v])                                                    # (3, b, h, s/N, d)
+    send = qkv.reshape(3, b, world, h // world, c, d).permute(2, 0, 1, 3, 4, 5).contiguous()  # (N, 3, b, h/N, s/N, d)
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)
+    heads = got.permute(1, 2, 3, 0, 4, 5).reshape(3, b, h // world, world * c, d)   # (3, b, h/N, s, d)
+    o, _ = blockwise_attention(heads[0], heads[1], heads[2], block)
+    return _heads_back(dist, o, world)
+
+
+def ulysses_stacked_freeing(dist, q, k, v, block):
+    """The same stacked all-to-all, each buffer dropped as soon as it has been used."""
+    world = dist.get_world_size()
+    b, h, c, d = q.shape
+    send = torch.stack([q, k, v]).reshape(3, b, world, h // world, c, d)
+    send = send.permute(2, 0, 1, 3, 4, 5).contiguous()                              # (N, 3, b, h/N, s/N, d)
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)
+    del send
+    heads = got.permute(1, 2, 3, 0, 4, 5).reshape(3, b, h // world, world * c, d)   # (3, b, h/N, s, d)
+    del got
+    o, _ = blockwise_attention(*heads, block)
+    del heads
+    return _heads_back(dist, o, world)
+
+
+RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
+    slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
+    views_when_one_file_holds_the_shard, narrow_and_stack)] + \
+    [(puzzles.ring_attention.ring_attention, answer) for answer in (
+        ring_key_blocks_only, ring_even_odd, ring_head_by_head, ring_attention_overlap)] + \
+    [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)]
+
+
+@pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])
+def test_a_right_answer_unlike_the_reference_passes(puzzle, answer):
+    for seed in SEEDS:
+        outcome = puzzle.evaluate(answer, seed=seed)
+        assert outcome.status == "passed", (seed, outcome.message)
