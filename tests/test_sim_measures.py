@@ -114,10 +114,6 @@ def test_the_largest_storage_counts_even_after_it_is_freed():
     assert _largest(program) == [1000 * F32]
 
 
-# The rank's deep copy of its arguments builds each storage through torch.UntypedStorage(n), which
-# lib/sim/boundary.py counts as the rank's own before Tracker.adopt_copies saves `largest`: the measure is at least
-# the largest argument. Strict, so that it shows when the engine is fixed.
-@pytest.mark.xfail(strict=True, reason="lib bug: an argument's copy counts in largest_tensor")
 def test_the_arguments_copies_are_not_the_ranks_allocations():
     def program(dist, x):
         x[:50].view(5, 10).t()                        # views of an argument allocate nothing

@@ -257,11 +257,12 @@ class Runtime:
                 torch.set_rng_state(self._start_rng)
             with state.tracker:
                 memo: dict = {}
+                largest = state.tracker.largest
                 with self.untracked():     # the originals are the run's own: only the runtime reads them
                     mine = copy.deepcopy(([a.values[state.rank] if isinstance(a, PerRank) else a for a in args],
                                           {k: v.values[state.rank] if isinstance(v, PerRank) else v
                                            for k, v in kwargs.items()}), memo)
-                state.tracker.adopt_copies(memo)
+                state.tracker.adopt_copies(memo, largest)
                 if self.read_arguments:
                     state.tracker.watch_arguments(mine[0])
                 del memo

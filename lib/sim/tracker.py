@@ -294,15 +294,15 @@ class RankTracker(TorchDispatchMode):
                 seen |= _BIT[known[1] if known is not None else DEVICE]
         return seen
 
-    def adopt_copies(self, memo: dict) -> None:
+    def adopt_copies(self, memo: dict, largest_before: int) -> None:
         """Count every tensor a deep copy made (its memo): the rank's own copy of its arguments, whatever
-        holds them (containers, modules, dataclasses)."""
+        holds them (containers, modules, dataclasses). They are not the rank's allocations: `largest` goes back to
+        `largest_before`, what it was before the copy made its storages."""
         memo.pop(id(memo), None)           # deepcopy's keep-alive list holds the originals
-        largest = self.largest             # the arguments are not the rank's allocations
         for copy in memo.values():
             if isinstance(copy, torch.Tensor):
                 self.adopt(copy)
-        self.largest = largest
+        self.largest = largest_before
 
     def watch_arguments(self, arguments: list) -> None:
         """Measure the bytes the rank's ops read of each of `arguments` (its own copies, adopted already)."""
