@@ -148,10 +148,10 @@ class RankComm:
         return root
 
     def _finish(self, call: Call, async_op: bool):
-        work = Work(self._rt, self._rt.post(call))
+        self._rt.post(call)
         if async_op:
-            return work
-        work.wait()
+            return Work(self._rt, call)
+        self._rt.wait_call(call)
         return None
 
     def _collective(self, name: str, group, *, text: str, signature: tuple, payload, nbytes: int,
@@ -468,12 +468,12 @@ class RankComm:
     @_rule
     def send(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0,
              group_dst: Optional[int] = None) -> None:
-        Work(self._rt, self._post_send(tensor, dst, group, tag, group_dst, "send")).wait()
+        self._rt.wait_call(self._post_send(tensor, dst, group, tag, group_dst, "send"))
 
     @_rule
     def recv(self, tensor, src: Optional[int] = None, group=None, tag: int = 0, group_src: Optional[int] = None) -> int:
         call = self._post_recv(tensor, src, group, tag, group_src, "recv")
-        Work(self._rt, call).wait()
+        self._rt.wait_call(call)
         return call.peer
 
     @_rule
