@@ -361,6 +361,12 @@ def meters_behind_dist(dist, x):
     return x
 
 
+def engine_behind_dist(dist, x):
+    """The rank's engine, the one slot of the dist it holds (every rank's runtime behind it)."""
+    dist._engine._rt.ranks[dist.get_rank()].bytes_sent = 0
+    return x
+
+
 def underscore_of_dist(dist, x):
     return x + len(str(dist._))
 
@@ -444,6 +450,7 @@ def profiler(dist, x):
                                      (rewrite_the_peak, "_get_current_dispatch_mode_stack"),
                                      (dispatch_stack_at, "_get_dispatch_stack_at"),
                                      (meters_behind_dist, "SimDist._rt"), (vars_of_dist, "SimDist.__dict__"),
+                                     (engine_behind_dist, "SimDist._engine"),
                                      (underscore_of_dist, "SimDist._ "),
                                      (work_handles_runtime, "Work._runtime"),
                                      # Python's C code's doors, refused by the audit hook however reached

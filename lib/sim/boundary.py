@@ -83,11 +83,14 @@ def untracked():
     return _DISABLE_TORCH_DISPATCH()
 
 
+_DISPATCH_STACK_AT = torch._C._get_dispatch_stack_at           # the engine's own, before install() guards it
+
+
 def tracking_switched_off(tracker) -> str:
     """What, if anything, stops `tracker` from seeing the ops of this thread: '' when it sees them all."""
     if torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
         return "torch's Python dispatch is switched off"
-    if not any(torch._C._get_dispatch_stack_at(i) is tracker for i in range(torch._C._len_torch_dispatch_stack())):
+    if not any(_DISPATCH_STACK_AT(i) is tracker for i in range(torch._C._len_torch_dispatch_stack())):
         return "the simulator's dispatch mode was taken off the stack"
     return ""
 

@@ -73,25 +73,32 @@ class Call:
 
 
 class Work(EngineHandle):
-    """What an async call returns: `wait()` blocks until the transfer is done and shows its results."""
+    """What an async call returns: `wait()` blocks until the transfer is done and shows its results. Its slots are
+    the simulator's, guarded from the rank's code (EngineHandle); its methods read them through the slots'
+    descriptors, which skip the guard (a look at the caller's frame per read)."""
+
+    __slots__ = ("_runtime", "_call")
 
     def __init__(self, runtime: "Runtime", call: Call) -> None:
         self._runtime = runtime
         self._call = call
 
     def wait(self, timeout=None) -> bool:
-        self._runtime.wait_call(self._call)
+        _RUNTIME.__get__(self).wait_call(_CALL.__get__(self))
         return True
 
     def is_completed(self) -> bool:
-        return self._call.complete
+        return _CALL.__get__(self).complete
 
     def is_success(self) -> bool:
-        return self._call.complete
+        return _CALL.__get__(self).complete
 
     def __repr__(self) -> str:
-        state = "done" if self._call.complete else "pending"
-        return f"<Work {self._call.text} on rank {self._call.rank}: {state}>"
+        call = _CALL.__get__(self)
+        return f"<Work {call.text} on rank {call.rank}: {'done' if call.complete else 'pending'}>"
+
+
+_RUNTIME, _CALL = Work._runtime, Work._call       # the slots' descriptors
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> Deliver:

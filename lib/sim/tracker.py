@@ -45,6 +45,9 @@ aten = torch.ops.aten
 _MATVEC = {aten.mv: lambda a, b, *_, **__: 2 * a.numel(), aten.addmv: lambda c, a, b, *_, **__: 2 * a.numel(),
            aten.addr: lambda c, u, v, *_, **__: 2 * u.numel() * v.numel(),
            aten.dot: lambda a, b, *_, **__: 2 * a.numel(), aten.vdot: lambda a, b, *_, **__: 2 * a.numel()}
+# torch's addmm and baddbmm formulas return mm's and bmm's of their two matrices, called through mm's and bmm's
+# shape wrapper (a tree_map, ten times the rest of the op's accounting): the same formulas, given the shapes.
+_OF_TWO_MATRICES = {aten.addmm: aten.mm, aten.baddbmm: aten.bmm}
 # Ops that only reserve memory or rename it: no work (views are free by their schema).
 _FREE = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default,
          aten.new_empty_strided.default, aten.lift_fresh.default, aten._local_scalar_dense.default}
@@ -86,8 +89,8 @@ def _op(func) -> _Op:
             counter = flop_registry.get(packet)
             # Most formulas take shapes; torch wraps them to make the shapes from the tensors (a tree_map per
             # call, a third of the simulator's time per op): call them with shapes directly.
-            if getattr(counter, "__code__", None) is _SHAPE_WRAPPER and hasattr(counter, "__wrapped__"):
-                counter, kind = counter.__wrapped__, _BY_SHAPES
+            if _shape_wrapped(counter):
+                counter, kind = _of_shapes(packet, counter), _BY_SHAPES
             else:
                 kind = _BY_TENSORS
         run = func._op if type(func) is torch._ops.OpOverload else func
@@ -95,6 +98,20 @@ def _op(func) -> _Op:
             func, run, func not in _FREE and (writes or not aliases) and func not in _CROSSING, func in _CROSSING,
             func in _FRESH, aliases, writes, written, counter, kind)
     return known
+
+
+def _shape_wrapped(formula) -> bool:
+    """Whether `formula` is torch's shape wrapper around a formula of shapes."""
+    return getattr(formula, "__code__", None) is _SHAPE_WRAPPER and hasattr(formula, "__wrapped__")
+
+
+def _of_shapes(packet, wrapped: Callable) -> Callable:
+    """The formula of shapes inside torch's `wrapped` one; for addmm and baddbmm, mm's and bmm's of their matrices."""
+    inner = flop_registry.get(_OF_TWO_MATRICES.get(packet))
+    if _shape_wrapped(inner):
+        of_matrices = inner.__wrapped__
+        return lambda _input, a, b, *_, **__: of_matrices(a, b)
+    return wrapped.__wrapped__
 
 
 def _work(op: _Op, inputs: list, args: tuple, kwargs: dict, out) -> tuple[float, float]:

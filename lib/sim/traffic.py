@@ -81,10 +81,14 @@ class AxisTraffic:
 def traffic_by_axis(trace: Iterable[Event], axes: MeshAxes) -> list[dict[str, AxisTraffic]]:
     """Per rank, the traffic on each axis of `axes` (and SELF and OUTSIDE), from a simulated run's trace."""
     out = [{n: AxisTraffic() for n in (*axes.names, SELF, OUTSIDE)} for _ in range(axes.world_size)]
+    axis: dict[tuple, str] = {}        # (rank, peer, group) -> its axis: a run repeats a few groups many times
     for e in trace:
         if e.lane != "comm" or e.op in ("to_host", "to_device"):
             continue
-        t = out[e.rank][axes.axis_of(e)]
+        key = (e.rank, e.peer, e.group)
+        if key not in axis:
+            axis[key] = axes.axis_of(e)
+        t = out[e.rank][axis[key]]
         t.ops[e.op] += 1
         if e.op == "recv":
             t.received += e.bytes
