@@ -8,9 +8,8 @@ activations one micro-batch leaves on a stage, measured with lib.measure. Nothin
 from __future__ import annotations
 
 import copy
-import functools
 import random
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Contract, Puzzle, nothing_on_the_host
 from lib.first_use import import_ahead
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
-from lib.measure import allocated, counted_time, saved_activation_bytes
+from lib.measure import allocated, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time
@@ -53,33 +52,6 @@ def reference(model, batch, targets, p: int) -> list[torch.nn.Module]:
     model = copy.deepcopy(model)
     F.mse_loss(model(batch), targets).backward()
     return [model[s] for s in stage_slices(p)]
-
-
-def _shape_of(value):
-    """What a stage's measures depend on: a module's layers and their parameters' shapes, a tensor's shape and
-    dtype, never their values (every count of time and memory here is a function of shapes alone)."""
-    if isinstance(value, torch.nn.Module):
-        return tuple((type(m).__name__, tuple((tuple(p.shape), p.dtype) for p in m.parameters(recurse=False)))
-                     for m in value.modules())
-    if isinstance(value, torch.Tensor):
-        return tuple(value.shape), value.dtype, value.requires_grad
-    return value
-
-
-def once_per_shape(measure: Callable) -> Callable:
-    """`measure`, run once per shape of its arguments and remembered: a case measures each of its p·v stages, and
-    they all have the same shapes but the last (which computes the loss)."""
-    known: dict = {}
-
-    @functools.wraps(measure)
-    def measured(*args, **kwargs):
-        key = tuple(map(_shape_of, args)) + tuple((k, _shape_of(v)) for k, v in sorted(kwargs.items()))
-        if key not in known:
-            if len(known) >= 64:
-                known.clear()
-            known[key] = measure(*args, **kwargs)
-        return known[key]
-    return measured
 
 
 @once_per_shape
