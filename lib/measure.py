@@ -138,6 +138,34 @@ def counted_time(fn: Callable[[], Any], cost: CostModel) -> tuple[Any, float]:
     return result, work.seconds(cost)
 
 
+def _shape_of(value):
+    """What a measure of shapes depends on: a module's layers and their parameters' shapes, a tensor's shape, dtype
+    and whether it requires a gradient; any other argument as it is (it must be hashable)."""
+    if isinstance(value, torch.nn.Module):
+        return tuple((type(m), tuple((tuple(p.shape), p.dtype) for p in m.parameters(recurse=False)))
+                     for m in value.modules())
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.dtype, value.requires_grad
+    return value
+
+
+def once_per_shape(measure: Callable) -> Callable:
+    """`measure`, run once per shape of its arguments (modules, tensors, and any other argument by its value) and
+    remembered: what a rank's tracker counts of a function of shapes alone, as a case builder measures for its
+    budgets, is the same for every case of those shapes. Every caller gets the same result: it must not be changed."""
+    known: dict = {}
+
+    @functools.wraps(measure)
+    def measured(*args, **kwargs):
+        key = tuple(map(_shape_of, args)) + tuple((k, _shape_of(v)) for k, v in sorted(kwargs.items()))
+        if key not in known:
+            if len(known) >= 64:
+                known.clear()
+            known[key] = measure(*args, **kwargs)
+        return known[key]
+    return measured
+
+
 class WithoutPeers:
     """A stand-in `dist` for measuring one rank's share of a layer alone, outside any run: its all-reduces leave
     the tensor as it is (the values are then not the real ones, but the shapes, the FLOPs and the tensors autograd

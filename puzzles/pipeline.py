@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Contract, Puzzle, nothing_on_the_host
 from lib.first_use import import_ahead
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
-from lib.measure import allocated, counted_time, saved_activation_bytes
+from lib.measure import allocated, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time
@@ -54,6 +54,7 @@ def reference(model, batch, targets, p: int) -> list[torch.nn.Module]:
     return [model[s] for s in stage_slices(p)]
 
 
+@once_per_shape
 def stage_times(stage, micro: torch.Tensor, cost: CostModel = COST,
                 targets: Optional[torch.Tensor] = None, m: int = 1) -> tuple[float, float]:
     """(t_f, t_b): one micro-batch's forward and backward through `stage` on the simulated clock (every op on the
@@ -69,6 +70,7 @@ def stage_times(stage, micro: torch.Tensor, cost: CostModel = COST,
     return t_f, t_b
 
 
+@once_per_shape
 def split_stage_times(stage, micro: torch.Tensor, cost: CostModel = COST,
                       targets: Optional[torch.Tensor] = None, m: int = 1) -> tuple[float, float, float]:
     """(t_F, t_B, t_W): one micro-batch's forward, input gradient (B) and weight gradient (W) through `stage`.
@@ -116,6 +118,7 @@ def linear_io_bytes(stage, micro: torch.Tensor) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+@once_per_shape
 def stage_memory(stage, micro: torch.Tensor, targets: torch.Tensor, last: bool) -> tuple[int, int]:
     """(stash, step): the activations one micro-batch leaves on `stage` until its backward, and the peak
     of one micro-batch's forward and backward there, weights and gradients included (both measured)."""
@@ -345,17 +348,25 @@ def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False) -> Case
     return _case(rng, p, rng.choice([m for m in range(p + 2, 2 * p + 3) if m % max(1, m // p) == 0]), "zb-h1")
 
 
+CHUNKS_AND_ROUNDS = ((2, 2), (2, 3), (3, 2))      # (v, m / p) an interleaved case draws from
+
+
 def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Optional[int] = None,
                       uneven: bool = False) -> Case:
     """p ranks, v chunks of LAYERS layers each (virtual stage c·p + r on rank r), m a multiple of p."""
     if uneven:
         return _refused_case(rng, p, p * rng.randint(0, 2) + rng.randint(1, p - 1), rng.choice((2, 3)),
                              "m not a multiple of p")
-    v, m = v or rng.choice((2, 3)), m or p * rng.randint(2, 3)     # m = p holds no more than all forwards first
+    # m = p holds no more than all forwards first. Three chunks or three rounds of p micro-batches, not both: the run
+    # costs p·v·m chunk passes, and every pair still has a steady state between warm-up and cool-down.
+    if v is None or m is None:
+        v, rounds = rng.choice([(c, k) for c, k in CHUNKS_AND_ROUNDS if (v or c) == c and (m or k * p) == k * p])
+        m = rounds * p
     model, batch, targets = _model_and_data(rng, p * v, m)
     stages = [model[s] for s in stage_slices(p * v)]
     chunks = [[stages[c * p + r] for c in range(v)] for r in range(p)]
-    expected = [[e for e in reference(model, batch, targets, p * v)[r::p]] for r in range(p)]
+    trained = reference(model, batch, targets, p * v)
+    expected = [trained[r::p] for r in range(p)]
     micro, micro_y = batch[:MICRO], targets[:MICRO]
     boundary = micro.nbytes
     budgets = [_time_budget("interleaved", stages, micro, micro_y, m, v)]

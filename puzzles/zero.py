@@ -19,7 +19,7 @@ from lib.check import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
 from lib.devices import device_mesh
 from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
-from lib.measure import counted_flops, counted_time, saved_activation_bytes
+from lib.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, sharded_batches
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
@@ -110,8 +110,7 @@ class _Sizes:
         self.shard = max(padded(p.numel(), world) // world for p in params) * ITEM
         self.inputs = sum(t.nbytes for x, y in shard for t in (x, y))
         x, y = self.first_batch = shard[0]
-        probe = copy.deepcopy(model)
-        saved = saved_activation_bytes(lambda: F.mse_loss(probe(x), y), exclude=list(probe.parameters()))
+        saved = _saved_bytes(model, x, y)
         widest = max(x.shape[0] * m.out_features for m in _layers(model)) * ITEM
         self.act = saved + 2 * widest                 # what autograd saves, and the gradient flowing back
 
@@ -122,6 +121,13 @@ class _Sizes:
         n = self.world
         return (all_gathers * bus_factor("all_gather", n) + reduce_scatters * bus_factor("reduce_scatter", n)) \
             * ITEM * self.psi
+
+
+@once_per_shape
+def _saved_bytes(model, x: torch.Tensor, y: torch.Tensor) -> int:
+    """What autograd saves for one step's forward and loss on (x, y): a function of the shapes, measured once."""
+    probe = copy.deepcopy(model)
+    return saved_activation_bytes(lambda: F.mse_loss(probe(x), y), exclude=list(probe.parameters()))
 
 
 def _bytes_budget(s: _Sizes, per_step: int, final_gather: bool, what: str) -> Budget:
@@ -257,6 +263,10 @@ SHARD_HINT = ("shard each parameter flat, padded to a multiple of N: c = ceil(n/
 RTOL, ATOL = 1e-7, 1e-10
 FLOPS_OVER = 0.75     # over 1/N of the reference's FLOPs: ZeRO-3's gathers and copies cost 40% more
 WORLDS = (2, 3, 4)
+# Every puzzle after ZeRO-1 runs N = 2 and 3: N = 3 leaves a remainder in most parameters (256 and 400 elements at a
+# width of 16 or 20), N = 2 in the output layer's 3-element bias, as N = 4 would, whose run costs twice N = 2's
+# (zero1_train keeps N = 4, whose ring is the longest).
+FEWER_WORLDS = (2, 3)
 
 
 # ---- 1. ZeRO-1 ------------------------------------------------------------------------------------------
@@ -293,7 +303,7 @@ def _zero2_case(rng: random.Random, world: int) -> Case:
 
 
 zero2_train = Puzzle(
-    "zero2_train", NOTEBOOK, _zero2_case, world_sizes=WORLDS,
+    "zero2_train", NOTEBOOK, _zero2_case, world_sizes=FEWER_WORLDS,
     hints=["Like zero1_train, but the full gradients must never all exist at once: reduce-scatter each one during "
            "backward, as soon as it is ready, and free it.",
            "p.register_post_accumulate_grad_hook(hook) calls hook(p) when p.grad is final. In the hook: pad p.grad, "
@@ -315,10 +325,8 @@ def _zero3_case(rng: random.Random, world: int) -> Case:
         _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")])
 
 
-# N = 3 leaves a remainder in most parameters and N = 4 in the output layer's bias; N = 2 would add a third run
-# (two ranks of nine: a fifth of the simulated runs) and no remainder that N = 4 does not leave.
 zero3_train = Puzzle(
-    "zero3_train", NOTEBOOK, _zero3_case, world_sizes=(3, 4),
+    "zero3_train", NOTEBOOK, _zero3_case, world_sizes=FEWER_WORLDS,
     hints=["First cut your shards and free the full parameters (p.data = torch.empty(0, dtype=p.dtype)). Then per "
            "step: forward layer by layer under torch.no_grad(), gathering each layer just before it runs and "
            "freeing it after; keep each layer's input. " + SHARD_HINT,
@@ -346,7 +354,7 @@ def _step_times(s: _Sizes, model, cost: CostModel) -> tuple[float, float, float]
           for layer in layers]
     rs = [sum(cost.collective_time("reduce_scatter", ITEM * padded(p.numel(), s.world), ranks)
               for p in layer.parameters()) for layer in layers]
-    fwd, bwd, rest = _compute_times(model, s, cost)
+    fwd, bwd, rest = _compute_times(model, *s.first_batch, s.world, cost)
     serial = 2 * sum(ag) + sum(fwd) + sum(bwd) + rest + sum(rs)
     idx = [i for i, layer in enumerate(layers) if list(layer.parameters())]
     hide = sum(min(ag[b], fwd[a]) for a, b in zip(idx, idx[1:]))              # forward: gather the next layer
@@ -354,11 +362,13 @@ def _step_times(s: _Sizes, model, cost: CostModel) -> tuple[float, float, float]
     return serial, hide, sum(ag)
 
 
-def _compute_times(model, s: _Sizes, cost: CostModel) -> tuple[list[float], list[float], float]:
+@once_per_shape
+def _compute_times(model, x: torch.Tensor, y: torch.Tensor, world: int,
+                   cost: CostModel) -> tuple[tuple[float, ...], tuple[float, ...], float]:
     """Measured as a simulated rank's clock counts them: each layer's forward, each layer's backward (its
-    forward recomputed, then its gradients), and the rest of a step (loss, Adam on this rank's shards)."""
+    forward recomputed, then its gradients), and the rest of a step (loss, Adam on this rank's shards), for a
+    batch (x, y) on each of `world` ranks. Shapes alone set them: measured once per model shape and world."""
     probe = copy.deepcopy(model)
-    x, y = s.first_batch
     fwd, bwd, inputs, h = [], [], [], x
     with torch.no_grad():
         for layer in probe:
@@ -371,12 +381,12 @@ def _compute_times(model, s: _Sizes, cost: CostModel) -> tuple[list[float], list
         inp = inp.detach().requires_grad_()
         grad, t = counted_time(lambda layer=layer, inp=inp, grad=grad: _backward_through(layer, inp, grad), cost)
         bwd.insert(0, t)
-    shards = [torch.zeros(padded(p.numel(), s.world) // s.world, dtype=p.dtype) for p in probe.parameters()]
+    shards = [torch.zeros(padded(p.numel(), world) // world, dtype=p.dtype) for p in probe.parameters()]
     for shard in shards:
         shard.grad = torch.ones_like(shard)
     adam = torch.optim.Adam(shards, lr=LR)
     _, t_adam = counted_time(adam.step, cost)
-    return fwd, bwd, t_loss + t_adam
+    return tuple(fwd), tuple(bwd), t_loss + t_adam
 
 
 def _backward_through(layer, inp, grad):
@@ -411,7 +421,7 @@ def _prefetch_case(rng: random.Random, world: int) -> Case:
 
 
 fsdp_prefetch_train = Puzzle(
-    "fsdp_prefetch_train", NOTEBOOK, _prefetch_case, world_sizes=(2, 4),
+    "fsdp_prefetch_train", NOTEBOOK, _prefetch_case, world_sizes=FEWER_WORLDS,
     hints=["Same algorithm as zero3_train. While layer i computes, the network is idle: start layer i+1's "
            "all-gather before computing layer i (in backward, layer i-1's before recomputing layer i).",
            "work = dist.all_gather_single(buf, shard, async_op=True) returns at once. Keep (buf, work) for the next "
@@ -462,7 +472,7 @@ def _host_step(s: _Sizes) -> Budget:
 
 
 zero_offload_train = Puzzle(
-    "zero_offload_train", NOTEBOOK, _offload_case, world_sizes=WORLDS,
+    "zero_offload_train", NOTEBOOK, _offload_case, world_sizes=FEWER_WORLDS,
     hints=["ZeRO-2 with the optimizer on the host: the device keeps the weights and computes forward and "
            "backward; each rank's shard of the gradients goes to host memory, where Adam runs.",
            "Per parameter, once: a host shard of the parameter, m and v "
