@@ -10,7 +10,7 @@ In a simulated rank its private attributes are out of the learner's reach (lib.s
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from lib.errors import PuzzleError
 from lib.sim.boundary import EngineHandle
@@ -26,11 +26,21 @@ class StepFeed(EngineHandle):
     any step after the checkpoint before the last one reached: with a checkpoint every `every` steps (after the
     steps whose number, counted from 1, is a multiple of `every`), the last may have been cut short."""
 
-    __slots__ = ("_values", "_first", "_every", "_last", "_furthest")
+    __slots__ = ("_values", "_first", "_every", "_position")
 
-    def __init__(self, values: Sequence[Any], first: int, every: int) -> None:
+    def __init__(self, values: Sequence[Any], first: int, every: int, position: Optional[list] = None) -> None:
         self._values, self._first, self._every = list(values), first, every
-        self._last = self._furthest = first - 1          # the last step handed out, and the furthest
+        # [the last step handed out, the furthest, the simulated rank whose feed it is]: shared by the copies a
+        # rank makes of its feed (a deep copy, a move to the device), so that no copy starts again from the top
+        self._position = [first - 1, first - 1, None] if position is None else position
+
+    @property
+    def _last(self) -> int:
+        return self._position[0]
+
+    @property
+    def _furthest(self) -> int:
+        return self._position[1]
 
     def __len__(self) -> int:
         return len(self._values)
@@ -48,7 +58,7 @@ class StepFeed(EngineHandle):
                          f"(step {self.earliest()}) on: what came before is in that checkpoint",
                          "reload the last complete checkpoint and train on from its step; do not replay from the "
                          "first files.")
-        self._last, self._furthest = step, max(self._furthest, step)
+        self._position[:2] = step, max(self._furthest, step)
         return self._values[step]
 
     def earliest(self) -> int:
@@ -66,11 +76,20 @@ class StepFeed(EngineHandle):
         runtime.fail(error)           # not the learner's to catch
 
     def __deepcopy__(self, memo: dict) -> StepFeed:
-        """Each simulated rank's own copy (its own position), its values copied through `memo` as the run's are."""
-        return StepFeed(copy.deepcopy(self._values, memo), self._first, self._every)
+        """Each simulated rank's own copy of the run's feed (its own position), its values copied through `memo` as
+        the run's are; a copy the rank makes of its own feed goes on from where that feed is."""
+        rank = current_rank()
+        mine = self._position[2] is not None and self._position[2] == rank
+        return StepFeed(copy.deepcopy(self._values, memo), self._first, self._every,
+                        self._position if mine else [self._first - 1, self._first - 1, rank])
+
+    def _moved_to(self, where) -> StepFeed:
+        """The same feed (same position) with its values on `where` (lib.devices.to_device)."""
+        from lib.devices import to_device
+        return StepFeed(to_device(self._values, where), self._first, self._every, self._position)
 
     def __reduce__(self):
-        return StepFeed, (self._values, self._first, self._every)
+        return StepFeed, (self._values, self._first, self._every, self._position)
 
     def __repr__(self) -> str:
         return f"<gradients of steps {self._first} to {len(self._values) - 1}, handed out one step at a time>"

@@ -80,7 +80,7 @@ def survive_failure(dist, files, grads, every, lr):
                 if step % every == 0:
                     # Checkpoint: every rank's shard, padded to the same length, gathered on every rank.
                     size = -(-total // n)
-                    mine = torch.zeros(3, size, dtype=param.dtype)
+                    mine = torch.zeros(3, size, dtype=param.dtype, device=param.device)
                     for row, t in zip(mine, (param, m, v)):
                         row[:t.numel()] = t
                     parts = [torch.empty_like(mine) for _ in range(n)]

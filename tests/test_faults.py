@@ -122,6 +122,27 @@ def test_the_gradients_come_in_order_and_again_only_from_the_last_checkpoint():
         feed(10)
 
 
+def _copies_of_the_feed(dist, feed):
+    """Copies taken at the start (deep, shallow, moved to the device) to replay the first steps from later."""
+    import copy
+
+    import lib
+    from lib.devices import to_device
+    copies = [copy.deepcopy(feed), copy.copy(feed), to_device(feed, lib.device())]
+    for t in range(1, 9):
+        feed(t)
+    return [c(1) for c in copies]
+
+
+def test_a_copy_of_the_feed_goes_on_from_where_the_feed_is():
+    from lib.feed import FeedRefused, StepFeed
+
+    feed = StepFeed([torch.full((2,), float(t)) for t in range(10)], first=1, every=3)
+    with pytest.raises(FeedRefused, match="asked for step 1 again, having reached step 8"):
+        lib.sim.run(_copies_of_the_feed, 2, feed)
+    assert feed(1)[0] == 1                       # the run's original is untouched: each rank had its own copy
+
+
 def _reaching_behind_dist(dist):
     """A learner's function that reaches for the real module behind its dist, then for its __dict__."""
     said = []

@@ -145,7 +145,7 @@ def _survive(dist, files, grads, every, lr, *, regroup=True, replay=True, relayo
                 reached = step
                 if step % every == 0:
                     size = -(-total // n)
-                    mine = torch.zeros(3, size, dtype=param.dtype)
+                    mine = torch.zeros(3, size, dtype=param.dtype, device=param.device)
                     for row, t in zip(mine, (param, m, v)):
                         row[:t.numel()] = t
                     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size() if group is None else n)]
