@@ -20,6 +20,20 @@ COMMUNICATION = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gath
                  "reduce", "gather", "scatter", "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 
+_TOLD = [False]          # this real process: whether an emulated failure has been raised to its rank
+
+
+def failure_known() -> bool:
+    """Whether this rank has been told that a peer failed (a RankDied raised to it), in a simulated rank or on a
+    real process: what it learns then, and not before, may depend on it (a feed's survivors' layout)."""
+    from lib.sim.context import current_rank, current_runtime
+
+    runtime = current_runtime()
+    if runtime is not None and current_rank() is not None:
+        return runtime.ranks[current_rank()].told_of_failure
+    return _TOLD[0]
+
+
 class Died(BaseException):
     """Unwinds the failed rank's function at its k-th call (BaseException: the function cannot catch it)."""
 
@@ -40,6 +54,7 @@ def faulty_dist(dist: Any, dead: int, k: int) -> Any:
                 raise Died()
             group = kwargs.get("group", next((a for a in args if isinstance(a, dist.ProcessGroup)), None))
             if rank != dead and calls >= k and group is None:
+                _TOLD[0] = True
                 raise RankDied(dead, f"rank {rank}'s {name} needs rank {dead}, which died at its communication "
                                      f"call #{k} (an emulated fault).")
             return target(*args, **kwargs)
@@ -66,6 +81,7 @@ def faulty_dist(dist: Any, dead: int, k: int) -> Any:
 def run_with_fault(dist: Any, fn: Callable, dead: int, k: int, *args) -> Any:
     """`fn(dist, *args)` on this real rank with the fault emulated; the failed rank returns None after joining
     the survivors' group, as the simulator's does."""
+    _TOLD[0] = False
     try:
         return fn(faulty_dist(dist, dead, k), *args)
     except Died:

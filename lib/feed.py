@@ -4,16 +4,19 @@ hands out batches.
 A list of every step's gradient, given up front, lets an answer that should reload a checkpoint replay every step
 from the first files instead. A StepFeed hands its values out in order and, like a data loader whose position is
 saved with each checkpoint, goes back only as far as the step after the last checkpoint that may have completed.
+A feed may hand each rank only its part of a value (`cut`): one part until the rank has been told of a failure,
+another after (in the survivors' layout), so that a rank cannot keep, before the failure, what it will need after.
 In a simulated rank its private attributes are out of the learner's reach (lib.sim.boundary.EngineHandle).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from lib.errors import PuzzleError
-from lib.sim.boundary import EngineHandle
+from lib.faults import failure_known
+from lib.sim.boundary import EngineHandle, refuse_reach
 from lib.sim.context import current_rank, current_runtime
 
 
@@ -21,17 +24,22 @@ class FeedRefused(PuzzleError):
     """A step asked of a StepFeed that training has not reached, or one behind the last checkpoint."""
 
 
+Cut = Callable[[Any, bool], Any]    # (a step's value, whether the rank knows of a failure) -> what the rank gets
+
+
 class StepFeed(EngineHandle):
-    """feed(t) for t from `first` to len(feed) - 1: values[t], in order. Going back (after a failure) is allowed to
-    any step after the checkpoint before the last one reached: with a checkpoint every `every` steps (after the
-    steps whose number, counted from 1, is a multiple of `every`), the last may have been cut short."""
+    """feed(t) for t from `first` to len(feed) - 1: values[t], or cut(values[t], lib.faults.failure_known()), in
+    order. Going back (after a failure) is allowed to any step after the checkpoint before the last one reached: with
+    a checkpoint every `every` steps (after the steps whose number, counted from 1, is a multiple of `every`), the
+    last may have been cut short."""
 
-    __slots__ = ("_values", "_first", "_every", "_position")
+    __slots__ = ("_values", "_first", "_every", "_position", "_cut")
 
-    def __init__(self, values: Sequence[Any], first: int, every: int, position: Optional[list] = None) -> None:
-        self._values, self._first, self._every = list(values), first, every
+    def __init__(self, values: Sequence[Any], first: int, every: int, position: Optional[list] = None,
+                 cut: Optional[Cut] = None) -> None:
+        self._values, self._first, self._every, self._cut = list(values), first, every, cut
         # [the last step handed out, the furthest, the simulated rank whose feed it is]: shared by the copies a
-        # rank makes of its feed (a deep copy, a move to the device), so that no copy starts again from the top
+        # rank makes of its feed (deep, shallow, moved to the device), so that no copy starts again from the top
         self._position = [first - 1, first - 1, None] if position is None else position
 
     @property
@@ -59,7 +67,8 @@ class StepFeed(EngineHandle):
                          "reload the last complete checkpoint and train on from its step; do not replay from the "
                          "first files.")
         self._position[:2] = step, max(self._furthest, step)
-        return self._values[step]
+        value = self._values[step]
+        return value if self._cut is None else self._cut(value, failure_known())
 
     def earliest(self) -> int:
         """The earliest step that may be asked again: the one after the checkpoint before the last one reached."""
@@ -81,15 +90,21 @@ class StepFeed(EngineHandle):
         rank = current_rank()
         mine = self._position[2] is not None and self._position[2] == rank
         return StepFeed(copy.deepcopy(self._values, memo), self._first, self._every,
-                        self._position if mine else [self._first - 1, self._first - 1, rank])
+                        self._position if mine else [self._first - 1, self._first - 1, rank], self._cut)
+
+    def __copy__(self) -> StepFeed:
+        return StepFeed(self._values, self._first, self._every, self._position, self._cut)
 
     def _moved_to(self, where) -> StepFeed:
         """The same feed (same position) with its values on `where` (lib.devices.to_device)."""
         from lib.devices import to_device
-        return StepFeed(to_device(self._values, where), self._first, self._every, self._position)
+        return StepFeed(to_device(self._values, where), self._first, self._every, self._position, self._cut)
 
     def __reduce__(self):
-        return StepFeed, (self._values, self._first, self._every, self._position)
+        """For a real run's processes; inside a simulated rank it would hand out every value and the position."""
+        if current_rank() is not None:
+            refuse_reach(self, "__reduce__")
+        return StepFeed, (self._values, self._first, self._every, self._position, self._cut)
 
     def __repr__(self) -> str:
         return f"<gradients of steps {self._first} to {len(self._values) - 1}, handed out one step at a time>"

@@ -9,6 +9,7 @@ the bytes (and, across two datacenters, the simulated time) by the algorithm's f
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 import random
@@ -593,6 +594,22 @@ def _files(state: dict, world: int, step: int) -> list[dict]:
             for lo, hi in (shard_bounds(state["param"].numel(), world, r) for r in range(world))]
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardOfTheLiving:
+    """Rank `rank`'s shard of a step's flat gradient (a StepFeed's cut), as a reduce-scatter over the ranks alive
+    would hand it: among all `world` ranks, then among the survivors of rank `dead` once the rank has been told of
+    the failure. A rank that kept every shard it was given still lacks most of its shard in the survivors' layout."""
+
+    world: int
+    dead: int
+    rank: int
+
+    def __call__(self, grad: torch.Tensor, failed: bool) -> torch.Tensor:
+        n, me = (self.world - 1, self.rank - (self.rank > self.dead)) if failed else (self.world, self.rank)
+        lo, hi = shard_bounds(grad.numel(), n, me)
+        return grad[lo:hi].clone()        # a copy: a view would lead back to the whole gradient (._base)
+
+
 def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
     """Each rank runs the answer: in simulation the case's fault is injected by the simulator; on real processes
     lib.faults emulates it (the failed rank is refused its k-th call and stands by)."""
@@ -657,7 +674,8 @@ def _survive_case(rng: random.Random, world: int) -> Case:
             continue
         lo, hi = shard_bounds(total, world - 1, survivors.index(r))
         expected.append(tuple(state[key][lo:hi].clone() for key in STATE))
-    return Case(world, (files, StepFeed(grads, before, every), every, ADAM_LR, dead, k), expected,
+    feeds = per_rank([StepFeed(grads, before, every, cut=ShardOfTheLiving(world, dead, r)) for r in range(world)])
+    return Case(world, (files, feeds, every, ADAM_LR, dead, k), expected,
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
                 allowed_ops=frozenset({"all_gather"}),
@@ -673,13 +691,13 @@ survive_failure = Puzzle(
     hints=["Keep `members` (the global ranks still alive, all of them at first), `group` (None, the default group, at "
            "first) and `saved` (the last complete checkpoint: `files` at first). Load your shard with "
            "reshard_checkpoint(saved, len(members), members.index(rank)) and train from step = saved[0]['step'] "
-           "while step < len(grads), on grads(step)[lo:hi].",
+           "while step < len(grads): adam_update(param, grads(step), m, v, step + 1, lr).",
            "Checkpoint: pad param, exp_avg and exp_avg_sq to ceil(total / n) elements, torch.stack them, "
            "all_gather on `group`, and cut each rank's part back to its shard_bounds: a new list of files. Replace "
            "`saved` only once the all_gather has returned.",
            "Wrap the training in try/except RuntimeError as e: then members.remove(e.rank), group = "
            "dist.new_group(members), and go back to loading from `saved`: the steps since it are trained again, on "
-           "the survivors (grads hands their gradients out again, none before it)."],
+           "the survivors (grads hands each its shard in the survivors' layout, from that step on)."],
     rtol=0.0, atol=0.0,
     describe="Train a sharded Adam state with checkpoints; when a rank fails, regroup the survivors, reload the last "
              "checkpoint and finish.")

@@ -74,8 +74,7 @@ def survive_failure(dist, files, grads, every, lr):
         param, m, v = (t.clone() for t in state)
         try:
             while step < len(grads):
-                lo, hi = shard_bounds(total, n, me)
-                adam_update(param, grads(step)[lo:hi], m, v, step + 1, lr)
+                adam_update(param, grads(step), m, v, step + 1, lr)     # this rank's shard of step's gradient
                 step += 1
                 if step % every == 0:
                     # Checkpoint: every rank's shard, padded to the same length, gathered on every rank.

@@ -43,7 +43,7 @@ def survive_prefetching(dist, files, grads, every, lr):
         try:
             grad = grads(step) if step < len(grads) else None
             while grad is not None:
-                adam_update(param, grad[lo:hi], m, v, step + 1, lr)
+                adam_update(param, grad, m, v, step + 1, lr)
                 step += 1
                 grad = grads(step) if step < len(grads) else None
                 if step % every == 0:
@@ -79,8 +79,8 @@ def survive_by_recursion(dist, files, grads, every, lr, members=None, group=None
     saved = files
     try:
         for step in range(start, len(grads)):
-            assert grads(step).numel() == total
-            adam_update(param, grads(step)[lo:hi], m, v, step + 1, lr)
+            assert grads(step).numel() == hi - lo
+            adam_update(param, grads(step), m, v, step + 1, lr)
             if (step + 1) % every == 0:
                 mine = torch.zeros(3, -(-total // n), dtype=param.dtype)
                 mine[:, :hi - lo] = torch.stack([param, m, v])
@@ -161,3 +161,60 @@ def test_the_real_dist_behind_the_emulated_fault_is_out_of_reach():
         assert reported == rank and len(messages) == 2, messages
         assert all("not the function's to reach" in m and "Hint: use dist's public calls" in m for m in messages)
         assert "'_dist'" in messages[0]
+
+
+# ---- a feed that hands each rank its shard, in the layout of the ranks it knows to be alive ----------------------
+def _shards_before_and_after_the_failure(dist, feed):
+    """Steps 1 and 2 forward; the failure caught at the second all_reduce; step 2 asked again after it."""
+    got = [feed(1)]
+    dist.all_reduce(torch.zeros(1))
+    got.append(feed(2))
+    try:
+        dist.all_reduce(torch.zeros(1))
+    except RuntimeError:
+        got.append(feed(2))
+    return got
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_rank_gets_its_shard_in_the_layout_of_the_ranks_alive(world):
+    """Until a rank is told of the failure, its shard among all ranks; after, among the survivors: what it kept
+    before cannot stand in for what it needs after."""
+    from lib.cross_site import shard_bounds
+    from lib.feed import StepFeed
+    from puzzles.beyond import ShardOfTheLiving
+
+    values = [torch.arange(10.0) + 100 * t for t in range(4)]
+    dead = world - 2
+    feeds = lib.sim.per_rank([StepFeed(values, 1, every=2, cut=ShardOfTheLiving(world, dead, r))
+                              for r in range(world)])
+    results = lib.sim.run(_shards_before_and_after_the_failure, world, feeds, faults={dead: 2}).results
+    survivors = [r for r in range(world) if r != dead]
+    for rank in survivors:
+        before, again, after = results[rank]
+        lo, hi = shard_bounds(10, world, rank)
+        assert torch.equal(before, values[1][lo:hi]) and torch.equal(again, values[2][lo:hi])
+        lo, hi = shard_bounds(10, world - 1, survivors.index(rank))
+        assert torch.equal(after, values[2][lo:hi])
+        assert after._base is None                  # a copy: no way back to the whole gradient
+
+
+def _pickling_the_feed(dist, feed):
+    import pickle
+    return pickle.dumps(feed)
+
+
+def test_the_feed_pickles_for_real_processes_but_not_inside_a_simulated_rank():
+    """__reduce__ returns every value and the position: a real run's parent pickles the feed for its processes,
+    but a rank's code unpacking its feed would read every step's value ahead."""
+    import pickle
+
+    from lib.feed import StepFeed
+    from lib.sim import OutOfView
+    from puzzles.beyond import ShardOfTheLiving
+
+    feed = StepFeed([torch.full((4,), float(t)) for t in range(5)], 1, every=2, cut=ShardOfTheLiving(2, 1, 0))
+    copy = pickle.loads(pickle.dumps(feed))
+    assert torch.equal(copy(1), torch.full((2,), 1.0)) and len(copy) == 5
+    with pytest.raises(OutOfView, match=r"reached StepFeed.__reduce_ex__"):
+        lib.sim.run(_pickling_the_feed, 2, feed)

@@ -426,6 +426,15 @@ def walk_the_traceback(dist, x):
         return x + len([frame.f_back for frame, _ in traceback.walk_tb(e.__traceback__)])
 
 
+def slots_of_dist(dist, x):
+    """object.__getstate__ of a slotted object: its slots, the engine among them."""
+    return x + len(dist.__getstate__()[1])
+
+
+def pickled_work(dist, x):
+    return x + len(dist.isend(x, 1 - dist.get_rank()).__reduce_ex__(2))
+
+
 def collector_objects(dist, x):
     import gc
     return x + len(gc.get_objects())
@@ -453,6 +462,7 @@ def profiler(dist, x):
                                      (engine_behind_dist, "SimDist._engine"),
                                      (underscore_of_dist, "SimDist._ "),
                                      (work_handles_runtime, "Work._runtime"),
+                                     (slots_of_dist, "SimDist.__getstate__"), (pickled_work, "Work.__reduce_ex__"),
                                      # Python's C code's doors, refused by the audit hook however reached
                                      (traceback_frame, "tb_frame (the frame of a traceback)"),
                                      (generator_frame, "gi_frame (the frame of a generator)"),

@@ -162,14 +162,21 @@ class EngineHandle:
     __slots__ = ()
 
     def __getattribute__(self, name: str):
-        if name.startswith("_") and (not name.startswith("__") or name == "__dict__") and _from_learner() \
+        if name.startswith("_") and (not name.startswith("__") or name in _UNPACKERS) and _from_learner() \
                 and current_rank() is not None:
-            from lib.sim.ownership import learner_line
-            _fail(OutOfView(f"rank {current_rank()} reached {type(self).__name__}.{name}{learner_line()}: "
-                            f"{_HANDLES}"))
+            refuse_reach(self, name)
         return object.__getattribute__(self, name)
 
 
+def refuse_reach(handle: object, name: str) -> None:
+    """Stop the rank whose code reached `name` of an engine handle (EngineHandle), naming the learner's line."""
+    from lib.sim.ownership import learner_line
+    _fail(OutOfView(f"rank {current_rank()} reached {type(handle).__name__}.{name}{learner_line()}: {_HANDLES}"))
+
+
+# What hands out an object's private state whole: its __dict__, and pickling's view of it (a feed's __reduce__ returns
+# its values and its position; object.__getstate__ its slots)
+_UNPACKERS = frozenset({"__dict__", "__reduce__", "__reduce_ex__", "__getstate__"})
 _HANDLES = ("behind the objects a check hands your function (dist, its work handles, a feed of inputs) lie the "
             "simulator's own state (every rank's inputs, the rank's meters, what is yet to come), not the rank's to "
             "read or change.\nHint: use their public calls only (dist's as torch.distributed has them).")

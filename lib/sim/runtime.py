@@ -78,6 +78,7 @@ class RankState:
         self.waiting: Optional[Call] = None
         self.finished = False
         self.dead = False                # stopped by an injected fault
+        self.told_of_failure = False     # a RankDied has been raised to it (lib.faults.failure_known)
         self.comm_calls = 0              # communication calls made so far (faults count them)
         self.stuck = False               # its thread would not stop when interrupted
         self.result: Any = None
@@ -180,6 +181,7 @@ class Runtime:
             raise _Died()
         dead = next((p for p in peers if self.ranks[p].dead), None)
         if dead is not None:
+            state.told_of_failure = True
             raise self._died_error(dead, state.rank, text)
 
     def _died_error(self, dead: int, rank: int, text: str) -> RankDied:
@@ -211,6 +213,7 @@ class Runtime:
         if call.failed is not None:
             state.clock = max(state.clock, call.end_time)
             state.segment_start = state.clock
+            state.told_of_failure = True
             raise call.failed
         if call.deliver is not None:
             with self.untracked():

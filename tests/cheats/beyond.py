@@ -28,9 +28,10 @@ def survive_checkpointing_every_step(dist, files, grads, every, lr):
 
 def replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint, keep=False):
     """Survivors that never reload a checkpoint: after a failure they replay every step from the files they were
-    given, asking `grads` for those steps again, or, with `keep`, reading the gradients they kept as they came. At
-    each checkpoint's step, the first time it comes, checkpoint(dist, (param, m, v), n, group) runs: whatever the
-    cheat sends there."""
+    given, asking `grads` for those steps again, or, with `keep`, reading the gradient shards they kept as they came
+    (in their new shard, the elements they were handed; zeros for the rest, which they never had). At each
+    checkpoint's step, the first time it comes, checkpoint(dist, (param, m, v), n, group) runs: whatever the cheat
+    sends there."""
     members, group, taken, kept = list(range(dist.get_world_size())), None, 0, {}
     total = sum(f["param"].numel() for f in files)
     while True:
@@ -40,10 +41,16 @@ def replaying_from_the_first_files(dist, files, grads, every, lr, checkpoint, ke
         lo, hi = shard_bounds(total, n, me)
         try:
             while step < len(grads):
-                grad = kept[step] if step in kept else grads(step)
-                if keep:
-                    kept[step] = grad
-                adam_update(param, grad[lo:hi], m, v, step + 1, lr)
+                if step in kept:
+                    (a, b), had = kept[step]
+                    grad = torch.zeros(hi - lo, dtype=had.dtype)
+                    start, end = max(a, lo), max(min(b, hi), max(a, lo))        # the elements it was handed
+                    grad[start - lo:end - lo] = had[start - a:end - a]
+                else:
+                    grad = grads(step)
+                    if keep:
+                        kept[step] = (lo, hi), grad
+                adam_update(param, grad, m, v, step + 1, lr)
                 step += 1
                 if step % every == 0 and step > taken:
                     checkpoint(dist, (param, m, v), n, group)
@@ -62,7 +69,8 @@ def _heartbeat(dist, state, n, group):
 def survive_replaying_from_the_first_files(dist, files, grads, every, lr):
     """No checkpoint: a one-number heartbeat all-gathered at each checkpoint's step finds the failure, and the
     survivors replay every step from the first files, on the gradients they kept: no state ever travels. Passed
-    every seed before the checkpoints' bytes had a floor."""
+    every seed before the checkpoints' bytes had a floor, and while grads handed every rank whole gradients; now each
+    rank is handed only its shard, so that what it kept lacks the failed rank's part of its new shard."""
     return replaying_from_the_first_files(dist, files, grads, every, lr, _heartbeat, keep=True)
 
 
@@ -85,6 +93,21 @@ def survive_checkpointing_but_replaying_the_first_files(dist, files, grads, ever
     checkpoints' floor and its FLOPs are below the reference's; it passed every seed while every rank was handed
     every step's gradient up front. grads(step) refuses a step behind the last checkpoint."""
     return replaying_from_the_first_files(dist, files, grads, every, lr, real_checkpoints(files))
+
+
+def survive_keeping_every_gradient(dist, files, grads, every, lr):
+    """Real checkpoints, never reloaded: every rank keeps each gradient grads hands it, and after the failure the
+    survivors replay every step from the first files on those. Its bytes meet the checkpoints' floor, and no memory
+    budget a right answer always meets could tell what it keeps apart; it passed every seed while grads handed every
+    rank whole gradients. Now a rank is handed its shard only, in the layout of the ranks alive."""
+    return replaying_from_the_first_files(dist, files, grads, every, lr, real_checkpoints(files), keep=True)
+
+
+def survive_unpickling_grads(dist, files, grads, every, lr):
+    """Every step's gradient read out of what grads hands pickle (its values and its position), to replay from the
+    first files."""
+    whole = grads.__reduce__()[1][0]
+    return replaying_from_the_first_files(dist, files, lambda step: whole[step], every, lr, real_checkpoints(files))
 
 
 def survive_reading_every_gradient_behind_grads(dist, files, grads, every, lr):
@@ -158,10 +181,12 @@ CHEATS = everywhere(P) + [
     ("reshard_checkpoint", reshard_reading_every_file,
      "read only the part of each file that overlaps your shard"),
     ("survive_failure", survive_checkpointing_every_step, "not more often"),
-    ("survive_failure", survive_replaying_from_the_first_files, "under the floor"),
+    ("survive_failure", survive_replaying_from_the_first_files, "the result"),
+    ("survive_failure", survive_keeping_every_gradient, "the result"),
     ("survive_failure", survive_checkpointing_but_replaying_the_first_files,
      "again, having reached step"),
     ("survive_failure", survive_reading_every_gradient_behind_grads, "reached StepFeed._values"),
+    ("survive_failure", survive_unpickling_grads, "reached StepFeed.__reduce__"),
     ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
     ("diloco_train", diloco_every_worker_trained_here, "tb_frame (the frame of a traceback)"),
     ("compressed_all_reduce", compressed_computed_for_every_rank_here, "tb_frame (the frame of a traceback)"),

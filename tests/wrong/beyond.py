@@ -139,8 +139,7 @@ def _survive(dist, files, grads, every, lr, *, regroup=True, replay=True, relayo
         step = step if replay or reached is None else reached
         try:
             while step < len(grads):
-                lo, hi = shard_bounds(total, n, me)
-                adam_update(param, grads(step)[lo:hi], m, v, step + 1, lr)
+                adam_update(param, grads(step), m, v, step + 1, lr)
                 step += 1
                 reached = step
                 if step % every == 0:
