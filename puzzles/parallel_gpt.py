@@ -73,9 +73,7 @@ def parallel_block(dist, group, block: TPBlock, x: torch.Tensor) -> torch.Tensor
     w = qkv.shape[-1] // 3
     d = w // block.heads
     q, k, v = (t.reshape(b, s, block.heads, d).transpose(1, 2) for t in qkv.split(w, dim=-1))   # (b, a/T, s, d)
-    causal = torch.full((s, s), float("-inf"), dtype=x.dtype, device=x.device).triu(1)
-    weights = ((q @ k.transpose(-2, -1)) * d ** -0.5 + causal).softmax(-1)    # (b, a/T, s, s)
-    out = (weights @ v).transpose(1, 2).reshape(b, s, w)                      # (b, s, h/T)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)   # (b, s, h/T)
     x = x + tp_reduce(dist, F.linear(out, block.proj.weight), group) + block.proj.bias
     hidden = F.gelu(block.fc1(tp_copy(dist, block.ln2(x), group)))            # (b, s, 4h/T)
     return x + tp_reduce(dist, F.linear(hidden, block.fc2.weight), group) + block.fc2.bias

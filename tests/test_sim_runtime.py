@@ -234,6 +234,30 @@ def test_a_product_costs_its_flops_however_it_is_written(form):
     assert seconds >= 32 * 16 / 1e9          # at least one FLOP per multiply-add
 
 
+def _attention_flops(dist, fused):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 8, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    start = lib.sim.context.current_tracker().flops
+    if fused:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    else:
+        out = ((q @ k.transpose(-2, -1)) * 8 ** -0.5).softmax(-1) @ v
+    forward = lib.sim.context.current_tracker().flops
+    out.sum().backward()
+    return forward - start, lib.sim.context.current_tracker().flops - forward
+
+
+def test_fused_attention_on_a_cpu_costs_what_its_matmuls_do():
+    """F.scaled_dot_product_attention runs one CPU kernel that torch's FLOP registry does not know: priced as the
+    registry prices the GPU's fused kernels (4·b·a·s²·d forward, 2.5 times that backward), it costs what the same
+    attention written out does, give or take the softmax's elementwise work."""
+    fused = lib.sim.run(_attention_flops, 1, True).results[0]
+    written = lib.sim.run(_attention_flops, 1, False).results[0]
+    assert fused[0] == 4 * 2 * 2 * 16 * 16 * 8 and fused[1] == pytest.approx(2.5 * fused[0], rel=0.01)   # + sum's
+    for f, w in zip(fused, written):
+        assert 0.8 < f / w < 1.25
+
+
 def test_the_host_computes_slower_than_the_device():
     def prog(dist, where):
         a = torch.ones(256, 256, device=where())

@@ -33,6 +33,8 @@ class Group:
         self.ranks = ranks
         self.pending: dict[int, dict[int, "Call"]] = {}   # sequence number -> rank -> call
         self.next_seq: dict[int, int] = {r: 0 for r in ranks}
+        # how the group reads in the trace and in messages: every collective records it for each member
+        self._label = "WORLD" if gid == 0 else f"group {gid} (ranks {', '.join(map(str, ranks))})"
 
     def size(self) -> int:
         return len(self.ranks)
@@ -41,7 +43,7 @@ class Group:
         return self.ranks.index(global_rank) if global_rank in self.ranks else -1
 
     def __repr__(self) -> str:
-        return "WORLD" if self.gid == 0 else f"group {self.gid} (ranks {', '.join(map(str, self.ranks))})"
+        return self._label
 
 
 def describe_tensor(t: torch.Tensor) -> str:

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry, shape_wrapper
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
 from lib.sim.errors import InvalidCall
 from lib.sim.ownership import Ownership, tensor_inputs, written_args
@@ -41,10 +41,17 @@ _SCALAR = torch.ops.aten._local_scalar_dense.default       # .item(), float(t): 
 
 
 aten = torch.ops.aten
-# Matrix-vector products torch's FLOP registry leaves out: without them a matmul written as one would be free.
-_MATVEC = {aten.mv: lambda a, b, *_, **__: 2 * a.numel(), aten.addmv: lambda c, a, b, *_, **__: 2 * a.numel(),
-           aten.addr: lambda c, u, v, *_, **__: 2 * u.numel() * v.numel(),
-           aten.dot: lambda a, b, *_, **__: 2 * a.numel(), aten.vdot: lambda a, b, *_, **__: 2 * a.numel()}
+# Ops torch's FLOP registry leaves out, formulas of their tensors: matrix-vector products (without them a matmul
+# written as one would be free), and the CPU's fused attention (F.scaled_dot_product_attention on a CPU), priced as
+# the registry prices the GPU's.
+_UNREGISTERED = {
+    aten.mv: lambda a, b, *_, **__: 2 * a.numel(), aten.addmv: lambda c, a, b, *_, **__: 2 * a.numel(),
+    aten.addr: lambda c, u, v, *_, **__: 2 * u.numel() * v.numel(),
+    aten.dot: lambda a, b, *_, **__: 2 * a.numel(), aten.vdot: lambda a, b, *_, **__: 2 * a.numel(),
+    aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *_, **__: sdpa_flop_count(q.shape, k.shape, v.shape),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda grad, q, k, v, *_, **__: sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)}
 # torch's addmm and baddbmm formulas return mm's and bmm's of their two matrices, called through mm's and bmm's
 # shape wrapper (a tree_map, ten times the rest of the op's accounting): the same formulas, given the shapes.
 _OF_TWO_MATRICES = {aten.addmm: aten.mm, aten.baddbmm: aten.bmm}
@@ -69,10 +76,10 @@ class _Op(NamedTuple):
     writes: bool                        # writes into one of its arguments
     written: tuple                      # (positions, keyword names) of the arguments it writes
     formula: Optional[Callable]         # FLOPs by torch's formula, or None
-    formula_kind: int                   # _BY_SHAPES, _BY_TENSORS or _MATVEC_KIND
+    formula_kind: int                   # _BY_SHAPES, _BY_TENSORS or _OF_TENSORS
 
 
-_BY_SHAPES, _BY_TENSORS, _MATVEC_KIND = 0, 1, 2
+_BY_SHAPES, _BY_TENSORS, _OF_TENSORS = 0, 1, 2
 _OPS: dict[int, _Op] = {}
 
 
@@ -84,7 +91,7 @@ def _op(func) -> _Op:
         aliases = any(r.alias_info is not None for r in func._schema.returns)
         written = written_args(func)
         writes = written != ((), ())
-        counter, kind = _MATVEC.get(packet), _MATVEC_KIND
+        counter, kind = _UNREGISTERED.get(packet), _OF_TENSORS
         if counter is None:
             counter = flop_registry.get(packet)
             # Most formulas take shapes; torch wraps them to make the shapes from the tensors (a tree_map per
@@ -134,7 +141,7 @@ def _count_flops(op: _Op, args: tuple, kwargs: dict, out) -> Optional[float]:
     formula = op.formula
     if formula is None:
         return None
-    if op.formula_kind == _MATVEC_KIND:
+    if op.formula_kind == _OF_TENSORS:
         return formula(*args, **kwargs)
     if op.formula_kind == _BY_TENSORS:
         return formula(*args, **kwargs, out_val=out)
