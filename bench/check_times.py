@@ -14,6 +14,7 @@ notebook has it, figures included, timed inside the kernel.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import inspect
 import json
@@ -146,7 +147,8 @@ def chosen(names: Sequence[str] = ()) -> list:
 
 
 def table(rows: Sequence[CheckTime]) -> str:
-    repeats = max((c.repeats for c in rows), default=1)
+    fewest, most = min((c.repeats for c in rows), default=1), max((c.repeats for c in rows), default=1)
+    repeats = most if fewest == most else f"{fewest} to {most}"
     lines = [f"{TABLE_TITLE} the first check after the notebook's setup cell, then the same check {repeats} times "
              "more (warm), each on fresh cases, as the notebook has it (the figures it draws included); wall time, "
              "and the kernel's CPU time; warm: the median, and the slowest draw:", "",
@@ -163,8 +165,17 @@ TABLE_TITLE = "Check cells with the reference solutions, each puzzle in a fresh 
 
 
 def update(stem: Path, rows: Sequence[CheckTime]) -> None:
-    """Replace the check times in a benchmark's results (<stem>.json and <stem>.md), keeping the other parts."""
+    """Put these check times in a benchmark's results (<stem>.json and <stem>.md), keeping the other parts and the
+    earlier times of the puzzles not timed again, in the course's order."""
     data = json.loads(stem.with_suffix(".json").read_text())
+    fields = {f.name for f in dataclasses.fields(CheckTime)}
+    renamed = {"first_s": "first", "warm_s": "warm", "first_cpu_s": "first_cpu", "warm_cpu_s": "warm_cpu",
+               "warm_cpu_max_s": "warm_cpu_max"}
+    earlier = [CheckTime(**{k2: v for k, v in d.items() if (k2 := renamed.get(k, k)) in fields})
+               for d in data.get("check_times", [])]
+    by_name = {c.puzzle: c for c in (*earlier, *rows)}
+    order = [p.name for p in puzzles.ALL]
+    rows = sorted(by_name.values(), key=lambda c: order.index(c.puzzle) if c.puzzle in order else len(order))
     data["check_times"] = [c.as_dict() for c in rows]
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     md = stem.with_suffix(".md").read_text()
@@ -176,7 +187,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.check_times", description=__doc__.split("\n\n")[0])
     ap.add_argument("puzzles", nargs="*", help="puzzle names (default: all)")
     ap.add_argument("--repeats", type=int, default=8, help="warm runs per puzzle, each on fresh cases (default 8)")
-    ap.add_argument("--into", type=Path, help="results to update in place, e.g. bench/results/amd-epyc-2cpu")
+    ap.add_argument("--into", type=Path, help="results to update in place, e.g. bench/results/amd-epyc-2cpu (the "
+                    "puzzles not timed keep their earlier rows)")
     args = ap.parse_args(argv)
     rows = []
     for puzzle in chosen(args.puzzles):

@@ -70,6 +70,22 @@ def test_check_times_update_only_their_part_of_a_results_file(tmp_path):
     assert "the same check 4 times more" in md
 
 
+def test_timing_some_checks_again_keeps_the_others_rows_in_the_course_order(tmp_path):
+    stem = tmp_path / "machine"
+    first = [check_times.CheckTime("02_data_parallel", name, 1.0, 1.0, 1.0, 1.0, warm_cpu_max=1.0, repeats=6)
+             for name in ("ring_reduce_scatter", "ring_all_reduce")]
+    stem.with_suffix(".json").write_text(json.dumps({"rows": [1], "check_times": [c.as_dict() for c in first]}))
+    stem.with_suffix(".md").write_text(f"Measured on X.\n\n{check_times.TABLE_TITLE} old\n")
+    again = [check_times.CheckTime("01_memory", "count_parameters", 0.5, 0.5, 0.5, 0.5, warm_cpu_max=0.5, repeats=8),
+             check_times.CheckTime("02_data_parallel", "ring_all_reduce", 2.0, 2.0, 2.0, 2.0, warm_cpu_max=2.0,
+                                   repeats=8)]
+    check_times.update(stem, again)
+    rows = json.loads(stem.with_suffix(".json").read_text())["check_times"]
+    assert [(r["puzzle"], r["first_s"]) for r in rows] == [("count_parameters", 0.5), ("ring_reduce_scatter", 1.0),
+                                                          ("ring_all_reduce", 2.0)]
+    assert "the same check 6 to 8 times more" in stem.with_suffix(".md").read_text()
+
+
 def _named(value) -> dict:
     """What a side returned, as {name: tensor}: a module's parameters, or the dict it gave."""
     if isinstance(value, torch.nn.Module):
