@@ -336,8 +336,13 @@ ring_attention_overlap = _attention_puzzle(
 def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng)
     scale = _scale(rng, scale)
-    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, causal=True)
-    block = rng.choice([chunk, chunk - 1, (chunk + 1) // 2])
+    # N = 2, the cheapest ring, has chunks of more than 5d tokens and blocks of half a chunk: a whole chunk × chunk
+    # tile of scores breaks the largest-tensor budget there. The others keep short chunks and blocks of about a
+    # chunk, whose tiles cost a check little.
+    long = n == 2
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, causal=True,
+                                                 pairs=(5 * d + 6, 5 * d + 10) if long else (3, 8))
+    block = rng.choice([chunk // 2, chunk // 2 + 1] if long else [chunk, chunk - 1, (chunk + 1) // 2])
     q, k, v = (t[..., :chunk, :] for t in (qs[0], ks[0], vs[0]))
     tile = counted_flops(lambda: _tile(q, k, v))[1]
     diagonal = counted_flops(lambda: _tile(q, k, v, causal=True))[1]
@@ -345,6 +350,7 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                 f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*_kv_budget(b, h, 2 * chunk, d, n),
+                         _largest_tensor_budget(b, h, chunk, d, block, "K and V of your two chunks", 4, ZIGZAG_TILES),
                          _memory_budget(b, h, d, block, RING_CHUNKS, 2 * chunk, "O(s/N · d)")],
                 allowed_ops=P2P,
                 contracts=_ring_rules(n) + [
@@ -356,6 +362,10 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
                                   f"a rank must compute, and {CAUSAL_SLACK:g} more for blocks and merges",
                                   hint="a key chunk after a query chunk is entirely masked: skip it instead "
                                        "of computing it under a mask.")])
+
+
+ZIGZAG_TILES = ("attend each (query chunk, key chunk) pair with your blockwise_attention, `block` keys at a time: a "
+                "pair attended as one chunk × chunk tile of scores ignores `block`.")
 
 
 def _zigzag_oracle(dist, q, k, v, _block):
