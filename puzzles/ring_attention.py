@@ -482,10 +482,9 @@ def race_ring_and_ulysses(ring_fn, ulysses_fn, n: int = 4, tokens: int = 16384, 
 # one arriving, the dK/dV travelling with it and the one arriving (8); the tiles' temporaries as rows × block.
 BACKWARD_CHUNKS = 16
 BACKWARD_TILES = 6
-# Chunks of more than 5d tokens (d of 4 or 8): then one s/N × s/N tile of scores is over the largest-tensor budget
-# (K, V, dK and dV stacked, 4 × s/N rows × d, + 25%), which a backward that ignores `block` needs. (With d of 8 or 16
-# and 6 to 16 tokens per rank, that backward passed every seed.)
-BACKWARD_TOKENS = (5 * 4 // 2 + 2, 5 * 4 // 2 + 6)          # token pairs per chunk, at d = 4; scaled with d
+# Chunks of 6d to 8d tokens (d of 4 or 8), more than 5d: then one s/N × s/N tile of scores is over the largest-tensor
+# budget (K, V, dK and dV stacked, 4 × s/N rows × d, + 25%), which a backward that ignores `block` needs. (With d of
+# 8 or 16 and 6 to 16 tokens per rank, that backward passed every seed.)
 BACKWARD_HINT = ("work on `block` keys of the K/V block at a time (the hint's P, dS per block): scores of your s/N "
                  "queries against the whole block ignore `block`.")
 
@@ -493,7 +492,7 @@ BACKWARD_HINT = ("work on `block` keys of the K/V block at a time (the hint's P,
 def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng, dims=(4, 8))
     scale = _scale(rng, scale)
-    chunk = 2 * rng.randint(*(t * d // 4 for t in BACKWARD_TOKENS))
+    chunk = 2 * rng.randint(3 * d, 4 * d)
     s = n * chunk
     q, k, v = _qkv(rng, b, h, s, s, d, scale)
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
