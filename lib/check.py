@@ -149,6 +149,9 @@ class Case:
     faults: dict = field(default_factory=dict)   # {rank: k}: rank dies at its k-th communication call (lib.sim.run)
     mistakes: tuple = ()                 # known wrong answers of this case alone (their answer drawn with it), named
                                          # as the puzzle's are
+    # where the wrong values are, said as a reason: explain(expected, results) -> a sentence or None, for a pattern
+    # no run of a known mistake can match (one that holds for any values the mistaken answer made up)
+    explain: Optional[Callable[[list, list], Optional[str]]] = None
 
     def __post_init__(self) -> None:
         _refuse_inside_learner()
@@ -336,6 +339,8 @@ class Puzzle:
                 found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes + case.mistakes,
                                  wrap=self.wrap,
                                  factors=case.factors, rtol=self.rtol, atol=self.atol)
+                explained = case.explain(case.expected, result.results) if case.explain is not None else None
+                found = "\n".join(filter(None, (explained, found)))
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
         for contract in case.contracts:
             problem = contract.judge(result)

@@ -610,6 +610,40 @@ class ShardOfTheLiving:
         return grad[lo:hi].clone()        # a copy: a view would lead back to the whole gradient (._base)
 
 
+def _held_before_only(world: int, dead: int, total: int):
+    """A survive case's explain (lib.check.Case): the survivors whose result is wrong exactly where they held nothing
+    before the failure trained those elements on something other than the last checkpoint (what they kept, made-up
+    values): whatever they used, the only state of those elements after the failure is in that checkpoint."""
+    survivors = [r for r in range(world) if r != dead]
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        found = []
+        for r in survivors:
+            have = got[r] if r < len(got) else None
+            if not isinstance(have, (tuple, list)) or len(have) != len(STATE) or not all(
+                    isinstance(g, torch.Tensor) and g.shape == e.shape for g, e in zip(have, expected[r])):
+                return None
+            wrong = torch.zeros(expected[r][0].shape, dtype=torch.bool)
+            for g, e in zip(have, expected[r]):
+                wrong |= (g.detach().cpu() != e.cpu())
+            lo, hi = shard_bounds(total, world - 1, survivors.index(r))
+            old_lo, old_hi = shard_bounds(total, world, r)
+            held = torch.zeros_like(wrong)
+            held[max(old_lo, lo) - lo:max(min(old_hi, hi) - lo, 0)] = True
+            if wrong[held].any():
+                return None
+            if wrong.any():
+                found.append(f"rank {r}")
+        if not found:
+            return None
+        return (f"Diagnosis: on {', '.join(found)}, exactly the elements the rank did not hold before the failure are "
+                "wrong (its new shard's part that was the failed rank's or a neighbour's): after the failure their "
+                "state comes only from the last complete checkpoint, which holds every rank's shard. Gradients or "
+                "state a rank kept for itself cannot rebuild them: reload the checkpoint in the survivors' layout "
+                "and train on from its step.")
+    return explain
+
+
 def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
     """Each rank runs the answer: in simulation the case's fault is injected by the simulator; on real processes
     lib.faults emulates it (the failed rank is refused its k-th call and stands by)."""
@@ -678,7 +712,7 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     return Case(world, (files, feeds, every, ADAM_LR, dead, k), expected,
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
-                allowed_ops=frozenset({"all_gather"}),
+                allowed_ops=frozenset({"all_gather"}), explain=_held_before_only(world, dead, total),
                 budgets=[_checkpoint_traffic(total, world, dead, k,
                                              sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0))],
                 contracts=[_checkpoints_at_most(sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0)
