@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import math
 import random
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -669,24 +669,41 @@ def _checkpoints_at_most(limit: int, every: int) -> Contract:
                     broken, hint="all-gather the shards only when step % every == 0.")
 
 
-def _checkpoint_traffic(total: int, world: int, dead: int, k: int, due: int) -> Budget:
-    """What the checkpoints move, as a floor: each one all-gathers every rank's param, exp_avg and exp_avg_sq (the
-    smallest shard's worth, (n-1)/n of n of them). The first k-1 complete on all N ranks; the k-th fails (rank `dead`
-    dies in it) and is taken again, with every later one, by the N-1 survivors. Without it, a run that sends
-    heartbeats at the checkpoints' steps and replays every step from the first files (every rank holds every
-    gradient) would pass: no state would travel."""
-    def moved(n: int) -> float:
-        return bus_factor("all_gather", n) * n * len(STATE) * (total // n) * ITEM
+CHECKPOINT_SLACK = 0.25     # over the padded shards' bytes: a checkpoint may carry a little more (a step counter)
 
-    before_failure = (k - 1) * moved(world)
-    limit = [before_failure + (0 if r == dead else (due - k + 1) * moved(world - 1)) for r in range(world)]
-    return Budget("bytes_sent", limit,
+
+def _checkpoints_sent(total: int, world: int, dead: int, k: int, due: int, shard: Callable[[int], int]) -> list:
+    """Each rank's bytes of the checkpoints' all-gathers of param, exp_avg and exp_avg_sq, shard(n) elements a rank
+    on n ranks: the first k-1 complete on all N ranks; the k-th fails (rank `dead` dies in it) and is taken again,
+    with every later one, by the N-1 survivors."""
+    def moved(n: int) -> float:
+        return bus_factor("all_gather", n) * n * len(STATE) * shard(n) * ITEM
+    return [(k - 1) * moved(world) + (0 if r == dead else (due - k + 1) * moved(world - 1)) for r in range(world)]
+
+
+def _checkpoint_traffic(total: int, world: int, dead: int, k: int, due: int) -> Budget:
+    """What the checkpoints move, as a floor: the smallest shard's worth (total // n elements). Without it, a run
+    that sends heartbeats at the checkpoints' steps and replays every step from the first files would pass: no state
+    would travel."""
+    return Budget("bytes_sent", _checkpoints_sent(total, world, dead, k, due, lambda n: total // n),
                   f"{k - 1} checkpoint{'s' * (k != 2)} on {world} ranks before the failure, then {due - k + 1} on the "
                   f"{world - 1} survivor{'s' * (world > 2)}, each all-gathering the whole state: {len(STATE)} float64 "
                   "tensors of at least total // n elements per rank", least=True,
                   hint="a checkpoint all-gathers the state itself (param, exp_avg and exp_avg_sq, stacked), so that "
                        "the survivors can reload it: the survivors train on from the last checkpoint, not from the "
                        "first files.")
+
+
+def _checkpoint_traffic_ceiling(total: int, world: int, dead: int, k: int, due: int) -> Budget:
+    """The checkpoints' bytes as a ceiling: padded shards (ceil(total / n) elements), + CHECKPOINT_SLACK. Gradient
+    shards carried along with the checkpoints (so that every rank would hold whole gradients to replay from the
+    first files) are 2 or more rows beside the state's 3."""
+    sent = _checkpoints_sent(total, world, dead, k, due, lambda n: -(-total // n))
+    return Budget("bytes_sent", [b * (1 + CHECKPOINT_SLACK) for b in sent],
+                  f"the checkpoints' all-gathers of param, exp_avg and exp_avg_sq, padded to ceil(total / n) "
+                  f"elements, + {CHECKPOINT_SLACK:.0%}",
+                  hint="a checkpoint carries the training state only: no gradients, nothing kept to replay from "
+                       "the first files.")
 
 
 def _survive_case(rng: random.Random, world: int) -> Case:
@@ -713,8 +730,9 @@ def _survive_case(rng: random.Random, world: int) -> Case:
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
                 allowed_ops=frozenset({"all_gather"}), explain=_held_before_only(world, dead, total),
-                budgets=[_checkpoint_traffic(total, world, dead, k,
-                                             sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0))],
+                budgets=[budget(total, world, dead, k, sum(1 for t in range(before + 1, before + steps + 1)
+                                                           if t % every == 0))
+                         for budget in (_checkpoint_traffic, _checkpoint_traffic_ceiling)],
                 contracts=[_checkpoints_at_most(sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0)
                                                 + 1, every)])
 

@@ -103,6 +103,31 @@ def survive_keeping_every_gradient(dist, files, grads, every, lr):
     return replaying_from_the_first_files(dist, files, grads, every, lr, real_checkpoints(files), keep=True)
 
 
+def survive_carrying_gradients_with_the_checkpoints(dist, files, grads, every, lr):
+    """Each checkpoint all-gathers, with the state, the gradient shards of the steps since the last one, so that
+    every rank holds whole gradients (to replay from the first files, as the keeping cheats try). Stands for that
+    plan by its traffic: the reference's run with every checkpoint carrying `every` more rows."""
+    return S.survive_failure(_Padded(dist, every), files, grads, every, lr)
+
+
+class _Padded:
+    """dist whose all_gather carries `rows` more rows than it is given (the extra rows zeros)."""
+
+    def __init__(self, dist, rows):
+        self._d, self._rows = dist, rows
+
+    def __getattr__(self, name):
+        return getattr(self._d, name)
+
+    def all_gather(self, parts, mine, group=None):
+        pad = torch.zeros(self._rows, *mine.shape[1:], dtype=mine.dtype, device=mine.device)
+        bigger = [torch.empty(mine.shape[0] + self._rows, *mine.shape[1:], dtype=mine.dtype, device=mine.device)
+                  for _ in parts]
+        self._d.all_gather(bigger, torch.cat([mine, pad]), group=group)
+        for p, b in zip(parts, bigger):
+            p.copy_(b[:mine.shape[0]])
+
+
 def survive_unpickling_grads(dist, files, grads, every, lr):
     """Every step's gradient read out of what grads hands pickle (its values and its position), to replay from the
     first files."""
@@ -187,6 +212,7 @@ CHEATS = everywhere(P) + [
      "again, having reached step"),
     ("survive_failure", survive_reading_every_gradient_behind_grads, "reached StepFeed._values"),
     ("survive_failure", survive_unpickling_grads, "reached StepFeed.__reduce__"),
+    ("survive_failure", survive_carrying_gradients_with_the_checkpoints, ("sent", "training state only")),
     ("compressed_all_reduce", compressed_by_gathering_every_vector, ("sent", "FLOPs counted")),
     ("diloco_train", diloco_every_worker_trained_here, "tb_frame (the frame of a traceback)"),
     ("compressed_all_reduce", compressed_computed_for_every_rank_here, "tb_frame (the frame of a traceback)"),
