@@ -30,6 +30,9 @@ NAMES = ("dp", "pp", "tp")
 def ask_the_mesh(dist, shape, names):
     """What a learner asks a mesh: coordinates, sizes, and each dimension's group's ranks."""
     mesh = device_mesh(dist, shape, names)
+    # gloo's new_group returns on a rank before its peers have connected: a rank that returned at once could close
+    # its connections while a slower one still connects ("Connection closed by peer", seen once in CI under load)
+    dist.barrier()
     return {"coordinate": tuple(mesh.get_coordinate()), "mesh": mesh.mesh.tolist(),
             **{n: (mesh.get_local_rank(n), mesh[n].size(), dist.get_process_group_ranks(mesh[n].get_group()))
                for n in names}}
