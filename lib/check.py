@@ -152,6 +152,16 @@ class Case:
     # where the wrong values are, said as a reason: explain(expected, results) -> a sentence or None, for a pattern
     # no run of a known mistake can match (one that holds for any values the mistaken answer made up)
     explain: Optional[Callable[[list, list], Optional[str]]] = None
+    # A prediction's reference as named terms (lib.terms), by the result's leaf ("" for a plain number, "['peak']"
+    # for a dict's entry): a wrong prediction is named by the term, or the multiple of one, it is off by.
+    formulas: dict = field(default_factory=dict)
+    # Named parts of a result tensor, {"expert": (dim, count)}: right values in the wrong places are said part by
+    # part ("expert 1 holds what expert 2 should"). N chunks along each dimension are always tried.
+    parts: dict = field(default_factory=dict)
+    # A training run's number of steps, where its builder takes steps= (the same draws otherwise): a wrong run is
+    # replayed on fewer steps to find the first step that leaves the reference.
+    steps: Optional[int] = None
+    rebuild: Optional[Callable[..., "Case"]] = field(default=None, repr=False)   # set by Puzzle.cases
 
     def __post_init__(self) -> None:
         _refuse_inside_learner()
@@ -215,7 +225,8 @@ class Puzzle:
                  off_limits: Mapping[str, Any] = MappingProxyType({}), off_limits_advice: str = "",
                  real_cell: bool = True,
                  display: Optional[Callable[[Case], tuple[CostModel, str]]] = None,
-                 harness: Optional[Callable] = None) -> None:
+                 harness: Optional[Callable] = None,
+                 outputs: Mapping[str, str] = MappingProxyType({})) -> None:
         self.name = name
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
@@ -246,6 +257,9 @@ class Puzzle:
         self.oracle_name = oracle_name
         self.rtol, self.atol = rtol, atol
         self.describe = describe
+        # What each part of the result is, by its leaf ("[2]": "the router's gradient"), for messages that name
+        # outputs as the statement does rather than as result[2].
+        self.outputs = dict(outputs)
         self.takes_dist = takes_dist       # False: a plain function of the inputs (a prediction, a count)
         self.min_world_size = min_world_size   # the fewest ranks its algorithm can run on (a pipeline: 2 stages)
         self.min_world_size_reason = min_world_size_reason or f"its algorithm runs on {min_world_size} ranks or more"
@@ -274,7 +288,19 @@ class Puzzle:
     def cases(self, seed: int = 0) -> list[Case]:
         rng = random.Random(f"{self.name}:{seed}")
         variants = list(self.variants) + [{}] * (len(self.world_sizes) - len(self.variants))
-        return [self.make_case(rng, n, **variant) for n, variant in zip(self.world_sizes, variants)]
+        out = []
+        for n, variant in zip(self.world_sizes, variants):
+            state = rng.getstate()
+            case = self.make_case(rng, n, **variant)
+            case.rebuild = functools.partial(self._rebuild, state, n, variant)
+            out.append(case)
+        return out
+
+    def _rebuild(self, state: object, world: int, variant: dict, **changes) -> Case:
+        """The same case drawn again from the same random state, with `changes` to its builder (steps=1)."""
+        rng = random.Random()
+        rng.setstate(state)
+        return self.make_case(rng, world, **variant, **changes)
 
     # ---- simulated check -------------------------------------------------------------
     def evaluate(self, fn: Callable, seed: Optional[int] = None) -> Outcome:

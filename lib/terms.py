@@ -1,0 +1,239 @@
+"""A prediction's reference written as named terms, so that a wrong prediction is named by its mistake.
+
+A prediction puzzle (how many parameters, how many bytes, how many steps) builds its expected answer as an
+expression of the case's quantities and named terms:
+
+    h, V, S = Q("h", cfg.hidden, "the hidden size"), Q("V", cfg.vocab, "the vocabulary"), Q("s", cfg.seq, ...)
+    total = term("the token embedding (V × h)", V * h) + term("the position embedding (s × h)", S * h) + ...
+    Case(..., expected=[total.value], formulas={"": formula(total, "parameters")})
+
+When the learner's number differs, `explain` tries the mistakes such a formula invites (a term left out or
+counted twice, a quantity left out, off by one, or standing where another belongs; one or two at a time) and
+names the first whose formula gives the learner's number: "512 parameters short: exactly the position embedding
+(s × h), left out". No catalogue of wrong answers is needed: the mutations come from the formula's own structure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Union
+
+Number = Union[int, float]
+
+
+class Expr:
+    """A node of a formula; arithmetic on nodes (and plain numbers) builds larger ones."""
+
+    def eval(self, change: dict) -> float:          # change: {id(node): function of the node's own value}
+        raise NotImplementedError
+
+    @property
+    def value(self) -> float:
+        return self.eval({})
+
+    def children(self) -> tuple["Expr", ...]:
+        return ()
+
+    def nodes(self) -> Iterator["Expr"]:
+        yield self
+        for c in self.children():
+            yield from c.nodes()
+
+    def _at(self, change: dict, own: float) -> float:
+        f = change.get(id(self))
+        return own if f is None else f(own)
+
+    def __add__(self, other): return Op("+", (self, lift(other)))
+    def __radd__(self, other): return Op("+", (lift(other), self))
+    def __sub__(self, other): return Op("-", (self, lift(other)))
+    def __rsub__(self, other): return Op("-", (lift(other), self))
+    def __mul__(self, other): return Op("×", (self, lift(other)))
+    def __rmul__(self, other): return Op("×", (lift(other), self))
+    def __truediv__(self, other): return Op("/", (self, lift(other)))
+    def __rtruediv__(self, other): return Op("/", (lift(other), self))
+    def __floordiv__(self, other): return Op("//", (self, lift(other)))
+    def __neg__(self): return Op("-", (Num(0), self))
+
+
+@dataclass(eq=False)
+class Num(Expr):
+    """A constant of the formula (2 bytes per bf16 value): not a quantity a learner could leave out."""
+
+    number: Number
+
+    def eval(self, change: dict) -> float:
+        return self._at(change, float(self.number))
+
+
+@dataclass(eq=False)
+class Q(Expr):
+    """A quantity of the case: the sequence length s, the world size N, the number of layers L."""
+
+    symbol: str
+    number: Number
+    meaning: str = ""
+
+    def eval(self, change: dict) -> float:
+        return self._at(change, float(self.number))
+
+    @property
+    def said(self) -> str:
+        return f"{self.symbol} ({self.meaning})" if self.meaning else self.symbol
+
+
+@dataclass(eq=False)
+class Term(Expr):
+    """A named part of a formula: what a learner may leave out or count twice."""
+
+    name: str
+    expr: Expr
+
+    def eval(self, change: dict) -> float:
+        return self._at(change, self.expr.eval(change))
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.expr,)
+
+
+_OPS: dict[str, Callable[..., float]] = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b,
+    "/": lambda a, b: a / b if b else math.inf, "//": lambda a, b: a // b if b else math.inf,
+    "ceil": lambda a: math.ceil(a) if math.isfinite(a) else a, "max": max, "min": min}
+
+
+@dataclass(eq=False)
+class Op(Expr):
+    kind: str
+    args: tuple[Expr, ...]
+
+    def eval(self, change: dict) -> float:
+        return self._at(change, _OPS[self.kind](*(a.eval(change) for a in self.args)))
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+
+def lift(x: Union[Expr, Number]) -> Expr:
+    return x if isinstance(x, Expr) else Num(x)
+
+
+def term(name: str, expr: Union[Expr, Number]) -> Term:
+    return Term(name, lift(expr))
+
+
+def ceil(x: Union[Expr, Number]) -> Expr:
+    return Op("ceil", (lift(x),))
+
+
+def maximum(a: Union[Expr, Number], b: Union[Expr, Number]) -> Expr:
+    return Op("max", (lift(a), lift(b)))
+
+
+def minimum(a: Union[Expr, Number], b: Union[Expr, Number]) -> Expr:
+    return Op("min", (lift(a), lift(b)))
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A reference's expression and the unit its value is in ("B", "parameters", "steps", "s")."""
+
+    expr: Expr
+    unit: str = ""
+
+    @property
+    def value(self) -> float:
+        return self.expr.value
+
+    def amount(self, x: float) -> str:
+        return amount(x, self.unit)
+
+
+def formula(expr: Union[Expr, Number], unit: str = "") -> Formula:
+    return Formula(lift(expr), unit)
+
+
+def amount(x: float, unit: str) -> str:
+    """A number with its unit, as a learner reads it: 21,504 B (21.0 KiB), 512 parameters, 3.2 ms."""
+    from lib.units import fmt_bytes, fmt_time
+
+    if unit == "B":
+        exact = f"{x:,.0f} B"
+        return exact if abs(x) < 1024 else f"{exact} ({fmt_bytes(abs(x))})"
+    if unit == "s":
+        return fmt_time(x)
+    shown = f"{x:,.0f}" if float(x).is_integer() else f"{x:,.6g}"
+    return f"{shown} {unit}".strip()
+
+
+# ---- the mistakes a formula invites ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mutation:
+    """One change to a formula, said as the mistake it is: 'the position embedding (s × h) left out'."""
+
+    said: str
+    change: dict                  # {id(node): function of its value}
+
+
+def mutations(expr: Expr) -> list[Mutation]:
+    """The single mistakes the formula invites, simplest first."""
+    terms = [n for n in expr.nodes() if isinstance(n, Term)]
+    quantities: dict[str, list[Q]] = {}
+    for n in expr.nodes():
+        if isinstance(n, Q):
+            quantities.setdefault(n.symbol, []).append(n)
+    out = []
+    for t in terms:
+        out.append(Mutation(f"{t.name} left out", {id(t): lambda v: 0.0}))
+    for t in terms:
+        out.append(Mutation(f"{t.name} counted twice", {id(t): lambda v: 2 * v}))
+    for symbol, nodes in quantities.items():
+        said = nodes[0].said
+        every = lambda f, nodes=nodes: {id(n): f for n in nodes}       # noqa: E731
+        out.append(Mutation(f"{said} left out (taken as 1)", every(lambda v: 1.0)))
+        for other, theirs in quantities.items():
+            if other != symbol and theirs[0].number != nodes[0].number:
+                out.append(Mutation(f"{theirs[0].said} where {symbol} belongs",
+                                    every(lambda v, w=float(theirs[0].number): w)))
+        if float(nodes[0].number).is_integer():
+            out.append(Mutation(f"{said} off by one ({symbol} - 1)", every(lambda v: v - 1)))
+            out.append(Mutation(f"{said} off by one ({symbol} + 1)", every(lambda v: v + 1)))
+        if len(nodes) > 1:               # one occurrence of several: the quantity left out of one place only
+            for t in terms:
+                inside = [n for n in t.nodes() if isinstance(n, Q) and n.symbol == symbol]
+                if inside and len(inside) < len(nodes):
+                    out.append(Mutation(f"{symbol} left out of {t.name}", {id(n): (lambda v: 1.0) for n in inside}))
+    return out
+
+
+def explain(f: Formula, got: float, rel: float = 1e-9) -> Optional[str]:
+    """The mistake (one, or two together) whose formula gives `got`, said with the difference; None if none does."""
+    want = f.value
+    if _same(got, want, rel):
+        return None
+    singles = mutations(f.expr)
+    found = _first(f.expr, singles, got, rel)
+    if found is None:
+        pairs = (Mutation(f"{a.said}, and {b.said}", {**a.change, **b.change})
+                 for a, b in itertools.combinations(singles, 2) if not set(a.change) & set(b.change))
+        found = _first(f.expr, pairs, got, rel)
+    if found is None:
+        return None
+    diff = got - want
+    side = f"{f.amount(abs(diff))} {'short' if diff < 0 else 'over'}"
+    return f"your answer is {side}: it is what the formula gives with {found.said}."
+
+
+def _first(expr: Expr, candidates, got: float, rel: float) -> Optional[Mutation]:
+    for m in candidates:
+        try:
+            if _same(expr.eval(m.change), got, rel):
+                return m
+        except (ArithmeticError, ValueError, OverflowError):
+            continue
+    return None
+
+
+def _same(a: float, b: float, rel: float) -> bool:
+    return math.isclose(a, b, rel_tol=max(rel, 1e-12), abs_tol=1e-9)
