@@ -409,13 +409,16 @@ class Puzzle:
         where = f" (world sizes {sizes})" if self.takes_dist else ""
         text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
         for b in case.budgets:
+            who = ""
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
                 ratio = lambda s, b=b: b.value(s) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
                 worst = (min if b.least else max)(result.stats, key=ratio)
                 value, limit = b.value(worst), b.limit_for(worst.rank)
-            at = f" at N={case.world_size}" if self.takes_dist else ""
+                nearest = "floor" if b.least else "budget"
+                who = f" (rank {worst.rank}, nearest its {nearest})" if case.world_size > 1 else ""
+            at = f" at N={case.world_size}{who}" if self.takes_dist else ""
             kind = "floor" if b.least else "budget"
             text += f"\n  {b.name}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
