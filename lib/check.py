@@ -334,14 +334,14 @@ class Puzzle:
                 if _refused_as_asked(case, e):
                     continue
                 meaning = explain_error(fn, case, e)
-                return Outcome(FAILING, f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else "") + replay,
-                               case=case)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else ""),
+                                                  replay), case=case)
             except PuzzleError as e:
-                return Outcome(FAILING, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {type(e).__name__}: {e}", replay), case=case)
             problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case])
             if problem:
                 hinted = "\nHint: " in problem
-                return Outcome(FAILING, f"on {case.label}: {problem}{replay}", result, case, hinted)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {problem}", replay), result, case, hinted)
             last = result
         return Outcome(PASSED, self._success(last, case), last, case, seed=seed, scale=scale)
 
@@ -627,6 +627,15 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _in_order(body: str, replay: str) -> str:
+    """A failure in the order a learner reads it: what differs and why, the seed to replay it, then the hint."""
+    text, hints, in_hint = [], [], False
+    for line in body.split("\n"):
+        in_hint = line.startswith("Hint: ") or (in_hint and line.strip() != "")
+        (hints if in_hint else text).append(line)
+    return "\n".join(text).rstrip("\n") + replay + "".join("\n" + line for line in hints)
 
 
 def _refused_as_asked(case: Case, e: RankFailed) -> bool:
