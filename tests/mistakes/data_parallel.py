@@ -3,9 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from tests.mistakes import Attempt
+from tests.mistakes import Attempt, FIRST_STEP, NO_GRADIENT
 
-NO_GRADIENT = ("is None where a gradient belongs", "is None, expected a gradient")
 # A result that sums only some ranks' inputs: said by which ranks' inputs it holds, or which it leaves out.
 PART_OF_THE_SUM = ("left out of the sum", "only the sum of")
 LAYOUT = ("holds what", "rotated", "reversed", "in the wrong places")
@@ -407,9 +406,11 @@ MISTAKES = [
     Attempt("param_server_all_reduce", server_averages, named="N, the world size"),
     Attempt("param_server_all_reduce", workers_wait_for_the_sum_first, named="Deadlock"),
     Attempt("ring_reduce_scatter", reduce_scatter_textbook_indices, named="holds what rank"),
-    Attempt("ring_reduce_scatter", reduce_scatter_returns_its_own_partial_chunk, named=PART_OF_THE_SUM),
-    Attempt("ring_reduce_scatter", reduce_scatter_copies_instead_of_adding, named=PART_OF_THE_SUM),
-    Attempt("ring_reduce_scatter", reduce_scatter_n_steps, named=("N steps where N-1", "one step too many")),
+    Attempt("ring_reduce_scatter", reduce_scatter_returns_its_own_partial_chunk, named=PART_OF_THE_SUM,
+            named_yet=False),
+    Attempt("ring_reduce_scatter", reduce_scatter_copies_instead_of_adding, named=PART_OF_THE_SUM, named_yet=False),
+    Attempt("ring_reduce_scatter", reduce_scatter_n_steps, named=("N steps where N-1", "one step too many"),
+            named_yet=False),
     Attempt("ring_reduce_scatter", reduce_scatter_averaging, named="N, the world size"),
     Attempt("ring_reduce_scatter", reduce_scatter_sending_left, named=("wrong peer", "Deadlock")),
     Attempt("ring_all_gather", all_gather_in_arrival_order, named=LAYOUT),
@@ -419,18 +420,22 @@ MISTAKES = [
     Attempt("ring_all_gather", all_gather_always_sends_its_own, named=LAYOUT),
     Attempt("ring_all_reduce", all_reduce_phases_disagree, named=LAYOUT),
     Attempt("ring_all_reduce", all_reduce_averaging, named="N, the world size"),
-    Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy")),
-    Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=("a shard where the whole", "1/N of")),
+    Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy"),
+            named_yet=False),
+    Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=("a shard where the whole", "1/N of"),
+            named_yet=False),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
     Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
     Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),
-    Attempt("data_parallel_train", ddp_weights_only, named="at step 1"),
+    Attempt("data_parallel_train", ddp_weights_only, named=FIRST_STEP),
     Attempt("data_parallel_train", ddp_async_never_waited, named="wait"),
-    Attempt("data_parallel_train", ddp_loss_divided_instead, named=("never all-reduced", "training alone")),
+    Attempt("data_parallel_train", ddp_loss_divided_instead, named=("never all-reduced", "training alone"),
+            named_yet=False),
     Attempt("bucketed_data_parallel_train", bucketed_counters_never_reset, named="at step 2"),
     Attempt("bucketed_data_parallel_train", bucketed_results_left_in_the_flat_buffer,
             named=("never all-reduced", "training alone")),
-    Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT),
+    Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT, named_yet=False),
     Attempt("bucketed_data_parallel_train", bucketed_waiting_in_the_hook, named="simulated time"),
-    Attempt("bucketed_data_parallel_train", bucketed_without_averaging, named="N, the world size"),
+    Attempt("bucketed_data_parallel_train", bucketed_without_averaging,
+            named=("N, the world size", "without dividing by N")),
 ]

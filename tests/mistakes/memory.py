@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import lib
-from tests.mistakes import Attempt
+from tests.mistakes import Attempt, FIRST_STEP, NO_GRADIENT
 
 
 # ---- count_parameters ---------------------------------------------------------------------------------------
@@ -66,9 +66,9 @@ def state_bytes_master_copy_is_the_weights(config):
     return (4 + 2 + 4 + 4) * _params(config)
 
 
-def state_bytes_optimizer_only(config):
-    """Only what Adam adds, 12 bytes a parameter (master weights, m, v): the bf16 weights and gradients forgotten."""
-    return 12 * _params(config)
+def state_bytes_from_a_count_without_the_final_norm(config):
+    """16 bytes a parameter, times a count that forgot the final LayerNorm."""
+    return 16 * params_without_the_final_norm(config)
 
 
 def state_bytes_from_a_count_without_positions(config):
@@ -259,45 +259,44 @@ def offload_updating_a_host_copy(model, batches, lr):
 # The words of a diagnosis (not of the puzzle's hints, which name every piece): a formula's term left out
 # (lib.terms), a gradient that is None.
 POSITIONS_LEFT_OUT = "the position embedding (s × h) left out"
-HEAD_LEFT_OUT = "the untied output head (V × h) left out"
-WEIGHTS_LEFT_OUT = "the bf16 weights (2 B each) left out"
-NO_GRADIENT = ("is None where a gradient belongs", "is None, expected a gradient")
+# The token embedding and an untied head are both V × h: a diagnosis by the amount cannot tell which is missing.
+V_BY_H_LEFT_OUT = "(V × h) left out"
 
 MISTAKES = [
     Attempt("count_parameters", params_without_the_position_embedding, named=POSITIONS_LEFT_OUT),
     Attempt("count_parameters", params_without_the_final_norm, named="the final LayerNorm left out"),
-    Attempt("count_parameters", params_ignoring_grouped_query, named="a (the attention heads) where g belongs"),
-    Attempt("count_parameters", params_kv_width_without_the_head_size, named="a (the attention heads) left out"),
-    Attempt("count_parameters", params_head_always_tied, named=HEAD_LEFT_OUT),
-    Attempt("count_parameters", params_norms_always_with_bias, named="LayerNorms counted twice"),
-    Attempt("training_state_bytes", state_bytes_with_fp32_gradients,
-            named="the bf16 gradients (2 B each) counted twice"),
-    Attempt("training_state_bytes", state_bytes_master_copy_is_the_weights, named=WEIGHTS_LEFT_OUT),
-    Attempt("training_state_bytes", state_bytes_optimizer_only, named=WEIGHTS_LEFT_OUT),
+    Attempt("count_parameters", params_ignoring_grouped_query, named="a (the attention heads) where g belongs",
+            named_yet=False),
+    Attempt("count_parameters", params_kv_width_without_the_head_size, named="a (the attention heads) left out",
+            named_yet=False),
+    Attempt("count_parameters", params_head_always_tied, named=V_BY_H_LEFT_OUT),
+    Attempt("count_parameters", params_norms_always_with_bias, named="LayerNorms counted twice", named_yet=False),
+    Attempt("training_state_bytes", state_bytes_with_fp32_gradients, named="(2 B each) counted twice"),
+    Attempt("training_state_bytes", state_bytes_master_copy_is_the_weights, named="(2 B each) left out"),
+    Attempt("training_state_bytes", state_bytes_from_a_count_without_the_final_norm,
+            named="the final LayerNorm left out"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_positions, named=POSITIONS_LEFT_OUT),
-    Attempt("training_state_bytes", state_bytes_from_a_count_without_the_head, named=HEAD_LEFT_OUT),
+    Attempt("training_state_bytes", state_bytes_from_a_count_without_the_head, named=V_BY_H_LEFT_OUT),
     Attempt("layer_activation_bytes", activations_without_dropout_masks,
             named="the dropout masks (as²b + sbh + sbh, 1 B each) left out"),
-    Attempt("layer_activation_bytes", activations_without_layernorm_inputs,
-            named="the LayerNorm inputs (4sbh) left out"),
+    Attempt("layer_activation_bytes", activations_without_layernorm_inputs, named="(4sbh) left out"),
     Attempt("layer_activation_bytes", activations_scores_without_heads, named="a (the attention heads) left out"),
-    Attempt("layer_activation_bytes", activations_without_the_gelu_input, named="the GeLU input (8sbh) left out"),
-    Attempt("layer_activation_bytes", activations_softmax_kept_once,
-            named=("the dropped-out scores (2as²b) left out", "the softmax output (2as²b) left out")),
+    Attempt("layer_activation_bytes", activations_without_the_gelu_input, named="(8sbh) left out", named_yet=False),
+    Attempt("layer_activation_bytes", activations_softmax_kept_once, named="(2as²b) left out", named_yet=False),
     Attempt("checkpointed_step", checkpoint_detaching_each_input, named=NO_GRADIENT),
     Attempt("checkpointed_step", checkpoint_reentrant_on_a_detached_embedding, named=NO_GRADIENT),
     Attempt("checkpointed_step", checkpoint_around_all_blocks, named="peak memory"),
     Attempt("checkpointed_step", checkpoint_head_without_the_final_norm, named="ln_f.weight.grad"),
     Attempt("checkpointed_step", checkpoint_then_the_plain_loss, named="peak memory"),
-    Attempt("accumulated_step", accumulation_zeroing_each_micro_batch, named="the last micro-batch"),
+    Attempt("accumulated_step", accumulation_zeroing_each_micro_batch, named="the last micro-batch", named_yet=False),
     Attempt("accumulated_step", accumulation_dividing_twice, named="k, the number of micro-batches"),
     Attempt("accumulated_step", accumulation_of_the_losses, named="peak memory"),
-    Attempt("accumulated_step", accumulation_over_the_sequence, named="along the sequence"),
+    Attempt("accumulated_step", accumulation_over_the_sequence, named="along the sequence", named_yet=False),
     Attempt("accumulated_step", accumulation_cleaning_up, named=NO_GRADIENT),
-    Attempt("offloaded_adam_train", offload_without_bias_correction, named="at step 1"),
+    Attempt("offloaded_adam_train", offload_without_bias_correction, named=FIRST_STEP),
     Attempt("offloaded_adam_train", offload_without_zero_grad, named="at step 2"),
-    Attempt("offloaded_adam_train", offload_counting_steps_from_zero, named="division by zero"),
+    Attempt("offloaded_adam_train", offload_counting_steps_from_zero, named="division by zero", named_yet=False),
     Attempt("offloaded_adam_train", offload_fresh_state_each_step, named="at step 2"),
-    Attempt("offloaded_adam_train", offload_eps_inside_the_root, named="at step 1"),
+    Attempt("offloaded_adam_train", offload_eps_inside_the_root, named=FIRST_STEP),
     Attempt("offloaded_adam_train", offload_updating_a_host_copy, named="unchanged"),
 ]

@@ -3,9 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from tests.mistakes import Attempt
+from tests.mistakes import Attempt, NO_GRADIENT
 
-NO_GRADIENT = ("is None where a gradient belongs", "is None, expected a gradient")
 
 
 # ---- pipeline_stages ----------------------------------------------------------------------------------------
@@ -412,11 +411,9 @@ MISTAKES = [
     Attempt("pipeline_stages", stages_summed_loss, named="the values of the batch (rows × width)"),
     Attempt("pipeline_stages", stages_backward_from_ones, named="which has already returned"),
     Attempt("pipeline_stages", stages_gradient_received_into_the_output, named="modified by an inplace operation"),
-    Attempt("gpipe", gpipe_only_the_last_stash, named=("the last micro-batch's graph", "one stash per micro-batch"),
-            named_yet=False),
+    Attempt("gpipe", gpipe_only_the_last_stash, named="backward ran twice through the same graph"),
     Attempt("gpipe", gpipe_divided_by_the_stages, named="m, the number of micro-batches", named_yet=False),
-    Attempt("gpipe", gpipe_targets_whole, named=("the whole targets", "targets of the micro-batch"),
-            named_yet=False),
+    Attempt("gpipe", gpipe_targets_whole, named=("the whole targets", "targets of the micro-batch"), named_yet=False),
     Attempt("gpipe", gpipe_stash_of_detached_inputs, named=NO_GRADIENT, named_yet=False),
     Attempt("gpipe", gpipe_split_instead_of_chunk, named=("split(m)", "pieces of m rows"), named_yet=False),
     Attempt("one_f_one_b", one_f_one_b_newest_first, named=("newest first", "pairs a gradient with"), named_yet=False),

@@ -4,12 +4,10 @@ import torch
 import torch.nn.functional as F
 
 from puzzles.tensor_parallel import attention_core
-from tests.mistakes import Attempt
+from tests.mistakes import Attempt, NO_GRADIENT
 
-NO_GRADIENT = ("is None where a gradient belongs", "is None, expected a gradient")
 # Each rank's values add up, over the ranks, to what every rank should hold: a sum that was never made.
 NEVER_SUMMED = ("add up to", "summed over the ranks", "sum over ranks")
-NEVER_REACHED = NO_GRADIENT + ("backward never reached",)
 # Ids (or rows) of the vocabulary that another rank owns, used by this one.
 NOT_ITS_OWN = ("does not own", "another rank's rows", "owned by another rank")
 
@@ -339,15 +337,14 @@ MISTAKES = [
     Attempt("column_parallel_linear", column_slices_the_shard_again, named=("already this rank's", "1/N of"),
             named_yet=False),
     Attempt("column_parallel_linear", column_reduces_both_ways, named="forward pass should issue"),
-    Attempt("column_parallel_linear", column_without_bias, named=NEVER_REACHED, named_yet=False),
-    Attempt("row_parallel_linear", row_bias_on_rank_zero, named=NEVER_REACHED),
+    Attempt("column_parallel_linear", column_without_bias, named=NO_GRADIENT, named_yet=False),
+    Attempt("row_parallel_linear", row_bias_on_rank_zero, named=NO_GRADIENT),
     Attempt("row_parallel_linear", row_bias_divided_by_n, named="N, the world size"),
     Attempt("row_parallel_linear", row_g_reduces_backward_too, named="backward pass should issue"),
     Attempt("row_parallel_linear", row_g_averages, named="N, the world size", named_yet=False),
     Attempt("row_parallel_linear", row_weight_transposed, named=("(out, in)", "weight.T"), named_yet=False),
     Attempt("megatron_mlp", mlp_reduces_the_hidden_layer, named="forward pass should issue"),
-    Attempt("megatron_mlp", mlp_tanh_gelu, named=("approximate='tanh'", "tanh approximation"),
-            named_yet=False),
+    Attempt("megatron_mlp", mlp_tanh_gelu, named=("approximate='tanh'", "tanh approximation"), named_yet=False),
     Attempt("megatron_mlp", mlp_f_and_g_swapped, named=("g before fc1", "f and g in each other's place"),
             named_yet=False),
     Attempt("megatron_mlp", mlp_g_averages, named="N, the world size", named_yet=False),
@@ -357,8 +354,8 @@ MISTAKES = [
     Attempt("parallel_attention", attention_without_the_causal_mask, named=("the future", "above the diagonal"),
             named_yet=False),
     Attempt("parallel_attention", attention_scaled_by_the_hidden_size, named="√d", named_yet=False),
-    Attempt("parallel_attention", attention_with_megatrons_interleaved_qkv, named=("holds what", "interleaved"),
-            named_yet=False),
+    Attempt("parallel_attention", attention_with_megatrons_interleaved_qkv,
+            named=("q, k and v side by side", "each head's q, k, v"), named_yet=False),
     Attempt("parallel_attention", attention_softmax_over_the_queries, named=("over the queries", "softmax's dim"),
             named_yet=False),
     Attempt("sequence_parallel_mlp", sp_residual_before_the_scatter, named="2 × all_gather"),
@@ -367,7 +364,7 @@ MISTAKES = [
     Attempt("sequence_parallel_mlp", sp_all_reduce_and_slice, named="one all_reduce of"),
     Attempt("sequence_parallel_mlp", sp_gathers_the_hidden_dimension, named=("hidden dimension", "along dim -1"),
             named_yet=False),
-    Attempt("vocab_parallel_loss", vocab_loss_without_the_max, named="overflow", named_yet=False),
+    Attempt("vocab_parallel_loss", vocab_loss_without_the_max, named="overflow"),
     Attempt("vocab_parallel_loss", vocab_loss_embedding_unmasked, named=NOT_ITS_OWN, named_yet=False),
     Attempt("vocab_parallel_loss", vocab_loss_target_unmasked, named=NOT_ITS_OWN, named_yet=False),
     Attempt("vocab_parallel_loss", vocab_loss_summed, named="s·b, the tokens"),
