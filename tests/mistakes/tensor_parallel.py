@@ -173,7 +173,8 @@ def attention_scaled_by_the_hidden_size(dist, x, qkv_w, qkv_b, proj_w, proj_b, h
 
 def attention_with_megatrons_interleaved_qkv(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads):
     """qkv read as [s, b, heads, 3·d] (Megatron-LM's fused layout: each head's q, k, v together), where this
-    layer's qkv is [s, b, 3·w] (all of q, then all of k, then all of v)."""
+    layer's qkv is [s, b, 3·w] (all of q, then all of k, then all of v); the two layouts mixed up, as in
+    tenstorrent/tt-metal#6243."""
     h = heads // dist.get_world_size()
     return _attention(dist, x, qkv_w, qkv_b, proj_w, proj_b, lambda qkv: _core(qkv, h, interleaved=True))
 

@@ -293,7 +293,8 @@ def _next(units, j, backward):
 
 def zero3_no_gather_for_backward(dist, model, batches, lr):
     """Gathers each layer for forward and frees it, then recomputes each layer in backward without gathering it
-    again: the layer runs on its freed, empty parameters (the 'mat2 must be a matrix' of issue 31)."""
+    again: the layer runs on its freed, empty parameters ('mat2 must be a matrix, got 1-D tensor', as FSDP users
+    meet it: pytorch/tutorials#2610, huggingface/diffusers#6540)."""
     return _zero3(dist, model, batches, lr, gather_for_backward=False)
 
 
