@@ -92,6 +92,8 @@ def llama3_405b(seq: int = 8192) -> Model:
 # taken off the first and the last stage, whose first and last model chunks hold only the embedding and the output
 # layer. Our reading: one block per model chunk, so 128 places over 16 stages make v = 8 virtual stages. Assumed,
 # not in the paper: micro-batches of one sequence, sequence parallelism with TP, the same settings at 131,072 tokens.
+# Table 4 prints DP 4 for the 131,072-token row, but TP 8 · CP 16 · PP 16 · DP 4 is 8,192 GPUs, not the row's 16,384,
+# and its 16M tokens per batch at 16 sequences per DP rank need DP 8: we read DP 8.
 # (name, GPUs, sequence, cp, dp, sequences per batch, MFU, fits H100's efficiency)
 _TABLE_4 = (
     ("8,192 GPUs", 8192, 8192, 1, 64, 2048, 0.43, True),
