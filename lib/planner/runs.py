@@ -54,8 +54,10 @@ class PublishedRun:
 # Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
 # Table 1: GPT models, sequence 2048, vocabulary 51,200, on DGX A100 80GB nodes, full recomputation; the figure is
 # the achieved teraFLOP/s per GPU, recomputation counted. Micro-batch sizes and virtual stages are not in the table:
-# they come from the authors' script for it, examples/sc21/run_table_1.sh in NVIDIA/Megatron-LM (MBS, and layers
-# per virtual stage: 76.1B 5 of 15 per stage, v=3; 145.6B 5 of 10, v=2; 310.1B 3 of 6, v=2; 529.6B 1 of 3, v=3).
+# they come from the authors' script for it, examples/academic_paper_scripts/sc21/run_table_1.sh in NVIDIA/Megatron-LM
+# at d98e8a64 (MBS, and layers per virtual stage: 76.1B 5 of 15 per stage, v=3; 145.6B 5 of 10, v=2; 310.1B 3 of 6,
+# v=2; 529.6B 1 of 3, v=3), whose TP, PP, batch, layers and hidden sizes match the rows below. The 1008B row's 163
+# is the abstract's 502 petaFLOP/s over 3072 GPUs.
 # (name, heads, hidden, layers, tp, pp, GPUs, batch, micro-batch, v, teraFLOP/s per GPU, fits A100's efficiency)
 _TABLE_1 = (
     ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, 1, 137, False),
