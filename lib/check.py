@@ -28,6 +28,7 @@ import torch
 from lib.compare import first_difference
 from lib.device import device
 from lib.diagnose import Mistake, diagnose
+from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed, raised_the_stub
 from lib.first_use import draw_ahead
@@ -332,13 +333,15 @@ class Puzzle:
                                    f"{self.name} is not solved yet: write its body, then run this cell again.")
                 if _refused_as_asked(case, e):
                     continue
-                return Outcome(FAILING, f"on {case.label}: {e}{replay}", case=case)
+                meaning = explain_error(fn, case, e)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else ""),
+                                                  replay), case=case)
             except PuzzleError as e:
-                return Outcome(FAILING, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
-            problem = _not_refused(case) or self._judge(case, result)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {type(e).__name__}: {e}", replay), case=case)
+            problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case])
             if problem:
                 hinted = "\nHint: " in problem
-                return Outcome(FAILING, f"on {case.label}: {problem}{replay}", result, case, hinted)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {problem}", replay), result, case, hinted)
             last = result
         return Outcome(PASSED, self._success(last, case), last, case, seed=seed, scale=scale)
 
@@ -348,11 +351,14 @@ class Puzzle:
         return (self.display is not None and case.cost is None and not any(b.metric == "time" for b in case.budgets)
                 and not any(c.timed for c in case.contracts))
 
-    def _judge(self, case: Case, result: SimResult) -> Optional[str]:
-        return self._judge_answer(case, result) or self._judge_budgets(case, result)
+    def _judge(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
+               others: Sequence[Case] = ()) -> Optional[str]:
+        return self._judge_answer(case, result, fn, others) or self._judge_budgets(case, result)
 
-    def _judge_answer(self, case: Case, result: SimResult) -> Optional[str]:
-        """What is wrong with the ops used, the results or the case's contracts, or None."""
+    def _judge_answer(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
+                      others: Sequence[Case] = ()) -> Optional[str]:
+        """What is wrong with the ops used, the results or the case's contracts, or None. `fn` and the check's
+        `others` cases let the diagnosis replay the answer (a NaN's origin, a factor the case cannot pin down)."""
         if case.allowed_ops is not None:
             for s in result.stats:
                 extra = sorted(set(s.calls) - case.allowed_ops)
@@ -363,8 +369,8 @@ class Puzzle:
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
                 found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes + case.mistakes,
-                                 wrap=self.wrap,
-                                 factors=case.factors, rtol=self.rtol, atol=self.atol)
+                                 wrap=self.wrap, factors=case.factors, rtol=self.rtol, atol=self.atol, case=case,
+                                 fn=fn, outputs=self.outputs, others=others)
                 explained = case.explain(case.expected, result.results) if case.explain is not None else None
                 found = "\n".join(filter(None, (explained, found)))
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
@@ -403,13 +409,16 @@ class Puzzle:
         where = f" (world sizes {sizes})" if self.takes_dist else ""
         text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
         for b in case.budgets:
+            who = ""
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
                 ratio = lambda s, b=b: b.value(s) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
                 worst = (min if b.least else max)(result.stats, key=ratio)
                 value, limit = b.value(worst), b.limit_for(worst.rank)
-            at = f" at N={case.world_size}" if self.takes_dist else ""
+                nearest = "floor" if b.least else "budget"
+                who = f" (rank {worst.rank}, nearest its {nearest})" if case.world_size > 1 else ""
+            at = f" at N={case.world_size}{who}" if self.takes_dist else ""
             kind = "floor" if b.least else "budget"
             text += f"\n  {b.name}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
@@ -618,6 +627,15 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _in_order(body: str, replay: str) -> str:
+    """A failure in the order a learner reads it: what differs and why, the seed to replay it, then the hint."""
+    text, hints, in_hint = [], [], False
+    for line in body.split("\n"):
+        in_hint = line.startswith("Hint: ") or (in_hint and line.strip() != "")
+        (hints if in_hint else text).append(line)
+    return "\n".join(text).rstrip("\n") + replay + "".join("\n" + line for line in hints)
 
 
 def _refused_as_asked(case: Case, e: RankFailed) -> bool:
