@@ -61,8 +61,8 @@ def {name}_without_communication(dist, x):
 WRONG.append(("{name}", {name}_without_communication, "expected", "unchanged from what rank"))
 '''
 
-STATEMENT = ("### Puzzle: `{name}`\n\nEvery rank holds a vector `x`; return, on every rank, the sum of all ranks' "
-             "vectors. (Scaffolded: write the lesson's statement here, at most five lines.)")
+STATEMENT = ("## Puzzle {number}: `{name}`\n\nEvery rank holds a vector `x`; return, on every rank, the sum of "
+             "all ranks' vectors. (Scaffolded: write the lesson's statement here, at most five lines.)")
 STUB = ('def {name}(dist, x):\n    """Return the sum of every rank\'s x, on every rank."""\n'
         '    raise NotImplementedError  # your code here')
 
@@ -124,7 +124,8 @@ def _add_cells(path: Path, name: str) -> None:
     nb = nbformat.read(path, as_version=4)
     after = max((i for i, c in enumerate(nb.cells) if c.cell_type == "code"
                  and {"check", "real"} & set(c.metadata.get("tags", []))), default=len(nb.cells) - 1)
-    cells = [nbformat.v4.new_markdown_cell(STATEMENT.format(name=name))]
+    number = 1 + sum("puzzle" in c.metadata.get("tags", []) for c in nb.cells)
+    cells = [nbformat.v4.new_markdown_cell(STATEMENT.format(name=name, number=number))]
     for tag, source in (("puzzle", STUB.format(name=name)), ("check", f"P.{name}.check({name});"),
                         ("real", f"P.{name}.real({name}, world_size=2);")):
         cell = nbformat.v4.new_code_cell(source)
