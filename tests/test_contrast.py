@@ -2,8 +2,9 @@
 
 The pictures: those the notebooks draw before their puzzles (found in the notebooks: the cells that call a figure of
 lib.viz, run as the notebook runs them) and those a passing check displays (Puzzle.picture of the reference
-solution, for every puzzle). A notebook shows a figure through the inline backend (IPython's print_figure at the
-figure's dpi, on its white face, bbox_inches="tight"); a check displays lib.viz.png.Picture. Each figure is rendered
+solution, for every puzzle). A notebook shows a figure through the inline backend: IPython's print_figure at the
+figure's dpi, on its white face, with bbox_inches="tight" (matplotlib-inline's print_figure_kwargs; its rc is empty
+since 0.1.4, so matplotlib's defaults hold, as here); a check displays lib.viz.png.Picture. Each figure is rendered
 once, by that very path, and read while it is drawn.
 
 A label reads when its colour contrasts with what its glyphs are drawn on: the canvas under the label's box is kept
@@ -12,7 +13,7 @@ its glyph pixels are those that changed. The contrast is WCAG's ratio (lib.viz.c
 and the colour under each glyph pixel, and 90% of a label's glyph pixels must reach 3:1: a glyph that crosses a
 cell's thin border is not unreadable for a few pixels. 3:1 is WCAG 2.2's least contrast for large text and for the
 parts of a graphic one must see to understand it (success criteria 1.4.3 and 1.4.11). The labels here are smaller
-than WCAG's "large" (18 pt), for which it asks 4.5:1, but they are a figure's labels, not prose; the labels the
+than WCAG's "large" (18 pt), for which it would ask 4.5:1, but they are a figure's labels, not prose; the labels the
 course writes on coloured cells, black or white by luminance, reach 4.58:1 whatever the fill
 (test_a_label_chosen_by_luminance_reads_on_any_fill). A label that changed no pixel (drawn in the colour under it)
 is measured against everything under its box: 1:1 on a plain fill.
@@ -53,7 +54,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 LEAST_CONTRAST = 3.0        # WCAG 2.2, success criteria 1.4.3 (large text) and 1.4.11 (graphical objects)
 READABLE_SHARE = 0.9        # of a label's glyph pixels, at LEAST_CONTRAST or more
-GLYPH = 24                  # a pixel whose channel moves by more than this when the glyphs go is a glyph's
+GLYPH = 24                  # a pixel whose channel moves by more than this when a label's glyphs are drawn is theirs
 LEAST_INK = 0.02            # of a picture's pixels, beside its labels' glyphs: less, and nothing is drawn
 
 
@@ -203,6 +204,7 @@ def notebook_pictures(path: Path) -> list[tuple[str, Figure]]:
     return pictures
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_a_notebooks_pictures_are_drawn_and_every_label_reads(path):
     before = plt.get_fignums()
@@ -212,6 +214,7 @@ def test_a_notebooks_pictures_are_drawn_and_every_label_reads(path):
     _assert_read([(where, fig, _tight) for where, fig in pictures])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", puzzles.MODULES, ids=[m.NOTEBOOK for m in puzzles.MODULES])
 def test_the_pictures_after_a_passing_check_are_drawn_and_every_label_reads(module):
     solutions = importlib.import_module(f"solutions.{module.__name__.split('.')[-1]}")

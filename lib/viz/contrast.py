@@ -37,7 +37,7 @@ def seen(colour, alpha: float | None = None) -> tuple:
 
 
 def text_colour(fill, alpha: float | None = None) -> str:
-    """"black" or "white", whichever contrasts more with `fill` (any matplotlib colour, `alpha` as a patch's)."""
+    """The text colour, black or white, that contrasts more with `fill` (any matplotlib colour; `alpha` a patch's)."""
     behind = seen(fill, alpha)
     return "black" if contrast(behind, (0, 0, 0)) >= contrast(behind, (1, 1, 1)) else "white"
 
