@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets
+from lib.contract import neighbours, sends_to
 from lib.diagnose import Mistake
 from lib.measure import counted_flops
 from lib.models import mlp, param_bytes, sharded_batches
@@ -100,28 +101,8 @@ def _ring_budget(factor: float, formula: str, size: int, what: str) -> Budget:
                   hint="each step sends one chunk (1/N of the tensor) to the right neighbour; never the whole tensor.")
 
 
-def _off_ring(result: SimResult) -> Optional[str]:
-    """The first send to a rank that is not a neighbour, or the first step (each rank's k-th send) at which the
-    ranks did not all send the same way round; None for a ring. Each phase may go its own way (a reduce-scatter to
-    the right, then an all-gather to the left, is a ring all-reduce too)."""
-    n = result.world_size
-    sends = {r: [e.peer for e in sorted(result.trace, key=lambda e: e.start) if e.rank == r and e.op == "send"]
-             for r in range(n)}
-    for rank, peers in sends.items():
-        for peer in peers:
-            if peer not in ((rank + 1) % n, (rank - 1) % n):
-                return f"rank {rank} sent to rank {peer}, which is not the next rank around the ring"
-    for step in range(max(map(len, sends.values()), default=0)):
-        way = {rank: (peers[step] - rank) % n for rank, peers in sends.items() if step < len(peers)}
-        if len(set(way.values())) > 1:
-            right, left = (min(r for r, w in way.items() if w == d) for d in (1, n - 1))
-            return (f"at step {step + 1} rank {right} sent to rank {(right + 1) % n} and rank {left} to rank "
-                    f"{(left - 1) % n}: not the same way around the ring")
-    return None
-
-
-RING = Contract("in a ring every rank sends only to its neighbour, at each step all the same way round", _off_ring,
-                hint="send to (rank + 1) % N and receive from (rank - 1) % N at every step.")
+RING = sends_to(neighbours, "in a ring every rank sends only to its neighbour, at each step all the same way round",
+               hint="send to (rank + 1) % N and receive from (rank - 1) % N at every step.", one_way=True)
 
 
 def _ring_time(cost: CostModel, op: str, size: int, world: int) -> Budget:
