@@ -130,7 +130,7 @@ def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
     return _ring_case(world, (per_rank(xs),), list(_total(xs).chunk(world)),
                       f"N={world}, x of {xs[0].numel()} float32 per rank", _nbytes(xs[0]), "reduce_scatter",
-                      (world - 1) / world, "(N-1)/N")
+                      bus_factor("reduce_scatter", world), "(N-1)/N")
 
 
 def _reduce_scatter_oracle(dist, x):
@@ -155,7 +155,7 @@ def _all_gather_case(rng: random.Random, world: int) -> Case:
     chunks = _vectors(rng, world, rng.randint(1, 9))
     out = torch.cat(chunks)
     return _ring_case(world, (per_rank(chunks),), [out] * world, f"N={world}, chunk of {chunks[0].numel()} float32 "
-                      "per rank", _nbytes(out), "all_gather", (world - 1) / world, "(N-1)/N")
+                      "per rank", _nbytes(out), "all_gather", bus_factor("all_gather", world), "(N-1)/N")
 
 
 def _all_gather_oracle(dist, chunk):
@@ -178,7 +178,7 @@ ring_all_gather = Puzzle(
 def _all_reduce_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
     return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
-                      "per rank", _nbytes(xs[0]), "all_reduce", 2 * (world - 1) / world, "2(N-1)/N")
+                      "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N")
 
 
 ring_all_reduce = Puzzle(
@@ -220,7 +220,7 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
     """Exactly the gradients' all-reduce, no more (a ceiling) and no less (a floor: every rank trains on its
     own shard, so the gradients must travel; gathering the data instead is another algorithm)."""
     size = param_bytes(model)
-    total = steps * 2 * (world - 1) / world * size
+    total = steps * bus_factor("all_reduce", world) * size
     why = f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)"
     return [Budget("bytes_sent", total, why,
                    hint="all-reduce each gradient once per step: nothing else needs to travel."),
@@ -380,7 +380,7 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several") -> C
     # the regime where overlapping the two pays off most.
     cost = CostModel(flops_per_s=1e9, latency=1e-6)
     t_fwd, t_bwd = cost.compute_time(f_flops), cost.compute_time(b_flops)
-    comm_bytes = 2 * (world - 1) / world * param_bytes(model)
+    comm_bytes = bus_factor("all_reduce", world) * param_bytes(model)
     cost = cost.with_(intra_node_bandwidth=comm_bytes / t_bwd)
     t_comm = cost.collective_time("all_reduce", param_bytes(model), range(world))
     serial = t_fwd + t_bwd + t_comm
