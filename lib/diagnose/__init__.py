@@ -69,16 +69,21 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
     if origin:
         return f"Diagnosis: {origin}"
     mine_expected = [dict(leaves(expected[r])) for r in range(world)]
+    mine_got = [dict(leaves(got[r])) for r in range(world)]
     inputs = [given(mine(args, r)) for r in range(world)]
     for rank, key, e, g in wrong:
         resolve = _resolver(fn, others, rank, key, atol)
-        found = _pattern(rank, key, e, g, mine_expected, inputs, named, case, fn, outputs, rtol, atol, resolve)
+        found = _pattern(rank, key, e, g, mine_expected, mine_got, inputs, named, case, fn, outputs, rtol, atol,
+                         resolve)
         if found:
             return f"Diagnosis: {found}"
     if case is not None and fn is not None:
         moment = moments.explain(fn, case, named, rtol, atol, outputs)
         if moment:
             return f"Diagnosis: {moment}"
+    found = values.approximation(wrong) or _forward_backward(wrong, mine_expected, outputs)
+    if found:
+        return f"Diagnosis: {found}"
     where = _where(wrong, world, rtol, atol, outputs)
     return f"Where: {where}" if where else ""
 
@@ -151,9 +156,10 @@ def _origin(wrong: list, case: Any, fn: Optional[Callable], world: int) -> Optio
     return None
 
 
-def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: list[dict], inputs: list[dict],
-             named: dict[str, float], case: Any, fn: Optional[Callable], outputs: Optional[dict],
-             rtol: float, atol: float, resolve: Optional[factors.Resolve] = None) -> Optional[str]:
+def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: list[dict], got: list[dict],
+             inputs: list[dict], named: dict[str, float], case: Any, fn: Optional[Callable],
+             outputs: Optional[dict], rtol: float, atol: float,
+             resolve: Optional[factors.Resolve] = None) -> Optional[str]:
     """The first thing this one differing tensor shows, in words; None if nothing."""
     world = len(expected)
     where = on_rank(rank, world, key, outputs)
@@ -165,6 +171,7 @@ def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: li
     return (values.never_written(where, e, g, bad)
             or values.returned_as_given(where, rank, key, e, g, inputs, rtol, atol)
             or values.share_missing(where, rank, key, e, g, inputs, rtol, atol)
+            or values.parts_of_a_sum(key, name(key, outputs).removeprefix("the "), expected, got, rtol, atol)
             or values.another_ranks(where, rank, key, g, expected, rtol, atol)
             or layouts.explain(rank, key, where, expected, g, world, getattr(case, "parts", None) or {}, rtol, atol)
             or values.another_leaf(where, key, g, expected[rank], rtol, atol, outputs)
@@ -197,6 +204,24 @@ def _resolver(fn: Optional[Callable], others: Sequence[Any], rank: int, key: str
                 found = factors.consistent(found, c, named) or found
         return found
     return resolve
+
+
+def _forward_backward(wrong: list, expected: list[dict], outputs: Optional[dict]) -> Optional[str]:
+    """Which half of a layer is wrong, where the result holds its output and its gradients: the output right and a
+    gradient wrong is a backward mistake, and the other way round."""
+    def is_grad(key: str) -> bool:
+        return "grad" in key
+    keys = list(expected[0])
+    bad = {key for _, key, *_ in wrong}
+    outs, grads = [k for k in keys if not is_grad(k)], [k for k in keys if is_grad(k)]
+    if not outs or not grads:
+        return None
+    if bad <= set(grads) and not bad & set(outs):
+        names = listing([name(k, outputs) for k in grads if k in bad])
+        return (f"the forward is right ({listing([name(k, outputs) for k in outs])} match) and the backward is not: "
+                f"{names} differ. Look at what the backward computes or communicates (an autograd.Function's "
+                "backward, the f or g operator's collective).")
+    return None
 
 
 # ---- where, when no pattern fits ---------------------------------------------------------------------------

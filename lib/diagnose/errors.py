@@ -29,6 +29,9 @@ _MEANINGS = (
      "communicate a clone, or communicate after backward)"),
     ("Expected all tensors to be on the same device",
      "an op mixed tensors on two devices: put every tensor you make on lib.device() (or the inputs' .device)"),
+    ("out of bounds",
+     "an index outside the tensor it indexes: on a rank that holds a shard, an index meant for the whole tensor "
+     "must be shifted by the shard's offset (and the indices the rank does not own masked out)"),
 )
 
 
@@ -48,10 +51,21 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     op, shapes, line = tracer.last
     said = f"What it means: {op} failed on inputs of shapes {', '.join(map(str, shapes))}"
     said += f" at {line}" if line else ""
-    shard = _shard(shapes, case, rank)
-    if shard:
-        return f"{said}. {shard}"
-    return said + "."
+    found = _shard(shapes, case, rank) or _transposed(op, shapes)
+    return f"{said}. {found}" if found else said + "."
+
+
+def _transposed(op: str, shapes: list[tuple[int, ...]]) -> Optional[str]:
+    """A product whose second matrix fits only transposed: a weight used as stored, (out, in), where x @ w.T or
+    F.linear(x, w) belongs."""
+    mats = [s for s in shapes if len(s) >= 2]
+    if op not in ("mm", "addmm", "bmm", "baddbmm", "matmul") or len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    if a[-1] != b[-2] and a[-1] == b[-1]:
+        return (f"The second matrix, {b}, fits only transposed: a weight is stored as (out_features, in_features), "
+                "so multiply by its transpose (x @ w.T, or F.linear(x, w)).")
+    return None
 
 
 def _about_shapes(message: str) -> bool:

@@ -95,17 +95,31 @@ def said(c: float, named: dict[str, float], one_value: bool = False,
 
 def explain(where: str, e: torch.Tensor, g: torch.Tensor, named: dict[str, float], atol: float,
             what: str = "value", resolve: Optional[Resolve] = None) -> Optional[str]:
-    """"every value of rank 0's result is 4× what it should be: off by a factor of 4 = m, ..." or None."""
-    c = constant_ratio(e, g, atol)
+    """"every value of rank 0's result is 4× what it should be: off by a factor of 4 = m, ..." or None. A factor
+    on everything but a per-feature offset (a bias added once, after the scaling) is said so."""
+    c, offset = constant_ratio(e, g, atol), False
     if c is None:
-        return None
+        c, offset = offset_ratio(e, g, atol), True
+        if c is None:
+            return None
     found = said(c, named, one_value=int((e.abs() > max(100 * atol, 1e-12)).sum()) < 2, resolve=resolve)
-    if found is None:
+    if found is None or (offset and not any(n in found[0] for n in named)):
         return None
     words, advice = found
     if words.startswith("the right magnitudes"):
         return f"{where} has {words}: {advice}"
+    if offset:
+        words = words.replace(": off by", ", apart from a per-feature offset (a bias, added after the scaling): off by")
     return f"every {what} of {where} is {words}" + (f". {advice}" if advice else "")
+
+
+def offset_ratio(e: torch.Tensor, g: torch.Tensor, atol: float) -> Optional[float]:
+    """c where g = c·e + (a constant per feature, the last dimension): the factor a bias added after the scaling
+    hides. Needs at least two rows."""
+    if e.dim() < 2 or e.numel() // e.shape[-1] < 2:
+        return None
+    rows_e, rows_g = e.reshape(-1, e.shape[-1]), g.reshape(-1, g.shape[-1])
+    return constant_ratio(rows_e - rows_e.mean(0), rows_g - rows_g.mean(0), atol)
 
 
 def consistent(found: list[Candidate], ratio: float, named: dict[str, float]) -> list[Candidate]:

@@ -99,3 +99,40 @@ def another_leaf(where: str, key: str, g: torch.Tensor, mine: dict, rtol: float,
                     "a gradient where its parameter belongs" if key + ".grad" == other else "the wrong tensor")
             return f"{where} holds what {name(other, outputs)} should: {swap}."
     return None
+
+
+def parts_of_a_sum(key: str, said: str, expected: list[dict], got: list[dict], rtol: float,
+                   atol: float) -> Optional[str]:
+    """The ranks' values of `key` add up to the expected one, which every rank should hold: each kept its own part
+    of a sum over ranks (x.grad through a column-parallel layer, a partial output) and the parts were never summed."""
+    world = len(expected)
+    mine = [g.get(key) for g in got]
+    want = [e.get(key) for e in expected]
+    if world < 2 or any(t is None for t in mine + want) or any(t.shape != want[0].shape for t in mine + want):
+        return None
+    if not all(close(w, want[0], rtol, atol) for w in want) or not want[0].is_floating_point():
+        return None
+    if all(close(t, mine[0], rtol, atol) for t in mine):
+        return None                   # every rank holds the same value: a factor's question, not a part's
+    total = sum(f64(t) for t in mine)
+    if close(total, want[0], rtol, atol):
+        return (f"the ranks' {said} add up to the expected one: each rank holds only its own part of a sum over the "
+                "ranks, and the parts were never summed (an all-reduce is missing where the parts meet: in backward, "
+                "the gradient of a replicated input gathers every rank's part).")
+    return None
+
+
+def approximation(wrong: list) -> Optional[str]:
+    """Every wrong value within a hair of the right one (0.1% of the largest value): the same computation with
+    another approximation, not another algorithm."""
+    worst = 0.0
+    for _, _, e, g in wrong:
+        if not e.is_floating_point():
+            return None
+        scale = float(f64(e).abs().max())
+        worst = max(worst, float((f64(g) - f64(e)).abs().max()) / max(scale, 1e-30))
+    if 0 < worst < 1e-3:
+        return (f"every wrong value is within {worst:.1e} of the largest expected value: the right computation with a "
+                "different approximation (GeLU's tanh form, approximate='tanh', where the exact erf form belongs; "
+                "an eps; float32 arithmetic where float64 belongs).")
+    return None
