@@ -402,7 +402,7 @@ def _bias_case(rng: random.Random, n: int) -> Case:
 
 def test_a_bias_left_out_or_added_on_every_rank_is_named(capsys):
     out = _failure(puzzle(_bias_case), lambda dist, x, w, b: x @ w.t(), capsys)
-    assert "rank 0's result lacks argument 3: it was never added" in out, out
+    assert "rank 0's result lacks b: it was never added" in out, out
 
     def bias_on_every_rank(dist, x, w, b):
         y = x @ w.t() / dist.get_world_size() + b

@@ -46,13 +46,15 @@ class Mistake:
 def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistakes: Sequence[Mistake] = (),
              wrap: Callable[[Callable], Callable] = lambda f: f, factors: Optional[dict[str, float]] = None,
              rtol: float = 1e-5, atol: float = 1e-6, case: Any = None, fn: Optional[Callable] = None,
-             outputs: Optional[dict[str, str]] = None, others: Sequence[Any] = ()) -> str:
+             outputs: Optional[dict[str, str]] = None, others: Sequence[Any] = (),
+             names: Sequence[str] = ()) -> str:
     """Lines for a learner whose per-rank results `got` differ from `expected`; "" if nothing fits.
 
     `factors` names the numbers a constant ratio may equal ({"k, the number of micro-batches": 4}); N, the world
     size, is always among them. `case` (lib.check.Case) and `fn` (the rank's function as the check ran it) let
     the diagnosis replay the learner's function: for a NaN's origin, a training run's first wrong step; on the
-    check's `others` cases, for a factor two quantities equal on this case leave open."""
+    check's `others` cases, for a factor two quantities equal on this case leave open. `names` are the learner's
+    own names for the arguments (after dist), to say which input a result lacks."""
     world = len(expected)
     for mistake in mistakes:
         theirs = _mistaken_results(mistake, args, world, wrap, expected)
@@ -75,7 +77,7 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
     for rank, key, e, g in wrong:
         resolve = _resolver(fn, others, rank, key, atol)
         found = _pattern(rank, key, e, g, mine_expected, mine_got, inputs, named, case, fn, outputs, rtol, atol,
-                         resolve)
+                         resolve, arguments(mine(args, rank), names))
         if found:
             return f"Diagnosis: {found}"
     if case is not None and fn is not None:
@@ -210,7 +212,7 @@ def _origin(wrong: list, case: Any, fn: Optional[Callable], world: int) -> Optio
 def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: list[dict], got: list[dict],
              inputs: list[dict], named: dict[str, float], case: Any, fn: Optional[Callable],
              outputs: Optional[dict], rtol: float, atol: float,
-             resolve: Optional[factors.Resolve] = None) -> Optional[str]:
+             resolve: Optional[factors.Resolve] = None, handed: Sequence = ()) -> Optional[str]:
     """The first thing this one differing tensor shows, in words; None if nothing."""
     world = len(expected)
     where = on_rank(rank, world, key, outputs)
@@ -224,8 +226,7 @@ def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: li
             or values.share_missing(where, rank, key, e, g, inputs, rtol, atol)
             or values.contributions(where, key, e, g, inputs, rtol, atol)
             or _chunk_contributions(where, key, e, g, inputs, world, rtol, atol)
-            or values.input_offset(where, e, g, arguments(mine(case.args, rank)) if case is not None else [], world,
-                                   rtol, atol)
+            or values.input_offset(where, e, g, list(handed), world, rtol, atol)
             or values.parts_of_a_sum(key, name(key, outputs).removeprefix("the "), expected, got, rtol, atol)
             or values.another_ranks(where, rank, key, g, expected, rtol, atol)
             or layouts.explain(rank, key, where, expected, g, world, getattr(case, "parts", None) or {}, rtol, atol)

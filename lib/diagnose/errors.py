@@ -16,6 +16,7 @@ import torch
 
 from lib.diagnose.leaves import given, mine
 from lib.diagnose.origins import replay
+from lib.errors import RankFailed
 
 # Errors whose cause does not depend on shapes: (words in torch's message, what it means in this course).
 _MEANINGS = (
@@ -49,12 +50,12 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     for words, meaning in _MEANINGS:
         if words in message:
             return f"What it means: {meaning}."
-    viewed = _viewed(message, case.world_size)
+    viewed = _viewed(message, case.world_size) or _unpadded(message, case.world_size)
     if viewed:
         return f"What it means: {viewed}"
-    if not _about_shapes(message):
-        return None
-    rank = getattr(error, "rank", 0)
+    if not isinstance(error, RankFailed) or not _about_shapes(message):
+        return None                  # the simulator's own errors say their case already
+    rank = error.rank
     _, tracers, _ = replay(fn, case)
     tracer = tracers.get(rank)
     if tracer is None or tracer.last is None:
@@ -62,7 +63,7 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     op, shapes, line = tracer.last
     said = f"What it means: {op} failed on inputs of shapes {', '.join(map(str, shapes))}"
     said += f" at {line}" if line else ""
-    found = _freed(shapes) or _shard(shapes, case, rank) or _whole_meets_shard(shapes, case.world_size) \
+    found = _freed(shapes) or _whole_meets_shard(shapes, case.world_size) or _shard(shapes, case, rank) \
         or _transposed(op, shapes)
     return f"{said}. {found}" if found else said + "."
 
@@ -81,6 +82,18 @@ def _viewed(message: str, world: int) -> Optional[str]:
         return (f"{have} elements viewed as {want}: a rank's 1/N shard viewed as the whole tensor; gather the shards "
                 "first.")
     return None
+
+
+def _unpadded(message: str, world: int) -> Optional[str]:
+    """A collective's input that does not split into N equal parts."""
+    found = re.search(r"with input \((\d+),?\) \S+ and output \((\d+),?\)", message)
+    if not found or world < 2:
+        return None
+    n = int(found.group(1))
+    if n % world == 0:
+        return None
+    return (f"the input's {n} elements are not a multiple of N = {world}: pad it to N × ⌈{n}/N⌉ = "
+            f"{world * math.ceil(n / world)} first (F.pad), and cut the padding off the gathered result.")
 
 
 def _freed(shapes: list[tuple[int, ...]]) -> Optional[str]:
@@ -115,7 +128,8 @@ def _transposed(op: str, shapes: list[tuple[int, ...]]) -> Optional[str]:
 
 def _about_shapes(message: str) -> bool:
     words = ("must be a matrix", "shapes cannot be multiplied", "size mismatch", "must match the size",
-             "is invalid for input of size", "expected", "dimension", "Dimension out of range", "mat1 and mat2")
+             "is invalid for input of size", "Dimension out of range", "mat1 and mat2", "must have the same shape",
+             "Expected size", "expected input", "should be the same")
     return any(w in message for w in words)
 
 
