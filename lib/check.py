@@ -334,14 +334,14 @@ class Puzzle:
                 if _refused_as_asked(case, e):
                     continue
                 meaning = explain_error(fn, case, e)
-                return Outcome(FAILING, f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else "") + replay,
-                               case=case)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else ""),
+                                                  replay), case=case)
             except PuzzleError as e:
-                return Outcome(FAILING, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {type(e).__name__}: {e}", replay), case=case)
             problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case])
             if problem:
                 hinted = "\nHint: " in problem
-                return Outcome(FAILING, f"on {case.label}: {problem}{replay}", result, case, hinted)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {problem}", replay), result, case, hinted)
             last = result
         return Outcome(PASSED, self._success(last, case), last, case, seed=seed, scale=scale)
 
@@ -409,13 +409,16 @@ class Puzzle:
         where = f" (world sizes {sizes})" if self.takes_dist else ""
         text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
         for b in case.budgets:
+            who = ""
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
                 ratio = lambda s, b=b: b.value(s) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
                 worst = (min if b.least else max)(result.stats, key=ratio)
                 value, limit = b.value(worst), b.limit_for(worst.rank)
-            at = f" at N={case.world_size}" if self.takes_dist else ""
+                nearest = "floor" if b.least else "budget"
+                who = f" (rank {worst.rank}, nearest its {nearest})" if case.world_size > 1 else ""
+            at = f" at N={case.world_size}{who}" if self.takes_dist else ""
             kind = "floor" if b.least else "budget"
             text += f"\n  {b.name}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
@@ -624,6 +627,15 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _in_order(body: str, replay: str) -> str:
+    """A failure in the order a learner reads it: what differs and why, the seed to replay it, then the hint."""
+    text, hints, in_hint = [], [], False
+    for line in body.split("\n"):
+        in_hint = line.startswith("Hint: ") or (in_hint and line.strip() != "")
+        (hints if in_hint else text).append(line)
+    return "\n".join(text).rstrip("\n") + replay + "".join("\n" + line for line in hints)
 
 
 def _refused_as_asked(case: Case, e: RankFailed) -> bool:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lib.check import Case, Puzzle
-from lib.diagnose import Mistake, diagnose
+from lib.diagnose import Mistake, diagnose, hands_gradient
 from lib.sim import per_rank
 
 
@@ -301,3 +301,71 @@ def test_a_shard_where_the_whole_belongs_is_said_in_the_lessons_terms(capsys):
     out = _failure(puzzle(_shard_case), multiplies_by_its_shard, capsys)
     assert "has 1/N of the result[0]'s" in out or "has 1/N of" in out, out
     assert "Gather it first" in out, out
+
+
+# ---- training runs: the first step that leaves the reference --------------------------------------------------
+LR = 0.1
+
+
+def _train_case(rng: random.Random, n: int, steps=None, adam: bool = False) -> Case:
+    """Linear regression on N ranks' batches; the reference trains on the whole batch. Drawn for three steps
+    whatever `steps` asks, so that fewer steps replay the same run."""
+    drawn = 3
+    steps = drawn if steps is None else steps
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    w = torch.randn(3, generator=g, dtype=torch.float64)
+    xs = torch.randn(n, drawn, 4, 3, generator=g, dtype=torch.float64)[:, :steps]
+    ys = torch.randn(n, drawn, 4, generator=g, dtype=torch.float64)[:, :steps]
+    ref = w.clone().requires_grad_()
+    opt = torch.optim.Adam([ref], lr=LR) if adam else torch.optim.SGD([ref], lr=LR)
+    for t in range(steps):
+        opt.zero_grad()
+        ((xs[:, t] @ ref - ys[:, t]) ** 2).mean().backward()
+        opt.step()
+    return Case(n, (w, per_rank(list(xs)), per_rank(list(ys))), [ref.detach()] * n, f"N={n}, {steps} steps",
+                steps=steps)
+
+
+@hands_gradient("grad")
+def adam(w: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
+    m.mul_(0.9).add_(grad, alpha=0.1)
+    v.mul_(0.999).addcmul_(grad, grad, value=0.001)
+    w.sub_(LR * (m / (1 - 0.9 ** t)) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8))
+
+
+def _trainer(divide: bool = True, zero: bool = True, use_adam: bool = False):
+    def train(dist, w, xs, ys):
+        w = w.clone().requires_grad_()
+        m, v = torch.zeros_like(w), torch.zeros_like(w)
+        for t in range(len(xs)):
+            ((xs[t] @ w - ys[t]) ** 2).mean().backward()
+            grad = w.grad.clone()
+            dist.all_reduce(grad)
+            if divide:
+                grad /= dist.get_world_size()
+            with torch.no_grad():
+                adam(w, grad, m, v, t + 1) if use_adam else w.sub_(LR * grad)
+            if zero:
+                w.grad = None
+        return w.detach()
+    return train
+
+
+def test_a_training_run_is_named_by_its_first_update(capsys):
+    out = _failure(puzzle(_train_case), _trainer(divide=False), capsys)
+    assert "leaves the reference at its first step" in out, out
+    assert "At step 1, every update of rank 0's result is 3× what it should be: off by a factor of 3 = N" in out, out
+
+
+def test_a_training_run_wrong_from_its_second_step_points_at_what_carries(capsys):
+    out = _failure(puzzle(_train_case), _trainer(zero=False), capsys)
+    assert "first leaves the reference at step 2 of 3 (step 1 is right)" in out, out
+    assert "gradients not zeroed between steps" in out, out
+
+
+def test_a_scale_adam_hides_is_found_in_what_the_ranks_hand_it(capsys):
+    import functools
+    p = Puzzle("diag", "00_test", functools.partial(_train_case, adam=True), world_sizes=(3, 4),
+               hints=["one"], rtol=1e-13, atol=1e-13)
+    out = _failure(p, _trainer(divide=False, use_adam=True), capsys)
+    assert "The gradients your ranks hand the optimizer at step 1 are 3× what it should be" in out, out

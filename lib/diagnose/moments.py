@@ -56,8 +56,10 @@ def recording() -> Iterator[dict]:
 
     def pre_step(optimizer, args, kwargs):
         _note([p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None])
+    from torch.optim.optimizer import register_optimizer_step_pre_hook     # torch.optim is slow to import: here
+
     _RECORDING = {}
-    handle = torch.optim.optimizer.register_optimizer_step_pre_hook(pre_step)
+    handle = register_optimizer_step_pre_hook(pre_step)
     try:
         yield _RECORDING
     finally:
@@ -98,7 +100,8 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
     if step == 1:
         text = f"The run leaves the reference at its first step (of {total}): the update itself is wrong."
     else:
-        text = (f"The run first leaves the reference at step {step} of {total} (steps 1 to {step - 1} are right): "
+        right = "step 1 is right" if step == 2 else f"steps 1 to {step - 1} are right"
+        text = (f"The run first leaves the reference at step {step} of {total} ({right}): "
                 "what carries from one step to the next is wrong: the optimizer's state (its moments, the step "
                 "count), gradients not zeroed between steps, momentum, or a buffer reused.")
     wrong = differing(case.expected[rank], results[rank], rtol, atol)
