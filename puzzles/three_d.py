@@ -196,8 +196,8 @@ process_groups = MeshPuzzle(
 
 
 # ---- 3. 2D: tensor parallel inside data parallel ----------------------------------------------------------------
-DEGREES = {"dp": "dp, the data-parallel degree", "pp": "pp, the pipeline stages", "tp": "tp, the tensor-parallel degree",
-           "m": "m, the number of micro-batches"}
+DEGREES = {"dp": "dp, the data-parallel degree", "pp": "pp, the pipeline stages",
+           "tp": "tp, the tensor-parallel degree", "m": "m, the number of micro-batches"}
 
 
 def _degrees(**sizes: int) -> dict[str, int]:
@@ -554,9 +554,10 @@ def memory_formula(model, plan: Plan, measured: Optional[float] = None) -> Formu
                   + sharded("Adam's fp32 master weights", 4, 1) + sharded("Adam's momentum", 4, 1)
                   + sharded("Adam's variance", 4, 1))
     if plan.zero == 3:
-        gathered = q("g", GATHERED, "the blocks ZeRO-3 holds gathered: two blocks' weights, one block's gradients")
-        states = states + term("ZeRO-3's gathered blocks (g × 2 B × a block's parameters / tp)",
-                               gathered * 2 * q("P", model.layer_params, "a block's parameters") / degree("tp"))
+        def block() -> Expr:
+            return 2 * q("P", model.layer_params, "a block's parameters") / degree("tp")
+        states = states + term("ZeRO-3's two gathered blocks of 16-bit weights (computing, prefetched)", 2 * block()) \
+            + term("ZeRO-3's one block of 16-bit gradients (until reduce-scattered)", block())
     in_flight = minimum(degree("pp"), q("m", plan.micro_batches, "the micro-batches"))
     if measured is not None:
         kept = term("one micro-batch's activations in the stage's blocks (measured)", measured)

@@ -35,17 +35,17 @@ def _strided(rank, shape, stride_of, modulo=True):
     return tuple(rank // stride_of(i) % size if modulo else rank // stride_of(i) for i, size in enumerate(shape))
 
 
-def coordinates_without_the_modulo(dist, shape):
+def coordinates_without_the_remainder(dist, shape):
     """c_i = rank // (product of the later sizes): right for the outermost axis, past the end of the others."""
     return _strided(dist.get_rank(), shape, lambda i: math.prod(shape[i + 1:]), modulo=False)
 
 
-def coordinates_stride_includes_its_own_axis(dist, shape):
+def coordinates_dividing_by_the_sizes_from_its_own_axis_on(dist, shape):
     """c_i = rank // prod(shape[i:]) % shape[i]: the stride of an axis taken with the axis's own size in it."""
     return _strided(dist.get_rank(), shape, lambda i: math.prod(shape[i:]))
 
 
-def coordinates_stride_as_world_over_size(dist, shape):
+def coordinates_dividing_by_world_over_size(dist, shape):
     """The stride of axis i taken as world // shape[i] ("how many ranks share a coordinate"): right for the
     outermost axis only."""
     world = dist.get_world_size()
@@ -101,7 +101,7 @@ def groups_with_pipeline_neighbours_adjacent(dist, dp, pp, tp):
     return _groups(dist, members)
 
 
-def groups_tp_outermost(dist, dp, pp, tp):
+def groups_with_tp_varying_slowest(dist, dp, pp, tp):
     """Ranks laid out as rank = (t·pp + p)·dp + d, TP outermost: TP groups span nodes, DP groups are neighbours."""
     return _groups(dist, _members(dp, pp, tp, lambda d, p, t: (t * pp + p) * dp + d))
 
@@ -306,7 +306,7 @@ def memory_full_recomputation_keeps_nothing(model, plan):
 
 
 # ---- choose_plan ----------------------------------------------------------------------------------------------
-def _plans(model, cluster, global_batch, *, micro_batches=None, zeros=(0, 1, 2, 3),
+def _plans(model, cluster, global_batch, *, whole_batch=False, zeros=(0, 1, 2, 3),
            recomputes=("none", "selective", "full")):
     """Every plan of the space a learner searches (with the knob of one mistake narrowing it), and its estimate."""
     tps = [t for t in range(1, cluster.gpus_per_node + 1) if cluster.gpus_per_node % t == 0]
@@ -316,8 +316,8 @@ def _plans(model, cluster, global_batch, *, micro_batches=None, zeros=(0, 1, 2, 
         if rest or dp == 0 or global_batch % dp:
             continue
         local = global_batch // dp
-        for b, zero, recompute in itertools.product(micro_batches or [b for b in range(1, local + 1) if local % b == 0],
-                                                    zeros, recomputes):
+        sizes = [local] if whole_batch else [b for b in range(1, local + 1) if local % b == 0]
+        for b, zero, recompute in itertools.product(sizes, zeros, recomputes):
             plan = Plan(tp=tp, pp=pp, dp=dp, global_batch=global_batch, micro_batch=b, zero=zero, recompute=recompute)
             try:
                 yield plan, estimate(model, cluster, plan)
@@ -325,10 +325,14 @@ def _plans(model, cluster, global_batch, *, micro_batches=None, zeros=(0, 1, 2, 
                 continue
 
 
-def plan_with_micro_batch_one(model, cluster, global_batch):
-    """Searches tp, pp, ZeRO and recomputation with micro_batch=1 throughout ("the smallest always fits")."""
-    fitting = [(p, e) for p, e in _plans(model, cluster, global_batch, micro_batches=[1]) if e.fits]
-    return max(fitting, key=lambda pe: pe[1].tokens_per_second)[0]
+def _fastest(plans):
+    return max(((p, e) for p, e in plans if e.fits), key=lambda pe: pe[1].tokens_per_second)[0]
+
+
+def plan_never_splitting_the_replica_batch(model, cluster, global_batch):
+    """micro_batch = global_batch // dp, never searched: one micro-batch a step, so a pipeline has no micro-batches
+    to overlap and its bubble is (pp-1)/1."""
+    return _fastest(_plans(model, cluster, global_batch, whole_batch=True))
 
 
 def plan_first_that_fits(model, cluster, global_batch):
@@ -346,43 +350,47 @@ def plan_least_memory(model, cluster, global_batch):
     return min(_plans(model, cluster, global_batch), key=lambda pe: pe[1].memory)[0]
 
 
-def plan_without_recomputation(model, cluster, global_batch):
-    """recompute='none' only ("recomputation is for when nothing else fits"): long sequences need it to fit fast."""
-    fitting = [(p, e) for p, e in _plans(model, cluster, global_batch, recomputes=("none",)) if e.fits]
-    return max(fitting, key=lambda pe: pe[1].tokens_per_second)[0]
+def plan_recomputing_all_or_nothing(model, cluster, global_batch):
+    """recompute in ('none', 'full'), recomputation taken as on or off: selective recomputation (the attention
+    scores only, Korthikanti et al. 2022) is never tried."""
+    return _fastest(_plans(model, cluster, global_batch, recomputes=("none", "full")))
 
 
+# The words of each message that would name the mistake; named_yet=False where today's message does not (the
+# report of issue 31 lists what each needs).
 MISTAKES = [
-    Attempt("mesh_coordinates", coordinates_innermost_first, LAYOUT),
-    Attempt("mesh_coordinates", coordinates_without_the_modulo, ("out of range", "past the end", "modulo")),
-    Attempt("mesh_coordinates", coordinates_stride_includes_its_own_axis, ("stride",)),
-    Attempt("mesh_coordinates", coordinates_stride_as_world_over_size, ("stride",)),
-    Attempt("mesh_coordinates", coordinates_by_true_division, ("float", "//")),
-    Attempt("process_groups", groups_without_the_membership_test, ("does not hold rank", "not a member")),
-    Attempt("process_groups", groups_with_dp_stride_tp, ("stride", "dp ranks")),
-    Attempt("process_groups", groups_with_pipeline_neighbours_adjacent, ("pp ranks", "TP peer")),
-    Attempt("process_groups", groups_tp_outermost, ("innermost", "outermost", "tp ranks")),
-    Attempt("process_groups", groups_as_rank_lists, ("new_group", "process group")),
-    Attempt("tp_dp_train", tp_dp_bias_on_every_tp_rank, ("bias", "fc2_b")),
-    Attempt("tp_dp_train", tp_dp_without_g, ("g's all-reduce", "all-reduce")),
+    Attempt("mesh_coordinates", coordinates_innermost_first, ("innermost-first", "reversed"), named_yet=False),
+    Attempt("mesh_coordinates", coordinates_without_the_remainder, ("out of range", "modulo", "larger than"),
+            named_yet=False),
+    Attempt("mesh_coordinates", coordinates_dividing_by_the_sizes_from_its_own_axis_on, ("stride",), named_yet=False),
+    Attempt("mesh_coordinates", coordinates_dividing_by_world_over_size, ("stride",), named_yet=False),
+    Attempt("mesh_coordinates", coordinates_by_true_division, "got float"),
+    Attempt("process_groups", groups_without_the_membership_test, "group holds ranks"),
+    Attempt("process_groups", groups_with_dp_stride_tp, ("pp·tp apart", "in none of"), named_yet=False),
+    Attempt("process_groups", groups_with_pipeline_neighbours_adjacent, "holds what the result['tp ranks']"),
+    Attempt("process_groups", groups_with_tp_varying_slowest, ("outermost", "order of the axes"), named_yet=False),
+    Attempt("process_groups", groups_as_rank_lists, "pass a group made by dist.new_group"),
+    Attempt("tp_dp_train", tp_dp_bias_on_every_tp_rank, ("counted tp times", "bias added before"), named_yet=False),
+    Attempt("tp_dp_train", tp_dp_without_g, ("never all-reduced", "partial sum"), named_yet=False),
     Attempt("tp_dp_train", tp_dp_gradients_never_cleared, "at step 2"),
-    Attempt("tp_dp_train", tp_dp_averaging_over_tp, ("TP group", "TP axis")),
-    Attempt("tp_dp_train", tp_dp_fc1_split_by_columns, ("shard", "fc1_w")),
-    Attempt("tp_dp_train", tp_dp_rows_by_the_tp_coordinate, ("rows", "TP coordinate")),
+    Attempt("tp_dp_train", tp_dp_averaging_over_tp, ("TP group", "TP axis"), named_yet=False),
+    Attempt("tp_dp_train", tp_dp_fc1_split_by_columns, "of fc1_w's", named_yet=False),
+    Attempt("tp_dp_train", tp_dp_rows_by_the_tp_coordinate, ("rows of", "TP coordinate"), named_yet=False),
     Attempt("train_3d", train_3d_loss_not_over_m, "m, the number of micro-batches"),
     Attempt("train_3d", train_3d_summing_over_dp, "dp, the data-parallel degree"),
     Attempt("train_3d", train_3d_gradients_never_cleared, "at step 2"),
-    Attempt("train_3d", train_3d_next_stage_is_rank_plus_one, ("none of its mesh groups", "PP group")),
-    Attempt("train_3d", train_3d_received_activations_without_grad, ("requires_grad", "is None")),
-    Attempt("plan_memory", memory_without_the_embedding, "embedding"),
-    Attempt("plan_memory", memory_states_not_over_tp, "tp (the tensor-parallel degree) left out"),
-    Attempt("plan_memory", memory_zero3_two_gathered_blocks, "off by one"),
-    Attempt("plan_memory", memory_fp32_gradients, "gradients"),
-    Attempt("plan_memory", memory_adam_without_a_master_copy, "master"),
-    Attempt("plan_memory", memory_full_recomputation_keeps_nothing, "activations"),
-    Attempt("choose_plan", plan_with_micro_batch_one, "micro_batch"),
-    Attempt("choose_plan", plan_first_that_fits, ("first", "fastest")),
-    Attempt("choose_plan", plan_fastest_fitting_or_not, ("does not fit", "fits")),
-    Attempt("choose_plan", plan_least_memory, ("fastest", "tokens per second")),
-    Attempt("choose_plan", plan_without_recomputation, "recompute"),
+    Attempt("train_3d", train_3d_next_stage_is_rank_plus_one, ("wrong peer", "not in its PP group"), named_yet=False),
+    Attempt("train_3d", train_3d_received_activations_without_grad, "requires_grad", named_yet=False),
+    Attempt("plan_memory", memory_without_the_embedding, "the embedding's parameters left out"),
+    Attempt("plan_memory", memory_states_not_over_tp, "tp (the tensor-parallel degree) left out", named_yet=False),
+    Attempt("plan_memory", memory_zero3_two_gathered_blocks, "one block of 16-bit gradients (until reduce-scattered) "
+                                                             "left out", named_yet=False),
+    Attempt("plan_memory", memory_fp32_gradients, "16-bit gradients (2 B a parameter) counted twice", named_yet=False),
+    Attempt("plan_memory", memory_adam_without_a_master_copy, "fp32 master weights (4 B a parameter) left out"),
+    Attempt("plan_memory", memory_full_recomputation_keeps_nothing, "the activations (blocks × a block's"),
+    Attempt("choose_plan", plan_never_splitting_the_replica_batch, "micro_batch=", named_yet=False),
+    Attempt("choose_plan", plan_first_that_fits, "a faster plan", named_yet=False),
+    Attempt("choose_plan", plan_fastest_fitting_or_not, "fits in a GPU's memory: expected True"),
+    Attempt("choose_plan", plan_least_memory, "a faster plan", named_yet=False),
+    Attempt("choose_plan", plan_recomputing_all_or_nothing, "recompute='selective'", named_yet=False),
 ]
