@@ -20,6 +20,7 @@ from lib.contract import sends_less_than
 from lib.device import device
 from lib.diagnose import Mistake
 from lib.sim import per_rank
+from lib.terms import Formula, Num, Q, formula, minimum, term
 from lib.units import fmt_bytes
 
 NOTEBOOK = "07_moe"
@@ -613,7 +614,20 @@ def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
     cap, padded = capacity_reference(logits, k, max_dropped)
     share = f"{max_dropped:.4g} ({round(max_dropped * t_count * k)} choices)" if exact else f"{max_dropped:.0%}"
     return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
-                f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped")
+                f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped",
+                formulas={"[1]": _padding_formula(logits, k, cap, padded)})
+
+
+def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> Formula:
+    """The padded slots as named terms (lib.terms): C·E slots less the kept choices, Σ_e min(L_e, C)."""
+    experts = logits.shape[1]
+    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten().cpu(), minlength=experts).tolist()
+    c = Q("C", cap, "the capacity")
+    kept = sum((minimum(n, c) for n in load), Num(0))
+    found = formula(term("the C × E slots", c * Q("E", experts, "the experts"))
+                    - term("the kept choices, Σ_e min(L_e, C)", kept), "slots")
+    assert found.value == padded, (found.value, padded)
+    return found
 
 
 smallest_capacity = Puzzle(
