@@ -344,7 +344,8 @@ def backward_dk_as_ds_times_q(dist, q, k, v, out, lse, dout, block):
 
 
 # ---- ulysses_attention ---------------------------------------------------------------------------------------
-def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sources_reversed=False):
+def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sources_reversed=False, causal=False,
+             buffer_like_the_input=False):
     """Ulysses as a learner writes it, with the knob of one mistake turned."""
     world = dist.get_world_size()
     b, h, c, d = q.shape
@@ -359,12 +360,12 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
 
     def to_heads(x):
         send = split(x)
-        got = torch.empty(send.shape, dtype=x.dtype, device=x.device)
+        got = torch.empty_like(x) if buffer_like_the_input else torch.empty(send.shape, dtype=x.dtype, device=x.device)
         dist.all_to_all_single(got, send)
         got = got.flip(0) if sources_reversed else got
         return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
 
-    o, _ = S.blockwise_attention(to_heads(q), to_heads(k), to_heads(v), block)       # (b, h/N, s, d)
+    o, _ = S.blockwise_attention(to_heads(q), to_heads(k), to_heads(v), block, causal=causal)   # (b, h/N, s, d)
     send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
     got = torch.empty_like(send)
     dist.all_to_all_single(got, send)
@@ -386,6 +387,17 @@ def ulysses_reading_the_sources_backwards(dist, q, k, v, block):
     """The received slices read last rank first ("slice i came from rank N-1-i"): the sequence put together in
     the wrong order, so each rank gets another's queries back."""
     return _ulysses(dist, q, k, v, block, sources_reversed=True)
+
+
+def ulysses_with_a_decoders_mask(dist, q, k, v, block):
+    """blockwise_attention(..., causal=True), as zigzag's and a decoder's attention are: this layer's is not
+    masked."""
+    return _ulysses(dist, q, k, v, block, causal=True)
+
+
+def ulysses_receiving_into_a_tensor_like_q(dist, q, k, v, block):
+    """got = torch.empty_like(q), shaped (b, h, s/N, d), for what arrives laid out (N, b, h/N, s/N, d)."""
+    return _ulysses(dist, q, k, v, block, buffer_like_the_input=True)
 
 
 MISTAKES = [
@@ -435,4 +447,6 @@ MISTAKES = [
     Attempt("ulysses_attention", ulysses_heads_dealt_round_robin, ("round-robin", "holds what")),
     Attempt("ulysses_attention", ulysses_sending_views, "contiguous"),
     Attempt("ulysses_attention", ulysses_reading_the_sources_backwards, ("holds what rank", "wrong rank index")),
+    Attempt("ulysses_attention", ulysses_with_a_decoders_mask, ("causal mask", "masked"), named_yet=False),
+    Attempt("ulysses_attention", ulysses_receiving_into_a_tensor_like_q, "(N, b, h/N", named_yet=False),
 ]
