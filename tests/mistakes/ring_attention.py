@@ -345,7 +345,7 @@ def backward_dk_as_ds_times_q(dist, q, k, v, out, lse, dout, block):
 
 # ---- ulysses_attention ---------------------------------------------------------------------------------------
 def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sources_reversed=False, causal=False,
-             buffer_like_the_input=False):
+             buffer_like_the_input=False, back="inverse", attend="after"):
     """Ulysses as a learner writes it, with the knob of one mistake turned."""
     world = dist.get_world_size()
     b, h, c, d = q.shape
@@ -365,11 +365,29 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
         got = got.flip(0) if sources_reversed else got
         return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
 
-    o, _ = S.blockwise_attention(to_heads(q), to_heads(k), to_heads(v), block, causal=causal)   # (b, h/N, s, d)
+    if attend == "before":                 # the local chunk attended first, then the layout exchanged anyway
+        q, k, v = (S.blockwise_attention(q, k, v, block)[0], k, v)
+        return _ulysses(dist, q, k, v, block, back=back, attend="skip")
+    o = to_heads(q) if attend == "skip" else \
+        S.blockwise_attention(to_heads(q), to_heads(k), to_heads(v), block, causal=causal)[0]   # (b, h/N, s, d)
+    if back == "same":                     # the inputs' all-to-all again, for the way back
+        return to_heads(o.reshape(b, h, c, d))
     send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
     got = torch.empty_like(send)
     dist.all_to_all_single(got, send)
     return got.transpose(0, 1).reshape(b, h, c, d)
+
+
+def ulysses_the_same_all_to_all_back(dist, q, k, v, block):
+    """The output sent back by the inputs' all-to-all, "the same exchange undoes itself": it splits heads again,
+    where the way back must split the sequence."""
+    return _ulysses(dist, q, k, v, block, back="same")
+
+
+def ulysses_attending_before_the_exchange(dist, q, k, v, block):
+    """Each rank attends its own chunk of the sequence first, then does the all-to-alls: its queries never meet
+    the other chunks' keys."""
+    return _ulysses(dist, q, k, v, block, attend="before")
 
 
 def ulysses_heads_dealt_round_robin(dist, q, k, v, block):
@@ -444,9 +462,20 @@ MISTAKES = [
             named_yet=False),
     Attempt("ring_attention_backward", backward_gradients_home_leftwards, ("holds what rank", "right neighbour")),
     Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dSᵀ", "transposed"), named_yet=False),
-    Attempt("ulysses_attention", ulysses_heads_dealt_round_robin, ("round-robin", "holds what")),
-    Attempt("ulysses_attention", ulysses_sending_views, "contiguous"),
+    Attempt("ulysses_attention", ulysses_the_same_all_to_all_back, ("splits heads again", "sequence split"),
+            named_yet=False),
+    Attempt("ulysses_attention", ulysses_attending_before_the_exchange, ("other chunks' keys", "before the exchange"),
+            named_yet=False),
     Attempt("ulysses_attention", ulysses_reading_the_sources_backwards, ("holds what rank", "wrong rank index")),
     Attempt("ulysses_attention", ulysses_with_a_decoders_mask, ("causal mask", "masked"), named_yet=False),
     Attempt("ulysses_attention", ulysses_receiving_into_a_tensor_like_q, "(N, b, h/N", named_yet=False),
+]
+
+# Wrong answers ulysses_attention passes on some draws, a defect of its cases rather than of these attempts: with
+# h = N heads on every case, heads dealt round-robin are the contiguous split; with b = 1 on every case, the
+# transposed view is contiguous. (Seed 2 draws both, 1 seed in 8 each: a case with b = 2 and h = 2N would catch
+# them.) Named, where they fail, by "round-robin" and "contiguous"; kept out of MISTAKES, which must fail every seed.
+PASSED_ON_SOME_DRAWS = [
+    Attempt("ulysses_attention", ulysses_heads_dealt_round_robin, ("round-robin", "holds what")),
+    Attempt("ulysses_attention", ulysses_sending_views, "contiguous"),
 ]

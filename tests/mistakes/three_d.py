@@ -390,7 +390,7 @@ MISTAKES = [
     Attempt("plan_memory", memory_full_recomputation_keeps_nothing, "the activations (blocks × a block's"),
     Attempt("choose_plan", plan_never_splitting_the_replica_batch, "micro_batch=", named_yet=False),
     Attempt("choose_plan", plan_first_that_fits, "a faster plan", named_yet=False),
-    Attempt("choose_plan", plan_fastest_fitting_or_not, "fits in a GPU's memory: expected True"),
+    Attempt("choose_plan", plan_fastest_fitting_or_not, "['fits']: expected True, got False"),
     Attempt("choose_plan", plan_least_memory, "a faster plan", named_yet=False),
     Attempt("choose_plan", plan_recomputing_all_or_nothing, "recompute='selective'", named_yet=False),
 ]
