@@ -302,7 +302,7 @@ MISTAKES = [
             named_yet=False),
     Attempt("diloco_train", diloco_gradients_accumulating_across_inner_steps, ("not zeroed", "zero_grad"),
             named_yet=False),
-    Attempt("diloco_train", diloco_plain_momentum, ("Nesterov", "nesterov"), named_yet=False),
+    Attempt("diloco_train", diloco_plain_momentum, ("Nesterov's", "heavy-ball"), named_yet=False),
     Attempt("compressed_all_reduce", compressed_sum_where_the_mean_belongs, "N, the world size"),
     Attempt("compressed_all_reduce", compressed_residual_the_wrong_way_round, "the opposite sign"),
     Attempt("compressed_all_reduce", compressed_residual_without_the_old_one, ("old residual", "the input residual"),

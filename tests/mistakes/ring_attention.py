@@ -414,7 +414,7 @@ MISTAKES = [
             named_yet=False),
     Attempt("merge_attention", merge_keeping_the_larger_lse, ("log of a sum", "logaddexp"), named_yet=False),
     Attempt("merge_attention", merge_adding_the_lses, ("log of a sum", "logaddexp"), named_yet=False),
-    Attempt("merge_attention", merge_by_averaging_the_outputs, ("weighted by", "e^lse"), named_yet=False),
+    Attempt("merge_attention", merge_by_averaging_the_outputs, ("alike", "equal weights"), named_yet=False),
     Attempt("merge_attention", merge_weights_of_shape_b_h_s, ("unsqueeze", "broadcast"), named_yet=False),
     Attempt("merge_attention", merge_subtracting_one_global_max, ("division by zero", "0 / 0", "underflow")),
     Attempt("blockwise_attention", blockwise_masking_the_diagonal_too, NAN_FROM_A_MASKED_ROW, named_yet=False),
@@ -453,14 +453,15 @@ MISTAKES = [
             named_yet=False),
     Attempt("ring_attention_backward", backward_gradients_home_leftwards, ("holds what rank", "right neighbour"),
             named_yet=False),
-    Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dSᵀ", "transposed"), named_yet=False),
+    Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dS·Q", "transpose of dS"), named_yet=False),
     Attempt("ulysses_attention", ulysses_the_same_all_to_all_back, ("splits heads again", "sequence split"),
             named_yet=False),
     Attempt("ulysses_attention", ulysses_attending_before_the_exchange, ("other chunks' keys", "before the exchange"),
             named_yet=False),
     Attempt("ulysses_attention", ulysses_reading_the_sources_backwards, ("holds what rank", "wrong rank index")),
     Attempt("ulysses_attention", ulysses_with_a_decoders_mask, ("causal mask", "masked"), named_yet=False),
-    Attempt("ulysses_attention", ulysses_receiving_into_a_tensor_like_q, "(N, b, h/N", named_yet=False),
+    Attempt("ulysses_attention", ulysses_receiving_into_a_tensor_like_q, ("shaped like q", "(b, h, s/N, d) buffer"),
+            named_yet=False),
 ]
 
 # Wrong answers ulysses_attention passes on some draws, a defect of its cases rather than of these attempts: with
