@@ -426,7 +426,7 @@ MISTAKES = [
     Attempt("blockwise_attention", blockwise_causal_key_blocks_below_i, ("the diagonal tile", "no key"),
             named_yet=False),
     Attempt("ring_attention", ring_sending_before_receiving, ("every rank is blocked", "deadlock")),
-    Attempt("ring_attention", ring_receiving_from_the_right, ("wrong peer", "left neighbour"), named_yet=False),
+    Attempt("ring_attention", ring_receiving_from_the_right, "who is whose neighbour"),
     Attempt("ring_attention", ring_keeping_only_the_last_block, ("last block only", "never merged"), named_yet=False),
     Attempt("ring_attention", ring_never_attending_to_the_last_block, ("received last", "N-1 of the N blocks"),
             named_yet=False),
