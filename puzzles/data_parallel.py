@@ -246,18 +246,20 @@ def _own_work_budget(model, shard, lr: float, steps: int) -> Budget:
                        "the average of the ranks' gradients, which the all-reduce makes.")
 
 
-def _ddp_case(rng: random.Random, world: int) -> Case:
+def _ddp_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
+    """`steps`: fewer steps of the same batches (every draw is the same), to find the step a wrong run goes astray."""
     sizes = _model_sizes(rng)
     model = mlp(sizes, seed=rng.randrange(2**31))
     local = rng.randint(2, 5)
-    shards, full = sharded_batches(rng.randrange(2**31), sizes, world, local, STEPS)
+    steps = steps or STEPS
+    shards, full = sharded_batches(rng.randrange(2**31), sizes, world, local, steps)
     lr = 0.1
     expected, flops = counted_flops(lambda: train_single(model, full, lr))
     floor = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs")[1]
     return Case(world, (model, per_rank(shards), lr), [expected] * world,
-                f"N={world}, {STEPS} steps of {len(shards[0][0][0])} samples per rank",
-                budgets=_all_reduce_grads_budgets(model, world, STEPS) + [_own_work_budget(model, shards[0], lr, STEPS),
-                                                                         floor])
+                f"N={world}, {steps} steps of {len(shards[0][0][0])} samples per rank",
+                budgets=_all_reduce_grads_budgets(model, world, steps) + [_own_work_budget(model, shards[0], lr, steps),
+                                                                         floor], steps=steps)
 
 
 def _ddp_mistake(what: str, message: str) -> Mistake:
@@ -369,11 +371,13 @@ def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float, bucke
     return max(t_bwd, link_free)
 
 
-def _bucketed_case(rng: random.Random, world: int, bucket: str = "several") -> Case:
+def _bucketed_case(rng: random.Random, world: int, bucket: str = "several", steps: Optional[int] = None) -> Case:
+    """`steps`: fewer steps than drawn, of the same batches (every draw is the same)."""
     sizes = _model_sizes(rng)
     model = mlp(sizes, seed=rng.randrange(2**31))
     bucket_size = _bucket_size(rng, model, BUCKET_LAYERS[bucket])
-    local, steps, lr = rng.randint(8, 24), rng.randint(2, 3), 0.1
+    local, drawn, lr = rng.randint(8, 24), rng.randint(2, 3), 0.1
+    steps = steps or drawn
     shards, full = sharded_batches(rng.randrange(2**31), sizes, world, local=local, steps=steps)
     f_flops, b_flops = _phase_flops(model, *shards[0][0])
     # A link chosen so that all-reducing the gradients takes as long as the backward pass:
@@ -402,7 +406,7 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several") -> C
     return Case(world, (model, per_rank(shards), lr, bucket_size), [train_single(model, full, lr)] * world,
                 f"N={world}, {steps} steps, bucket_size={bucket_size}, all-reduce of the gradients as long as the "
                 "backward pass", budgets=budgets, cost=cost,
-                contracts=[_bucket_contract(bucket_size, largest, steps, world, word)])
+                contracts=[_bucket_contract(bucket_size, largest, steps, world, word)], steps=steps)
 
 
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")     # the ways a bucket of gradients travels

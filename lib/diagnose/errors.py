@@ -9,6 +9,7 @@ own tensors say what those shapes are: a tensor with 1/N of a parameter's elemen
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, Optional
 
 import torch
@@ -29,6 +30,16 @@ _MEANINGS = (
      "communicate a clone, or communicate after backward)"),
     ("Expected all tensors to be on the same device",
      "an op mixed tensors on two devices: put every tensor you make on lib.device() (or the inputs' .device)"),
+    ("division by zero",
+     "a number divided by 0: a sum, a count or a correction that came out 0 (Adam's bias correction 1 - β^t is 0 at "
+     "t = 0: steps count from 1)"),
+    ("'NoneType' object has no attribute",
+     "a value is None where a tensor belongs: a .grad read before backward made it (a tensor hook runs before the "
+     "gradient is accumulated into .grad: register_post_accumulate_grad_hook runs after), a .grad another step "
+     "already freed, or a function that returned nothing"),
+    ("out of bounds",
+     "an index outside the tensor it indexes: on a rank that holds a shard, an index meant for the whole tensor "
+     "must be shifted by the shard's offset (and the indices the rank does not own masked out)"),
 )
 
 
@@ -38,6 +49,9 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     for words, meaning in _MEANINGS:
         if words in message:
             return f"What it means: {meaning}."
+    viewed = _viewed(message, case.world_size)
+    if viewed:
+        return f"What it means: {viewed}"
     if not _about_shapes(message):
         return None
     rank = getattr(error, "rank", 0)
@@ -48,10 +62,55 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     op, shapes, line = tracer.last
     said = f"What it means: {op} failed on inputs of shapes {', '.join(map(str, shapes))}"
     said += f" at {line}" if line else ""
-    shard = _shard(shapes, case, rank)
-    if shard:
-        return f"{said}. {shard}"
-    return said + "."
+    found = _freed(shapes) or _shard(shapes, case, rank) or _whole_meets_shard(shapes, case.world_size) \
+        or _transposed(op, shapes)
+    return f"{said}. {found}" if found else said + "."
+
+
+def _viewed(message: str, world: int) -> Optional[str]:
+    """A view of the wrong number of elements: a padded buffer viewed as its parameter, or a shard as the whole."""
+    found = re.search(r"shape '\[([\d, -]*)\]' is invalid for input of size (\d+)", message)
+    if not found:
+        return None
+    dims = [int(d) for d in found.group(1).split(",") if d.strip() and int(d) >= 0]
+    want, have = math.prod(dims), int(found.group(2))
+    if want and have > want and world > 1 and have == world * math.ceil(want / world):
+        return (f"a buffer of {have} elements (N × ⌈{want}/N⌉, padded to split evenly) viewed as {want}: cut the "
+                f"padding off first (buf[:{want}].view(...)).")
+    if want and have * world == want:
+        return (f"{have} elements viewed as {want}: a rank's 1/N shard viewed as the whole tensor; gather the shards "
+                "first.")
+    return None
+
+
+def _freed(shapes: list[tuple[int, ...]]) -> Optional[str]:
+    if any(0 in shape for shape in shapes):
+        return ("An input has no elements: a tensor freed after use (its storage resized to 0, as ZeRO-3 frees a "
+                "layer's parameters) and used again before it was gathered back.")
+    return None
+
+
+def _whole_meets_shard(shapes: list[tuple[int, ...]], world: int) -> Optional[str]:
+    sizes = [math.prod(s) for s in shapes if s]
+    for a in sizes:
+        for b in sizes:
+            if world > 1 and b and a == world * b:
+                return (f"One input has N × the other's elements ({a} and {b}, N = {world}): a whole tensor meets a "
+                        "rank's shard (optimizer state or a gradient kept whole where the rank holds 1/N).")
+    return None
+
+
+def _transposed(op: str, shapes: list[tuple[int, ...]]) -> Optional[str]:
+    """A product whose second matrix fits only transposed: a weight used as stored, (out, in), where x @ w.T or
+    F.linear(x, w) belongs."""
+    mats = [s for s in shapes if len(s) >= 2]
+    if op not in ("mm", "addmm", "bmm", "baddbmm", "matmul") or len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    if a[-1] != b[-2] and a[-1] == b[-1]:
+        return (f"The second matrix, {b}, fits only transposed: a weight is stored as (out_features, in_features), "
+                "so multiply by its transpose (x @ w.T, or F.linear(x, w)).")
+    return None
 
 
 def _about_shapes(message: str) -> bool:
@@ -67,6 +126,8 @@ def _shard(shapes: list[tuple[int, ...]], case, rank: int) -> Optional[str]:
         return None
     whole = {key or "the input": t for key, t in given(mine(case.args, rank)).items() if t.dim() >= 1}
     for shape in shapes:
+        if len(shape) != 1:
+            continue                 # a flat shard, as ZeRO keeps them: a 2-D piece is as likely an activation
         n = int(torch.Size(shape).numel())
         for key, t in whole.items():
             if n and n < t.numel() and n == math.ceil(t.numel() / world):

@@ -95,6 +95,16 @@ def given(args: tuple) -> dict[str, torch.Tensor]:
     return named
 
 
+def arguments(args: tuple) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a rank was handed, named as the learner knows it: a model's parameter by name, a positional
+    argument by its place ("argument 3")."""
+    out = []
+    for i, a in enumerate(args):
+        for key, t in leaves(a):
+            out.append((plain(key) if key else f"argument {i + 1}", t))
+    return out
+
+
 def f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().to(torch.float64)
 
