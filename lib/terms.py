@@ -204,6 +204,15 @@ def mutations(expr: Expr) -> list[Mutation]:
                 inside = [n for n in t.nodes() if isinstance(n, Q) and n.symbol == symbol]
                 if inside and len(inside) < len(nodes):
                     out.append(Mutation(f"{symbol} left out of {t.name}", {id(n): (lambda v: 1.0) for n in inside}))
+    for n in expr.nodes():
+        if isinstance(n, Op) and n.kind == "ceil":
+            inner = n.args[0]
+            out.append(Mutation("rounded down where it must round up (floor for ceil)",
+                                {id(n): lambda v, inner=inner: float(math.floor(inner.value))}))
+            out.append(Mutation("rounded to the nearest where it must round up (round for ceil)",
+                                {id(n): lambda v, inner=inner: float(round(inner.value))}))
+            out.append(Mutation("not rounded up (a fraction where a whole count belongs)",
+                                {id(n): lambda v, inner=inner: inner.value}))
     return out
 
 
@@ -216,8 +225,9 @@ def matches(f: Formula, got: float, rel: float = 1e-9) -> list[str]:
     found = [m.said for m in singles if _gives(f.expr, m, got, rel)]
     if found:
         return found
+    terms = [m for m in singles if m.said.endswith((" left out", " counted twice"))]
     pairs = (Mutation(f"{a.said}, and {b.said}", {**a.change, **b.change})
-             for a, b in itertools.combinations(singles, 2) if not set(a.change) & set(b.change))
+             for a, b in itertools.combinations(terms, 2) if not set(a.change) & set(b.change))
     first = _first(f.expr, pairs, got, rel)
     return [first.said] if first else []
 

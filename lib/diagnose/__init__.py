@@ -56,6 +56,7 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
     check's `others` cases, for a factor two quantities equal on this case leave open. `names` are the learner's
     own names for the arguments (after dist), to say which input a result lacks."""
     world = len(expected)
+    expected, got = _as_vectors(expected, got)
     for mistake in mistakes:
         theirs = _mistaken_results(mistake, args, world, wrap, expected)
         if theirs is not None and all(_same(t, g, rtol, atol) for t, g in zip(theirs, got)):
@@ -68,9 +69,6 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
     wrong = [(r, key, e, g) for r in range(world) for key, e, g in differing(expected[r], got[r], rtol, atol)]
     if not wrong:
         return ""
-    origin = _origin(wrong, case, fn, world)
-    if origin:
-        return f"Diagnosis: {origin}"
     mine_expected = [dict(leaves(expected[r])) for r in range(world)]
     mine_got = [dict(leaves(got[r])) for r in range(world)]
     inputs = [given(mine(args, r)) for r in range(world)]
@@ -80,6 +78,9 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
                          resolve, arguments(mine(args, rank), names))
         if found:
             return f"Diagnosis: {found}"
+    origin = _origin(wrong, case, fn, world)
+    if origin:
+        return f"Diagnosis: {origin}"
     if case is not None and fn is not None:
         moment = moments.explain(fn, case, named, rtol, atol, outputs)
         if moment:
@@ -89,6 +90,17 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
         return f"Diagnosis: {found}"
     where = _where(wrong, world, rtol, atol, outputs)
     return f"Where: {where}" if where else ""
+
+
+def _as_vectors(expected: Sequence[Any], got: Sequence[Any]) -> tuple[list, list]:
+    """A tuple of numbers (coordinates, counts) on each side read as one vector, so that its entries' places can be
+    compared; anything else as it is."""
+    def numbers(x: Any) -> bool:
+        return isinstance(x, (list, tuple)) and len(x) >= 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)
+    pairs = [(torch.tensor(e, dtype=torch.float64), torch.tensor(g, dtype=torch.float64))
+             if numbers(e) and numbers(g) and len(e) == len(g) else (e, g) for e, g in zip(expected, got)]
+    return [e for e, _ in pairs], [g for _, g in pairs]
 
 
 # ---- the learner's result against known mistakes -----------------------------------------------------------
@@ -217,10 +229,16 @@ def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: li
     world = len(expected)
     where = on_rank(rank, world, key, outputs)
     bad = ~torch.isclose(f64(g), f64(e), rtol=rtol, atol=atol, equal_nan=True)
-    if case is not None and fn is not None and bool(values.leftovers(e, g, bad).any()):
+    non_finite = g.is_floating_point() and bool((~torch.isfinite(f64(g)) & torch.isfinite(f64(e))).any())
+    if case is not None and fn is not None and not non_finite and bool(values.leftovers(e, g, bad).any()):
         empty = origins.unwritten(fn, case, rank, key)
         if empty is not None and empty.shape == bad.shape and bool((empty & bad).any()):
             return values.uninitialised(where, g, empty & bad)
+        read = origins.tainted(fn, case, rank, key, g)
+        if read is not None and read.shape == bad.shape and bool((read & bad).any()):
+            return (f"{where} was computed, {span(read & bad)}, from memory nothing wrote: torch.empty's leftovers "
+                    "read before anything was written into them (an irecv's buffer used before its wait(), a buffer "
+                    "filled after it was read).")
     return (values.never_written(where, e, g, bad)
             or values.returned_as_given(where, rank, key, e, g, inputs, rtol, atol)
             or values.share_missing(where, rank, key, e, g, inputs, rtol, atol)

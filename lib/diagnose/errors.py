@@ -136,6 +136,8 @@ def _about_shapes(message: str) -> bool:
 def _shard(shapes: list[tuple[int, ...]], case, rank: int) -> Optional[str]:
     """Which input is a 1/N part of one of the case's tensors (a parameter's shard where the whole belongs)."""
     world = case.world_size
+    degrees = {f"N = {world}": world, **{name.split(",")[0].strip() + f" = {v:g}": v
+                                         for name, v in case.factors.items() if float(v).is_integer() and v > 1}}
     if world < 2:
         return None
     whole = {key or "the input": t for key, t in given(mine(case.args, rank)).items() if t.dim() >= 1}
@@ -144,8 +146,11 @@ def _shard(shapes: list[tuple[int, ...]], case, rank: int) -> Optional[str]:
             continue                 # a flat shard, as ZeRO keeps them: a 2-D piece is as likely an activation
         n = int(torch.Size(shape).numel())
         for key, t in whole.items():
-            if n and n < t.numel() and n == math.ceil(t.numel() / world):
-                return (f"An input of shape {shape} has 1/N of {key}'s {t.numel()} elements (N = {world}): a rank's "
+            degree = next((d for d, v in degrees.items() if n and n < t.numel() and n == math.ceil(t.numel() / v)),
+                          None)
+            if degree:
+                return (f"An input of shape {shape} has 1/{degree.split(' = ')[1]} of {key}'s {t.numel()} elements "
+                        f"({degree}): a rank's "
                         f"shard reached an op that needs the whole {tuple(t.shape)} tensor. Gather it first "
                         "(all-gather the shards into the full tensor, as ZeRO-3 and FSDP do before each layer's "
                         "forward and backward), and use the gathered one.")

@@ -106,7 +106,10 @@ def explain(where: str, e: torch.Tensor, g: torch.Tensor, named: dict[str, float
         c, offset = offset_ratio(e, g, atol), True
         if c is None:
             return None
-    found = said(c, named, one_value=int((e.abs() > max(100 * atol, 1e-12)).sum()) < 2, resolve=resolve)
+    one_value = int((e.abs() > max(100 * atol, 1e-12)).sum()) < 2
+    if one_value and bool((e == e.round()).all()):
+        return None                   # one whole number against another (a coordinate, a count): no scale to name
+    found = said(c, named, one_value=one_value, resolve=resolve)
     if found is None or (offset and not any(n in found[0] for n in named)):
         return None
     words, advice = found

@@ -25,7 +25,7 @@ def leaves(value: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(value, torch.Tensor):
         yield key, value.detach()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        yield key, torch.tensor(float(value))
+        yield key, torch.tensor(float(value), dtype=torch.float64)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             yield from leaves(v, f"{key}[{i}]")

@@ -83,6 +83,8 @@ def returned_as_given(where: str, rank: int, key: str, e: torch.Tensor, g: torch
 
 def another_ranks(where: str, rank: int, key: str, g: torch.Tensor, expected: list[dict], rtol: float,
                   atol: float) -> Optional[str]:
+    if g.numel() < 2 and bool((g == g.round()).all()):
+        return None                   # one whole number equal to another rank's (a coordinate) proves nothing
     for s in range(len(expected)):
         theirs = expected[s].get(key)
         if s != rank and theirs is not None and close(theirs, g, rtol, atol):
