@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, one_thread
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
+from lib.offlimits import tool
 from lib.errors import PuzzleError
 from lib.feed import StepFeed
 from lib.first_use import import_ahead
@@ -205,6 +206,7 @@ diloco_train = Puzzle(
 
 
 # ---- 2. compressed all-reduce with error feedback ----------------------------------------------------------
+@tool
 def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """x (1-D, any float dtype) as integers of `bits` bits held in int8, and one float32 scale of shape (1,):
     x ≈ q · scale, rounded to nearest, |q| <= 2**(bits-1) - 1 (127 for int8)."""
@@ -213,6 +215,7 @@ def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor
     return torch.round(x / scale).to(torch.int8), scale
 
 
+@tool
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """What `quantize` sent, back in float32."""
     return q.float() * scale

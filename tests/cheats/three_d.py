@@ -8,7 +8,7 @@ import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
 from lib.planner import H100_80GB, Cluster, estimate, memory_breakdown
-from lib.sim.mesh import coordinates, mesh_groups
+from lib.sim.mesh import answer_key_refused, coordinates, mesh_groups
 from lib.viz.planner import plan_figure
 from tests.cheats.common import everywhere, under_identity_hooks
 from tests.wrong.three_d import DPAverageReplaced
@@ -341,6 +341,22 @@ def train_3d_gpipe_rewriting_its_peak(dist, stage, tokens, targets, dp, pp, tp, 
     return out
 
 
+def coordinates_by_unravel_indexs_helper(dist, shape):
+    """torch.unravel_index's own helper, beside the refused function."""
+    return tuple(int(c) for c in torch.functional._unravel_index(torch.tensor(dist.get_rank()), tuple(shape)))
+
+
+def coordinates_with_the_refusal_lifted(dist, shape):
+    """The check's refusal of lib.sim.mesh's arithmetic lifted from inside (answer_key_refused(None))."""
+    with answer_key_refused(None):
+        return coordinates(dist.get_rank(), shape)
+
+
+def memory_from_the_statements_own_sum(model, plan):
+    """The helper the case builder checks lib.planner against: notebook 06's statement of the bytes, summed."""
+    return P._first_stage_bytes(model, plan)
+
+
 CHEATS = everywhere(P) + [
     ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
     ("mesh_coordinates", coordinates_by_unravel_index, "torch.unravel_index (unravel_index) out of reach: derive it"),
@@ -370,4 +386,7 @@ CHEATS = everywhere(P) + [
     ("train_3d", train_3d_every_replica_on_the_whole_batch, "TP axis"),   # micro-batches dp times larger
     ("tp_dp_train", tp_dp_every_tp_group_on_the_whole_batch, "TP axis"),
     ("process_groups", groups_in_an_order_of_their_own, "new_group call"),
+    ("mesh_coordinates", coordinates_by_unravel_indexs_helper, "torch.unravel_index (_unravel_index) out of reach"),
+    ("mesh_coordinates", coordinates_with_the_refusal_lifted, "called lib.sim.mesh.answer_key_refused"),
+    ("plan_memory", memory_from_the_statements_own_sum, "called puzzles.three_d._first_stage_bytes"),
 ]
