@@ -32,6 +32,7 @@ import torch
 
 from lib.errors import PuzzleError
 from lib.places import COURSE, LIBRARIES
+from lib.sim import audit
 from lib.sim.boundary import EngineHandle, fail_run
 from lib.sim.context import current_rank
 from lib.sim.errors import OutOfView
@@ -114,7 +115,7 @@ def _reached(roots: Iterable[FunctionType], within: tuple[str, ...]) -> set[Func
 def _code_of(fn: FunctionType) -> CodeType:
     """`fn`'s own code: an answer key's (guarded) is its original's, not its trampoline's."""
     key = (fn.__kwdefaults__ or {}).get("_lib_answer_key")
-    return key._original.__code__ if isinstance(key, _AnswerKey) else fn.__code__
+    return _ORIGINAL.__get__(key).__code__ if isinstance(key, _AnswerKey) else fn.__code__
 
 
 def _package_dir(module_name: str) -> tuple[str, ...]:
@@ -153,6 +154,7 @@ def guard_answer_keys(builder: Callable) -> None:
     if builder in _GUARDED_BUILDERS:
         return
     _GUARDED_BUILDERS.add(builder)
+    audit.watch_exec(refuse_copies)
     formulas = importlib.import_module(FORMULAS)
     keys = _reached([inspect.unwrap(builder)], _package_dir(builder.__module__) + (formulas.__file__,))
     keys |= set(_module_functions(formulas))
@@ -189,8 +191,11 @@ class _AnswerKey(EngineHandle):
 
     def __call__(self, args: tuple, kwargs: dict):
         if current_rank() is not None and _called_by_the_rank():
-            _refuse(current_rank(), f"called {self._label}")
-        return self._original(*args, **kwargs)
+            _refuse(current_rank(), f"called {_LABEL.__get__(self)}")
+        return _ORIGINAL.__get__(self)(*args, **kwargs)
+
+
+_ORIGINAL, _LABEL = _AnswerKey._original, _AnswerKey._label     # the slots' descriptors: no guard on each call
 
 
 def _called_by_the_rank() -> bool:
@@ -204,8 +209,8 @@ def _called_by_the_rank() -> bool:
 
 
 def refuse_copies(code: CodeType) -> None:
-    """Inside a simulated rank, code about to run by `exec` (lib.sim.audit): stop the run if it holds a copy of an
-    answer key (inspect.getsource of one, exec'd under another name)."""
+    """Inside a simulated rank, code about to run by `exec` (lib.sim.audit.watch_exec): stop the run if it holds a copy
+    of an answer key (inspect.getsource of one, exec'd under another name)."""
     for inner in _codes(code):
         label = _COPIES.get(_fingerprint(inner)) if _distinctive(inner) else None
         if label is not None:

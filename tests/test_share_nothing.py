@@ -536,6 +536,15 @@ def a_process(dist, x):
     return x
 
 
+def disguised_as_the_engine(dist, x):
+    """Code compiled under an engine file's name, which every guard asking whose code it is would take for the
+    engine's own."""
+    namespace = {}
+    exec(compile("def peek():\n    return lib.sim.context.current_tracker()\n", lib.sim.context.__file__, "exec"),
+         {"lib": lib}, namespace)
+    return x + namespace["peek"]().flops
+
+
 def a_nested_run(dist, x):
     """A simulation of its own inside the rank: its ranks' work would be nobody's."""
     from lib.sim.runtime import Runtime
@@ -557,7 +566,8 @@ def a_nested_run(dist, x):
                                      (engine_read_statically, "inspect.getattr_static"),
                                      (untracked_block, "untracked()"),
                                      (tracer_through_the_library, "sys.setprofile"),
-                                     (a_process, "subprocess.Popen")])
+                                     (a_process, "subprocess.Popen"),
+                                     (disguised_as_the_engine, "compiled code as")])
 def test_the_engines_own_doors_are_shut(fn, what):
     with pytest.raises(OutOfView) as info:
         lib.sim.run(fn, WORLD, per_rank(_xs()))

@@ -9,8 +9,9 @@ asked for them, directly or through Python's library handing frames back to it (
 `traceback.walk_tb`): a frame leads through `f_back` to the simulator's own frames, which hold every rank's inputs
 and the rank's meters, and the collector's lists hold every object of the process. Python's library reading a
 traceback for itself (`traceback.format_exc()`) still may. A tracer or profiler only the engine may set, whoever
-asks (its watch, lib.offlimits), and no process may start; code run by `exec` is refused where it holds a copy of an
-answer key (lib.offlimits.refuse_copies).
+asks (its watch, lib.offlimits), and no process may start; code a rank runs by `exec` is shown to the watchers that ask
+(lib.offlimits: a copy of an answer key). Anywhere, the learner's code may not compile code under the file name of the
+engine's, the problem set's or a library's: that code would pass for theirs.
 
 The hook is the process's for good (Python cannot remove one), so outside a rank it returns at once.
 """
@@ -21,8 +22,10 @@ import asyncio.base_tasks
 import inspect
 import sys
 import traceback
+from types import CodeType
+from typing import Callable
 
-from lib.places import ENGINE, LIBRARIES
+from lib.places import COURSE, ENGINE, LIBRARIES
 from lib.sim.context import current_rank
 from lib.sim.errors import OutOfView
 
@@ -59,15 +62,28 @@ def _asked_by_learner(may: tuple) -> bool:
     return frame is not None and not frame.f_code.co_filename.startswith(may)
 
 
+_DISGUISE = ("code compiled under the file name of the course's or a library's own code would pass for it: the checks "
+             "tell whose code asks by its file.\nHint: compile your own code under a name of your own.")
+
+
 def _hook(event: str, args: tuple) -> None:
+    if event in ("compile", "code.__new__"):      # whatever the thread: such code could run in a rank later
+        filename = args[1]
+        if isinstance(filename, str) and filename.startswith(LIBRARIES + COURSE) and _asked_by_learner(LIBRARIES):
+            from lib.sim.boundary import fail_run
+            from lib.sim.ownership import learner_line
+            rank = current_rank()
+            fail_run(OutOfView(f"{'' if rank is None else f'rank {rank} '}compiled code as {filename}{learner_line()}: "
+                               f"{_DISGUISE}"))
+        return
     if event == "object.__getattr__":
         if args[1] not in _FRAME_ATTRIBUTES:
             return
         what, (may, why) = f"{args[1]} (the frame of a {type(args[0]).__name__})", (LIBRARIES, _PEEKING)
     elif event == "exec":
         if current_rank() is not None:
-            from lib.offlimits import refuse_copies     # an answer key's code, run again under another name
-            refuse_copies(args[0])
+            for watcher in _exec_watchers:
+                watcher(args[0])
         return
     else:
         rule = _EVENTS.get(event)
@@ -88,6 +104,16 @@ def _ending() -> bool:
     at the learner's line."""
     from lib.sim.context import current_runtime
     return current_runtime().ending
+
+
+_exec_watchers: list[Callable[[CodeType], None]] = []
+
+
+def watch_exec(watcher: Callable[[CodeType], None]) -> None:
+    """Have `watcher(code)` see the code a simulated rank is about to run by exec (lib.offlimits: a copy of an answer
+    key, run under another name, stops the run)."""
+    if watcher not in _exec_watchers:
+        _exec_watchers.append(watcher)
 
 
 def install() -> None:

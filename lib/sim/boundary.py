@@ -19,6 +19,9 @@ switch the tracker off or run work where it is not. Inside a simulated rank:
   meters (its tracker: peak memory, FLOPs) live. Those Python's C code reaches are refused by an audit hook
   (lib.sim.audit), which no patch's original walks around;
 - `.tolist()` of a tensor another rank made, or of the run's originals, is refused as any op reading it is;
+- the engine's own objects: the private names of its modules (the originals these patches keep, the ranks'
+  registry) and of the classes of the handles a rank holds (a slot's descriptor reads around the handle's guard),
+  `inspect.getattr_static` (which reads around every guard), and the engine's untracked block;
 - opening a file is refused: what goes through a file is neither counted nor sent (a rank could leave its data
   there for another, as processes of one machine could, but not ranks on different machines).
 Outside a simulated rank, and for torch's and the engine's own calls, every patch does exactly what torch does.

@@ -26,6 +26,7 @@ import torch
 
 from lib.errors import PuzzleError, RankFailed
 from lib.sim import boundary, context, threads
+from lib.sim.boundary import tracking_switched_off, untracked
 from lib.sim.environ import own_environments
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
@@ -151,11 +152,11 @@ class Runtime:
     def untracked(self):
         """The runtime's own temporaries (message copies, reductions) are not the rank's memory. torch's own guard,
         not a generator around it: a check enters it several times per communication call."""
-        return boundary.untracked()
+        return untracked()
 
     def check_view(self, state: RankState) -> None:
         """Stop the run if the rank's ops escape its tracker (checked at every dist call and at return)."""
-        off = boundary.tracking_switched_off(state.tracker)
+        off = tracking_switched_off(state.tracker)
         if off:
             from lib.sim.ownership import learner_line
             self.fail(OutOfView(
