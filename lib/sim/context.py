@@ -70,13 +70,20 @@ def current_tracker() -> Optional["RankTracker"]:
 
 def clock() -> float:
     """This rank's simulated clock, in seconds: a number to read, not the meter."""
-    here = _ranks[_get_ident()]
+    here = _here()
     return here.runtime.ranks[here.rank].clock
 
 
 def flops() -> float:
     """The FLOPs this rank has counted so far: a number to read, not the meter."""
-    return _ranks[_get_ident()].tracker.flops
+    return _here().tracker.flops
+
+
+def _here() -> _Rank:
+    here = _ranks.get(_get_ident())
+    if here is None:
+        raise LookupError("this thread runs no simulated rank: ask inside a function that lib.sim.run runs.")
+    return here
 
 
 _HANDLES = ("the simulator's runtime and the rank's tracker hold every rank's inputs and the rank's meters (memory, "

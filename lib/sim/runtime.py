@@ -306,7 +306,7 @@ class Runtime:
                                                name=f"sim-rank-{state.rank}", daemon=True)
                     state.thread.start()
                     context.admit(state.thread, state.rank, self, state.tracker)
-                    state.thread.begun.wait()
+                    state.thread.begun.wait(_JOIN_TIMEOUT)
             deadline = time.monotonic() + self.timeout
             with labelled_output(current_rank), own_environments():
                 try:
