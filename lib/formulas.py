@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from lib.sim.cost import bus_factor
 from lib.offlimits import tool
+from lib.sim.cost import bus_factor
 
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")

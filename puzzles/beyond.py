@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, one_thread
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
-from lib.offlimits import tool
 from lib.errors import PuzzleError
 from lib.feed import StepFeed
 from lib.first_use import import_ahead
 from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
+from lib.offlimits import tool
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes, fmt_rate, fmt_time

@@ -22,8 +22,8 @@ from lib.diagnose import hands_gradient
 from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
 from lib.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
-from lib.offlimits import tool
 from lib.models import mlp, sharded_batches
+from lib.offlimits import tool
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
