@@ -38,15 +38,18 @@ def candidates(named: dict[str, float]) -> list[Candidate]:
             out.append(Candidate(a.value * b.value, f"{a.symbol} × {b.symbol} ({both})", f"{a.symbol} × {b.symbol}"))
     for a in singles:
         for b in singles:
-            if a.value > b.value and not any(math.isclose(a.value / b.value, c.value, rel_tol=CLOSE) for c in singles):
+            if a.value > b.value:
                 out.append(Candidate(a.value / b.value, f"{a.symbol} / {b.symbol} ({a.said}; {b.said})",
                                      f"{a.symbol} / {b.symbol}"))
     return out
 
 
 def matching(ratio: float, named: dict[str, float]) -> list[Candidate]:
-    """The simplest candidates equal to `ratio` (all singles that match, else all pairs that match)."""
-    found = [c for c in candidates(named) if math.isclose(ratio, c.value, rel_tol=CLOSE)]
+    """Every candidate equal to `ratio`, simplest first (singles, then products and quotients of two)."""
+    return [c for c in candidates(named) if math.isclose(ratio, c.value, rel_tol=CLOSE)]
+
+
+def simplest(found: list[Candidate]) -> list[Candidate]:
     singles = [c for c in found if " × " not in c.symbol and " / " not in c.symbol]
     return singles or found
 
@@ -77,8 +80,9 @@ def said(c: float, named: dict[str, float], one_value: bool = False,
     up = c > 0 and c > 1
     size = abs(c) if up else 1 / abs(c) if c else math.inf
     found = matching(size, named) if c > 0 else []
-    if len(found) > 1 and resolve is not None:
-        found = resolve(found) or found
+    if len(simplest(found)) > 1 or (len(found) > 1 and resolve is not None):
+        found = (resolve(found) if resolve is not None else None) or found
+    found = simplest(found)
     if not found:
         if one_value:
             return None          # any two numbers have a ratio: one value proves no factor but a named one

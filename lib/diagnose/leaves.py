@@ -95,6 +95,17 @@ def given(args: tuple) -> dict[str, torch.Tensor]:
     return named
 
 
+def arguments(args: tuple, names: Sequence[str] = ()) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a rank was handed, named as the learner knows it: a model's parameter by name, a positional
+    argument by the learner's own parameter name where known, else by its place ("argument 3")."""
+    out = []
+    for i, a in enumerate(args):
+        called = names[i] if i < len(names) else f"argument {i + 1}"
+        for key, t in leaves(a):
+            out.append((f"{called}{key}" if key.startswith("[") else plain(key) if key else called, t))
+    return out
+
+
 def f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().to(torch.float64)
 

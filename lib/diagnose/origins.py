@@ -93,10 +93,12 @@ def describe(op: str, inputs: list[torch.Tensor], flat: list, nan: bool) -> str:
     if base in ("log", "log2", "log10") and x is not None:
         return ("log of 0 gives -inf (a probability that underflowed to 0, or log of a masked softmax?)"
                 if bool((x == 0).any()) else "log of a negative number gives NaN")
-    if base in ("div", "true_divide", "reciprocal") and len(inputs) >= 1:
+    if base in ("div", "true_divide", "reciprocal", "addcdiv") and len(inputs) >= 1:
         divisor = inputs[-1] if base != "reciprocal" else x
-        if bool((divisor == 0).any()):
-            return "a division by zero (x / 0 is inf, 0 / 0 is NaN): a sum or count that came out 0"
+        scalar_zero = any(isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0 for a in flat[1:])
+        if scalar_zero or bool((divisor == 0).any()):
+            return ("a division by zero (x / 0 is inf, 0 / 0 is NaN): a sum, a count or a correction that came out "
+                    "0 (Adam's bias correction 1 - β^t is 0 at t = 0: steps count from 1)")
     if base in ("sqrt", "rsqrt") and x is not None:
         return "the square root of a negative number" if bool((x < 0).any()) else "1/sqrt(0) is inf"
     what = "NaN" if nan else "inf"

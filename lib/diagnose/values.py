@@ -136,3 +136,77 @@ def approximation(wrong: list) -> Optional[str]:
                 "different approximation (GeLU's tanh form, approximate='tanh', where the exact erf form belongs; "
                 "an eps; float32 arithmetic where float64 belongs).")
     return None
+
+
+def contributions(where: str, key: str, e: torch.Tensor, g: torch.Tensor, inputs: list[dict], rtol: float,
+                  atol: float) -> Optional[str]:
+    """Where the expected value is a sum over ranks of their inputs (or of one chunk of them), which ranks' shares
+    the learner's value holds: a ring stopped a step early, a share copied instead of added, one counted twice."""
+    world = len(inputs)
+    slices = _slices(key, e, inputs, rtol, atol)
+    if world < 2 or slices is None or not g.is_floating_point():
+        return None
+    parts = torch.stack([f64(t).reshape(-1) for t in slices])          # (N, elements)
+    if parts.shape[1] <= world:
+        return None                  # too few values to tell N shares apart
+    weights = torch.linalg.lstsq(parts.T, f64(g).reshape(-1, 1)).solution.reshape(-1)
+    rounded = weights.round()
+    if not close(rounded @ parts, f64(g).reshape(-1), rtol, atol) or bool((rounded == 1).all()):
+        return None
+    counts = [int(w) for w in rounded.tolist()]
+    if any(c < 0 or c > 2 for c in counts) or len(set(counts)) == 1:
+        return None                   # every share the same number of times: a factor's question
+    held = [s for s, c in enumerate(counts) if c >= 1]
+    missing = [s for s, c in enumerate(counts) if c == 0]
+    twice = [s for s, c in enumerate(counts) if c == 2]
+    text = f"{where} holds the sum of {_ranks(held)}'s shares only" if held else f"{where} holds none of the shares"
+    if missing:
+        text += f", without {_ranks(missing)}'s"
+    if twice:
+        text += f", with {_ranks(twice)}'s counted twice"
+    if len(held) == 1 and not twice:
+        return text + ": what arrived was copied (or kept) instead of added to what the rank already held."
+    return text + ": a sum over the ranks that stopped early or skipped a step (each step must add what it receives)."
+
+
+def _slices(key: str, e: torch.Tensor, inputs: list[dict], rtol: float,
+            atol: float) -> Optional[list[torch.Tensor]]:
+    """Each rank's input, or the same chunk of each rank's input, whose sum is `e`; None if none is."""
+    world = len(inputs)
+    xs = [i.get(key) for i in inputs]
+    if any(x is None or not x.is_floating_point() for x in xs):
+        return None
+    if all(x.shape == e.shape for x in xs):
+        candidates = [xs]
+    elif all(x.numel() == world * e.numel() for x in xs):
+        candidates = [[x.reshape(-1).chunk(world)[j].reshape(e.shape) for x in xs] for j in range(world)]
+    else:
+        return None
+    return next((c for c in candidates if close(sum(f64(t) for t in c), e, rtol, atol)), None)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def input_offset(where: str, e: torch.Tensor, g: torch.Tensor, mine: list[tuple[str, torch.Tensor]], world: int,
+                 rtol: float, atol: float) -> Optional[str]:
+    """The difference is one of the rank's own inputs broadcast along the rows (a bias): left out, added twice, or
+    added on every rank before a sum over N ranks."""
+    if not (e.is_floating_point() and g.is_floating_point()) or e.dim() < 1:
+        return None
+    d = f64(e) - f64(g)
+    for said, t in mine:
+        if t.dim() != 1 or t.shape[0] != e.shape[-1] or not t.is_floating_point():
+            continue
+        b = f64(t).expand_as(d)
+        if close(b, torch.zeros_like(b), rtol, atol):
+            continue
+        if close(d, b, rtol, atol):
+            return f"{where} lacks {said}: it was never added (or added where it was then lost)."
+        if close(-d, b, rtol, atol):
+            return f"{where} has {said} added twice."
+        if world > 1 and close(-d, (world - 1) * b, rtol, atol):
+            return (f"{where} has {said} added N times (N = {world}): each rank added it before the sum over the "
+                    "ranks; add it once, after the sum.")
+    return None

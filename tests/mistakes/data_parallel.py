@@ -3,10 +3,10 @@
 import torch
 import torch.nn.functional as F
 
-from tests.mistakes import Attempt, FIRST_STEP, NO_GRADIENT
+from tests.mistakes import A_SHARD_FOR_THE_WHOLE, FIRST_STEP, NO_GRADIENT, Attempt
 
 # A result that sums only some ranks' inputs: said by which ranks' inputs it holds, or which it leaves out.
-PART_OF_THE_SUM = ("left out of the sum", "only the sum of")
+PART_OF_THE_SUM = ("left out of the sum", "only the sum of", "shares only")
 LAYOUT = ("holds what", "rotated", "reversed", "in the wrong places")
 
 
@@ -406,9 +406,8 @@ MISTAKES = [
     Attempt("param_server_all_reduce", server_averages, named="N, the world size"),
     Attempt("param_server_all_reduce", workers_wait_for_the_sum_first, named="Deadlock"),
     Attempt("ring_reduce_scatter", reduce_scatter_textbook_indices, named="holds what rank"),
-    Attempt("ring_reduce_scatter", reduce_scatter_returns_its_own_partial_chunk, named=PART_OF_THE_SUM,
-            named_yet=False),
-    Attempt("ring_reduce_scatter", reduce_scatter_copies_instead_of_adding, named=PART_OF_THE_SUM, named_yet=False),
+    Attempt("ring_reduce_scatter", reduce_scatter_returns_its_own_partial_chunk, named=PART_OF_THE_SUM),
+    Attempt("ring_reduce_scatter", reduce_scatter_copies_instead_of_adding, named=PART_OF_THE_SUM),
     Attempt("ring_reduce_scatter", reduce_scatter_n_steps, named=("N steps where N-1", "one step too many"),
             named_yet=False),
     Attempt("ring_reduce_scatter", reduce_scatter_averaging, named="N, the world size"),
@@ -422,8 +421,7 @@ MISTAKES = [
     Attempt("ring_all_reduce", all_reduce_averaging, named="N, the world size"),
     Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy"),
             named_yet=False),
-    Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=("a shard where the whole", "1/N of"),
-            named_yet=False),
+    Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=A_SHARD_FOR_THE_WHOLE),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
     Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
     Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),
@@ -434,7 +432,7 @@ MISTAKES = [
     Attempt("bucketed_data_parallel_train", bucketed_counters_never_reset, named="at step 2"),
     Attempt("bucketed_data_parallel_train", bucketed_results_left_in_the_flat_buffer,
             named=("never all-reduced", "training alone")),
-    Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT, named_yet=False),
+    Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT),
     Attempt("bucketed_data_parallel_train", bucketed_waiting_in_the_hook, named="simulated time"),
     Attempt("bucketed_data_parallel_train", bucketed_without_averaging,
             named=("N, the world size", "without dividing by N")),

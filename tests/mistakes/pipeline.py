@@ -412,7 +412,7 @@ MISTAKES = [
     Attempt("pipeline_stages", stages_backward_from_ones, named="which has already returned"),
     Attempt("pipeline_stages", stages_gradient_received_into_the_output, named="modified by an inplace operation"),
     Attempt("gpipe", gpipe_only_the_last_stash, named="backward ran twice through the same graph"),
-    Attempt("gpipe", gpipe_divided_by_the_stages, named="m, the number of micro-batches", named_yet=False),
+    Attempt("gpipe", gpipe_divided_by_the_stages, named="m, the number of micro-batches"),
     Attempt("gpipe", gpipe_targets_whole, named=("the whole targets", "targets of the micro-batch"), named_yet=False),
     Attempt("gpipe", gpipe_stash_of_detached_inputs, named=NO_GRADIENT, named_yet=False),
     Attempt("gpipe", gpipe_split_instead_of_chunk, named=("split(m)", "pieces of m rows"), named_yet=False),

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import lib
 from puzzles.zero import adam_update
-from tests.mistakes import Attempt, FIRST_STEP
+from tests.mistakes import A_SHARD_FOR_THE_WHOLE, FIRST_STEP, Attempt
 
 # What the ranks hand Adam, said when Adam's normalisation hides a gradient N times too large (or small).
 HANDED_TO_ADAM = "hand the optimizer"
@@ -413,21 +413,20 @@ MISTAKES = [
     Attempt("zero1_train", zero1_rebinding_the_parameter, named=("unchanged", "the update itself is wrong")),
     Attempt("zero1_train", zero1_step_stuck_at_one, named="at step 2"),
     Attempt("zero1_train", zero1_without_zero_grad, named="at step 2"),
-    Attempt("zero1_train", zero1_unpadded_chunks, named=("not a multiple of N", "pad it to"), named_yet=False),
-    Attempt("zero1_train", zero1_state_as_big_as_the_parameter, named="the whole tensor where a shard belongs",
-            named_yet=False),
+    Attempt("zero1_train", zero1_unpadded_chunks, named=("not a multiple of N", "pad it to")),
+    Attempt("zero1_train", zero1_state_as_big_as_the_parameter, named=("the whole tensor where a shard belongs",
+                                                                         "kept whole where the rank holds 1/N")),
     Attempt("zero2_train", zero2_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero2_train", zero2_keeps_each_gradient, named="at step 2"),
     Attempt("zero2_train", zero2_counting_steps_from_zero, named="division by zero"),
     Attempt("zero2_train", zero2_accumulating_shards, named="at step 2"),
     Attempt("zero2_train", zero2_gathers_before_the_update, named=FIRST_STEP),
     Attempt("zero2_train", zero2_hooks_registered_every_step, named="at step 2", named_yet=False),
-    Attempt("zero3_train", zero3_no_gather_for_backward, named=("Gather it first", "before it was gathered"),
-            named_yet=False),
+    Attempt("zero3_train", zero3_no_gather_for_backward, named=("Gather it first", "before it was gathered")),
     Attempt("zero3_train", zero3_without_dividing, named=HANDED_TO_ADAM),
-    Attempt("zero3_train", zero3_returns_its_shards, named=("a shard where the whole", "1/N of"), named_yet=False),
+    Attempt("zero3_train", zero3_returns_its_shards, named=A_SHARD_FOR_THE_WHOLE),
     Attempt("zero3_train", zero3_keeps_full_gradients, named="at step 2"),
-    Attempt("zero3_train", zero3_views_the_padded_buffer, named="the padding", named_yet=False),
+    Attempt("zero3_train", zero3_views_the_padded_buffer, named="the padding"),
     Attempt("fsdp_prefetch_train", prefetch_waits_at_once, named="simulated time"),
     Attempt("fsdp_prefetch_train", prefetch_everything_up_front, named="peak memory", named_yet=False),
     Attempt("fsdp_prefetch_train", prefetch_never_waits, named="wait"),
