@@ -32,7 +32,7 @@ from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
 from lib.errors import PuzzleError, RankFailed, raised_the_stub
 from lib.first_use import draw_ahead
-from lib.offlimits import call_watched
+from lib.offlimits import call_watched, guard_answer_keys
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
 
@@ -228,6 +228,7 @@ def _guarded_builder(make_case: Callable[..., Case]) -> Callable[..., Case]:
     @functools.wraps(make_case)
     def build(*args, **kwargs) -> Case:
         _refuse_inside_learner()
+        guard_answer_keys(make_case)        # what computes its answers, off limits to a rank from the first case on
         return make_case(*args, **kwargs)
     return build
 
