@@ -18,6 +18,7 @@ engine may set or unset a profiler there (lib.sim.audit).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import os
@@ -151,6 +152,8 @@ _TRAMPOLINE = next(c for c in compile("def key(*args, _lib_answer_key=None, **kw
 def guard_answer_keys(builder: Callable) -> None:
     """Guard the answer keys of a puzzle whose cases `builder` makes (once per builder): from now on, each refuses a
     simulated rank's own code. Called at the first case built, when every function of the builder's module exists."""
+    while isinstance(builder, functools.partial):     # a builder bound to some of its arguments: its function's
+        builder = builder.func
     if builder in _GUARDED_BUILDERS:
         return
     _GUARDED_BUILDERS.add(builder)
