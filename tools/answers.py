@@ -13,6 +13,7 @@ which the judge reads as data only.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
@@ -43,6 +44,7 @@ class Answers:
 
     def __init__(self, pid: int, requests: int, replies: int) -> None:
         self.pid, self.requests, self.replies = pid, requests, replies
+        self.imported = set(sys.modules)        # what both processes have imported (they share it from the fork)
 
     @classmethod
     def start(cls) -> "Answers":
@@ -96,7 +98,11 @@ class Answers:
         """lib.sim.run there, on the learner's function (as the puzzle wraps it, if `wrapped`): its SimResult,
         or the error it raised, raised here."""
         from lib.sim import CostModel
-        reply = self._ask(("run", notebook, puzzle, wrapped, world_size, args, kwargs))
+        # The modules the judge imported since (building the case, as a check in one process would have): imported
+        # there too before the run, or their first import would happen inside a simulated rank.
+        modules = sorted(set(sys.modules) - self.imported)
+        self.imported.update(modules)
+        reply = self._ask(("run", notebook, puzzle, wrapped, world_size, args, kwargs, modules))
         result, error, _ = read_run(reply, kwargs.get("cost") or CostModel())
         if error is not None:
             raise error
@@ -136,6 +142,15 @@ def _leave_the_judges_files(*keep: int) -> None:
     os.closerange(max(keep) + 1, 2**16)
 
 
+def _import(modules: list[str]) -> None:
+    for name in modules:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:                       # a module made at run time, not importable by name
+                pass
+
+
 def serve(requests: int, replies: int) -> NoReturn:
     """Answer the judge's requests until it closes the pipe."""
     import puzzles
@@ -161,7 +176,8 @@ def serve(requests: int, replies: int) -> NoReturn:
         elif request[0] == "changes":
             send(replies, json.dumps({"changes": changes(before)}).encode())
         else:
-            _, notebook, name, wrapped, world_size, args, kwargs = request
+            _, notebook, name, wrapped, world_size, args, kwargs, modules = request
+            _import(modules)
             try:
                 fn = namespace.get(name)
                 if wrapped:

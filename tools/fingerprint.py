@@ -90,7 +90,10 @@ def changes(before: dict[str, tuple[dict[str, tuple], bool]]) -> list[str]:
 
 
 def load_checker() -> None:
-    """Import all that a check uses, so that the fingerprint taken next covers it."""
+    """Import all that a check uses, so that the fingerprint taken next covers it; and meet once what torch sets up
+    on first use (an optimizer's step and zero_grad, which enter a profiler's record_function: typing machinery that
+    calls sys._getframe). A check in one process met it building its cases; in the answers' process, which builds
+    none, it would otherwise first happen inside a simulated rank, where the simulator refuses frames."""
     import torch._dynamo                   # noqa: F401  (imported by the first check anyway; it rewraps torch.manual_seed)
 
     import lib.nbtools                     # noqa: F401  (what runs the notebook's cells)
@@ -98,3 +101,9 @@ def load_checker() -> None:
     import puzzles                         # noqa: F401
     for found in pkgutil.iter_modules(lib.sim.__path__):
         importlib.import_module(f"lib.sim.{found.name}")
+    import torch
+    weight = torch.nn.Parameter(torch.zeros(1))
+    for optimizer in (torch.optim.SGD([weight], lr=0.1, momentum=0.9), torch.optim.Adam([weight])):
+        weight.grad = torch.zeros(1)
+        optimizer.step()
+        optimizer.zero_grad()

@@ -18,10 +18,11 @@ import hmac
 import json
 import os
 import sys
-from typing import Any, Callable, Optional
+import types
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from tools.answers import Answers, AnswersGone, dumpable
-from tools.evidence import Unreadable
+if TYPE_CHECKING:                 # the grader imports this module for the key and the rows: it needs no torch
+    from tools.answers import Answers
 
 KEY_BYTES = 32
 # Bound when the judge is imported: the judge's output never depends on what is looked up later.
@@ -67,24 +68,49 @@ class Learner:
         raise RuntimeError(f"{self.__name__} runs in the answers' process only, never in the judge")
 
 
-def _learner_in(fn: Any) -> Optional[Learner]:
+def _parts(fn: Any) -> list:
+    """What a wrapping holds: a functools.partial's function and arguments, a closure's variables (a function
+    made by functools.wraps around the answer, as lib.contract's refusing_kernels is)."""
+    if isinstance(fn, functools.partial):
+        return [fn.func, *fn.args, *fn.keywords.values()]
+    if isinstance(fn, types.FunctionType):
+        parts = []
+        for variable in fn.__closure__ or ():
+            try:
+                parts.append(variable.cell_contents)
+            except ValueError:                    # a variable not bound yet
+                parts.append(None)
+        return parts
+    return []
+
+
+def _learner_in(fn: Any, depth: int = 0) -> Optional[Learner]:
     if isinstance(fn, Learner):
         return fn
-    if isinstance(fn, functools.partial):
-        for part in (fn.func, *fn.args, *fn.keywords.values()):
-            found = _learner_in(part)
-            if found is not None:
-                return found
+    for part in _parts(fn) if depth < 20 else []:
+        found = _learner_in(part, depth + 1)
+        if found is not None:
+            return found
     return None
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Whether two wrappings (functools.partial, as Puzzle.wrap makes) wrap the same things the same way."""
-    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
-        return (_same(a.func, b.func) and len(a.args) == len(b.args) and all(map(_same, a.args, b.args))
-                and a.keywords.keys() == b.keywords.keys()
-                and all(_same(a.keywords[k], b.keywords[k]) for k in a.keywords))
-    return a is b or (not isinstance(a, functools.partial) and not isinstance(b, functools.partial) and a == b)
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """Whether two wrappings (functools.partial and closures, as Puzzle.wrap makes them) wrap the same things the
+    same way."""
+    if a is b:
+        return True
+    if depth > 20 or type(a) is not type(b):
+        return False
+    if isinstance(a, functools.partial):
+        return a.keywords.keys() == b.keywords.keys() and len(a.args) == len(b.args) and \
+            all(_same(x, y, depth + 1) for x, y in zip(_parts(a), _parts(b)))
+    if isinstance(a, types.FunctionType):
+        return a.__code__ is b.__code__ and a.__defaults__ == b.__defaults__ and len(_parts(a)) == len(_parts(b)) \
+            and all(_same(x, y, depth + 1) for x, y in zip(_parts(a), _parts(b)))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def route_runs(answers: Answers) -> None:
@@ -122,6 +148,8 @@ def judge(notebook: str, cells: dict, emit: Callable[[dict], None], names: list[
     """Run the puzzles `names` of `notebook` (a name such as 02_data_parallel), and emit one row for each:
     the grader's list, so that the judge never writes a row the grader takes for a forged one."""
     import puzzles
+    from tools.answers import AnswersGone
+    from tools.evidence import Unreadable
     module = {m.NOTEBOOK: m for m in puzzles.MODULES}[notebook]
     checks = [p for p in module.PUZZLES if p.name in names]
     errors, defined, setup = answers.load(cells, [p.name for p in checks])
@@ -151,6 +179,8 @@ def judge(notebook: str, cells: dict, emit: Callable[[dict], None], names: list[
 
 def main(notebook: str) -> None:
     """The sandbox's entry point: stdin holds the key, then the notebook's cells and the puzzles as JSON."""
+    from tools.answers import Answers, AnswersGone, dumpable
+    from tools.evidence import Unreadable
     from tools.fingerprint import load_checker
 
     dumpable(False)                                       # before anything is worth reading here
