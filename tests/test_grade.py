@@ -63,7 +63,8 @@ def _submission(folder: Path, answers: dict[str, str]) -> Path:
 
 
 def _by_puzzle(rows: list[dict], student: str) -> dict[str, dict]:
-    return {r["puzzle"]: r for r in rows if r["student"] == student}
+    """A student's rows by puzzle (the review rows, which name the cell's puzzle too, left out)."""
+    return {r["puzzle"]: r for r in rows if r["student"] == student and r["status"] != "review"}
 
 
 def _processes_with(token: str) -> list[int]:
@@ -565,9 +566,10 @@ def test_forged_tampered_and_lying_results_do_not_count_even_in_a_plain_folder(t
     assert any("the checker's frames" in d for d in fullwidth), fullwidth
     assert any("math.isclose = lambda" in r["detail"] for r in rows if r["student"] == "liz"), liz
     # What a notebook wrote reaches the terminal and the spreadsheet as text.
-    assert "\x1b" not in printed and "\\x1b]0;owned" in printed
+    assert "\x1b" not in printed
     csv_text = (tmp_path / "out" / "scores.csv").read_text()
-    assert "\x1b" not in csv_text and ",'=HYPERLINK(" in csv_text and ",=" not in csv_text
+    assert "\x1b" not in csv_text and ",'=HYPERLINK(" in csv_text and "\\x1b]0;owned" in csv_text
+    assert ",=" not in csv_text
     assert csv_text.splitlines()[0] == "student,notebook,puzzle,status,points,detail"
     cy = _by_puzzle(rows, "cy")
     assert cy["ring_all_gather"]["status"] == "failed" and "oops" in cy["ring_all_gather"]["detail"]
