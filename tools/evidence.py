@@ -116,27 +116,24 @@ def _pack(header: dict, writer: _Writer) -> bytes:
     return _LENGTH.pack(len(text)) + text + b"".join(writer.blobs)
 
 
-def result_message(result: SimResult, changes: list[str]) -> bytes:
-    """A run that ended: its results, each rank's statistics, the trace, and what the learner's code changed
-    of the checker so far (tools.fingerprint)."""
+def result_message(result: SimResult) -> bytes:
+    """A run that ended: its results, each rank's statistics and the trace."""
     w = _Writer()
     header = {"results": [w.value(r) for r in result.results],
               "stats": [{f.name: w.value(getattr(s, f.name)) for f in dataclasses.fields(RankStats)}
                         for s in result.stats],
-              "trace": [[w.value(getattr(e, f.name)) for f in dataclasses.fields(Event)] for e in result.trace],
-              "changes": changes}
+              "trace": [[w.value(getattr(e, f.name)) for f in dataclasses.fields(Event)] for e in result.trace]}
     return _pack(header, w)
 
 
-def error_message(error: BaseException, changes: list[str]) -> bytes:
+def error_message(error: BaseException) -> bytes:
     """A run that raised: what, said so that the judge can raise the same kind of error (lib.check tells a stub,
     a refusal the statement asks for, a mistake of the simulator's rules and any other error apart)."""
     header = {"error": {"classes": _classes(error), "text": str(error)[:20000],
                         "rank": getattr(error, "rank", None) if isinstance(error, RankFailed) else None,
                         "traceback": getattr(error, "traceback", "")[:20000] if isinstance(error, RankFailed) else "",
                         "raised": _raised(getattr(error, "exception", None)) if isinstance(error, RankFailed)
-                        else None},
-              "changes": changes}
+                        else None}}
     return _pack(header, _Writer())
 
 
@@ -258,21 +255,13 @@ def _unpack(message: bytes) -> tuple[dict, _Reader]:
     return header, _Reader(message[_LENGTH.size + length:], header.get("blobs"))
 
 
-def changes_in(header: dict) -> list[str]:
-    changes = header.get("changes", [])
-    if not (isinstance(changes, list) and all(isinstance(c, str) for c in changes)):
-        raise Unreadable("a list of changes that is not a list of text")
-    return [c[:200] for c in changes]
-
-
-def read_run(message: bytes, cost) -> tuple[Optional[SimResult], Optional[BaseException], list[str]]:
-    """(the run's SimResult, or the error to raise in its place, and the changes to the checker) from a message
-    of the answers' process. Raises Unreadable for anything else."""
+def read_run(message: bytes, cost) -> tuple[Optional[SimResult], Optional[BaseException]]:
+    """(the run's SimResult, or the error to raise in its place) from a message of the answers' process. Raises
+    Unreadable for anything else."""
     header, reader = _unpack(message)
-    changes = changes_in(header)
     try:
         if "error" in header:
-            return None, _error(header["error"]), changes
+            return None, _error(header["error"])
         results = reader.value(header["results"])
         stats = [RankStats(**{name: reader.value(v) for name, v in _fields(s, RankStats).items()})
                  for s in header["stats"]]
@@ -281,7 +270,7 @@ def read_run(message: bytes, cost) -> tuple[Optional[SimResult], Optional[BaseEx
         raise Unreadable(f"{type(e).__name__}: {e}"[:300]) from None
     if not isinstance(results, list) or len(results) != len(stats):
         raise Unreadable("results and statistics of different numbers of ranks")
-    return SimResult(results, stats, trace, cost), None, changes
+    return SimResult(results, stats, trace, cost), None
 
 
 def _fields(values: Any, cls: type) -> dict:
@@ -354,6 +343,3 @@ def _lookup(module: str, qualname: str) -> Optional[type]:
     return found if isinstance(found, type) and issubclass(found, BaseException) and \
         not issubclass(found, (SystemExit, KeyboardInterrupt, GeneratorExit)) else None
 
-
-__all__ = ["send", "receive", "result_message", "error_message", "read_run", "changes_in", "Unreadable",
-           "ReceivedModule", "Opaque", "PuzzleError", "MESSAGE_BYTES"]
