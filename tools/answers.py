@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 import sys
+import time
 from typing import Any, NoReturn, Optional
 
 from tools.evidence import Unreadable, error_message, read_run, receive, result_message, send
@@ -63,6 +64,19 @@ class Answers:
         os.close(requests_read)
         os.close(replies_write)
         return cls(pid, requests_write, replies_read)
+
+    def close(self, wait: float = 2.0) -> None:
+        """No more requests: the answers' process ends; reaped if it does within `wait` seconds (its CPU time then
+        counts in the sandbox's), else left to the sandbox, which ends with the judge."""
+        os.close(self.requests)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(0.01)
 
     def _ask(self, request: tuple) -> bytes:
         try:

@@ -197,6 +197,7 @@ def main(notebook: str) -> None:
     os.dup2(2, 1)
     try:
         judge(notebook, cells, lambda row: _write(results, sign(key, row)), names, answers)
+        answers.close()
     except (AnswersGone, Unreadable) as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(3)
