@@ -13,13 +13,14 @@ from __future__ import annotations
 import builtins
 import hmac
 import importlib
+import inspect
 import io
 import json
 import os
 import pkgutil
 import sys
 import types
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 CACHES = {"__slotnames__"}          # attributes Python itself adds to a class (copy and pickle cache them)
 
@@ -31,8 +32,12 @@ def _attr(obj: Any, name: str) -> Any:
         return None
 
 
-def _identity(value: Any) -> tuple:
-    """What must stay the same for `value` to behave the same: the object, and a function's code and defaults."""
+def _identity(attr: str, value: Any) -> tuple:
+    """What must stay the same for `value` to behave the same: the object, and a function's code and defaults. A
+    private number (a counter or cache of the engine's own, such as lib.sim.boundary._modules_seen, rebound at each
+    run) is state, not code: only its kind counts."""
+    if attr.startswith("_") and type(value) in (int, float, bool):
+        return ("a number",)
     fn = _attr(value, "__func__") or value           # staticmethod, classmethod, bound method
     return (id(value), id(_attr(fn, "__code__")), id(_attr(fn, "__defaults__")), id(_attr(fn, "__kwdefaults__")))
 
@@ -65,7 +70,7 @@ def _watched() -> Iterator[tuple[str, Any, bool]]:
 
 
 def fingerprint() -> dict[str, tuple[dict[str, tuple], bool]]:
-    return {name: ({attr: _identity(v) for attr, v in list(vars(obj).items())}, additions)
+    return {name: ({attr: _identity(attr, v) for attr, v in list(vars(obj).items())}, additions)
             for name, obj, additions in _watched()}
 
 
@@ -81,7 +86,7 @@ def changes(before: dict[str, tuple[dict[str, tuple], bool]]) -> list[str]:
         for attr, was in then.items():
             if attr not in now:
                 found.append(f"{name}.{attr} removed")
-            elif _identity(now[attr]) != was:
+            elif _identity(attr, now[attr]) != was:
                 found.append(f"{name}.{attr} replaced")
         if additions:
             found += [f"{name}.{attr} added" for attr, value in list(now.items())
@@ -89,8 +94,10 @@ def changes(before: dict[str, tuple[dict[str, tuple], bool]]) -> list[str]:
     return found
 
 
-def load_checker() -> None:
-    """Import all that a check uses, so that the fingerprint taken next covers it; and meet once what torch sets up
+def load_checker(notebook: Optional[str] = None) -> None:
+    """Import all that a check uses, so that the fingerprint taken next covers it; guard the answer keys of the
+    puzzles of `notebook` (a name such as 02_data_parallel), as its first case built would (lib.offlimits: the
+    answers' process builds none, and they are guarded there too); and meet once what torch sets up
     on first use (an optimizer's step and zero_grad, which enter a profiler's record_function: typing machinery that
     calls sys._getframe). A check in one process met it building its cases; in the answers' process, which builds
     none, it would otherwise first happen inside a simulated rank, where the simulator refuses frames."""
@@ -98,7 +105,7 @@ def load_checker() -> None:
 
     import lib.nbtools                     # noqa: F401  (what runs the notebook's cells)
     import lib.sim
-    import puzzles                         # noqa: F401
+    import puzzles
     for found in pkgutil.iter_modules(lib.sim.__path__):
         importlib.import_module(f"lib.sim.{found.name}")
     import torch
@@ -107,3 +114,7 @@ def load_checker() -> None:
         weight.grad = torch.zeros(1)
         optimizer.step()
         optimizer.zero_grad()
+    from lib.offlimits import guard_answer_keys
+    for module in puzzles.MODULES:
+        for puzzle in module.PUZZLES if module.NOTEBOOK == notebook else ():
+            guard_answer_keys(inspect.unwrap(puzzle.make_case))

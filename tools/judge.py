@@ -184,7 +184,7 @@ def main(notebook: str) -> None:
     from tools.fingerprint import load_checker
 
     dumpable(False)                                       # before anything is worth reading here
-    load_checker()
+    load_checker(notebook)
     answers = Answers.start()                             # before the key is read: it never holds it
     route_runs(answers)
     stdin = sys.stdin.buffer.read()
