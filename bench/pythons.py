@@ -1,0 +1,161 @@
+"""Every Python the README names: a fresh virtual environment per Python (and torch) with the course's pinned
+dependencies, the time and disk space the install takes, then the tests run there.
+
+    python -m bench.pythons                                   # 3.10, 3.11, 3.12, 3.13; pytest -m "not slow"
+    python -m bench.pythons --python 3.12 --torch 2.11.0 -- tests/test_devices.py -m "not slow"
+    python -m bench.pythons --venvs /big/disk --keep          # keep the environments (several GB each)
+
+Everything after `--` goes to pytest (run with `-n 0` from the repository root, the course on PYTHONPATH).
+The environments go to a temporary folder outside the repository and are removed after each run unless
+--keep. Each row replaces the earlier row of the same Python and torch in bench/results/pythons.{json,md}.
+pip downloads with --no-cache-dir, so the time is a first install's, as a learner's machine sees it
+(torch from the registry; where pip's configuration points at a local wheel, as for 3.11 on the course's
+machines, the row says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tools.hosted import requirements
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "pythons"
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
+
+
+def interpreter(version: str) -> str:
+    """`python3.X` from PATH, else from pyenv's versions folder."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found
+    for candidate in sorted((Path.home() / ".pyenv" / "versions").glob(f"{version}.*/bin/python{version}")):
+        return str(candidate)
+    raise SystemExit(f"no python{version} on PATH or in ~/.pyenv/versions")
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes the folder takes on disk (allocated blocks, as du counts them)."""
+    return sum(os.lstat(Path(d) / f).st_blocks * 512 for d, _, files in os.walk(folder) for f in files)
+
+
+def timed_pip(python: Path, *args: str) -> float:
+    start = time.perf_counter()
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", "--disable-pip-version-check",
+                    *args], check=True)
+    return time.perf_counter() - start
+
+
+def probe(python: Path) -> dict:
+    """What the environment's torch is: version, CUDA build, the file it came from."""
+    code = ("import json, platform, torch; print(json.dumps({'python': platform.python_version(), "
+            "'torch': torch.__version__, 'cuda': torch.version.cuda}))")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_tests(python: Path, pytest_args: list[str], timeout: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    start = time.perf_counter()
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE",
+                           *pytest_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    counts = {word.rstrip("s") if word.startswith("error") else word: int(n)
+              for n, word in SUMMARY.findall(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")}
+    failed = [line.split(" - ")[0] for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return {"exit": done.returncode, "seconds": round(time.perf_counter() - start, 1), "counts": counts,
+            "failed": failed, "tail": done.stdout[-3000:] + done.stderr[-1000:]}
+
+
+def measure(version: str, torch_version: str, venvs: Path, pytest_args: list[str], keep: bool,
+            timeout: int) -> dict:
+    """One Python: a fresh venv, torch, the other pins, the tests; the venv removed unless `keep`."""
+    folder = Path(tempfile.mkdtemp(prefix=f"course-py{version}-torch{torch_version}-", dir=venvs))
+    try:
+        start = time.perf_counter()
+        subprocess.run([interpreter(version), "-m", "venv", str(folder)], check=True)
+        python = folder / "bin" / "python"
+        venv_s, empty = time.perf_counter() - start, disk_bytes(folder)
+        torch_s = timed_pip(python, f"torch=={torch_version}")
+        with_torch = disk_bytes(folder)
+        others = [p for p in requirements(ROOT / "pyproject.toml", ("test",)) if not p.startswith("torch==")]
+        others_s = timed_pip(python, *others)
+        row = {**probe(python), "venv_s": round(venv_s, 1), "torch_install_s": round(torch_s, 1),
+               "torch_bytes": with_torch - empty, "others_install_s": round(others_s, 1),
+               "total_bytes": disk_bytes(folder), "pytest_args": pytest_args,
+               "tests": run_tests(python, pytest_args, timeout), "when": time.strftime("%Y-%m-%d %H:%M"),
+               "load_average_at_end": list(os.getloadavg())}
+        print(f"python {row['python']}, torch {row['torch']}: {row['tests']['counts']} "
+              f"in {row['tests']['seconds']} s; install {row['torch_install_s'] + row['others_install_s']:.0f} s, "
+              f"{row['total_bytes'] / 2**30:.2f} GiB", flush=True)
+        return row
+    finally:
+        if keep:
+            print(f"kept {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| Python | torch | CUDA build | torch: install | torch: disk | the rest: install | venv: disk "
+             "| tests run | passed | failed | skipped | tests: time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["tests"]["counts"]
+        failed = c.get("failed", 0) + c.get("error", 0)
+        lines.append(f"| {r['python']} | {r['torch']} | {r['cuda'] or 'no (CPU)'} | {r['torch_install_s']:.0f} s "
+                     f"| {_gib(r['torch_bytes'])} | {r['others_install_s']:.0f} s | {_gib(r['total_bytes'])} "
+                     f"| `{' '.join(r['pytest_args'])}` | {c.get('passed', 0)} | {failed} "
+                     f"| {c.get('skipped', 0)} | {r['tests']['seconds']:.0f} s |")
+    failures = [f"- Python {r['python']}, torch {r['torch']}: {f}" for r in rows for f in r["tests"]["failed"]]
+    return "\n".join(lines + ([""] + ["Failed:"] + failures if failures else [])) + "\n"
+
+
+def save(rows: list[dict], into: Path = RESULTS) -> list[dict]:
+    """Merge `rows` into the saved ones (one per Python and torch) and rewrite the JSON and the table."""
+    path = into.with_suffix(".json")
+    saved = json.loads(path.read_text()) if path.exists() else []
+    key = lambda r: (tuple(map(int, r["python"].split("."))), r["torch"])  # noqa: E731
+    merged = {key(r): r for r in saved + rows}
+    ordered = [merged[k] for k in sorted(merged)]
+    path.write_text(json.dumps(ordered, indent=1) + "\n")
+    into.with_suffix(".md").write_text(
+        "# Every Python the README names (`python -m bench.pythons`)\n\n"
+        "A fresh virtual environment per row: torch, then the other pins of pyproject.toml (with the test extra), "
+        "then the tests named, run with `-n 0`. Install times are a first download (pip --no-cache-dir) on "
+        "the machine and the day in the JSON, which also keeps each run's failures and load.\n\n" + table(ordered))
+    return ordered
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(prog="python -m bench.pythons", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--python", nargs="+", default=list(PYTHONS), help="versions, e.g. 3.10 3.12 (default: all)")
+    ap.add_argument("--torch", default=next(p for p in requirements(ROOT / "pyproject.toml")
+                                             if p.startswith("torch==")).split("==")[1],
+                    help="torch version to install (default: the pinned one)")
+    ap.add_argument("--venvs", type=Path, help="where to make the environments (default: the system's temp folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the environments")
+    ap.add_argument("--timeout", type=int, default=7200, help="seconds for each Python's tests")
+    args = ap.parse_args(ours)
+    rows = [measure(v, args.torch, args.venvs, pytest_args or ["-m", "not slow"], args.keep, args.timeout)
+            for v in args.python]
+    print(table(save(rows)))
+
+
+if __name__ == "__main__":
+    main()
