@@ -5,7 +5,9 @@ dependencies, the time and disk space the install takes, then the tests run ther
     python -m bench.pythons --python 3.12 --torch 2.11.0 -- tests/test_devices.py -m "not slow"
     python -m bench.pythons --venvs /big/disk --keep          # keep the environments (several GB each)
 
-Everything after `--` goes to pytest (run with `-n 0` from the repository root, the course on PYTHONPATH).
+Everything after `--` goes to pytest (run with `-n 0` from the repository root). The course is installed in
+the environment as ./course installs it (editable, solutions/ left out), not put on PYTHONPATH, which tests of
+the student release would see.
 The environments go to a temporary folder outside the repository and are removed after each run unless
 --keep. Each row replaces the earlier row of the same Python and torch in bench/results/pythons.{json,md}.
 pip downloads with --no-cache-dir, so the time is a first install's, as a learner's machine sees it
@@ -65,7 +67,7 @@ def probe(python: Path) -> dict:
 
 
 def run_tests(python: Path, pytest_args: list[str], timeout: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"MPLBACKEND": "Agg"}
     start = time.perf_counter()
     done = subprocess.run([str(python), "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE",
                            *pytest_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -89,6 +91,7 @@ def measure(version: str, torch_version: str, venvs: Path, pytest_args: list[str
         with_torch = disk_bytes(folder)
         others = [p for p in requirements(ROOT / "pyproject.toml", ("test",)) if not p.startswith("torch==")]
         others_s = timed_pip(python, *others)
+        timed_pip(python, "--no-deps", "-e", str(ROOT))
         row = {**probe(python), "venv_s": round(venv_s, 1), "torch_install_s": round(torch_s, 1),
                "torch_bytes": with_torch - empty, "others_install_s": round(others_s, 1),
                "total_bytes": disk_bytes(folder), "pytest_args": pytest_args,
