@@ -390,6 +390,7 @@ class Puzzle:
 
     def _evaluate(self, fn: Callable, seed: int) -> Outcome:
         call = f"P.{self.name}.check({getattr(fn, '__name__', 'fn')}, seed={seed})"
+        names = _parameter_names(fn, self.takes_dist)
         replay = f"\n(Cases from seed {seed}: {call} replays them.)"
         last: Optional[SimResult] = None
         fn = self.wrap(fn)
@@ -412,8 +413,10 @@ class Puzzle:
                 return Outcome(FAILING, _in_order(f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else ""),
                                                   replay), case=case)
             except PuzzleError as e:
-                return Outcome(FAILING, _in_order(f"on {case.label}: {type(e).__name__}: {e}", replay), case=case)
-            problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case])
+                meaning = explain_error(fn, case, e)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {type(e).__name__}: {e}"
+                                                  + (f"\n{meaning}" if meaning else ""), replay), case=case)
+            problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case], names)
             if problem:
                 hinted = "\nHint: " in problem
                 return Outcome(FAILING, _in_order(f"on {case.label}: {problem}", replay), result, case, hinted)
@@ -426,12 +429,12 @@ class Puzzle:
         return (self.display is not None and case.cost is None and not any(b.metric == "time" for b in case.budgets)
                 and not any(c.timed for c in case.contracts))
 
-    def _judge(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
-               others: Sequence[Case] = ()) -> Optional[str]:
-        return self._judge_answer(case, result, fn, others) or self._judge_budgets(case, result)
+    def _judge(self, case: Case, result: SimResult, fn: Optional[Callable] = None, others: Sequence[Case] = (),
+               names: Sequence[str] = ()) -> Optional[str]:
+        return self._judge_answer(case, result, fn, others, names) or self._judge_budgets(case, result)
 
     def _judge_answer(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
-                      others: Sequence[Case] = ()) -> Optional[str]:
+                      others: Sequence[Case] = (), names: Sequence[str] = ()) -> Optional[str]:
         """What is wrong with the ops used, the results or the case's contracts, or None. `fn` and the check's
         `others` cases let the diagnosis replay the answer (a NaN's origin, a factor the case cannot pin down)."""
         if case.allowed_ops is not None:
@@ -445,7 +448,7 @@ class Puzzle:
             if diff:
                 found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes + case.mistakes,
                                  wrap=self.wrap, factors=case.factors, rtol=self.rtol, atol=self.atol, case=case,
-                                 fn=fn, outputs=self.outputs, others=others)
+                                 fn=fn, outputs=self.outputs, others=others, names=names)
                 explained = case.explain(case.expected, result.results) if case.explain is not None else None
                 found = "\n".join(filter(None, (explained, found)))
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
@@ -702,6 +705,16 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _parameter_names(fn: Callable, takes_dist: bool) -> tuple[str, ...]:
+    """The learner's names for the arguments after dist, for messages that name an input as the learner does."""
+    try:
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return ()
+    return tuple(names[1:] if takes_dist else names)
 
 
 def _in_order(body: str, replay: str) -> str:

@@ -38,15 +38,18 @@ def candidates(named: dict[str, float]) -> list[Candidate]:
             out.append(Candidate(a.value * b.value, f"{a.symbol} × {b.symbol} ({both})", f"{a.symbol} × {b.symbol}"))
     for a in singles:
         for b in singles:
-            if a.value > b.value and not any(math.isclose(a.value / b.value, c.value, rel_tol=CLOSE) for c in singles):
+            if a.value > b.value:
                 out.append(Candidate(a.value / b.value, f"{a.symbol} / {b.symbol} ({a.said}; {b.said})",
                                      f"{a.symbol} / {b.symbol}"))
     return out
 
 
 def matching(ratio: float, named: dict[str, float]) -> list[Candidate]:
-    """The simplest candidates equal to `ratio` (all singles that match, else all pairs that match)."""
-    found = [c for c in candidates(named) if math.isclose(ratio, c.value, rel_tol=CLOSE)]
+    """Every candidate equal to `ratio`, simplest first (singles, then products and quotients of two)."""
+    return [c for c in candidates(named) if math.isclose(ratio, c.value, rel_tol=CLOSE)]
+
+
+def simplest(found: list[Candidate]) -> list[Candidate]:
     singles = [c for c in found if " × " not in c.symbol and " / " not in c.symbol]
     return singles or found
 
@@ -77,8 +80,9 @@ def said(c: float, named: dict[str, float], one_value: bool = False,
     up = c > 0 and c > 1
     size = abs(c) if up else 1 / abs(c) if c else math.inf
     found = matching(size, named) if c > 0 else []
-    if len(found) > 1 and resolve is not None:
-        found = resolve(found) or found
+    if len(simplest(found)) > 1 or (len(found) > 1 and resolve is not None):
+        found = (resolve(found) if resolve is not None else None) or found
+    found = simplest(found)
     if not found:
         if one_value:
             return None          # any two numbers have a ratio: one value proves no factor but a named one
@@ -95,17 +99,34 @@ def said(c: float, named: dict[str, float], one_value: bool = False,
 
 def explain(where: str, e: torch.Tensor, g: torch.Tensor, named: dict[str, float], atol: float,
             what: str = "value", resolve: Optional[Resolve] = None) -> Optional[str]:
-    """"every value of rank 0's result is 4× what it should be: off by a factor of 4 = m, ..." or None."""
-    c = constant_ratio(e, g, atol)
+    """"every value of rank 0's result is 4× what it should be: off by a factor of 4 = m, ..." or None. A factor
+    on everything but a per-feature offset (a bias added once, after the scaling) is said so."""
+    c, offset = constant_ratio(e, g, atol), False
     if c is None:
-        return None
-    found = said(c, named, one_value=int((e.abs() > max(100 * atol, 1e-12)).sum()) < 2, resolve=resolve)
-    if found is None:
+        c, offset = offset_ratio(e, g, atol), True
+        if c is None:
+            return None
+    one_value = int((e.abs() > max(100 * atol, 1e-12)).sum()) < 2
+    if one_value and bool((e == e.round()).all()):
+        return None                   # one whole number against another (a coordinate, a count): no scale to name
+    found = said(c, named, one_value=one_value, resolve=resolve)
+    if found is None or (offset and not any(n in found[0] for n in named)):
         return None
     words, advice = found
     if words.startswith("the right magnitudes"):
         return f"{where} has {words}: {advice}"
+    if offset:
+        words = words.replace(": off by", ", apart from a per-feature offset (a bias, added after the scaling): off by")
     return f"every {what} of {where} is {words}" + (f". {advice}" if advice else "")
+
+
+def offset_ratio(e: torch.Tensor, g: torch.Tensor, atol: float) -> Optional[float]:
+    """c where g = c·e + (a constant per feature, the last dimension): the factor a bias added after the scaling
+    hides. Needs at least two rows."""
+    if e.dim() < 2 or e.numel() // e.shape[-1] < 2:
+        return None
+    rows_e, rows_g = e.reshape(-1, e.shape[-1]), g.reshape(-1, g.shape[-1])
+    return constant_ratio(rows_e - rows_e.mean(0), rows_g - rows_g.mean(0), atol)
 
 
 def consistent(found: list[Candidate], ratio: float, named: dict[str, float]) -> list[Candidate]:

@@ -24,6 +24,8 @@ def cuts(shape: torch.Size, world: int, parts: dict[str, tuple[int, int]]) -> li
         for c in (world, 2 * world):
             if c > 1 and size % c == 0 and size > 1 and not any(d == d2 and c == c2 for _, d2, c2 in out):
                 out.append(("chunk", d, c))
+    if len(shape) == 1 and 2 <= shape[0] <= 8 and not any(c == shape[0] for _, _, c in out):
+        out.append(("entry", 0, shape[0]))      # a short vector (coordinates, a few numbers): entry by entry
     return out
 
 
@@ -71,7 +73,7 @@ def _pattern(perm: list[int], ranks: list[int], rank: int, count: int) -> str:
                     "whose?).")
         return "parts of other ranks' results: a wrong rank index in the layout."
     if perm == list(range(count))[::-1]:
-        return "the order reversed (an index counted from the wrong end)."
+        return "the order reversed (an index counted from the wrong end, or coordinates taken innermost-first)."
     for s in range(1, count):
         if perm == [(i + s) % count for i in range(count)]:
             return f"rotated by {s}: each part is {s} place{'s' * (s > 1)} off (an index off by {s}?)."

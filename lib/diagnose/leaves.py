@@ -25,7 +25,7 @@ def leaves(value: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(value, torch.Tensor):
         yield key, value.detach()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        yield key, torch.tensor(float(value))
+        yield key, torch.tensor(float(value), dtype=torch.float64)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             yield from leaves(v, f"{key}[{i}]")
@@ -93,6 +93,17 @@ def given(args: tuple) -> dict[str, torch.Tensor]:
         for key, t in leaves(a):
             named.setdefault(key, t)
     return named
+
+
+def arguments(args: tuple, names: Sequence[str] = ()) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a rank was handed, named as the learner knows it: a model's parameter by name, a positional
+    argument by the learner's own parameter name where known, else by its place ("argument 3")."""
+    out = []
+    for i, a in enumerate(args):
+        called = names[i] if i < len(names) else f"argument {i + 1}"
+        for key, t in leaves(a):
+            out.append((f"{called}{key}" if key.startswith("[") else plain(key) if key else called, t))
+    return out
 
 
 def f64(t: torch.Tensor) -> torch.Tensor:

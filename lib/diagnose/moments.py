@@ -129,6 +129,9 @@ def _update_factor(step: int, case, results: list, rank: int, before: Optional[l
     start = {plain(k): v for k, v in start.items()}
     for key, e, g in differing(case.expected[rank], results[rank], 0, atol):
         s = start.get(plain(key))
+        if s is None:                 # a result not named as its argument: the one argument of its shape
+            alike = [t for t in start.values() if t.shape == e.shape]
+            s = alike[0] if len(alike) == 1 else None
         if s is None or s.shape != e.shape:
             continue
         de = e.double().cpu() - s.double().cpu()

@@ -37,8 +37,9 @@ class Event:
 class Tracer(TorchDispatchMode):
     """One rank's watch over its ops, for a replay (never during a check: it looks at every value)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fill: float = MARKER) -> None:
         super().__init__()
+        self.fill = fill                        # what torch.empty's tensors are filled with
         self.origin: Optional[Event] = None
         self.last: Optional[tuple] = None       # (op, input shapes, the learner's Line or None)
 
@@ -55,7 +56,7 @@ class Tracer(TorchDispatchMode):
             raise
         if op in _EMPTY and isinstance(out, torch.Tensor) and out.dtype in (torch.float32, torch.float64):
             with torch.no_grad():
-                out.fill_(MARKER)
+                out.fill_(self.fill)
         elif self.origin is None:
             self._watch(op, func, flat, tensors, out)
         return out
@@ -86,6 +87,10 @@ def describe(op: str, inputs: list[torch.Tensor], flat: list, nan: bool) -> str:
                     "causal mask covering the diagonal too, triu(0) where triu(1) belongs, or a block where no key "
                     "is visible), so its softmax is 0/0 = NaN. Skip such rows or blocks, or mask strictly above the "
                     "diagonal")
+    if base in ("sub", "add", "rsub") and any(bool(t.isinf().any()) for t in inputs):
+        return ("∞ - ∞ = NaN: a value of -inf less another -inf, as when a row whose every score is masked (-inf) "
+                "has its max (-inf) subtracted. A row masked entirely (the causal mask covering the diagonal too, "
+                "triu(0) where triu(1) belongs, or a block where no key is visible) has no softmax: skip it")
     if base == "exp" and x is not None:
         top = float(x.max())
         return (f"exp overflowed to inf: its input reached {top:.4g}, beyond log({torch.finfo(x.dtype).max:.3g}). "
@@ -93,10 +98,12 @@ def describe(op: str, inputs: list[torch.Tensor], flat: list, nan: bool) -> str:
     if base in ("log", "log2", "log10") and x is not None:
         return ("log of 0 gives -inf (a probability that underflowed to 0, or log of a masked softmax?)"
                 if bool((x == 0).any()) else "log of a negative number gives NaN")
-    if base in ("div", "true_divide", "reciprocal") and len(inputs) >= 1:
+    if base in ("div", "true_divide", "reciprocal", "addcdiv") and len(inputs) >= 1:
         divisor = inputs[-1] if base != "reciprocal" else x
-        if bool((divisor == 0).any()):
-            return "a division by zero (x / 0 is inf, 0 / 0 is NaN): a sum or count that came out 0"
+        scalar_zero = any(isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0 for a in flat[1:])
+        if scalar_zero or bool((divisor == 0).any()):
+            return ("a division by zero (x / 0 is inf, 0 / 0 is NaN): a sum, a count or a correction that came out "
+                    "0 (Adam's bias correction 1 - β^t is 0 at t = 0: steps count from 1)")
     if base in ("sqrt", "rsqrt") and x is not None:
         return "the square root of a negative number" if bool((x < 0).any()) else "1/sqrt(0) is inf"
     what = "NaN" if nan else "inf"
@@ -121,16 +128,17 @@ def learner_line() -> Optional[Line]:
     return None
 
 
-def traced(fn: Callable, tracers: dict) -> Callable:
+def traced(fn: Callable, tracers: dict, fill: float = MARKER) -> Callable:
     """`fn` (a rank's function, dist first) under a Tracer, kept in `tracers` by rank."""
     def rank_fn(dist, *args, **kwargs):
-        tracer = tracers[dist.get_rank()] = Tracer()
+        tracer = tracers[dist.get_rank()] = Tracer(fill)
         with tracer:
             return fn(dist, *args, **kwargs)
     return rank_fn
 
 
-def replay(fn: Callable, case) -> tuple[Optional[list], dict[int, Tracer], Optional[BaseException]]:
+def replay(fn: Callable, case, fill: float = MARKER
+           ) -> tuple[Optional[list], dict[int, Tracer], Optional[BaseException]]:
     """Run `fn` again on `case` under tracers: (results or None, {rank: tracer}, the error it raised or None)."""
     from lib.sim import run
 
@@ -138,7 +146,7 @@ def replay(fn: Callable, case) -> tuple[Optional[list], dict[int, Tracer], Optio
     with Tracer():                   # whatever entering a mode imports, imported here: a rank may not open files
         torch.zeros(2).softmax(-1).isfinite().all()
     try:
-        result = run(traced(fn, tracers), case.world_size, *case.args, timeout=10.0, protect=case.expected,
+        result = run(traced(fn, tracers, fill), case.world_size, *case.args, timeout=10.0, protect=case.expected,
                      faults=case.faults)
     except Exception as e:           # the replay fails as the check's run did: its tracers still say where
         return None, tracers, e
@@ -170,3 +178,17 @@ def unwritten(fn: Callable, case, rank: int, key: str) -> Optional[torch.Tensor]
     if leaf is None or not leaf.is_floating_point():
         return None
     return leaf.detach().cpu() == torch.tensor(MARKER, dtype=leaf.dtype).item()
+
+
+def tainted(fn: Callable, case, rank: int, key: str, got: torch.Tensor) -> Optional[torch.Tensor]:
+    """Where rank `rank`'s leaf `key` was computed from torch.empty's memory before anything was written into it
+    (a replay fills empties with NaN, which every value computed from them carries); None when it cannot say."""
+    from lib.diagnose.leaves import leaves
+
+    results, _, error = replay(fn, case, fill=math.nan)
+    if results is None or error is not None:
+        return None
+    leaf = dict(leaves(results[rank])).get(key)
+    if leaf is None or not leaf.is_floating_point() or leaf.shape != got.shape:
+        return None
+    return leaf.detach().cpu().isnan() & ~got.detach().cpu().isnan()
