@@ -1,9 +1,10 @@
 """Every Python the README names: a fresh virtual environment per Python (and torch) with the course's pinned
 dependencies, the time and disk space the install takes, then the tests run there.
 
-    python -m bench.pythons                                   # 3.10, 3.11, 3.12, 3.13; pytest -m "not slow"
+    python -m bench.pythons                                   # 3.11, 3.12, 3.13; pytest -m "not slow"
     python -m bench.pythons --python 3.12 --torch 2.11.0 -- tests/test_devices.py -m "not slow"
     python -m bench.pythons --venvs /big/disk --keep          # keep the environments (several GB each)
+    python -m bench.pythons --python 3.13 --reuse /big/disk/course-py3.13-...   # the tests again, after a fix
 
 Everything after `--` goes to pytest (run with `-n 0` from the repository root). The course is installed in
 the environment as ./course installs it (editable, solutions/ left out), not put on PYTHONPATH, which tests of
@@ -32,7 +33,7 @@ from tools.hosted import requirements
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "pythons"
-PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+PYTHONS = ("3.11", "3.12", "3.13")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
 
 
@@ -51,11 +52,23 @@ def disk_bytes(folder: Path) -> int:
     return sum(os.lstat(Path(d) / f).st_blocks * 512 for d, _, files in os.walk(folder) for f in files)
 
 
+class InstallFailed(Exception):
+    """pip could not install the pins on this Python: the row says why instead of a test count."""
+
+
 def timed_pip(python: Path, *args: str) -> float:
     start = time.perf_counter()
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", "--disable-pip-version-check",
-                    *args], check=True)
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", "--disable-pip-version-check",
+                           *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
+        raise InstallFailed(errors[-1] if errors else done.stderr.strip().splitlines()[-1])
     return time.perf_counter() - start
+
+
+def _version(python: Path) -> str:
+    return subprocess.run([str(python), "-c", "import platform; print(platform.python_version())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def probe(python: Path) -> dict:
@@ -78,23 +91,36 @@ def run_tests(python: Path, pytest_args: list[str], timeout: int) -> dict:
             "failed": failed, "tail": done.stdout[-3000:] + done.stderr[-1000:]}
 
 
+def install(folder: Path, version: str, torch_version: str) -> dict:
+    """A fresh venv in `folder` with torch, the other pins and the course: how long each part took, its size."""
+    start = time.perf_counter()
+    subprocess.run([interpreter(version), "-m", "venv", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    venv_s = time.perf_counter() - start
+    others = [p for p in requirements(ROOT / "pyproject.toml", ("test",)) if not p.startswith("torch==")]
+    others_s = timed_pip(python, *others)           # first: a pin this Python cannot have fails in seconds
+    without_torch = disk_bytes(folder)
+    torch_s = timed_pip(python, f"torch=={torch_version}")
+    torch_bytes = disk_bytes(folder) - without_torch
+    timed_pip(python, "--no-deps", "-e", str(ROOT))
+    return {"venv_s": round(venv_s, 1), "torch_install_s": round(torch_s, 1), "torch_bytes": torch_bytes,
+            "others_install_s": round(others_s, 1), "total_bytes": disk_bytes(folder)}
+
+
 def measure(version: str, torch_version: str, venvs: Path, pytest_args: list[str], keep: bool,
-            timeout: int) -> dict:
-    """One Python: a fresh venv, torch, the other pins, the tests; the venv removed unless `keep`."""
-    folder = Path(tempfile.mkdtemp(prefix=f"course-py{version}-torch{torch_version}-", dir=venvs))
+            timeout: int, reuse: Path | None = None) -> dict:
+    """One Python: a fresh venv (or `reuse`, a kept one, with its earlier row's install figures), the tests;
+    the venv removed unless `keep`."""
+    folder = reuse or Path(tempfile.mkdtemp(prefix=f"course-py{version}-torch{torch_version}-", dir=venvs))
     try:
-        start = time.perf_counter()
-        subprocess.run([interpreter(version), "-m", "venv", str(folder)], check=True)
         python = folder / "bin" / "python"
-        venv_s, empty = time.perf_counter() - start, disk_bytes(folder)
-        torch_s = timed_pip(python, f"torch=={torch_version}")
-        with_torch = disk_bytes(folder)
-        others = [p for p in requirements(ROOT / "pyproject.toml", ("test",)) if not p.startswith("torch==")]
-        others_s = timed_pip(python, *others)
-        timed_pip(python, "--no-deps", "-e", str(ROOT))
-        row = {**probe(python), "venv_s": round(venv_s, 1), "torch_install_s": round(torch_s, 1),
-               "torch_bytes": with_torch - empty, "others_install_s": round(others_s, 1),
-               "total_bytes": disk_bytes(folder), "pytest_args": pytest_args,
+        try:
+            installed = earlier(probe(python)) if reuse else install(folder, version, torch_version)
+        except InstallFailed as e:
+            print(f"python {version}, torch {torch_version}: the install failed: {e}", flush=True)
+            return {"python": _version(python), "torch": torch_version, "cuda": None, "install_error": str(e),
+                    "when": time.strftime("%Y-%m-%d %H:%M")}
+        row = {**probe(python), **installed, "pytest_args": pytest_args,
                "tests": run_tests(python, pytest_args, timeout), "when": time.strftime("%Y-%m-%d %H:%M"),
                "load_average_at_end": list(os.getloadavg())}
         print(f"python {row['python']}, torch {row['torch']}: {row['tests']['counts']} "
@@ -102,10 +128,17 @@ def measure(version: str, torch_version: str, venvs: Path, pytest_args: list[str
               f"{row['total_bytes'] / 2**30:.2f} GiB", flush=True)
         return row
     finally:
-        if keep:
+        if keep or reuse:
             print(f"kept {folder}")
         else:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def earlier(found: dict) -> dict:
+    """The install figures of the saved row of the same Python and torch."""
+    saved = json.loads(RESULTS.with_suffix(".json").read_text())
+    row = next(r for r in saved if (r["python"], r["torch"]) == (found["python"], found["torch"]))
+    return {k: row[k] for k in ("venv_s", "torch_install_s", "torch_bytes", "others_install_s", "total_bytes")}
 
 
 def _gib(n: int) -> str:
@@ -113,18 +146,22 @@ def _gib(n: int) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| Python | torch | CUDA build | torch: install | torch: disk | the rest: install | venv: disk "
-             "| tests run | passed | failed | skipped | tests: time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """One line per row: the install's time and size, the tests' counts and time (or why pip failed)."""
+    lines = ["| Python | torch (from PyPI) | torch: install, disk | the rest: install | environment on disk "
+             "| tests | tests: time |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        c = r["tests"]["counts"]
-        failed = c.get("failed", 0) + c.get("error", 0)
-        lines.append(f"| {r['python']} | {r['torch']} | {r['cuda'] or 'no (CPU)'} | {r['torch_install_s']:.0f} s "
-                     f"| {_gib(r['torch_bytes'])} | {r['others_install_s']:.0f} s | {_gib(r['total_bytes'])} "
-                     f"| `{' '.join(r['pytest_args'])}` | {c.get('passed', 0)} | {failed} "
-                     f"| {c.get('skipped', 0)} | {r['tests']['seconds']:.0f} s |")
-    failures = [f"- Python {r['python']}, torch {r['torch']}: {f}" for r in rows for f in r["tests"]["failed"]]
-    return "\n".join(lines + ([""] + ["Failed:"] + failures if failures else [])) + "\n"
+        if "install_error" in r:
+            lines.append(f"| {r['python']} | {r['torch']} | - | - | - | install failed: {r['install_error']} | - |")
+            continue
+        counts = ", ".join(f"{n} {word}" for word, n in r["tests"]["counts"].items() if word != "deselected")
+        lines.append(f"| {r['python']} | {r['torch']} | {r['torch_install_s']:.0f} s, {_gib(r['torch_bytes'])} "
+                     f"| {r['others_install_s']:.0f} s | {_gib(r['total_bytes'])} | {counts} "
+                     f"| {r['tests']['seconds']:.0f} s |")
+    failures = [f"- Python {r['python']}, torch {r['torch']}: {f}" for r in rows for f in r.get("tests", {}).get(
+        "failed", [])]
+    tests = sorted({" ".join(r["pytest_args"]) for r in rows if "pytest_args" in r})
+    return "\n".join(lines + [""] + [f"Tests run: `{t}`" for t in tests]
+                     + (["", "Failed:"] + failures if failures else [])) + "\n"
 
 
 def save(rows: list[dict], into: Path = RESULTS) -> list[dict]:
@@ -153,10 +190,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="torch version to install (default: the pinned one)")
     ap.add_argument("--venvs", type=Path, help="where to make the environments (default: the system's temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the environments")
+    ap.add_argument("--reuse", type=Path, help="run the tests again in an environment kept earlier (one --python)")
     ap.add_argument("--timeout", type=int, default=7200, help="seconds for each Python's tests")
     args = ap.parse_args(ours)
-    rows = [measure(v, args.torch, args.venvs, pytest_args or ["-m", "not slow"], args.keep, args.timeout)
-            for v in args.python]
+    rows = [measure(v, args.torch, args.venvs, pytest_args or ["-m", "not slow"], args.keep, args.timeout,
+                    args.reuse) for v in args.python]
     print(table(save(rows)))
 
 
