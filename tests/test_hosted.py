@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 import pytest
@@ -193,12 +194,9 @@ def _host_env(host: Path, remote: Path) -> dict[str, str]:
 def _run_hosted(nb: nbformat.NotebookNode, folder: Path, host: Path, remote: Path) -> nbformat.NotebookNode:
     """Execute `nb` in `folder` with the host's kernel, the course's address leading to `remote`."""
     env = _host_env(host, remote)
-    os.environ["JUPYTER_PATH"] = env["JUPYTER_PATH"]        # where the test's own jupyter_client finds the kernel
-    try:
+    with mock.patch.dict(os.environ, JUPYTER_PATH=env["JUPYTER_PATH"]):   # where jupyter_client finds the kernel
         client = NotebookClient(nb, kernel_name="host", timeout=600, resources={"metadata": {"path": str(folder)}})
         client.execute(env=env, cwd=str(folder))
-    finally:
-        os.environ.pop("JUPYTER_PATH")
     return nb
 
 
