@@ -22,6 +22,7 @@ from lib.models import Block, GPTConfig, TinyGPT
 from lib.offlimits import MODULE_INIT
 from lib.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
+from puzzles._sample_weights import fit, module_grads, said, vjp
 
 import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
 
@@ -246,6 +247,37 @@ checkpointed_step = Puzzle(
     describe="One forward and backward of the model whose peak memory holds one block's activations at a time.")
 
 
+def _accumulation_explain(model, tokens: torch.Tensor, targets: torch.Tensor, k: int):
+    """accumulated_step's explain (lib.check.Case): which samples the gradients hold (puzzles._sample_weights), or,
+    when they are no weighted sum of the samples' gradients, whether they are k micro-batches cut along another
+    dimension of the tokens than the batch's."""
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        mine, want = module_grads(got[0]), module_grads(expected[0])
+        if mine is None or want is None or mine.shape != want.shape:
+            return None
+        ref = copy.deepcopy(model)
+        params = list(ref.parameters())
+        batch = len(tokens)
+        basis = torch.stack([vjp(lambda i=i: ref.loss(tokens[i:i + 1], targets[i:i + 1]) / batch, params)
+                             for i in range(batch)])
+        weights = fit(basis, mine)
+        if weights is not None:
+            found = said(weights, k, unit="sample")
+            return f"Diagnosis: {found}" if found else None
+        for dim in range(1, tokens.dim()):
+            cut = sum(vjp(lambda t=t, y=y: ref.loss(t, y) / k, params)
+                      for t, y in zip(tokens.chunk(k, dim), targets.chunk(k, dim)))
+            if torch.allclose(cut, mine, rtol=1e-6, atol=1e-12):
+                where = "the sequence (dim 1 of the tokens)" if dim == 1 else f"dim {dim} of the tokens"
+                return (f"Diagnosis: the gradients are those of k = {k} micro-batches cut along {where}, not along "
+                        "the batch (dim 0): each piece is "
+                        "then a shorter sequence, whose tokens see none of the earlier pieces' and start again at "
+                        "position 0. Cut the samples apart: tokens.chunk(k), dim 0.")
+        return None
+    return explain
+
+
 def _accumulation_case(rng: random.Random, _world: int) -> Case:
     k = rng.choice([2, 4])
     cfg, model, tokens, targets = _training_inputs(rng, layers=3, batch=2 * k)
@@ -259,7 +291,7 @@ def _accumulation_case(rng: random.Random, _world: int) -> Case:
                 budgets=[ON_DEVICE, Budget("peak_memory", budget, why,
                                 hint="run forward and backward on one micro-batch at a time; "
                                      "gradients add up in p.grad.")],
-                factors={"k, the number of micro-batches": k})
+                factors={"k, the number of micro-batches": k}, explain=_accumulation_explain(model, tokens, targets, k))
 
 
 accumulated_step = Puzzle(
