@@ -71,12 +71,15 @@ def parameter_count(cfg: GPTConfig) -> Expr:
     kv = g * (h // a)                                            # the width of K, and of V
     norm = 2 * h if cfg.bias else h                              # a LayerNorm: a weight (and a bias) of h
     block = (term("qkv's weight (h × (h + 2·kv))", h * (h + 2 * kv)) + term("the attention projection (h × h)", h * h)
-             + term("fc1 (h × 4h)", h * 4 * h) + term("fc2 (4h × h)", 4 * h * h)
-             + term("a block's two LayerNorms", 2 * norm))
+             + term("fc1 (h × 4h)", h * 4 * h) + term("fc2 (4h × h)", 4 * h * h))
     if cfg.bias:
         block = block + term("a block's Linear biases (h + 2·kv + h + 4h + h)", h + 2 * kv + h + 4 * h + h)
+    # The LayerNorms as one term too: every one of them counted with a bias it does not have is that term twice.
+    norms = term("the LayerNorms ((2L + 1) × 2h: a weight and a bias each)" if cfg.bias else
+                 "the LayerNorms ((2L + 1) × h: a weight each, no bias in this model)",
+                 L * term("a block's two LayerNorms", 2 * norm) + term("the final LayerNorm", norm))
     total = (term("the token embedding (V × h)", V * h) + term("the position embedding (s × h)", S * h)
-             + L * term("a block", block) + term("the final LayerNorm", norm))
+             + L * term("a block", block) + norms)
     return total if cfg.tied else total + term("the untied output head (V × h)", V * h)
 
 
