@@ -26,6 +26,7 @@ from lib.feed import StepFeed
 from lib.first_use import import_ahead
 from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
+from lib.offlimits import tool
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.terms import Formula, Q, ceil, formula, maximum, term
@@ -209,6 +210,7 @@ diloco_train = Puzzle(
 
 
 # ---- 2. compressed all-reduce with error feedback ----------------------------------------------------------
+@tool
 def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """x (1-D, any float dtype) as integers of `bits` bits held in int8, and one float32 scale of shape (1,):
     x ≈ q · scale, rounded to nearest, |q| <= 2**(bits-1) - 1 (127 for int8)."""
@@ -217,6 +219,7 @@ def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor
     return torch.round(x / scale).to(torch.int8), scale
 
 
+@tool
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """What `quantize` sent, back in float32."""
     return q.float() * scale

@@ -21,6 +21,7 @@ from lib.devices import device_mesh
 from lib.first_use import import_ahead
 from lib.layer_check import LayerPuzzle, Upstream, describe_calls
 from lib.measure import counted_flops
+from lib.offlimits import tool
 from lib.sim import per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
@@ -70,6 +71,7 @@ def _shape(rng: random.Random, world: int, heads_per_rank: Optional[int] = None,
     return world * rng.randint(1, 3), rng.randint(1, 2), a * (head_dim or rng.choice([2, 4])), a
 
 
+@tool
 def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
     """Causal self-attention of [s, b, 3·w] (q, k and v side by side, `heads` heads each) to [s, b, w].
 

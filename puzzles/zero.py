@@ -23,6 +23,7 @@ from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
 from lib.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, sharded_batches
+from lib.offlimits import tool
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
@@ -52,6 +53,7 @@ SCALE, K = 4, {1: 6, 2: 6, 3: 4}
 
 # ---- the one tool the learner is given: Adam's update, as torch.optim.Adam computes it ---------------
 @hands_gradient("grad")          # a failed check compares the gradients it is handed with the reference's
+@tool
 def adam_update(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
                 lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
     """One Adam step in place on `param`, `m`, `v` (any shard of them; step counts from 1)."""

@@ -23,7 +23,10 @@ import pytest
 import torch
 
 import lib
+import lib.offlimits
 import lib.sim
+import lib.sim.boundary
+import lib.sim.context
 from lib.errors import RankFailed
 from lib.sim import OutOfView, SharedMemory, per_rank
 from lib.sim.ownership import Ownership
@@ -452,6 +455,153 @@ def profiler(dist, x):
     sys.setprofile(lambda frame, event, arg: None)
     sys.setprofile(None)
     return x
+
+
+# ---- the engine's own doors: its context, its handles, its private names, its untracked block ------------------------
+def leaving_the_rank(dist, x):
+    """A rank that left its rank (once lib.sim.context.leave()) would switch off every guard asking current_rank()."""
+    lib.sim.context.dismiss(threading.current_thread())
+    return x + len(sys._current_frames())
+
+
+def the_ranks_tracker(dist, x):
+    lib.sim.context.current_tracker().peak = 0
+    return x
+
+
+def the_runtime(dist, x):
+    lib.sim.context.current_runtime().me().bytes_sent = 0
+    return x
+
+
+def the_ranks_registry(dist, x):
+    lib.sim.context._ranks.clear()
+    return x
+
+
+def the_watchs_own_setter(dist, x):
+    lib.offlimits._SETPROFILE(None)
+    return x
+
+
+def the_dispatch_stack_kept_by_the_engine(dist, x):
+    import lib.sim.boundary
+    lib.sim.boundary._DISPATCH_STACK_AT(0).peak = 0
+    return x
+
+
+def vars_of_an_engine_module(dist, x):
+    return x + len(vars(lib.sim.context))
+
+
+def engine_through_the_slot_descriptor(dist, x):
+    """The class's slot descriptor reads the slot around dist's own guard."""
+    type(dist)._engine.__get__(dist)._rt.ranks[dist.get_rank()].bytes_sent = 0
+    return x
+
+
+def engine_through_the_classs_dict(dist, x):
+    return x + len(vars(type(dist)))
+
+
+def work_handles_slot_descriptor(dist, x):
+    peer = 1 - dist.get_rank()
+    work = dist.isend(x, peer)
+    dist.recv(torch.empty_like(x), peer)
+    type(work)._runtime.__get__(work).ranks[dist.get_rank()].bytes_sent = 0
+    return x
+
+
+def engine_read_statically(dist, x):
+    """inspect.getattr_static reads a class's __dict__ around every __getattribute__."""
+    return inspect.getattr_static(dist, "_engine").__get__(dist)
+
+
+def untracked_block(dist, x):
+    with lib.sim.boundary.untracked():
+        return x @ torch.ones(4, 4)
+
+
+def tracer_through_the_library(dist, x):
+    """A profiler set by Python's library (an ExitStack's callback) instead of the rank's own line."""
+    import contextlib
+    with contextlib.ExitStack() as stack:
+        stack.callback(sys.setprofile, lambda frame, event, arg: None)
+    return x
+
+
+def a_process(dist, x):
+    import subprocess
+    subprocess.run(["true"])
+    return x
+
+
+def disguised_as_the_engine(dist, x):
+    """Code compiled under an engine file's name, which every guard asking whose code it is would take for the
+    engine's own."""
+    namespace = {}
+    exec(compile("def peek():\n    return lib.sim.context.current_tracker()\n", lib.sim.context.__file__, "exec"),
+         {"lib": lib}, namespace)
+    return x + namespace["peek"]().flops
+
+
+def a_nested_run(dist, x):
+    """A simulation of its own inside the rank: its ranks' work would be nobody's."""
+    from lib.sim.runtime import Runtime
+    from lib.sim.cost import CostModel
+    from lib.sim.dist import SimDist
+    Runtime(1, CostModel(), 5.0, 2**30).run(lambda d: x @ torch.ones(4, 4), (), {}, SimDist)
+    return x
+
+
+@pytest.mark.parametrize("fn,what", [(leaving_the_rank, "dismiss a rank's thread"),
+                                     (the_ranks_tracker, "current_tracker()"), (the_runtime, "current_runtime()"),
+                                     (the_ranks_registry, "lib.sim.context._ranks"),
+                                     (the_watchs_own_setter, "lib.offlimits._SETPROFILE"),
+                                     (the_dispatch_stack_kept_by_the_engine, "lib.sim.boundary._DISPATCH_STACK_AT"),
+                                     (vars_of_an_engine_module, "lib.sim.context.__dict__"),
+                                     (engine_through_the_slot_descriptor, "SimDist._engine"),
+                                     (engine_through_the_classs_dict, "SimDist.__dict__"),
+                                     (work_handles_slot_descriptor, "Work._runtime"),
+                                     (engine_read_statically, "inspect.getattr_static"),
+                                     (untracked_block, "untracked()"),
+                                     (tracer_through_the_library, "sys.setprofile"),
+                                     (a_process, "subprocess.Popen"),
+                                     (disguised_as_the_engine, "compiled code as")])
+def test_the_engines_own_doors_are_shut(fn, what):
+    with pytest.raises(OutOfView) as info:
+        lib.sim.run(fn, WORLD, per_rank(_xs()))
+    message = str(info.value)
+    assert message.startswith(("rank 0 ", "rank 1 ")) and what in message and "test_share_nothing.py" in message
+    assert "Hint:" in message
+
+
+def test_a_run_inside_a_rank_is_refused():
+    with pytest.raises(lib.sim.InvalidCall, match="from inside a simulated rank"):
+        lib.sim.run(a_nested_run, WORLD, per_rank(_xs()))
+
+
+def test_a_ranks_thread_holds_none_of_the_engines_state_nor_a_tracer_set_before_the_run():
+    seen = []
+
+    def spy(frame, event, arg):
+        seen.append(frame)
+    threading.setprofile(spy)
+    try:
+        result = lib.sim.run(lambda dist, x: (hasattr(threading.current_thread(), "_args"), sys.getprofile()), WORLD,
+                             per_rank(_xs()))
+    finally:
+        threading.setprofile(None)
+    assert result.results == [(False, None)] * WORLD and not seen
+
+
+def test_a_rank_reads_its_own_clock_and_flops_as_numbers():
+    def prog(dist):
+        a = torch.ones(8, 8)
+        before = lib.sim.context.flops()
+        a @ a
+        return lib.sim.context.flops() - before, lib.sim.context.clock() > 0
+    assert lib.sim.run(prog, WORLD).results == [(2 * 8 ** 3, True)] * WORLD
 
 
 @pytest.mark.parametrize("fn,what", [(frame_below, "sys._getframe"), (inspect_frame_below, "inspect.currentframe"),

@@ -19,6 +19,9 @@ switch the tracker off or run work where it is not. Inside a simulated rank:
   meters (its tracker: peak memory, FLOPs) live. Those Python's C code reaches are refused by an audit hook
   (lib.sim.audit), which no patch's original walks around;
 - `.tolist()` of a tensor another rank made, or of the run's originals, is refused as any op reading it is;
+- the engine's own objects: the private names of its modules (the originals these patches keep, the ranks'
+  registry) and of the classes of the handles a rank holds (a slot's descriptor reads around the handle's guard),
+  `inspect.getattr_static` (which reads around every guard), and the engine's untracked block;
 - opening a file is refused: what goes through a file is neither counted nor sent (a rank could leave its data
   there for another, as processes of one machine could, but not ranks on different machines).
 Outside a simulated rank, and for torch's and the engine's own calls, every patch does exactly what torch does.
@@ -35,6 +38,7 @@ import os
 import sys
 import threading
 import traceback
+import types
 from typing import Callable
 
 import torch
@@ -68,7 +72,7 @@ def _refusing(original: Callable, what: str, gpu_note: str = "") -> Callable:
         rank = current_rank()
         if rank is not None:
             from lib.sim.ownership import learner_line
-            _fail(OutOfView(f"rank {rank} called {what}{learner_line()}. {gpu_note}{_OUT_OF_VIEW}"))
+            fail_run(OutOfView(f"rank {rank} called {what}{learner_line()}. {gpu_note}{_OUT_OF_VIEW}"))
         return original(self, *args, **kwargs)
     refused._lib_sim_patch = True
     return refused
@@ -79,7 +83,12 @@ _DISABLE_TORCH_DISPATCH = torch._C._DisableTorchDispatch      # the engine's own
 
 def untracked():
     """The engine's own work inside a rank (message copies, reductions): torch's Python dispatch switched off,
-    so the tracker does not count it. Five times cheaper than telling the tracker to ignore the op."""
+    so the tracker does not count it. Five times cheaper than telling the tracker to ignore the op. Refused to the
+    rank's own code, whose work it would hide."""
+    if current_rank() is not None and _from_learner():
+        from lib.sim.ownership import learner_line
+        fail_run(OutOfView(f"rank {current_rank()} called lib.sim.boundary.untracked() (switching off the simulator's "
+                        f"tracking of ops){learner_line()}: {_HIDDEN_WORK}"))
     return _DISABLE_TORCH_DISPATCH()
 
 
@@ -129,7 +138,7 @@ def _guarded_getframe(depth: int = 0):
             from lib.sim.ownership import learner_line
             name = caller.f_code.co_name if asked_by is not caller else "_getframe"
             what = f"{'sys' if name == '_getframe' else caller.f_globals.get('__name__', '')}.{name}"
-            _fail(OutOfView(f"rank {current_rank()} called {what}{learner_line()}: {_FRAMES}"))
+            fail_run(OutOfView(f"rank {current_rank()} called {what}{learner_line()}: {_FRAMES}"))
     return _getframe(depth + 1)
 
 
@@ -143,7 +152,7 @@ def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
         rank = current_rank()
         if rank is not None and _from_learner():
             from lib.sim.ownership import learner_line
-            _fail(OutOfView(f"rank {rank} called {what}{learner_line()}: {why}"))
+            fail_run(OutOfView(f"rank {rank} called {what}{learner_line()}: {why}"))
         return original(*args, **kwargs)
     guarded._lib_sim_patch = True
     return guarded
@@ -154,7 +163,19 @@ _HIDDEN_WORK = ("work there runs outside the simulator's view, so its time, FLOP
 _FILES = ("the simulator does not see what goes through a file, and ranks on different machines share none.\n"
           "Hint: pass data between ranks with dist, and keep what a rank needs in tensors of its own.")
 
-class EngineHandle:
+class _HandleClass(type):
+    """The class of an engine handle: its private names are refused to a rank's code as the handle's own are (a slot's
+    descriptor, `type(dist)._engine`, reads the slot around the handle's guard), and so is its __dict__ (every
+    descriptor). A lookup on an instance does not come here: the guard costs the engine's own calls nothing."""
+
+    def __getattribute__(cls, name: str):
+        if name.startswith("_") and (not name.startswith("__") or name == "__dict__") and current_rank() is not None \
+                and _from_learner():
+            refuse_reach(cls, name)
+        return type.__getattribute__(cls, name)
+
+
+class EngineHandle(metaclass=_HandleClass):
     """An object the learner's code is handed (its dist, a work handle) whose private attributes lead to the
     simulator's own state: every rank's inputs and the rank's meters (bytes sent, memory, FLOPs, clock). Inside a
     simulated rank the learner's code may use its public API only; the engine's and torch's code may use it all."""
@@ -168,18 +189,48 @@ class EngineHandle:
         return object.__getattribute__(self, name)
 
 
+class _EngineModule(types.ModuleType):
+    """A module of the engine: its private names (the originals of what lib.sim.boundary guards, the ranks' registry,
+    the refusals' state) and its __dict__ are refused to a rank's code, as an engine handle's private attributes are."""
+
+    def __getattribute__(self, name: str):
+        if name.startswith("_") and (not name.startswith("__") or name == "__dict__") and current_rank() is not None \
+                and _from_learner():
+            refuse_reach(self, name)
+        return types.ModuleType.__getattribute__(self, name)
+
+
+_ENGINE_PACKAGE = __name__.partition(".")[0]
+_modules_seen = 0
+
+
+def guard_engine_modules() -> None:
+    """Make every loaded module of the engine an _EngineModule (at each run's start: a module imported since is
+    guarded from the next run on)."""
+    global _modules_seen
+    if len(sys.modules) == _modules_seen:
+        return
+    for name, module in list(sys.modules.items()):
+        if (name == _ENGINE_PACKAGE or name.startswith(_ENGINE_PACKAGE + ".")) and type(module) is types.ModuleType:
+            module.__class__ = _EngineModule
+    _modules_seen = len(sys.modules)
+
+
 def refuse_reach(handle: object, name: str) -> None:
-    """Stop the rank whose code reached `name` of an engine handle (EngineHandle), naming the learner's line."""
+    """Stop the rank whose code reached `name` of an engine handle (EngineHandle), its class or an engine module,
+    naming the learner's line."""
     from lib.sim.ownership import learner_line
-    _fail(OutOfView(f"rank {current_rank()} reached {type(handle).__name__}.{name}{learner_line()}: {_HANDLES}"))
+    owner = handle.__name__ if isinstance(handle, (type, types.ModuleType)) else type(handle).__name__
+    fail_run(OutOfView(f"rank {current_rank()} reached {owner}.{name}{learner_line()}: {_HANDLES}"))
 
 
 # What hands out an object's private state whole: its __dict__, and pickling's view of it (a feed's __reduce__ returns
 # its values and its position; object.__getstate__ its slots)
 _UNPACKERS = frozenset({"__dict__", "__reduce__", "__reduce_ex__", "__getstate__"})
-_HANDLES = ("behind the objects a check hands your function (dist, its work handles, a feed of inputs) lie the "
-            "simulator's own state (every rank's inputs, the rank's meters, what is yet to come), not the rank's to "
-            "read or change.\nHint: use their public calls only (dist's as torch.distributed has them).")
+_HANDLES = ("behind the objects a check hands your function (dist, its work handles, a feed of inputs) and the "
+            "simulator's private names lie its own state (every rank's inputs, the rank's meters, what is yet to "
+            "come), not the rank's to read or change.\nHint: use their public calls only (dist's as "
+            "torch.distributed has them).")
 
 
 _FRAMES = ("the frames below your function are the simulator's own: they hold every rank's inputs and the rank's "
@@ -243,7 +294,9 @@ def _storage_resize(original: Callable) -> Callable:
     return resize
 
 
-def _fail(error: Exception) -> None:
+def fail_run(error: Exception) -> None:
+    """Stop the simulated run of this thread's rank with `error` (the rank's code cannot catch it); outside a run,
+    raise it."""
     runtime = current_runtime()
     if runtime is None:
         raise error
@@ -286,6 +339,8 @@ def install() -> None:
                                                      _HIDDEN_WORK))
     torch.autograd.graph.saved_tensors_hooks.__enter__ = _composing_enter(
         torch.autograd.graph.saved_tensors_hooks.__enter__)
+    inspect.getattr_static = _refusing_from_learner(inspect.getattr_static, "inspect.getattr_static (attributes "
+                                                    "read around their guards)", _HANDLES)
     audit.install()            # the collector's lists, other threads' frames, tracebacks' and generators' frames
     sys._getframe = _guarded_getframe
     for module, name in ((python_dispatch, "_get_current_dispatch_mode_stack"),

@@ -16,20 +16,35 @@ lib.check does for a Case built there and lib.planner for its search.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 
+from lib.places import COURSE
+from lib.sim.boundary import fail_run
+from lib.sim.context import current_rank
 from lib.sim.errors import InvalidCall, OutOfView
+from lib.sim.ownership import learner_line
 
 Dim = Union[int, str, None]
 _refusal = threading.local()          # .why: what the function running on this thread must do itself
 
 
+def answer_key_refused(why: str) -> contextlib.AbstractContextManager:
+    """Within the block, on this thread, coordinates, mesh_groups and device meshes raise OutOfView with `why`. The
+    check's and the puzzles' to set: a simulated rank's own code may not set it (nor so lift it)."""
+    rank = current_rank()
+    if rank is not None and not sys._getframe(1).f_code.co_filename.startswith(COURSE):
+        fail_run(OutOfView(f"rank {rank} called lib.sim.mesh.answer_key_refused{learner_line()}: what a puzzle "
+                           "refuses is its check's to say, not the rank's to lift.\nHint: compute the coordinates "
+                           "and groups yourself, from dist.get_rank() and the mesh's shape."))
+    return _refusing(why)
+
+
 @contextlib.contextmanager
-def answer_key_refused(why: str) -> Iterator[None]:
-    """Within the block, on this thread, coordinates, mesh_groups and device meshes raise OutOfView with `why`."""
+def _refusing(why: str) -> Iterator[None]:
     before = getattr(_refusal, "why", None)
     _refusal.why = why
     try:

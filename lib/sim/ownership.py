@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 import torch
 
 from lib.sim.errors import SharedMemory
-from lib.places import LIBRARIES
+from lib.places import COURSE, LIBRARIES
 
 _WRITES: dict = {}
 
@@ -85,9 +85,10 @@ def tensors_within(obj, seen: Optional[set] = None) -> Iterator[torch.Tensor]:
 
 def learner_line() -> str:
     """Where in the learner's code the current op was called, as ' at file:line (`source`)', or '' (the source
-    quoted: a message goes on after it with a colon, and a line like `with open(p) as f:` ends in one)."""
+    quoted: a message goes on after it with a colon, and a line like `with open(p) as f:` ends in one). Not a line of
+    the problem set's, which the learner's code called (an answer key)."""
     for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith(LIBRARIES):
+        if not frame.filename.startswith(LIBRARIES + COURSE):
             source = f" (`{frame.line.strip()}`)" if frame.line else ""
             return f" at {Path(frame.filename).name}:{frame.lineno}{source}"
     return ""

@@ -13,18 +13,20 @@ every thread is joined before `run` returns.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
 from lib.errors import PuzzleError, RankFailed
 from lib.sim import boundary, context, threads
+from lib.sim.boundary import tracking_switched_off, untracked
 from lib.sim.environ import own_environments
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
@@ -132,6 +134,11 @@ class Runtime:
         self._start_rng = torch.get_rng_state()      # every rank starts from it, as forked processes would
         self._start_threads = torch.get_num_threads()
 
+    @property
+    def ending(self) -> bool:
+        """Whether the run is stopping: it failed, or its ranks are being stopped."""
+        return self.error is not None or self._aborting
+
     # ---- called from rank threads -------------------------------------------------
     def me(self) -> RankState:
         return self.ranks[current_rank()]
@@ -145,11 +152,11 @@ class Runtime:
     def untracked(self):
         """The runtime's own temporaries (message copies, reductions) are not the rank's memory. torch's own guard,
         not a generator around it: a check enters it several times per communication call."""
-        return boundary.untracked()
+        return untracked()
 
     def check_view(self, state: RankState) -> None:
         """Stop the run if the rank's ops escape its tracker (checked at every dist call and at return)."""
-        off = boundary.tracking_switched_off(state.tracker)
+        off = tracking_switched_off(state.tracker)
         if off:
             from lib.sim.ownership import learner_line
             self.fail(OutOfView(
@@ -251,7 +258,6 @@ class Runtime:
         # One intra-op thread per rank (a per-thread setting): only one rank runs at a time, on tiny tensors,
         # where a second thread only spins; on a busy 2-core machine that spinning cost more than the work.
         torch.set_num_threads(1)
-        context.enter(state.rank, self, state.tracker)
         state.resume.acquire()
         try:
             if state.abort:
@@ -286,26 +292,36 @@ class Runtime:
                 self.error = failure
         finally:
             state.finished = True
-            context.leave()
             self._hand_off(state)
 
     def run(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable, protect: Any = None) -> None:
+        if current_rank() is not None:
+            raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
+        boundary.guard_engine_modules()
         self.ownership.protect((args, kwargs, protect))
-        for state in self.ranks:
-            state.thread = threading.Thread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
-                                            name=f"sim-rank-{state.rank}", daemon=True)
-            state.thread.start()
-        deadline = time.monotonic() + self.timeout
-        with labelled_output(current_rank), own_environments():
-            try:
-                self._schedule(deadline)
-            except BaseException as e:
-                if self.error is None and isinstance(e, PuzzleError):
-                    self.error = e
-                elif not isinstance(e, PuzzleError):
-                    self._stop_threads()
-                    raise                    # KeyboardInterrupt: stop every rank, then let it through
-            self._stop_threads()
+        try:
+            with _no_hooks_for_new_threads():
+                for state in self.ranks:
+                    state.thread = _RankThread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
+                                               name=f"sim-rank-{state.rank}", daemon=True)
+                    state.thread.start()
+                    context.admit(state.thread, state.rank, self, state.tracker)
+                    state.thread.begun.wait(_JOIN_TIMEOUT)
+            deadline = time.monotonic() + self.timeout
+            with labelled_output(current_rank), own_environments():
+                try:
+                    self._schedule(deadline)
+                except BaseException as e:
+                    if self.error is None and isinstance(e, PuzzleError):
+                        self.error = e
+                    elif not isinstance(e, PuzzleError):
+                        self._stop_threads()
+                        raise                    # KeyboardInterrupt: stop every rank, then let it through
+                self._stop_threads()
+        finally:
+            for state in self.ranks:     # a thread that would not stop stays its rank: its guards stay on
+                if state.thread is not None and not state.thread.is_alive():
+                    context.dismiss(state.thread)
         torch.set_rng_state(self._start_rng)  # the caller's random state is its own, as a parent process's
         torch.set_num_threads(self._start_threads)     # and so is its number of intra-op threads
         if self.error is not None:
@@ -478,6 +494,35 @@ class Runtime:
         return SimResult([s.result for s in self.ranks], stats, trace, self.cost)
 
 
+class _RankThread(threading.Thread):
+    """A rank's thread. It lets go of what it runs once it starts: threading.current_thread(), which the rank's code
+    may call, would hand out the rank's state (its tracker, the runtime)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.begun = threading.Event()
+
+    def run(self) -> None:
+        target, args = self._target, self._args
+        del self._target, self._args, self._kwargs
+        self.begun.set()
+        target(*args)
+
+
+@contextlib.contextmanager
+def _no_hooks_for_new_threads() -> Iterator[None]:
+    """threading.settrace's and setprofile's hooks, which every new thread is born with, off while the rank threads
+    start (a hook set before the run would be handed every frame of every rank, the engine's included)."""
+    trace, profile = threading.gettrace(), threading.getprofile()
+    threading.settrace(None)
+    threading.setprofile(None)
+    try:
+        yield
+    finally:
+        threading.settrace(trace)
+        threading.setprofile(profile)
+
+
 def _learner_traceback(e: BaseException) -> str:
     """The traceback without the simulator's or torch's frames: what a learner needs to see."""
     frames = [f for f in traceback.extract_tb(e.__traceback__)
@@ -521,8 +566,6 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
     for a in list(args) + list(kwargs.values()):
         if isinstance(a, PerRank) and len(a.values) != world_size:
             raise InvalidCall(f"per_rank(...) holds {len(a.values)} values for {world_size} ranks.")
-    if current_rank() is not None:
-        raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
     bad = {r: k for r, k in (faults or {}).items()
            if not (isinstance(r, int) and 0 <= r < world_size and isinstance(k, int) and k >= 1)}
     if bad:

@@ -1,10 +1,13 @@
 """Cheats on notebook 01's training puzzles, each with the words its rejection must contain. (Its prediction
 puzzles have their own guards, with their own messages.)"""
 
+import inspect
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
 import lib
+import lib.formulas
 import puzzles.memory as P
 import solutions.memory as S
 from tests.cheats.common import everywhere, under_identity_hooks
@@ -55,6 +58,27 @@ def adam_with_the_model_on_the_host(model, batches, lr):
     return model
 
 
+_FORMULAS = dict(vars(lib.formulas))
+_STATE_BYTES_SOURCE = inspect.getsource(lib.formulas.model_state_bytes).replace("def model_state_bytes(",
+                                                                              "def state_bytes(")
+
+
+def training_state_by_a_copy_of_the_formula(config):
+    """lib.formulas.model_state_bytes, exec'd from its source under another name inside the check."""
+    namespace = dict(_FORMULAS)
+    exec(_STATE_BYTES_SOURCE, namespace)
+    return namespace["state_bytes"](S.count_parameters(config))
+
+
+_COPIED = dict(_FORMULAS)
+exec(_STATE_BYTES_SOURCE, _COPIED)        # as a notebook cell would, before the check
+
+
+def training_state_by_a_copy_made_before(config):
+    """The same copy, made before the check (in a notebook cell) and only called inside it."""
+    return _COPIED["state_bytes"](S.count_parameters(config))
+
+
 CHEATS = [c for c in everywhere(P) if c[0] in TRAINING] + [
     ("checkpointed_step", under_identity_hooks(plain_step), "peak memory"),
     ("checkpointed_step", checkpoint_every_other_block, "peak memory"),
@@ -62,4 +86,6 @@ CHEATS = [c for c in everywhere(P) if c[0] in TRAINING] + [
     ("accumulated_step", _on_the_host(S.accumulated_step), "peak host memory"),
     ("accumulated_step", under_identity_hooks(plain_accumulation), "peak memory"),
     ("offloaded_adam_train", adam_with_the_model_on_the_host, "FLOPs computed in host memory"),
+    ("training_state_bytes", training_state_by_a_copy_of_the_formula, "this puzzle puts lib.formulas (state_bytes)"),
+    ("training_state_bytes", training_state_by_a_copy_made_before, "this puzzle puts lib.formulas (state_bytes)"),
 ]

@@ -1,7 +1,10 @@
 """Cheats on notebook 07's puzzles, each with the words its rejection must contain."""
 
+import inspect
+
 import torch
 
+import lib.formulas
 import puzzles.moe as P
 from solutions.moe import top_k_route
 from tests.cheats.common import everywhere
@@ -102,11 +105,53 @@ def moe_train_without_expert_parallelism(dist, batches, router, experts, k, capa
     if rank < ep_size:
         shards[rank] = experts
     dist.all_reduce(shards)
-    every_batch = [[(everyone[r, s, 0], everyone[r, s, 1]) for s in range(mine.shape[0])] for r in range(world)]
-    router, experts = P.train_reference(every_batch, router, shards.flatten(0, 1), k, capacity_factor, lr,
-                                        mine.shape[0])
-    return router, experts.chunk(ep_size)[rank % ep_size].clone()
+    router, experts = router.clone(), shards.flatten(0, 1)
+    for step in range(mine.shape[0]):                                       # single-device SGD, the whole layer
+        router, experts = router.detach().requires_grad_(), experts.detach().requires_grad_()
+        losses = [((_layer(x, router, experts, k, capacity_factor) - target) ** 2).mean()
+                  for x, target in everyone[:, step]]
+        d_router, d_experts = torch.autograd.grad(torch.stack(losses).mean(), [router, experts])
+        router, experts = router - lr * d_router, experts - lr * d_experts
+    return router.detach(), experts.detach().chunk(ep_size)[rank % ep_size].clone()
 
+
+def _layer(x, router, experts, k, capacity_factor):
+    """The whole MoE layer on one device, written by the learner (the puzzle's is an answer key)."""
+    tokens, weights = top_k_route(x @ router, k, capacity_factor)
+    return _combine_with(x, tokens, weights, experts)
+
+
+def route_by_the_reference(logits, k, capacity_factor):
+    """The notebook's own P module holds the check's reference."""
+    return P.route_reference(logits, k, capacity_factor)
+
+
+def losses_by_the_reference(logits, k, alpha, beta):
+    return P.losses_reference(logits, k, alpha, beta)
+
+
+def capacity_by_the_reference(logits, k, max_dropped):
+    return P.capacity_reference(logits, k, max_dropped)
+
+
+def route_with_the_formula_librarys_capacity(logits, k, capacity_factor):
+    """The capacity from lib.formulas.expert_capacity, the routing done by hand."""
+    lib.formulas.expert_capacity(logits.shape[0] * k, logits.shape[1], capacity_factor)
+    return top_k_route(logits, k, capacity_factor)
+
+
+_ROUTE_SOURCE = inspect.getsource(P.route_reference).replace("def route_reference(", "def my_route(")
+_MOE = dict(vars(P))
+
+
+def route_by_a_copy_of_the_reference(logits, k, capacity_factor):
+    """The reference's source (inspect.getsource) exec'd under another name: no call of the reference itself."""
+    namespace = dict(_MOE)
+    exec(_ROUTE_SOURCE, namespace)
+    return namespace["my_route"](logits, k, capacity_factor)
+
+
+ANSWER_KEY = "computes the expected answer of a puzzle's check"
 
 CHEATS = everywhere(P) + [
     ("top_k_route", route_by_the_course_arithmetic, "lib.moe"),
@@ -114,4 +159,9 @@ CHEATS = everywhere(P) + [
     ("moe_layer", moe_by_moving_the_experts_padded, "moved the experts' weights instead of the tokens"),
     ("moe_layer_backward", moe_backward_by_moving_the_experts, "moved the experts' weights instead of the tokens"),
     ("moe_train", moe_train_without_expert_parallelism, "over the budget"),
+    ("top_k_route", route_by_the_reference, "called puzzles.moe.route_reference"),
+    ("router_losses", losses_by_the_reference, "called puzzles.moe.losses_reference"),
+    ("smallest_capacity", capacity_by_the_reference, "called puzzles.moe.capacity_reference"),
+    ("top_k_route", route_with_the_formula_librarys_capacity, "called lib.formulas.expert_capacity"),
+    ("top_k_route", route_by_a_copy_of_the_reference, "ran a copy of puzzles.moe.route_reference"),
 ]

@@ -8,7 +8,7 @@ import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
 from lib.planner import H100_80GB, Cluster, estimate, memory_breakdown
-from lib.sim.mesh import coordinates, mesh_groups
+from lib.sim.mesh import answer_key_refused, coordinates, mesh_groups
 from lib.viz.planner import plan_figure
 from tests.cheats.common import everywhere, under_identity_hooks
 from tests.wrong.three_d import DPAverageReplaced
@@ -89,7 +89,29 @@ def tp_dp_on_the_gathered_batch(dist, weights, batch, targets, dp, tp, steps, lr
         mine.chunk(dp)[d].copy_(data.chunk(dp)[d])
         dist.all_reduce(mine, group=mesh["dp"].get_group())
         whole.append(mine)
-    return P.mlp_shard(P.train_mlp(weights, *whole, steps, lr), tp, t)
+    params = {k: v.clone().requires_grad_() for k, v in weights.items()}
+    for _ in range(steps):
+        _sgd_step(params, *whole, lr)
+    return _shard(params, tp, t)
+
+
+def _mlp(params: dict, x):
+    """The learner's own MLP: fc2(gelu(fc1(x))) (the puzzle's is an answer key, out of reach)."""
+    return F.linear(F.gelu(F.linear(x, params["fc1_w"], params["fc1_b"])), params["fc2_w"], params["fc2_b"])
+
+
+def _sgd_step(params: dict, x, y, lr, average=lambda grad: None):
+    F.mse_loss(_mlp(params, x), y).backward()
+    with torch.no_grad():
+        for p in params.values():
+            average(p.grad)
+            p -= lr * p.grad
+            p.grad = None
+
+
+def _shard(params: dict, tp: int, t: int) -> dict:
+    return {k: (v.detach().chunk(tp, P.MLP_SPLIT[k])[t] if k in P.MLP_SPLIT else v.detach()).clone()
+            for k, v in params.items()}
 
 
 def tp_dp_without_tensor_parallelism(dist, weights, batch, targets, dp, tp, steps, lr):
@@ -97,15 +119,10 @@ def tp_dp_without_tensor_parallelism(dist, weights, batch, targets, dp, tp, step
     mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
     d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
     params = {k: v.clone().requires_grad_() for k, v in weights.items()}
-    x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
     for _ in range(steps):
-        F.mse_loss(P.mlp_forward(params, x), y).backward()
-        with torch.no_grad():
-            for p in params.values():
-                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=mesh["dp"].get_group())
-                p -= lr * p.grad
-                p.grad = None
-    return P.mlp_shard({k: v.detach() for k, v in params.items()}, tp, t)
+        _sgd_step(params, batch.chunk(dp)[d], targets.chunk(dp)[d], lr,
+                  lambda grad: dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=mesh["dp"].get_group()))
+    return _shard(params, tp, t)
 
 
 def tp_dp_partial_sums_through_a_module_dict(dist, weights, batch, targets, dp, tp, steps, lr):
@@ -341,6 +358,22 @@ def train_3d_gpipe_rewriting_its_peak(dist, stage, tokens, targets, dp, pp, tp, 
     return out
 
 
+def coordinates_by_unravel_indexs_helper(dist, shape):
+    """torch.unravel_index's own helper, beside the refused function."""
+    return tuple(int(c) for c in torch.functional._unravel_index(torch.tensor(dist.get_rank()), tuple(shape)))
+
+
+def coordinates_with_the_refusal_lifted(dist, shape):
+    """The check's refusal of lib.sim.mesh's arithmetic lifted from inside (answer_key_refused(None))."""
+    with answer_key_refused(None):
+        return coordinates(dist.get_rank(), shape)
+
+
+def memory_from_the_statements_own_sum(model, plan):
+    """The helper the case builder checks lib.planner against: notebook 06's statement of the bytes, summed."""
+    return P._first_stage_bytes(model, plan)
+
+
 CHEATS = everywhere(P) + [
     ("mesh_coordinates", coordinates_from_the_checks_own_arithmetic, WORK_DONE_FOR_IT),
     ("mesh_coordinates", coordinates_by_unravel_index, "torch.unravel_index (unravel_index) out of reach: derive it"),
@@ -370,4 +403,7 @@ CHEATS = everywhere(P) + [
     ("train_3d", train_3d_every_replica_on_the_whole_batch, "TP axis"),   # micro-batches dp times larger
     ("tp_dp_train", tp_dp_every_tp_group_on_the_whole_batch, "TP axis"),
     ("process_groups", groups_in_an_order_of_their_own, "new_group call"),
+    ("mesh_coordinates", coordinates_by_unravel_indexs_helper, "torch.unravel_index (_unravel_index) out of reach"),
+    ("mesh_coordinates", coordinates_with_the_refusal_lifted, "called lib.sim.mesh.answer_key_refused"),
+    ("plan_memory", memory_from_the_statements_own_sum, "called puzzles.three_d._first_stage_bytes"),
 ]
