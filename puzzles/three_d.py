@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
+import math
 import random
 from typing import Callable, Optional
 
@@ -40,6 +42,7 @@ from lib.terms import Expr, Formula, Q, Term, formula, minimum, term
 from lib.units import fmt_bytes, fmt_time
 
 from puzzles.parallel_gpt import GPTStage, reference_loss, shard_gpt, tiny_gpt
+from puzzles.replicas import drifted
 
 NOTEBOOK = "06_3d_parallelism"
 AXES = ("dp", "pp", "tp")
@@ -84,7 +87,48 @@ def _coordinates_case(rng: random.Random, n: int) -> Case:
     # Two axes above 1 at least (the check's world sizes all allow it; the real cell's 2 ranks do not): with one,
     # every order of the axes gives the same coordinates (an answer with TP outermost passed on such draws).
     shape = _shape_of(rng, n, dims, real_axes=2)
-    return Case(n, (shape,), [coordinates(r, shape) for r in range(n)], f"a mesh of shape {shape}")
+    return Case(n, (shape,), [coordinates(r, shape) for r in range(n)], f"a mesh of shape {shape}",
+                explain=functools.partial(_coordinates_explained, shape))
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    """How many ranks apart two neighbours along each axis are: the product of the sizes after it."""
+    return [math.prod(shape[i + 1:]) for i in range(len(shape))]
+
+
+def _coordinates_explained(shape: tuple[int, ...], expected: list, got: list) -> Optional[str]:
+    """What rule the learner's coordinates follow, read off every rank's answer: the right coordinates listed
+    innermost first, a coordinate outside its axis's range (a division without its % size), or an axis read with
+    another stride than the product of the sizes after it."""
+    if not all(isinstance(g, (tuple, list)) and len(g) == len(shape) and all(isinstance(c, int) for c in g)
+               for g in got):
+        return None
+    ranks = range(len(got))
+    if all(tuple(g) == tuple(e)[::-1] for g, e in zip(got, expected)):
+        return ("Diagnosis: every rank's coordinates are the right ones listed innermost-first (the order reversed): "
+                "divmod peels the last axis off first, so the coordinates it yields come out innermost first; "
+                "reverse them to return the outermost axis first.")
+    said = []
+    for i, (size, stride) in enumerate(zip(shape, _strides(shape))):
+        values = [g[i] for g in got]
+        if values == [e[i] for e in expected]:
+            continue
+        outside = next((r for r in ranks if not 0 <= values[r] < size), None)
+        if outside is not None:
+            floor = f" = rank // {stride}, the modulo (% {size}) left out" if all(
+                values[r] == r // stride for r in ranks) else ""
+            said.append(f"axis {i}'s coordinate on rank {outside} is {values[outside]}{floor}: out of range for an "
+                        f"axis of size {size}, whose coordinates are 0 to {size - 1}")
+            continue
+        other = next((s for s in range(1, len(got) + 1) if all(values[r] == r // s % size for r in ranks)), None)
+        if other is not None:
+            said.append(f"axis {i}'s coordinate is rank // {other} % {size}: a stride of {other} where neighbours "
+                        f"along axis {i} are {_apart(stride)} (the product of the sizes after it)")
+    return f"Diagnosis: {'; '.join(said[:2])}." if said else None
+
+
+def _apart(stride: int) -> str:
+    return f"{stride} rank{'s' * (stride != 1)} apart"
 
 
 # The lesson is which axis varies fastest: a library's unravel does that arithmetic (numpy's are C functions behind a
@@ -115,11 +159,13 @@ def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
     """Ask `fn` for this rank's groups, then use each: an all-reduce of the rank's number over TP and over DP, and
     a message from each pipeline stage to the next over PP. Returns what each group showed."""
     groups = fn(dist, dp, pp, tp)
+    rank = dist.get_rank()
     if not isinstance(groups, dict) or set(groups) != set(AXES):
         raise GroupsWrong(f"process_groups should return a dict with keys 'dp', 'pp' and 'tp' (this rank's group "
                           f"along each axis), got {type(groups).__name__}"
-                          + (f" with keys {sorted(groups)}" if isinstance(groups, dict) else "") + ".")
-    rank = dist.get_rank()
+                          + (f" with keys {sorted(groups)}" if isinstance(groups, dict) else "") + "."
+                          + (_none_kept(rank, (dp, pp, tp), set(AXES) - set(groups)) if isinstance(groups, dict)
+                             else ""))
     out = {f"{axis} ranks": _group_ranks(dist, groups[axis]) for axis in AXES}
     for axis in AXES:
         if rank not in out[f"{axis} ranks"]:
@@ -138,6 +184,37 @@ def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
         dist.send(torch.tensor([float(rank)], dtype=torch.float64, device=device()), stages[i + 1])
     out["pp message from"] = got
     return out
+
+
+AXIS_STRIDES = {"tp": "consecutive ranks", "pp": "ranks tp apart", "dp": "ranks pp·tp apart"}
+
+
+def _none_kept(rank: int, shape: tuple[int, ...], missing: set[str]) -> str:
+    """Why a rank may have no group along an axis, with the group it should have kept."""
+    axes = MeshAxes(shape, AXES)
+    said = [f"its {axis.upper()} group is {list(axes.group(rank, axis))}, {AXIS_STRIDES[axis]}" for axis in AXES
+            if axis in missing]
+    return (f" Rank {rank} kept no {' and no '.join(repr(a) for a in AXES if a in missing)} group: it never made one, "
+            f"or it is in none of the groups it made along that axis (`if rank in ranks` never held). With rank = "
+            f"(d·pp + p)·tp + t, {'; '.join(said)}.")
+
+
+def _groups_explained(shape: tuple[int, ...], expected: list, got: list) -> Optional[str]:
+    """Groups that are those of a mesh with its axes in another order (TP outermost, say): which order."""
+    keys = [f"{axis} ranks" for axis in AXES]
+    if not all(isinstance(g, dict) and all(isinstance(g.get(k), list) for k in keys) for g in got):
+        return None
+    for order in itertools.permutations(range(len(AXES))):
+        if list(order) == list(range(len(AXES))):
+            continue
+        axes = MeshAxes(tuple(shape[i] for i in order), tuple(AXES[i] for i in order))
+        if all(sorted(g[f"{a} ranks"]) == list(axes.group(r, a)) for r, g in enumerate(got) for a in AXES):
+            real = [AXES[i] for i in order if shape[i] > 1]        # an axis of size 1 sits anywhere
+            return (f"Diagnosis: every rank's groups are those of a mesh laid out ({' × '.join(real)}), "
+                    f"{real[0].upper()} outermost and {real[-1].upper()} innermost: the order of the axes is wrong. "
+                    "The course's mesh is (dp, pp, tp), rank = (d·pp + p)·tp + t: TP innermost (consecutive ranks, "
+                    "one node), DP outermost.")
+    return None
 
 
 def _by_hand(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
@@ -177,7 +254,8 @@ def _groups_case(rng: random.Random, n: int) -> MeshCase:
         AxisBudget("dp", _ring("all_reduce", ITEM, dp), f"one all-reduce of 8 bytes over dp={dp}", WORLD_OPS),
         AxisBudget("pp", [ITEM * (axes.group(r, "pp").index(r) < pp - 1) for r in range(n)],
                    "one 8-byte message to the next stage", PP_OPS)]
-    return MeshCase(n, (dp, pp, tp), expected, f"a (dp, pp, tp) = {shape} mesh", axes=axes, axis_budgets=budgets)
+    return MeshCase(n, (dp, pp, tp), expected, f"a (dp, pp, tp) = {shape} mesh", axes=axes, axis_budgets=budgets,
+                    explain=functools.partial(_groups_explained, shape))
 
 
 process_groups = MeshPuzzle(
@@ -265,7 +343,24 @@ def _tp_dp_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Mesh
                                 f"{rows // dp} rows, {share:,.0f} FLOPs")
     return MeshCase(n, (weights, batch, targets, dp, tp, steps, lr), expected,
                     f"(dp, tp) = ({dp}, {tp}), h={h}, {rows} rows, {steps} SGD steps", budgets=work, axes=axes,
-                    axis_budgets=budgets, factors=_degrees(dp=dp, tp=tp), steps=steps)
+                    axis_budgets=budgets, factors=_degrees(dp=dp, tp=tp), steps=steps,
+                    explain=functools.partial(drifted, groups=_groups_of(axes), why=TP_DP_DRIFT, rtol=1e-9,
+                                              atol=1e-12))
+
+
+def _groups_of(axes: MeshAxes) -> dict[str, list[tuple[int, ...]]]:
+    """Every group along each axis of a mesh, by the name a message says it with ("TP group")."""
+    return {f"{axis.upper()} group": sorted({axes.group(r, axis) for r in range(axes.world_size)})
+            for axis in axes.names}
+
+
+TP_DP_DRIFT = {
+    "TP group": "The gradients were averaged over the TP group, whose ranks hold different shards; the ranks holding "
+                "the same shard form the DP group, and only an average over it keeps them equal.",
+    "DP group": "TP peers compute one output together: each must take the same rows of the batch (rows d, chosen by "
+                "the DP coordinate, not the TP coordinate), and g's all-reduce must give each the whole output before "
+                "the loss (without it each trains on its partial sum).",
+    "": "Nothing kept the replicas equal: average every gradient over the DP group once per step."}
 
 
 def fsdp_tp_mlp(dist, weights: dict, dp: int, tp: int, dtype: torch.dtype) -> tuple[torch.nn.Module, int, int]:
@@ -549,10 +644,13 @@ def memory_formula(model, plan: Plan, measured: Optional[float] = None) -> Formu
 
     def sharded(name: str, per_parameter: int, from_stage: int) -> Term:
         return term(f"{name} ({per_parameter} B a parameter)",
-                    per_parameter * params / (degree("dp") if plan.zero >= from_stage else 1))
-    states = term("the model states", sharded("the 16-bit weights", 2, 3) + sharded("the 16-bit gradients", 2, 2)
-                  + sharded("Adam's fp32 master weights", 4, 1) + sharded("Adam's momentum", 4, 1)
-                  + sharded("Adam's variance", 4, 1))
+                    per_parameter / (degree("dp") if plan.zero >= from_stage else 1))
+    # The parameters appear once, times the bytes each state keeps of one: a quantity left out of them (tp) is left
+    # out of every state at once, as a learner leaves it out, and named so.
+    states = term("the model states", params * (
+        sharded("the 16-bit weights", 2, 3) + sharded("the 16-bit gradients", 2, 2)
+        + sharded("Adam's fp32 master weights", 4, 1) + sharded("Adam's momentum", 4, 1)
+        + sharded("Adam's variance", 4, 1)))
     if plan.zero == 3:
         def block() -> Expr:
             return 2 * q("P", model.layer_params, "a block's parameters") / degree("tp")
@@ -736,7 +834,58 @@ def plan_summary(fn: Callable, dist, model, cluster, global_batch: int) -> dict:
         raise PlanWrong(f"{plan}: the space is tp, pp, dp, zero, micro_batch and recompute; leave the other fields "
                         "of Plan at their defaults (virtual_stages=1, cp=1, no sequence parallelism).")
     e = estimate(model, cluster, plan)            # PlanError, saying why, for a plan that does not split
-    return {"fits": e.fits, "tokens per second": e.tokens_per_second}
+    return Judged(plan, {"fits": e.fits, "tokens per second": e.tokens_per_second})
+
+
+class Judged(dict):
+    """What plan_summary compares (whether the plan fits, its tokens per second), with the plan itself beside it for
+    the diagnosis (an attribute, not an entry: two plans may tie)."""
+
+    def __init__(self, plan: Plan, judged: dict) -> None:
+        super().__init__(judged)
+        self.plan = plan
+
+
+SEARCHED = ("micro_batch", "recompute", "zero")        # besides the layout (tp, pp, dp), which changes as one
+STEP_PARTS = {"compute": "compute (recomputation included)", "memory_bound": "memory-bound element-wise work",
+              "tp": "TP all-reduces", "cp": "CP messages", "pp": "pipeline messages",
+              "bubble": "the pipeline bubble ((pp-1)/m of the stage's time: fewer micro-batches, more bubble)",
+              "dp": "DP traffic that backward could not hide"}
+
+
+def _slower_plan(model, cluster, fastest: Plan, expected: list, got: list) -> Optional[str]:
+    """A plan that fits but is slower than the fastest: which of its settings differ, where its step loses the time,
+    and what each setting of the fastest plan, taken alone, would make of it."""
+    import dataclasses
+
+    from lib.planner import PlanError
+
+    plan = getattr(got[0], "plan", None)
+    if not isinstance(plan, Plan) or not got[0].get("fits"):
+        return None
+    mine, best = estimate(model, cluster, plan), estimate(model, cluster, fastest)
+    changes = [{f: getattr(fastest, f)} for f in SEARCHED if getattr(plan, f) != getattr(fastest, f)]
+    layout = {f: getattr(fastest, f) for f in ("tp", "pp", "dp")}
+    if any(getattr(plan, f) != v for f, v in layout.items()):
+        changes.insert(0, layout)
+    differ = ", ".join(", ".join(f"{f}={v!r}" for f, v in c.items()) + " (yours " +
+                       ", ".join(f"{getattr(plan, f)!r}" for f in c) + ")" for c in changes)
+    lost = sorted(((mine.breakdown.time[k] - best.breakdown.time.get(k, 0.0), k) for k in mine.breakdown.time),
+                  reverse=True)
+    where = " and ".join(f"{STEP_PARTS.get(k, k)} (+{fmt_time(dt)})" for dt, k in lost[:2] if dt > 0)
+    alone = []
+    for change in changes:
+        try:
+            e = estimate(model, cluster, dataclasses.replace(plan, **change))
+        except PlanError:
+            continue
+        said = ", ".join(f"{f}={v!r}" for f, v in change.items())
+        alone.append(f"with {said} alone, {e.tokens_per_second:,.0f}" + ("" if e.fits else " (but it does not fit)"))
+    return (f"Diagnosis: a faster plan fits. Yours, {plan}, trains {mine.tokens_per_second:,.0f} tokens/s; the fastest "
+            f"that fits, {fastest}, trains {best.tokens_per_second:,.0f}. They differ in {differ}. "
+            + (f"Your step takes {fmt_time(mine.step_time - best.step_time)} longer, most of it in {where}. "
+               if where else "")
+            + (f"Your plan would train: {'; '.join(alone)}." if alone else ""))
 
 
 RANKED_BY_HFU = ("ranking the plans by HFU gives: HFU counts the FLOPs of recomputation, which train nothing, so a "
@@ -783,7 +932,8 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
     return Case(n, (model, cluster, batch), [expected],
                 f"{model.layers} layers, hidden {model.hidden}, {heads} heads, s={model.seq} on "
                 f"{cluster.gpus} × {cluster.gpu.name}, batch {batch}"
-                + (": here the plan of highest HFU is not the fastest" if short else ""), mistakes=mistakes)
+                + (": here the plan of highest HFU is not the fastest" if short else ""), mistakes=mistakes,
+                explain=functools.partial(_slower_plan, model, cluster, best.plan))
 
 
 choose_plan = Puzzle(
