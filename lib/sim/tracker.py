@@ -374,3 +374,8 @@ class RankTracker(TorchDispatchMode):
         if self.current > self.peak:
             self.peak = self.current
         self.samples.append((self._now(), self.current))
+
+
+def in_host_memory(tracker: RankTracker, t: torch.Tensor) -> bool:
+    """Whether `t` lives in the rank's host memory (made on or moved to lib.host()), by its tracker."""
+    return tracker._place(t) == ON_HOST
