@@ -82,6 +82,27 @@ def flops_at_most(limit: float, why: str, hint: str = "") -> Contract:
     return Contract(why, broken, hint)
 
 
+def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: str, hint: str = "") -> Contract:
+    """No rank holds more than `limit` bytes of device memory from the end of its first `first` op to the end of its
+    last `last` op (say, from the first all-gather of training to its last reduce-scatter): that phase judged on its
+    own, where a peak over the whole run may be set by what comes before or after it (the full parameters handed in,
+    the final gather of every parameter to return them). From the first op's end, not its start: ops that take no
+    simulated time (freeing what came before) share its start's timestamp. `phase` names it in messages."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        for s in result.stats:
+            starts = [e.end for e in result.trace if e.rank == s.rank and e.op == first]
+            ends = [e.end for e in result.trace if e.rank == s.rank and e.op == last]
+            if not starts or not ends:
+                continue
+            peak = max((held for t, held in s.memory if min(starts) <= t <= max(ends)), default=0)
+            if peak > limit * (1 + 1e-9):
+                return (f"rank {s.rank} held {fmt_bytes(peak)} of tensors {phase} (from its first {first} to its "
+                        f"last {last}), over the budget of {fmt_bytes(limit)}")
+        return None
+    return Contract(rule, broken, hint, timed=True)
+
+
 def exposed_communication(result: SimResult) -> list[float]:
     """Per rank, the simulated time not spent computing: its clock minus its compute (what overlap hides)."""
     busy = [0.0] * result.world_size
