@@ -57,6 +57,23 @@ def sends_less_than(limit: float, what: str, rule: str, hint: str = "") -> Contr
     return Contract(rule, broken, hint)
 
 
+def op_sends_at_most(op: str, limit: float, what: str, rule: str, hint: str = "") -> Contract:
+    """No rank sends more than `limit` bytes through collectives named `op` (all_gather, all_to_all...): where two
+    algorithms send the same bytes in all (a reduce-scatter and an all-gather against one all-gather of everything,
+    at N = 2), what each op carries tells them apart. `what` names the limit in messages."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        sent = [0.0] * result.world_size
+        for e in result.trace:
+            if e.op == op:
+                sent[e.rank] += e.bytes
+        rank = max(range(result.world_size), key=sent.__getitem__)
+        if sent[rank] <= limit * (1 + 1e-9):
+            return None
+        return f"rank {rank} sent {fmt_bytes(sent[rank])} through {op}, more than {what} ({fmt_bytes(limit)})"
+    return Contract(rule, broken, hint)
+
+
 def flops_balanced(tolerance: float, why: str, hint: str = "") -> Contract:
     """The busiest rank computes at most (1 + tolerance) times the FLOPs of the least busy one."""
 
