@@ -160,6 +160,10 @@ CALLS = {
     # 8·I: degree 18 (5 products) on the matrix scaled by 2^-3, then 3 squarings
     "linalg.matrix_exp, large norm": (torch.linalg.matrix_exp, (8 * torch.eye(S, dtype=torch.float64),),
                                       8 * _mm(S, S, S)),
+    # LayerNorm: the mean, the deviation, its square, the variance, the scaling; the affine weight and bias
+    "F.layer_norm": (lambda x: F.layer_norm(x, x.shape[-1:]), (_r(B, M, K),), 5 * B * M * K),
+    "F.layer_norm, affine": (lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), (_r(B, M, K), _r(K), _r(K)),
+                             7 * B * M * K),
     "fft.fft": (torch.fft.fft, (_r(B, 64, dtype=torch.complex128),), 5 * B * 64 * 6),
     "fft.rfft": (torch.fft.rfft, (_r(B, 64),), 2.5 * B * 64 * 6),
     "fft.irfft": (lambda x: torch.fft.irfft(x, n=64), (_r(B, 33, dtype=torch.complex128),), 2.5 * B * 64 * 6),

@@ -2,9 +2,10 @@
 
 Every op that does matrix work is priced by its own formula: torch's FLOP registry (torch.utils.flop_counter) where
 it has one, else the formulas below, so that no way of writing a product is cheaper than another (addbmm, a fused
-linear, a grouped or quantised matmul, a linear-algebra routine, an FFT). Composite ops (matmul, einsum, tensordot,
-F.linear, multi_dot, ...) never reach a dispatch mode: torch decomposes them into the ops priced here first. Any other
-op costs one FLOP per element of the largest tensor it touches (elementwise ops, reductions), lib.sim.tracker.
+linear, a grouped or quantised matmul, a linear-algebra routine, an FFT); LayerNorm by the operations of its formula.
+Composite ops (matmul, einsum, tensordot, F.linear, multi_dot, ...) reach a dispatch mode as the ops they are made of
+(autograd decomposes them first; under inference mode the tracker does, `composite`). Any other op costs one FLOP per
+element of the largest tensor it touches (elementwise ops, reductions), lib.sim.tracker.
 
 Sources of the formulas: a product of (m, k) and (k, n) matrices is 2mkn, as torch's registry counts mm; the
 linear-algebra routines count the leading terms of Golub & Van Loan, Matrix Computations (4th ed.): LU 2n³/3
@@ -234,6 +235,19 @@ def _time_batch_channel_convolution(x, w, *args, out_val=None, **kwargs) -> floa
     return 2.0 * out_val.numel() * w.shape[0] * w.shape[1]
 
 
+# ---- normalisation: per element, the operations of its formula -------------------------------------------------
+# LayerNorm's forward: the mean, the deviation, its square, the variance and the scaling (5), and the affine weight and
+# bias (2) where given; its backward: the input's gradient rstd·(g - mean(g) - x̂·mean(g·x̂)) (7), and the weight's and
+# bias's (2). One FLOP per element would make the norm a fifth of its work, and replicating it (a norm run on the whole
+# gathered sequence instead of this rank's tokens) close to free.
+def _layer_norm(x, shape, weight=None, bias=None, *args, **kwargs) -> float:
+    return (5.0 + 2 * (weight is not None)) * x.numel()
+
+
+def _layer_norm_backward(grad, x, *args, **kwargs) -> float:
+    return 9.0 * x.numel()
+
+
 # Ops torch's registry leaves out, with their formulas; each is called with the op's tensors (and out_val=).
 _FORMULAS: dict = {
     aten.mv: lambda a, b, *_, **__: 2.0 * a.numel(),
@@ -293,6 +307,7 @@ _FORMULAS: dict = {
     aten.slow_conv_transpose2d: _transposed_convolution, aten.slow_conv_transpose3d: _transposed_convolution,
     aten._slow_conv2d_backward: _convolution_backward,
     aten.conv_tbc: _time_batch_channel_convolution,
+    aten.native_layer_norm: _layer_norm, aten.native_layer_norm_backward: _layer_norm_backward,
 }
 # torch's addmm and baddbmm formulas return mm's and bmm's of their two matrices, called through mm's and bmm's
 # shape wrapper (a tree_map, ten times the rest of the op's accounting): the same formulas, given the shapes.
