@@ -207,32 +207,46 @@ def mutations(expr: Expr) -> list[Mutation]:
     return out
 
 
-def explain(f: Formula, got: float, rel: float = 1e-9) -> Optional[str]:
-    """The mistake (one, or two together) whose formula gives `got`, said with the difference; None if none does."""
-    want = f.value
-    if _same(got, want, rel):
-        return None
+def matches(f: Formula, got: float, rel: float = 1e-9) -> list[str]:
+    """The mistakes (one, else two together) whose formula gives `got`, simplest first; [] if none or if `got` is
+    right."""
+    if _same(got, f.value, rel):
+        return []
     singles = mutations(f.expr)
-    found = _first(f.expr, singles, got, rel)
-    if found is None:
-        pairs = (Mutation(f"{a.said}, and {b.said}", {**a.change, **b.change})
-                 for a, b in itertools.combinations(singles, 2) if not set(a.change) & set(b.change))
-        found = _first(f.expr, pairs, got, rel)
-    if found is None:
+    found = [m.said for m in singles if _gives(f.expr, m, got, rel)]
+    if found:
+        return found
+    pairs = (Mutation(f"{a.said}, and {b.said}", {**a.change, **b.change})
+             for a, b in itertools.combinations(singles, 2) if not set(a.change) & set(b.change))
+    first = _first(f.expr, pairs, got, rel)
+    return [first.said] if first else []
+
+
+def explain(f: Formula, got: float, rel: float = 1e-9,
+            resolve: Optional[Callable[[list[str]], list[str]]] = None) -> Optional[str]:
+    """The mistake whose formula gives `got`, said with the difference; None if none does. Where several fit this
+    case (two terms of the same size), `resolve` keeps those that fit the learner's answers to other cases too;
+    those left are all said."""
+    found = matches(f, got, rel)
+    if len(found) > 1 and resolve is not None:
+        found = resolve(found) or found
+    if not found:
         return None
-    diff = got - want
+    diff = got - f.value
     side = f"{f.amount(abs(diff))} {'short' if diff < 0 else 'over'}"
-    return f"your answer is {side}: it is what the formula gives with {found.said}."
+    said = found[0] if len(found) == 1 else " or with ".join(found[:3]) + " (the same number on this case)"
+    return f"your answer is {side}: it is what the formula gives with {said}."
+
+
+def _gives(expr: Expr, m: Mutation, got: float, rel: float) -> bool:
+    try:
+        return _same(expr.eval(m.change), got, rel)
+    except (ArithmeticError, ValueError, OverflowError):
+        return False
 
 
 def _first(expr: Expr, candidates, got: float, rel: float) -> Optional[Mutation]:
-    for m in candidates:
-        try:
-            if _same(expr.eval(m.change), got, rel):
-                return m
-        except (ArithmeticError, ValueError, OverflowError):
-            continue
-    return None
+    return next((m for m in candidates if _gives(expr, m, got, rel)), None)
 
 
 def _same(a: float, b: float, rel: float) -> bool:

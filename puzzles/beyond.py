@@ -29,6 +29,7 @@ from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
+from lib.terms import Formula, Q, ceil, formula, maximum, term
 from lib.units import fmt_bytes, fmt_rate, fmt_time
 from lib.viz.timeline import training_display
 
@@ -162,13 +163,16 @@ def _extrapolated(measured: list[float], inner_steps: int, rounds: int) -> float
 STEPS_AND_ROUNDS = tuple((h, r) for h in (2, 3, 4) for r in (2, 3) if h * r <= 8)
 
 
-def _diloco_case(rng: random.Random, world: int) -> Case:
+def _diloco_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     model = mlp(SIZES, seed=rng.randrange(2**31))
     inner_steps, rounds = rng.choice(STEPS_AND_ROUNDS)
     local = rng.randint(2, 5)
     inner_lr = rng.choice([1e-2, 3e-2])
     outer_lr, momentum = (OUTER_LR, OUTER_MOMENTUM) if rng.random() < 0.5 else (rng.uniform(0.3, 1.0), 0.8)
     shards, _ = sharded_batches(rng.randrange(2**31), SIZES, world, local, rounds * inner_steps)
+    if steps is not None:        # the same draws, fewer rounds (DiLoCo's outer steps): where a wrong run first leaves
+        rounds = steps
+        shards = [rank[:rounds * inner_steps] for rank in shards]
     cost = two_datacenters(world)
     expected = diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
     compute = worker_compute(local, inner_steps, rounds, cost)
@@ -181,7 +185,7 @@ def _diloco_case(rng: random.Random, world: int) -> Case:
                 f"N={world} workers in 2 datacenters, H={inner_steps} inner steps × {rounds} rounds of {local} "
                 f"samples, inner lr {inner_lr:g}, outer lr {outer_lr:.3g}, momentum {momentum:g}",
                 budgets=_diloco_budgets(model, world, rounds, inner_steps, cost, compute) + work, cost=cost,
-                allowed_ops=frozenset({"all_reduce"}))
+                allowed_ops=frozenset({"all_reduce"}), steps=rounds)
 
 
 def _diloco_display(case: Case) -> tuple[CostModel, str]:
@@ -312,7 +316,7 @@ compressed_all_reduce = Puzzle(
            "arrives is rank i's version of your chunk. Sum their dequantized values in float64, divide by N.",
            "quantize that mean chunk, all_gather the int8 values and the scale from every rank, and dequantize "
            "each into its place: the result is the mean, in float32, equal on every rank."],
-    mistakes=COMPRESSED_MISTAKES, rtol=1e-6, atol=0.0,
+    mistakes=COMPRESSED_MISTAKES, rtol=1e-6, atol=0.0, outputs={"[0]": "the mean", "[1]": "the new residual"},
     describe="All-reduce (mean) of gradients sent as int8 with a scale per chunk, with error feedback.")
 
 
@@ -572,10 +576,15 @@ def compare_with_dcp(fn, saved_on: int = 4, world: int = 2, total: int = 25, see
     return True
 
 
+# What the check compares of a loaded shard: the answer's four results, then the state after training on from them.
+LOADED_AND_TRAINED = {**{f"[0][{i}]": f"the loaded {k}" for i, k in enumerate(STATE)}, "[0][3]": "the loaded step",
+                      **{f"[1][{i}]": f"{k} after training on from it" for i, k in enumerate(STATE)}}
+
+
 reshard_checkpoint = Puzzle(
     "reshard_checkpoint", NOTEBOOK, _checkpoint_case, world_sizes=(2, 3, 4), harness=_continue_training,
     variants=[{"uneven": True}],
-    takes_dist=False,
+    takes_dist=False, outputs=LOADED_AND_TRAINED,
     hints=["Your new shard covers elements [lo, hi) of the flat state: shard_bounds(total, world, rank) with total "
            "the sum of the files' lengths. A file covers [offset, offset + len(file['param'])).",
            "For each file that overlaps [lo, hi), take the overlap: from max(lo, offset) to min(hi, offset + "
@@ -792,7 +801,25 @@ def _budget_case(rng: random.Random, _world: int, size: Optional[float] = None) 
     return Case(1, (params, tokens, world, bandwidth, latency, flops, share), [h],
                 f"{params / 1e9:.3g}B parameters, {tokens} tokens per GPU and step, {world} GPUs in 2 datacenters, "
                 f"{fmt_rate(bandwidth)} and {fmt_time(latency)} between them, {flops / 1e12:.0f} TFLOP/s achieved, "
-                f"communication at most {share:.0%} of compute")
+                f"communication at most {share:.0%} of compute",
+                formulas={"": _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, h)})
+
+
+def _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, expected: int) -> Formula:
+    """The fewest H as named terms (lib.terms): a ring all-reduce's 2(N-1) latencies and 2(N-1)/N of the float32
+    pseudo-gradient's bytes, over H steps' forward and backward FLOPs; checked against the simulator's answer."""
+    p, t = Q("P", params, "the parameters"), Q("tokens", tokens, "the tokens per GPU and step")
+    comm = term("the latency (2(N-1) messages × α)", Q("2(N-1)", 2 * (world - 1), "the ring's messages one after "
+                                                             "another") * Q("α", latency, "the link's latency")) \
+        + term("the bytes (2(N-1)/N × 4 B × P / bandwidth)",
+               Q("2(N-1)/N", 2 * (world - 1) / world, "the share of the bytes a ring all-reduce sends")
+               * Q("4 B", 4, "a float32 value's bytes") * p / Q("B", bandwidth, "the bandwidth"))
+    compute = (term("the forward (2 × P × tokens)", 2 * p * t) + term("the backward (4 × P × tokens)", 4 * p * t)) \
+        / Q("F", flops, "the FLOP/s achieved")
+    found = formula(maximum(1, ceil(comm / (Q("share", share, "communication's share of compute") * compute))),
+                    "steps")
+    assert found.value == expected, (found.value, expected)
+    return found
 
 
 inner_steps_for = Puzzle(

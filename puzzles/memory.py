@@ -20,6 +20,7 @@ from lib.formulas import model_state_bytes
 from lib.measure import allocated, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
 from lib.offlimits import MODULE_INIT
+from lib.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
 
 import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
@@ -60,9 +61,30 @@ MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias
 
 
 # ---- 1. counting parameters --------------------------------------------------------------
+def parameter_count(cfg: GPTConfig) -> Expr:
+    """TinyGPT's parameter count as named terms (lib.terms), so that a count missing a piece is told which."""
+    h, V, S = Q("h", cfg.hidden, "the hidden size"), Q("V", cfg.vocab, "the vocabulary"), Q("s", cfg.seq,
+                                                                                              "the sequence")
+    L, a = Q("L", cfg.layers, "the layers"), Q("a", cfg.heads, "the attention heads")
+    g = Q("g", cfg.kv_heads or cfg.heads, "the key/value heads")
+    kv = g * (h // a)                                            # the width of K, and of V
+    norm = 2 * h if cfg.bias else h                              # a LayerNorm: a weight (and a bias) of h
+    block = (term("qkv's weight (h × (h + 2·kv))", h * (h + 2 * kv)) + term("the attention projection (h × h)", h * h)
+             + term("fc1 (h × 4h)", h * 4 * h) + term("fc2 (4h × h)", 4 * h * h)
+             + term("a block's two LayerNorms", 2 * norm))
+    if cfg.bias:
+        block = block + term("a block's Linear biases (h + 2·kv + h + 4h + h)", h + 2 * kv + h + 4 * h + h)
+    total = (term("the token embedding (V × h)", V * h) + term("the position embedding (s × h)", S * h)
+             + L * term("a block", block) + term("the final LayerNorm", norm))
+    return total if cfg.tied else total + term("the untied output head (V × h)", V * h)
+
+
 def _count_case(rng: random.Random, _world: int, **kind) -> Case:
     cfg = _config(rng, **kind)
-    return Case(1, (cfg,), [sum(p.numel() for p in TinyGPT(cfg).parameters())], _describe(cfg))
+    count = sum(p.numel() for p in TinyGPT(cfg).parameters())
+    expr = parameter_count(cfg)
+    assert expr.value == count, "the named terms should add up to the module's parameters"
+    return Case(1, (cfg,), [count], _describe(cfg), formulas={"": formula(expr, "parameters")})
 
 
 count_parameters = Puzzle(
@@ -103,8 +125,13 @@ def _adam_case(rng: random.Random, _world: int, **kind) -> Case:
     _, _, kept = allocated(lambda: mixed_precision_adam_step(cfg, tokens, tokens))
     n = sum(p.numel() for p in TinyGPT(cfg).parameters())
     assert kept == model_state_bytes(n), "the reference step should keep exactly the ZeRO paper's (2+2+12)Ψ"
+    expr = term("Ψ, the parameter count", parameter_count(cfg)) * (
+        term("the bf16 weights (2 B each)", 2) + term("the bf16 gradients (2 B each)", 2)
+        + term("the fp32 master weights (4 B each)", 4) + term("Adam's momentum (4 B each)", 4)
+        + term("Adam's variance (4 B each)", 4))
+    assert expr.value == kept
     # The label names the configuration only: a replayed seed must not print the answer.
-    return Case(1, (cfg,), [kept], _describe(cfg))
+    return Case(1, (cfg,), [kept], _describe(cfg), formulas={"": formula(expr, "B")})
 
 
 training_state_bytes = Puzzle(
@@ -117,6 +144,9 @@ training_state_bytes = Puzzle(
 
 
 # ---- 3. activations of one layer -------------------------------------------------------------
+ACTIVATION_RTOL = 0.02     # the formula leaves out LayerNorm's mean and 1/std (8bs bytes): under 2% from h = 16 on
+
+
 def _activation_case(rng: random.Random, _world: int) -> Case:
     heads = rng.choice([1, 2, 4, 8])
     # h >= 16: the formula leaves out LayerNorm's mean and 1/std, 8bs bytes, under 2% of the block from h = 16 on
@@ -124,11 +154,29 @@ def _activation_case(rng: random.Random, _world: int) -> Case:
     block = Block(GPTConfig(seq=s, hidden=h, heads=heads, dropout=0.1)).to(torch.bfloat16)
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
     saved = saved_activation_bytes(lambda: block(x), exclude=list(block.parameters()))
-    return Case(1, (s, b, h, heads), [saved], f"s={s}, b={b}, h={h}, a={heads}, one bf16 block with dropout")
+    expr = activation_terms(s, b, h, heads)
+    assert abs(expr.value - saved) <= ACTIVATION_RTOL * saved, "Korthikanti's terms should match"
+    return Case(1, (s, b, h, heads), [saved], f"s={s}, b={b}, h={h}, a={heads}, one bf16 block with dropout",
+                formulas={"": formula(expr, "B")})
+
+
+def activation_terms(s: int, b: int, h: int, heads: int) -> Expr:
+    """Korthikanti et al. 2022 (section 4.1), 34sbh + 5as²b bytes, as the named terms a learner adds up."""
+    S, B, H, a = Q("s", s, "the sequence"), Q("b", b, "the micro-batch"), Q("h", h, "the hidden size"), \
+        Q("a", heads, "the attention heads")
+    sbh, as2b = S * B * H, a * S * S * B
+    masks = term("the dropout masks (as²b + sbh + sbh, 1 B each)",
+                 term("attention's dropout mask (as²b)", as2b) + term("the projection's dropout mask (sbh)", sbh)
+                 + term("the MLP's dropout mask (sbh)", sbh))
+    return (term("the qkv input (2sbh)", 2 * sbh) + term("Q and K (4sbh)", 4 * sbh)
+            + term("the softmax output (2as²b)", 2 * as2b) + term("the dropped-out scores (2as²b)", 2 * as2b)
+            + term("V (2sbh)", 2 * sbh) + term("the projection's input (2sbh)", 2 * sbh)
+            + term("the MLP's input (2sbh)", 2 * sbh) + term("the GeLU input (8sbh)", 8 * sbh)
+            + term("fc2's input (8sbh)", 8 * sbh) + term("the LayerNorm inputs (4sbh)", 4 * sbh) + masks)
 
 
 layer_activation_bytes = Puzzle(
-    "layer_activation_bytes", NOTEBOOK, _activation_case, rtol=0.02, atol=0, **PREDICTION,
+    "layer_activation_bytes", NOTEBOOK, _activation_case, rtol=ACTIVATION_RTOL, atol=0, **PREDICTION,
     hints=["List what backward needs from one block: the input of every matmul, the softmax output, the GeLU "
            "input, each dropout mask (1 byte per element), each LayerNorm input. Activations are bf16 (2 bytes).",
            "Attention: qkv input 2sbh, Q and K 4sbh, softmax output 2as²b, its dropout mask as²b, the dropped "
@@ -239,11 +287,16 @@ def _adam_reference(model, batches, lr: float):
     return model
 
 
-def _offload_case(rng: random.Random, _world: int) -> Case:
+OFFLOAD_STEPS = 3
+
+
+def _offload_case(rng: random.Random, _world: int, steps: Optional[int] = None) -> Case:
+    """`steps`: fewer of the same batches (every draw made first), to find the step a wrong run goes astray."""
     cfg, model, tokens, targets = _training_inputs(rng, layers=2, batch=2)
     batches = [(tokens, targets)] + [(torch.randint(0, cfg.vocab, tokens.shape),
                                       torch.randint(0, cfg.vocab, tokens.shape))
-                                     for _ in range(2)]
+                                     for _ in range(OFFLOAD_STEPS - 1)]
+    batches = batches[:steps or OFFLOAD_STEPS]
     lr = 1e-2
     params = list(model.parameters())
     param_bytes = sum(p.nbytes for p in params)
@@ -262,7 +315,8 @@ def _offload_case(rng: random.Random, _world: int) -> Case:
                                 f"{ADAM_PASSES} elementwise passes over the {param_count:,} parameters per Adam step; "
                                 f"forward and backward belong on the device (on the host they would cost about "
                                 f"6 · parameters · tokens = {6 * param_count * tokens.numel() * len(batches):,})",
-                                hint="keep the model where it is; move gradients to the host, not the model.")])
+                                hint="keep the model where it is; move gradients to the host, not the model.")],
+                steps=len(batches))
 
 
 offloaded_adam_train = Puzzle(

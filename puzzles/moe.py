@@ -20,6 +20,7 @@ from lib.contract import sends_less_than
 from lib.device import device
 from lib.diagnose import Mistake
 from lib.sim import per_rank
+from lib.terms import Formula, Num, Q, formula, minimum, term
 from lib.units import fmt_bytes
 
 NOTEBOOK = "07_moe"
@@ -193,7 +194,9 @@ def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None,
     grads = (torch.autograd.grad(v, leaf, retain_graph=True)[0] for v in (balance, z))
     expected = (balance.detach(), z.detach(), *grads)
     return Case(1, (*_on_device(logits), k, alpha, beta), [_on_device(*expected)],
-                f"T={t_count}, E={experts}, k={k}, α={alpha:g}, β={beta:g}, logits of scale {scale:g}")
+                f"T={t_count}, E={experts}, k={k}, α={alpha:g}, β={beta:g}, logits of scale {scale:g}",
+                factors={"E, the number of experts": experts, "k, the experts each token chooses": k,
+                         "T, the tokens": t_count})
 
 
 router_losses = Puzzle(
@@ -201,11 +204,14 @@ router_losses = Puzzle(
     variants=[{"scale": 1.0, "k": 2}, {"scale": LARGE}], harness=_losses_harness, rtol=1e-9, atol=1e-12,
     off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["f_i counts, P_i averages: f = (how many of the T·k top-k choices picked expert i) / (T·k), "
-           "P = softmax(logits).mean(0). balance = α · E · (f · P).sum(); z = β · mean of logsumexp(logits)².",
+           "P = softmax(logits).mean(0). balance = α · E · (f · P).sum(); z = β · (torch.logsumexp(logits, -1) "
+           "** 2).mean(): each token's log-sum-exp squared, then the mean over the tokens.",
            "Only P carries a gradient: f comes from a top-k, a count. Build f with torch.bincount (or a one-hot "
            "sum) of the top-k indices; never from detached probabilities.",
            f"Logits near ±{LARGE:g} overflow exp(): torch.logsumexp and torch.softmax subtract the maximum first, "
            "log(exp(x).sum()) does not."],
+    outputs={"[0]": "the balance loss", "[1]": "the z-loss", "[2]": "the balance loss's gradient",
+             "[3]": "the z-loss's gradient"},
     describe="The Switch load-balancing loss and the router z-loss, with their gradients.")
 
 
@@ -479,6 +485,8 @@ moe_layer_backward = Puzzle(
            "keeps the splits on ctx; backward returns (the reverse all-to-all of grad, None, None).",
            "Pass your Function's apply as moe_layer's exchange: the router's weights must stay attached to the "
            "graph (no .detach(), no torch.no_grad()), so that the router learns from the combine."],
+    outputs={"[0]": "the output y", "[1]": "the tokens' gradient dx", "[2]": "the router's gradient",
+             "[3]": "your experts' gradient"},
     describe="The MoE layer's gradients: the all-to-alls carry them back to the tokens' and the experts' ranks.")
 
 
@@ -504,10 +512,10 @@ def _train_traffic(batches: list, router, experts, k: int, factor: float, lr: fl
     (dispatched, combined back, the combine's gradient to the experts: the batches need no gradient, so the
     dispatch's way back is free; the ceiling allows it, and the counts), the router's gradient all-reduced over all
     ranks, its experts' over their DP group. A floor too: no batch and no expert travels instead of the tokens."""
-    n = len(batches)
+    n, steps = len(batches), len(batches[0])
     dp, (d, e_count) = n // ep, router.shape
     least, most = [0.0] * n, [0.0] * n
-    for step in range(STEPS):
+    for step in range(steps):
         now, _ = train_reference(batches, router, experts, k, factor, lr, step)       # the router of this step
         for first in range(0, n, ep):
             group = Layer([batches[r][step][0] for r in range(first, first + ep)], now, experts, k, factor, "")
@@ -515,9 +523,9 @@ def _train_traffic(batches: list, router, experts, k: int, factor: float, lr: fl
             for i, (o, b) in enumerate(zip(out, back)):
                 least[first + i] += (2 * o + b) * d * ITEM
                 most[first + i] += 2 * (o + b) * d * ITEM
-    grads = STEPS * (2 * (n - 1) / n * d * e_count + 2 * (dp - 1) / dp * (e_count // ep) * d * d) * ITEM
-    counts = STEPS * e_count * 8 * (ep - 1) / ep
-    why = (f"{STEPS} steps × (the rank's routed rows, there, back and the combine's gradient, + the router's gradient "
+    grads = steps * (2 * (n - 1) / n * d * e_count + 2 * (dp - 1) / dp * (e_count // ep) * d * d) * ITEM
+    counts = steps * e_count * 8 * (ep - 1) / ep
+    why = (f"{steps} steps × (the rank's routed rows, there, back and the combine's gradient, + the router's gradient "
            f"all-reduced over all {n} ranks + its experts' over their {dp} DP replicas)")
     return [Budget("bytes_sent", [b + grads + counts for b in most], why + " + the counts and the dispatch's gradient",
                    hint="tokens travel to their experts inside the EP group; gradients are all-reduced, nothing "
@@ -526,7 +534,8 @@ def _train_traffic(batches: list, router, experts, k: int, factor: float, lr: fl
                    hint="each rank routes its own tokens to the experts of its EP group by all_to_all_single.")]
 
 
-def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None) -> Case:
+def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None,
+                steps: Optional[int] = None) -> Case:
     layer = _layer(rng, n if ep == n else ep, per_rank_experts=rng.choice([1, 2]), k=k)
     e_count, d = layer.experts.shape[0], layer.router.shape[0]
     t_count = layer.xs[0].shape[0]
@@ -534,8 +543,10 @@ def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None
     batches = [[(torch.randn(t_count, d, generator=gen, dtype=torch.float64),
                  torch.randn(t_count, d, generator=gen, dtype=torch.float64)) for _ in range(STEPS)]
                for _ in range(n)]
+    steps = STEPS if steps is None else steps     # the same draws, fewer steps: where a wrong run first leaves
+    batches = [rank[:steps] for rank in batches]
     lr = 0.5
-    router, experts = train_reference(batches, layer.router, layer.experts, layer.k, layer.factor, lr, STEPS)
+    router, experts = train_reference(batches, layer.router, layer.experts, layer.k, layer.factor, lr, steps)
     shards = experts.chunk(ep)
     expected = [(router.to(device()), shards[r % ep].clone().to(device())) for r in range(n)]
     args = (per_rank([[tuple(t.to(device()) for t in b) for b in rank] for rank in batches]),
@@ -544,9 +555,10 @@ def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None
             layer.k, layer.factor, lr, ep)
     return Case(n, args, expected,
                 f"N={n}: {ep} EP × {n // ep} DP, E={e_count}, T={t_count} per rank, d={d}, k={layer.k}, "
-                f"factor {layer.factor:g}, {STEPS} SGD steps",
+                f"factor {layer.factor:g}, {steps} SGD steps",
                 budgets=_train_traffic(batches, layer.router, layer.experts, layer.k, layer.factor, lr, ep),
-                allowed_ops=frozenset({"all_to_all", "all_reduce"}))
+                allowed_ops=frozenset({"all_to_all", "all_reduce"}), steps=steps,
+                factors={"ep, the expert-parallel group size": ep, "dp, the data-parallel replicas": n // ep})
 
 
 moe_train = Puzzle(
@@ -602,7 +614,20 @@ def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
     cap, padded = capacity_reference(logits, k, max_dropped)
     share = f"{max_dropped:.4g} ({round(max_dropped * t_count * k)} choices)" if exact else f"{max_dropped:.0%}"
     return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
-                f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped")
+                f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped",
+                formulas={"[1]": _padding_formula(logits, k, cap, padded)})
+
+
+def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> Formula:
+    """The padded slots as named terms (lib.terms): C·E slots less the kept choices, Σ_e min(L_e, C)."""
+    experts = logits.shape[1]
+    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten().cpu(), minlength=experts).tolist()
+    c = Q("C", cap, "the capacity")
+    kept = sum((minimum(n, c) for n in load), Num(0))
+    found = formula(term("the C × E slots", c * Q("E", experts, "the experts"))
+                    - term("the kept choices, Σ_e min(L_e, C)", kept), "slots")
+    assert found.value == padded, (found.value, padded)
+    return found
 
 
 smallest_capacity = Puzzle(

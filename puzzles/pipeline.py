@@ -298,6 +298,11 @@ def _messages(p: int, v: int, m: int, boundary: int) -> list[Budget]:
                                                              "nothing else.")]
 
 
+def _factors(batch: torch.Tensor) -> dict:
+    """The sizes a mean over the wrong axis would be off by: a micro-batch's rows, the values of the whole batch."""
+    return {"b, the rows of a micro-batch": MICRO, "the values of the batch (rows × width)": batch.numel()}
+
+
 def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     model, batch, targets = _model_and_data(rng, p, m)
     stages = [model[s] for s in stage_slices(p)]
@@ -307,12 +312,12 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     messages = _messages(p, 1, m, boundary)
     if schedule == "one batch":
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
-                    budgets=[ON_DEVICE] + messages, cost=COST)
+                    budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch))
     inputs = batch.nbytes + targets.nbytes
     budgets = [ON_DEVICE, _time_budget(schedule, stages, micro, micro_y, m),
                _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
-                budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m},
+                budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m, **_factors(batch)},
                 contracts=[_gpipe_order(stages, micro, micro_y, m)] if schedule == "gpipe" else [])
 
 
@@ -400,7 +405,8 @@ def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Op
              "ahead than (p-r-1)·2 + (v-1)·p."))
     return Case(p, (per_rank(chunks), batch, targets, m), expected,
                 f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}",
-                budgets=[ON_DEVICE] + budgets + _messages(p, v, m, boundary), cost=COST)
+                budgets=[ON_DEVICE] + budgets + _messages(p, v, m, boundary), cost=COST,
+                factors={"m, the number of micro-batches": m, "v, the virtual stages": v, **_factors(batch)})
 
 
 def _torch_pipelining(schedule_name: str, multi: bool = False):

@@ -19,8 +19,7 @@ import torch.nn.functional as F
 
 from lib.check import Budget, Case, Contract
 from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
-from lib.contract import (ContractPuzzle, communication_hidden, flops_at_most, flops_balanced,
-                          sends_only_to)
+from lib.contract import ContractPuzzle, communication_hidden, flops_at_most, flops_balanced, right, sends_to
 from lib.device import device
 from lib.first_use import import_ahead
 from lib.measure import counted_flops, counted_time
@@ -50,6 +49,12 @@ REFUSED = (KERNELS, "here the attention is yours to compute (matmuls, exp, logsu
 # weights e^lse it stands for are wrong by the same factor; within a relative 1e-9 it could be off by 1e-5 there.
 _attention_puzzle = functools.partial(ContractPuzzle, refuse=REFUSED, rtol=0.0, atol=1e-9)
 GATHERED = "PyTorch's attention on the gathered K and V"
+OUT_AND_LSE = {"[0]": "the output", "[1]": "the log-sum-exp"}       # what an attention puzzle's two results are
+
+
+def _scale_factor(d: int) -> dict[str, float]:
+    """The case's quantity a wrong factor of attention may equal: √d, the scores' scale."""
+    return {"√d, the attention scale": math.sqrt(d)}
 # What blockwise attention keeps besides its inputs and output, per (batch, head): a few block × block tiles
 # (scores, their exponentials, a mask) and a few block × d rows (a tile's output, the merge's temporaries).
 TILES, ROWS = 4, 8
@@ -158,7 +163,7 @@ def _merge_case(rng: random.Random, _world: int, scale: Optional[float | str] = 
 
 
 merge_attention = _attention_puzzle(
-    "merge_attention", NOTEBOOK, _merge_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
+    "merge_attention", NOTEBOOK, _merge_case, world_sizes=(1, 1, 1, 1), takes_dist=False, outputs=OUT_AND_LSE,
     variants=[{"scale": LARGE}, {"scale": 1.0}, {"scale": NEAR}],
     refuse=(KERNELS, "the merge is yours to write (exp or sigmoid, log); an attention kernel run on the two "
                      "log-sum-exps does it for you"),
@@ -185,7 +190,8 @@ def _blockwise_case(rng: random.Random, _world: int, causal: Optional[bool] = No
     budget = _memory_budget(b, h, d, block, 4, max(s, sk), "q, k, v and the output")
     return Case(1, _on_device(q, k, v) + (block, causal), [expected],
                 f"{s} queries, {sk} keys, block {block}, {'causal' if causal else 'no mask'}, "
-                f"{_describe(b, h, d, scale)}", budgets=[budget], contracts=[_blockwise_flops(q, k, v, block, causal)])
+                f"{_describe(b, h, d, scale)}", budgets=[budget], factors=_scale_factor(d),
+                contracts=[_blockwise_flops(q, k, v, block, causal)])
 
 
 def _blockwise_flops(q, k, v, block: int, causal: bool) -> Contract:
@@ -210,7 +216,7 @@ def _blockwise_oracle(q, k, v, block, causal):
 
 
 blockwise_attention = _attention_puzzle(
-    "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False,
+    "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False, outputs=OUT_AND_LSE,
     variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0},
               {"causal": True, "scale": NEAR}],
     oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention",
@@ -225,12 +231,8 @@ blockwise_attention = _attention_puzzle(
 
 
 # ---- 3-5. the ring --------------------------------------------------------------------------------------
-def _right(rank: int, n: int) -> int:
-    return (rank + 1) % n
-
-
 def _ring_rules(n: int) -> list[Contract]:
-    return [sends_only_to(_right, "a ring passes K and V to its right neighbour only, rank (r + 1) % N",
+    return [sends_to(right, "a ring passes K and V to its right neighbour only, rank (r + 1) % N",
                           hint="send to (rank + 1) % N and receive from (rank - 1) % N, every step.")]
 
 
@@ -318,6 +320,7 @@ RING_HINTS = [
 
 ring_attention = _attention_puzzle(
     "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 6), variants=[{"scale": LARGE}, {"scale": NEAR}],
+    outputs=OUT_AND_LSE,
     oracle=_ring_oracle, oracle_name=GATHERED, hints=RING_HINTS,
     describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
 
@@ -371,7 +374,7 @@ def fmt_tokens(n: int) -> str:
 
 
 ring_attention_overlap = _attention_puzzle(
-    "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8), oracle=_ring_oracle,
+    "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8), oracle=_ring_oracle, outputs=OUT_AND_LSE,
     variants=[{"scale": NEAR}],
     oracle_name=GATHERED,
     hints=["At the start of each step (but the last), post the transfer of the block you hold with dist.isend and "
@@ -411,7 +414,8 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
                                   f"the 2N-1 = {2 * n - 1} tiles of chunk × chunk keys and 2 diagonal tiles "
                                   f"a rank must compute, and {CAUSAL_SLACK:g} more for blocks and merges",
                                   hint="a key chunk after a query chunk is entirely masked: skip it instead "
-                                       "of computing it under a mask.")])
+                                       "of computing it under a mask.")],
+                parts={"chunk of the zigzag (0 early, 1 late)": (2, 2)})
 
 
 ZIGZAG_TILES = ("attend each (query chunk, key chunk) pair with your blockwise_attention, `block` keys at a time: a "
@@ -431,6 +435,7 @@ def _zigzag_oracle(dist, q, k, v, _block):
 
 zigzag_attention = _attention_puzzle(
     "zigzag_attention", NOTEBOOK, _zigzag_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}, {"scale": NEAR}],
+    outputs=OUT_AND_LSE,
     oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
     hints=["Your q, k and v hold two chunks of c tokens: chunk r (rows :c) and chunk 2N-1-r (rows c:). The K/V "
            "block from rank src holds chunks src and 2N-1-src. Handle the four (query chunk, key chunk) pairs.",
@@ -475,7 +480,7 @@ def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> 
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*traffic, _memory_budget(b, h // n, d, block, ULYSSES_CHUNKS, n * chunk, "O(s·h/N · d)"),
                          _largest_tensor_budget(b, h // n, n * chunk, d, block, "q, k and v", 3, ULYSSES_TILES)],
-                allowed_ops=A2A)
+                allowed_ops=A2A, parts={"head": (1, h)})
 
 
 def _ulysses_oracle(dist, q, k, v, block):
@@ -572,7 +577,7 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
     return Case(n, (*args, block), expected,
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*traffic, _largest_tensor_budget(b, h, chunk, d, block, "K, V, dK and dV", 4, BACKWARD_HINT),
-                         memory], allowed_ops=P2P, contracts=_ring_rules(n))
+                         memory], allowed_ops=P2P, contracts=_ring_rules(n), factors=_scale_factor(d))
 
 
 def _backward_oracle(dist, q, k, v, out, lse, dout, block):
@@ -585,6 +590,7 @@ def _backward_oracle(dist, q, k, v, out, lse, dout, block):
 ring_attention_backward = _attention_puzzle(
     "ring_attention_backward", NOTEBOOK, _backward_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
     oracle=_backward_oracle, oracle_name="autograd through PyTorch's attention on the gathered sequence",
+    outputs={"[0]": "dQ", "[1]": "dK", "[2]": "dV"},
     rtol=1e-8,
     hints=["With P = exp(scores - lse) for a key block (recomputed, not stored), the block's gradients are "
            "dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D) · scale with D = rowsum(dO ∘ O), dQ += dS·K, dK += dSᵀ·Q.",

@@ -22,6 +22,7 @@ from lib.first_use import import_ahead
 from lib.layer_check import LayerPuzzle, Upstream, describe_calls
 from lib.measure import counted_flops
 from lib.sim import per_rank
+from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
 
 import_ahead("explicit_gradient")          # every layer's check back-propagates an upstream gradient
@@ -97,8 +98,7 @@ def _req(*ts: torch.Tensor) -> list[torch.Tensor]:
 
 def _ring(op: str, elements: int, world: int) -> float:
     """Bytes a rank sends in one ring collective over a buffer of `elements` float64."""
-    factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
-    return factor * elements * ITEM
+    return bus_factor(op, world) * elements * ITEM
 
 
 def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:
@@ -340,7 +340,8 @@ def _attention_case(rng: random.Random, world: int, heads_per_rank: Optional[int
             per_rank([Upstream(dy, pattern, activations)] * world))
     return Case(world, args, expected, _label(world, s, b, h, f", {a} heads"),
                 budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
-                allowed_ops=frozenset({"all_reduce"}))
+                allowed_ops=frozenset({"all_reduce"}),
+                factors={"√d, the attention scale": (h // a) ** 0.5, "a, the attention heads": a})
 
 
 class _Attention(torch.nn.Module):
@@ -523,6 +524,7 @@ def _vocab_case(rng: random.Random, world: int, logit_scale: Optional[float] = N
                f"alive at once, plus inputs, weight shards, their gradients and s·b·h activations "
                f"({fmt_bytes(held)}); the full logits are {fmt_bytes(sb * vocab * ITEM)}")
     return Case(world, args, expected, _label(world, s, b, h, f", vocabulary {vocab}, logits of about ±{scale:.3g}"),
+                factors={"s·b, the tokens": sb},
                 # The floor first: below it, bytes went by some other way than dist, whatever the memory says. Then
                 # memory: it is the point of this puzzle (a gather also sends too much).
                 budgets=[_vocab_floor(tokens, h, sb), Budget("peak_memory", memory, why_mem,

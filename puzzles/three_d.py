@@ -36,6 +36,7 @@ from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.sim.mesh import answer_key_refused, coordinates
 from lib.sim.traffic import MeshAxes
+from lib.terms import Expr, Formula, Q, Term, formula, minimum, term
 from lib.units import fmt_bytes, fmt_time
 
 from puzzles.parallel_gpt import GPTStage, reference_loss, shard_gpt, tiny_gpt
@@ -120,13 +121,16 @@ def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
                           + (f" with keys {sorted(groups)}" if isinstance(groups, dict) else "") + ".")
     rank = dist.get_rank()
     out = {f"{axis} ranks": _group_ranks(dist, groups[axis]) for axis in AXES}
+    for axis in AXES:
+        if rank not in out[f"{axis} ranks"]:
+            raise GroupsWrong(f"rank {rank}'s '{axis}' group holds ranks {out[f'{axis} ranks']}, not rank {rank}: "
+                              f"each rank keeps, of all the {axis} groups every rank creates, the one it belongs to "
+                              f"(`if rank in ranks: groups['{axis}'] = group`).")
     for axis in ("tp", "dp"):
         x = torch.tensor([float(rank)], dtype=torch.float64, device=device())
         dist.all_reduce(x, group=groups[axis])
         out[f"{axis} sum"] = x
     stages = out["pp ranks"]
-    if rank not in stages:
-        raise GroupsWrong(f"rank {rank}'s 'pp' group {stages} does not hold rank {rank}.")
     i, got = stages.index(rank), torch.tensor([-1.0], dtype=torch.float64, device=device())
     if i > 0:
         dist.recv(got, stages[i - 1])
@@ -192,6 +196,15 @@ process_groups = MeshPuzzle(
 
 
 # ---- 3. 2D: tensor parallel inside data parallel ----------------------------------------------------------------
+DEGREES = {"dp": "dp, the data-parallel degree", "pp": "pp, the pipeline stages",
+           "tp": "tp, the tensor-parallel degree", "m": "m, the number of micro-batches"}
+
+
+def _degrees(**sizes: int) -> dict[str, int]:
+    """A case's quantities that a wrong factor may equal, by the names the diagnosis says them with."""
+    return {DEGREES[k]: v for k, v in sizes.items()}
+
+
 MLP_KEYS = ("fc1_w", "fc1_b", "fc2_w", "fc2_b")
 MLP_SPLIT = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}     # Megatron's MLP: fc1 by rows, fc2 by columns; fc2_b whole
 
@@ -218,9 +231,10 @@ def train_mlp(weights: dict, batch: torch.Tensor, targets: torch.Tensor, steps: 
     return {k: v.detach() for k, v in params.items()}
 
 
-def _tp_dp_case(rng: random.Random, n: int) -> MeshCase:
+def _tp_dp_case(rng: random.Random, n: int, steps: Optional[int] = None) -> MeshCase:
     dp, tp = _shape_of(rng, n, 2, at_least=(2, 2))
-    h, rows, steps, lr = tp * rng.choice([2, 4]), dp * rng.randint(1, 3), rng.randint(2, 3), 0.1
+    h, rows, drawn, lr = tp * rng.choice([2, 4]), dp * rng.randint(1, 3), rng.randint(2, 3), 0.1
+    steps = drawn if steps is None else steps          # the same draws, fewer steps: where a wrong run first leaves
     gen = _gen(rng)
     weights = {"fc1_w": torch.randn(4 * h, h, generator=gen, dtype=torch.float64) / h ** 0.5,
                "fc1_b": torch.randn(4 * h, generator=gen, dtype=torch.float64) * 0.1,
@@ -251,7 +265,7 @@ def _tp_dp_case(rng: random.Random, n: int) -> MeshCase:
                                 f"{rows // dp} rows, {share:,.0f} FLOPs")
     return MeshCase(n, (weights, batch, targets, dp, tp, steps, lr), expected,
                     f"(dp, tp) = ({dp}, {tp}), h={h}, {rows} rows, {steps} SGD steps", budgets=work, axes=axes,
-                    axis_budgets=budgets)
+                    axis_budgets=budgets, factors=_degrees(dp=dp, tp=tp), steps=steps)
 
 
 def fsdp_tp_mlp(dist, weights: dict, dp: int, tp: int, dtype: torch.dtype) -> tuple[torch.nn.Module, int, int]:
@@ -392,7 +406,7 @@ def _stage_measures(cfg: GPTConfig, micro: int, pp: int, tp: int) -> tuple[CostM
     return cost, unit, tuple((stash, peak) for _, _, stash, peak in measured)
 
 
-def _three_d_case(rng: random.Random, n: int) -> MeshCase:
+def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> MeshCase:
     shape = (2, 2, 2) if n == 8 else (1, 2, 2)
     dp, pp, tp = shape
     heads = tp * rng.choice([1, 2])
@@ -402,7 +416,8 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
     # on stage 0 must still break it.
     seq = next(s for s in (8, 16, 32, 64, 128) if micro * s >= STASH_OVER_GRADIENTS * hidden)
     cfg = GPTConfig(vocab=vocab, seq=seq, hidden=hidden, heads=heads, layers=pp, tied=False)
-    m, steps, lr = pp + 1, 2, 0.1
+    m, lr = pp + 1, 0.1
+    steps = 2 if steps is None else steps             # fewer steps: where a wrong run first leaves the reference
     gen = _gen(rng)
     model = tiny_gpt(cfg, rng.randrange(2**31))
     tokens = torch.randint(cfg.vocab, (dp * m * micro, cfg.seq), generator=gen)
@@ -461,7 +476,8 @@ def _three_d_case(rng: random.Random, n: int) -> MeshCase:
     return MeshCase(n, (stages, tokens, targets, dp, pp, tp, m, steps, lr), [trained[p][t] for _, p, t in where],
                     f"(dp, pp, tp) = {shape}, {cfg.layers} layers, h={cfg.hidden}, {cfg.heads} heads, s={cfg.seq}, "
                     f"m={m} micro-batches of {micro}, {steps} SGD steps", budgets=budgets, cost=cost, axes=axes,
-                    axis_budgets=axis_budgets, scale=SCALE_NOTE)
+                    axis_budgets=axis_budgets, scale=SCALE_NOTE, factors=_degrees(dp=dp, pp=pp, tp=tp, m=m),
+                    steps=steps)
 
 
 TIME_SLACK = 0.1
@@ -517,6 +533,72 @@ def _first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks
     micro_batches = {"1f1b": first_stage_in_flight(plan.pp, plan.micro_batches), "one": 1,
                      "all": plan.micro_batches, "stages": plan.pp}[in_flight]
     return states + extra + counted * kept * micro_batches
+
+
+def memory_formula(model, plan: Plan, measured: Optional[float] = None) -> Formula:
+    """_first_stage_bytes as named terms (lib.terms), for a wrong prediction to be named by the term it is off by.
+    `measured`: one micro-batch's activations in the stage's blocks as measured, for the tiny GPTs built."""
+    def q(symbol: str, number: float, meaning: str) -> Q:       # a fresh node: a quantity may be left out of one term
+        return Q(symbol, number, meaning)
+
+    def degree(axis: str) -> Q:
+        return q(axis, getattr(plan, axis), DEGREES[axis].split(", ", 1)[1])
+
+    def blocks() -> Expr:
+        return q("L", model.layers, "the layers") // degree("pp")
+
+    layer = q("P", model.layer_params, "a block's parameters")
+    params = term("the first stage's blocks (layers // pp × a block's parameters)", blocks() * layer) \
+        + term("the embedding's parameters", model.embedding_params)
+    if plan.pp == 1:
+        params = params + term("the output head's parameters (pp = 1)", model.head_params)
+    params = params / degree("tp")
+
+    def sharded(name: str, per_parameter: int, from_stage: int) -> Term:
+        return term(f"{name} ({per_parameter} B a parameter)",
+                    per_parameter * params / (degree("dp") if plan.zero >= from_stage else 1))
+    states = term("the model states", sharded("the 16-bit weights", 2, 3) + sharded("the 16-bit gradients", 2, 2)
+                  + sharded("Adam's fp32 master weights", 4, 1) + sharded("Adam's momentum", 4, 1)
+                  + sharded("Adam's variance", 4, 1))
+    if plan.zero == 3:
+        def block() -> Expr:
+            return 2 * q("P", model.layer_params, "a block's parameters") / degree("tp")
+        states = states + term("ZeRO-3's two gathered blocks of 16-bit weights (computing, prefetched)", 2 * block()) \
+            + term("ZeRO-3's one block of 16-bit gradients (until reduce-scattered)", block())
+    in_flight = minimum(degree("pp"), q("m", plan.micro_batches, "the micro-batches"))
+    if measured is not None:
+        kept = term("one micro-batch's activations in the stage's blocks (measured)", measured)
+    else:
+        kept = blocks() * _layer_terms(model, plan)
+    return formula(states + term("the activations (blocks × a block's × min(pp, m) micro-batches in flight)",
+                                 kept * in_flight), "B")
+
+
+def _layer_terms(model, plan: Plan) -> Expr:
+    """One block's activations per micro-batch, Korthikanti et al. 2022 (Table 2), term by term: what
+    lib.formulas.activation_bytes_per_layer sums."""
+    sbh = Q("s", model.seq, "the sequence length") * Q("b", plan.micro_batch, "the micro-batch") \
+        * Q("h", model.hidden, "the hidden size")
+    t = Q("tp", plan.tp, "the tensor-parallel degree")
+    sp = plan.sequence_parallel
+    if plan.recompute == "full":
+        return term("each block's input (2sbh" + ("/t, sharded along the sequence)" if sp else ")"),
+                    2 * sbh / (t if sp else 1))
+    kept = term("the linear layers' inputs and the MLP's (24sbh/t)", 24 * sbh / t) \
+        + term("the norms', dropouts' and residuals' 10sbh" + (" (over t: sequence parallel)" if sp else ""),
+               10 * sbh / (t if sp else 1))
+    if plan.recompute == "none":
+        kept = kept + term("the attention scores (5as²b/t)", 5 * Q("a", model.heads, "the heads")
+                           * Q("s", model.seq, "the sequence length") * sbh / (Q("h", model.hidden, "the hidden size")
+                                                                              * t))
+    return kept
+
+
+def _formulas(model, plan: Plan, expected: float, measured: Optional[float] = None) -> dict:
+    """{"": the formula of the answer}, checked against the answer the case expects."""
+    found = memory_formula(model, plan, measured)
+    assert abs(found.value - expected) <= 1e-12 * expected, (found.value, expected)
+    return {"": found}
 
 
 def _plan_mistake(message: str, **knobs) -> Mistake:
@@ -578,12 +660,14 @@ def _measured_memory_case(rng: random.Random, _world: int, pp: tuple, zero: tupl
     plan = Plan(pp=stages, dp=dp, global_batch=dp * micro_batch * m, micro_batch=micro_batch, zero=rng.choice(zero),
                 recompute=rng.choice(recompute))
     stage = measured_first_stage(model, plan, seed=rng.randrange(2**31))
-    return Case(1, (model, plan), [sum(stage.memory.values())],
+    expected = sum(stage.memory.values())
+    return Case(1, (model, plan), [expected],
                 f"a tiny GPT of {model.layers} layers, hidden {model.hidden}, {heads} heads, s={model.seq}, vocab "
                 f"{model.vocab}, {'tied' if model.tied else 'untied'}; {plan}, m={plan.micro_batches}; its first stage "
                 f"measured: {stage.params:,} parameters in its modules, {fmt_bytes(stage.saved_per_micro_batch)} kept "
                 f"by autograd per micro-batch in its bf16 blocks (LayerNorm's {fmt_bytes(stage.norm_statistics)} of "
-                f"statistics left out), {stage.in_flight} micro-batches in flight under 1F1B")
+                f"statistics left out), {stage.in_flight} micro-batches in flight under 1F1B",
+                formulas=_formulas(model, plan, expected, stage.saved_per_micro_batch))
 
 
 def _planner_model(rng: random.Random, layers: int):
@@ -622,7 +706,7 @@ def _memory_case(rng: random.Random, world: int, pp: tuple = (1,), zero: tuple =
     return Case(1, (model, plan), [expected],
                 f"a {model.block} of {model.layers} layers, hidden {model.hidden}, {model.heads} heads{kv}, "
                 f"s={model.seq}, vocab {model.vocab}, {'tied' if model.tied else 'untied'}; {plan}, global batch "
-                f"{plan.global_batch} (m={plan.micro_batches})")
+                f"{plan.global_batch} (m={plan.micro_batches})", formulas=_formulas(model, plan, expected))
 
 
 plan_memory = Puzzle(
@@ -783,5 +867,7 @@ choose_plan = Puzzle(
            "estimate() raises PlanError for one that does not split (skip it). Keep the plans with e.fits.",
            "Among those, return the plan with the highest e.tokens_per_second (for one model and cluster, the highest "
            "MFU: the same model FLOPs per token). Not HFU: it counts recomputed FLOPs, which train nothing."],
-    harness=plan_summary, describe="The fastest plan that fits, by brute force with the course's estimator.")
+    harness=plan_summary, outputs={"['fits']": "whether your plan fits in a GPU's memory",
+                                   "['tokens per second']": "your plan's tokens per second"},
+    describe="The fastest plan that fits, by brute force with the course's estimator.")
 PUZZLES = [mesh_coordinates, process_groups, tp_dp_train, train_3d, plan_memory, choose_plan]

@@ -11,6 +11,7 @@ import copy
 import functools
 import math
 import random
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, nothing_on_the_host
 from lib.contract import peak_memory_between
 from lib.devices import device_mesh
+from lib.diagnose import hands_gradient
 from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
 from lib.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
@@ -51,6 +53,7 @@ SCALE, K = 4, {1: 6, 2: 6, 3: 4}
 
 
 # ---- the one tool the learner is given: Adam's update, as torch.optim.Adam computes it ---------------
+@hands_gradient("grad")          # a failed check compares the gradients it is handed with the reference's
 def adam_update(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
                 lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
     """One Adam step in place on `param`, `m`, `v` (any shard of them; step counts from 1)."""
@@ -107,6 +110,7 @@ class _Sizes:
     def __init__(self, model, world: int, shard: tuple) -> None:
         params = list(model.parameters())
         self.world = world
+        self.steps = len(shard)                                                    # one batch per step
         self.psi = sum(padded(p.numel(), world) for p in params)                  # Ψ, padded
         self.layer = max(sum(padded(p.numel(), world) for p in m.parameters()) for m in _layers(model)) * ITEM
         self.shard = max(padded(p.numel(), world) // world for p in params) * ITEM
@@ -133,11 +137,11 @@ def _saved_bytes(model, x: torch.Tensor, y: torch.Tensor) -> int:
 
 
 def _bytes_budget(s: _Sizes, per_step: int, final_gather: bool, what: str) -> Budget:
-    total = STEPS * s.traffic(per_step - 1, 1) + (s.traffic(1, 0) if final_gather else 0)
-    dp = STEPS * s.traffic(1, 1)
+    total = s.steps * s.traffic(per_step - 1, 1) + (s.traffic(1, 0) if final_gather else 0)
+    dp = s.steps * s.traffic(1, 1)
     end = " + one all-gather at the end to return the full parameters" if final_gather else ""
     return Budget("bytes_sent", total,
-                  f"{STEPS} steps × {per_step} × (N-1)/N × {fmt_bytes(ITEM * s.psi)} of padded parameters: "
+                  f"{s.steps} steps × {per_step} × (N-1)/N × {fmt_bytes(ITEM * s.psi)} of padded parameters: "
                   f"{what}{end}; data parallelism's all-reduce sends {fmt_bytes(dp)}",
                   hint="reduce-scatter each gradient and all-gather each parameter once per use; an all-reduce "
                        "sends twice what a reduce-scatter does.")
@@ -147,10 +151,10 @@ def _gradient_traffic(s: _Sizes) -> list[Budget]:
     """ZeRO-1 and 2's traffic, as a ceiling and a floor: each rank trains on its own shard of the batch, so the
     gradients travel (a reduce-scatter), then the updated parameters (an all-gather); moving the data instead is
     another algorithm."""
-    total = STEPS * s.traffic(1, 1)
+    total = s.steps * s.traffic(1, 1)
     per_step = "a reduce-scatter of the gradients and an all-gather of the parameters per step"
     return [_bytes_budget(s, 2, False, per_step),
-            Budget("bytes_sent", total, f"{STEPS} steps × a reduce-scatter of the gradients and an all-gather of the "
+            Budget("bytes_sent", total, f"{s.steps} steps × a reduce-scatter of the gradients and an all-gather of the "
                                         f"parameters, (N-1)/N × {fmt_bytes(ITEM * s.psi)} each", least=True,
                    hint="each rank computes the gradients of its own samples; reduce-scatter them, all-gather the "
                         "updated parameters: the gradients travel, not the data.")]
@@ -160,10 +164,10 @@ def _regather_floor(s: _Sizes) -> Budget:
     """ZeRO-3 gathers a layer again for its backward: a run that sends no more than ZeRO-2 (one all-gather and one
     reduce-scatter per step) kept the full parameters, whatever its peak. Half a regather is the floor, room for
     a layer kept between forward and backward (FSDP does so for the last one)."""
-    return Budget("bytes_sent", STEPS * s.traffic(1.5, 1) + s.traffic(1, 0),
-                  f"{STEPS} steps × (N-1)/N × {fmt_bytes(ITEM * s.psi)} × (1 all-gather for forward, half of one "
+    return Budget("bytes_sent", s.steps * s.traffic(1.5, 1) + s.traffic(1, 0),
+                  f"{s.steps} steps × (N-1)/N × {fmt_bytes(ITEM * s.psi)} × (1 all-gather for forward, half of one "
                   "for backward and a reduce-scatter) + the final gather; ZeRO-2, which keeps the parameters, sends "
-                  f"{fmt_bytes(STEPS * s.traffic(1, 1))}", least=True,
+                  f"{fmt_bytes(s.steps * s.traffic(1, 1))}", least=True,
                   hint="free each layer's full parameters after its forward and gather them again for its backward; "
                        "keeping them between the two is ZeRO-2.")
 
@@ -214,13 +218,13 @@ def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Co
                                   "parameter", hint=hint)
 
 
-_TRAINING_FLOPS: dict[tuple, float] = {}       # (layer widths, samples per step) -> FLOPs of train_single
+_TRAINING_FLOPS: dict[tuple, float] = {}       # (layer widths, samples per step, steps) -> FLOPs of train_single
 
 
 def _reference(model, batches) -> tuple[dict, float]:
     """train_single's result, and its FLOPs: they depend on the shapes alone, so they are counted (a tracked run,
     the first time a check meets these shapes) once per shape, and remembered."""
-    shape = (tuple(layer.in_features for layer in _layers(model)) + (SIZES[-1],), batches[0][0].shape[0])
+    shape = (tuple(layer.in_features for layer in _layers(model)) + (SIZES[-1],), batches[0][0].shape[0], len(batches))
     if shape in _TRAINING_FLOPS:
         return train_single(model, batches, LR), _TRAINING_FLOPS[shape]
     expected, flops = counted_flops(lambda: train_single(model, batches, LR))
@@ -229,20 +233,23 @@ def _reference(model, batches) -> tuple[dict, float]:
 
 
 def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False, model=None,
-          what: str = "", contracts=lambda s: []) -> Case:
+          what: str = "", steps: Optional[int] = None, contracts=lambda s: []) -> Case:
     """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there.
-    `model`: one the caller drew from `rng` first (to fit the cost model to it); `contracts(sizes)`: the case's
-    rules on the run."""
+    `model`: one the caller drew from `rng` first (to fit the cost model to it). `steps`: fewer steps of the same
+    batches (every draw is the same), to find the step a wrong run goes astray. `contracts(sizes)`: the case's rules
+    on the run."""
     model = mlp(_sizes(rng), seed=rng.randrange(2**31)) if model is None else model
-    shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, LOCAL, STEPS)
+    steps = steps or STEPS
+    shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, LOCAL, steps)
     s = _Sizes(model, world, shards[0])
     expected, flops = _reference(model, full)
     work = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs (forward, backward and "
                                         "Adam on the whole batch)", over=FLOPS_OVER)
     return Case(world, (model, per_rank(shards), LR), [expected] * world,
-                f"N={world}, {STEPS} Adam steps, {len(_layers(model))} layers" + (
+                f"N={world}, {steps} Adam steps, {len(_layers(model))} layers" + (
                     f", {what}" if what else f", {LOCAL} samples per rank, {s.psi} padded parameters"),
-                budgets=([] if host else [ON_DEVICE]) + budgets(s, model) + work, cost=cost, contracts=contracts(s))
+                budgets=([] if host else [ON_DEVICE]) + budgets(s, model) + work, cost=cost, steps=steps,
+                contracts=contracts(s))
 
 
 def _params_of(model) -> dict[str, torch.Tensor]:
@@ -297,11 +304,11 @@ FEWER_WORLDS = (2, 3)
 
 
 # ---- 1. ZeRO-1 ------------------------------------------------------------------------------------------
-def _zero1_case(rng: random.Random, world: int) -> Case:
+def _zero1_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     return _case(rng, world, lambda s, m: [
         _memory_budget(s, 1, 2, "stage 1, (8+8)Ψ + 24Ψ/N",
                        "keep Adam's m and v for your shard only (c elements per parameter), not for the whole model."),
-        *_gradient_traffic(s)])
+        *_gradient_traffic(s)], steps=steps)
 
 
 zero1_train = Puzzle(
@@ -321,12 +328,12 @@ zero1_train = Puzzle(
 
 
 # ---- 2. ZeRO-2 ------------------------------------------------------------------------------------------
-def _zero2_case(rng: random.Random, world: int) -> Case:
+def _zero2_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     return _case(rng, world, lambda s, m: [
         _memory_budget(s, 2, 2, "stage 2, 8Ψ + (8+24)Ψ/N",
                        "reduce-scatter each gradient from a hook as soon as backward produces it, keep the shard, "
                        "and drop the full gradient (p.grad = None)."),
-        *_gradient_traffic(s)])
+        *_gradient_traffic(s)], steps=steps)
 
 
 zero2_train = Puzzle(
@@ -347,14 +354,14 @@ ZERO3_HINT = ("all-gather a layer's parameters just before you use it, and free 
               "(p.data = torch.empty(0, dtype=p.dtype)), in forward and again in backward.")
 
 
-def _zero3_case(rng: random.Random, world: int, deep: bool = False) -> Case:
+def _zero3_case(rng: random.Random, world: int, deep: bool = False, steps: Optional[int] = None) -> Case:
     """deep: DEEP hidden layers (see DEEP)."""
     model = mlp(_sizes(rng, deep), seed=rng.randrange(2**31))
     return _case(rng, world, lambda s, m: [
         _regather_floor(s),
         _memory_budget(s, 3, 5, "stage 3, (8+8+16)Ψ/N", ZERO3_HINT),
         _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")],
-        model=model, contracts=lambda s: [_while_training(s, 5, "stage 3, (8+8+16)Ψ/N", ZERO3_HINT)])
+        model=model, steps=steps, contracts=lambda s: [_while_training(s, 5, "stage 3, (8+8+16)Ψ/N", ZERO3_HINT)])
 
 
 zero3_train = Puzzle(
@@ -429,7 +436,7 @@ def _backward_through(layer, inp, grad):
 PREFETCH_HINT = "prefetch one layer ahead, not all of them; free each layer after use."
 
 
-def _prefetch_case(rng: random.Random, world: int, deep: bool = False) -> Case:
+def _prefetch_case(rng: random.Random, world: int, deep: bool = False, steps: Optional[int] = None) -> Case:
     """deep: DEEP hidden layers (see DEEP)."""
     model = mlp(_sizes(rng, deep), seed=rng.randrange(2**31))
     biggest = max(_layers(model), key=lambda m: m.weight.numel())
@@ -441,8 +448,8 @@ def _prefetch_case(rng: random.Random, world: int, deep: bool = False) -> Case:
 
     def budgets(s, m):
         serial, hide, final = _step_times(s, m, cost)
-        limit = STEPS * (serial - OVERLAP * hide) + final
-        why = (f"{STEPS} steps × (gathers, compute and reduce-scatters one after another = "
+        limit = s.steps * (serial - OVERLAP * hide) + final
+        why = (f"{s.steps} steps × (gathers, compute and reduce-scatters one after another = "
                f"{serial * 1e6:.1f} µs, minus {OVERLAP:.0%} of the {hide * 1e6:.1f} µs of gathers that can run "
                "under the neighbouring layer's compute) + the final gather")
         return [_regather_floor(s),
@@ -453,7 +460,7 @@ def _prefetch_case(rng: random.Random, world: int, deep: bool = False) -> Case:
                 _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")]
 
     return _case(rng, world, budgets, cost, model=model, what="gathering a layer takes as long as computing it",
-                 contracts=lambda s: [_while_training(s, 6, PREFETCHED, PREFETCH_HINT)])
+                 steps=steps, contracts=lambda s: [_while_training(s, 6, PREFETCHED, PREFETCH_HINT)])
 
 
 PREFETCHED = "stage 3, (8+8+16)Ψ/N, with one more layer prefetched"
@@ -472,7 +479,7 @@ fsdp_prefetch_train = Puzzle(
 
 
 # ---- 5. ZeRO-Offload ---------------------------------------------------------------------------------------
-def _offload_case(rng: random.Random, world: int) -> Case:
+def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     def budgets(s, m):
         device = _memory_budget(s, 2, 2, "device memory keeps the weights only",
                                 "keep m, v, the shard's gradients and its master parameters in host memory "
@@ -486,7 +493,7 @@ def _offload_case(rng: random.Random, world: int) -> Case:
                        hint="keep one copy of each shard on the host; free per-step temporaries."),
                 _host_step(s),
                 *_gradient_traffic(s)]
-    return _case(rng, world, budgets, host=True)
+    return _case(rng, world, budgets, host=True, steps=steps)
 
 
 HOST_STEP = 0.5       # of Adam's FLOPs on this rank's shards: the floor on what the host computes
@@ -502,9 +509,9 @@ def _adam_flops(elements: int) -> float:
 def _host_step(s: _Sizes) -> Budget:
     """ZeRO-Offload moves the optimizer's step to the host, not only its state: the host computes Adam on the
     shard. A run that carries the state to the device to update it there, and back, leaves the host idle."""
-    adam = STEPS * _adam_flops(s.psi // s.world)
+    adam = s.steps * _adam_flops(s.psi // s.world)
     return Budget("host_flops", HOST_STEP * adam,
-                  f"{HOST_STEP:.0%} of {STEPS} steps × Adam on this rank's {s.psi // s.world} shard elements, "
+                  f"{HOST_STEP:.0%} of {s.steps} steps × Adam on this rank's {s.psi // s.world} shard elements, "
                   f"{adam:,.0f} FLOPs: the step runs where the state lives", least=True,
                   hint="run adam_update on the host shards themselves (device=lib.host()); carrying m and v to the "
                        "device to update them there leaves the device's memory and compute doing the host's work.")

@@ -17,6 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+# Words of lib.diagnose's sentences that several catalogues name their mistakes by.
+NO_GRADIENT = ("gradients are None", "backward never reached", "is None where a tensor belongs")
+FIRST_STEP = "leaves the reference at its first step"
+A_SHARD_FOR_THE_WHOLE = ("a shard where the whole", "1/N of", "a rank's part where the whole tensor belongs")
+
 
 @dataclass(frozen=True)
 class Attempt:

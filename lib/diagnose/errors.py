@@ -1,0 +1,152 @@
+"""An error raised inside torch, said in the lesson's terms: which op failed on what shapes, and what that means for
+the case (a rank's shard where the whole tensor belongs, a graph cut before backward, a saved tensor changed in
+place by a collective).
+
+The replay's tracer (lib.diagnose.origins) keeps the op each rank called last and its inputs' shapes; the case's
+own tensors say what those shapes are: a tensor with 1/N of a parameter's elements is that parameter's shard.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Optional
+
+import torch
+
+from lib.diagnose.leaves import given, mine
+from lib.diagnose.origins import replay
+from lib.errors import RankFailed
+
+# Errors whose cause does not depend on shapes: (words in torch's message, what it means in this course).
+_MEANINGS = (
+    ("does not require grad and does not have a grad_fn",
+     "backward was called on a value cut off from the graph: a .detach(), a torch.no_grad() block, or a tensor that "
+     "came through dist (communication carries values, not gradients: an autograd.Function must carry them)"),
+    ("backward through the graph a second time",
+     "backward ran twice through the same graph: each forward's graph is freed by its backward (recompute the "
+     "forward, or keep what the second backward needs)"),
+    ("modified by an inplace operation",
+     "a tensor autograd saved for backward was changed in place afterwards (a collective writes into its tensor: "
+     "communicate a clone, or communicate after backward)"),
+    ("Expected all tensors to be on the same device",
+     "an op mixed tensors on two devices: put every tensor you make on lib.device() (or the inputs' .device)"),
+    ("division by zero",
+     "a number divided by 0: a sum, a count or a correction that came out 0 (Adam's bias correction 1 - β^t is 0 at "
+     "t = 0: steps count from 1)"),
+    ("'NoneType' object has no attribute",
+     "a value is None where a tensor belongs: a .grad read before backward made it (a tensor hook runs before the "
+     "gradient is accumulated into .grad: register_post_accumulate_grad_hook runs after), a .grad another step "
+     "already freed, or a function that returned nothing"),
+    ("out of bounds",
+     "an index outside the tensor it indexes: on a rank that holds a shard, an index meant for the whole tensor "
+     "must be shifted by the shard's offset (and the indices the rank does not own masked out)"),
+)
+
+
+def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
+    """A sentence for the error a rank raised inside torch, or None when there is nothing to add."""
+    message = str(getattr(error, "exception", None) or error)
+    for words, meaning in _MEANINGS:
+        if words in message:
+            return f"What it means: {meaning}."
+    viewed = _viewed(message, case.world_size) or _unpadded(message, case.world_size)
+    if viewed:
+        return f"What it means: {viewed}"
+    if not isinstance(error, RankFailed) or not _about_shapes(message):
+        return None                  # the simulator's own errors say their case already
+    rank = error.rank
+    _, tracers, _ = replay(fn, case)
+    tracer = tracers.get(rank)
+    if tracer is None or tracer.last is None:
+        return None
+    op, shapes, line = tracer.last
+    said = f"What it means: {op} failed on inputs of shapes {', '.join(map(str, shapes))}"
+    said += f" at {line}" if line else ""
+    found = _freed(shapes) or _whole_meets_shard(shapes, case.world_size) or _shard(shapes, case, rank) \
+        or _transposed(op, shapes)
+    return f"{said}. {found}" if found else said + "."
+
+
+def _viewed(message: str, world: int) -> Optional[str]:
+    """A view of the wrong number of elements: a padded buffer viewed as its parameter, or a shard as the whole."""
+    found = re.search(r"shape '\[([\d, -]*)\]' is invalid for input of size (\d+)", message)
+    if not found:
+        return None
+    dims = [int(d) for d in found.group(1).split(",") if d.strip() and int(d) >= 0]
+    want, have = math.prod(dims), int(found.group(2))
+    if want and have > want and world > 1 and have == world * math.ceil(want / world):
+        return (f"a buffer of {have} elements (N × ⌈{want}/N⌉, padded to split evenly) viewed as {want}: cut the "
+                f"padding off first (buf[:{want}].view(...)).")
+    if want and have * world == want:
+        return (f"{have} elements viewed as {want}: a rank's 1/N shard viewed as the whole tensor; gather the shards "
+                "first.")
+    return None
+
+
+def _unpadded(message: str, world: int) -> Optional[str]:
+    """A collective's input that does not split into N equal parts."""
+    found = re.search(r"with input \((\d+),?\) \S+ and output \((\d+),?\)", message)
+    if not found or world < 2:
+        return None
+    n = int(found.group(1))
+    if n % world == 0:
+        return None
+    return (f"the input's {n} elements are not a multiple of N = {world}: pad it to N × ⌈{n}/N⌉ = "
+            f"{world * math.ceil(n / world)} first (F.pad), and cut the padding off the gathered result.")
+
+
+def _freed(shapes: list[tuple[int, ...]]) -> Optional[str]:
+    if any(0 in shape for shape in shapes):
+        return ("An input has no elements: a tensor freed after use (its storage resized to 0, as ZeRO-3 frees a "
+                "layer's parameters) and used again before it was gathered back.")
+    return None
+
+
+def _whole_meets_shard(shapes: list[tuple[int, ...]], world: int) -> Optional[str]:
+    sizes = [math.prod(s) for s in shapes if s]
+    for a in sizes:
+        for b in sizes:
+            if world > 1 and b and a == world * b:
+                return (f"One input has N × the other's elements ({a} and {b}, N = {world}): a whole tensor meets a "
+                        "rank's shard (optimizer state or a gradient kept whole where the rank holds 1/N).")
+    return None
+
+
+def _transposed(op: str, shapes: list[tuple[int, ...]]) -> Optional[str]:
+    """A product whose second matrix fits only transposed: a weight used as stored, (out, in), where x @ w.T or
+    F.linear(x, w) belongs."""
+    mats = [s for s in shapes if len(s) >= 2]
+    if op not in ("mm", "addmm", "bmm", "baddbmm", "matmul") or len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    if a[-1] != b[-2] and a[-1] == b[-1]:
+        return (f"The second matrix, {b}, fits only transposed: a weight is stored as (out_features, in_features), "
+                "so multiply by its transpose (x @ w.T, or F.linear(x, w)).")
+    return None
+
+
+def _about_shapes(message: str) -> bool:
+    words = ("must be a matrix", "shapes cannot be multiplied", "size mismatch", "must match the size",
+             "is invalid for input of size", "Dimension out of range", "mat1 and mat2", "must have the same shape",
+             "Expected size", "expected input", "should be the same")
+    return any(w in message for w in words)
+
+
+def _shard(shapes: list[tuple[int, ...]], case, rank: int) -> Optional[str]:
+    """Which input is a 1/N part of one of the case's tensors (a parameter's shard where the whole belongs)."""
+    world = case.world_size
+    if world < 2:
+        return None
+    whole = {key or "the input": t for key, t in given(mine(case.args, rank)).items() if t.dim() >= 1}
+    for shape in shapes:
+        if len(shape) != 1:
+            continue                 # a flat shard, as ZeRO keeps them: a 2-D piece is as likely an activation
+        n = int(torch.Size(shape).numel())
+        for key, t in whole.items():
+            if n and n < t.numel() and n == math.ceil(t.numel() / world):
+                return (f"An input of shape {shape} has 1/N of {key}'s {t.numel()} elements (N = {world}): a rank's "
+                        f"shard reached an op that needs the whole {tuple(t.shape)} tensor. Gather it first "
+                        "(all-gather the shards into the full tensor, as ZeRO-3 and FSDP do before each layer's "
+                        "forward and backward), and use the gathered one.")
+    return None

@@ -1,0 +1,439 @@
+"""Realistic first attempts at notebook 02's puzzles (collectives and data parallelism), none of them in tests/wrong."""
+
+import torch
+import torch.nn.functional as F
+
+from tests.mistakes import A_SHARD_FOR_THE_WHOLE, FIRST_STEP, NO_GRADIENT, Attempt
+
+# A result that sums only some ranks' inputs: said by which ranks' inputs it holds, or which it leaves out.
+PART_OF_THE_SUM = ("left out of the sum", "only the sum of", "shares only")
+LAYOUT = ("holds what", "rotated", "reversed", "in the wrong places")
+
+
+# ---- param_server_all_reduce --------------------------------------------------------------------------------
+def server_without_its_own_x(dist, x):
+    """The server sums what it receives into a fresh buffer and sends that back: its own x never joins the sum."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        total, buf = torch.zeros_like(x), torch.empty_like(x)
+        for src in range(1, world):
+            dist.recv(buf, src)
+            total += buf
+        for dst in range(1, world):
+            dist.send(total, dst)
+        return total
+    dist.send(x, 0)
+    dist.recv(x, 0)
+    return x
+
+
+def server_answers_as_it_goes(dist, x):
+    """The server sends the running sum back to each worker right after receiving from it: early workers get
+    partial sums."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        buf = torch.empty_like(x)
+        for src in range(1, world):
+            dist.recv(buf, src)
+            x += buf
+            dist.send(x, src)
+        return x
+    dist.send(x, 0)
+    dist.recv(x, 0)
+    return x
+
+
+def server_receives_into_x(dist, x):
+    """dist.recv(x, src) on the server, 'it is a buffer anyway': each worker's tensor overwrites the last."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        for src in range(1, world):
+            dist.recv(x, src)
+        for dst in range(1, world):
+            dist.send(x, dst)
+        return x
+    dist.send(x, 0)
+    dist.recv(x, 0)
+    return x
+
+
+def server_averages(dist, x):
+    """The server divides by the world size before sending back: the mean, where the statement asks for the sum."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        buf = torch.empty_like(x)
+        for src in range(1, world):
+            dist.recv(buf, src)
+            x += buf
+        x /= world
+        for dst in range(1, world):
+            dist.send(x, dst)
+        return x
+    dist.send(x, 0)
+    dist.recv(x, 0)
+    return x
+
+
+def workers_wait_for_the_sum_first(dist, x):
+    """Workers post their recv of the sum before sending their x: every worker waits for a sum the server cannot
+    make before it hears from them."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        buf = torch.empty_like(x)
+        for src in range(1, world):
+            dist.recv(buf, src)
+            x += buf
+        for dst in range(1, world):
+            dist.send(x, dst)
+        return x
+    total = torch.empty_like(x)
+    dist.recv(total, 0)
+    dist.send(x, 0)
+    return total
+
+
+# ---- ring_reduce_scatter ------------------------------------------------------------------------------------
+def _ring_steps(dist, x, steps, sent_index, added_index, accumulate=True):
+    """A ring reduce-scatter loop: at each step send chunk sent_index(rank, step) right, and add (or copy) what
+    comes from the left into chunk added_index(rank, step). Returns the chunks."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = x.chunk(world)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    buf = torch.empty_like(chunks[0])
+    for step in range(steps):
+        send = dist.isend(chunks[sent_index(rank, step, world)], right)
+        dist.recv(buf, left)
+        send.wait()
+        target = chunks[added_index(rank, step, world)]
+        if accumulate:
+            target.add_(buf)
+        else:
+            target.copy_(buf)
+    return chunks
+
+
+def reduce_scatter_textbook_indices(dist, x):
+    """The textbook schedule (send chunk r - s, add into r - s - 1) ends with chunk r + 1 complete on rank r; the
+    learner returns it, though rank r's chunk is r."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s) % n, lambda r, s, n: (r - s - 1) % n)
+    return chunks[(rank + 1) % world]
+
+
+def reduce_scatter_returns_its_own_partial_chunk(dist, x):
+    """The textbook schedule, and chunk r returned: the chunk that schedule leaves with only two ranks' sum."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s) % n, lambda r, s, n: (r - s - 1) % n)[rank]
+
+
+def reduce_scatter_copies_instead_of_adding(dist, x):
+    """The received chunk copied into place (recv straight into it) instead of added: each chunk forgets what the
+    ranks before added."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n,
+                       accumulate=False)[rank]
+
+
+def reduce_scatter_n_steps(dist, x):
+    """range(world) steps instead of world - 1: one more lap adds a rank's contribution twice."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return _ring_steps(dist, x, world, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)[rank]
+
+
+def reduce_scatter_averaging(dist, x):
+    """The reduced chunk divided by the world size, as DDP's averaging does: a sum was asked for."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
+    return chunks[rank] / world
+
+
+def reduce_scatter_sending_left(dist, x):
+    """Sends to rank - 1 and receives from rank - 1 as well: two ranks wait on each other's opposite sides."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = x.chunk(world)
+    left = (rank - 1) % world
+    buf = torch.empty_like(chunks[0])
+    for step in range(world - 1):
+        send = dist.isend(chunks[(rank - step - 1) % world], left)
+        dist.recv(buf, left)
+        send.wait()
+        chunks[(rank - step - 2) % world].add_(buf)
+    return chunks[rank]
+
+
+# ---- ring_all_gather ----------------------------------------------------------------------------------------
+def all_gather_in_arrival_order(dist, chunk):
+    """Keeps a list: its own chunk, then each chunk as it arrives from the left, concatenated: rank order rotated."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    got, current = [chunk], chunk
+    for _ in range(world - 1):
+        buf = torch.empty_like(chunk)
+        send = dist.isend(current, right)
+        dist.recv(buf, left)
+        send.wait()
+        got.append(buf)
+        current = buf
+    return torch.cat(got)
+
+
+def _all_gather_into(dist, chunk, own_index, steps, received_index):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(world * chunk.numel(), dtype=chunk.dtype, device=chunk.device)
+    parts = out.chunk(world)
+    parts[own_index(rank, world)].copy_(chunk)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(steps(world)):
+        send = dist.isend(parts[(own_index(rank, world) - step) % world], right)
+        dist.recv(parts[received_index(rank, step, world)], left)
+        send.wait()
+    return out
+
+
+def all_gather_own_chunk_first(dist, chunk):
+    """Its own chunk put at place 0 of the output, as if every rank were rank 0."""
+    return _all_gather_into(dist, chunk, lambda r, n: 0, lambda n: n - 1, lambda r, s, n: (0 - s - 1) % n)
+
+
+def all_gather_one_step_short(dist, chunk):
+    """range(world - 2) steps: the last chunk to come round is never received, its place left as torch.empty made it."""
+    return _all_gather_into(dist, chunk, lambda r, n: r, lambda n: n - 2, lambda r, s, n: (r - s - 1) % n)
+
+
+def all_gather_received_ahead(dist, chunk):
+    """Receives into place r + s + 1, counting forward, while the chunk comes from the left (r - s - 1)."""
+    return _all_gather_into(dist, chunk, lambda r, n: r, lambda n: n - 1, lambda r, s, n: (r + s + 1) % n)
+
+
+def all_gather_always_sends_its_own(dist, chunk):
+    """Sends its own chunk at every step instead of forwarding the one it just received."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(world * chunk.numel(), dtype=chunk.dtype, device=chunk.device)
+    parts = out.chunk(world)
+    parts[rank].copy_(chunk)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(world - 1):
+        send = dist.isend(chunk, right)
+        dist.recv(parts[(rank - step - 1) % world], left)
+        send.wait()
+    return out
+
+
+# ---- ring_all_reduce ----------------------------------------------------------------------------------------
+def all_reduce_phases_disagree(dist, x):
+    """The textbook reduce-scatter (chunk r + 1 complete on rank r), then an all-gather that places it as chunk r."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s) % n, lambda r, s, n: (r - s - 1) % n)
+    return _all_gather_into(dist, chunks[(rank + 1) % world], lambda r, n: r, lambda n: n - 1,
+                            lambda r, s, n: (r - s - 1) % n)
+
+
+def all_reduce_averaging(dist, x):
+    """Reduce-scatter, divide by the world size 'as DDP does', then all-gather: the mean instead of the sum."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
+    return _all_gather_into(dist, chunks[rank] / world, lambda r, n: r, lambda n: n - 1,
+                            lambda r, s, n: (r - s - 1) % n)
+
+
+def all_reduce_gather_adds(dist, x):
+    """One loop for both phases: the all-gather phase adds what it receives too, instead of overwriting."""
+    world = dist.get_world_size()
+    _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
+    _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s) % n, lambda r, s, n: (r - s - 1) % n)
+    return x
+
+
+def all_reduce_forgets_the_gather(dist, x):
+    """Only the reduce-scatter: each rank returns its reduced chunk, 1/N of the tensor."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)[rank]
+
+
+def all_reduce_by_passing_sums(dist, x):
+    """Each rank passes its running total round the ring N-1 times: the sum everywhere, but the whole tensor at
+    every step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    total, passing, buf = x.clone(), x.clone(), torch.empty_like(x)
+    for _ in range(world - 1):
+        send = dist.isend(passing, right)
+        dist.recv(buf, left)
+        send.wait()
+        total += buf
+        passing = buf.clone()
+    return total
+
+
+# ---- data_parallel_train ------------------------------------------------------------------------------------
+def _ddp(dist, model, batches, lr, *, zero=True, after_backward=None, divide=1):
+    """Data-parallel SGD written as a learner would, with one step changed."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        if zero:
+            model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            (after_backward or (lambda p: (dist.all_reduce(p.grad), p.grad.div_(world))))(p)
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr / divide * p.grad
+    return model
+
+
+def ddp_without_zero_grad(dist, model, batches, lr):
+    """No model.zero_grad() at the top of the step: the second step's gradients add to the first's."""
+    return _ddp(dist, model, batches, lr, zero=False)
+
+
+def ddp_dividing_twice(dist, model, batches, lr):
+    """Gradients averaged after the all-reduce, and the learning rate divided by the world size as well ('linear
+    scaling rule' read backwards)."""
+    return _ddp(dist, model, batches, lr, divide=dist.get_world_size())
+
+
+def ddp_weights_only(dist, model, batches, lr):
+    """Only the weight matrices all-reduced (p.dim() > 1): the biases keep each rank's own gradient."""
+    world = dist.get_world_size()
+
+    def weights_only(p):
+        if p.dim() > 1:
+            dist.all_reduce(p.grad)
+            p.grad /= world
+    return _ddp(dist, model, batches, lr, after_backward=weights_only)
+
+
+def ddp_async_never_waited(dist, model, batches, lr):
+    """dist.all_reduce(p.grad, async_op=True) for overlap, and the work handles never waited on."""
+    world = dist.get_world_size()
+    return _ddp(dist, model, batches, lr,
+                after_backward=lambda p: (dist.all_reduce(p.grad, async_op=True), p.grad.div_(world)))
+
+
+def ddp_loss_divided_instead(dist, model, batches, lr):
+    """The loss divided by the world size before backward 'to average', and no all-reduce at all."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        model.zero_grad()
+        (F.mse_loss(model(x), y) / world).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return model
+
+
+# ---- bucketed_data_parallel_train ---------------------------------------------------------------------------
+def _bucketed(dist, model, batches, lr, bucket_size, *, order=reversed, reset=True, write_back=True,
+              wait_in_hook=False, divide=True, register=lambda p, hook: p.register_post_accumulate_grad_hook(hook)):
+    """Bucketed DDP as the hints lay it out, with one step changed."""
+    world = dist.get_world_size()
+    params = list(model.parameters())
+    buckets, current = [], []
+    for p in order(params):
+        current.append(p)
+        if sum(q.numel() for q in current) >= bucket_size:
+            buckets.append(current)
+            current = []
+    if current:
+        buckets.append(current)
+    bucket_of = {id(p): i for i, b in enumerate(buckets) for p in b}
+    pending, ready = [], [0] * len(buckets)
+
+    def on_grad(p):
+        i = bucket_of[id(p)]
+        ready[i] += 1
+        if ready[i] == len(buckets[i]):
+            flat = torch.cat([q.grad.reshape(-1) for q in buckets[i]])
+            work = dist.all_reduce(flat, async_op=True)
+            if wait_in_hook:
+                work.wait()
+            pending.append((buckets[i], flat, work))
+
+    hooks = [register(p, on_grad) for p in params]
+    for x, y in batches:
+        model.zero_grad()
+        pending.clear()
+        if reset:
+            ready[:] = [0] * len(buckets)
+        F.mse_loss(model(x), y).backward()
+        for bucket, flat, work in pending:
+            work.wait()
+            if divide:
+                flat /= world
+            for p, g in zip(bucket, flat.split([q.numel() for q in bucket])):
+                if write_back:
+                    p.grad.copy_(g.view_as(p))
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+    for h in hooks:
+        h.remove()
+    return model
+
+
+def bucketed_counters_never_reset(dist, model, batches, lr, bucket_size):
+    """The per-bucket counters of ready gradients are not reset between steps: from step 2 no bucket ever
+    completes, so nothing is all-reduced."""
+    return _bucketed(dist, model, batches, lr, bucket_size, reset=False)
+
+
+def bucketed_results_left_in_the_flat_buffer(dist, model, batches, lr, bucket_size):
+    """The flat bucket all-reduced and averaged, but never copied back into p.grad: torch.cat made a copy."""
+    return _bucketed(dist, model, batches, lr, bucket_size, write_back=False)
+
+
+def bucketed_with_tensor_hooks(dist, model, batches, lr, bucket_size):
+    """p.register_hook(lambda grad: on_grad(p)) where the hints say register_post_accumulate_grad_hook: a tensor
+    hook fires before the gradient is accumulated, so p.grad is not there yet (pytorch/pytorch#76464)."""
+    return _bucketed(dist, model, batches, lr, bucket_size, register=lambda p, hook: p.register_hook(
+        lambda grad: hook(p)))
+
+
+def bucketed_waiting_in_the_hook(dist, model, batches, lr, bucket_size):
+    """work.wait() right after launching each bucket's all-reduce inside the hook: backward stops until it ends."""
+    return _bucketed(dist, model, batches, lr, bucket_size, wait_in_hook=True)
+
+
+def bucketed_without_averaging(dist, model, batches, lr, bucket_size):
+    """Buckets all-reduced and copied back, but the division by the world size forgotten."""
+    return _bucketed(dist, model, batches, lr, bucket_size, divide=False)
+
+
+MISTAKES = [
+    Attempt("param_server_all_reduce", server_without_its_own_x, named=PART_OF_THE_SUM),
+    Attempt("param_server_all_reduce", server_answers_as_it_goes, named=PART_OF_THE_SUM),
+    Attempt("param_server_all_reduce", server_receives_into_x, named=PART_OF_THE_SUM),
+    Attempt("param_server_all_reduce", server_averages, named="N, the world size"),
+    Attempt("param_server_all_reduce", workers_wait_for_the_sum_first, named="Deadlock"),
+    Attempt("ring_reduce_scatter", reduce_scatter_textbook_indices, named="holds what rank"),
+    Attempt("ring_reduce_scatter", reduce_scatter_returns_its_own_partial_chunk, named=PART_OF_THE_SUM),
+    Attempt("ring_reduce_scatter", reduce_scatter_copies_instead_of_adding, named=PART_OF_THE_SUM),
+    Attempt("ring_reduce_scatter", reduce_scatter_n_steps, named=("N steps where N-1", "one step too many"),
+            named_yet=False),
+    Attempt("ring_reduce_scatter", reduce_scatter_averaging, named="N, the world size"),
+    Attempt("ring_reduce_scatter", reduce_scatter_sending_left, named=("wrong peer", "Deadlock")),
+    Attempt("ring_all_gather", all_gather_in_arrival_order, named=LAYOUT),
+    Attempt("ring_all_gather", all_gather_own_chunk_first, named=LAYOUT),
+    Attempt("ring_all_gather", all_gather_one_step_short, named="uninitialised"),
+    Attempt("ring_all_gather", all_gather_received_ahead, named=LAYOUT + ("no step wrote that part",)),
+    Attempt("ring_all_gather", all_gather_always_sends_its_own, named=LAYOUT),
+    Attempt("ring_all_reduce", all_reduce_phases_disagree, named=LAYOUT),
+    Attempt("ring_all_reduce", all_reduce_averaging, named="N, the world size"),
+    Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy"),
+            named_yet=False),
+    Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=A_SHARD_FOR_THE_WHOLE),
+    Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
+    Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
+    Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),
+    Attempt("data_parallel_train", ddp_weights_only, named=FIRST_STEP),
+    Attempt("data_parallel_train", ddp_async_never_waited, named="wait"),
+    Attempt("data_parallel_train", ddp_loss_divided_instead, named=("never all-reduced", "training alone"),
+            named_yet=False),
+    Attempt("bucketed_data_parallel_train", bucketed_counters_never_reset, named="at step 2"),
+    Attempt("bucketed_data_parallel_train", bucketed_results_left_in_the_flat_buffer,
+            named=("never all-reduced", "training alone")),
+    Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT),
+    Attempt("bucketed_data_parallel_train", bucketed_waiting_in_the_hook, named="simulated time"),
+    Attempt("bucketed_data_parallel_train", bucketed_without_averaging,
+            named=("N, the world size", "without dividing by N")),
+]
