@@ -438,18 +438,22 @@ def _refused_case(rng: random.Random, p: int, m: int, v: int, why: str) -> Case:
                 f"p={p} stages, m={m} micro-batches ({why}: the statement asks for a ValueError)", raises=ValueError)
 
 
-def _one_f_one_b_case(rng: random.Random, p: int, too_few: bool = False) -> Case:
+def _one_f_one_b_case(rng: random.Random, p: int, too_few: bool = False, fewest: bool = False) -> Case:
+    """too_few: m < p, to be refused; fewest: m = p, the fewest micro-batches the schedule runs (an answer that
+    refuses it passed while every case drew m > p + 1). Otherwise m > p, where 1F1B holds fewer micro-batches than
+    GPipe (at m = p the two hold as many)."""
     if too_few:
         return _refused_case(rng, p, rng.randint(1, p - 1), 1, "m < p")
-    return _case(rng, p, rng.randint(p + 2, 2 * p + 2), "1f1b")
+    return _case(rng, p, p if fewest else rng.randint(p + 1, 2 * p + 2), "1f1b")
 
 
-def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False) -> Case:
+def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False, fewest: bool = False) -> Case:
     """m as for 1F1B, among those ScheduleInterleavedZeroBubble (the real cell's oracle) takes: a multiple of
     its number of rounds, max(1, m // p)."""
     if too_few:
         return _refused_case(rng, p, rng.randint(1, p - 1), 1, "m < p")
-    return _case(rng, p, rng.choice([m for m in range(p + 2, 2 * p + 3) if m % max(1, m // p) == 0]), "zb-h1")
+    return _case(rng, p, p if fewest else rng.choice([m for m in range(p + 1, 2 * p + 3) if m % max(1, m // p) == 0]),
+                 "zb-h1")
 
 
 CHUNKS_AND_ROUNDS = ((2, 2), (2, 3), (3, 2))      # (v, m / p) an interleaved case draws from
@@ -579,7 +583,8 @@ gpipe = Puzzle(
     describe="GPipe: m micro-batches, all forwards then all backwards, gradients of the mean loss.")
 
 one_f_one_b = Puzzle(
-    "one_f_one_b", NOTEBOOK, _one_f_one_b_case, world_sizes=(3, 2, 3, 4), variants=[{"too_few": True}],
+    "one_f_one_b", NOTEBOOK, _one_f_one_b_case, world_sizes=(3, 2, 3, 4),
+    variants=[{"too_few": True}, {"fewest": True}],
     hints=["Rank r runs p-r-1 forwards (warm-up), then alternates one forward and one backward until every "
            "forward is done (steady state), then runs the remaining backwards (cool-down).",
            "Keep the stash in a dict by micro-batch and pop it in backward, so its activations are freed. "
@@ -609,7 +614,8 @@ interleaved_1f1b = Puzzle(
     describe="Interleaved 1F1B (Megatron-LM): v chunks per rank, the bubble divided by v.")
 
 zero_bubble = Puzzle(
-    "zero_bubble", NOTEBOOK, _zero_bubble_case, world_sizes=(3, 2, 3, 4), variants=[{"too_few": True}],
+    "zero_bubble", NOTEBOOK, _zero_bubble_case, world_sizes=(3, 2, 3, 4),
+    variants=[{"too_few": True}, {"fewest": True}],
     hints=["Start from your 1F1B and split its backward in two. B: run the stage layer by layer in forward, keeping "
            "each nn.Linear's input and output y; in B ask autograd for the gradients of the outputs and of x only, "
            "torch.autograd.grad(out, [y1, y2, ..., x], grad), and send x's gradient to rank-1 at once.",
