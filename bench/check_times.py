@@ -84,20 +84,20 @@ class CellFailed(RuntimeError):
 
 
 class _Kernel:
-    """A fresh Jupyter kernel on this checkout, in notebooks/; strict: a failing check raises (not strict: it
-    prints, as in JupyterLab)."""
+    """A fresh Jupyter kernel on this checkout (or the one at `root`), in its notebooks/; strict: a failing check
+    raises (not strict: it prints, as in JupyterLab)."""
 
-    def __init__(self, timeout: float, strict: bool = True) -> None:
+    def __init__(self, timeout: float, strict: bool = True, root: Path = ROOT) -> None:
         from jupyter_client.manager import KernelManager
 
         env = dict(os.environ, COURSE_STRICT="1" if strict else "0",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
         env.pop("MPLBACKEND", None)                 # the kernel's own inline backend, as in JupyterLab
         self.timeout = timeout
         self.sockets = tempfile.TemporaryDirectory(prefix="bench-kernel-")
         # Local sockets in a private folder: no TCP port to collide on, no warning about plain-text TCP.
         self.manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(self.sockets.name, "k"))
-        self.manager.start_kernel(cwd=str(ROOT / "notebooks"), env=env)
+        self.manager.start_kernel(cwd=str(root / "notebooks"), env=env)
         self.client = self.manager.client()
         self.client.start_channels()
         try:

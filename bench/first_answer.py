@@ -2,7 +2,8 @@
 figures before the first puzzle, the stub) up to and including the first check cell, in a fresh Jupyter kernel,
 against `import torch` alone in a fresh process; and how long `./course lab`'s JupyterLab takes to serve its page.
 
-    python -m bench.first_answer [notebook ...] [--repeats K] [--solved] [--lab]
+    python -m bench.first_answer [notebook ...] [--repeats K] [--solved] [--lab] [--out bench/results/NAME]
+    python -m bench.first_answer --before /tmp/old     # and the same in a checkout of an older commit
 
 With the stub the first check prints "not solved yet": that is the first answer. `--solved` also times the
 cells with the reference solutions pasted into the puzzle cells (the first check then passes and draws its
@@ -63,18 +64,21 @@ class FirstAnswer:
     stub: Seconds                       # those cells as shipped (the check says "not solved yet")
     setup: Seconds                      # of which the first two code cells (progress and setup)
     solved: Optional[Seconds] = None    # the same cells with the reference solutions pasted in
-    answer: str = ""                    # what the first check printed with the stub, first line
+    answer: str = ""                    # what the first check printed with the stub, up to its first colon
+    before: Optional[Seconds] = None    # `stub` in another checkout (an older commit's), measured alternately
 
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "cells": self.cells, "stub": self.stub.as_dict(),
                 "setup": self.setup.as_dict(), "solved": self.solved.as_dict() if self.solved else None,
-                "answer": self.answer}
+                "answer": self.answer, "before": self.before.as_dict() if self.before else None}
 
 
-def run_cells(sources: Sequence[str], timeout: float = 300.0) -> tuple[list[tuple[float, float]], str]:
-    """Run the cells in a fresh kernel (not strict: a stub's check prints, as in JupyterLab). Returns the kernel's
-    clocks (perf_counter, process_time) before the first cell and after each, and the last cell's printed text."""
-    kernel = _Kernel(timeout, strict=False)
+def run_cells(sources: Sequence[str], root: Path = ROOT,
+              timeout: float = 300.0) -> tuple[list[tuple[float, float]], str]:
+    """Run the cells in a fresh kernel on the checkout at `root` (not strict: a stub's check prints, as in
+    JupyterLab). Returns the kernel's clocks (perf_counter, process_time) before the first cell and after each, and
+    the last cell's printed text."""
+    kernel = _Kernel(timeout, strict=False, root=root)
     try:
         clocks = [kernel.run("", _CLOCKS)]
         printed: list[str] = []
@@ -86,43 +90,43 @@ def run_cells(sources: Sequence[str], timeout: float = 300.0) -> tuple[list[tupl
     return clocks, "".join(printed)
 
 
-def time_notebook(path: Path, repeats: int, solved: bool = False) -> FirstAnswer:
-    nb = nbformat.read(path, as_version=4)
+def time_notebook(path: Path, repeats: int, solved: bool = False, before: Optional[Path] = None) -> FirstAnswer:
+    """The notebook at `path` (in notebooks/ of a checkout, whose code its kernels run); with `before`, the same
+    notebook of that checkout too, the two taking turns so that a change of load falls on both."""
+    nb, root = nbformat.read(path, as_version=4), path.parent.parent
     sources = up_to_first_check(nb)
-    stub, setup, answer = [], [], ""
+    older = up_to_first_check(nbformat.read(before / "notebooks" / path.name, as_version=4)) if before else []
+    stub, setup, earlier, answer = [], [], [], ""
     for _ in range(repeats):
-        clocks, answer = run_cells(sources)
+        clocks, printed = run_cells(sources, root)
         stub.append(_elapsed(clocks[0], clocks[-1]))
         setup.append(_elapsed(clocks[0], clocks[2]))
+        answer = printed.strip().split(":", 1)[0]
+        if before:
+            clocks, _ = run_cells(older, before)
+            earlier.append(_elapsed(clocks[0], clocks[-1]))
     answered = None
     if solved:
-        module = _puzzle_module(path.stem)
-        with_answers = up_to_first_check(solve(nb, importlib.import_module(f"solutions.{module}")))
-        answered = Seconds.median([_elapsed(*run_cells(with_answers)[0][::len(with_answers)])
-                                   for _ in range(repeats)])
-    return FirstAnswer(path.stem, len(sources), Seconds.median(stub), Seconds.median(setup), answered,
-                       answer.strip().splitlines()[0] if answer.strip() else "")
+        from puzzles import of_notebook
 
-
-def _puzzle_module(notebook: str) -> str:
-    import puzzles
-
-    return next(m.__name__.rsplit(".", 1)[-1] for m in puzzles.MODULES if m.NOTEBOOK == notebook)
+        solutions = importlib.import_module(f"solutions.{of_notebook(path.stem).__name__.rsplit('.', 1)[-1]}")
+        with_answers = up_to_first_check(solve(nb, solutions))
+        answered = Seconds.median([_elapsed(clocks[0], clocks[-1]) for clocks, _ in
+                                   (run_cells(with_answers, root) for _ in range(repeats))])
+    return FirstAnswer(path.stem, len(sources), Seconds.median(stub), Seconds.median(setup), answered, answer,
+                       Seconds.median(earlier) if earlier else None)
 
 
 def _elapsed(start: tuple[float, float], end: tuple[float, float]) -> tuple[float, float]:
     return end[0] - start[0], end[1] - start[1]
 
 
-def import_torch(repeats: int) -> Seconds:
+def import_torch() -> tuple[float, float]:
     """`import torch` in a fresh interpreter: wall time and the child's CPU time."""
-    samples = []
-    for _ in range(repeats):
-        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import torch"], check=True)
-        wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
-        samples.append((wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
-    return Seconds.median(samples)
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def _free_port() -> int:
@@ -177,22 +181,26 @@ def _served(url: str, server: subprocess.Popen, deadline: float) -> float:
     raise TimeoutError(f"JupyterLab did not serve {url} in time")
 
 
-def table(rows: Sequence[FirstAnswer], torch_alone: Seconds, lab: Optional[Seconds] = None) -> str:
+def table(rows: Sequence[FirstAnswer], torch_alone: Seconds, lab: Optional[Seconds] = None,
+          before: str = "") -> str:
     runs = max((r.stub.runs for r in rows), default=torch_alone.runs)
     budget = TARGET * torch_alone.cpu
     lines = [f"{TABLE_TITLE} each notebook's code cells from the top up to and including the first check cell, "
              f"in a fresh Jupyter kernel, median of {runs} kernels; against `import torch` alone in a fresh process "
-             f"({torch_alone.wall:.2f} s wall, {torch_alone.cpu:.2f} s CPU). Target: the first answer within "
-             f"{TARGET:g}× `import torch`, {budget:.2f} s of CPU here.", "",
+             f"({torch_alone.wall:.2f} s wall, {torch_alone.cpu:.2f} s CPU, median of {torch_alone.runs}, taken "
+             f"between the notebooks). Target: the first answer within {TARGET:g}× `import torch`, {budget:.2f} s "
+             "of CPU here." + (f" Before: {before}, its kernels alternating with these." if before else ""), "",
              "| notebook | cells | first answer: wall | CPU | × import torch (CPU) | of which progress + setup: CPU | "
-             "solved: wall | solved: CPU | the first answer |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             + ("before: CPU | " if before else "") + "solved: wall | solved: CPU | the first answer |",
+             "|---|---|---|---|---|---|" + ("---|" if before else "") + "---|---|---|"]
     for r in rows:
         solved = f"{r.solved.wall:.2f} s | {r.solved.cpu:.2f} s" if r.solved else "- | -"
         ratio = r.stub.cpu / torch_alone.cpu
+        earlier = (f"{r.before.cpu:.2f} s ({r.before.cpu / torch_alone.cpu:.2f}×) | " if r.before else "- | ") \
+            if before else ""
         lines.append(f"| {r.notebook} | {r.cells} | {r.stub.wall:.2f} s | {r.stub.cpu:.2f} s | "
-                     f"{ratio:.2f}× {'(met)' if ratio <= TARGET else '(missed)'} | {r.setup.cpu:.2f} s | {solved} | "
-                     f"{r.answer} |")
+                     f"{ratio:.2f}× {'(met)' if ratio <= TARGET else '(missed)'} | {r.setup.cpu:.2f} s | {earlier}"
+                     f"{solved} | {r.answer} |")
     if lab:
         lines += ["", f"`./course lab`'s JupyterLab, from its command until its page is served: {lab.wall:.2f} s wall, "
                       f"{lab.cpu:.2f} s of the server's CPU (median of {lab.runs} starts)."]
@@ -203,29 +211,39 @@ TABLE_TITLE = "The first answer:"
 
 
 def measure(notebooks: Sequence[str] = (), repeats: int = 3, solved: bool = False, lab: bool = False,
-            progress: Optional[Callable[[str], Callable[[int, int], None]]] = None) -> dict:
-    """Every figure of this benchmark, as JSON-ready data and a Markdown table. `progress(title)`, when given, is
-    called as each measurement starts and returns what to call with (1, 1) when it ends (bench's Progress)."""
+            progress: Optional[Callable[[str], Callable[[int, int], None]]] = None,
+            before: Optional[Path] = None) -> dict:
+    """Every figure of this benchmark, as JSON-ready data and a Markdown table; with `before` (a checkout of an
+    older commit), that checkout's first answers beside these. `progress(title)`, when given, is called as each
+    measurement starts and returns what to call with (1, 1) when it ends (bench's Progress)."""
     paths = [p for p in course_notebooks() if not notebooks or p.stem in notebooks]
     unknown = set(notebooks) - {p.stem for p in paths}
     if unknown:
         raise LookupError(f"no notebook named {', '.join(sorted(unknown))}")
     progress = progress or (lambda title: lambda step, steps: None)
-    tick = progress("import torch alone, fresh process")
-    torch_alone = import_torch(repeats)
-    tick(1, 1)
-    rows = []
+    rows, torch_alone = [], []
     for path in paths:
         tick = progress(f"first answer, fresh kernel: {path.stem}")
-        rows.append(time_notebook(path, repeats, solved))
+        torch_alone.append(import_torch())         # one between each two notebooks: the load of the moment
+        rows.append(time_notebook(path, repeats, solved, before))
         tick(1, 1)
+    torch_alone.append(import_torch())
     started = None
     if lab:
         tick = progress("JupyterLab's start, as ./course lab")
         started = lab_start(repeats)
         tick(1, 1)
-    return {"import_torch": torch_alone.as_dict(), "target": TARGET, "notebooks": [r.as_dict() for r in rows],
-            "lab_start": started.as_dict() if started else None, "table": table(rows, torch_alone, started)}
+    alone = Seconds.median(torch_alone)
+    label = _describe(before) if before else ""
+    return {"import_torch": alone.as_dict(), "target": TARGET, "before": label,
+            "notebooks": [r.as_dict() for r in rows], "lab_start": started.as_dict() if started else None,
+            "table": table(rows, alone, started, label)}
+
+
+def _describe(checkout: Path) -> str:
+    """A checkout's commit, e.g. "4ce391b"."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
+    return f"commit {out.stdout.strip()}" if out.returncode == 0 else str(checkout)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -235,9 +253,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--solved", action="store_true", help="also with the reference solutions pasted in")
     ap.add_argument("--lab", action="store_true", help="also JupyterLab's start, as ./course lab starts it")
     ap.add_argument("--out", type=Path, help="write <OUT>.json and <OUT>.md, e.g. bench/results/first-answer")
+    ap.add_argument("--before", type=Path, help="also the notebooks and code of this checkout (e.g. a clone of an "
+                    "older commit), its kernels alternating with this one's")
     args = ap.parse_args(argv)
     result = measure(args.notebooks, args.repeats, args.solved, args.lab,
-                     lambda title: lambda step, steps: print(f"done: {title}", file=sys.stderr, flush=True))
+                     lambda title: lambda step, steps: print(f"done: {title}", file=sys.stderr, flush=True),
+                     args.before.resolve() if args.before else None)
     print(result["table"])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

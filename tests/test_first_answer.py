@@ -174,6 +174,11 @@ def test_the_first_answer_table_compares_each_notebook_with_import_torch():
     assert any(line.startswith("| 03_zero |") and "2.10× (missed)" in line and "7.00 s | 5.00 s" in line
                for line in lines)
     assert "JupyterLab" in lines[-1]
+    earlier = FirstAnswer("02_data_parallel", 8, Seconds(5.0, 3.9, 3), Seconds(3.0, 2.5, 3), answer="○ not yet",
+                          before=Seconds(9.0, 7.0, 3))
+    lines = table([earlier], torch_alone, before="commit abc1234").splitlines()
+    assert "Before: commit abc1234" in lines[0] and "| before: CPU |" in lines[2]
+    assert "| 1.95× (met) | 2.50 s | 7.00 s (3.50×) | - | - | ○ not yet |" in lines[4]
 
 
 def test_the_first_answer_cells_end_at_the_first_check():
