@@ -28,6 +28,7 @@ import torch
 from lib.compare import first_difference
 from lib.device import device
 from lib.diagnose import Mistake, diagnose
+from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
 from lib import first_use
 from lib.errors import PuzzleError, RankFailed, is_the_stub, raised_the_stub
@@ -53,6 +54,11 @@ METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "p
            "argument_reads": "bytes read of its arguments"}
 
 
+class SpecError(ValueError):
+    """A puzzle's spec is wrong (a misspelt metric, a variant no world size runs): raised when it is written, at
+    import, with the offending values, never in the middle of a learner's check."""
+
+
 class CheckFailed(PuzzleError):
     """Strict mode: the learner's function gave a wrong answer or broke a budget."""
 
@@ -74,6 +80,19 @@ class Budget:
     least: bool = False                  # a floor: the measurement may not fall below the limit
     argument: Optional[int] = None       # argument_reads: the bytes read of this positional argument only
     label: str = ""                      # what the measurement is called in messages, if not METRICS's name
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise SpecError(f"Budget(metric={self.metric!r}): not a measurement the simulator takes; one of "
+                            f"{', '.join(sorted(METRICS))}.")
+        limits = self.limit if isinstance(self.limit, (list, tuple)) else [self.limit]
+        if not limits or not all(isinstance(x, (int, float)) and x == x for x in limits):
+            raise SpecError(f"Budget({self.metric!r}, limit={self.limit!r}): a number, or one number per rank.")
+        if self.metric == "time" and isinstance(self.limit, (list, tuple)):
+            raise SpecError("Budget('time', ...) bounds the run, not a rank: give one number.")
+        if (self.metric == "argument_reads") != (self.argument is not None):
+            raise SpecError(f"Budget({self.metric!r}, argument={self.argument!r}): argument= names the positional "
+                            "argument whose reads are bounded, for argument_reads only (and always there).")
 
     def value(self, stats) -> float:
         """This budget's measurement of one rank (RankStats)."""
@@ -165,6 +184,34 @@ class Case:
 
     def __post_init__(self) -> None:
         _refuse_inside_learner()
+        _validate_case(self)
+
+
+def _validate_case(case: "Case") -> None:
+    """The checks a case's fields allow at construction (the offending values in the message)."""
+    n = case.world_size
+    if not isinstance(n, int) or n < 1:
+        raise SpecError(f"Case(world_size={n!r}): a positive integer.")
+    if case.raises is None and len(case.expected) != n:
+        raise SpecError(f"Case {case.label!r}: {len(case.expected)} expected results for world_size={n}.")
+    for b in case.budgets:
+        if isinstance(b.limit, (list, tuple)) and len(b.limit) != n:
+            raise SpecError(f"Case {case.label!r}: Budget({b.metric!r}) has {len(b.limit)} per-rank limits for "
+                            f"world_size={n}.")
+    bad = {k: v for k, v in case.factors.items() if not isinstance(v, (int, float)) or not k.split(",")[0].strip()}
+    if bad:
+        raise SpecError(f"Case {case.label!r}: factors={bad!r}: each maps 'symbol, what it is' to a number.")
+    for part, spec in case.parts.items():
+        if not (isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(x, int) for x in spec)
+                and spec[1] >= 2):
+            raise SpecError(f"Case {case.label!r}: parts[{part!r}]={spec!r}: (dimension, number of parts >= 2).")
+    if case.steps is not None and (not isinstance(case.steps, int) or case.steps < 1):
+        raise SpecError(f"Case {case.label!r}: steps={case.steps!r}: a positive integer.")
+    from lib.terms import Formula
+    for key, formula in case.formulas.items():
+        if not isinstance(formula, Formula):
+            raise SpecError(f"Case {case.label!r}: formulas[{key!r}] is a {type(formula).__name__}: build it with "
+                            "lib.terms.formula(expression, unit).")
 
 
 def _refuse_inside_learner() -> None:
@@ -267,6 +314,35 @@ class Puzzle:
         # A real cell's default: one process for single-device lessons, four otherwise.
         self.real_world_size = 1 if max(self.world_sizes) == 1 else 4
         self._hints_shown = 0
+        self._validate(make_case)
+
+    def _validate(self, make_case: Callable) -> None:
+        """A spec that is wrong fails here, at import, with the offending values (as torchtitan's
+        ParallelDims._validate does), not in a learner's check."""
+        where = f"Puzzle {self.name!r}"
+        if not self.name.isidentifier():
+            raise SpecError(f"{where}: the name must be the function's name, a Python identifier.")
+        if not self.world_sizes or not all(isinstance(n, int) and n >= 1 for n in self.world_sizes):
+            raise SpecError(f"{where}: world_sizes={self.world_sizes!r}: positive integers, one case each.")
+        if len(self.variants) > len(self.world_sizes):
+            raise SpecError(f"{where}: {len(self.variants)} variants for {len(self.world_sizes)} world sizes "
+                            f"{self.world_sizes}: variant {len(self.world_sizes) + 1} on would never run.")
+        params = inspect.signature(make_case).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        for i, variant in enumerate(self.variants):
+            unknown = sorted(set(variant) - set(params)) if not takes_any else []
+            if unknown:
+                raise SpecError(f"{where}: variant {i + 1} {variant!r} sets {unknown}, which "
+                                f"{make_case.__name__} does not take.")
+        small = [n for n in self.world_sizes if n < self.min_world_size]
+        if small:
+            raise SpecError(f"{where}: world sizes {small} are below its min_world_size={self.min_world_size}.")
+        if not all(isinstance(h, str) and h for h in self.hints):
+            raise SpecError(f"{where}: hints must be non-empty strings.")
+        if self.rtol < 0 or self.atol < 0:
+            raise SpecError(f"{where}: rtol={self.rtol}, atol={self.atol}: tolerances are not negative.")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.outputs.items()):
+            raise SpecError(f"{where}: outputs={self.outputs!r}: maps a result's leaf ('[2]', \"['w']\") to words.")
 
     def __repr__(self) -> str:
         return f"<puzzle {self.notebook}/{self.name}>"
@@ -335,13 +411,15 @@ class Puzzle:
                     return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
                 if _refused_as_asked(case, e):
                     continue
-                return Outcome(FAILING, f"on {case.label}: {e}{replay}", case=case)
+                meaning = explain_error(fn, case, e)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else ""),
+                                                  replay), case=case)
             except PuzzleError as e:
-                return Outcome(FAILING, f"on {case.label}: {type(e).__name__}: {e}{replay}", case=case)
-            problem = _not_refused(case) or self._judge(case, result)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {type(e).__name__}: {e}", replay), case=case)
+            problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case])
             if problem:
                 hinted = "\nHint: " in problem
-                return Outcome(FAILING, f"on {case.label}: {problem}{replay}", result, case, hinted)
+                return Outcome(FAILING, _in_order(f"on {case.label}: {problem}", replay), result, case, hinted)
             last = result
         return Outcome(PASSED, self._success(last, case), last, case, seed=seed, scale=scale)
 
@@ -351,11 +429,14 @@ class Puzzle:
         return (self.display is not None and case.cost is None and not any(b.metric == "time" for b in case.budgets)
                 and not any(c.timed for c in case.contracts))
 
-    def _judge(self, case: Case, result: SimResult) -> Optional[str]:
-        return self._judge_answer(case, result) or self._judge_budgets(case, result)
+    def _judge(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
+               others: Sequence[Case] = ()) -> Optional[str]:
+        return self._judge_answer(case, result, fn, others) or self._judge_budgets(case, result)
 
-    def _judge_answer(self, case: Case, result: SimResult) -> Optional[str]:
-        """What is wrong with the ops used, the results or the case's contracts, or None."""
+    def _judge_answer(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
+                      others: Sequence[Case] = ()) -> Optional[str]:
+        """What is wrong with the ops used, the results or the case's contracts, or None. `fn` and the check's
+        `others` cases let the diagnosis replay the answer (a NaN's origin, a factor the case cannot pin down)."""
         if case.allowed_ops is not None:
             for s in result.stats:
                 extra = sorted(set(s.calls) - case.allowed_ops)
@@ -366,8 +447,8 @@ class Puzzle:
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
                 found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes + case.mistakes,
-                                 wrap=self.wrap,
-                                 factors=case.factors, rtol=self.rtol, atol=self.atol)
+                                 wrap=self.wrap, factors=case.factors, rtol=self.rtol, atol=self.atol, case=case,
+                                 fn=fn, outputs=self.outputs, others=others)
                 explained = case.explain(case.expected, result.results) if case.explain is not None else None
                 found = "\n".join(filter(None, (explained, found)))
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
@@ -406,13 +487,16 @@ class Puzzle:
         where = f" (world sizes {sizes})" if self.takes_dist else ""
         text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
         for b in case.budgets:
+            who = ""
             if b.metric == "time":
                 value, limit = result.time, b.limit_for(0)
             else:
                 ratio = lambda s, b=b: b.value(s) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
                 worst = (min if b.least else max)(result.stats, key=ratio)
                 value, limit = b.value(worst), b.limit_for(worst.rank)
-            at = f" at N={case.world_size}" if self.takes_dist else ""
+                nearest = "floor" if b.least else "budget"
+                who = f" (rank {worst.rank}, nearest its {nearest})" if case.world_size > 1 else ""
+            at = f" at N={case.world_size}{who}" if self.takes_dist else ""
             kind = "floor" if b.least else "budget"
             text += f"\n  {b.name}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
@@ -622,6 +706,15 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _in_order(body: str, replay: str) -> str:
+    """A failure in the order a learner reads it: what differs and why, the seed to replay it, then the hint."""
+    text, hints, in_hint = [], [], False
+    for line in body.split("\n"):
+        in_hint = line.startswith("Hint: ") or (in_hint and line.strip() != "")
+        (hints if in_hint else text).append(line)
+    return "\n".join(text).rstrip("\n") + replay + "".join("\n" + line for line in hints)
 
 
 def _refused_as_asked(case: Case, e: RankFailed) -> bool:

@@ -33,16 +33,45 @@ class ContractPuzzle(Puzzle):
         return wrapped
 
 
-def sends_only_to(neighbour: Callable[[int, int], int], what: str, hint: str = "") -> Contract:
-    """Every point-to-point message of rank r goes to neighbour(r, N): a ring talks to one neighbour only."""
+Peers = Callable[[int, int, int], "int | Iterable[int]"]
+
+
+def sends_to(peers: Peers, what: str, hint: str = "", one_way: bool = False) -> Contract:
+    """Every point-to-point message of rank r, at its k-th send, goes to peers(r, N, k) (one rank, or the ranks it
+    may choose from): a ring's neighbour, recursive doubling's partner r ^ 2^k. With one_way, at each step every
+    rank sends the same way round ((peer - rank) mod N equal on all ranks): a ring, not a pair of half-rings."""
 
     def broken(result: SimResult) -> Optional[str]:
         n = result.world_size
-        for e in result.trace:
-            if e.op == "send" and e.peer != neighbour(e.rank, n):
-                return f"rank {e.rank} sent {fmt_bytes(e.bytes)} to rank {e.peer} (rank {neighbour(e.rank, n)} here)"
+        sends = {r: [e for e in sorted(result.trace, key=lambda e: e.start) if e.rank == r and e.op == "send"]
+                 for r in range(n)}
+        for rank, events in sends.items():
+            for step, e in enumerate(events):
+                allowed = peers(rank, n, step)
+                allowed = {allowed} if isinstance(allowed, int) else set(allowed)
+                if e.peer not in allowed:
+                    said = " or ".join(f"rank {p}" for p in sorted(allowed))
+                    return (f"rank {rank}'s send {step + 1} ({fmt_bytes(e.bytes)}) went to rank {e.peer}, where "
+                            f"{said} belongs")
+        if one_way:
+            for step in range(max(map(len, sends.values()), default=0)):
+                way = {rank: (events[step].peer - rank) % n for rank, events in sends.items() if step < len(events)}
+                if len(set(way.values())) > 1:
+                    a, b = sorted(set(way.values()))[:2]
+                    first, second = (min(r for r, w in way.items() if w == d) for d in (a, b))
+                    return (f"at step {step + 1} rank {first} sent to rank {(first + a) % n} and rank {second} to "
+                            f"rank {(second + b) % n}: not the same way around the ring")
         return None
     return Contract(what, broken, hint)
+
+
+def neighbours(rank: int, n: int, step: int) -> set[int]:
+    """A ring's peers: the next rank either way round (sends_to(..., one_way=True) keeps the way the same)."""
+    return {(rank + 1) % n, (rank - 1) % n}
+
+
+def right(rank: int, n: int, step: int) -> int:
+    return (rank + 1) % n
 
 
 def sends_less_than(limit: float, what: str, rule: str, hint: str = "") -> Contract:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets
+from lib.contract import neighbours, sends_to
 from lib.diagnose import Mistake
 from lib.measure import counted_flops
 from lib.models import mlp, param_bytes, sharded_batches
@@ -100,28 +101,8 @@ def _ring_budget(factor: float, formula: str, size: int, what: str) -> Budget:
                   hint="each step sends one chunk (1/N of the tensor) to the right neighbour; never the whole tensor.")
 
 
-def _off_ring(result: SimResult) -> Optional[str]:
-    """The first send to a rank that is not a neighbour, or the first step (each rank's k-th send) at which the
-    ranks did not all send the same way round; None for a ring. Each phase may go its own way (a reduce-scatter to
-    the right, then an all-gather to the left, is a ring all-reduce too)."""
-    n = result.world_size
-    sends = {r: [e.peer for e in sorted(result.trace, key=lambda e: e.start) if e.rank == r and e.op == "send"]
-             for r in range(n)}
-    for rank, peers in sends.items():
-        for peer in peers:
-            if peer not in ((rank + 1) % n, (rank - 1) % n):
-                return f"rank {rank} sent to rank {peer}, which is not the next rank around the ring"
-    for step in range(max(map(len, sends.values()), default=0)):
-        way = {rank: (peers[step] - rank) % n for rank, peers in sends.items() if step < len(peers)}
-        if len(set(way.values())) > 1:
-            right, left = (min(r for r, w in way.items() if w == d) for d in (1, n - 1))
-            return (f"at step {step + 1} rank {right} sent to rank {(right + 1) % n} and rank {left} to rank "
-                    f"{(left - 1) % n}: not the same way around the ring")
-    return None
-
-
-RING = Contract("in a ring every rank sends only to its neighbour, at each step all the same way round", _off_ring,
-                hint="send to (rank + 1) % N and receive from (rank - 1) % N at every step.")
+RING = sends_to(neighbours, "in a ring every rank sends only to its neighbour, at each step all the same way round",
+               hint="send to (rank + 1) % N and receive from (rank - 1) % N at every step.", one_way=True)
 
 
 def _ring_time(cost: CostModel, op: str, size: int, world: int) -> Budget:
@@ -149,7 +130,7 @@ def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
     return _ring_case(world, (per_rank(xs),), list(_total(xs).chunk(world)),
                       f"N={world}, x of {xs[0].numel()} float32 per rank", _nbytes(xs[0]), "reduce_scatter",
-                      (world - 1) / world, "(N-1)/N")
+                      bus_factor("reduce_scatter", world), "(N-1)/N")
 
 
 def _reduce_scatter_oracle(dist, x):
@@ -174,7 +155,7 @@ def _all_gather_case(rng: random.Random, world: int) -> Case:
     chunks = _vectors(rng, world, rng.randint(1, 9))
     out = torch.cat(chunks)
     return _ring_case(world, (per_rank(chunks),), [out] * world, f"N={world}, chunk of {chunks[0].numel()} float32 "
-                      "per rank", _nbytes(out), "all_gather", (world - 1) / world, "(N-1)/N")
+                      "per rank", _nbytes(out), "all_gather", bus_factor("all_gather", world), "(N-1)/N")
 
 
 def _all_gather_oracle(dist, chunk):
@@ -197,7 +178,7 @@ ring_all_gather = Puzzle(
 def _all_reduce_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
     return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
-                      "per rank", _nbytes(xs[0]), "all_reduce", 2 * (world - 1) / world, "2(N-1)/N")
+                      "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N")
 
 
 ring_all_reduce = Puzzle(
@@ -239,7 +220,7 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
     """Exactly the gradients' all-reduce, no more (a ceiling) and no less (a floor: every rank trains on its
     own shard, so the gradients must travel; gathering the data instead is another algorithm)."""
     size = param_bytes(model)
-    total = steps * 2 * (world - 1) / world * size
+    total = steps * bus_factor("all_reduce", world) * size
     why = f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)"
     return [Budget("bytes_sent", total, why,
                    hint="all-reduce each gradient once per step: nothing else needs to travel."),
@@ -399,7 +380,7 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several") -> C
     # the regime where overlapping the two pays off most.
     cost = CostModel(flops_per_s=1e9, latency=1e-6)
     t_fwd, t_bwd = cost.compute_time(f_flops), cost.compute_time(b_flops)
-    comm_bytes = 2 * (world - 1) / world * param_bytes(model)
+    comm_bytes = bus_factor("all_reduce", world) * param_bytes(model)
     cost = cost.with_(intra_node_bandwidth=comm_bytes / t_bwd)
     t_comm = cost.collective_time("all_reduce", param_bytes(model), range(world))
     serial = t_fwd + t_bwd + t_comm

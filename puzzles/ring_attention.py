@@ -19,8 +19,7 @@ import torch.nn.functional as F
 
 from lib.check import Budget, Case, Contract
 from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
-from lib.contract import (ContractPuzzle, communication_hidden, flops_at_most, flops_balanced,
-                          sends_only_to)
+from lib.contract import ContractPuzzle, communication_hidden, flops_at_most, flops_balanced, right, sends_to
 from lib.device import device
 from lib.first_use import import_ahead
 from lib.measure import counted_flops, counted_time
@@ -182,12 +181,8 @@ blockwise_attention = _attention_puzzle(
 
 
 # ---- 3-5. the ring --------------------------------------------------------------------------------------
-def _right(rank: int, n: int) -> int:
-    return (rank + 1) % n
-
-
 def _ring_rules(n: int) -> list[Contract]:
-    return [sends_only_to(_right, "a ring passes K and V to its right neighbour only, rank (r + 1) % N",
+    return [sends_to(right, "a ring passes K and V to its right neighbour only, rank (r + 1) % N",
                           hint="send to (rank + 1) % N and receive from (rank - 1) % N, every step.")]
 
 

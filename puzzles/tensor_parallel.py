@@ -22,6 +22,7 @@ from lib.first_use import import_ahead
 from lib.layer_check import LayerPuzzle, Upstream, describe_calls
 from lib.measure import counted_flops
 from lib.sim import per_rank
+from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
 
 import_ahead("explicit_gradient")          # every layer's check back-propagates an upstream gradient
@@ -97,8 +98,7 @@ def _req(*ts: torch.Tensor) -> list[torch.Tensor]:
 
 def _ring(op: str, elements: int, world: int) -> float:
     """Bytes a rank sends in one ring collective over a buffer of `elements` float64."""
-    factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
-    return factor * elements * ITEM
+    return bus_factor(op, world) * elements * ITEM
 
 
 def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:

@@ -120,13 +120,16 @@ def use_groups(fn: Callable, dist, dp: int, pp: int, tp: int) -> dict:
                           + (f" with keys {sorted(groups)}" if isinstance(groups, dict) else "") + ".")
     rank = dist.get_rank()
     out = {f"{axis} ranks": _group_ranks(dist, groups[axis]) for axis in AXES}
+    for axis in AXES:
+        if rank not in out[f"{axis} ranks"]:
+            raise GroupsWrong(f"rank {rank}'s '{axis}' group holds ranks {out[f'{axis} ranks']}, not rank {rank}: "
+                              f"each rank keeps, of all the {axis} groups every rank creates, the one it belongs to "
+                              f"(`if rank in ranks: groups['{axis}'] = group`).")
     for axis in ("tp", "dp"):
         x = torch.tensor([float(rank)], dtype=torch.float64, device=device())
         dist.all_reduce(x, group=groups[axis])
         out[f"{axis} sum"] = x
     stages = out["pp ranks"]
-    if rank not in stages:
-        raise GroupsWrong(f"rank {rank}'s 'pp' group {stages} does not hold rank {rank}.")
     i, got = stages.index(rank), torch.tensor([-1.0], dtype=torch.float64, device=device())
     if i > 0:
         dist.recv(got, stages[i - 1])

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
 from lib.devices import device_mesh
+from lib.diagnose import hands_gradient
 from lib.first_use import import_ahead
 from lib.formulas import model_state_bytes
 from lib.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
@@ -49,6 +50,7 @@ SCALE, K = 4, {1: 6, 2: 6, 3: 4}
 
 
 # ---- the one tool the learner is given: Adam's update, as torch.optim.Adam computes it ---------------
+@hands_gradient("grad")          # a failed check compares the gradients it is handed with the reference's
 def adam_update(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
                 lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
     """One Adam step in place on `param`, `m`, `v` (any shard of them; step counts from 1)."""

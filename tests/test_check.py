@@ -511,3 +511,36 @@ def test_a_harness_runs_the_answer_as_given_and_the_check_judges_what_it_returns
     assert puzzle.check(lambda x: x + 1, seed=0, show=False) is True
     outcome = puzzle.evaluate(lambda x: x + 2, seed=0)
     assert outcome.status == FAILING and "result['twice']" in outcome.message
+
+
+# ---- a spec that is wrong fails when it is written ---------------------------------------------------------
+def test_a_misspelt_metric_fails_at_the_budget():
+    from lib.check import SpecError
+    with pytest.raises(SpecError, match="Budget\\(metric='peak_mem'\\): not a measurement .* peak_memory"):
+        Budget("peak_mem", 10, "why")
+
+
+def test_per_rank_limits_must_count_the_ranks():
+    from lib.check import SpecError
+
+    def case(rng, n):
+        return Case(n, (), [None] * n, f"N={n}", budgets=[Budget("bytes_sent", [1.0] * (n + 1), "why")])
+    with pytest.raises(SpecError, match="Budget\\('bytes_sent'\\) has 4 per-rank limits for world_size=3"):
+        Puzzle("p", "00_test", case, world_sizes=(3,)).cases(0)
+
+
+def test_variants_must_fit_the_world_sizes_and_the_builder():
+    from lib.check import SpecError
+
+    def case(rng, n, tied=False):
+        return Case(n, (), [None] * n, f"N={n}")
+    with pytest.raises(SpecError, match="3 variants for 2 world sizes"):
+        Puzzle("p", "00_test", case, world_sizes=(2, 3), variants=[{}, {}, {"tied": True}])
+    with pytest.raises(SpecError, match="sets \\['tide'\\], which case does not take"):
+        Puzzle("p", "00_test", case, world_sizes=(2, 3), variants=[{"tide": True}])
+
+
+def test_a_formula_must_be_a_lib_terms_formula():
+    from lib.check import SpecError
+    with pytest.raises(SpecError, match="build it with lib.terms.formula"):
+        Case(1, (), [3], "one", formulas={"": 3})

@@ -11,7 +11,7 @@ import torch.nn.functional as F  # noqa: E402
 from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,  # noqa: E402
                                   ring_or_ulysses, ring_time, scores_bytes, stand_in, ulysses_time)
 from lib.contract import (KernelRefused, communication_hidden, exposed_communication, flops_balanced,  # noqa: E402
-                          refusing_kernels, sends_only_to)
+                          refusing_kernels, right, sends_to)
 from lib.formulas import activation_bytes_per_layer  # noqa: E402
 from lib.sim import CostModel, run  # noqa: E402
 from lib.viz.context_parallel import causal_tiles, context_parallel_explorer  # noqa: E402
@@ -98,10 +98,26 @@ def _to(offset):
 
 
 def test_ring_rule_names_the_rank_that_sent_elsewhere():
-    rule = sends_only_to(lambda r, n: (r + 1) % n, "a ring talks to its right neighbour")
+    rule = sends_to(right, "a ring talks to its right neighbour")
     assert rule.judge(run(_to(1), 4, torch.ones(3))) is None
     problem = rule.judge(run(_to(-1), 4, torch.ones(3)))
-    assert "rank 0 sent" in problem and "to rank 3" in problem and "rank 1 here" in problem
+    assert "rank 0's send 1 (12 B) went to rank 3, where rank 1 belongs" in problem, problem
+
+
+def test_a_partner_that_changes_each_step_is_one_rule():
+    """Recursive doubling: at step k rank r talks to r ^ 2^k, which no fixed neighbour rule can say."""
+    def doubling(dist, x):
+        rank, step = dist.get_rank(), 0
+        while 1 << step < dist.get_world_size():
+            got = torch.empty_like(x)
+            work = dist.isend(x, rank ^ (1 << step))
+            dist.recv(got, rank ^ (1 << step))
+            work.wait()
+            x, step = x + got, step + 1
+        return x
+    rule = sends_to(lambda r, n, k: r ^ (1 << k), "recursive doubling: partner r ^ 2^k")
+    assert rule.judge(run(doubling, 4, torch.ones(3))) is None
+    assert "where rank 1 belongs" in rule.judge(run(_to(-1), 4, torch.ones(3)))
 
 
 def test_balance_rule_measures_flops_per_rank():

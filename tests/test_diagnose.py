@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lib.check import Case, Puzzle
-from lib.diagnose import Mistake, diagnose
+from lib.diagnose import Mistake, diagnose, hands_gradient
 from lib.sim import per_rank
 
 
@@ -120,10 +120,10 @@ def _failure(p: Puzzle, fn, capsys) -> str:
     (_sum_case, averaged, "is 1/3 of what it should be: off by a factor of 3 = N, the world size"),
     (_sum_case, summed_twice, "is 2× what it should be: a constant factor"),
     (_sum_case, alone, "is unchanged from what rank 0 was given"),
-    (_sum_case, garbage_in_the_second_half, "holds 4.5786e-41 at index"),
+    (_sum_case, garbage_in_the_second_half, "values no computation of these inputs should make (in ["),
     (_sum_case, zeros_in_the_second_half, "is 0 where data should be, in ["),
     (_scatter_case, next_ranks_chunk, "rank 0's result holds what rank 1 should return"),
-    (_gather_case, gathered_backwards, "has the right chunks in the wrong places (chunk 0 holds chunk 2"),
+    (_gather_case, gathered_backwards, "has the right values in the wrong places (chunk 0 holds what chunk 2 should"),
     (_linear_case, weight_holds_its_gradient, "weight holds what weight.grad should: a gradient where its parameter"),
     (_linear_case, gradient_five_times, "is 5× what it should be: off by a factor of 5 = k, the number of pieces"),
 ], ids=lambda v: getattr(v, "__name__", "")[:30])
@@ -132,12 +132,17 @@ def test_a_classic_mistake_is_named(make_case, fn, words, capsys):
     assert "Diagnosis: " in out and words in out, out
 
 
-def test_garbage_says_uninitialised_and_where(capsys):
-    out = _failure(puzzle(_sum_case), garbage_in_the_second_half, capsys)
-    assert "uninitialised memory, what torch.empty returns" in out
-    case = puzzle(_sum_case).cases(0)[0]
-    n = len(case.expected[0])
-    assert f"in [{n // 2}:{n}]" in out
+def half_written(dist, x):
+    out = torch.empty_like(x)
+    dist.all_reduce(x)
+    out[: len(x) // 2] = x[: len(x) // 2]
+    return out
+
+
+def test_memory_torch_empty_left_is_called_uninitialised_and_where(capsys):
+    out = _failure(puzzle(_sum_case), half_written, capsys)
+    n = len(puzzle(_sum_case).cases(0)[0].expected[0])
+    assert "that is uninitialised memory, what torch.empty returns" in out and f"in [{n // 2}:{n}]" in out, out
 
 
 def test_a_registered_mistake_is_named_with_its_message(capsys):
@@ -178,3 +183,189 @@ def test_a_single_device_result_is_described_without_ranks():
     assert diagnose([{"w": torch.ones(2, 4)}], [{"w": torch.tensor([[1.0, 1, 1, 1], [1, 1, 2, 3]])}], ()) == (
         "Where: the result['w'] (2 of 8 values, in [1, 2:4]).")
     assert diagnose([2560], [2496], ()) == ""      # one number: the first difference already says it all
+
+
+# ---- mistakes no catalogue lists, named from the case's structure -------------------------------------------
+def _quantities_case(rng: random.Random, n: int) -> Case:
+    """Every rank returns the sum; the case names m and v, v equal to N on its first world size only."""
+    xs = _vectors(rng, n, 2 * n)
+    return Case(n, (per_rank(xs),), [sum(xs)] * n, f"N={n}",
+                factors={"m, the number of micro-batches": 4, "v, the virtual stages": 3})
+
+
+def summed_over_m_times_v(dist, x):
+    dist.all_reduce(x)
+    return x / 12
+
+
+def summed_over_v(dist, x):
+    dist.all_reduce(x)
+    return x / 3
+
+
+def test_a_product_of_two_quantities_is_named_by_the_case_that_tells_them_apart(capsys):
+    # on the first case (N = v = 3) 12 is N × m and m × v; the second (N = 4) says which
+    out = _failure(puzzle(_quantities_case), summed_over_m_times_v, capsys)
+    assert "off by a factor of 12 = m × v (m, the number of micro-batches; v, the virtual stages)." in out, out
+
+
+def test_a_quantity_equal_to_another_is_named_by_the_case_that_tells_them_apart(capsys):
+    out = _failure(puzzle(_quantities_case), summed_over_v, capsys)
+    assert "off by a factor of 3 = v, the virtual stages. " in out and "N, the world size" not in out, out
+
+
+def test_two_quantities_equal_on_every_case_are_both_named(capsys):
+    p = Puzzle("diag", "00_test", _quantities_case, world_sizes=(3,), hints=["one"])
+    out = _failure(p, summed_over_v, capsys)
+    assert "= N, the world size = v, the virtual stages (equal on this case" in out, out
+
+
+def test_a_share_left_out_is_not_called_silence(capsys):
+    def without_rank_0(dist, x):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x)
+        return sum(parts[1:])
+    out = _failure(puzzle(_sum_case), without_rank_0, capsys)
+    assert "rank 0's share was left out of the sum" in out and "never communicated" not in out, out
+
+
+def _grid_case(rng: random.Random, n: int) -> Case:
+    """Rank r returns its own x; the expected layout is six experts, contiguous."""
+    xs = _vectors(rng, n, 6)
+    return Case(n, (per_rank([x.view(6, 1) for x in xs]),), [x.view(6, 1) for x in xs], f"N={n}",
+                parts={"expert": (0, 6)})
+
+
+def experts_dealt_round_robin(dist, x):
+    return x.view(2, 3).t().reshape(6, 1).clone()      # expert i at position (i % 2) * 3 + i // 2
+
+
+def test_right_values_in_wrong_places_are_said_part_by_part(capsys):
+    out = _failure(puzzle(_grid_case), experts_dealt_round_robin, capsys)
+    assert "expert 1 holds what expert 3 should" in out and "read the other way round" in out, out
+
+
+def _softmax_case(rng: random.Random, n: int) -> Case:
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    scores = torch.randn(4, 4, generator=g)
+    mask = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    return Case(1, (scores,), [scores.masked_fill(mask, -torch.inf).softmax(-1)], "4 × 4 scores")
+
+
+def masks_the_diagonal_too(dist, scores):
+    return scores.masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(0), -torch.inf).softmax(-1)
+
+
+def exp_without_the_max(dist, scores):
+    e = torch.exp(1000 * scores).masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), 0)
+    return e / e.sum(-1, keepdim=True)
+
+
+def test_a_nan_from_a_row_masked_entirely_is_traced_to_it(capsys):
+    out = _failure(Puzzle("diag", "00_test", _softmax_case, world_sizes=(1,)), masks_the_diagonal_too, capsys)
+    assert "every score is -inf: a row masked entirely" in out and "uninitialised" not in out, out
+    assert "masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(0)" in out       # the learner's own line
+
+
+def test_an_overflow_is_traced_to_exp(capsys):
+    out = _failure(Puzzle("diag", "00_test", _softmax_case, world_sizes=(1,)), exp_without_the_max, capsys)
+    assert "exp overflowed to inf" in out and "uninitialised" not in out, out
+
+
+def test_tiny_values_not_left_by_torch_empty_are_not_called_uninitialised(capsys):
+    out = _failure(puzzle(_sum_case), garbage_in_the_second_half, capsys)
+    assert "uninitialised" not in out and "not memory left unwritten" in out, out
+
+
+def test_gradients_that_never_arrive_are_counted(capsys):
+    def detached(dist, model, x):
+        model(x.detach()).sum()       # the loss's graph is thrown away; only the bias is reached
+        model.bias.sum().backward()
+        return model
+    out = _failure(puzzle(_linear_case), detached, capsys)
+    assert "1 of 2 gradients are None (weight.grad)" in out, out
+
+
+def _shard_case(rng: random.Random, n: int) -> Case:
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    w, x = torch.randn(2 * n, 3, generator=g), torch.randn(5, 3, generator=g)
+    return Case(n, (w, x), [x @ w.t()] * n, f"N={n}")
+
+
+def multiplies_by_its_shard(dist, w, x):
+    shard = w.reshape(-1).chunk(dist.get_world_size())[dist.get_rank()]
+    return x @ shard.t()
+
+
+def test_a_shard_where_the_whole_belongs_is_said_in_the_lessons_terms(capsys):
+    out = _failure(puzzle(_shard_case), multiplies_by_its_shard, capsys)
+    assert "has 1/N of the result[0]'s" in out or "has 1/N of" in out, out
+    assert "Gather it first" in out, out
+
+
+# ---- training runs: the first step that leaves the reference --------------------------------------------------
+LR = 0.1
+
+
+def _train_case(rng: random.Random, n: int, steps=None, adam: bool = False) -> Case:
+    """Linear regression on N ranks' batches; the reference trains on the whole batch. Drawn for three steps
+    whatever `steps` asks, so that fewer steps replay the same run."""
+    drawn = 3
+    steps = drawn if steps is None else steps
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    w = torch.randn(3, generator=g, dtype=torch.float64)
+    xs = torch.randn(n, drawn, 4, 3, generator=g, dtype=torch.float64)[:, :steps]
+    ys = torch.randn(n, drawn, 4, generator=g, dtype=torch.float64)[:, :steps]
+    ref = w.clone().requires_grad_()
+    opt = torch.optim.Adam([ref], lr=LR) if adam else torch.optim.SGD([ref], lr=LR)
+    for t in range(steps):
+        opt.zero_grad()
+        ((xs[:, t] @ ref - ys[:, t]) ** 2).mean().backward()
+        opt.step()
+    return Case(n, (w, per_rank(list(xs)), per_rank(list(ys))), [ref.detach()] * n, f"N={n}, {steps} steps",
+                steps=steps)
+
+
+@hands_gradient("grad")
+def adam(w: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
+    m.mul_(0.9).add_(grad, alpha=0.1)
+    v.mul_(0.999).addcmul_(grad, grad, value=0.001)
+    w.sub_(LR * (m / (1 - 0.9 ** t)) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8))
+
+
+def _trainer(divide: bool = True, zero: bool = True, use_adam: bool = False):
+    def train(dist, w, xs, ys):
+        w = w.clone().requires_grad_()
+        m, v = torch.zeros_like(w), torch.zeros_like(w)
+        for t in range(len(xs)):
+            ((xs[t] @ w - ys[t]) ** 2).mean().backward()
+            grad = w.grad.clone()
+            dist.all_reduce(grad)
+            if divide:
+                grad /= dist.get_world_size()
+            with torch.no_grad():
+                adam(w, grad, m, v, t + 1) if use_adam else w.sub_(LR * grad)
+            if zero:
+                w.grad = None
+        return w.detach()
+    return train
+
+
+def test_a_training_run_is_named_by_its_first_update(capsys):
+    out = _failure(puzzle(_train_case), _trainer(divide=False), capsys)
+    assert "leaves the reference at its first step" in out, out
+    assert "At step 1, every update of rank 0's result is 3× what it should be: off by a factor of 3 = N" in out, out
+
+
+def test_a_training_run_wrong_from_its_second_step_points_at_what_carries(capsys):
+    out = _failure(puzzle(_train_case), _trainer(zero=False), capsys)
+    assert "first leaves the reference at step 2 of 3 (step 1 is right)" in out, out
+    assert "gradients not zeroed between steps" in out, out
+
+
+def test_a_scale_adam_hides_is_found_in_what_the_ranks_hand_it(capsys):
+    import functools
+    p = Puzzle("diag", "00_test", functools.partial(_train_case, adam=True), world_sizes=(3, 4),
+               hints=["one"], rtol=1e-13, atol=1e-13)
+    out = _failure(p, _trainer(divide=False, use_adam=True), capsys)
+    assert "The gradients your ranks hand the optimizer at step 1 are 3× what it should be" in out, out

@@ -160,7 +160,8 @@ def _tp_then_pp(dist, tp_op="all_reduce", tp_calls=1, world=False):
     ({"world": True}, "the answer is right, but rank 0 called all_reduce on WORLD, which is none of its mesh groups "
                       "(DP [0, 4], PP [0, 2], TP [0, 1]): every communication of a composed step"),
     ({"tp_op": "all_gather"}, "rank 0 used all_gather on the TP axis, which carries all_reduce only here: one "
-                              "all-reduce.\nHint: reduce once"),
+                              "all-reduce.\n(Cases from seed 0: P.mesh_rules.check(fn, seed=0) replays them.)\n"
+                              "Hint: reduce once"),
     ({"tp_calls": 2}, "rank 0 sent 256 B on the TP axis, over the budget of 128 B: one all-reduce."),
 ])
 def test_a_mesh_case_judges_traffic_outside_its_groups_and_per_axis(kwargs, words):

@@ -132,6 +132,23 @@ def test_gpt_parameters_follow_megatron_equation_2_and_table_1(size, billions):
     assert round(model.params / 1e9, 1) == billions
 
 
+def test_palm_540b_as_table_1_gives_it():
+    # Chowdhery et al. 2022, Table 1: 118 layers, d_model 18432, 48 heads of 256 (not 18432 / 48 = 384), d_ff 4·d,
+    # 540.35B parameters; 238.3K tokens/s on 6144 TPU v4 chips of 275 TFLOP/s is 46.2% MFU (Table 3, appendix B).
+    from lib.viz.planner import MODELS
+    palm = MODELS["PaLM 540B"]
+    assert palm.attention_width == 48 * 256 and palm.params == pytest.approx(540.35e9, abs=0.01e9)   # norms aside
+    assert mfu(238.3e3, palm.flops_per_token, 6144, 275e12) == pytest.approx(0.462, abs=0.0005)
+    with pytest.raises(PlanError, match="head_dim"):
+        Model(layers=1, hidden=10, heads=3, seq=4, vocab=8)
+
+
+def test_comparison_shows_each_rows_role_and_the_efficiency_it_implies():
+    for run, row in zip(PUBLISHED_RUNS, comparison()):
+        assert row["role"] == ("fitted" if run.fits else "held out")
+        assert row["implied efficiency"] == pytest.approx(implied_efficiency(run))
+
+
 def test_llama3_405b_parameters():
     # By hand: a block has 2·16384² + 2·16384·1024 attention weights, 3·16384·53248 in the MLP and two RMSNorms,
     # 3,187,703,808 in all; 126 of them, two 128256 × 16384 embeddings (untied) and the final norm.

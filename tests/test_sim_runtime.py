@@ -819,3 +819,36 @@ def test_a_send_to_a_dead_rank_raises_at_once_and_faults_are_checked():
         lib.sim.run(prog, 2, faults={2: 1})
     with pytest.raises(InvalidCall):
         lib.sim.run(prog, 2, faults={0: 0})
+
+
+# ---- a deadlock names the peer that is wrong, not only who waits on whom -------------------------------------
+def _ring_receiving_from(direction: int, send_to: int = None):
+    def prog(dist, x):
+        r, n = dist.get_rank(), dist.get_world_size()
+        buf = torch.empty_like(x)
+        work = dist.isend(x, (r + send_to) % n) if send_to is not None else None
+        dist.recv(buf, (r + direction) % n)
+        if work is not None:
+            work.wait()
+        return buf
+    return prog
+
+
+def test_a_deadlock_names_a_sender_and_receiver_that_disagree_on_the_neighbour():
+    message = str(_fails(_ring_receiving_from(+1, send_to=+1), 3, Deadlock, torch.ones(2)))
+    assert "rank 0 waits for a message from rank 1, but rank 1 sends to rank 2" in message, message
+
+
+def test_a_deadlock_where_nobody_sends_says_so():
+    message = str(_fails(_ring_receiving_from(-1), 3, Deadlock, torch.ones(2)))
+    assert "every rank waits to receive and none has sent" in message, message
+
+
+def test_a_deadlock_of_two_ranks_receiving_from_each_other_says_one_must_send_first():
+    def prog(dist, x):
+        buf = torch.empty_like(x)
+        dist.recv(buf, 1 - dist.get_rank())
+        dist.send(x, 1 - dist.get_rank())
+        return buf
+    message = str(_fails(prog, 2, Deadlock, torch.ones(2)))
+    assert "ranks 0 and 1 each wait to receive from the other" in message, message

@@ -33,9 +33,11 @@ class GPU:
 # efficiency, the one fitted constant per GPU type: isolated large matmuls reach more (an 8192³ bf16 matmul ran
 # near 800 TFLOP/s, 0.8 of peak, on the course's H100, NOTES.md), but inside a training step kernels are smaller,
 # attention and communication kernels interfere and clocks drop under the power limit. Each value is the geometric
-# mean, to two decimals, of the efficiency that published runs imply (lib.planner.runs), fitted on runs the tests
-# do not hold the estimate against:
+# mean, to two decimals, of the efficiency that the fitted rows of lib.planner.runs imply; the other rows of the
+# same tables are held out of the fit:
 #   A100: Narayanan et al. 2021, Table 1, rows 3.6B, 7.5B, 39.1B, 76.1B, 310.1B and 529.6B (0.58 to 0.65): 0.61.
+#     The held-out rows imply 0.58 (1.7B) to 0.69 (1008B): the efficiency grows with model size, which one
+#     constant cannot follow, so the largest run is the worst estimated (lib.planner.runs.comparison shows each).
 #   H100: Dubey et al. 2024, Table 4, the 8,192-GPU row and the 131,072-token row (0.55 and 0.56): 0.56.
 # tests/test_planner.py refits both: a change to the estimator that moves them fails until they are updated.
 A100_80GB = GPU("A100 80GB", peak_flops=312e12, memory=80e9, hbm=2.039e12, nvlink=300e9, network=25e9,

@@ -19,7 +19,8 @@ class Model:
     block="gpt": LayerNorm, biases, a GELU MLP of two matrices, learned positions (Megatron-LM's GPT, lib.models).
     block="llama": RMSNorm, no biases, a SwiGLU MLP of three matrices, rotary positions (Llama 3).
     ffn: the MLP's inner width, 4·hidden unless given. kv_heads: key/value heads (grouped-query attention),
-    `heads` unless given. tied: the output layer reuses the token embedding.
+    `heads` unless given. head_dim: one head's width, hidden // heads unless given (PaLM's heads are 256 wide
+    whatever its hidden size: Chowdhery et al. 2022, Table 1). tied: the output layer reuses the token embedding.
     """
 
     layers: int
@@ -31,15 +32,17 @@ class Model:
     kv_heads: Optional[int] = None
     block: str = "gpt"
     tied: bool = True
+    head_dim: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads"):
+        for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim"):
             if getattr(self, name) is not None:
                 positive(name, getattr(self, name))
         if self.block not in BLOCKS:
             raise PlanError(f"block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
-        if self.hidden % self.heads:
-            raise PlanError(f"hidden={self.hidden} must be a multiple of heads={self.heads}: heads share it equally")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise PlanError(f"hidden={self.hidden} must be a multiple of heads={self.heads}: heads share it equally "
+                            f"(or give head_dim)")
         if self.heads % self.kv_heads_count:
             raise PlanError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads_count}: each key/value "
                             f"head serves a group of query heads")
@@ -53,15 +56,26 @@ class Model:
         return self.kv_heads if self.kv_heads is not None else self.heads
 
     @cached_property
+    def head_width(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @cached_property
+    def attention_width(self) -> int:
+        """Width of the query projection and of the output projection's input: heads × head size (h for most
+        models; PaLM's H·Q, Chowdhery et al. 2022, appendix B)."""
+        return self.heads * self.head_width
+
+    @cached_property
     def kv_width(self) -> int:
         """Width of the key projection (and of the value projection): kv_heads × head size."""
-        return self.kv_heads_count * (self.hidden // self.heads)
+        return self.kv_heads_count * self.head_width
 
     @cached_property
     def layer_matmul_params(self) -> int:
-        """Weights one block multiplies by: query and output (h×h), key and value (h×kv_width), the MLP's."""
+        """Weights one block multiplies by: query and output (h × attention width), key and value (h × kv_width),
+        the MLP's."""
         h, f = self.hidden, self.ffn_width
-        return 2 * h * h + 2 * h * self.kv_width + (3 if self.block == "llama" else 2) * h * f
+        return 2 * h * self.attention_width + 2 * h * self.kv_width + (3 if self.block == "llama" else 2) * h * f
 
     @cached_property
     def layer_params(self) -> int:
@@ -69,7 +83,7 @@ class Model:
         h = self.hidden
         if self.block == "llama":
             return self.layer_matmul_params + 2 * h
-        biases = h + 2 * self.kv_width + h + self.ffn_width + h      # query, key, value, output; MLP in and out
+        biases = self.attention_width + 2 * self.kv_width + h + self.ffn_width + h   # query, key, value, output; MLP
         return self.layer_matmul_params + biases + 2 * 2 * h
 
     @cached_property
@@ -97,17 +111,17 @@ class Model:
     def flops_per_token(self) -> float:
         """Model FLOPs per trained token, PaLM's 6N + 12·L·H·S; for a GPT this is Megatron-LM's count without
         recomputation, 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) per batch of B sequences."""
-        return flops_per_token(self.matmul_params, self.layers, self.hidden, self.seq)
+        return flops_per_token(self.matmul_params, self.layers, self.attention_width, self.seq)
 
     def hardware_flops_per_token(self, recompute: str) -> float:
         """Model FLOPs plus what `recompute` runs a second time: the FLOPs the GPUs execute."""
         return self.flops_per_token + recompute_flops_per_token(
-            self.layers * self.layer_matmul_params, self.layers, self.hidden, self.seq, recompute)
+            self.layers * self.layer_matmul_params, self.layers, self.attention_width, self.seq, recompute)
 
     def layer_flops_per_token(self, recompute: str) -> float:
         """One block's share of `hardware_flops_per_token`."""
-        return (flops_per_token(self.layer_matmul_params, 1, self.hidden, self.seq)
-                + recompute_flops_per_token(self.layer_matmul_params, 1, self.hidden, self.seq, recompute))
+        return (flops_per_token(self.layer_matmul_params, 1, self.attention_width, self.seq)
+                + recompute_flops_per_token(self.layer_matmul_params, 1, self.attention_width, self.seq, recompute))
 
     @cached_property
     def head_flops_per_token(self) -> float:

@@ -1,8 +1,11 @@
 """A parallel plan: how a model's training step is split over a cluster, and the checks that it splits evenly.
 
-Ranks sit on a (dp, pp, cp, tp) mesh with TP innermost, the order of Llama 3 (section 3.3.2) and torchtitan:
-rank = ((d·pp + p)·cp + c)·tp + t. TP groups are consecutive ranks inside a node; PP and DP groups cross nodes
-once tp·cp fills one.
+Ranks sit on a (dp, pp, cp, tp) mesh with TP innermost and DP outermost, the order of Llama 3 (Dubey et al.
+2024, section 3.3.2: [TP, CP, PP, DP] from the innermost): rank = ((d·pp + p)·cp + c)·tp + t. Megatron-LM and
+torchtitan also keep TP innermost but put the pipeline outermost: Megatron-LM's default order is "tp-cp-ep-dp-pp"
+(megatron/core/parallel_state.py, initialize_model_parallel, at d98e8a64), torchtitan's mesh is ("pp",
+"dp_replicate", "dp_shard", "cp", "tp") (torchtitan/distributed/parallel_dims.py at b5bcd76c). TP groups are
+consecutive ranks inside a node; PP and DP groups cross nodes once tp·cp fills one.
 """
 
 from __future__ import annotations

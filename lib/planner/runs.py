@@ -1,7 +1,11 @@
 """Published training runs the estimator must explain, and the fit of each GPU's one efficiency constant.
 
 Each run is a configuration as its paper (or its authors' script) gives it and the throughput the paper reports.
-Where the paper leaves a setting out, the comment says what we assumed.
+Where the paper leaves a setting out, the comment says what we assumed. The rows marked `fits` fix their GPU's
+efficiency; the others are held out of that fit. Held-out rows come from the same tables as the fitted ones (the
+same clusters, code and authors), so they test the estimate between and just beyond fitted rows, not on a new
+system; and the efficiency each row implies (`implied_efficiency`) is shown beside it, so that a trend the single
+constant misses (it grows with model size in Megatron-LM's Table 1) stays visible.
 """
 
 from __future__ import annotations
@@ -41,12 +45,19 @@ class PublishedRun:
         """(estimated - published) / published."""
         return self.estimated() / self.published - 1
 
+    @property
+    def role(self) -> str:
+        """What the row is to the estimate: one the efficiency was fitted on, or one held out of that fit."""
+        return "fitted" if self.fits else "held out"
+
 
 # Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
 # Table 1: GPT models, sequence 2048, vocabulary 51,200, on DGX A100 80GB nodes, full recomputation; the figure is
 # the achieved teraFLOP/s per GPU, recomputation counted. Micro-batch sizes and virtual stages are not in the table:
-# they come from the authors' script for it, examples/sc21/run_table_1.sh in NVIDIA/Megatron-LM (MBS, and layers
-# per virtual stage: 76.1B 5 of 15 per stage, v=3; 145.6B 5 of 10, v=2; 310.1B 3 of 6, v=2; 529.6B 1 of 3, v=3).
+# they come from the authors' script for it, examples/academic_paper_scripts/sc21/run_table_1.sh in NVIDIA/Megatron-LM
+# at d98e8a64 (MBS, and layers per virtual stage: 76.1B 5 of 15 per stage, v=3; 145.6B 5 of 10, v=2; 310.1B 3 of 6,
+# v=2; 529.6B 1 of 3, v=3), whose TP, PP, batch, layers and hidden sizes match the rows below. The 1008B row's 163
+# is the abstract's 502 petaFLOP/s over 3072 GPUs.
 # (name, heads, hidden, layers, tp, pp, GPUs, batch, micro-batch, v, teraFLOP/s per GPU, fits A100's efficiency)
 _TABLE_1 = (
     ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, 1, 137, False),
@@ -83,6 +94,8 @@ def llama3_405b(seq: int = 8192) -> Model:
 # taken off the first and the last stage, whose first and last model chunks hold only the embedding and the output
 # layer. Our reading: one block per model chunk, so 128 places over 16 stages make v = 8 virtual stages. Assumed,
 # not in the paper: micro-batches of one sequence, sequence parallelism with TP, the same settings at 131,072 tokens.
+# Table 4 prints DP 4 for the 131,072-token row, but TP 8 · CP 16 · PP 16 · DP 4 is 8,192 GPUs, not the row's 16,384,
+# and its 16M tokens per batch at 16 sequences per DP rank need DP 8: we read DP 8.
 # (name, GPUs, sequence, cp, dp, sequences per batch, MFU, fits H100's efficiency)
 _TABLE_4 = (
     ("8,192 GPUs", 8192, 8192, 1, 64, 2048, 0.43, True),
@@ -119,6 +132,8 @@ def fitted_efficiency(runs: Iterable[PublishedRun]) -> float:
 
 
 def comparison(runs: Iterable[PublishedRun] = PUBLISHED_RUNS) -> list[dict]:
-    """One row per run, published next to estimated, for the notebook's table."""
+    """One row per run, published next to estimated, with the efficiency the row implies and its role (fitted or
+    held out), for the notebook's table."""
     return [{"run": run.name, "source": run.source, "metric": run.metric, "published": run.published,
-             "estimated": run.estimated(), "error": run.error(), "fits the efficiency": run.fits} for run in runs]
+             "estimated": run.estimated(), "error": run.error(), "implied efficiency": implied_efficiency(run),
+             "role": run.role} for run in runs]

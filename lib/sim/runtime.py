@@ -414,7 +414,48 @@ class Runtime:
         uneven = self.comm.uneven_new_groups()
         if uneven:           # a rank that skipped a new_group call is the likely cause
             return "\n".join(lines) + "\nAlso, " + uneven
-        return "\n".join(lines) + "\nHint: " + hint
+        return "\n".join(lines + self._peers_disagree()) + "\nHint: " + hint
+
+    def _peers_disagree(self) -> list[str]:
+        """Where a sender and its receiver disagree on who is whose peer (or on the tag), or two ranks each wait
+        to receive from the other: the wrong peer named, not only who waits on whom."""
+        def sends(r: int) -> list:
+            s = self.ranks[r]
+            out = [c for c in s.posted if c.name == "send" and not c.complete] if not s.finished else []
+            if s.waiting is not None and s.waiting.name == "send" and s.waiting not in out:
+                out.append(s.waiting)
+            return out
+
+        said = []
+        for s in self.ranks:
+            call = s.waiting
+            if s.finished or call is None or call.peer is None or call.name not in ("recv", "send"):
+                continue
+            other = self.ranks[call.peer]
+            if call.name == "recv":
+                theirs = sends(call.peer)
+                if any(c.peer == s.rank and c.tag != call.tag for c in theirs):
+                    said.append(f"rank {s.rank} waits for tag {call.tag} from rank {call.peer}, which sends it "
+                                "another tag: tags must match.")
+                elif theirs and all(c.peer != s.rank for c in theirs):
+                    dsts = ", ".join(str(c.peer) for c in theirs)
+                    said.append(f"rank {s.rank} waits for a message from rank {call.peer}, but rank {call.peer} "
+                                f"sends to rank {dsts}: the two sides disagree on who is whose neighbour (one "
+                                "side's rank + 1 where the other's is rank - 1?).")
+                elif not theirs and other.waiting is not None and other.waiting.name == "recv" \
+                        and other.waiting.peer == s.rank and s.rank < call.peer:
+                    said.append(f"ranks {s.rank} and {call.peer} each wait to receive from the other and neither "
+                                "has sent: one of them must send first (or both post isend before they receive).")
+            elif other.waiting is not None and other.waiting.name == "recv" and other.waiting.peer not in (
+                    None, s.rank) and not any(c.peer == s.rank for c in sends(call.peer)):
+                said.append(f"rank {s.rank} sends to rank {call.peer}, but rank {call.peer} waits for a message "
+                            f"from rank {other.waiting.peer}: the two sides disagree on who is whose neighbour.")
+        blocked = [s for s in self.ranks if not s.finished and s.waiting is not None]
+        if not said and blocked and all(s.waiting.name == "recv" for s in blocked) \
+                and not any(sends(s.rank) for s in blocked):
+            said.append("every rank waits to receive and none has sent: each recv needs a send posted by its peer "
+                        "(send before receiving on some ranks, or post isend first).")
+        return (["Where the peers disagree:"] + [f"  {line}" for line in said]) if said else []
 
     def _check_waited(self) -> None:
         for state in self.ranks:

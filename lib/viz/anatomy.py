@@ -31,12 +31,15 @@ def training_state_picture():
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from lib.viz.contrast import text_colour
+
     fig, ax = plt.subplots(figsize=(9, 2.0))
     x = 0.0
     for label, colour in STATE.items():
         width = 1.0 if label.startswith("bf16") else 2.0
         ax.add_patch(Rectangle((x, 0), width, 1, facecolor=colour, edgecolor="white", linewidth=2))
-        ax.text(x + width / 2, 0.5, label.replace(" ", "\n", 1), ha="center", va="center", color="white", fontsize=9)
+        ax.text(x + width / 2, 0.5, label.replace(" ", "\n", 1), ha="center", va="center", color=text_colour(colour),
+                fontsize=9)
         x += width
     ax.text(x + 0.3, 0.5, "activations: made in forward,\nfreed by backward\n(puzzle 3)", va="center", fontsize=8.5,
             color="0.3")

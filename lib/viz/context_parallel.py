@@ -28,6 +28,8 @@ def tiles_figure(blocks: int = 6, causal: bool = False, row: Optional[int] = Non
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from lib.viz.contrast import text_colour
+
     row = blocks // 2 if row is None else row
     fig, ax = plt.subplots(figsize=(3.6, 3.4), layout="constrained")
     for i in range(blocks):
@@ -36,7 +38,7 @@ def tiles_figure(blocks: int = 6, causal: bool = False, row: Optional[int] = Non
             colour = "white" if skipped else ("#C7D5EA" if i != row else COMPUTE)
             ax.add_patch(Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="grey", hatch="//" if skipped else None))
             if i == row and not skipped:
-                ax.text(j + 0.5, i + 0.5, str(j + 1), ha="center", va="center", color="white", fontsize=9)
+                ax.text(j + 0.5, i + 0.5, str(j + 1), ha="center", va="center", color=text_colour(colour), fontsize=9)
             if causal and i == j:
                 ax.plot([j, j + 1], [i, i + 1], color="black", linewidth=1)
     ax.set(xlim=(0, blocks), ylim=(blocks, 0), xticks=[], yticks=[], xlabel="keys, in blocks",
@@ -51,12 +53,15 @@ def ring_figure(n: int = 4):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from lib.viz.contrast import text_colour
+
     fig, ax = plt.subplots(figsize=(1.1 * n + 1.6, 0.55 * n + 1.0), layout="constrained")
     for step in range(n):
         for rank in range(n):
             owner = (rank - step) % n
             ax.add_patch(Rectangle((step, rank), 0.9, 0.8, facecolor=_colour(owner), alpha=0.85))
-            ax.text(step + 0.45, rank + 0.4, f"K/V {owner}", ha="center", va="center", color="white", fontsize=8)
+            ax.text(step + 0.45, rank + 0.4, f"K/V {owner}", ha="center", va="center",
+                    color=text_colour(_colour(owner), 0.85), fontsize=8)
             if step < n - 1:
                 ax.annotate("", xy=(step + 1, (rank + 1) % n + 0.4), xytext=(step + 0.9, rank + 0.4),
                             arrowprops=dict(arrowstyle="->", color="grey", alpha=0.6))

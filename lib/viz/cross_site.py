@@ -74,6 +74,8 @@ def compression_figure(n: int = 4):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from lib.viz.contrast import text_colour
+
     colours = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
     fig, axes = plt.subplots(1, 2, figsize=(9, 0.5 * n + 1.2), layout="constrained")
     for ax, (title, label) in zip(axes, (("1. all_to_all: chunk j of (grad + residual), as int8, to rank j",
@@ -82,10 +84,10 @@ def compression_figure(n: int = 4):
                                           "mean {chunk}"))):
         for rank in range(n):
             for chunk in range(n):
-                ax.add_patch(Rectangle((chunk, rank), 0.92, 0.8, facecolor=colours[chunk % len(colours)],
-                                       alpha=0.9 if label.startswith("q") or chunk == rank else 0.45))
+                colour, alpha = colours[chunk % len(colours)], 0.9 if label.startswith("q") or chunk == rank else 0.45
+                ax.add_patch(Rectangle((chunk, rank), 0.92, 0.8, facecolor=colour, alpha=alpha))
                 ax.text(chunk + 0.46, rank + 0.4, label.format(rank=rank, chunk=chunk), ha="center",
-                        va="center", color="white", fontsize=8)
+                        va="center", color=text_colour(colour, alpha), fontsize=8)
         ax.set(xlim=(0, n), ylim=(n, 0), xticks=[c + 0.46 for c in range(n)], xticklabels=range(n),
                yticks=[r + 0.4 for r in range(n)], yticklabels=[f"rank {r}" for r in range(n)], xlabel="chunk")
         ax.set_title(title, fontsize=9)
@@ -99,15 +101,17 @@ def reshard_figure(total: int = 25, saved_on: int = 4, world: int = 3):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from lib.viz.contrast import text_colour
+
     colours = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
     fig, ax = plt.subplots(figsize=(9, 1.9), layout="constrained")
     for y, (n, name) in enumerate(((saved_on, "file"), (world, "rank"))):
         for r in range(n):
             lo, hi = shard_bounds(total, n, r)
-            ax.add_patch(Rectangle((lo, y), hi - lo, 0.7, facecolor=colours[r % len(colours)], edgecolor="white",
-                                   alpha=0.9 if y == 0 else 0.6))
+            colour, alpha = colours[r % len(colours)], 0.9 if y == 0 else 0.6
+            ax.add_patch(Rectangle((lo, y), hi - lo, 0.7, facecolor=colour, edgecolor="white", alpha=alpha))
             ax.text((lo + hi) / 2, y + 0.35, f"{name} {r}\n[{lo}, {hi})", ha="center", va="center", fontsize=8,
-                    color="white")
+                    color=text_colour(colour, alpha))
     ax.set(xlim=(0, total), ylim=(1.8, -0.1), yticks=[0.35, 1.35],
            yticklabels=[f"saved by {saved_on} ranks", f"loaded on {world}"], xlabel="element of the flat state")
     ax.set_title("the same flat parameters and Adam moments, cut two ways", fontsize=9)
@@ -120,6 +124,8 @@ def failure_figure(world: int = 4, dead: int = 2, every: int = 3, fails_after: i
     `fails_after` (✗), and the survivors going back to the last checkpoint and doing its steps again (orange)."""
     import matplotlib.pyplot as plt
 
+    from lib.viz.contrast import text_colour
+
     last = fails_after // every * every
     fig, ax = plt.subplots(figsize=(9, 0.45 * world + 1.3), layout="constrained")
     for rank in range(world):
@@ -130,7 +136,7 @@ def failure_figure(world: int = 4, dead: int = 2, every: int = 3, fails_after: i
         ax.barh(rank, fails_after, color=COMPUTE, edgecolor="white")
         ax.barh(rank, steps - last, left=fails_after, color=WAN, edgecolor="white")
         ax.text(fails_after + (steps - last) / 2, rank, f"steps {last + 1}-{steps}, from the checkpoint",
-                ha="center", va="center", fontsize=8, color="white")
+                ha="center", va="center", fontsize=8, color=text_colour(WAN))
     for c in range(every, steps + 1, every):
         ax.axvline(c if c <= fails_after else c + fails_after - last, color="black", linewidth=0.8,
                    linestyle=":" if c > fails_after else "-")

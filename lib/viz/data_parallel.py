@@ -12,6 +12,7 @@ from typing import Sequence
 from lib.viz.diagram import COMM, RANK_COLOURS, Box, Op, flow_figure
 
 PHASES = ("reduce-scatter", "all-gather")
+LAYER = "#4C72B0"         # a layer's backward, in the bucket picture
 
 
 def ring_states(n: int, phases: Sequence[str]) -> list[tuple[list[list[int]], list[int]]]:
@@ -50,6 +51,8 @@ def ring_collective_figure(n: int = 4, phases: Sequence[str] = ("reduce-scatter"
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Rectangle
 
+    from lib.viz.contrast import text_colour
+
     columns = ring_states(n, phases)
     summing = "reduce-scatter" in phases
     fig, ax = plt.subplots(figsize=(1.0 + 0.42 * n * len(columns) + 0.3 * len(columns), 0.55 * n + 1.1))
@@ -66,7 +69,8 @@ def ring_collective_figure(n: int = 4, phases: Sequence[str] = ("reduce-scatter"
                 ax.add_patch(Rectangle((x0 + c, y), 0.92, 0.8, facecolor=fill,
                                        edgecolor=COMM if outline else "0.6", linewidth=2.4 if outline else 0.6))
                 if summing and held[r][c]:
-                    ax.text(x0 + c + 0.46, y + 0.4, str(held[r][c]), ha="center", va="center", fontsize=7)
+                    ax.text(x0 + c + 0.46, y + 0.4, str(held[r][c]), ha="center", va="center", fontsize=7,
+                            color=text_colour(fill))
         label = "start" if j == 0 else f"after step {j}"
         ax.text(x0 + n / 2, n + 0.15, label, ha="center", va="bottom", fontsize=8)
     for r in range(n):
@@ -100,6 +104,8 @@ def bucket_overlap_figure(layers: int = 6, per_bucket: int = 2):
     each launched as soon as its layers' gradients are final, while backward goes on (puzzle 6)."""
     import matplotlib.pyplot as plt
 
+    from lib.viz.contrast import text_colour
+
     compute, talk = 1.0, 0.8 * per_bucket              # one layer's backward; one bucket's all-reduce
     fig, axes = plt.subplots(2, 1, figsize=(7.5, 2.8), sharex=True)
     plans = {"one all-reduce after backward": [(layers * compute, layers / per_bucket * talk)],
@@ -107,8 +113,9 @@ def bucket_overlap_figure(layers: int = 6, per_bucket: int = 2):
                  ((b + 1) * per_bucket * compute, talk) for b in range(layers // per_bucket)]}
     for ax, (title, sends) in zip(axes, plans.items()):
         for i in range(layers):
-            ax.barh(1, compute * 0.96, left=i * compute, color="#4C72B0")
-            ax.text(i * compute + 0.48, 1, f"L{layers - i}", ha="center", va="center", fontsize=7, color="white")
+            ax.barh(1, compute * 0.96, left=i * compute, color=LAYER)
+            ax.text(i * compute + 0.48, 1, f"L{layers - i}", ha="center", va="center", fontsize=7,
+                    color=text_colour(LAYER))
         free = 0.0
         for ready, length in sends:
             start = max(ready, free)

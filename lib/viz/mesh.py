@@ -29,6 +29,8 @@ def mesh_figure(shape: Sequence[int], names: Sequence[str], colour_by: Sequence[
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from lib.viz.contrast import text_colour
+
     shape, names = tuple(shape), tuple(names)
     world = 1
     for s in shape:
@@ -46,13 +48,14 @@ def mesh_figure(shape: Sequence[int], names: Sequence[str], colour_by: Sequence[
             colour = "#EEEEEE"
             if axis is not None:
                 colour = GROUP_COLOURS[_group_index(coords, names.index(axis), shape) % len(GROUP_COLOURS)]
+            alpha = 0.85 if axis else 1.0
             ax.add_patch(Rectangle((col + 0.05, y + 0.08), 0.9, 0.84, facecolor=colour, edgecolor="white",
-                                   alpha=0.85 if axis else 1.0))
+                                   alpha=alpha))
             text = f"rank {rank} (node {rank // ranks_per_node})\n" + " ".join(f"{n}{c}" for n, c in zip(names, coords))
             if label is not None:
                 text += "\n" + label(rank, coords)
             ax.text(col + 0.5, y + 0.5, text, ha="center", va="center", fontsize="x-small",
-                    color="white" if axis else "black")
+                    color=text_colour(colour, alpha))
         ax.set_xlim(0, cols)
         ax.set_ylim(0, rows)
         ax.set_aspect("equal")

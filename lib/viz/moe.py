@@ -76,14 +76,16 @@ def dispatch_figure(ranks: int = 4, experts: int = 8, tokens: int = 64, k: int =
     """Who sends how many rows to whom in the dispatch all-to-all (the combine returns them); the diagonal stays."""
     import matplotlib.pyplot as plt
 
+    from lib.viz.contrast import text_colour
+
     logits = skewed_logits(tokens * ranks, experts, skew, seed).chunk(ranks)     # one router, every rank's tokens
     counts = dispatch_counts(list(logits), k, capacity_factor)
     fig, ax = plt.subplots(figsize=(4.6, 3.8), layout="constrained")
-    ax.imshow(counts, cmap="Blues")
+    cells = ax.imshow(counts, cmap="Blues")
     for s in range(ranks):
         for r in range(ranks):
             ax.text(r, s, f"{int(counts[s, r])}" + ("\nstays" if r == s else ""), ha="center", va="center",
-                    fontsize=8, color="white" if counts[s, r] > counts.max() / 2 else "black")
+                    fontsize=8, color=text_colour(cells.cmap(cells.norm(counts[s, r]))))
     ax.set_xticks(range(ranks), [f"rank {r}\nexperts {r * experts // ranks}-{(r + 1) * experts // ranks - 1}"
                                  for r in range(ranks)], fontsize=8)
     ax.set_yticks(range(ranks), [f"rank {s}" for s in range(ranks)], fontsize=8)

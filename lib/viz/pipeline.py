@@ -16,6 +16,8 @@ def schedule_figure(slots: list[Slot], p: int, title: str = "", v: int = 1):
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
 
+    from lib.viz.contrast import text_colour
+
     end = max(s.end for s in slots)
     fig, ax = plt.subplots(figsize=(11, 0.5 * p + 1.3))
     for s in slots:
@@ -27,7 +29,7 @@ def schedule_figure(slots: list[Slot], p: int, title: str = "", v: int = 1):
                        linewidth=0.6)
         if (s.end - s.start) / end > 0.012:
             ax.text((s.start + s.end) / 2, y + 0.5, str(s.step.mb), ha="center", va="center", fontsize=7,
-                    color="white")
+                    color=text_colour(colour))
     ax.set_yticks([p - 1 - r + 0.5 for r in range(p)])
     ax.set_yticklabels([f"rank {r}" for r in range(p)])
     ax.set_ylim(0, p)

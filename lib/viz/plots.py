@@ -118,6 +118,7 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
     import matplotlib.pyplot as plt
 
     from lib.viz import place_axes
+    from lib.viz.contrast import darkened
 
     fig, ax = plt.subplots(figsize=(9, 3.6))
     top = max(result.stats[rank].peak_memory for result in runs.values())
@@ -129,7 +130,7 @@ def memory_over_time_figure(runs: dict, rank: int = 0, title: str = ""):
         peak = result.stats[rank].peak_memory / scale
         ax.axhline(peak, color=line.get_color(), linestyle=":", linewidth=1)
         ax.annotate(f"peak {fmt_bytes(result.stats[rank].peak_memory)}", (1.0, peak), xytext=(4, 0),
-                    textcoords="offset points", va="center", fontsize="small", color=line.get_color())
+                    textcoords="offset points", va="center", fontsize="small", color=darkened(line.get_color()))
     ax.set_xlabel("progress through the run (each allocation or free is one step)")
     ax.set_ylabel(f"live memory ({unit})")
     ax.set_xlim(0, 1)

@@ -1,0 +1,219 @@
+"""Say what kind of wrong a wrong result is, from the case's own structure, so that a mistake nobody catalogued is
+still named.
+
+A check that found a wrong value asks `diagnose` for the words. In order:
+1. a known mistake of the puzzle, run on the same case, whose result the learner's equals (the catalogue: a floor);
+2. a prediction off by one of its reference's named terms, or a multiple of one (Case.formulas, lib.terms);
+3. gradients or entries that never arrived (None where a tensor belongs);
+4. where a NaN or inf came from (a replay under a tracer: lib.diagnose.origins);
+5. what each wrong tensor shows: memory never written, a rank's share left out, the input returned, another rank's
+   or another leaf's values, right values in the wrong places (lib.diagnose.layouts), a factor that is one of the
+   case's quantities or a product of two (lib.diagnose.factors);
+6. in a training run, the first step that leaves the reference, its update, and what the ranks handed the
+   optimizer (lib.diagnose.moments);
+and failing all of these, which ranks, tensors and slices differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from lib.compare import first_difference
+from lib.diagnose import factors, layouts, moments, origins, values
+from lib.diagnose.leaves import differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
+from lib.errors import PuzzleError
+from lib.sim import run
+
+__all__ = ["Mistake", "diagnose", "hands_gradient"]
+hands_gradient = moments.hands_gradient
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known wrong answer of one puzzle: `fn` makes the mistake (same signature as the puzzle's function)
+    and `message` names it for a learner whose result equals fn's on every rank of the case.
+
+    With alone=True each rank runs `fn` on its own, as a world of one rank: the answer without communication."""
+
+    fn: Callable
+    message: str
+    alone: bool = False
+
+
+def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistakes: Sequence[Mistake] = (),
+             wrap: Callable[[Callable], Callable] = lambda f: f, factors: Optional[dict[str, float]] = None,
+             rtol: float = 1e-5, atol: float = 1e-6, case: Any = None, fn: Optional[Callable] = None,
+             outputs: Optional[dict[str, str]] = None, others: Sequence[Any] = ()) -> str:
+    """Lines for a learner whose per-rank results `got` differ from `expected`; "" if nothing fits.
+
+    `factors` names the numbers a constant ratio may equal ({"k, the number of micro-batches": 4}); N, the world
+    size, is always among them. `case` (lib.check.Case) and `fn` (the rank's function as the check ran it) let
+    the diagnosis replay the learner's function: for a NaN's origin, a training run's first wrong step; on the
+    check's `others` cases, for a factor two quantities equal on this case leave open."""
+    world = len(expected)
+    for mistake in mistakes:
+        theirs = _mistaken_results(mistake, args, world, wrap, expected)
+        if theirs is not None and all(_same(t, g, rtol, atol) for t, g in zip(theirs, got)):
+            return f"Diagnosis: your result is exactly what {mistake.message}"
+    named = {"N, the world size": float(world), **(factors or {})}
+    found = _formulas(case, got) or _holes(expected, got, outputs)
+    if found:
+        return f"Diagnosis: {found}"
+    wrong = [(r, key, e, g) for r in range(world) for key, e, g in differing(expected[r], got[r], rtol, atol)]
+    if not wrong:
+        return ""
+    origin = _origin(wrong, case, fn, world)
+    if origin:
+        return f"Diagnosis: {origin}"
+    mine_expected = [dict(leaves(expected[r])) for r in range(world)]
+    inputs = [given(mine(args, r)) for r in range(world)]
+    for rank, key, e, g in wrong:
+        resolve = _resolver(fn, others, rank, key, atol)
+        found = _pattern(rank, key, e, g, mine_expected, inputs, named, case, fn, outputs, rtol, atol, resolve)
+        if found:
+            return f"Diagnosis: {found}"
+    if case is not None and fn is not None:
+        moment = moments.explain(fn, case, named, rtol, atol, outputs)
+        if moment:
+            return f"Diagnosis: {moment}"
+    where = _where(wrong, world, rtol, atol, outputs)
+    return f"Where: {where}" if where else ""
+
+
+# ---- the learner's result against known mistakes -----------------------------------------------------------
+def _mistaken_results(mistake: Mistake, args: tuple, world: int, wrap: Callable,
+                      protect: Any) -> Optional[list]:
+    """What the mistake returns on each rank of this case; None if it cannot run here."""
+    try:
+        if mistake.alone:
+            return [run(wrap(mistake.fn), 1, *mine(args, r), timeout=10.0).results[0] for r in range(world)]
+        return run(wrap(mistake.fn), world, *args, timeout=10.0, protect=protect).results
+    except (PuzzleError, Exception):      # a mistake that does not apply to this case (shapes, world size)
+        return None
+
+
+def _same(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    """Equal up to the reordering of sums that two programs computing the same thing may differ by."""
+    return first_difference(a, b, max(rtol, 1e-4), max(atol, 1e-5)) is None
+
+
+# ---- structure the case declares ---------------------------------------------------------------------------
+def _formulas(case: Any, got: Sequence[Any]) -> Optional[str]:
+    """A prediction off by one of its reference's named terms (lib.terms), said with the amount."""
+    from lib.terms import explain
+
+    for key, formula in (getattr(case, "formulas", None) or {}).items():
+        leaf = dict(leaves(got[0])).get(key)
+        if leaf is None or leaf.numel() != 1:
+            continue
+        found = explain(formula, float(leaf.item()))
+        if found:
+            what = name(key) if key else "the prediction"
+            return found if not key else f"{what}: {found}"
+    return None
+
+
+def _holes(expected: Sequence[Any], got: Sequence[Any], outputs: Optional[dict]) -> Optional[str]:
+    """None where a tensor belongs: gradients backward never reached, entries never filled."""
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        missing = list(holes(e, g))
+        if not missing:
+            continue
+        everything = sum(1 for key, _ in leaves(e) if key.endswith(".grad")) or len(list(leaves(e)))
+        names = [name(k, outputs) for k in missing]
+        who = f"On rank {rank}, " if len(expected) > 1 else ""
+        grads = all(k.endswith(".grad") for k in missing)
+        if grads:
+            return (f"{who}{len(missing)} of {everything} gradients are None ({listing(names)}): backward never "
+                    "reached those parameters. Something cut them off from the loss: a .detach(), a torch.no_grad() "
+                    "block, or a value rebuilt from .data or a copy (a checkpointed segment must keep its inputs "
+                    "attached to the graph).")
+        return f"{who}{listing(names)} {'is' if len(names) == 1 else 'are'} None where a tensor belongs."
+    return None
+
+
+# ---- the values themselves ---------------------------------------------------------------------------------
+def _origin(wrong: list, case: Any, fn: Optional[Callable], world: int) -> Optional[str]:
+    """Where NaN or inf came from, when the learner's result holds one where the reference's is finite."""
+    for rank, key, e, g in wrong:
+        if g.is_floating_point() and bool((~torch.isfinite(f64(g)) & torch.isfinite(f64(e))).any()):
+            if case is None or fn is None:
+                return None
+            bad = ~torch.isfinite(f64(g)) & torch.isfinite(f64(e))
+            said = origins.non_finite_origin(fn, case, rank)
+            where = on_rank(rank, world, key)
+            kind = "NaN" if bool(f64(g)[bad].isnan().any()) else "inf"
+            head = f"{where} holds {kind} ({int(bad.sum())} values, {span(bad)})."
+            return f"{head} {said}" if said else None
+    return None
+
+
+def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: list[dict], inputs: list[dict],
+             named: dict[str, float], case: Any, fn: Optional[Callable], outputs: Optional[dict],
+             rtol: float, atol: float, resolve: Optional[factors.Resolve] = None) -> Optional[str]:
+    """The first thing this one differing tensor shows, in words; None if nothing."""
+    world = len(expected)
+    where = on_rank(rank, world, key, outputs)
+    bad = ~torch.isclose(f64(g), f64(e), rtol=rtol, atol=atol, equal_nan=True)
+    if case is not None and fn is not None and bool(values.leftovers(e, g, bad).any()):
+        empty = origins.unwritten(fn, case, rank, key)
+        if empty is not None and empty.shape == bad.shape and bool((empty & bad).any()):
+            return values.uninitialised(where, g, empty & bad)
+    return (values.never_written(where, e, g, bad)
+            or values.returned_as_given(where, rank, key, e, g, inputs, rtol, atol)
+            or values.share_missing(where, rank, key, e, g, inputs, rtol, atol)
+            or values.another_ranks(where, rank, key, g, expected, rtol, atol)
+            or layouts.explain(rank, key, where, expected, g, world, getattr(case, "parts", None) or {}, rtol, atol)
+            or values.another_leaf(where, key, g, expected[rank], rtol, atol, outputs)
+            or factors.explain(where, f64(e), f64(g), named, atol, resolve=resolve))
+
+
+def _resolver(fn: Optional[Callable], others: Sequence[Any], rank: int, key: str,
+              atol: float) -> Optional[factors.Resolve]:
+    """Narrow a factor's candidates, equal on the failing case, by the learner's ratio on the check's other cases
+    (where N, m, v... differ): the learner's function run there too."""
+    if fn is None or not others:
+        return None
+
+    def resolve(found: list) -> list:
+        for other in others:
+            if len(found) < 2:
+                break
+            try:
+                results = run(fn, other.world_size, *other.args, timeout=10.0, protect=other.expected,
+                              faults=other.faults).results
+            except Exception:
+                continue
+            r = min(rank, other.world_size - 1)
+            e, g = dict(leaves(other.expected[r])).get(key), dict(leaves(results[r])).get(key)
+            if e is None or g is None or e.shape != g.shape:
+                continue
+            c = factors.constant_ratio(f64(e), f64(g), atol)
+            if c is not None and c > 0:
+                named = {"N, the world size": float(other.world_size), **other.factors}
+                found = factors.consistent(found, c, named) or found
+        return found
+    return resolve
+
+
+# ---- where, when no pattern fits ---------------------------------------------------------------------------
+def _where(wrong: list, world: int, rtol: float, atol: float, outputs: Optional[dict]) -> str:
+    """Which ranks, tensors and slices differ; "" when the first difference already said it all (one number)."""
+    if len(wrong) == 1 and wrong[0][2].numel() == 1:
+        return ""
+    ranks = sorted({r for r, *_ in wrong})
+    who = ("every rank" if len(ranks) == world
+           else "rank" + ("s " if len(ranks) > 1 else " ") + ", ".join(map(str, ranks)))
+    first_rank = ranks[0]
+    parts = []
+    for r, key, e, g in wrong:
+        if r != first_rank:
+            continue
+        bad = ~torch.isclose(f64(g), f64(e), rtol=rtol, atol=atol, equal_nan=True)
+        parts.append(f"{name(key, outputs)} ({int(bad.sum())} of {bad.numel()} values, {span(bad)})")
+    shown = "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
+    return f"wrong on {who}. On rank {first_rank}: {shown}." if world > 1 else f"{shown}."
+

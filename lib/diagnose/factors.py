@@ -1,0 +1,115 @@
+"""A constant ratio between the learner's values and the expected ones, named after the case's quantities.
+
+The case names its quantities ({"m, the number of micro-batches": 4, "v, the virtual stages": 2}; N is always
+among them). A ratio is named after one of them, its inverse, or a product or quotient of two; where two
+candidates are equal on this case (v = N = 2) the message says both, since the case cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+CLOSE = 1e-3        # how near a ratio must be to a quantity to be named after it
+
+
+@dataclass(frozen=True)
+class Candidate:
+    value: float
+    said: str           # "m, the number of micro-batches" or "m × v (m, the ...; v, the ...)"
+    symbol: str         # "m" or "m × v"
+
+
+def _symbol(name: str) -> str:
+    return name.split(",")[0].strip()
+
+
+def candidates(named: dict[str, float]) -> list[Candidate]:
+    """Every quantity, then every product and quotient of two, simplest first; only values above 1 (a ratio below 1
+    is matched by its inverse)."""
+    singles = [Candidate(float(v), n, _symbol(n)) for n, v in named.items() if float(v) > 1]
+    out = list(singles)
+    for i, a in enumerate(singles):
+        for b in singles[i:]:
+            both = f"{a.said}; {b.said}" if a.said != b.said else a.said
+            out.append(Candidate(a.value * b.value, f"{a.symbol} × {b.symbol} ({both})", f"{a.symbol} × {b.symbol}"))
+    for a in singles:
+        for b in singles:
+            if a.value > b.value and not any(math.isclose(a.value / b.value, c.value, rel_tol=CLOSE) for c in singles):
+                out.append(Candidate(a.value / b.value, f"{a.symbol} / {b.symbol} ({a.said}; {b.said})",
+                                     f"{a.symbol} / {b.symbol}"))
+    return out
+
+
+def matching(ratio: float, named: dict[str, float]) -> list[Candidate]:
+    """The simplest candidates equal to `ratio` (all singles that match, else all pairs that match)."""
+    found = [c for c in candidates(named) if math.isclose(ratio, c.value, rel_tol=CLOSE)]
+    singles = [c for c in found if " × " not in c.symbol and " / " not in c.symbol]
+    return singles or found
+
+
+def constant_ratio(e: torch.Tensor, g: torch.Tensor, atol: float) -> Optional[float]:
+    """c where g = c·e everywhere (the large values decide c; every value must agree), else None."""
+    big = e.abs() > max(100 * atol, 1e-12)
+    if not bool(big.any()):
+        return None
+    ratios = g[big] / e[big]
+    c = float(ratios.median())
+    if not math.isfinite(c) or c == 0 or abs(c - 1) < CLOSE:
+        return None
+    if not bool(torch.isclose(g, c * e, rtol=CLOSE, atol=max(atol, 1e-9)).all()):
+        return None
+    return c
+
+
+Resolve = Callable[[list[Candidate]], list[Candidate]]
+
+
+def said(c: float, named: dict[str, float], one_value: bool = False,
+         resolve: Optional[Resolve] = None) -> Optional[tuple[str, str]]:
+    """(the factor in words, the advice) for a ratio c; None when c proves nothing (one value, no named match).
+    `resolve` narrows candidates equal on this case by other cases, where they differ."""
+    if math.isclose(c, -1, rel_tol=CLOSE):
+        return "the right magnitudes with the opposite sign", "a sign flipped (+= for -=?)."
+    up = c > 0 and c > 1
+    size = abs(c) if up else 1 / abs(c) if c else math.inf
+    found = matching(size, named) if c > 0 else []
+    if len(found) > 1 and resolve is not None:
+        found = resolve(found) or found
+    if not found:
+        if one_value:
+            return None          # any two numbers have a ratio: one value proves no factor but a named one
+        return f"{c:.4g}× what it should be: a constant factor is wrong (a scale missing or applied twice).", ""
+    first = found[0]
+    names = " = ".join(c.said for c in found)
+    if len(found) > 1:
+        names += f" (equal on this case: the factor is one of {' or '.join(c.symbol for c in found)})"
+    how = f"{size:g}× what it should be" if up else f"1/{size:g} of what it should be"
+    advice = (f"A sum where a mean belongs: did you divide by {first.symbol}?" if up else
+              f"Divided by {first.symbol} once too often (or averaged what should be summed)?")
+    return f"{how}: off by a factor of {size:g} = {names}", advice
+
+
+def explain(where: str, e: torch.Tensor, g: torch.Tensor, named: dict[str, float], atol: float,
+            what: str = "value", resolve: Optional[Resolve] = None) -> Optional[str]:
+    """"every value of rank 0's result is 4× what it should be: off by a factor of 4 = m, ..." or None."""
+    c = constant_ratio(e, g, atol)
+    if c is None:
+        return None
+    found = said(c, named, one_value=int((e.abs() > max(100 * atol, 1e-12)).sum()) < 2, resolve=resolve)
+    if found is None:
+        return None
+    words, advice = found
+    if words.startswith("the right magnitudes"):
+        return f"{where} has {words}: {advice}"
+    return f"every {what} of {where} is {words}" + (f". {advice}" if advice else "")
+
+
+def consistent(found: list[Candidate], ratio: float, named: dict[str, float]) -> list[Candidate]:
+    """The candidates (by symbol) that the ratio of another case, with its own quantities, also matches."""
+    size = ratio if ratio > 1 else 1 / ratio
+    there = {c.symbol for c in candidates(named) if math.isclose(size, c.value, rel_tol=CLOSE)}
+    return [c for c in found if c.symbol in there]

@@ -1,0 +1,169 @@
+"""When a training run goes wrong: the first step that leaves the reference, what that step's update is, and what
+the ranks handed the optimizer.
+
+A case whose builder takes `steps=` (Case.steps, Case.rebuild) is drawn again on 1, 2, ... steps and the learner's
+function replayed on each: the first step whose result differs is the moment. Step 1 wrong means the update itself
+is wrong, and its size is compared with the reference's (a factor m or N shows in the update, not in the
+parameters); a later step means something carried between steps. Adam hides a gradient's scale (its update is
+m/√v), so the gradients the ranks hand the optimizer are recorded too, from torch's optimizers and from any update
+function a puzzle hands its learners marked with `hands_gradient`, and compared with the reference's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from lib.compare import first_difference
+from lib.diagnose import factors
+from lib.diagnose.leaves import differing, given, listing, mine, name, on_rank, plain
+from lib.sim import current_rank, run
+
+_RECORDING: Optional[dict] = None       # {rank or None (outside ranks): [[gradients of one optimizer step], ...]}
+
+
+def hands_gradient(argument: str) -> Callable:
+    """Mark a puzzle's update function (adam_update): the gradient it is given is recorded during a replay."""
+    def mark(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def update(*args, **kwargs):
+            if _RECORDING is not None:
+                bound = _bind(fn, args, kwargs)
+                if isinstance(bound.get(argument), torch.Tensor):
+                    _note([bound[argument]])
+            return fn(*args, **kwargs)
+        return update
+    return mark
+
+
+def _bind(fn: Callable, args: tuple, kwargs: dict) -> dict:
+    import inspect
+    return dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
+
+
+def _note(grads: list[torch.Tensor]) -> None:
+    _RECORDING.setdefault(current_rank(), []).append([g.detach().to("cpu", torch.float64).clone() for g in grads])
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[dict]:
+    """Record every gradient handed to an optimizer (torch's, or a marked update function) while inside."""
+    global _RECORDING
+
+    def pre_step(optimizer, args, kwargs):
+        _note([p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None])
+    from torch.optim.optimizer import register_optimizer_step_pre_hook     # torch.optim is slow to import: here
+
+    _RECORDING = {}
+    handle = register_optimizer_step_pre_hook(pre_step)
+    try:
+        yield _RECORDING
+    finally:
+        handle.remove()
+        _RECORDING = None
+
+
+def _run(fn: Callable, case) -> Optional[list]:
+    try:
+        return run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected, faults=case.faults).results
+    except Exception:
+        return None
+
+
+def explain(fn: Callable, case, named: dict[str, float], rtol: float, atol: float,
+            outputs: Optional[dict] = None) -> Optional[str]:
+    """The moment a run leaves the reference, and what its update or its optimizer's input was there."""
+    if not case.steps or case.rebuild is None:
+        return None
+    total = case.steps
+    for step in range(1, total + 1):
+        with recording() as handed:
+            at = case.rebuild(steps=step) if step < total else case.rebuild()
+        reference = handed.get(None, [])
+        with recording() as handed:
+            results = _run(fn, at)
+        if results is None:
+            return None
+        wrong = [r for r, (e, g) in enumerate(zip(at.expected, results)) if first_difference(e, g, rtol, atol)]
+        if wrong:
+            before = case.rebuild(steps=step - 1).expected if step > 1 else None
+            return _said(step, total, at, results, wrong[0], before, reference, handed, named, rtol, atol, outputs)
+    return None
+
+
+def _said(step: int, total: int, case, results: list, rank: int, before: Optional[list], reference: list,
+          handed: dict, named: dict, rtol: float, atol: float, outputs: Optional[dict]) -> str:
+    if step == 1:
+        text = f"The run leaves the reference at its first step (of {total}): the update itself is wrong."
+    else:
+        right = "step 1 is right" if step == 2 else f"steps 1 to {step - 1} are right"
+        text = (f"The run first leaves the reference at step {step} of {total} ({right}): "
+                "what carries from one step to the next is wrong: the optimizer's state (its moments, the step "
+                "count), gradients not zeroed between steps, momentum, or a buffer reused.")
+    wrong = differing(case.expected[rank], results[rank], rtol, atol)
+    if wrong:
+        keys = [name(k, outputs).replace("the result", "") or "the result" for k, *_ in wrong]
+        total_leaves = sum(1 for _ in _leaf_keys(case.expected[rank]))
+        text += f" At that step {listing(keys)} differ ({len(wrong)} of {total_leaves})."
+    update = _update_factor(step, case, results, rank, before, named, atol, outputs)
+    if update:
+        return f"{text} {update}"
+    scale = _handed_factor(reference, handed, case.world_size, named)
+    return f"{text} {scale}" if scale else text
+
+
+def _leaf_keys(value: Any):
+    from lib.diagnose.leaves import leaves
+    for key, _ in leaves(value):
+        yield key
+
+
+def _update_factor(step: int, case, results: list, rank: int, before: Optional[list], named: dict, atol: float,
+                   outputs: Optional[dict]) -> Optional[str]:
+    """The step's update (what it adds to each parameter) against the reference's, named as a factor."""
+    start = given(mine(case.args, rank)) if before is None else dict(_by_plain(before[rank]))
+    start = {plain(k): v for k, v in start.items()}
+    for key, e, g in differing(case.expected[rank], results[rank], 0, atol):
+        s = start.get(plain(key))
+        if s is None or s.shape != e.shape:
+            continue
+        de = e.double().cpu() - s.double().cpu()
+        dg = g.double().cpu() - s.double().cpu()
+        found = factors.explain(on_rank(rank, case.world_size, key, outputs), de, dg, named, atol * 1e-3,
+                                what="update")
+        if found:
+            return f"At step {step}, {found[0].lower()}{found[1:]}"
+    return None
+
+
+def _by_plain(value: Any):
+    from lib.diagnose.leaves import leaves
+    return ((plain(k), t) for k, t in leaves(value))
+
+
+def _handed_factor(reference: list, handed: dict, world: int, named: dict) -> Optional[str]:
+    """The gradients the ranks handed the optimizer at the first step against the reference's, as a factor: Adam
+    hides a scale in its update, the gradients it was given do not."""
+    ours = [handed[r][0] for r in sorted(k for k in handed if k is not None) if handed[r]]
+    if not reference or not ours:
+        return None
+    want = sum(float((g ** 2).sum()) for g in reference[0])
+    have = sum(float((g ** 2).sum()) for step in ours for g in step)
+    size_ref = sum(g.numel() for g in reference[0])
+    size_rank = sum(g.numel() for g in ours[0])
+    if want == 0 or have == 0:
+        return None
+    replicated = size_rank >= 0.9 * size_ref
+    c = math.sqrt(have / want / (len(ours) if replicated else 1))
+    if abs(c - 1) < 1e-3:
+        return None
+    found = factors.said(c, named)
+    if found is None:
+        return None
+    words, advice = found
+    return (f"The gradients your ranks hand the optimizer at step 1 are {words}: Adam's update (m/√v) hides a "
+            f"gradient's scale, so the parameters barely show it. {advice}".rstrip())
