@@ -7,12 +7,14 @@ Matplotlib does the same with a kernel's first figure (its font cache and fonts 
 PNG encoder imported): `draw_ahead` draws and renders a throwaway figure.
 
 In a notebook kernel (`in_kernel`, from lib.check) none of this delays the notebook's first answer, the first check
-cell's, which with the shipped stub is "not solved yet" and needs none of it: the warm-up starts on a thread when
-the cell that gave the first answer has finished, while the learner reads and writes, so that the first check of
-an answer takes as long as the next one. Every cell, and every fork, waits for the warm-up to finish first:
-nothing the learner runs shares the process with it (imports and forks do not mix with a second thread). A check
-that comes before any answer (a notebook run whole with its answers in) pays the warm-up itself, as the setup cell
-used to. Outside a kernel (tests, scripts), `import_ahead` imports at once.
+cell's, which with the shipped stub is "not solved yet" and needs none of it. When the cell that gave the first
+answer has finished, a thread imports torch's modules while the learner reads and writes, then the kernel draws the
+throwaway figure when it is next idle, on its own thread (matplotlib keeps fonts, and lib.viz.glyphs its glyphs, per
+thread): the first check of an answer takes as long as the next one. Every cell waits for the warm-up to finish
+before it runs, and every fork for the imports: nothing the learner runs shares the process with the thread
+(imports and forks do not mix with a second thread). A check that comes before any answer (a notebook run whole
+with its answers in) pays the warm-up itself, as the setup cell used to. Outside a kernel (tests, scripts),
+`import_ahead` imports at once.
 """
 
 from __future__ import annotations
@@ -27,33 +29,49 @@ MODULES = {"optimizer": "torch._dynamo",
 
 
 class _WarmUp:
-    """The kernel's warm-up: what to import, and the thread that does it once."""
+    """The kernel's warm-up: what to import, the thread that imports it once, and the throwaway figure."""
 
     def __init__(self) -> None:
         self.in_kernel = False
         self.uses: list[str] = []
         self.answered = False                       # a check has answered in the cell now running
         self.thread: Optional[threading.Thread] = None
-        self.done = threading.Event()
+        self.drawn = False
+        self.when_idle = None                       # runs a function on the kernel's thread when it is idle
 
-    def run(self) -> None:
+    def import_all(self) -> None:
         try:
             for use in self.uses:
                 importlib.import_module(MODULES[use])
-            draw_ahead()
         except Exception:        # what failed here fails again, with its own traceback, where it is used
             pass
-        finally:
-            self.done.set()
+        if self.when_idle is not None:
+            self.when_idle(self.draw)
+
+    def draw(self) -> None:
+        if not self.drawn:
+            self.drawn = True
+            try:
+                draw_ahead()
+            except Exception:
+                pass
 
     def start(self) -> None:
         if self.thread is None:
-            self.thread = threading.Thread(target=self.run, name="course-warm-up", daemon=True)
+            self.thread = threading.Thread(target=self.import_all, name="course-warm-up", daemon=True)
             self.thread.start()
 
-    def wait(self) -> None:
+    def wait_for_imports(self) -> None:
         if self.thread is not None and self.thread is not threading.current_thread():
-            self.done.wait()
+            self.thread.join()
+
+    def finish(self) -> None:
+        """On the kernel's thread: the imports done (here, if they have not started), then the figure."""
+        if self.thread is None:
+            self.thread = threading.current_thread()
+            self.import_all()
+        self.wait_for_imports()
+        self.draw()
 
 
 _warm_up = _WarmUp()
@@ -80,9 +98,11 @@ def in_kernel() -> None:
         return
     _warm_up.in_kernel = True
     shell = get_ipython()
+    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)     # ipykernel's (tornado): thread-safe
+    _warm_up.when_idle = loop.add_callback if loop is not None else None
     shell.events.register("pre_run_cell", _before_cell)
     shell.events.register("post_run_cell", _after_cell)
-    os.register_at_fork(before=_warm_up.wait)
+    os.register_at_fork(before=_warm_up.wait_for_imports)
 
 
 def answered() -> None:
@@ -92,16 +112,13 @@ def answered() -> None:
 
 def ready() -> None:
     """Before a check runs an answer: the warm-up finished, run here if it has not started."""
-    if not _warm_up.in_kernel:
-        return
-    if _warm_up.thread is None:
-        _warm_up.thread = threading.current_thread()
-        _warm_up.run()
-    _warm_up.wait()
+    if _warm_up.in_kernel:
+        _warm_up.finish()
 
 
 def _before_cell(info=None) -> None:
-    _warm_up.wait()
+    if _warm_up.thread is not None:
+        _warm_up.finish()
 
 
 def _after_cell(result=None) -> None:

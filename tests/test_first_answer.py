@@ -113,7 +113,7 @@ def _notebook_in_a_shell(path: Path) -> dict:
         shell.run_cell("pass")
         after = sorted(m for m in deferred + never if m in sys.modules)
         print(json.dumps({{"answer": out.getvalue(), "before": before, "after": after,
-                          "uses": first_use._warm_up.uses}}))
+                          "uses": first_use._warm_up.uses, "drawn": first_use._warm_up.drawn}}))
         """, cwd=NOTEBOOKS)
 
 
@@ -124,8 +124,9 @@ def test_the_first_answer_comes_before_torchs_first_use_imports(path):
     assert "is not solved yet" in seen["answer"]
     assert "torch._dynamo" not in seen["before"]
     assert not set(NEVER) & set(seen["after"])
-    # After the first answer, the warm-up imported what the notebook's checks will meet, before the next cell ran.
-    assert {MODULES[use] for use in seen["uses"]} <= set(seen["after"])
+    # After the first answer, the warm-up imported what the notebook's checks will meet, and drew the throwaway
+    # figure on the shell's thread, before the next cell ran.
+    assert {MODULES[use] for use in seen["uses"]} <= set(seen["after"]) and seen["drawn"]
 
 
 def test_a_fork_and_the_next_cell_wait_for_the_warm_up(tmp_path):
