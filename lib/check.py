@@ -30,8 +30,8 @@ from lib.device import device
 from lib.diagnose import Mistake, diagnose
 from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
-from lib.errors import PuzzleError, RankFailed, raised_the_stub
-from lib.first_use import draw_ahead
+from lib import first_use
+from lib.errors import PuzzleError, RankFailed, is_the_stub, raised_the_stub
 from lib.offlimits import call_watched, guard_answer_keys
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
@@ -234,6 +234,7 @@ def _guarded_builder(make_case: Callable[..., Case]) -> Callable[..., Case]:
 
 
 PASSED, FAILING, UNATTEMPTED = "passed", "failing", "unattempted"
+_NOT_SOLVED = "{} is not solved yet: write its body, then run this cell again."
 
 
 @dataclass
@@ -386,6 +387,9 @@ class Puzzle:
         Without a seed, the cases come from a fresh one; a failure says which, to replay it."""
         if not callable(fn):
             return Outcome(FAILING, f"{self.name} should be a function, got {type(fn).__name__}.")
+        if is_the_stub(fn):              # what running it on the cases would say, without building them
+            return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
+        first_use.ready()
         with one_thread():
             return self._evaluate(fn, fresh_seed() if seed is None else seed)
 
@@ -406,21 +410,15 @@ class Puzzle:
                              read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
             except RankFailed as e:
                 if raised_the_stub(e):
-                    return Outcome(UNATTEMPTED,
-                                   f"{self.name} is not solved yet: write its body, then run this cell again.")
+                    return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
                 if _refused_as_asked(case, e):
                     continue
-                meaning = explain_error(fn, case, e)
-                return Outcome(FAILING, _in_order(f"on {case.label}: {e}" + (f"\n{meaning}" if meaning else ""),
-                                                  replay), case=case)
+                return _failing(case, f"{e}", explain_error(fn, case, e), replay)
             except PuzzleError as e:
-                meaning = explain_error(fn, case, e)
-                return Outcome(FAILING, _in_order(f"on {case.label}: {type(e).__name__}: {e}"
-                                                  + (f"\n{meaning}" if meaning else ""), replay), case=case)
+                return _failing(case, f"{type(e).__name__}: {e}", explain_error(fn, case, e), replay)
             problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case], names)
             if problem:
-                hinted = "\nHint: " in problem
-                return Outcome(FAILING, _in_order(f"on {case.label}: {problem}", replay), result, case, hinted)
+                return _failing(case, problem, None, replay, result)
             last = result
         return Outcome(PASSED, self._success(last, case), last, case, seed=seed, scale=scale)
 
@@ -506,6 +504,7 @@ class Puzzle:
         """The check cell: True when `fn` is right and within budget. Prints why not, with a hint."""
         strict = strict_default() if strict is None else strict
         outcome = self.evaluate(fn, seed)
+        first_use.answered()
         if outcome.ok:
             print(outcome.message)
             if show and _in_notebook():
@@ -718,13 +717,23 @@ def _parameter_names(fn: Callable, takes_dist: bool) -> tuple[str, ...]:
     return tuple(names[1:] if takes_dist else names)
 
 
-def _in_order(body: str, replay: str) -> str:
-    """A failure in the order a learner reads it: what differs and why, the seed to replay it, then the hint."""
+def _failing(case: Case, problem: str, meaning: Optional[str], replay: str,
+             result: Optional[SimResult] = None) -> Outcome:
+    """The one place a failure's message is made, in the order a learner reads it: the case and what differs, the
+    diagnosis (or what an error means), the seed that replays it, then one hint: the most specific the run gave
+    (a budget's, the simulator's), else the puzzle's own (added by Puzzle.check, which knows the tiers)."""
     text, hints, in_hint = [], [], False
-    for line in body.split("\n"):
-        in_hint = line.startswith("Hint: ") or (in_hint and line.strip() != "")
-        (hints if in_hint else text).append(line)
-    return "\n".join(text).rstrip("\n") + replay + "".join("\n" + line for line in hints)
+    for line in f"on {case.label}: {problem}".split("\n"):
+        starts = line.startswith("Hint: ")
+        in_hint = starts or (in_hint and line.strip() != "")
+        if starts:
+            hints.append([])
+        (hints[-1] if in_hint else text).append(line)
+    if meaning:
+        text.append(meaning)
+    hint = "".join("\n" + line for line in hints[0]) if hints else ""
+    message = "\n".join(text).rstrip("\n") + replay + hint
+    return Outcome(FAILING, message, result, case, hinted=bool(hints))
 
 
 def _refused_as_asked(case: Case, e: RankFailed) -> bool:
@@ -818,5 +827,5 @@ def _in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-if _in_notebook():          # the notebook's setup cell imports this: the kernel's first figure is drawn now, not
-    draw_ahead()            # after the learner's first check (lib.first_use)
+if _in_notebook():          # the one-time costs are paid after the notebook's first answer (lib.first_use)
+    first_use.in_kernel()

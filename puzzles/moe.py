@@ -8,6 +8,7 @@ Expected results come from per-token reference loops; budgets from the tokens th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from fractions import Fraction
@@ -19,9 +20,12 @@ from lib.check import Budget, Case, Contract, Puzzle
 from lib.contract import sends_less_than
 from lib.device import device
 from lib.diagnose import Mistake
+from lib.diagnose.leaves import listing
+from lib.errors import PuzzleError
 from lib.sim import per_rank
 from lib.terms import Formula, Num, Q, formula, minimum, term
 from lib.units import fmt_bytes
+from puzzles.replicas import drifted
 
 NOTEBOOK = "07_moe"
 ITEM = 8                                   # float64
@@ -123,7 +127,100 @@ def _route_case(rng: random.Random, _world: int, k: Optional[int] = None, factor
     return Case(1, (*_on_device(logits), k, factor), [_on_device(tokens, weights)],
                 f"T={t_count} tokens, E={experts} experts, k={k}, capacity factor {factor:g} "
                 f"({tokens.shape[1]} slot{'s' * (tokens.shape[1] > 1)} per expert, {dropped} of {t_count * k} choices "
-                f"dropped)")
+                f"dropped)", explain=functools.partial(_routing_explained, logits, k))
+
+
+def _routing_explained(logits: torch.Tensor, k: int, expected: list, got: list) -> Optional[str]:
+    """What the learner's routing shows against the case's logits: empty slots marked otherwise than -1, every
+    expert's tokens shifted by a slot, second choices in slots first choices hold, kept slots weighted by something
+    else than each token's softmax over the experts."""
+    (tokens, weights), answer = expected[0], got[0]
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(
+            isinstance(a, torch.Tensor) and a.shape == tokens.shape for a in answer)):
+        return None
+    mine, mine_w = (a.detach().cpu() for a in answer)
+    tokens, weights, logits = tokens.cpu(), weights.cpu(), logits.cpu()
+    said = [f for f in (_empty_slots(tokens, mine), _shifted(tokens, mine), _priority(logits, k, tokens, mine),
+                        _weighted_by(logits, k, tokens, mine, mine_w)) if f]
+    return f"Diagnosis: {' '.join(said)}" if said else None
+
+
+def _empty_slots(tokens: torch.Tensor, mine: torch.Tensor) -> Optional[str]:
+    empty = tokens < 0
+    if not bool(empty.any()) or bool((mine[empty] == tokens[empty]).all()) or not bool((mine[~empty] == tokens[~empty])
+                                                                                       .all()):
+        return None
+    held = sorted(set(mine[empty].tolist()))
+    return (f"The empty slots hold {listing([str(v) for v in held])} where -1 belongs, and the kept ones are right: "
+            f"token {held[0]} is a real token, so an empty slot must read -1 (torch.full((E, C), -1)).") \
+        if len(held) == 1 or held[0] >= 0 else None
+
+
+def _shifted(tokens: torch.Tensor, mine: torch.Tensor) -> Optional[str]:
+    """Every expert's tokens one slot later (or earlier) than the reference puts them."""
+    for step, later in ((1, True), (1, False)):
+        a, b = (mine[:, step:], tokens[:, :-step]) if later else (mine[:, :-step], tokens[:, step:])
+        kept = b >= 0
+        if bool(kept.any()) and bool((a[kept] == b[kept]).all()) and not bool((mine == tokens).all()):
+            if later:
+                return ("Every expert's tokens sit one slot later than they should (slot s holds what slot s-1 "
+                        "should: slot indices off by one, counted from 1, so each expert keeps C-1 tokens): a claim's "
+                        "slot is the number of earlier claims on its expert, the cumulative sum minus one.")
+            return ("Every expert's tokens sit one slot earlier than they should (slot indices off by one, counted "
+                    "from -1): a claim's slot is the number of earlier claims on its expert.")
+    return None
+
+
+def _priority(logits: torch.Tensor, k: int, tokens: torch.Tensor, mine: torch.Tensor) -> Optional[str]:
+    """Second choices in slots the reference gives first choices; said as a restart when each expert's slots hold its
+    second-choice claims from slot 0 over its first-choice ones."""
+    if k < 2:
+        return None
+    choices = logits.topk(k, dim=-1).indices                                   # (T, k)
+    rank_of = {(int(t), int(e)): j for t in range(choices.shape[0]) for j, e in enumerate(choices[t].tolist())}
+    taken = [(e, s, int(mine[e, s]), int(tokens[e, s])) for e in range(tokens.shape[0]) for s in range(tokens.shape[1])
+             if mine[e, s] >= 0 and tokens[e, s] >= 0 and rank_of.get((int(mine[e, s]), e), 0) > 0
+             and rank_of.get((int(tokens[e, s]), e)) == 0]
+    if not taken:
+        return None
+    e, s, t, want = taken[0]
+    text = (f"Second choices hold slots that first choices should (expert {e}'s slot {s}: token {t}, its second "
+            f"choice, where token {want}'s first choice belongs): every first choice outranks every second choice.")
+    cap = tokens.shape[1]
+    restart = True
+    for e in range(tokens.shape[0]):
+        firsts, seconds = ([t for t in range(choices.shape[0]) if int(choices[t, j]) == e] for j in (0, 1))
+        slots = [seconds[i] if i < len(seconds) else firsts[i] if i < len(firsts) else -1 for i in range(cap)]
+        restart &= slots == mine[e].tolist()
+    if restart:
+        text += (" Here each expert's second choices restart at slot 0 and overwrite its first choices: count the "
+                 "claims of all k choices together, first choices first, so that second choices take the slots after "
+                 "them.")
+    return text
+
+
+def _weighted_by(logits: torch.Tensor, k: int, tokens: torch.Tensor, mine: torch.Tensor,
+                 mine_w: torch.Tensor) -> Optional[str]:
+    """What the kept slots' weights are, where the tokens are right and the weights not: which normalisation."""
+    kept = (tokens >= 0) & (mine == tokens)
+    if not bool(kept.any()):
+        return None
+    e_idx, s_idx = kept.nonzero(as_tuple=True)
+    t_idx = tokens[e_idx, s_idx]
+    have = mine_w[e_idx, s_idx].to(torch.float64)
+    top = logits.topk(k, dim=-1)
+    chosen = torch.zeros_like(logits).scatter(-1, top.indices, torch.softmax(top.values, -1))
+    candidates = {
+        "": torch.softmax(logits, dim=-1),
+        "each expert's probabilities normalised over the tokens (softmax over dim=0), where each token's are "
+        "normalised over the experts (dim=-1)": torch.softmax(logits, dim=0),
+        "the router's raw logits where their probabilities belong (the weights taken before the softmax)": logits,
+        "each token's probabilities renormalised over its k chosen experts, where the statement keeps the softmax "
+        "over all E": chosen}
+    for said, values in candidates.items():
+        if torch.allclose(have, values[t_idx, e_idx].to(torch.float64), rtol=1e-9, atol=1e-12):
+            return f"The kept slots' weights are {said}." if said else None
+    return None
 
 
 def _route_mistake(message: str, **mistake) -> Mistake:
@@ -196,7 +293,36 @@ def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None,
     return Case(1, (*_on_device(logits), k, alpha, beta), [_on_device(*expected)],
                 f"T={t_count}, E={experts}, k={k}, α={alpha:g}, β={beta:g}, logits of scale {scale:g}",
                 factors={"E, the number of experts": experts, "k, the experts each token chooses": k,
-                         "T, the tokens": t_count})
+                         "T, the tokens": t_count}, explain=functools.partial(_z_explained, logits, beta))
+
+
+# Each way to read "β · mean over the tokens of logsumexp(logits)²": the log-sum-exp's dimension, then the order of
+# the square and the mean. The first is ST-MoE's.
+Z_READINGS = {(-1, "mean of the squares"): lambda lse: (lse ** 2).mean(),
+              (-1, "square of the mean"): lambda lse: lse.mean() ** 2,
+              (0, "mean of the squares"): lambda lse: (lse ** 2).mean(),
+              (0, "square of the mean"): lambda lse: lse.mean() ** 2}
+
+
+def _z_explained(logits: torch.Tensor, beta: float, expected: list, got: list) -> Optional[str]:
+    """Which reading of the z-loss the learner's value is: each token's log-sum-exp over the experts (dim=-1) or each
+    expert's over the tokens (dim=0); the mean of the squares or the square of the mean."""
+    answer = got[0]
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 4 and isinstance(answer[1], torch.Tensor)
+            and answer[1].numel() == 1):
+        return None
+    z = float(answer[1])
+    for (dim, order), reading in Z_READINGS.items():
+        value = beta * float(reading(torch.logsumexp(logits.cpu(), dim=dim)))
+        if math.isclose(z, value, rel_tol=1e-9, abs_tol=1e-12):
+            if (dim, order) == (-1, "mean of the squares"):
+                return None
+            said = ([f"the {order}, where ST-MoE's z-loss is the mean of the squares (each token's log-sum-exp "
+                     "squared, then the mean over the tokens)"] if order != "mean of the squares" else []) + \
+                   (["each expert's log-sum-exp over the tokens (dim=0), where each token's is over the experts "
+                     "(dim=-1)"] if dim == 0 else [])
+            return f"Diagnosis: your z-loss is {'; and '.join(said)}."
+    return None
 
 
 router_losses = Puzzle(
@@ -351,7 +477,78 @@ def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: s
                     per_rank(layer.shard(n)), layer.k, layer.factor),
                 [e.to(device()) for e in expected], layer.label,
                 budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A,
-                contracts=[_tokens_not_experts(layer, n, 2)])
+                contracts=[_tokens_not_experts(layer, n, 2)], explain=functools.partial(_routed_explained, layer))
+
+
+def _kept(layer: Layer, rank: int) -> list[list[tuple[int, float]]]:
+    """Per token of `rank`, its kept (expert, weight) claims under the reference's routing."""
+    tokens, weights = route_reference(layer.xs[rank] @ layer.router, layer.k, layer.factor)
+    out: list[list[tuple[int, float]]] = [[] for _ in range(layer.xs[rank].shape[0])]
+    for e, slot in (tokens >= 0).nonzero().tolist():
+        out[int(tokens[e, slot])].append((e, float(weights[e, slot])))
+    return out
+
+
+def _routed_away(layer: Layer, rank: int, wrong: torch.Tensor) -> bool:
+    """Whether the wrong rows of `rank` are all tokens routed to another rank's experts."""
+    per = layer.experts.shape[0] // len(layer.xs)
+    away = torch.tensor([any(e // per != rank for e, _ in claims) for claims in _kept(layer, rank)])
+    return bool(wrong.any()) and bool(away[wrong].all())
+
+
+def _which_expert(layer: Layer, rank: int, y: torch.Tensor, wrong: torch.Tensor) -> dict[int, int]:
+    """For the wrong rows of tokens with one kept expert: {the expert routed to: the expert whose output came back}."""
+    x, seen = layer.xs[rank].cpu(), {}
+    for t in wrong.nonzero().flatten().tolist():
+        claims = _kept(layer, rank)[t]
+        if len(claims) != 1:
+            continue
+        e, w = claims[0]
+        ran = next((f for f in range(layer.experts.shape[0]) if f != e and torch.allclose(
+            y[t].cpu(), w * x[t] @ layer.experts[f], rtol=1e-9, atol=1e-12)), None)
+        if ran is None:
+            return {}
+        seen.setdefault(e, ran)
+    return seen
+
+
+def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1) -> Optional[str]:
+    """Wrong rows read against the case's routing: exactly the tokens whose experts live on other ranks (they never
+    came back, or came back wrong), or tokens whose output is another expert's. `output`: which of a tuple result
+    holds the rows (-1: the result itself)."""
+    per = layer.experts.shape[0] // len(layer.xs)
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        want, have = (e, g) if output < 0 else (e[output], g[output] if isinstance(g, (tuple, list)) else None)
+        if not isinstance(have, torch.Tensor) or have.shape != want.shape:
+            return None
+        wrong = ~torch.isclose(have.detach().cpu(), want.cpu(), rtol=1e-9, atol=1e-12).all(-1)
+        if not bool(wrong.any()):
+            continue
+        moved = _which_expert(layer, rank, have.detach(), wrong) if output < 0 else {}
+        if moved:
+            pairs = [f"expert {e}'s tokens came back with expert {f}'s output" for e, f in sorted(moved.items())]
+            n = len(layer.xs)
+            # Blocks arrive source-major, block i = source·(E/N) + local expert; read expert-major, block i runs
+            # through local expert i // N.
+            transposed = all(f == e // per * per + (rank * per + e % per) // n for e, f in moved.items())
+            how = (" Here the arriving blocks were read expert-major, [local expert][source rank], where they arrive "
+                   "source-major, [source rank][local expert]: block i is source i // (E/N)'s rows for local expert "
+                   "i % (E/N)." if transposed else " Rows arrive as [source rank][its local expert].")
+            return (f"Diagnosis: on rank {rank}, {listing(pairs, 3)}: each block of rows that arrives must run "
+                    f"through the expert it was sent to. Rank r holds experts r·E/N to (r+1)·E/N - 1 (E/N = {per}), "
+                    f"as its experts[0 ...].{how}")
+        if _routed_away(layer, rank, wrong):
+            what = "outputs" if output < 0 else "gradients"
+            zero = " (0 there: never received)" if output < 0 and bool((have.detach()[wrong] == 0).all()) else ""
+            return (f"Diagnosis: on rank {rank}, exactly the rows of tokens routed to other ranks' experts are "
+                    f"wrong{zero}; those whose experts are here are right. Their {what} must come back the way the "
+                    "rows went: " + ("sent to the experts' owners, computed there, and sent back (the all-to-all "
+                                     "with the splits swapped)." if output < 0 else
+                                     "the exchange's backward is the reverse all-to-all, which sends each row's "
+                                     "gradient back to the rank it came from (never sent back, it stays where "
+                                     "it was computed)."))
+        return None
+    return None
 
 
 RANK = -1          # pooled_by=RANK: a rank's experts share their capacity
@@ -446,7 +643,35 @@ def _backward_harness(answer, _dist, x, router, experts, k, factor, dy):
     leaves = [t.detach().requires_grad_() for t in (x, router, experts)]
     y = answer(_dist, *leaves, k, factor)
     grads = torch.autograd.grad(y, leaves, dy, allow_unused=True) if y.requires_grad else [None] * 3
-    return (y.detach(), *(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)))
+    return Gradients((y.detach(), *(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))),
+                     [what for what, g in zip(("the tokens", "the router", "your experts"), grads) if g is None])
+
+
+class Gradients(tuple):
+    """(y, dx, drouter, dexperts) as compared, a gradient backward never produced counted as zeros (a rank whose
+    experts no token reaches has none to give), and the names of those that never arrived beside them."""
+
+    def __new__(cls, values: tuple, never_arrived: list[str]):
+        made = super().__new__(cls, values)
+        made.never_arrived = never_arrived
+        return made
+
+
+def _backward_explained(layer: Layer, expected: list, got: list) -> Optional[str]:
+    return _never_arrived(expected, got) or _routed_explained(layer, expected, got, output=1)
+
+
+def _never_arrived(expected: list, got: list) -> Optional[str]:
+    """Gradients that were None, where the comparison found a difference: backward never reached those inputs."""
+    for rank, g in enumerate(got):
+        missing = getattr(g, "never_arrived", [])
+        if missing:
+            return (f"Diagnosis: on rank {rank}, backward never reached {listing(missing)}: the gradient is None (the "
+                    "check counted it as zeros). Something between them and y is cut off from the loss: a .detach() "
+                    "or torch.no_grad() on the way, or an exchange autograd cannot see through (dist's all-to-all "
+                    "carries values, not gradients: an autograd.Function whose backward is the reverse all-to-all "
+                    "carries them).")
+    return None
 
 
 def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
@@ -469,7 +694,7 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
                     per_rank(layer.shard(n)), layer.k, layer.factor, per_rank([dy.to(device()) for dy in dys])),
                 [tuple(t.to(device()) for t in e) for e in expected], layer.label + "; (y, dx, drouter, dexperts)",
                 budgets=_bytes_budgets(layer, n, 4, True, "tokens and their gradients"), allowed_ops=A2A,
-                contracts=[_tokens_not_experts(layer, n, 4)])
+                contracts=[_tokens_not_experts(layer, n, 4)], explain=functools.partial(_backward_explained, layer))
 
 
 moe_layer_backward = Puzzle(
@@ -558,11 +783,26 @@ def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None
                 f"factor {layer.factor:g}, {steps} SGD steps",
                 budgets=_train_traffic(batches, layer.router, layer.experts, layer.k, layer.factor, lr, ep),
                 allowed_ops=frozenset({"all_to_all", "all_reduce"}), steps=steps,
-                factors={"ep, the expert-parallel group size": ep, "dp, the data-parallel replicas": n // ep})
+                factors={"ep, the expert-parallel group size": ep, "dp, the data-parallel replicas": n // ep},
+                explain=functools.partial(drifted, groups={"EP group": [range(s, s + ep) for s in range(0, n, ep)],
+                                                           "DP group": [range(j, n, ep) for j in range(ep)]},
+                                          why=TRAIN_DRIFT, rtol=1e-9, atol=1e-12, outputs=TRAIN_OUTPUTS))
+
+
+TRAIN_OUTPUTS = {"[0]": "the router", "[1]": "your experts"}
+TRAIN_DRIFT = {
+    "EP group": "What made them equal ran within the EP group only: the router is trained by every rank's tokens, so "
+                "its gradient is all-reduced over all N ranks, the DP replicas too; an expert's over its DP group "
+                "(the ranks holding the same experts).",
+    "DP group": "What made them equal ran within the DP group only: the router's gradient is all-reduced over all N "
+                "ranks, the EP group's too.",
+    "": "Nothing made them equal: all-reduce the router's gradient over every rank and each expert's over its DP "
+        "group, once per step."}
 
 
 moe_train = Puzzle(
     "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2, 4), variants=[{"k": 2}, {}, {}, {"ep": 4}],
+    outputs=TRAIN_OUTPUTS,
     display=_layer_display,
     rtol=1e-9, atol=1e-12, min_world_size=2, min_world_size_reason="its experts live on different ranks",
     hints=["Two kinds of groups: EP groups of ep_size consecutive ranks (they share experts' work through the "
@@ -615,7 +855,82 @@ def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
     share = f"{max_dropped:.4g} ({round(max_dropped * t_count * k)} choices)" if exact else f"{max_dropped:.0%}"
     return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
                 f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped",
-                formulas={"[1]": _padding_formula(logits, k, cap, padded)})
+                formulas={"[1]": _padding_formula(logits, k, cap, padded)},
+                explain=functools.partial(_capacity_explained, logits, k, max_dropped))
+
+
+def _loads(logits: torch.Tensor, k: int) -> list[int]:
+    """How many of the T·k top-k choices pick each expert."""
+    return torch.bincount(logits.topk(k, dim=-1).indices.flatten().cpu(), minlength=logits.shape[1]).tolist()
+
+
+def _drops(load: list[int], cap: int) -> int:
+    return sum(max(0, n - cap) for n in load)
+
+
+def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expected: list,
+                        got: list) -> Optional[str]:
+    """The learner's capacity against the case's loads: what it drops against the budget, a smaller one that meets
+    it, the budget it is the smallest capacity for (max_dropped × which count of the case), or drops counted without
+    clamping; and what the second number is, where the capacity is right."""
+    (cap, padded), answer = expected[0], got[0]
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(isinstance(a, int) for a in answer)):
+        return None
+    mine, second = answer
+    load, (t_count, experts) = _loads(logits, k), logits.shape
+    allowed = max_dropped * t_count * k
+    said = []
+    if mine != cap and mine >= 1:
+        drops = _drops(load, mine)
+        said.append(f"capacity {mine} drops {drops} of the {t_count * k} choices, "
+                    + (f"over the budget of {allowed:g} (max_dropped × T·k)." if drops > allowed else
+                       f"within the budget of {allowed:g}, and a smaller capacity meets it too: {mine - 1} drops "
+                       f"{_drops(load, mine - 1)}, and the smallest that does is {cap}."))
+        # Counts of the case a budget may have been taken of, besides T·k: (the count, what taking it means)
+        counts = {"T, the tokens": (t_count, "k left out"),
+                  "T·E, every logit": (t_count * experts, "E where k belongs"),
+                  "T·k/E, an expert's even share": (t_count * k / experts, "a share of one expert, not of all"),
+                  "E, the experts": (experts, "the experts, not the choices")}
+        fits = [c for c, (n, _) in counts.items()
+                if _drops(load, mine) <= max_dropped * n < (_drops(load, mine - 1) if mine > 1 else math.inf)]
+        if drops == 0 and mine == max(load) and allowed > 0:
+            said.append("It is the busiest expert's load, which drops nothing: the budget never used.")
+        elif max_dropped > 0 and len(fits) == 1:
+            n, meaning = counts[fits[0]]
+            said.append(f"It is the smallest capacity for a budget of max_dropped × {fits[0]} = "
+                        f"{max_dropped * n:g} choices ({meaning}): the choices that claim slots number T·k.")
+        signed = next((c for c in range(1, max(load) + 2) if sum(n - c for n in load) <= allowed), None)
+        if signed == mine:
+            said.append("It is the smallest capacity whose Σ(load - C) meets the budget: experts below capacity "
+                        "count negative and cancel the others' overflow; a drop is max(0, load - C).")
+    elif mine == cap and second != padded:
+        kept = sum(min(n, cap) for n in load)
+        meaning = {_drops(load, cap): "the choices it drops, not the padding",
+                   kept: "the choices it keeps, not the padding",
+                   cap * experts: "all the C × E slots, not the padding"}.get(second)
+        if meaning:
+            said.append(f"your second number, {second}, is {meaning} (the C × E = {cap * experts} slots less the "
+                        f"{kept} kept choices: {padded}).")
+    return f"Diagnosis: {' '.join(said)}" if said else None
+
+
+class SearchFoundNothing(PuzzleError):
+    """smallest_capacity's search ran out without a capacity."""
+
+
+def _capacity_harness(answer, _dist, logits, k, max_dropped):
+    """The answer's (capacity, padding); a search that runs out (next() over an empty generator) said in the case's
+    terms: the capacity it should have reached."""
+    try:
+        return answer(logits, k, max_dropped)
+    except StopIteration:
+        cap, _ = capacity_reference(logits, k, max_dropped)
+        largest = max(_loads(logits, k))
+        raise SearchFoundNothing(
+            "your search for a capacity ran out without one (StopIteration: a next() over candidates that all "
+            f"failed). The smallest capacity that meets this budget is {cap}"
+            + (f", the busiest expert's load: a range(1, {largest}) stops before it (a range's end is excluded)"
+               if cap == largest else "") + ".") from None
 
 
 def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> Formula:
@@ -632,6 +947,7 @@ def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> For
 
 smallest_capacity = Puzzle(
     "smallest_capacity", NOTEBOOK, _capacity_case, world_sizes=(1, 1, 1, 1), takes_dist=False, rtol=1e-12,
+    harness=_capacity_harness,
     variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}, {"exact": True}],
     atol=0, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["Count each expert's load L_e (how many top-k choices pick it). A capacity C drops Σ_e max(0, L_e - C) "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 
 import pytest
 import torch
@@ -111,13 +112,16 @@ def test_wrong_answer_fails_with_reason_diagnosis_and_its_own_hint(name, fn, rea
     assert any(r in out for r in _any_of(reason)), out     # a wrong answer may break either budget
     if diagnosis is not None:
         assert "Diagnosis: " in out and any(d in out for d in _any_of(diagnosis)), out
-    # The last hint (after any the simulator gives about send/recv mechanics) is one of this puzzle's own.
+    # One hint: the puzzle's own (a tier, a budget's, a contract's), or, where the run stopped on an error the
+    # simulator or the checker raised (a deadlock, a refusal), that error's own hint, which says what happened.
     hints = [line[len("Hint: "):] for line in out.splitlines() if line.startswith("Hint: ")]
+    assert len(hints) == 1, out
     cases = puzzle.cases(seed)
     own = (set(puzzle.hints)
            | {b.hint for c in cases for b in (*c.budgets, *c.contracts, *getattr(c, "axis_budgets", ())) if b.hint})
-    if own:
-        assert hints and any(hints[-1].startswith(h) for h in own), out
+    stopped = re.match(r"✗ \S+ failed on [^\n]*?: (rank \d+ raised |[A-Z]\w+: )", out)
+    if own and not stopped:
+        assert any(hints[0].startswith(h) for h in own), out
     with pytest.raises(CheckFailed):
         puzzle.check(fn, strict=True, show=False)
 

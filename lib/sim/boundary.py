@@ -316,6 +316,8 @@ def _table() -> list[_Patch]:
                                                           _OUT_OF_VIEW))]
     for cls, name in ((torch.Tensor, "data_ptr"), (torch.Tensor, "const_data_ptr"), (torch.UntypedStorage, "data_ptr"),
                       (torch.TypedStorage, "data_ptr"), (torch.TypedStorage, "_data_ptr")):
+        if not hasattr(cls, name):       # Tensor.const_data_ptr is newer than torch 2.11
+            continue
         table.append(_Patch(cls, name, functools.partial(
             _refused_as, f"{cls.__name__}.{name}() {raw}", "ctypes reads the bytes there into numpy. " + _OUT_OF_VIEW)))
     for cls in (torch.UntypedStorage, torch.TypedStorage):
