@@ -104,7 +104,10 @@ def tracking_switched_off(tracker) -> str:
     """What, if anything, stops `tracker` from seeing the ops of this thread: '' when it sees them all."""
     if torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
         return "torch's Python dispatch is switched off"
-    if not any(_DISPATCH_STACK_AT(i) is tracker for i in range(torch._C._len_torch_dispatch_stack())):
+    depth = torch._C._len_torch_dispatch_stack()
+    if depth and _DISPATCH_STACK_AT(depth - 1) is tracker:          # where it is at nearly every dist call
+        return ""
+    if not any(_DISPATCH_STACK_AT(i) is tracker for i in range(depth)):
         return "the simulator's dispatch mode was taken off the stack"
     return ""
 

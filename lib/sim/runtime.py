@@ -40,6 +40,7 @@ from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult
 from lib.sim.tracker import RankTracker
 
+_RNG = torch.default_generator
 _JOIN_TIMEOUT = 10.0     # seconds for every rank thread to finish once the run is over
 audit.install()          # the one thing importing the simulator does to the process (lib.sim.boundary's docstring)
 
@@ -205,7 +206,7 @@ class Runtime:
         self.comm.bury(state.rank, lambda call: self._died_error(state.rank, call.rank, call.text), state.clock)
 
     def post(self, call: Call) -> Call:
-        self.me().posted.append(call)
+        self.ranks[call.rank].posted.append(call)          # posted by its own rank: call.rank is the caller's
         return call
 
     def wait_call(self, call: Call) -> None:
@@ -224,20 +225,20 @@ class Runtime:
             state.told_of_failure = True
             raise call.failed
         if call.deliver is not None:
-            with self.untracked():
+            with _UNTRACKED():
                 call.deliver()
             call.deliver = None
         state.clock = max(state.clock, call.end_time)
         state.segment_start = state.clock
 
     def _yield(self, state: RankState) -> None:
-        with self.untracked():
-            state.rng = torch.get_rng_state()
+        with _UNTRACKED():                       # torch.get_rng_state without its Python layer: one per switch
+            state.rng = _RNG.get_state()
         self._hand_off(state)
         state.resume.acquire()
         if state.abort:
             raise _Abort()
-        with self.untracked():
+        with _UNTRACKED():
             torch.set_rng_state(state.rng)
 
     def _hand_off(self, state: RankState) -> None:
