@@ -60,7 +60,7 @@ def describe_tensor(t: torch.Tensor) -> str:
     return text
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)            # slots: a third less to build, and a check builds one per message
 class Call:
     """One rank's part in one communication."""
 

@@ -37,7 +37,7 @@ from lib.sim.links import Link
 from lib.sim.output import labelled_output
 from lib.places import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
-from lib.sim.result import Event, RankStats, SimResult
+from lib.sim.result import Event, RankStats, SimResult, event
 from lib.sim.tracker import RankTracker
 
 _RNG = torch.default_generator
@@ -108,7 +108,7 @@ class RankState:
         self._runtime.close_compute(self)
         op = "to_host" if to_host else "to_device"
         start, self.clock = self.clock, self.clock + self._runtime.cost.transfer_time(nbytes)
-        self._runtime.events.append(Event(self.rank, op, "pcie", None, nbytes, start, self.clock))
+        self._runtime.events.append(event(self.rank, op, "pcie", None, nbytes, start, self.clock))
         self.calls[op] += 1
         self.segment_start = self.clock
 
@@ -169,7 +169,7 @@ class Runtime:
     def close_compute(self, state: RankState) -> None:
         """End the compute stretch before a communication, as a timeline event."""
         if state.clock > state.segment_start:
-            self.events.append(Event(state.rank, "compute", "compute", None, 0, state.segment_start, state.clock))
+            self.events.append(event(state.rank, "compute", "compute", None, 0, state.segment_start, state.clock))
         state.segment_start = state.clock
 
     def record(self, rank: int, op: str, group: str, peer: Optional[int], sent: float, received: float,
@@ -178,7 +178,7 @@ class Runtime:
         state.bytes_sent += sent
         state.bytes_received += received
         state.calls[op] += 1
-        self.events.append(Event(rank, op, group, peer, sent or received, start, end))
+        self.events.append(event(rank, op, group, peer, sent or received, start, end))
 
     def communicating(self, peers: Sequence[int], text: str) -> None:
         """Before a communication call that needs `peers`, in a run with faults (a run without pays nothing): the
