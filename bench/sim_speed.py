@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import time
-import timeit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -140,13 +139,20 @@ def _fresh(folder: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+SMALL_OPS = 20_000
+
+
 def small_op_s() -> float:
-    """Seconds of one small torch op in this process, the unit of the ratios: an add of two 256-float tensors (the
-    fastest of 5 runs of 2,000, wall time: CPU time's clock is too coarse for one)."""
+    """CPU seconds of one small torch op in this process, the unit of the ratios: an add of two 256-float tensors (the
+    fastest of 5 runs of SMALL_OPS). CPU time, as every figure here: a wall time on a loaded machine varied 2x."""
     import torch
 
     a, b = torch.randn(256), torch.randn(256)
-    return min(timeit.repeat(lambda: torch.add(a, b), number=2000, repeat=5)) / 2000
+
+    def adds() -> None:
+        for _ in range(SMALL_OPS):
+            torch.add(a, b)
+    return min(_cpu(adds) for _ in range(5)) / SMALL_OPS
 
 
 @dataclass(frozen=True)
@@ -220,7 +226,7 @@ def scale(rings: Sequence[tuple[int, int]], shape: tuple[int, int, int]) -> str:
     small = small_op_s()
     op = _per_op_overhead()["per_op_overhead_s"]
     lines = ["| what | CPU | in small ops |", "|---|---|---|",
-             f"| one small op (torch.add of 256 floats), wall | {small * 1e6:.2f} µs | 1 |",
+             f"| one small op (torch.add of 256 floats) | {small * 1e6:.2f} µs | 1 |",
              f"| per-op overhead of a simulated rank (one small add) | {op * 1e6:.1f} µs | {op / small:.1f} |"]
     for ring in ring_scaling(rings):
         d = ring.as_dict()
