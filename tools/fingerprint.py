@@ -32,12 +32,16 @@ def _attr(obj: Any, name: str) -> Any:
         return None
 
 
-def _identity(attr: str, value: Any) -> tuple:
-    """What must stay the same for `value` to behave the same: the object, and a function's code and defaults. A
-    private number (a counter or cache of the engine's own, such as lib.sim.boundary._modules_seen, rebound at each
-    run) is state, not code: only its kind counts."""
-    if attr.startswith("_") and type(value) in (int, float, bool):
-        return ("a number",)
+STATE = (int, float, bool, str, tuple, list, dict, set, type(None))
+
+
+def _identity(attr: str, value: Any, private: bool = False) -> tuple:
+    """What must stay the same for `value` to behave the same: the object, and a function's code and defaults. The
+    engine's private data (a counter, cache or record of its own, rebound by each run: lib.sim.boundary's table of
+    patches built on first use, the modules it saw, the threads of a run still alive) is state, not code: a private
+    name, or any data of an object the engine keeps under a private name, counts as present only."""
+    if (attr.startswith("_") or private) and type(value) in STATE:
+        return ("state",)
     fn = _attr(value, "__func__") or value           # staticmethod, classmethod, bound method
     return (id(value), id(_attr(fn, "__code__")), id(_attr(fn, "__defaults__")), id(_attr(fn, "__kwdefaults__")))
 
@@ -69,8 +73,13 @@ def _watched() -> Iterator[tuple[str, Any, bool]]:
         yield from once(f"{cls.__module__}.{cls.__qualname__}", cls, True)
 
 
+def _private(name: str) -> bool:
+    """Whether the watched object is kept by the engine under a private name (lib.sim.boundary._INSTALLED)."""
+    return name.rsplit(".", 1)[-1].startswith("_")
+
+
 def fingerprint() -> dict[str, tuple[dict[str, tuple], bool]]:
-    return {name: ({attr: _identity(attr, v) for attr, v in list(vars(obj).items())}, additions)
+    return {name: ({attr: _identity(attr, v, _private(name)) for attr, v in list(vars(obj).items())}, additions)
             for name, obj, additions in _watched()}
 
 
@@ -86,7 +95,7 @@ def changes(before: dict[str, tuple[dict[str, tuple], bool]]) -> list[str]:
         for attr, was in then.items():
             if attr not in now:
                 found.append(f"{name}.{attr} removed")
-            elif _identity(attr, now[attr]) != was:
+            elif _identity(attr, now[attr], _private(name)) != was:
                 found.append(f"{name}.{attr} replaced")
         if additions:
             found += [f"{name}.{attr} added" for attr, value in list(now.items())
