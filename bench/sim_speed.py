@@ -1,8 +1,13 @@
 """How fast the simulator answers, in CPU seconds: what it adds to each op, a check's first and warm run after
-the notebook's setup cell, and a ring all-reduce on 8 to 256 ranks.
+the notebook's setup cell, a ring all-reduce on 64 to 512 ranks and one training step of notebook 06's 3D puzzle on
+(dp, pp, tp) = (8, 8, 8), 512 ranks.
 
     python -m bench.sim_speed                         # this checkout
     python -m bench.sim_speed --before /tmp/old       # and another checkout (a worktree of an older commit)
+    python -m bench.sim_speed --scale                 # the many-rank figures, each as a ratio to a small op
+
+Absolute times drift on a shared machine; the many-rank figures are also given as ratios to a small torch op (an add
+of two 256-float tensors) timed in the same process.
 
 Each repeat runs `python bench/sim_speed.py --one` in a fresh process per checkout, the checkouts taking turns,
 so that the same script measures both and a change of load on a shared machine falls on both. CPU time
@@ -17,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -133,18 +139,42 @@ def _fresh(folder: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+SMALL_OPS = 20_000
+
+
+def small_op_s() -> float:
+    """CPU seconds of one small torch op in this process, the unit of the ratios: an add of two 256-float tensors (the
+    fastest of 5 runs of SMALL_OPS). CPU time, as every figure here: a wall time on a loaded machine varied 2x."""
+    import torch
+
+    a, b = torch.randn(256), torch.randn(256)
+
+    def adds() -> None:
+        for _ in range(SMALL_OPS):
+            torch.add(a, b)
+    return min(_cpu(adds) for _ in range(5)) / SMALL_OPS
+
+
 @dataclass(frozen=True)
 class RingScale:
     ranks: int
     floats: int
     seconds: float               # CPU seconds, median
     repeats: int
+    small_op_s: float            # one small op, timed in the same process
+
+    @property
+    def messages(self) -> int:
+        """A ring all-reduce's messages: 2(N-1) steps, one message per rank per step."""
+        return 2 * self.ranks * (self.ranks - 1)
 
     def as_dict(self) -> dict:
-        return {"ranks": self.ranks, "floats": self.floats, "cpu_s": self.seconds, "repeats": self.repeats}
+        per = self.seconds / self.messages
+        return {"ranks": self.ranks, "floats": self.floats, "cpu_s": self.seconds, "repeats": self.repeats,
+                "messages": self.messages, "per_message_s": per, "per_message_small_ops": per / self.small_op_s}
 
 
-def ring_scaling(sizes: Sequence[tuple[int, int]] = ((8, 3), (64, 3), (256, 1))) -> list[RingScale]:
+def ring_scaling(sizes: Sequence[tuple[int, int]] = ((64, 3), (128, 1), (256, 1), (512, 1))) -> list[RingScale]:
     """One ring all-reduce of 256 floats per rank on n simulated ranks, (n, repeats) for each of `sizes`."""
     import torch
     import solutions.data_parallel as S
@@ -153,10 +183,65 @@ def ring_scaling(sizes: Sequence[tuple[int, int]] = ((8, 3), (64, 3), (256, 1)))
     out = []
     for n, repeat in sizes:
         xs = sim.per_rank([torch.randn(n * 256) for _ in range(n)])
-        cpu = statistics.median(_cpu(lambda n=n, xs=xs: sim.run(S.ring_all_reduce, n, xs, timeout=900))
+        cpu = statistics.median(_cpu(lambda n=n, xs=xs: sim.run(S.ring_all_reduce, n, xs, timeout=3600))
                                 for _ in range(repeat))
-        out.append(RingScale(n, n * 256, cpu, repeat))
+        out.append(RingScale(n, n * 256, cpu, repeat, small_op_s()))
     return out
+
+
+THREE_D = (8, 8, 8)              # (dp, pp, tp): 512 ranks
+
+
+def three_d_step(shape: tuple[int, int, int] = THREE_D) -> dict:
+    """One training step of notebook 06's 3D puzzle (its reference solution: 1F1B over pp micro-batches, Megatron TP,
+    the DP average) on a tiny GPT of pp blocks and tp heads: CPU seconds, this process's peak resident memory and
+    the simulated ranks' largest peak. Run in a fresh process (--three-d), so that the peak is this step's."""
+    import torch
+    import solutions.three_d as S
+    from lib import sim
+    from lib.models import GPTConfig
+    from puzzles.parallel_gpt import shard_gpt, tiny_gpt
+
+    dp, pp, tp = shape
+    m, n = pp, dp * pp * tp
+    cfg = GPTConfig(vocab=32, seq=8, hidden=8 * tp, heads=tp, layers=pp, tied=False)
+    stages = shard_gpt(tiny_gpt(cfg, 0), pp, tp)
+    gen = torch.Generator().manual_seed(0)
+    tokens, targets = (torch.randint(cfg.vocab, (dp * m, cfg.seq), generator=gen) for _ in range(2))
+    per_stage = sim.per_rank([stages[(r // tp) % pp][r % tp] for r in range(n)])      # row-major (dp, pp, tp)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result = None
+
+    def step() -> None:
+        nonlocal result
+        result = sim.run(S.train_3d, n, per_stage, tokens, targets, dp, pp, tp, m, 1, 0.1, timeout=3600)
+    cpu = _cpu(step)
+    return {"shape": list(shape), "ranks": n, "cpu_s": cpu, "small_op_s": small_op_s(),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_before_bytes": before,
+            "rank_peak_bytes": max(s.peak_memory for s in result.stats), "events": len(result.trace)}
+
+
+def scale(rings: Sequence[tuple[int, int]], shape: tuple[int, int, int]) -> str:
+    """Markdown: the per-op overhead, the ring's cost per message and the 3D step, each as a ratio to a small op."""
+    small = small_op_s()
+    op = _per_op_overhead()["per_op_overhead_s"]
+    lines = ["| what | CPU | in small ops |", "|---|---|---|",
+             f"| one small op (torch.add of 256 floats) | {small * 1e6:.2f} µs | 1 |",
+             f"| per-op overhead of a simulated rank (one small add) | {op * 1e6:.1f} µs | {op / small:.1f} |"]
+    for ring in ring_scaling(rings):
+        d = ring.as_dict()
+        lines.append(f"| ring all-reduce, {ring.ranks} ranks: {d['cpu_s']:.2f} s for {ring.messages:,} messages, "
+                     f"per message | {d['per_message_s'] * 1e6:.0f} µs | {d['per_message_small_ops']:.0f} |")
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--three-d", ",".join(map(str, shape))],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the 3D step failed:\n{done.stderr[-3000:]}")
+    step = json.loads(done.stdout.strip().splitlines()[-1])
+    lines.append(f"| 3D step, (dp, pp, tp) = {tuple(shape)}, {step['ranks']} ranks, {step['events']:,} trace events; "
+                 f"the process's peak memory {step['peak_rss_bytes'] / 2**30:.2f} GiB | {step['cpu_s']:.1f} s | "
+                 f"{step['cpu_s'] / step['small_op_s'] / 1e6:.1f} M |")
+    return "\n".join(lines)
 
 
 def table(figures: list[Figure]) -> str:
@@ -182,7 +267,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--one", action="store_true", help="internal: this process's figures as one JSON line")
     ap.add_argument("--before", type=Path, help="another checkout to measure with the same script")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--scale", action="store_true", help="the many-rank figures, as ratios to a small op")
+    ap.add_argument("--rings", default="64,128,256,512", help="with --scale: the ring's numbers of ranks")
+    ap.add_argument("--three-d", default=None, help="with --scale: the 3D step's dp,pp,tp (8,8,8); alone: internal")
     args = ap.parse_args(argv)
+    shape = tuple(int(v) for v in (args.three_d or ",".join(map(str, THREE_D))).split(","))
+    if args.scale:
+        print(scale([(int(n), 1) for n in args.rings.split(",")], shape))
+        return
+    if args.three_d:
+        print(json.dumps(three_d_step(shape)))
+        return
     if args.one:
         # The checkout measured is the one on PYTHONPATH: an editable install of another checkout must not
         # supply the modules this one lacks (it would mix two versions of the course in one process).

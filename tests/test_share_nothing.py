@@ -294,6 +294,30 @@ def file_between_ranks(dist, x, path):
     return x + torch.tensor([float(v) for v in path.read_text().split(",")])
 
 
+_OPEN_KEPT_FROM_BEFORE_THE_RUN, _GETFRAME_KEPT_FROM_BEFORE_THE_RUN = open, sys._getframe
+
+
+def file_through_the_c_originals(dist, path, which):
+    """open as a module-level alias kept from outside the run, and the C functions behind open and os.open."""
+    import _io
+    import posix
+    opened = [_OPEN_KEPT_FROM_BEFORE_THE_RUN, _io.open, lambda p, mode: posix.open(p, posix.O_RDONLY)][which]
+    return opened(path, "r")
+
+
+def frame_through_an_alias(dist, x):
+    return x + len(_GETFRAME_KEPT_FROM_BEFORE_THE_RUN(1).f_locals)
+
+
+def test_files_and_frames_are_refused_however_reached(tmp_path):
+    (tmp_path / "x.txt").write_text("1")
+    for which in range(3):
+        with pytest.raises(OutOfView, match="rank 0 called open .a file. at test_share_nothing.py"):
+            lib.sim.run(file_through_the_c_originals, 1, tmp_path / "x.txt", which)
+    with pytest.raises(OutOfView, match="called sys._getframe at test_share_nothing.py"):
+        lib.sim.run(frame_through_an_alias, WORLD, per_rank(_xs()))
+
+
 def test_files_are_out_of_the_simulators_view(tmp_path):
     with pytest.raises(OutOfView) as info:
         lib.sim.run(file_between_ranks, WORLD, per_rank(_xs()), tmp_path / "x.txt")
@@ -630,10 +654,14 @@ def test_the_simulators_own_objects_are_refused(fn, what):
 
 def test_the_patches_do_not_hand_out_what_they_guard():
     """functools.wraps would leave the original one attribute away (`__wrapped__`)."""
-    patched = [torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.data_ptr, torch.frombuffer, threading.Thread.start,
-               torch._C._DisableTorchDispatch, open, os.open]
-    assert all(getattr(p, "_lib_sim_patch", False) for p in patched)
-    assert not [p for p in patched if hasattr(p, "__wrapped__")]
+    def patched():
+        return [torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.data_ptr, torch.frombuffer,
+                threading.Thread.start, torch._C._DisableTorchDispatch, torch.save]
+    with lib.sim.boundary.guarding():          # as while a run lasts
+        during = patched()
+    assert all(getattr(p, "_lib_sim_patch", False) for p in during)
+    assert not [p for p in during if hasattr(p, "__wrapped__")]
+    assert not [p for p in patched() if getattr(p, "_lib_sim_patch", False)]
 
 
 def test_frames_and_the_collector_work_outside_a_rank():

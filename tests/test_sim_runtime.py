@@ -725,9 +725,12 @@ def test_a_rank_that_cannot_be_woken_is_named_and_nothing_hangs():
         lib.sim.run(waits_on_a_lock, 1)
     assert time.monotonic() - start < 30.0
     assert "could not be stopped" in str(info.value) and "lock.acquire()" in str(info.value)
+    assert getattr(torch.save, "_lib_sim_patch", False), "the thread still runs the rank's code: its guards stay"
     lock.release()                             # let the thread go, so the fixture finds none left
     for t in _sim_threads():
         t.join(timeout=5.0)
+    lib.sim.run(lambda dist: None, 1)
+    assert not getattr(torch.save, "_lib_sim_patch", False), "once it has ended, the next run puts torch back"
 
 
 def test_two_hundred_failing_checks_leave_no_thread():

@@ -4,32 +4,41 @@ A patched function can be walked around (its original is a closure cell or a mod
 fires an audit event from its own C code whichever way that code is reached: the garbage collector's lists
 (`gc.get_objects`, referrers, referents), other threads' frames, a traceback's, generator's or coroutine's frame
 (`tb_frame`, `gi_frame`, `cr_frame`, `ag_frame`), tracing (`sys.settrace`, `sys.setprofile`), new processes and
-code run by `exec`. Inside a simulated rank the frames and the collector's lists are refused when the learner's code
-asked for them, directly or through Python's library handing frames back to it (`inspect.trace`,
-`traceback.walk_tb`): a frame leads through `f_back` to the simulator's own frames, which hold every rank's inputs
-and the rank's meters, and the collector's lists hold every object of the process. Python's library reading a
-traceback for itself (`traceback.format_exc()`) still may. A tracer or profiler only the engine may set, whoever
-asks (its watch, lib.offlimits), and no process may start; code a rank runs by `exec` is shown to the watchers that ask
-(lib.offlimits: a copy of an answer key). Anywhere, the learner's code may not compile code under the file name of the
-engine's, the problem set's or a library's: that code would pass for theirs.
+code run by `exec`, a frame handed out by `sys._getframe` and a file opened (`open`, `io.open`, `os.open` and their
+C originals alike). Inside a simulated rank the frames and the collector's lists are refused when the learner's code
+asked for them, directly or through Python's library handing frames back to it (`inspect.currentframe`,
+`inspect.stack`, `inspect.trace`, `traceback.walk_stack`, `traceback.walk_tb`): a frame leads through `f_back` to the
+simulator's own frames, which hold every rank's inputs and the rank's meters, and the collector's lists hold every
+object of the process. Python's library reading frames for itself (logging, typing, `traceback.format_exc()`) still
+may. A file only the engine, the import system and the library reading source lines (linecache) may open: what goes
+through a file is neither counted nor sent. A tracer or profiler only the engine may set, whoever asks (its watch,
+lib.offlimits), and no process may start; code a rank runs by `exec` is shown to the watchers that ask (lib.offlimits:
+a copy of an answer key). Anywhere, the learner's code may not compile code under the file name of the engine's, the
+problem set's or a library's: that code would pass for theirs, in a run to come too.
 
-The hook is the process's for good (Python cannot remove one), so outside a rank it returns at once.
+The hook is the process's for good (Python cannot remove one): lib.sim.runtime adds it when the simulator is imported,
+so that code compiled before the first run is watched too. Outside a rank it looks only at code compiled under the
+engine's or a library's name; every other event returns at once.
 """
 
 from __future__ import annotations
 
 import asyncio.base_tasks
 import inspect
+import linecache
 import sys
+import threading
+import tokenize
 import traceback
-from types import CodeType
-from typing import Callable
+from types import CodeType, FrameType
+from typing import Callable, Optional
 
 from lib.places import COURSE, ENGINE, LIBRARIES
 from lib.sim.context import current_rank
 from lib.sim.errors import OutOfView
 
-_getframe = sys._getframe            # before lib.sim.boundary guards it
+_getframe = sys._getframe
+_get_ident = threading.get_ident
 
 _PEEKING = ("other threads, the garbage collector and the frames below your function hold the check's own cases, "
             "every rank's inputs and the rank's meters.\n"
@@ -50,16 +59,24 @@ _EVENTS = {"gc.get_objects": (ENGINE, _PEEKING), "gc.get_referrers": (ENGINE, _P
 _FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 # Python's library functions that hand the frames they read to their caller: their caller is the one asking.
 _FRAME_GIVERS = {inspect.trace.__code__, inspect.getinnerframes.__code__, traceback.walk_tb.__code__,
-                 asyncio.base_tasks._task_get_stack.__code__}
+                 asyncio.base_tasks._task_get_stack.__code__, inspect.currentframe.__code__, inspect.stack.__code__,
+                 traceback.walk_stack.__code__}
+_FILES = ("the simulator does not see what goes through a file, and ranks on different machines share none.\n"
+          "Hint: pass data between ranks with dist, and keep what a rank needs in tensors of its own.")
+_FRAMES = ("the frames below your function are the simulator's own: they hold every rank's inputs and the rank's "
+           "meters.\nHint: use only the arguments your function receives; get other ranks' data through dist.")
+# Who may open a file inside a rank: the engine (torch included), the import system, and the library reading source
+# lines for a traceback or a warning (linecache, through tokenize).
+_OPENERS = ENGINE + ("<frozen ", linecache.__file__, tokenize.__file__)
 
 
-def _asked_by_learner(may: tuple) -> bool:
-    """Whether the code that raised the event is not among `may`; for the library functions handing frames back,
-    whether their caller is not."""
-    frame = _getframe(2)
+def _asker(depth: int) -> Optional[FrameType]:
+    """The frame whose code raised the event (`depth` frames up from the caller); for the library functions
+    handing frames back, their caller."""
+    frame = _getframe(depth + 1)
     while frame is not None and frame.f_code in _FRAME_GIVERS:
         frame = frame.f_back
-    return frame is not None and not frame.f_code.co_filename.startswith(may)
+    return frame
 
 
 _DISGUISE = ("code compiled under the file name of the course's or a library's own code would pass for it: the checks "
@@ -69,34 +86,78 @@ _DISGUISE = ("code compiled under the file name of the course's or a library's o
 def _hook(event: str, args: tuple) -> None:
     if event in ("compile", "code.__new__"):      # whatever the thread: such code could run in a rank later
         filename = args[1]
-        if isinstance(filename, str) and filename.startswith(LIBRARIES + COURSE) and _asked_by_learner(LIBRARIES):
-            from lib.sim.boundary import fail_run
-            from lib.sim.ownership import learner_line
-            rank = current_rank()
-            fail_run(OutOfView(f"{'' if rank is None else f'rank {rank} '}compiled code as {filename}{learner_line()}: "
-                               f"{_DISGUISE}"))
+        if isinstance(filename, str) and filename.startswith(LIBRARIES + COURSE):
+            _checked(_disguised, filename)
         return
     if event == "object.__getattr__":
-        if args[1] not in _FRAME_ATTRIBUTES:
-            return
-        what, (may, why) = f"{args[1]} (the frame of a {type(args[0]).__name__})", (LIBRARIES, _PEEKING)
-    elif event == "exec":
+        if args[1] in _FRAME_ATTRIBUTES:
+            _checked(_rule, f"{args[1]} (the frame of a {type(args[0]).__name__})", LIBRARIES, _PEEKING, "reached")
+        return
+    if event == "sys._getframe":
+        _checked(_frame_asked)
+        return
+    if event == "open":
+        _checked(_rule, "open (a file)", _OPENERS, _FILES, "called")
+        return
+    if event == "exec":
         if current_rank() is not None:
             for watcher in _exec_watchers:
                 watcher(args[0])
         return
-    else:
-        rule = _EVENTS.get(event)
-        if rule is None:
-            return
-        what, (may, why) = event, rule
-    rank = current_rank()
-    if rank is None or (why is _TRACING and _ending()):
+    rule = _EVENTS.get(event)
+    if rule is not None:
+        _checked(_rule, event, *rule, "reached")
+
+
+_busy: set[int] = set()            # threads whose event the hook is looking at: the events its own look raises pass
+
+
+def _checked(check: Callable, *args) -> None:
+    """check(*args), unless this thread is in the hook already (reading a frame raises sys._getframe, a message's
+    source line open). Outside a rank nothing is looked at but code compiled under another's name."""
+    me = _get_ident()
+    if me in _busy or (check is not _disguised and current_rank() is None):
         return
-    if _asked_by_learner(may):
-        from lib.sim.boundary import fail_run
-        from lib.sim.ownership import learner_line
-        fail_run(OutOfView(f"rank {rank} reached {what}{learner_line()}: {why}"))
+    _busy.add(me)
+    try:
+        check(*args)
+    finally:
+        _busy.discard(me)
+
+
+_DEPTH = 3              # from a check: _checked, _hook, then the frame whose code raised the event
+
+
+def _rule(what: str, may: tuple, why: str, verb: str) -> None:
+    if why is _TRACING and _ending():
+        return
+    asker = _asker(_DEPTH)
+    if asker is not None and not asker.f_code.co_filename.startswith(may):
+        _refuse(f"{verb} {what}", why)
+
+
+def _frame_asked() -> None:
+    """sys._getframe, refused where it would hand the learner's code a frame: called by that code itself, or by
+    inspect.currentframe/inspect.stack/traceback.walk_stack called by it. Python's library reading frames for its own
+    bookkeeping (logging, namedtuple, typing) still may."""
+    caller = _getframe(_DEPTH)
+    asker = _asker(_DEPTH)
+    if asker is not None and not asker.f_code.co_filename.startswith(LIBRARIES):
+        name = caller.f_code.co_name if asker is not caller else "_getframe"
+        _refuse(f"called {'sys' if name == '_getframe' else caller.f_globals.get('__name__', '')}.{name}", _FRAMES)
+
+
+def _disguised(filename: str) -> None:
+    asker = _asker(_DEPTH)
+    if asker is not None and not asker.f_code.co_filename.startswith(LIBRARIES):
+        rank = current_rank()
+        _refuse(f"compiled code as {filename}", _DISGUISE, "" if rank is None else f"rank {rank} ")
+
+
+def _refuse(what: str, why: str, who: Optional[str] = None) -> None:
+    from lib.sim.boundary import fail_run
+    from lib.sim.ownership import learner_line
+    fail_run(OutOfView(f"{f'rank {current_rank()} ' if who is None else who}{what}{learner_line()}: {why}"))
 
 
 def _ending() -> bool:
@@ -117,7 +178,7 @@ def watch_exec(watcher: Callable[[CodeType], None]) -> None:
 
 
 def install() -> None:
-    """Add the hook once per process."""
+    """Add the hook once per process (lib.sim.runtime, at import: see the module's docstring)."""
     global _installed
     if not _installed:
         sys.addaudithook(_hook)

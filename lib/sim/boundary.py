@@ -1,7 +1,20 @@
-"""The edges a simulated rank could use to keep memory or work where the simulator cannot see it.
+"""The edges a simulated rank could use to keep memory or work where the simulator cannot see it, guarded while a run
+lasts.
 
-The tracker sees every op a rank runs, but a few calls move bytes in or out of torch without one, and a few
-switch the tracker off or run work where it is not. Inside a simulated rank:
+Nothing here changes the process at import. `guarding()` puts every patch of `_table()` in place when a run starts and
+puts each attribute back as it was when the run ends (lib.sim.runtime); outside a run `torch.save`, `Tensor.numpy`,
+`threading.Thread.start` and the rest are torch's and Python's own. What stays, and why:
+- Python's audit hook (lib.sim.audit), added when lib.sim is imported: Python cannot remove one. Outside a rank it
+  looks only at code compiled under the engine's or a library's file name (such code, compiled before a run, would
+  pass for the engine's inside one); every other event returns at once.
+- A run whose rank's thread could not be stopped leaves its patches in place while that thread lives: it still runs
+  the rank's code.
+- A puzzle's answer keys, guarded in place at its first case (lib.offlimits): outside a rank they are what they were.
+A function's original kept from outside a run (a default argument, an alias taken before the run) is the original:
+the doors Python's own C code announces (files, frames, the collector, tracers, processes) are the audit hook's,
+refused however they are reached; the rest are patches of attributes, as before.
+
+Inside a simulated rank:
 - numpy, DLPack, pickling and a tensor's or storage's raw address (`data_ptr()`, which ctypes reads into numpy)
   are refused: the bytes would leave the simulator's view (and on a GPU, `.numpy()` of a device tensor fails
   anyway);
@@ -13,42 +26,34 @@ switch the tracker off or run work where it is not. Inside a simulated rank:
 - starting a thread, switching torch's Python dispatch off or popping the simulator's mode from the learner's
   code is refused (the work would not be counted), and so is disabling saved-tensor hooks; a learner's
   saved-tensor hooks entered inside the check's own measuring hooks are composed with them, not hiding from them;
-- looking at other threads' frames, the frames below the learner's function (sys._getframe, inspect's and
-  traceback's frame walkers, an exception's or generator's frame), the garbage collector's objects or the
-  dispatch-mode stack is refused: that is where the check's cases, the other ranks' inputs and the rank's own
-  meters (its tracker: peak memory, FLOPs) live. Those Python's C code reaches are refused by an audit hook
-  (lib.sim.audit), which no patch's original walks around;
+- the dispatch-mode stack is refused: the rank's own meters (its tracker: peak memory, FLOPs) live there; the
+  frames below the learner's function, other threads' frames and the garbage collector's objects, where the check's
+  cases and the other ranks' inputs live, are the audit hook's (lib.sim.audit), and so are files: what goes through
+  a file is neither counted nor sent;
 - `.tolist()` of a tensor another rank made, or of the run's originals, is refused as any op reading it is;
 - the engine's own objects: the private names of its modules (the originals these patches keep, the ranks'
   registry) and of the classes of the handles a rank holds (a slot's descriptor reads around the handle's guard),
-  `inspect.getattr_static` (which reads around every guard), and the engine's untracked block;
-- opening a file is refused: what goes through a file is neither counted nor sent (a rank could leave its data
-  there for another, as processes of one machine could, but not ranks on different machines).
-Outside a simulated rank, and for torch's and the engine's own calls, every patch does exactly what torch does.
+  `inspect.getattr_static` (which reads around every guard), and the engine's untracked block.
+For torch's and the engine's own calls, every patch does exactly what torch does.
 """
 
 from __future__ import annotations
 
 import _thread
-import builtins
 import functools
-import io
 import inspect
-import os
 import sys
 import threading
-import traceback
 import types
-from typing import Callable
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.autograd.graph
 import torch.utils._python_dispatch as python_dispatch
 
-from lib.sim import audit
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
-from lib.places import ENGINE, LIBRARIES
+from lib.places import ENGINE
 from lib.sim.tracker import LIST_SLOT_BYTES, PYTHON_NUMBER_BYTES
 
 _OUT_OF_VIEW = ("The simulator measures a rank's memory in torch tensors; bytes moved into numpy arrays, "
@@ -78,7 +83,7 @@ def _refusing(original: Callable, what: str, gpu_note: str = "") -> Callable:
     return refused
 
 
-_DISABLE_TORCH_DISPATCH = torch._C._DisableTorchDispatch      # the engine's own, before install() guards it
+_DISABLE_TORCH_DISPATCH = torch._C._DisableTorchDispatch      # the engine's own, unguarded in runs too
 
 
 def untracked():
@@ -92,19 +97,22 @@ def untracked():
     return _DISABLE_TORCH_DISPATCH()
 
 
-_DISPATCH_STACK_AT = torch._C._get_dispatch_stack_at           # the engine's own, before install() guards it
+_DISPATCH_STACK_AT = torch._C._get_dispatch_stack_at           # the engine's own, unguarded in runs too
 
 
 def tracking_switched_off(tracker) -> str:
     """What, if anything, stops `tracker` from seeing the ops of this thread: '' when it sees them all."""
     if torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
         return "torch's Python dispatch is switched off"
-    if not any(_DISPATCH_STACK_AT(i) is tracker for i in range(torch._C._len_torch_dispatch_stack())):
+    depth = torch._C._len_torch_dispatch_stack()
+    if depth and _DISPATCH_STACK_AT(depth - 1) is tracker:          # where it is at nearly every dist call
+        return ""
+    if not any(_DISPATCH_STACK_AT(i) is tracker for i in range(depth)):
         return "the simulator's dispatch mode was taken off the stack"
     return ""
 
 
-_getframe = sys._getframe                                      # the engine's own, before install() guards it
+_getframe = sys._getframe
 
 
 _ENGINE_CODE: dict = {}           # code object -> whether it is the engine's or torch's: asked at every dist call
@@ -124,27 +132,6 @@ def _from_learner(depth: int = 2) -> bool:
     return not _engine_code(_getframe(depth).f_code)
 
 
-_FRAME_GIVERS = {inspect.currentframe.__code__, inspect.stack.__code__, traceback.walk_stack.__code__}
-
-
-def _guarded_getframe(depth: int = 0):
-    """sys._getframe, refused inside a simulated rank where it would hand the learner's code a frame: called by
-    that code itself, or by inspect.currentframe/inspect.stack/traceback.walk_stack called by it. Python's library
-    reading frames for its own bookkeeping (logging, namedtuple, typing) still may."""
-    if current_rank() is not None:
-        caller = _getframe(1)
-        asked_by = caller.f_back if caller.f_code in _FRAME_GIVERS and caller.f_back is not None else caller
-        if not asked_by.f_code.co_filename.startswith(LIBRARIES):
-            from lib.sim.ownership import learner_line
-            name = caller.f_code.co_name if asked_by is not caller else "_getframe"
-            what = f"{'sys' if name == '_getframe' else caller.f_globals.get('__name__', '')}.{name}"
-            fail_run(OutOfView(f"rank {current_rank()} called {what}{learner_line()}: {_FRAMES}"))
-    return _getframe(depth + 1)
-
-
-_guarded_getframe._lib_sim_patch = True
-
-
 def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
     """`original`, refused when the learner's code calls it inside a simulated rank."""
     @_standing_in_for(original)
@@ -160,8 +147,6 @@ def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
 
 _HIDDEN_WORK = ("work there runs outside the simulator's view, so its time, FLOPs and memory would not count.\n"
                 "Hint: compute in your function's own thread, with torch's ordinary ops.")
-_FILES = ("the simulator does not see what goes through a file, and ranks on different machines share none.\n"
-          "Hint: pass data between ranks with dist, and keep what a rank needs in tensors of its own.")
 
 class _HandleClass(type):
     """The class of an engine handle: its private names are refused to a rank's code as the handle's own are (a slot's
@@ -201,19 +186,17 @@ class _EngineModule(types.ModuleType):
 
 
 _ENGINE_PACKAGE = __name__.partition(".")[0]
-_modules_seen = 0
+_engine_modules_seen: tuple[int, list] = (0, [])
 
 
-def guard_engine_modules() -> None:
-    """Make every loaded module of the engine an _EngineModule (at each run's start: a module imported since is
-    guarded from the next run on)."""
-    global _modules_seen
-    if len(sys.modules) == _modules_seen:
-        return
-    for name, module in list(sys.modules.items()):
-        if (name == _ENGINE_PACKAGE or name.startswith(_ENGINE_PACKAGE + ".")) and type(module) is types.ModuleType:
-            module.__class__ = _EngineModule
-    _modules_seen = len(sys.modules)
+def _engine_modules() -> list[types.ModuleType]:
+    """Every loaded module of the engine (looked for again only when a module was imported since)."""
+    global _engine_modules_seen
+    if len(sys.modules) != _engine_modules_seen[0]:
+        found = [module for name, module in list(sys.modules.items()) if type(module) is types.ModuleType
+                 and (name == _ENGINE_PACKAGE or name.startswith(_ENGINE_PACKAGE + "."))]
+        _engine_modules_seen = (len(sys.modules), found)
+    return _engine_modules_seen[1]
 
 
 def refuse_reach(handle: object, name: str) -> None:
@@ -303,65 +286,152 @@ def fail_run(error: Exception) -> None:
     runtime.fail(error)
 
 
-def install() -> None:
-    """Patch torch once (at import of lib.sim); idempotent."""
-    if getattr(torch.Tensor.numpy, "_lib_sim_patch", False):
-        return
+class _Patch(NamedTuple):
+    """One attribute guarded while a run lasts: `make(original)` is what stands in for it."""
+
+    owner: object
+    name: str
+    make: Callable[[Callable], object]
+
+
+def _table() -> list[_Patch]:
+    """Every attribute the simulator guards while ranks run, with what stands in for it."""
     gpu = "On a GPU this fails for a tensor in device memory. "
-    torch.Tensor.numpy = _refusing(torch.Tensor.numpy, "Tensor.numpy()", gpu)
-    torch.Tensor.__array__ = _refusing(torch.Tensor.__array__, "numpy on a tensor (Tensor.__array__)", gpu)
-    torch.Tensor.__dlpack__ = _refusing(torch.Tensor.__dlpack__, "Tensor.__dlpack__ (DLPack export)")
+    off = "switching off the simulator's tracking of ops"
+    raw = "(a raw address)"
+    refuse = _refusing_from_learner
+    table = [_Patch(torch.Tensor, "numpy", lambda o: _refusing(o, "Tensor.numpy()", gpu)),
+             _Patch(torch.Tensor, "__array__", lambda o: _refusing(o, "numpy on a tensor (Tensor.__array__)", gpu)),
+             _Patch(torch.Tensor, "__dlpack__", lambda o: _refusing(o, "Tensor.__dlpack__ (DLPack export)")),
+             _Patch(torch, "save", lambda o: _refusing(o, "torch.save")),
+             _Patch(torch.serialization, "save", lambda o: _refusing(o, "torch.save")),
+             _Patch(torch.Tensor, "tolist", lambda o: _counting(o, "Tensor.tolist()")),
+             _Patch(torch.UntypedStorage, "tolist", lambda o: _counting(o, "UntypedStorage.tolist()")),
+             _Patch(torch.UntypedStorage, "__new__", _storage_new),
+             _Patch(torch.UntypedStorage, "resize_", _storage_resize),
+             _Patch(threading.Thread, "start", lambda o: refuse(o, "threading.Thread.start (a thread of its own)",
+                                                                 _HIDDEN_WORK)),
+             _Patch(_thread, "start_new_thread", lambda o: refuse(o, "_thread.start_new_thread", _HIDDEN_WORK)),
+             _Patch(torch.autograd.graph.saved_tensors_hooks, "__enter__", _composing_enter),
+             _Patch(inspect, "getattr_static", lambda o: refuse(o, "inspect.getattr_static (attributes read around "
+                                                                   "their guards)", _HANDLES)),
+             _Patch(torch, "frombuffer", lambda o: refuse(o, "torch.frombuffer (a tensor over bytes outside torch)",
+                                                          _OUT_OF_VIEW))]
     for cls, name in ((torch.Tensor, "data_ptr"), (torch.Tensor, "const_data_ptr"), (torch.UntypedStorage, "data_ptr"),
                       (torch.TypedStorage, "data_ptr"), (torch.TypedStorage, "_data_ptr")):
         if not hasattr(cls, name):       # Tensor.const_data_ptr is newer than torch 2.11
             continue
-        setattr(cls, name, _refusing_from_learner(getattr(cls, name), f"{cls.__name__}.{name}() (a raw address)",
-                                                  "ctypes reads the bytes there into numpy. " + _OUT_OF_VIEW))
+        table.append(_Patch(cls, name, functools.partial(
+            _refused_as, f"{cls.__name__}.{name}() {raw}", "ctypes reads the bytes there into numpy. " + _OUT_OF_VIEW)))
     for cls in (torch.UntypedStorage, torch.TypedStorage):
-        cls.__reduce__ = _refusing(cls.__reduce__, "pickle on a tensor's storage (pickle.dumps or torch.save)")
-    save = _refusing(lambda obj, *a, **k: _original_save(obj, *a, **k), "torch.save")
-    torch.save = torch.serialization.save = save
-    torch.Tensor.tolist = _counting(torch.Tensor.tolist, "Tensor.tolist()")
-    torch.UntypedStorage.tolist = _counting(torch.UntypedStorage.tolist, "UntypedStorage.tolist()")
-    torch.UntypedStorage.__new__ = _storage_new(torch._C.StorageBase.__new__)
-    torch.UntypedStorage.resize_ = _storage_resize(torch.UntypedStorage.resize_)
-    hide = "a thread of its own"
-    threading.Thread.start = _refusing_from_learner(threading.Thread.start, "threading.Thread.start (" + hide + ")",
-                                                    _HIDDEN_WORK)
-    _thread.start_new_thread = _refusing_from_learner(_thread.start_new_thread, "_thread.start_new_thread",
-                                                      _HIDDEN_WORK)
-    off = "switching off the simulator's tracking of ops"
+        table.append(_Patch(cls, "__reduce__", lambda o: _refusing(o, "pickle on a tensor's storage (pickle.dumps or "
+                                                                      "torch.save)")))
+        # Storage bytes written to a Python buffer or a file, and storages made over such bytes, are memory the
+        # tracker cannot see: refused like numpy.
+        table.append(_Patch(cls, "_write_file", functools.partial(
+            _refused_as, f"{cls.__name__}._write_file (its bytes into a buffer or a file)", _OUT_OF_VIEW)))
+        for name in ("from_buffer", "from_file"):
+            table.append(_Patch(cls, name, lambda o, what=f"{cls.__name__}.{name} (a storage over bytes outside torch)":
+                                staticmethod(refuse(o, what, _OUT_OF_VIEW))))
     for module, name in ((torch._C, "_DisableTorchDispatch"), (torch._C, "_pop_torch_dispatch_stack"),
                          (torch._C, "_unset_dispatch_mode"), (torch._C, "_dispatch_tls_set_dispatch_key_excluded"),
                          (torch._C, "_ExcludeDispatchKeyGuard"), (python_dispatch, "_disable_current_modes"),
                          (python_dispatch, "_pop_mode"), (python_dispatch, "_pop_mode_temporarily"),
                          (python_dispatch, "_pop_torch_dispatch_stack"),
                          (torch.autograd.graph, "disable_saved_tensors_hooks")):
-        setattr(module, name, _refusing_from_learner(getattr(module, name), f"{module.__name__}.{name} ({off})",
-                                                     _HIDDEN_WORK))
-    torch.autograd.graph.saved_tensors_hooks.__enter__ = _composing_enter(
-        torch.autograd.graph.saved_tensors_hooks.__enter__)
-    inspect.getattr_static = _refusing_from_learner(inspect.getattr_static, "inspect.getattr_static (attributes "
-                                                    "read around their guards)", _HANDLES)
-    audit.install()            # the collector's lists, other threads' frames, tracebacks' and generators' frames
-    sys._getframe = _guarded_getframe
+        table.append(_Patch(module, name, functools.partial(_refused_as, f"{module.__name__}.{name} ({off})",
+                                                            _HIDDEN_WORK)))
     for module, name in ((python_dispatch, "_get_current_dispatch_mode_stack"),
                          (python_dispatch, "_get_current_dispatch_mode"), (torch._C, "_get_dispatch_stack_at"),
                          (torch._C, "_get_dispatch_mode")):
-        setattr(module, name, _refusing_from_learner(getattr(module, name), f"{module.__name__}.{name} (the "
-                                                     "dispatch-mode stack)", _METERS))
-    # Storage bytes written to a Python buffer or a file, and tensors made over such bytes, are memory the
-    # tracker cannot see: refused like numpy.
-    for cls in (torch.UntypedStorage, torch.TypedStorage):
-        cls._write_file = _refusing_from_learner(cls._write_file, f"{cls.__name__}._write_file (its bytes into a "
-                                                 "buffer or a file)", _OUT_OF_VIEW)
-        for name in ("from_buffer", "from_file"):
-            setattr(cls, name, staticmethod(_refusing_from_learner(
-                getattr(cls, name), f"{cls.__name__}.{name} (a storage over bytes outside torch)", _OUT_OF_VIEW)))
-    torch.frombuffer = _refusing_from_learner(torch.frombuffer, "torch.frombuffer (a tensor over bytes outside "
-                                              "torch)", _OUT_OF_VIEW)
-    builtins.open = io.open = _refusing_from_learner(builtins.open, "open (a file)", _FILES)
-    os.open = _refusing_from_learner(os.open, "os.open (a file)", _FILES)
+        table.append(_Patch(module, name, functools.partial(_refused_as, f"{module.__name__}.{name} (the "
+                                                            "dispatch-mode stack)", _METERS)))
+    return table
 
 
-_original_save = torch.serialization.save
+def _refused_as(what: str, why: str, original: Callable) -> Callable:
+    return _refusing_from_learner(original, what, why)
+
+
+_ABSENT = object()
+
+
+class _Installed:
+    """The patches in place while a run lasts, or a rank's thread that could not be stopped lives: what each attribute
+    held before (its own value in its owner's __dict__, or _ABSENT where it was inherited), and the engine's modules
+    made _EngineModules."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs = 0                                   # runs under way
+        self.left_running: list[threading.Thread] = []   # ranks' threads that would not stop
+        self.saved: list[tuple[object, str, object]] = []
+        self.made: dict[tuple[int, str], tuple[object, object]] = {}     # (owner, name) -> (its own, stand-in)
+        self.modules: list[types.ModuleType] = []
+
+    def enter(self) -> None:
+        with self.lock:
+            self.runs += 1
+            if not self.saved:
+                self._install()
+
+    def leave(self, left_running: Sequence[threading.Thread] = ()) -> None:
+        with self.lock:
+            self.runs -= 1
+            self.left_running = [t for t in (*self.left_running, *left_running) if t.is_alive()]
+            if self.runs == 0 and not self.left_running:
+                self._restore()
+
+    def _install(self) -> None:
+        global _TABLE
+        if _TABLE is None:
+            _TABLE = _table()
+        for patch in _TABLE:
+            own = patch.owner.__dict__.get(patch.name, _ABSENT)
+            key = (id(patch.owner), patch.name)
+            made = self.made.get(key)
+            if made is None or made[0] is not own:           # first run, or changed since: stand in for it anew
+                made = self.made[key] = (own, patch.make(getattr(patch.owner, patch.name)))
+            self.saved.append((patch.owner, patch.name, own))
+            setattr(patch.owner, patch.name, made[1])
+        self.modules = _engine_modules()
+        for module in self.modules:
+            module.__class__ = _EngineModule
+
+    def _restore(self) -> None:
+        for owner, name, own in reversed(self.saved):
+            if own is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+        self.saved.clear()
+        for module in self.modules:
+            module.__class__ = types.ModuleType
+        self.modules = []
+
+
+_TABLE: Optional[list[_Patch]] = None
+_INSTALLED = _Installed()
+
+
+class guarding:
+    """The boundary in place for one run: every patch of _table() and the engine's modules guarded on entry, each
+    attribute as it was again on exit, once no other run is under way and no rank's thread that could not be stopped
+    still runs (`left_running`, said before the exit: that thread runs the rank's code)."""
+
+    def __init__(self) -> None:
+        self.left_running: list[threading.Thread] = []
+
+    def __enter__(self) -> "guarding":
+        _INSTALLED.enter()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        _INSTALLED.leave(self.left_running)
+
+
+def patched_attributes() -> list[tuple[object, str]]:
+    """(owner, name) of every attribute a run patches, for the tests that check they are restored."""
+    return [(p.owner, p.name) for p in _TABLE or _table()]
+
+

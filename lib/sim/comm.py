@@ -47,11 +47,20 @@ class Group:
         return self._label
 
 
+_DESCRIBED: dict[tuple, str] = {}        # (shape, dtype) -> how it reads: every message's text names its tensor
+
+
 def describe_tensor(t: torch.Tensor) -> str:
-    return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+    key = (t.shape, t.dtype)
+    text = _DESCRIBED.get(key)
+    if text is None:
+        if len(_DESCRIBED) > 10_000:
+            _DESCRIBED.clear()
+        text = _DESCRIBED[key] = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+    return text
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)            # slots: a third less to build, and a check builds one per message
 class Call:
     """One rank's part in one communication."""
 
@@ -104,10 +113,17 @@ class Work(EngineHandle):
 _RUNTIME, _CALL = Work._runtime, Work._call       # the slots' descriptors
 
 
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> Deliver:
     def deliver() -> None:
-        with torch.no_grad():
+        enabled = _grad_enabled()         # torch.no_grad() without its Python layers (one delivery per message)
+        _set_grad_enabled(False)
+        try:
             dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))   # a reshape costs microseconds
+        finally:
+            _set_grad_enabled(enabled)
     return deliver
 
 
@@ -119,11 +135,14 @@ class Communicator:
         self.world = Group(0, tuple(range(runtime.world_size)))
         self.groups: list[Group] = [self.world]
         self.group_calls: dict[int, int] = {}            # rank -> how many new_group calls
-        self.sends: list[Call] = []                      # posted, unmatched, in posting order
-        self.recvs: list[Call] = []
+        # Posted, unmatched, in posting order: sends by their destination, receives by their rank. A message looks
+        # only at its peer's (a few calls), not at every rank's: at hundreds of ranks the scan was the cost.
+        self._sends_to: dict[int, list[Call]] = {}
+        self._recvs_at: dict[int, list[Call]] = {}
         self.order = 0
         self.unmatched_at_exit: list[Call] = []
-        self._durations: dict[tuple, float] = {}         # (op, bytes, ranks) -> seconds, by the cost model
+        # (op, bytes, ranks) or, for a message, (bytes, src, dst) -> seconds, by the cost model
+        self._durations: dict[tuple, float] = {}
 
     # ---- groups -------------------------------------------------------------------
     def new_group(self, me: int, ranks) -> Group:
@@ -252,12 +271,13 @@ class Communicator:
         self._refuse_host_memory(me, tensor, text)
         call = Call(me, "send", text, self.rt.ranks[me].clock, self._next_order(), receives=False,
                     payload=tensor, peer=dst, tag=tag)
-        for recv in self.recvs:
-            if recv.rank == dst and recv.peer in (me, None) and recv.tag == tag:
-                self.recvs.remove(recv)
+        waiting = self._recvs_at.get(dst, ())
+        for i, recv in enumerate(waiting):
+            if recv.peer in (me, None) and recv.tag == tag:
+                del waiting[i]
                 self._match(call, recv)
                 return call
-        self.sends.append(call)
+        self._sends_to.setdefault(dst, []).append(call)
         return call
 
     def post_recv(self, me: int, tensor: torch.Tensor, src: Optional[int], tag: int, text: str) -> Call:
@@ -266,13 +286,24 @@ class Communicator:
         self._refuse_host_memory(me, tensor, text)
         call = Call(me, "recv", text, self.rt.ranks[me].clock, self._next_order(), receives=True,
                     payload=tensor, peer=src, tag=tag)
-        for send in self.sends:
-            if send.peer == me and src in (send.rank, None) and send.tag == tag:
-                self.sends.remove(send)
+        waiting = self._sends_to.get(me, ())
+        for i, send in enumerate(waiting):
+            if src in (send.rank, None) and send.tag == tag:
+                del waiting[i]
                 self._match(send, call)
                 return call
-        self.recvs.append(call)
+        self._recvs_at.setdefault(me, []).append(call)
         return call
+
+    @property
+    def sends(self) -> list[Call]:
+        """Every posted, unmatched send, in posting order."""
+        return sorted((c for calls in self._sends_to.values() for c in calls), key=lambda c: c.order)
+
+    @property
+    def recvs(self) -> list[Call]:
+        """Every posted, unmatched receive, in posting order."""
+        return sorted((c for calls in self._recvs_at.values() for c in calls), key=lambda c: c.order)
 
     def _match(self, send: Call, recv: Call) -> None:
         data, buf = send.payload, recv.payload
@@ -281,14 +312,17 @@ class Communicator:
                 f"rank {send.rank} sent {describe_tensor(data)} to rank {recv.rank}, but rank {recv.rank} "
                 f"receives into {describe_tensor(buf)} ({recv.text}).\n"
                 "Hint: a recv buffer must have the same number of elements and the same dtype as the send.")
-        with self.rt.untracked(), torch.no_grad():
-            copy = data.detach().clone()
+        with self.rt.untracked():
+            copy = data.detach().clone()            # detached: a clone of it records no autograd graph
         recv.peer = send.rank
         recv.deliver = _copy(buf, copy)
         send.payload = recv.payload = None     # matched: the call must not keep the rank's tensors alive
         nbytes = data.nbytes
         s, r = self.rt.ranks[send.rank], self.rt.ranks[recv.rank]
-        duration = self.rt.cost.p2p_time(nbytes, send.rank, recv.rank)
+        key = (nbytes, send.rank, recv.rank)
+        duration = self._durations.get(key)
+        if duration is None:
+            duration = self._durations[key] = self.rt.cost.p2p_time(nbytes, send.rank, recv.rank)
         start = earliest((s.outgoing, r.incoming), max(send.post_time, recv.post_time), duration)
         end = start + duration
         s.outgoing.book(start, end)
@@ -333,8 +367,9 @@ class Communicator:
                 for seq in list(g.pending):
                     failed += [c for c in g.pending.pop(seq).values() if c.rank != dead]
         failed += [c for c in self.sends + self.recvs if c.peer == dead and c.rank != dead]
-        self.sends = [c for c in self.sends if dead not in (c.rank, c.peer)]
-        self.recvs = [c for c in self.recvs if dead not in (c.rank, c.peer)]
+        for posted in (self._sends_to, self._recvs_at):
+            for rank, calls in posted.items():
+                posted[rank] = [c for c in calls if dead not in (c.rank, c.peer)]
         for c in failed:
             c.complete, c.failed, c.payload = True, error(c), None
             c.end_time = max(c.post_time, when)

@@ -452,7 +452,7 @@ class RankComm:
         dst = self._peer(group, dst, group_dst, what)
         if self._rt.faults:
             self._rt.communicating((dst,), f"{what}(dst={dst})")
-        self._rt.close_compute(self._rt.me())
+        self._rt.close_compute(self._rt.ranks[self._rank])
         return self._rt.post(self._comm.post_send(self._rank, t, dst, tag, f"{what}(dst={dst}, {describe_tensor(t)})"))
 
     def _post_recv(self, tensor, src, group, tag, group_src, what):
@@ -460,7 +460,7 @@ class RankComm:
         src = self._peer(group, src, group_src, what)
         if self._rt.faults:
             self._rt.communicating(() if src is None else (src,), f"{what}(src={src})")
-        self._rt.close_compute(self._rt.me())
+        self._rt.close_compute(self._rt.ranks[self._rank])
         where = "any" if src is None else src
         return self._rt.post(self._comm.post_recv(self._rank, t, src, tag,
                                                   f"{what}(src={where}, {describe_tensor(t)})"))

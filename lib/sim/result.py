@@ -25,6 +25,17 @@ class Event:
         return "compute" if self.op == "compute" else "comm"
 
 
+_new = object.__new__
+
+
+def event(rank: int, op: str, group: str, peer: Optional[int], nbytes: float, start: float, end: float) -> Event:
+    """Event(...) as the simulator records it, two per message: the same frozen Event, its fields written at once
+    rather than by the frozen class's setattr per field (2 µs less each)."""
+    made = _new(Event)
+    made.__dict__.update(rank=rank, op=op, group=group, peer=peer, bytes=nbytes, start=start, end=end)
+    return made
+
+
 @dataclass
 class RankStats:
     """Per-rank totals: bytes moved, peak bytes of live tensors (device, and host), simulated clock at return."""

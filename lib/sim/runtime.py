@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from lib.errors import PuzzleError, RankFailed
-from lib.sim import boundary, context, threads
-from lib.sim.boundary import tracking_switched_off, untracked
+from lib.sim import audit, boundary, context, threads
+from lib.sim.boundary import _DISABLE_TORCH_DISPATCH as _UNTRACKED, tracking_switched_off
 from lib.sim.environ import own_environments
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
@@ -37,11 +37,12 @@ from lib.sim.links import Link
 from lib.sim.output import labelled_output
 from lib.places import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
-from lib.sim.result import Event, RankStats, SimResult
+from lib.sim.result import Event, RankStats, SimResult, event
 from lib.sim.tracker import RankTracker
 
+_RNG = torch.default_generator
 _JOIN_TIMEOUT = 10.0     # seconds for every rank thread to finish once the run is over
-boundary.install()
+audit.install()          # the one thing importing the simulator does to the process (lib.sim.boundary's docstring)
 
 
 class _Abort(BaseException):
@@ -107,7 +108,7 @@ class RankState:
         self._runtime.close_compute(self)
         op = "to_host" if to_host else "to_device"
         start, self.clock = self.clock, self.clock + self._runtime.cost.transfer_time(nbytes)
-        self._runtime.events.append(Event(self.rank, op, "pcie", None, nbytes, start, self.clock))
+        self._runtime.events.append(event(self.rank, op, "pcie", None, nbytes, start, self.clock))
         self.calls[op] += 1
         self.segment_start = self.clock
 
@@ -151,8 +152,9 @@ class Runtime:
 
     def untracked(self):
         """The runtime's own temporaries (message copies, reductions) are not the rank's memory. torch's own guard,
-        not a generator around it: a check enters it several times per communication call."""
-        return untracked()
+        not a generator around it, nor lib.sim.boundary.untracked's look at who asks: a check enters it several
+        times per communication call, and only the engine holds the runtime."""
+        return _UNTRACKED()
 
     def check_view(self, state: RankState) -> None:
         """Stop the run if the rank's ops escape its tracker (checked at every dist call and at return)."""
@@ -167,7 +169,7 @@ class Runtime:
     def close_compute(self, state: RankState) -> None:
         """End the compute stretch before a communication, as a timeline event."""
         if state.clock > state.segment_start:
-            self.events.append(Event(state.rank, "compute", "compute", None, 0, state.segment_start, state.clock))
+            self.events.append(event(state.rank, "compute", "compute", None, 0, state.segment_start, state.clock))
         state.segment_start = state.clock
 
     def record(self, rank: int, op: str, group: str, peer: Optional[int], sent: float, received: float,
@@ -176,7 +178,7 @@ class Runtime:
         state.bytes_sent += sent
         state.bytes_received += received
         state.calls[op] += 1
-        self.events.append(Event(rank, op, group, peer, sent or received, start, end))
+        self.events.append(event(rank, op, group, peer, sent or received, start, end))
 
     def communicating(self, peers: Sequence[int], text: str) -> None:
         """Before a communication call that needs `peers`, in a run with faults (a run without pays nothing): the
@@ -204,7 +206,7 @@ class Runtime:
         self.comm.bury(state.rank, lambda call: self._died_error(state.rank, call.rank, call.text), state.clock)
 
     def post(self, call: Call) -> Call:
-        self.me().posted.append(call)
+        self.ranks[call.rank].posted.append(call)          # posted by its own rank: call.rank is the caller's
         return call
 
     def wait_call(self, call: Call) -> None:
@@ -223,20 +225,20 @@ class Runtime:
             state.told_of_failure = True
             raise call.failed
         if call.deliver is not None:
-            with self.untracked():
+            with _UNTRACKED():
                 call.deliver()
             call.deliver = None
         state.clock = max(state.clock, call.end_time)
         state.segment_start = state.clock
 
     def _yield(self, state: RankState) -> None:
-        with self.untracked():
-            state.rng = torch.get_rng_state()
+        with _UNTRACKED():                       # torch.get_rng_state without its Python layer: one per switch
+            state.rng = _RNG.get_state()
         self._hand_off(state)
         state.resume.acquire()
         if state.abort:
             raise _Abort()
-        with self.untracked():
+        with _UNTRACKED():
             torch.set_rng_state(state.rng)
 
     def _hand_off(self, state: RankState) -> None:
@@ -297,31 +299,18 @@ class Runtime:
     def run(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable, protect: Any = None) -> None:
         if current_rank() is not None:
             raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
-        boundary.guard_engine_modules()
         self.ownership.protect((args, kwargs, protect))
-        try:
-            with _no_hooks_for_new_threads():
-                for state in self.ranks:
-                    state.thread = _RankThread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
-                                               name=f"sim-rank-{state.rank}", daemon=True)
-                    state.thread.start()
-                    context.admit(state.thread, state.rank, self, state.tracker)
-                    state.thread.begun.wait(_JOIN_TIMEOUT)
-            deadline = time.monotonic() + self.timeout
-            with labelled_output(current_rank), own_environments():
-                try:
-                    self._schedule(deadline)
-                except BaseException as e:
-                    if self.error is None and isinstance(e, PuzzleError):
-                        self.error = e
-                    elif not isinstance(e, PuzzleError):
-                        self._stop_threads()
-                        raise                    # KeyboardInterrupt: stop every rank, then let it through
-                self._stop_threads()
-        finally:
-            for state in self.ranks:     # a thread that would not stop stays its rank: its guards stay on
-                if state.thread is not None and not state.thread.is_alive():
-                    context.dismiss(state.thread)
+        _dismiss_ended()
+        with boundary.guarding() as guard:
+            try:
+                self._start_and_schedule(fn, args, kwargs, make_dist)
+            finally:
+                for state in self.ranks:     # a thread that would not stop stays its rank: its guards stay on
+                    if state.thread is not None and state.thread.is_alive():
+                        guard.left_running.append(state.thread)
+                        _LEFT_RUNNING.append(state.thread)
+                    elif state.thread is not None:
+                        context.dismiss(state.thread)
         torch.set_rng_state(self._start_rng)  # the caller's random state is its own, as a parent process's
         torch.set_num_threads(self._start_threads)     # and so is its number of intra-op threads
         if self.error is not None:
@@ -335,6 +324,26 @@ class Runtime:
                                      "\nHint: every send needs a recv on the other side, and every member "
                                      "of a group must call each of its collectives.")
         self._check_waited()
+
+    def _start_and_schedule(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
+        with _no_hooks_for_new_threads():
+            for state in self.ranks:
+                state.thread = _RankThread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
+                                           name=f"sim-rank-{state.rank}", daemon=True)
+                state.thread.start()
+                context.admit(state.thread, state.rank, self, state.tracker)
+                state.thread.begun.wait(_JOIN_TIMEOUT)
+        deadline = time.monotonic() + self.timeout
+        with labelled_output(current_rank), own_environments():
+            try:
+                self._schedule(deadline)
+            except BaseException as e:
+                if self.error is None and isinstance(e, PuzzleError):
+                    self.error = e
+                elif not isinstance(e, PuzzleError):
+                    self._stop_threads()
+                    raise                    # KeyboardInterrupt: stop every rank, then let it through
+            self._stop_threads()
 
     def _schedule(self, deadline: float) -> None:
         """Start rank 0; the ranks pass the baton among themselves and wake us when none can run. Meanwhile
@@ -492,6 +501,16 @@ class Runtime:
                  for s in self.ranks]
         trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))
         return SimResult([s.result for s in self.ranks], stats, trace, self.cost)
+
+
+_LEFT_RUNNING: list[threading.Thread] = []     # ranks' threads that would not stop: each stays its rank while it lives
+
+
+def _dismiss_ended() -> None:
+    """Forget the ranks' threads left running by earlier runs that have ended since (a new thread may take the id)."""
+    for thread in [t for t in _LEFT_RUNNING if not t.is_alive()]:
+        context.dismiss(thread)
+        _LEFT_RUNNING.remove(thread)
 
 
 class _RankThread(threading.Thread):

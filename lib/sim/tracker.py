@@ -378,4 +378,4 @@ class RankTracker(TorchDispatchMode):
 
 def in_host_memory(tracker: RankTracker, t: torch.Tensor) -> bool:
     """Whether `t` lives in the rank's host memory (made on or moved to lib.host()), by its tracker."""
-    return tracker._place(t) == ON_HOST
+    return tracker._hosted > 0 and tracker._place(t) == ON_HOST      # none on the host: no look at its storage
