@@ -128,12 +128,14 @@ def flops_at_most(limit: float, why: str, hint: str = "") -> Contract:
     return Contract(why, broken, hint)
 
 
-def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: str, hint: str = "") -> Contract:
+def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: str, hint: str = "",
+                        excess: Optional[Callable[[float], str]] = None) -> Contract:
     """No rank holds more than `limit` bytes of device memory from the end of its first `first` op to the end of its
     last `last` op (say, from the first all-gather of training to its last reduce-scatter): that phase judged on its
     own, where a peak over the whole run may be set by what comes before or after it (the full parameters handed in,
     the final gather of every parameter to return them). From the first op's end, not its start: ops that take no
-    simulated time (freeing what came before) share its start's timestamp. `phase` names it in messages."""
+    simulated time (freeing what came before) share its start's timestamp. `phase` names it in messages; `excess`,
+    if given, says what the bytes over the limit are worth in the puzzle's terms (", 2.1 layers' worth")."""
 
     def broken(result: SimResult) -> Optional[str]:
         for s in result.stats:
@@ -144,7 +146,7 @@ def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: s
             peak = max((held for t, held in s.memory if min(starts) <= t <= max(ends)), default=0)
             if peak > limit * (1 + 1e-9):
                 return (f"rank {s.rank} held {fmt_bytes(peak)} of tensors {phase} (from its first {first} to its "
-                        f"last {last}), over the budget of {fmt_bytes(limit)}")
+                        f"last {last}), over the budget of {fmt_bytes(limit)}{excess(peak - limit) if excess else ''}")
         return None
     return Contract(rule, broken, hint, timed=True)
 

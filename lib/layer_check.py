@@ -168,6 +168,22 @@ def _forward_memory(forward: Callable[[], None], given: list[torch.Tensor]) -> t
     return saved, (tracker.current - before if tracker is not None else 0)
 
 
+def _by_world(got: torch.Size, want: torch.Size, dist) -> str:
+    """A shape off by N along one dimension, said as what it is: a part cut again, or the whole where a part
+    belongs."""
+    world = dist.get_world_size()
+    off = [d for d, (g, w) in enumerate(zip(got, want)) if g != w]
+    if world < 2 or len(got) != len(want) or len(off) != 1:
+        return ""
+    d = off[0]
+    if got[d] * world == want[d]:
+        return (f" Dimension {d} is 1/N of this rank's (N = {world}): a shard cut from what is already this rank's "
+                "shard (the weights handed in are this rank's part already)?")
+    if got[d] == want[d] * world:
+        return f" Dimension {d} is N = {world} times this rank's: the whole where this rank's part belongs?"
+    return ""
+
+
 def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     """Run the learner's forward, then backward from the held-back upstream gradient.
 
@@ -191,7 +207,7 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
         raise UnusableOutput(f"the layer should return a tensor, got {type(out).__name__}.")
     if out.shape != upstream.grad.shape:
         raise UnusableOutput(f"the output should have shape {tuple(upstream.grad.shape)} on this rank, "
-                                f"got {tuple(out.shape)}.")
+                                f"got {tuple(out.shape)}.{_by_world(out.shape, upstream.grad.shape, dist)}")
     if not out.requires_grad:
         raise UnusableOutput("the output does not depend on any input through autograd: no gradient "
                                 "can flow back (was a result computed under torch.no_grad or detached?).")

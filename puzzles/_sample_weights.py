@@ -82,11 +82,14 @@ def said(weights: torch.Tensor, groups: int, unit: str = "row", group: str = "mi
 
 
 def _prefix(w: list[float], groups: int, unit: str) -> Optional[str]:
-    """The first samples only, all at one weight: micro-batches smaller than the batch's m pieces."""
+    """The first samples only, all at one weight: micro-batches smaller than the batch's m pieces. (Whole micro-batches
+    at weight 1 are the first micro-batches, the later ones missing: _by_group's to say.)"""
     used = [i for i, v in enumerate(w) if v != 0]
     if not used or used != list(range(len(used))) or len(used) % groups or not all(_near(w[i], w[0]) for i in used):
         return None
     piece, whole = len(used) // groups, len(w) // groups
+    if len(used) % whole == 0 and _near(w[0], 1):
+        return None
     text = (f"the gradients hold the first {len(used)} {unit}s of the batch's {len(w)} only, each at {w[0]:.4g} "
             f"(expected: every {unit} at 1): the {groups} micro-batches hold {piece} {unit}s each, where the batch's "
             f"{groups} pieces hold {whole}")

@@ -119,11 +119,86 @@ def _ring_time(cost: CostModel, op: str, size: int, world: int) -> Budget:
 RING_SLACK = 1.5     # room for the copies and bookkeeping around the messages; a serialised ring takes N times longer
 
 
+def _ring_step_count(op: str, world: int, size: int) -> Contract:
+    """A ring's step count: N-1 steps of one chunk each (2(N-1) for an all-reduce). A rank that sent more chunks, one
+    a step, went round the ring again: after N-1 steps every chunk already holds every rank's part."""
+    steps, said = (2 * (world - 1), "2(N-1)") if op == "all_reduce" else (world - 1, "N-1")
+    chunk = size / world
+
+    def broken(result: SimResult) -> Optional[str]:
+        for rank in range(world):
+            sent = [e.bytes for e in result.trace if e.rank == rank and e.op == "send"]
+            if len(sent) > steps and all(abs(b - chunk) < 0.5 for b in sent):
+                extra = len(sent) - steps
+                more = "one step too many" if extra == 1 else f"{extra} steps too many"
+                return (f"rank {rank} sent {len(sent)} chunks, one a step: {len(sent)} steps where {said} = {steps} "
+                        f"do ({more})")
+        return None
+    return Contract(f"a ring {op.replace('_', '-')} takes {said} steps; after them every chunk has been once round "
+                    "the ring", broken, hint="each phase of a ring loops for step in range(N - 1).")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _shares(xs: list[torch.Tensor], op: str):
+    """A ring case's explain (lib.check.Case): each wrong chunk read as the ranks' parts of that chunk, each taken
+    0, 1 or 2 times (3^N candidates, told apart even by a chunk of one value): a part left out of the sum (a step
+    that copies where it adds, a step too few, the chunk the schedule did not complete) or counted twice (a phase
+    that adds where it copies, a step too many). Said for the first wrong chunk, when every wrong chunk is such a sum.
+    """
+    world = len(xs)
+    parts = [torch.stack([x.double().chunk(world)[c] for x in xs]) for c in range(world)]     # chunk c: (N, ...)
+    weights = torch.cartesian_prod(*[torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)] * world).reshape(-1, world)
+
+    def counts(c: int, wrong: torch.Tensor) -> Optional[list[int]]:
+        sums = torch.einsum("kn,n...->k...", weights, parts[c]).reshape(len(weights), -1)
+        close = ((sums - wrong.reshape(1, -1)).abs() <= 1e-4 + 1e-4 * wrong.abs().reshape(1, -1)).all(1)
+        found = [weights[k] for k in close.nonzero().reshape(-1).tolist()]
+        return [int(w) for w in found[0].tolist()] if len(found) == 1 else None
+
+    def said(where: str, times: list[int]) -> str:
+        held = [r for r, t in enumerate(times) if t]
+        missing, twice = [r for r, t in enumerate(times) if t == 0], [r for r, t in enumerate(times) if t == 2]
+        whose = f"{_ranks(held)}'s part{'s' if len(held) > 1 else ''} of the sum" if held else "no part of the sum"
+        text = f"Diagnosis: {where} holds {whose}"
+        if missing:
+            text += (f", {_ranks(missing)}'s left out of the sum: a step copied where it should add, the ring stopped "
+                     "a step early, or this is not the chunk the schedule completed on this rank")
+        if twice:
+            text += (f"{';' if missing else ','} {_ranks(twice)}'s counted twice: a phase adds what it receives where "
+                     "it should copy it (only the reduce-scatter adds; the all-gather copies), or the ring went one "
+                     "step too many")
+        return text + "."
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        found = []
+        for rank, (e, g) in enumerate(zip(expected, got)):
+            if not isinstance(g, torch.Tensor) or g.shape != e.shape or not g.is_floating_point():
+                return None
+            pairs = [(rank, e.double(), g.double())] if op == "reduce_scatter" else [
+                (c, a, b) for c, (a, b) in enumerate(zip(e.double().chunk(world), g.double().chunk(world)))]
+            for c, a, b in pairs:
+                if torch.allclose(a, b, atol=1e-5):
+                    continue
+                times = counts(c, b)
+                if times is None:
+                    return None
+                found.append((rank, c, times))
+        if not found:
+            return None
+        rank, c, times = found[0]
+        return said(f"rank {rank}'s chunk" if op == "reduce_scatter" else f"chunk {c} of rank {rank}'s result", times)
+    return explain
+
+
 def _ring_case(world: int, args: tuple, expected: list, label: str, size: int, op: str, factor: float,
-               formula: str) -> Case:
+               formula: str, explain=None) -> Case:
     cost = CostModel()
     sent = _ring_budget(factor, formula, size, f"a ring {op.replace('_', '-')}")
-    return Case(world, args, expected, label, cost=cost, allowed_ops=P2P, contracts=[RING],
+    return Case(world, args, expected, label, cost=cost, allowed_ops=P2P,
+                contracts=[RING, _ring_step_count(op, world, size)], explain=explain,
                 budgets=[sent, *_travels(sent), _ring_time(cost, op, size, world)])
 
 
@@ -131,7 +206,7 @@ def _reduce_scatter_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
     return _ring_case(world, (per_rank(xs),), list(_total(xs).chunk(world)),
                       f"N={world}, x of {xs[0].numel()} float32 per rank", _nbytes(xs[0]), "reduce_scatter",
-                      bus_factor("reduce_scatter", world), "(N-1)/N")
+                      bus_factor("reduce_scatter", world), "(N-1)/N", _shares(xs, "reduce_scatter"))
 
 
 def _reduce_scatter_oracle(dist, x):
@@ -179,7 +254,8 @@ ring_all_gather = Puzzle(
 def _all_reduce_case(rng: random.Random, world: int) -> Case:
     xs = _ring_input(rng, world)
     return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
-                      "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N")
+                      "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N",
+                      _shares(xs, "all_reduce"))
 
 
 ring_all_reduce = Puzzle(

@@ -31,11 +31,12 @@ ONE_DEVICE = (1, 1, 1)          # three random cases, each on one device
 
 
 def _config(rng: random.Random, tied: Optional[bool] = None, bias: Optional[bool] = None,
-            gqa: Optional[bool] = None) -> GPTConfig:
-    """A random GPT shape; tied embeddings, biases and grouped-query attention pinned where given."""
+            gqa: Optional[bool] = None, least_kv: int = 1) -> GPTConfig:
+    """A random GPT shape; tied embeddings, biases and grouped-query attention pinned where given, with at least
+    `least_kv` key/value heads where it is grouped."""
     gqa = rng.random() < 0.5 if gqa is None else gqa
-    heads = rng.choice([2, 4, 8] if gqa else [1, 2, 4])
-    kv_heads = rng.choice([k for k in (1, 2, 4) if k < heads and heads % k == 0]) if gqa else 0
+    heads = rng.choice([a for a in (2, 4, 8) if a > least_kv] if gqa else [1, 2, 4])
+    kv_heads = rng.choice([k for k in (1, 2, 4) if least_kv <= k < heads and heads % k == 0]) if gqa else 0
     return GPTConfig(vocab=rng.randint(16, 100), seq=rng.choice([8, 16, 32]), hidden=heads * rng.choice([4, 8, 16]),
                      heads=heads, layers=rng.randint(1, 4), kv_heads=kv_heads,
                      tied=rng.random() < 0.5 if tied is None else tied,
@@ -57,8 +58,11 @@ PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, o
                   real_cell=False)
 
 # Each seed asks the three kinds of model of the statement: GPT-2's (tied, biases), LLaMA's (untied, no biases),
-# and grouped-query attention, which lib.formulas does not model.
-MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias": False}, {"gqa": True}]
+# and grouped-query attention, which lib.formulas does not model. The grouped kind has several key/value heads
+# (one is multi-query attention, which LLaMA's kind may draw): with one, the heads a and the key/value heads g
+# give a count that forgets a or puts it where g belongs the same number, and no case would tell them apart.
+MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias": False},
+               {"gqa": True, "least_kv": 2}]
 
 
 # ---- 1. counting parameters --------------------------------------------------------------

@@ -279,6 +279,36 @@ def _all_forwards_first(pair_times: list[float]):
                          "backwards.")
 
 
+def _warm_ups(p: int, m: int, time: Budget) -> Contract:
+    """1F1B's warm-up, read from a run over its time budget: stage r < p-1 posts p-1-r forwards, then its steady
+    state's first forward, before it asks for its first gradient (min(m, p-r) activations sent by then). A run within
+    the budget is never judged by it: this only says which stages' warm-ups made a slow run slow."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        if result.time <= time.limit_for(0):
+            return None
+        warm = {}
+        for r in range(p - 1):
+            asked = [e.start for e in result.trace if e.rank == r and e.op == "recv" and e.peer == r + 1]
+            sent = [e.start for e in result.trace if e.rank == r and e.op == "send" and e.peer == r + 1]
+            if not asked:
+                return None
+            warm[r] = sum(t <= min(asked) for t in sent) - 1
+        off = {r: w for r, w in warm.items() if w != min(m, p - r) - 1}
+        if not off:
+            return None
+        said = ", ".join(f"stage {r} ran {w} (1F1B: {min(m, p - r) - 1})" for r, w in off.items())
+        same = ("; the same warm-up on every stage, where a stage nearer the end needs fewer (p - 1 - r)"
+                if len(set(warm.values())) == 1 and p > 2 else "")
+        return (f"the run's simulated time is {fmt_time(result.time)}, over the budget of "
+                f"{fmt_time(time.limit_for(0))}, and its warm-ups differ from 1F1B's (forwards before the first "
+                f"backward): {said}{same}")
+    return Contract("1F1B's warm-up on stage r is p - 1 - r forwards: the micro-batches in flight between it and the "
+                    "last stage, no more (they cost memory and delay the backwards) and no fewer (the pipeline "
+                    "drains)", broken, timed=True,
+                    hint="warm = min(p - 1 - rank, m) forwards first; then one forward and one backward in turn.")
+
+
 def _gpipe_order(stages, micro: torch.Tensor, micro_y: torch.Tensor, m: int) -> Contract:
     """GPipe's order contract with each stage's measured t_f + t_b (the last one's forward computes the loss)."""
     last = len(stages) - 1
@@ -412,11 +442,12 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
                     budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch),
                     explain=_schedule_explain(model, batch, targets, p, 1))
     inputs = batch.nbytes + targets.nbytes
-    budgets = [ON_DEVICE, _time_budget(schedule, stages, micro, micro_y, m),
-               _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
+    time = _time_budget(schedule, stages, micro, micro_y, m)
+    budgets = [ON_DEVICE, time, _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
+    contracts = {"gpipe": [_gpipe_order(stages, micro, micro_y, m)], "1f1b": [_warm_ups(p, m, time)]}
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m, **_factors(batch)},
-                contracts=[_gpipe_order(stages, micro, micro_y, m)] if schedule == "gpipe" else [],
+                contracts=contracts.get(schedule, []),
                 explain=_schedule_explain(model, batch, targets, p, m))
 
 

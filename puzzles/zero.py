@@ -215,9 +215,18 @@ def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Co
     final gather of every parameter (to return them) may hold them all, training may not. A peak over the whole run
     is set by those, and gathering every layer ahead during the steps held no more."""
     limit, why = _training_memory(s, 3, layers_at_once, label)
+
+    def in_layers(over: float) -> str:
+        """The bytes over the budget in gathered layers: a prefetch running further ahead than it needs."""
+        layers = over / s.layer
+        if layers < 1:
+            return ""
+        return (f" by {fmt_bytes(over)}, {layers:.1f} layers' worth of gathered parameters: more layers gathered at "
+                f"once than the budget's {layers_at_once} layers' worth in flight allow (prefetch one layer ahead, "
+                "and free each after its use)")
     return peak_memory_between("all_gather", "reduce_scatter", limit, "while training",
                                   f"while training, a ZeRO-3 rank holds {why}; only the final gather holds every "
-                                  "parameter", hint=hint)
+                                  "parameter", hint=hint, excess=in_layers)
 
 
 _TRAINING_FLOPS: dict[tuple, float] = {}       # (layer widths, samples per step, steps) -> FLOPs of train_single

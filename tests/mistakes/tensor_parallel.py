@@ -335,8 +335,7 @@ def vocab_loss_cross_entropy_per_rank(dist, tokens, targets, emb_w, head_w):
 MISTAKES = [
     Attempt("column_parallel_linear", column_f_averages, named="N, the world size"),
     Attempt("column_parallel_linear", column_f_returns_its_own_gradient, named=NEVER_SUMMED),
-    Attempt("column_parallel_linear", column_slices_the_shard_again, named=("already this rank's", "1/N of"),
-            named_yet=False),
+    Attempt("column_parallel_linear", column_slices_the_shard_again, named=("already this rank's", "1/N of")),
     Attempt("column_parallel_linear", column_reduces_both_ways, named="forward pass should issue"),
     Attempt("column_parallel_linear", column_without_bias, named=("lacks bias", *NO_GRADIENT)),
     Attempt("row_parallel_linear", row_bias_on_rank_zero, named=NO_GRADIENT),

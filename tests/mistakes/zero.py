@@ -428,7 +428,7 @@ MISTAKES = [
     Attempt("zero3_train", zero3_keeps_full_gradients, named="at step 2"),
     Attempt("zero3_train", zero3_views_the_padded_buffer, named="the padding"),
     Attempt("fsdp_prefetch_train", prefetch_waits_at_once, named="simulated time"),
-    Attempt("fsdp_prefetch_train", prefetch_everything_up_front, named="peak memory", named_yet=False),
+    Attempt("fsdp_prefetch_train", prefetch_everything_up_front, named=("peak memory", "more layers gathered at once")),
     Attempt("fsdp_prefetch_train", prefetch_never_waits, named="wait"),
     Attempt("fsdp_prefetch_train", prefetch_without_dividing, named=HANDED_TO_ADAM),
     Attempt("fsdp_prefetch_train", prefetch_forward_direction_in_backward,
