@@ -469,12 +469,87 @@ def _continue_training(answer, dist, files, grads):
         if t.shape != (hi - lo,):
             raise ShardMismatch(f"rank {dist.get_rank()} loaded {name} of shape {tuple(t.shape)}; its shard in the "
                                 f"new layout is elements [{lo}, {hi}) of {grads[0].numel()}, {hi - lo} elements, "
-                                "so training cannot go on from it.\nHint: the files were saved by another number "
+                                "so training cannot go on from it."
+                                + _loaded_where(files, STATE.index(name), lambda r: loaded if r == dist.get_rank()
+                                                else answer(files, dist.get_world_size(), r), dist.get_world_size(),
+                                                dist.get_rank())
+                                + "\nHint: the files were saved by another number "
                                 "of ranks; compute your bounds for this world size and read them from the files "
                                 "that overlap them.")
     state = {"param": param.clone(), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
     _adam_run(state, [g[lo:hi] for g in grads], step + 1)
     return loaded, tuple(state[k] for k in STATE)
+
+
+def _loaded_where(files: list[dict], index: int, load: Callable[[int], tuple], world: int, rank: int) -> str:
+    """Which elements of the saved state this rank's wrongly sized shard holds (its values are found in the files),
+    and the index mistake that puts exactly the elements the answer loads (`load(r)`) on every rank."""
+    whole = torch.cat([f[STATE[index]] for f in sorted(files, key=lambda f: f["offset"])])
+    place = {v: i for i, v in enumerate(whole.tolist())}
+
+    def held(r: int) -> Optional[list[int]]:
+        """The saved elements rank r's answer loads; None where it raises or loads values no file holds."""
+        try:
+            at = [place.get(v) for v in load(r)[index].detach().cpu().tolist()]
+        except Exception:
+            return None
+        return None if None in at else at
+
+    loads = {r: held(r) for r in range(world)}
+    at = loads[rank]
+    if not at:
+        return ""
+    fits = [said for said, where in _index_mistakes(files, whole.numel(), world, rank)
+            if all(a == where(r) for r, a in loads.items() if a is not None)]
+    said = f" Its values are elements {_runs(at)} of the saved state"
+    if len(fits) > 1:
+        return said + ": " + "; or ".join(fits) + " (the same elements on every rank)."
+    return said + (f": {fits[0]}." if fits else ".")
+
+
+def _index_mistakes(files: list[dict], total: int, world: int, rank: int) -> list[tuple[str, Callable]]:
+    """Slips of indexing a sharded checkpoint, each with the saved elements it loads on rank r."""
+    lo, hi = shard_bounds(total, world, rank)
+
+    def inclusive(r: int) -> list[int]:
+        a, b = shard_bounds(total, world, r)
+        return list(range(a, min(b + 1, total)))
+
+    def by_global(r: int) -> list[int]:
+        a, b = shard_bounds(total, world, r)
+        return [f["offset"] + i for f in sorted(files, key=lambda f: f["offset"])
+                for i in range(max(a, f["offset"]), min(b, f["offset"] + len(f["param"]), len(f["param"])))]
+
+    return [(f"element {hi} is one too many, the first past the shard [{lo}, {hi}): an overlap's end taken "
+             "inclusive (min(hi, end) + 1), where a half-open range [a, b) stops before b", inclusive),
+            (f"this rank's bounds in the layout that saved the files ({len(files)} ranks, len(files)), not in the "
+             f"new one ({world} ranks)", lambda r: list(range(*shard_bounds(total, len(files), r)))),
+            ("each file sliced with the global bounds, its offset never subtracted (a file's element i is element "
+             "offset + i of the state: slice f[key][a - offset : b - offset])", by_global)]
+
+
+def _runs(indices: list[int]) -> str:
+    """[0, 12) and [24, 30): consecutive indices as half-open ranges."""
+    runs, start = [], indices[0]
+    for prev, i in zip(indices, indices[1:] + [None]):
+        if i != prev + 1:
+            runs.append(f"[{start}, {prev + 1})")
+            start = i
+    return " and ".join(runs)
+
+
+def _step_explained(expected: list, got: list) -> Optional[str]:
+    """The loaded step one off the saved one."""
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        try:
+            want, have = e[0][3], g[0][3]
+        except (TypeError, IndexError):
+            return None
+        if isinstance(have, int) and have != want and abs(have - want) == 1:
+            return (f"Diagnosis: rank {rank}'s loaded step is {have}, the saved step {'+' if have > want else '-'} 1: "
+                    f"off by one. The files' step ({want}) counts the Adam steps already taken; return it as saved "
+                    "(the next update is step + 1, which training adds itself).")
+    return None
 
 
 def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Case:
@@ -495,7 +570,8 @@ def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
                          tuple(state[k][lo:hi].clone() for k in STATE)))
     return Case(world, (files, grads), expected,
                 f"{total} parameters saved by {saved_on} ranks after {before} Adam steps, loaded on {world}, "
-                f"{after} more steps", budgets=[_files_read(total, world)], allowed_ops=frozenset())
+                f"{after} more steps", budgets=[_files_read(total, world)], allowed_ops=frozenset(),
+                explain=_step_explained)
 
 
 READ_SLACK = 0.25          # over the bytes of the files that overlap a rank's shard: a piece read twice, in part
