@@ -1,5 +1,6 @@
 """Every benchmark in one command: each notebook's algorithm against PyTorch's own on real ranks, the simulator's
-fidelity and speed, and the check cells' times. Prints the tables; writes bench/results/<machine>.{md,json,png}.
+fidelity and speed, each notebook's first answer and JupyterLab's start, and the check cells' times. Prints the
+tables; writes bench/results/<machine>.{md,json,png}.
 
     python -m bench                      # everything, 4 ranks (gloo; NCCL when there is one GPU per rank)
     python -m bench --quick              # a subset at small sizes, under a minute (written to bench/results/scratch/)
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from bench import check_times, runner, sim_speed
+from bench import check_times, first_answer, runner, sim_speed
 from bench.report import Report, machine, merge_rows
 from bench.rows import PAIRS, ROWS
 
-PARTS = ("rows", "fidelity", "sim", "checks")
+PARTS = ("rows", "fidelity", "sim", "first", "checks")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -50,7 +51,7 @@ class Progress:
 def main(argv: list[str] | None = None) -> Report:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, a subset of rows, no 256-rank simulation, "
-                                                        "one check cell")
+                                                        "one notebook's first answer, one check cell")
     ap.add_argument("--world", type=int, default=4, help="ranks (default 4)")
     ap.add_argument("--backend", choices=("gloo", "nccl"), help="default: NCCL with one GPU per rank, else gloo")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts among {', '.join(PARTS)}")
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> Report:
                PAIRS if "fidelity" in parts else [])
     if "sim" in parts:
         _timed(report, out, "sim_speed", _sim_speed, report, plan, args.before)
+    if "first" in parts:
+        _timed(report, out, "first_answer", _first_answer, report, plan.quick)
     if "checks" in parts:
         _timed(report, out, "check_times", _check_times, report, ["ring_all_reduce"] if plan.quick else [],
                1 if plan.quick else 8)
@@ -148,6 +151,13 @@ def _sim_speed(report: Report, plan: runner.Plan, before: Path | None) -> None:
     tick = progress.start("simulator speed, ring all-reduce on many ranks")
     report.ring_scaling = sim_speed.ring_scaling(((8, 1),) if plan.quick else ((8, 3), (64, 3), (256, 1)))
     tick(1, 1)
+
+
+def _first_answer(report: Report, quick: bool) -> None:
+    notebooks = ["02_data_parallel"] if quick else []
+    progress = Progress(2 if quick else 11)
+    report.first_answer = first_answer.measure(notebooks, repeats=1 if quick else 3, lab=not quick,
+                                               progress=progress.start)
 
 
 def _check_times(report: Report, names: list[str], repeats: int) -> None:

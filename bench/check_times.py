@@ -1,14 +1,16 @@
-"""How long a learner waits for each check cell: the first in a fresh kernel after the notebook's setup
-cell, and then again (warm) several times, for every puzzle of the course with its reference solution.
+"""How long a learner waits for each check cell: the first in a fresh kernel after the notebook's first answer,
+and then again (warm) several times, for every puzzle of the course with its reference solution.
 
     python -m bench.check_times [puzzle ...] [--repeats K] [--into bench/results/<machine>]
 
 Every check draws fresh cases (a new seed each run), so one warm run is one draw: the warm figures are the median
 and the slowest of K runs, since a learner may wait for any of them.
 
-Each puzzle gets its own Jupyter kernel, so "first" pays what a learner's first check pays (the simulator's
-one-time costs, matplotlib's first figure) and nothing another puzzle paid before. The check cell runs as the
-notebook has it, figures included, timed inside the kernel.
+Each puzzle gets its own Jupyter kernel, so "first" pays what a learner's first check of an answer pays (the
+simulator's one-time costs) and nothing another puzzle paid before. The kernel first runs what a learner runs
+before: the notebook's cells up to its first check, whose stub gives the first answer ("not solved yet"), after
+which the kernel pays torch's and matplotlib's one-time costs while the learner writes (lib.first_use); then the
+answers. The check cell runs as the notebook has it, figures included, timed inside the kernel.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Optional, Sequence
 import nbformat
 
 import puzzles
-from lib.nbtools import puzzle_cells
+from lib.nbtools import puzzle_cells, up_to_first_check
 
 ROOT = Path(__file__).resolve().parents[1]
 _TIMED = "import time as _bench_time\n_bench_t0, _bench_c0 = _bench_time.perf_counter(), _bench_time.process_time()\n" \
@@ -74,23 +76,28 @@ def _answers(notebook: str, module: str) -> str:
 
 
 class CellFailed(RuntimeError):
-    """A cell raised in the kernel (with COURSE_STRICT=1, a check that did not pass)."""
+    """A cell raised in the kernel (with COURSE_STRICT=1, a check that did not pass); `name` is what it raised."""
+
+    def __init__(self, name: str, value: str) -> None:
+        super().__init__(f"a cell failed in the kernel: {name}: {value}")
+        self.name = name
 
 
 class _Kernel:
-    """A fresh Jupyter kernel on this checkout, in notebooks/, with strict checks (a failing check raises)."""
+    """A fresh Jupyter kernel on this checkout (or the one at `root`), in its notebooks/; strict: a failing check
+    raises (not strict: it prints, as in JupyterLab)."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, strict: bool = True, root: Path = ROOT) -> None:
         from jupyter_client.manager import KernelManager
 
-        env = dict(os.environ, COURSE_STRICT="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, COURSE_STRICT="1" if strict else "0",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
         env.pop("MPLBACKEND", None)                 # the kernel's own inline backend, as in JupyterLab
         self.timeout = timeout
         self.sockets = tempfile.TemporaryDirectory(prefix="bench-kernel-")
         # Local sockets in a private folder: no TCP port to collide on, no warning about plain-text TCP.
         self.manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(self.sockets.name, "k"))
-        self.manager.start_kernel(cwd=str(ROOT / "notebooks"), env=env)
+        self.manager.start_kernel(cwd=str(root / "notebooks"), env=env)
         self.client = self.manager.client()
         self.client.start_channels()
         try:
@@ -99,13 +106,19 @@ class _Kernel:
             self.close()
             raise
 
-    def run(self, code: str, expression: Optional[str] = None) -> Optional[tuple[float, ...]]:
-        """Execute `code`; with `expression`, return its value (a tuple of numbers) afterwards."""
+    def run(self, code: str, expression: Optional[str] = None,
+            printed: Optional[list[str]] = None) -> Optional[tuple[float, ...]]:
+        """Execute `code`; with `expression`, return its value (a tuple of numbers) afterwards. What the cell
+        prints is appended to `printed` when given."""
+        def output(msg: dict) -> None:
+            if printed is not None and msg["header"]["msg_type"] == "stream":
+                printed.append(msg["content"]["text"])
+
         reply = self.client.execute_interactive(code, user_expressions={"x": expression} if expression else {},
-                                                timeout=self.timeout, output_hook=lambda msg: None)
+                                                timeout=self.timeout, output_hook=output)
         content = reply["content"]
         if content["status"] != "ok":
-            raise CellFailed(f"a cell failed in the kernel: {content.get('ename')}: {content.get('evalue')}")
+            raise CellFailed(content.get("ename", ""), content.get("evalue", ""))
         if expression is None:
             return None
         value = content["user_expressions"]["x"]
@@ -120,11 +133,11 @@ class _Kernel:
 
 
 def time_check(puzzle, repeats: int = 1, timeout: float = 300.0) -> CheckTime:
-    """Setup cell, every puzzle cell solved, then the puzzle's check cell once (first) and `repeats` times more
-    (warm), in a fresh kernel."""
+    """The notebook up to its first answer, every puzzle cell solved, then the puzzle's check cell once (first) and
+    `repeats` times more (warm), in a fresh kernel."""
     kernel = _Kernel(timeout)
     try:
-        kernel.run(_cells(puzzle.notebook, "setup")[0].source)
+        _first_answer(kernel, puzzle.notebook)
         kernel.run(_answers(puzzle.notebook, puzzle.module))
         timed = _TIMED.format(_check_cell(puzzle.notebook, puzzle.name))
         first = kernel.run(timed, "_bench_dt")
@@ -138,6 +151,18 @@ def time_check(puzzle, repeats: int = 1, timeout: float = 300.0) -> CheckTime:
                      statistics.median(w[1] for w in warm), warm_cpu_max=max(w[1] for w in warm), repeats=repeats)
 
 
+def _first_answer(kernel: _Kernel, notebook: str) -> None:
+    """Run the notebook's cells up to its first check, whose stub is not solved yet (strict: it raises)."""
+    *before, first_check = up_to_first_check(nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4))
+    for source in before:
+        kernel.run(source)
+    try:
+        kernel.run(first_check)
+    except CellFailed as failed:
+        if failed.name != "NotSolved":
+            raise
+
+
 def chosen(names: Sequence[str] = ()) -> list:
     """The puzzles of puzzles.ALL named (all of them when none is)."""
     unknown = set(names) - {p.name for p in puzzles.ALL}
@@ -149,7 +174,7 @@ def chosen(names: Sequence[str] = ()) -> list:
 def table(rows: Sequence[CheckTime]) -> str:
     fewest, most = min((c.repeats for c in rows), default=1), max((c.repeats for c in rows), default=1)
     repeats = most if fewest == most else f"{fewest} to {most}"
-    lines = [f"{TABLE_TITLE} the first check after the notebook's setup cell, then the same check {repeats} times "
+    lines = [f"{TABLE_TITLE} the first check after the notebook's first answer, then the same check {repeats} times "
              "more (warm), each on fresh cases, as the notebook has it (the figures it draws included); wall time, "
              "and the kernel's CPU time; warm: the median, and the slowest draw:", "",
              "| notebook | puzzle | first: wall | first: CPU | warm: wall | warm: CPU | warm: CPU, slowest |",

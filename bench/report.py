@@ -61,6 +61,7 @@ class Report:
     sim_speed: list[speed.Figure] = field(default_factory=list)
     ring_scaling: list[speed.RingScale] = field(default_factory=list)
     check_times: list[checks.CheckTime] = field(default_factory=list)
+    first_answer: Optional[dict] = None             # bench.first_answer.measure's figures and table
     seconds: dict = field(default_factory=dict)       # how long each part took
 
     # ---- JSON ---------------------------------------------------------------------------------------
@@ -82,6 +83,8 @@ class Report:
                           for p in self.pairs]},
             "sim_speed": [s.as_dict() for s in self.sim_speed],
             "ring_scaling": [s.as_dict() for s in self.ring_scaling],
+            "first_answer": None if self.first_answer is None else
+            {k: v for k, v in self.first_answer.items() if k != "table"},
             "check_times": [c.as_dict() for c in self.check_times],
         }
 
@@ -117,7 +120,9 @@ class Report:
             parts.append(fidelity_table(self.pairs, self.calibration))
         if self.sim_speed or self.ring_scaling:
             parts.append(sim_speed_table(self.sim_speed, self.ring_scaling))
-        if self.check_times:
+        if self.first_answer:
+            parts.append(self.first_answer["table"])
+        if self.check_times:                            # last: bench.check_times.update replaces it in place
             parts.append(checks.table(self.check_times))
         return "\n\n".join(p for p in parts if p) + "\n"
 

@@ -30,8 +30,8 @@ from lib.device import device
 from lib.diagnose import Mistake, diagnose
 from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
-from lib.errors import PuzzleError, RankFailed, raised_the_stub
-from lib.first_use import draw_ahead
+from lib import first_use
+from lib.errors import PuzzleError, RankFailed, is_the_stub, raised_the_stub
 from lib.offlimits import call_watched, guard_answer_keys
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
@@ -234,6 +234,7 @@ def _guarded_builder(make_case: Callable[..., Case]) -> Callable[..., Case]:
 
 
 PASSED, FAILING, UNATTEMPTED = "passed", "failing", "unattempted"
+_NOT_SOLVED = "{} is not solved yet: write its body, then run this cell again."
 
 
 @dataclass
@@ -386,6 +387,9 @@ class Puzzle:
         Without a seed, the cases come from a fresh one; a failure says which, to replay it."""
         if not callable(fn):
             return Outcome(FAILING, f"{self.name} should be a function, got {type(fn).__name__}.")
+        if is_the_stub(fn):              # what running it on the cases would say, without building them
+            return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
+        first_use.ready()
         with one_thread():
             return self._evaluate(fn, fresh_seed() if seed is None else seed)
 
@@ -406,8 +410,7 @@ class Puzzle:
                              read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
             except RankFailed as e:
                 if raised_the_stub(e):
-                    return Outcome(UNATTEMPTED,
-                                   f"{self.name} is not solved yet: write its body, then run this cell again.")
+                    return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
                 if _refused_as_asked(case, e):
                     continue
                 return _failing(case, f"{e}", explain_error(fn, case, e), replay)
@@ -501,6 +504,7 @@ class Puzzle:
         """The check cell: True when `fn` is right and within budget. Prints why not, with a hint."""
         strict = strict_default() if strict is None else strict
         outcome = self.evaluate(fn, seed)
+        first_use.answered()
         if outcome.ok:
             print(outcome.message)
             if show and _in_notebook():
@@ -823,5 +827,5 @@ def _in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-if _in_notebook():          # the notebook's setup cell imports this: the kernel's first figure is drawn now, not
-    draw_ahead()            # after the learner's first check (lib.first_use)
+if _in_notebook():          # the one-time costs are paid after the notebook's first answer (lib.first_use)
+    first_use.in_kernel()

@@ -8,6 +8,12 @@ from typing import Any, Optional
 
 import torch
 
+# Bound at import, before a learner's code runs (the grader's fingerprint covers these names): a check compares
+# with these whatever math.isclose or torch.isclose become later; and only tensors of exactly these types, since
+# a subclass of Tensor can answer any comparison itself (__torch_function__).
+_isclose, _tensor_isclose = math.isclose, torch.isclose
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
 
 def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 1e-6,
                      where: str = "result") -> Optional[str]:
@@ -43,11 +49,11 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
                 return diff
         return None
     if isinstance(expected, (int, float)) and not isinstance(expected, bool):
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
+        if type(got) in PLAIN_TENSORS and got.numel() == 1:
             got = got.item()
         if isinstance(got, numbers.Real) and not isinstance(got, bool):
             got = got.item() if hasattr(got, "item") else got     # numpy's integers and floats count as numbers
-        if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
+        if not isinstance(got, (int, float)) or not _isclose(got, expected, rel_tol=rtol, abs_tol=atol):
             return f"{where}: expected {expected!r}, got {_kind(got)}"
         return None
     if expected != got:
@@ -77,13 +83,15 @@ def _module_difference(expected: torch.nn.Module, got: torch.nn.Module, rtol: fl
 def _tensor_difference(expected: torch.Tensor, got: Any, rtol: float, atol: float, where: str) -> Optional[str]:
     if not isinstance(got, torch.Tensor):
         return f"{where} should be a tensor of shape {tuple(expected.shape)}, got {_kind(got)}"
+    if type(got) not in PLAIN_TENSORS:
+        return f"{where} should be a plain torch.Tensor, got a {type(got).__name__} (a subclass: compares as it likes)"
     if got.shape != expected.shape:
         return f"{where} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
     if got.dtype != expected.dtype:
         return f"{where} has dtype {_dtype(got)}, expected {_dtype(expected)}"
     e, g = expected.detach().cpu(), got.detach().cpu()
     if e.is_floating_point():
-        bad = ~torch.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+        bad = ~_tensor_isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
     else:
         bad = g != e
     if not bool(bad.any()):

@@ -86,6 +86,23 @@ def sends_less_than(limit: float, what: str, rule: str, hint: str = "") -> Contr
     return Contract(rule, broken, hint)
 
 
+def op_sends_at_most(op: str, limit: float, what: str, rule: str, hint: str = "") -> Contract:
+    """No rank sends more than `limit` bytes through collectives named `op` (all_gather, all_to_all...): where two
+    algorithms send the same bytes in all (a reduce-scatter and an all-gather against one all-gather of everything,
+    at N = 2), what each op carries tells them apart. `what` names the limit in messages."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        sent = [0.0] * result.world_size
+        for e in result.trace:
+            if e.op == op:
+                sent[e.rank] += e.bytes
+        rank = max(range(result.world_size), key=sent.__getitem__)
+        if sent[rank] <= limit * (1 + 1e-9):
+            return None
+        return f"rank {rank} sent {fmt_bytes(sent[rank])} through {op}, more than {what} ({fmt_bytes(limit)})"
+    return Contract(rule, broken, hint)
+
+
 def flops_balanced(tolerance: float, why: str, hint: str = "") -> Contract:
     """The busiest rank computes at most (1 + tolerance) times the FLOPs of the least busy one."""
 
@@ -109,6 +126,27 @@ def flops_at_most(limit: float, why: str, hint: str = "") -> Contract:
                 return f"rank {s.rank} computed {s.flops:,.0f} FLOPs, over the budget of {limit:,.0f}"
         return None
     return Contract(why, broken, hint)
+
+
+def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: str, hint: str = "") -> Contract:
+    """No rank holds more than `limit` bytes of device memory from the end of its first `first` op to the end of its
+    last `last` op (say, from the first all-gather of training to its last reduce-scatter): that phase judged on its
+    own, where a peak over the whole run may be set by what comes before or after it (the full parameters handed in,
+    the final gather of every parameter to return them). From the first op's end, not its start: ops that take no
+    simulated time (freeing what came before) share its start's timestamp. `phase` names it in messages."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        for s in result.stats:
+            starts = [e.end for e in result.trace if e.rank == s.rank and e.op == first]
+            ends = [e.end for e in result.trace if e.rank == s.rank and e.op == last]
+            if not starts or not ends:
+                continue
+            peak = max((held for t, held in s.memory if min(starts) <= t <= max(ends)), default=0)
+            if peak > limit * (1 + 1e-9):
+                return (f"rank {s.rank} held {fmt_bytes(peak)} of tensors {phase} (from its first {first} to its "
+                        f"last {last}), over the budget of {fmt_bytes(limit)}")
+        return None
+    return Contract(rule, broken, hint, timed=True)
 
 
 def exposed_communication(result: SimResult) -> list[float]:

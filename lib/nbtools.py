@@ -1,5 +1,9 @@
 """Notebook surgery shared by tests and the course's tools: find puzzle cells, fill them in,
-load a learner's functions from a saved notebook, mark cells for nbgrader."""
+load a learner's functions from a saved notebook, mark cells for nbgrader.
+
+A notebook here is nbformat's NotebookNode or the plain dict `json.load` makes of the file: the progress cell
+reads saved notebooks as JSON, since importing nbformat costs about 2 s (its validator's jsonschema builds the
+IRI grammars of rfc3987_syntax at import)."""
 
 from __future__ import annotations
 
@@ -8,9 +12,10 @@ import inspect
 import textwrap
 import traceback
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import nbformat
+if TYPE_CHECKING:
+    import nbformat
 
 NBGRADER_SCHEMA = 3
 STUB = "raise NotImplementedError  # your code here"          # a puzzle's body until the learner writes it
@@ -21,15 +26,35 @@ def _tags(cell) -> list[str]:
     return cell["metadata"].get("tags", [])
 
 
+def source(cell) -> str:
+    """A cell's source as one string (a notebook file may store it as a list of lines)."""
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
 def puzzle_cells(nb: nbformat.NotebookNode) -> dict[str, nbformat.NotebookNode]:
     """The cells where a learner writes each puzzle's function, by puzzle name."""
-    return {c.metadata["course"]["puzzle"]: c for c in nb.cells
-            if c.cell_type == "code" and "puzzle" in _tags(c)}
+    return {c["metadata"]["course"]["puzzle"]: c for c in nb["cells"]
+            if c["cell_type"] == "code" and "puzzle" in _tags(c)}
+
+
+def up_to_first_check(nb: nbformat.NotebookNode) -> list[str]:
+    """The sources of the code cells from the top up to and including the first check cell: what a learner runs
+    before the notebook's first answer."""
+    sources = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        sources.append(source(cell))
+        if "check" in _tags(cell):
+            return sources
+    raise LookupError("the notebook has no check cell")
 
 
 def solve(nb: nbformat.NotebookNode, solutions: ModuleType) -> nbformat.NotebookNode:
     """A copy of `nb` whose puzzle cells hold the functions of the `solutions` module (inside the
     solution markers where the cell has them: the result is then an nbgrader source notebook)."""
+    import nbformat
+
     solved = nbformat.from_dict(nb)
     for name, cell in puzzle_cells(solved).items():
         cell.source = with_answer(cell.source, inspect.getsource(getattr(solutions, name)))
@@ -88,9 +113,8 @@ def load_answers(nb: nbformat.NotebookNode) -> tuple[dict[str, Any], dict[str, s
         if cell["cell_type"] != "code" or not ({"setup", "puzzle"} & set(_tags(cell))):
             continue
         name = cell["metadata"].get("course", {}).get("puzzle")
-        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
         try:
-            exec(compile(source, f"<cell {name or 'setup'}>", "exec"), namespace)
+            exec(compile(source(cell), f"<cell {name or 'setup'}>", "exec"), namespace)
         except BaseException as e:            # a learner's cell: anything may happen
             if isinstance(e, KeyboardInterrupt):
                 raise

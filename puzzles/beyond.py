@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, one_thread
+from lib.contract import op_sends_at_most
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
@@ -300,7 +301,14 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
                          *flops_budgets(flops, f"a rank's quantising (N chunks and its mean), dequantising (what "
                                                f"it sent, every owner's mean) and {PASSES} passes over its {length} "
                                                f"values, {flops:,.0f} FLOPs", over=COMPRESSED_OVER)],
-                allowed_ops=frozenset({"all_to_all", "all_gather"}))
+                allowed_ops=frozenset({"all_to_all", "all_gather"}),
+                contracts=[op_sends_at_most(
+                    "all_gather", (world - 1) * (length // world + SCALE_BYTES),
+                    f"N-1 = {world - 1} owners' means of {length // world} values and their scales",
+                    "the all-gather carries each owner's quantised mean of its chunk, not the whole vector: every "
+                    "rank's chunks reach their owners through the all-to-all first",
+                    hint="all_to_all your N quantised chunks (chunk j to rank j); all_gather only the mean of the "
+                         "chunk you own.")])
 
 
 compressed_all_reduce = Puzzle(

@@ -7,6 +7,7 @@ never copied from a run.
 from __future__ import annotations
 
 import copy
+import functools
 import random
 from typing import Optional
 
@@ -216,6 +217,38 @@ def train_single(model, batches, lr: float, before_update=None):
     return model
 
 
+def _scale_grad(p: torch.Tensor, c: float) -> None:
+    p.grad.mul_(c)
+
+
+def _alone_explain(model, shards: list, lr: float):
+    """A data-parallel case's explain (lib.check.Case): every rank's parameters are those of training alone on its own
+    shard, with its gradient as backward made it or scaled by N either way (a loss divided by N instead of an
+    all-reduce): whatever the scale, no gradient travelled."""
+    world = len(shards)
+    scales = {1.0: "", 1 / world: f", each gradient divided by N = {world}",
+              float(world): f", each gradient × N = {world}"}
+
+    def params(module) -> Optional[list[torch.Tensor]]:
+        return [p.detach() for p in module.parameters()] if isinstance(module, torch.nn.Module) else None
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        mine = [params(g) for g in got]
+        if any(p is None for p in mine):
+            return None
+        for c, scaled in scales.items():
+            alone = [params(train_single(model, shards[r], lr, functools.partial(_scale_grad, c=c)))
+                     for r in range(world)]
+            if all(len(a) == len(b) and all(x.shape == y.shape and torch.allclose(x.double(), y.double(), rtol=1e-7,
+                                                                                   atol=1e-9) for x, y in zip(a, b))
+                   for a, b in zip(alone, mine)):
+                return (f"Diagnosis: each rank's parameters are those of training alone on its own shard{scaled}: the "
+                        "gradients were never all-reduced, so no rank's update saw the other ranks' samples. "
+                        "All-reduce each p.grad and divide it by N before the update.")
+        return None
+    return explain
+
+
 def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
     """Exactly the gradients' all-reduce, no more (a ceiling) and no less (a floor: every rank trains on its
     own shard, so the gradients must travel; gathering the data instead is another algorithm)."""
@@ -259,13 +292,14 @@ def _ddp_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Ca
     return Case(world, (model, per_rank(shards), lr), [expected] * world,
                 f"N={world}, {steps} steps of {len(shards[0][0][0])} samples per rank",
                 budgets=_all_reduce_grads_budgets(model, world, steps) + [_own_work_budget(model, shards[0], lr, steps),
-                                                                         floor], steps=steps)
+                                                                         floor], steps=steps,
+                explain=_alone_explain(model, shards, lr))
 
 
 def _ddp_mistake(what: str, message: str) -> Mistake:
     """Data-parallel SGD that does `what` to each parameter between backward and the update."""
     def mistaken(dist, model, batches, lr, *_):
-        steps = {"nothing": lambda p: None, "sum": lambda p: dist.all_reduce(p.grad),
+        steps = {"sum": lambda p: dist.all_reduce(p.grad),
                  "average the parameters": lambda p: (dist.all_reduce(p.data), p.data.div_(dist.get_world_size()))}
         return train_single(model, batches, lr, steps[what])
     return Mistake(mistaken, message)
@@ -284,8 +318,7 @@ def _averaging_after_the_step(dist, model, batches, lr, *_):
     return train_single(model, batches, lr, average)
 
 
-DDP_MISTAKES = [
-    _ddp_mistake("nothing", "each rank training alone on its own shard gives: the gradients were never all-reduced."),
+DDP_MISTAKES = [           # each rank training alone, at any scale, is the cases' explain (_alone_explain)
     Mistake(_averaging_after_the_step, "averaging the parameters after each rank's own step gives: for plain SGD the "
                                        "weights agree, but each p.grad is still this rank's shard gradient, not the "
                                        "whole batch's. All-reduce the gradients before the update instead."),
@@ -406,7 +439,8 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several", step
     return Case(world, (model, per_rank(shards), lr, bucket_size), [train_single(model, full, lr)] * world,
                 f"N={world}, {steps} steps, bucket_size={bucket_size}, all-reduce of the gradients as long as the "
                 "backward pass", budgets=budgets, cost=cost,
-                contracts=[_bucket_contract(bucket_size, largest, steps, world, word)], steps=steps)
+                contracts=[_bucket_contract(bucket_size, largest, steps, world, word)], steps=steps,
+                explain=_alone_explain(model, shards, lr))
 
 
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")     # the ways a bucket of gradients travels

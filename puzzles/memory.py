@@ -22,6 +22,7 @@ from lib.models import Block, GPTConfig, TinyGPT
 from lib.offlimits import MODULE_INIT
 from lib.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
+from puzzles._sample_weights import fit, module_grads, said, vjp
 
 import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
 
@@ -70,12 +71,15 @@ def parameter_count(cfg: GPTConfig) -> Expr:
     kv = g * (h // a)                                            # the width of K, and of V
     norm = 2 * h if cfg.bias else h                              # a LayerNorm: a weight (and a bias) of h
     block = (term("qkv's weight (h × (h + 2·kv))", h * (h + 2 * kv)) + term("the attention projection (h × h)", h * h)
-             + term("fc1 (h × 4h)", h * 4 * h) + term("fc2 (4h × h)", 4 * h * h)
-             + term("a block's two LayerNorms", 2 * norm))
+             + term("fc1 (h × 4h)", h * 4 * h) + term("fc2 (4h × h)", 4 * h * h))
     if cfg.bias:
         block = block + term("a block's Linear biases (h + 2·kv + h + 4h + h)", h + 2 * kv + h + 4 * h + h)
+    # The LayerNorms as one term too: every one of them counted with a bias it does not have is that term twice.
+    norms = term("the LayerNorms ((2L + 1) × 2h: a weight and a bias each)" if cfg.bias else
+                 "the LayerNorms ((2L + 1) × h: a weight each, no bias in this model)",
+                 L * term("a block's two LayerNorms", 2 * norm) + term("the final LayerNorm", norm))
     total = (term("the token embedding (V × h)", V * h) + term("the position embedding (s × h)", S * h)
-             + L * term("a block", block) + term("the final LayerNorm", norm))
+             + L * term("a block", block) + norms)
     return total if cfg.tied else total + term("the untied output head (V × h)", V * h)
 
 
@@ -246,6 +250,37 @@ checkpointed_step = Puzzle(
     describe="One forward and backward of the model whose peak memory holds one block's activations at a time.")
 
 
+def _accumulation_explain(model, tokens: torch.Tensor, targets: torch.Tensor, k: int):
+    """accumulated_step's explain (lib.check.Case): which samples the gradients hold (puzzles._sample_weights), or,
+    when they are no weighted sum of the samples' gradients, whether they are k micro-batches cut along another
+    dimension of the tokens than the batch's."""
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        mine, want = module_grads(got[0]), module_grads(expected[0])
+        if mine is None or want is None or mine.shape != want.shape:
+            return None
+        ref = copy.deepcopy(model)
+        params = list(ref.parameters())
+        batch = len(tokens)
+        basis = torch.stack([vjp(lambda i=i: ref.loss(tokens[i:i + 1], targets[i:i + 1]) / batch, params)
+                             for i in range(batch)])
+        weights = fit(basis, mine)
+        if weights is not None:
+            found = said(weights, k, unit="sample")
+            return f"Diagnosis: {found}" if found else None
+        for dim in range(1, tokens.dim()):
+            cut = sum(vjp(lambda t=t, y=y: ref.loss(t, y) / k, params)
+                      for t, y in zip(tokens.chunk(k, dim), targets.chunk(k, dim)))
+            if torch.allclose(cut, mine, rtol=1e-6, atol=1e-12):
+                where = "the sequence (dim 1 of the tokens)" if dim == 1 else f"dim {dim} of the tokens"
+                return (f"Diagnosis: the gradients are those of k = {k} micro-batches cut along {where}, not along "
+                        "the batch (dim 0): each piece is "
+                        "then a shorter sequence, whose tokens see none of the earlier pieces' and start again at "
+                        "position 0. Cut the samples apart: tokens.chunk(k), dim 0.")
+        return None
+    return explain
+
+
 def _accumulation_case(rng: random.Random, _world: int) -> Case:
     k = rng.choice([2, 4])
     cfg, model, tokens, targets = _training_inputs(rng, layers=3, batch=2 * k)
@@ -259,7 +294,7 @@ def _accumulation_case(rng: random.Random, _world: int) -> Case:
                 budgets=[ON_DEVICE, Budget("peak_memory", budget, why,
                                 hint="run forward and backward on one micro-batch at a time; "
                                      "gradients add up in p.grad.")],
-                factors={"k, the number of micro-batches": k})
+                factors={"k, the number of micro-batches": k}, explain=_accumulation_explain(model, tokens, targets, k))
 
 
 accumulated_step = Puzzle(

@@ -22,6 +22,7 @@ from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time
 from lib.schedules import makespan, peak_in_flight, play, schedule_orders
+from puzzles._sample_weights import fit, module_grads, said, vjp
 
 import_ahead("explicit_gradient")          # a stage back-propagates the gradient it receives
 
@@ -303,6 +304,102 @@ def _factors(batch: torch.Tensor) -> dict:
     return {"b, the rows of a micro-batch": MICRO, "the values of the batch (rows × width)": batch.numel()}
 
 
+class _Reference:
+    """The reference run seen stage by stage: each stage's input and the gradient of the loss at its output (the mean
+    over the whole batch), row by row, for the analyses of _schedule_explain."""
+
+    def __init__(self, model, batch: torch.Tensor, targets: torch.Tensor, p: int) -> None:
+        self.stages = [copy.deepcopy(model[s]) for s in stage_slices(p)]
+        acts, h = [], batch
+        for stage in self.stages:
+            h = stage(h)
+            acts.append(h)
+        grads = torch.autograd.grad(F.mse_loss(h, targets), acts)
+        self.inputs = [batch] + [a.detach() for a in acts[:-1]]
+        self.grads = [g.detach() for g in grads]
+
+    def vjp(self, r: int, rows, grad: torch.Tensor) -> torch.Tensor:
+        """Stage r's parameter gradients from its input `rows` with `grad` flowing into its output."""
+        stage = self.stages[r]
+        return vjp(lambda: stage(self.inputs[r][rows]), list(stage.parameters()), grad)
+
+    def inner_grads(self, r: int) -> list[tuple[str, torch.Tensor]]:
+        """(what, its gradient) for every tensor inside stage r the shape of its input: its layers' outputs."""
+        x = self.inputs[r].clone().requires_grad_()
+        outs, h = [], x
+        for name, layer in self.stages[r].named_children():
+            h = layer(h)
+            outs.append((f"layer {name}'s output ({type(layer).__name__})", h))
+        kept = [(what, t) for what, t in outs if t.shape == x.shape]
+        grads = torch.autograd.grad(h, [t for _, t in kept], self.grads[r])
+        return [(what, g.detach()) for (what, _), g in zip(kept, grads)]
+
+
+def _schedule_explain(model, batch: torch.Tensor, targets: torch.Tensor, p: int, m: int):
+    """A pipeline case's explain (lib.check.Case): the highest stage whose gradients are wrong, whose later stages
+    sent it what they should, seen three ways: which micro-batches (or rows) its gradients hold
+    (puzzles._sample_weights), which micro-batch's activations each micro-batch's gradient went back through, or which
+    tensor of the next stage came back in place of the gradient of that stage's input."""
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        mine = [module_grads(g) for g in got]
+        want = [module_grads(e) for e in expected]
+        if any(g is None or g.shape != w.shape for g, w in zip(mine, want)):
+            return None
+        wrong = [r for r in range(p) if not torch.allclose(mine[r], want[r], rtol=1e-6, atol=1e-9)]
+        if not wrong:
+            return None
+        r = wrong[-1]
+        ref = _Reference(model, batch, targets, p)
+        found = _rows_held(ref, r, mine[r], m) or _pairs(ref, r, mine[r], m) or _sent_back(ref, r, mine[r], m)
+        return f"Diagnosis: on rank {r}, {found}" if found else None
+    return explain
+
+
+def _rows_held(ref: _Reference, r: int, got: torch.Tensor, m: int) -> Optional[str]:
+    rows = len(ref.inputs[r])
+    basis = torch.stack([ref.vjp(r, slice(i, i + 1), ref.grads[r][i:i + 1]) for i in range(rows)])
+    weights = fit(basis, got)
+    return said(weights, m) if weights is not None else None
+
+
+def _pairs(ref: _Reference, r: int, got: torch.Tensor, m: int) -> Optional[str]:
+    """Each micro-batch's output gradient back-propagated through which micro-batches' activations."""
+    if m < 2:
+        return None
+    parts = [slice(j * MICRO, (j + 1) * MICRO) for j in range(m)]
+    basis = torch.stack([ref.vjp(r, parts[j], ref.grads[r][parts[i]]) for i in range(m) for j in range(m)])
+    weights = fit(basis, got)
+    if weights is None:
+        return None
+    pairs = weights.reshape(m, m).round(decimals=6)
+    moved = [(i, j) for i in range(m) for j in range(m) if i != j and pairs[i, j] != 0]
+    if not moved or not bool(((pairs == 0) | (pairs == 1)).all()):
+        return None
+    said_pairs = ", ".join(f"{i} → {j}" for i, j in moved)
+    return ("a backward pairs the gradient of one micro-batch with the activations of another (gradient of "
+            f"micro-batch → activations used: {said_pairs}): each gradient must go back through the graph of its own "
+            "micro-batch. The gradients arrive in micro-batch order, oldest first: keep the stash by micro-batch and "
+            "take the one whose gradient came.")
+
+
+def _sent_back(ref: _Reference, r: int, got: torch.Tensor, m: int) -> Optional[str]:
+    """The gradients stage r gets when stage r+1 sends back, for every micro-batch, another of its tensors' gradient
+    than its input's."""
+    if r + 1 >= len(ref.stages):
+        return None
+    parts = [slice(j * MICRO, (j + 1) * MICRO) for j in range(m)]
+    for what, grad in ref.inner_grads(r + 1):
+        if torch.allclose(grad, ref.grads[r]):
+            continue
+        mixed = sum(ref.vjp(r, part, grad[part]) for part in parts)
+        if torch.allclose(mixed, got, rtol=1e-6, atol=1e-9):
+            return (f"the gradients are what rank {r + 1} sending back the gradient of its {what} would make, in "
+                    f"place of the gradient of its input: the wrong tensor went back (send x.grad, the gradient of "
+                    f"what rank {r + 1} received).")
+    return None
+
+
 def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     model, batch, targets = _model_and_data(rng, p, m)
     stages = [model[s] for s in stage_slices(p)]
@@ -312,13 +409,15 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     messages = _messages(p, 1, m, boundary)
     if schedule == "one batch":
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
-                    budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch))
+                    budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch),
+                    explain=_schedule_explain(model, batch, targets, p, 1))
     inputs = batch.nbytes + targets.nbytes
     budgets = [ON_DEVICE, _time_budget(schedule, stages, micro, micro_y, m),
                _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m, **_factors(batch)},
-                contracts=[_gpipe_order(stages, micro, micro_y, m)] if schedule == "gpipe" else [])
+                contracts=[_gpipe_order(stages, micro, micro_y, m)] if schedule == "gpipe" else [],
+                explain=_schedule_explain(model, batch, targets, p, m))
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:
@@ -339,18 +438,22 @@ def _refused_case(rng: random.Random, p: int, m: int, v: int, why: str) -> Case:
                 f"p={p} stages, m={m} micro-batches ({why}: the statement asks for a ValueError)", raises=ValueError)
 
 
-def _one_f_one_b_case(rng: random.Random, p: int, too_few: bool = False) -> Case:
+def _one_f_one_b_case(rng: random.Random, p: int, too_few: bool = False, fewest: bool = False) -> Case:
+    """too_few: m < p, to be refused; fewest: m = p, the fewest micro-batches the schedule runs (an answer that
+    refuses it passed while every case drew m > p + 1). Otherwise m > p, where 1F1B holds fewer micro-batches than
+    GPipe (at m = p the two hold as many)."""
     if too_few:
         return _refused_case(rng, p, rng.randint(1, p - 1), 1, "m < p")
-    return _case(rng, p, rng.randint(p + 2, 2 * p + 2), "1f1b")
+    return _case(rng, p, p if fewest else rng.randint(p + 1, 2 * p + 2), "1f1b")
 
 
-def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False) -> Case:
+def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False, fewest: bool = False) -> Case:
     """m as for 1F1B, among those ScheduleInterleavedZeroBubble (the real cell's oracle) takes: a multiple of
     its number of rounds, max(1, m // p)."""
     if too_few:
         return _refused_case(rng, p, rng.randint(1, p - 1), 1, "m < p")
-    return _case(rng, p, rng.choice([m for m in range(p + 2, 2 * p + 3) if m % max(1, m // p) == 0]), "zb-h1")
+    return _case(rng, p, p if fewest else rng.choice([m for m in range(p + 1, 2 * p + 3) if m % max(1, m // p) == 0]),
+                 "zb-h1")
 
 
 CHUNKS_AND_ROUNDS = ((2, 2), (2, 3), (3, 2))      # (v, m / p) an interleaved case draws from
@@ -480,7 +583,8 @@ gpipe = Puzzle(
     describe="GPipe: m micro-batches, all forwards then all backwards, gradients of the mean loss.")
 
 one_f_one_b = Puzzle(
-    "one_f_one_b", NOTEBOOK, _one_f_one_b_case, world_sizes=(3, 2, 3, 4), variants=[{"too_few": True}],
+    "one_f_one_b", NOTEBOOK, _one_f_one_b_case, world_sizes=(3, 2, 3, 4),
+    variants=[{"too_few": True}, {"fewest": True}],
     hints=["Rank r runs p-r-1 forwards (warm-up), then alternates one forward and one backward until every "
            "forward is done (steady state), then runs the remaining backwards (cool-down).",
            "Keep the stash in a dict by micro-batch and pop it in backward, so its activations are freed. "
@@ -510,7 +614,8 @@ interleaved_1f1b = Puzzle(
     describe="Interleaved 1F1B (Megatron-LM): v chunks per rank, the bubble divided by v.")
 
 zero_bubble = Puzzle(
-    "zero_bubble", NOTEBOOK, _zero_bubble_case, world_sizes=(3, 2, 3, 4), variants=[{"too_few": True}],
+    "zero_bubble", NOTEBOOK, _zero_bubble_case, world_sizes=(3, 2, 3, 4),
+    variants=[{"too_few": True}, {"fewest": True}],
     hints=["Start from your 1F1B and split its backward in two. B: run the stage layer by layer in forward, keeping "
            "each nn.Linear's input and output y; in B ask autograd for the gradients of the outputs and of x only, "
            "torch.autograd.grad(out, [y1, y2, ..., x], grad), and send x's gradient to rank-1 at once.",

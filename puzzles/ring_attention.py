@@ -33,12 +33,22 @@ NOTEBOOK = "08_ring_attention"
 P2P = frozenset({"send", "recv"})
 ITEM = 8                       # float64
 LARGE = 1e4                    # logits of this scale overflow exp() in any precision
+# Logits near LARGE whose blocks differ by a few dozen: there every term of a merge shows. Each query scales its
+# logits by its own factor in NEAR_SPREAD (log-sum-exps from 5e3 to 2e4) and a key's rise along the sequence, so
+# that two key blocks' log-sum-exps differ by about NEAR_GAP × that factor for some query of every case: an
+# approximate merge (the smaller block's term dropped when it is e^-12 of the larger) is then off by more than the
+# comparison allows, which a relative tolerance at 1e4 would not see.
+NEAR = "near"
+NEAR_SPREAD = (0.5, 2.0)
+NEAR_GAP = 16.0
 # torch's fused attention kernels, on the CPU and on GPUs: each would do the lesson's work for the answer.
 KERNELS = ("scaled_dot_product", "_scaled_dot_product", "_flash_attention", "_efficient_attention",
            "_cudnn_attention")
 REFUSED = (KERNELS, "here the attention is yours to compute (matmuls, exp, logsumexp); PyTorch's is the reference")
 # A puzzle that computes attention: those kernels refused, its float64 results compared within 1e-9.
-_attention_puzzle = functools.partial(ContractPuzzle, refuse=REFUSED, rtol=1e-9, atol=1e-9)
+# Compared within 1e-9 absolutely (rtol 0): a log-sum-exp near 1e4 must be as exact as any other number, since the
+# weights e^lse it stands for are wrong by the same factor; within a relative 1e-9 it could be off by 1e-5 there.
+_attention_puzzle = functools.partial(ContractPuzzle, refuse=REFUSED, rtol=0.0, atol=1e-9)
 GATHERED = "PyTorch's attention on the gathered K and V"
 OUT_AND_LSE = {"[0]": "the output", "[1]": "the log-sum-exp"}       # what an attention puzzle's two results are
 
@@ -61,18 +71,30 @@ CAUSAL_SLACK = 0.5             # zigzag: FLOPs over the 2N+1 tiles a rank must c
 # chunks hold at least 3d tokens (s/N ≥ 3d), so that a whole s/N × s/N tile is 1.2 times this budget or more.
 TILE_SLACK = 0.25
 OVERLAP = 0.5                  # the share of the (N-1) transfers that must be hidden behind compute
+# blockwise_attention: FLOPs over the tiles it must compute (block × block each, counted as a rank counts them), for
+# the merges and the output's writes. Causal attention skips the key blocks after each query block: masking them
+# instead computes 1.5 to 1.8 times those tiles (4 to 7 query blocks).
+BLOCKWISE_SLACK = 0.25
 
 
 # ---- inputs and references ------------------------------------------------------------------------------
-def _qkv(rng: random.Random, b: int, h: int, sq: int, sk: int, d: int, scale: float = 1.0):
+def _qkv(rng: random.Random, b: int, h: int, sq: int, sk: int, d: int, scale: float | str = 1.0,
+         blocks: float = 2.0):
+    """q, k, v of standard normal values, q times `scale`; with scale=NEAR, logits near LARGE (above) for keys that
+    form about `blocks` blocks."""
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    q = torch.randn(b, h, sq, d, generator=gen, dtype=torch.float64) * scale
+    q = torch.randn(b, h, sq, d, generator=gen, dtype=torch.float64) * (1.0 if scale == NEAR else scale)
     k, v = (torch.randn(b, h, sk, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    if scale == NEAR:                  # the last feature: logit(i, j) = a_i · (LARGE + rise · j / sk) + O(1)
+        q[..., -1] = LARGE * d**0.5 * torch.linspace(*NEAR_SPREAD, sq, dtype=torch.float64)
+        k[..., -1] = 1 + NEAR_GAP * blocks / LARGE * torch.linspace(0, 1, sk, dtype=torch.float64)
     return q, k, v
 
 
-def _scale(rng: random.Random, scale: Optional[float]) -> float:
-    return (LARGE if rng.random() < 0.5 else 1.0) if scale is None else scale
+def _scale(rng: random.Random, scale: Optional[float | str]) -> float | str:
+    if scale is not None:
+        return scale
+    return rng.choice([LARGE, NEAR, 1.0])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False):
@@ -111,7 +133,9 @@ def _shape(rng: random.Random, heads=(1, 2, 3), dims=(4, 8)) -> tuple[int, int, 
 
 
 def _describe(b, h, d, scale) -> str:
-    return f"b={b}, {h} head{'s' * (h > 1)} of d={d}, float64" + (f", logits near ±{LARGE:g}" if scale > 1 else "")
+    logits = (f", logits near {LARGE:g}, a few dozen apart" if scale == NEAR else
+              f", logits near ±{LARGE:g}" if scale != 1.0 else "")
+    return f"b={b}, {h} head{'s' * (h > 1)} of d={d}, float64{logits}"
 
 
 def _working_set(b: int, h: int, block: int, d: int, block_rows: int = ROWS) -> float:
@@ -129,10 +153,10 @@ def _memory_budget(b, h, d, block, chunks: float, rows: int, what: str, block_ro
 
 
 # ---- 1. merging two partial attentions ------------------------------------------------------------------
-def _merge_case(rng: random.Random, _world: int, scale: Optional[float] = None) -> Case:
+def _merge_case(rng: random.Random, _world: int, scale: Optional[float | str] = None) -> Case:
     b, h, d = _shape(rng)
     scale = _scale(rng, scale)
-    sq, s1, s2 = rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 9)
+    sq, s1, s2 = rng.randint(4 if scale == NEAR else 1, 9), rng.randint(1, 9), rng.randint(1, 9)
     q, k, v = _qkv(rng, b, h, sq, s1 + s2, d, scale)
     (o1, l1), (o2, l2) = attention(q, k[..., :s1, :], v[..., :s1, :]), attention(q, k[..., s1:, :], v[..., s1:, :])
     return Case(1, _on_device(o1, l1, o2, l2), [_on_device(*attention(q, k, v))],
@@ -178,9 +202,11 @@ def _merge_explained(o1, l1, o2, l2, expected: list, got: list) -> Optional[str]
     return f"Diagnosis: {'; '.join(said)}." if said else None
 
 
-merge_attention = ContractPuzzle(
+merge_attention = _attention_puzzle(
     "merge_attention", NOTEBOOK, _merge_case, world_sizes=(1, 1, 1, 1), takes_dist=False, outputs=OUT_AND_LSE,
-    variants=[{"scale": LARGE}, {"scale": 1.0}], rtol=1e-9, atol=1e-9,
+    variants=[{"scale": LARGE}, {"scale": 1.0}, {"scale": NEAR}],
+    refuse=(KERNELS, "the merge is yours to write (exp or sigmoid, log); an attention kernel run on the two "
+                     "log-sum-exps does it for you"),
     hints=["Write the union's log-sum-exp first: lse_new = log(e^lse + e^block_lse). The output is the average of "
            "the two outputs weighted by e^lse / e^lse_new and e^block_lse / e^lse_new.",
            "exp(10000) is inf in any precision. Subtract the larger of the two before exponentiating, or use the "
@@ -199,13 +225,14 @@ def _blockwise_case(rng: random.Random, _world: int, causal: Optional[bool] = No
     block = rng.choice([6, 8])
     s = block * rng.randint(4, 6) + rng.choice([0, 0, rng.randint(1, block - 1)])     # a remainder, sometimes
     sk = s if causal else rng.choice([s, s + rng.randint(1, 2 * block)])
-    q, k, v = _qkv(rng, b, h, s, sk, d, scale)
+    q, k, v = _qkv(rng, b, h, s, sk, d, scale, blocks=sk / block)
     expected = _on_device(*attention(q, k, v, causal))
     budget = _memory_budget(b, h, d, block, 4, max(s, sk), "q, k, v and the output")
     return Case(1, _on_device(q, k, v) + (block, causal), [expected],
                 f"{s} queries, {sk} keys, block {block}, {'causal' if causal else 'no mask'}, "
                 f"{_describe(b, h, d, scale)}", budgets=[budget], factors=_scale_factor(d),
-                explain=functools.partial(_blockwise_explained, q, k, v, block, causal))
+                explain=functools.partial(_blockwise_explained, q, k, v, block, causal),
+                contracts=[_blockwise_flops(q, k, v, block, causal)])
 
 
 def _blockwise_setup(q, k, v, block: int, causal: bool, _rank: int):
@@ -233,6 +260,22 @@ def _blockwise_explained(q, k, v, block: int, causal: bool, expected: list, got:
                              _blockwise_meaning)
 
 
+def _blockwise_flops(q, k, v, block: int, causal: bool) -> Contract:
+    """At most the tiles blockwise attention must compute, + BLOCKWISE_SLACK: every (query block, key block) tile, or
+    with causal=True those with the key block at or before the query block (the diagonal one masked)."""
+    rows = [min(block, q.shape[-2] - i) for i in range(0, q.shape[-2], block)]
+    cols = [min(block, k.shape[-2] - j) for j in range(0, k.shape[-2], block)]
+    area = sum(r * c for i, r in enumerate(rows) for j, c in enumerate(cols) if not causal or j <= i)
+    tile = counted_flops(lambda: _tile(*(t[..., :block, :] for t in (q, k, v))))[1]
+    work = tile * area / block**2
+    needed = (f"the {sum(1 for i in range(len(rows)) for j in range(len(cols)) if not causal or j <= i)} tiles of "
+              f"block × block scores {'at or before the diagonal ' if causal else ''}({work:,.0f} FLOPs), "
+              f"+ {BLOCKWISE_SLACK:.0%} for the merges")
+    return flops_at_most((1 + BLOCKWISE_SLACK) * work, needed,
+                         hint="with causal=True, skip every key block after the query block: compute it under a "
+                              "mask and it costs as much as a tile the queries see.")
+
+
 def _blockwise_oracle(q, k, v, block, causal):
     mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril() if causal else None
     return _math_attention(q, k, v, mask)
@@ -240,7 +283,8 @@ def _blockwise_oracle(q, k, v, block, causal):
 
 blockwise_attention = _attention_puzzle(
     "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False, outputs=OUT_AND_LSE,
-    variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0}],
+    variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0},
+              {"causal": True, "scale": NEAR}],
     oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention",
     hints=["Loop over blocks of `block` queries; for each, loop over blocks of `block` keys: scores of the tile, "
            "its log-sum-exp, its output exp(scores - lse) @ v, merged into the running (out, lse) with "
@@ -273,12 +317,13 @@ def _kv_budget(b, h, rows, d, n) -> list[Budget]:
                     hint="K and V reach the other ranks through dist only: send your block to the right, N-1 times.")
 
 
-def _ring_inputs(rng, n: int, b, h, d, scale, causal=False, pairs=(3, 8)):
+def _ring_inputs(rng, n: int, b, h, d, scale, causal=False, pairs=(3, 8), blocks_per_rank: float = 2.0):
     """Each rank's q, k, v (contiguous chunks, or chunks r and 2N-1-r with causal) and the expected results; a chunk
-    holds a number of token pairs drawn from `pairs` (tokens, with causal)."""
+    holds a number of token pairs drawn from `pairs` (tokens, with causal); a rank's keys form about
+    `blocks_per_rank` blocks (scale=NEAR)."""
     chunk = rng.randint(*pairs) * (1 if causal else 2)
     s = n * chunk * (2 if causal else 1)
-    q, k, v = _qkv(rng, b, h, s, s, d, scale)
+    q, k, v = _qkv(rng, b, h, s, s, d, scale, blocks=n * blocks_per_rank)
     out, lse = attention(q, k, v, causal)
     if causal:
         def split(t):
@@ -302,6 +347,13 @@ RING_TILES = ("attend to each K/V block tile by tile, `block` keys at a time (yo
               "attended as one s/N × s/N tile of scores ignores `block`.")
 
 
+def _ring_memory(b, h, chunk, d, block) -> list[Budget]:
+    """A ring rank's largest tensor and peak memory: O(s/N · d) and block-sized tiles, never the s/N × s scores of
+    every step kept for one softmax at the end."""
+    return [_largest_tensor_budget(b, h, chunk, d, block, "K and V", 2, RING_TILES),
+            _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)", RING_BLOCK_ROWS)]
+
+
 def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, h, d = _shape(rng, dims=(4, 8))
     scale = _scale(rng, scale)
@@ -310,9 +362,7 @@ def _ring_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Cas
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                 f"N={n}, {chunk} tokens per rank, block {block}, {_describe(b, h, d, scale)}",
                 explain=functools.partial(_ring_explained, qs, ks, vs),
-                budgets=[*_kv_budget(b, h, chunk, d, n),
-                         _largest_tensor_budget(b, h, chunk, d, block, "K and V", 2, RING_TILES),
-                         _memory_budget(b, h, d, block, RING_CHUNKS, chunk, "O(s/N · d)", RING_BLOCK_ROWS)],
+                budgets=[*_kv_budget(b, h, chunk, d, n), *_ring_memory(b, h, chunk, d, block)],
                 allowed_ops=P2P, contracts=_ring_rules(n))
 
 
@@ -375,14 +425,15 @@ RING_HINTS = [
 
 
 ring_attention = _attention_puzzle(
-    "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 6), variants=[{"scale": LARGE}], outputs=OUT_AND_LSE,
+    "ring_attention", NOTEBOOK, _ring_case, world_sizes=(2, 3, 4, 6), variants=[{"scale": LARGE}, {"scale": NEAR}],
+    outputs=OUT_AND_LSE,
     oracle=_ring_oracle, oracle_name=GATHERED, hints=RING_HINTS,
     describe="Each rank's queries attend to every rank's keys, passing K and V around the ring.")
 
 
-def _overlap_case(rng: random.Random, n: int) -> Case:
+def _overlap_case(rng: random.Random, n: int, scale: Optional[float | str] = None) -> Case:
     b, h, d = 1, 2, 8
-    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, 1.0)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, _scale(rng, scale), blocks_per_rank=1)
     link = rng.choice(sorted(LINKS))
     base = CostModel()
     at_least = min_tokens_to_overlap(base.flops_per_s, LINKS[link])
@@ -397,8 +448,8 @@ def _overlap_case(rng: random.Random, n: int) -> Case:
            f"overlap can hide all N-1 = {n - 1} transfers; the budget is {1 - OVERLAP:g} of them")
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), chunk), expected,
                 f"N={n}, timed as {fmt_tokens(tokens)} tokens per rank, 32 heads of 128, bf16, on H100s "
-                f"over {link}", budgets=[*_kv_budget(b, h, chunk, d, n), _overlap_time(qs[0], ks[0], vs[0], n, cost,
-                                                                                     limit)],
+                f"over {link}", budgets=[*_kv_budget(b, h, chunk, d, n), *_ring_memory(b, h, chunk, d, chunk),
+                                         _overlap_time(qs[0], ks[0], vs[0], n, cost, limit)],
                 cost=cost, allowed_ops=P2P, explain=functools.partial(_ring_explained, qs, ks, vs),
                 contracts=_ring_rules(n) + [communication_hidden(
                     limit, "K/V transfers", why, hint="post the next block's isend/irecv before computing on "
@@ -430,6 +481,7 @@ def fmt_tokens(n: int) -> str:
 
 ring_attention_overlap = _attention_puzzle(
     "ring_attention_overlap", NOTEBOOK, _overlap_case, world_sizes=(2, 4, 8), oracle=_ring_oracle, outputs=OUT_AND_LSE,
+    variants=[{"scale": NEAR}],
     oracle_name=GATHERED,
     hints=["At the start of each step (but the last), post the transfer of the block you hold with dist.isend and "
            "dist.irecv, then compute on it while it travels; wait for both before the next step.",
@@ -549,7 +601,8 @@ def _zigzag_oracle(dist, q, k, v, _block):
 
 
 zigzag_attention = _attention_puzzle(
-    "zigzag_attention", NOTEBOOK, _zigzag_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}], outputs=OUT_AND_LSE,
+    "zigzag_attention", NOTEBOOK, _zigzag_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}, {"scale": NEAR}],
+    outputs=OUT_AND_LSE,
     oracle=_zigzag_oracle, oracle_name="PyTorch's causal attention on the gathered K and V",
     hints=["Your q, k and v hold two chunks of c tokens: chunk r (rows :c) and chunk 2N-1-r (rows c:). The K/V "
            "block from rank src holds chunks src and 2N-1-src. Handle the four (query chunk, key chunk) pairs.",
@@ -579,9 +632,9 @@ ULYSSES_TILES = ("attend with your blockwise_attention, `block` keys at a time: 
 
 def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
     b, _, d = _shape(rng, dims=(4, 8))
-    h = n * rng.randint(1, 2)
+    h = n * rng.randint(2, 3)          # two heads per rank or more: heads dealt round-robin then differ from blocks
     scale = _scale(rng, scale)
-    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, pairs=ULYSSES_PAIRS)
+    (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, pairs=ULYSSES_PAIRS, blocks_per_rank=1)
     block = rng.choice([chunk, chunk + 1, 2 * chunk - 1])
     size = b * h * chunk * d * ITEM
     traffic = _exactly(Budget("bytes_sent", 4 * (n - 1) / n * size,
@@ -696,7 +749,7 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
     scale = _scale(rng, scale)
     chunk = 2 * rng.randint(3 * d, 4 * d)
     s = n * chunk
-    q, k, v = _qkv(rng, b, h, s, s, d, scale)
+    q, k, v = _qkv(rng, b, h, s, s, d, scale, blocks=2 * n)
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     dout = torch.randn(b, h, s, d, generator=gen, dtype=torch.float64)
     out, lse = attention(q, k, v)

@@ -77,13 +77,25 @@ def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
 
     Not lib.models.Block.attention, on purpose: Megatron's layout is sequence-first ([s, b, h]), which makes
     sequence parallelism a split of dim 0, and a rank here owns only its heads' slice of qkv, not a module."""
+    return _core(qkv, heads)
+
+
+def _core(qkv: torch.Tensor, heads: int, *, scale: Optional[float] = None, causal: bool = True, over: int = -1,
+          per_head: bool = False) -> torch.Tensor:
+    """attention_core with each of its settings open, for the diagnosis: the scores' scale (1/√d by default), the
+    causal mask, the dimension the softmax normalises over (the keys, -1), and the layout of qkv (per_head: each
+    head's q, k, v side by side, [s, b, heads, 3·d], Megatron-LM's fused layout)."""
     s, b, three_w = qkv.shape
     w = three_w // 3
     d = w // heads
-    q, k, v = (t.reshape(s, b, heads, d).permute(1, 2, 0, 3) for t in qkv.split(w, dim=-1))  # (b, a, s, d) each
-    causal = torch.full((s, s), float("-inf"), dtype=qkv.dtype, device=qkv.device).triu(1)
-    weights = ((q @ k.transpose(-2, -1)) * d ** -0.5 + causal).softmax(-1)
-    return (weights @ v).permute(2, 0, 1, 3).reshape(s, b, w)                           # (b, a, s, d) -> (s, b, w)
+    if per_head:
+        q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.reshape(s, b, heads, 3 * d).split(d, dim=-1))
+    else:
+        q, k, v = (t.reshape(s, b, heads, d).permute(1, 2, 0, 3) for t in qkv.split(w, dim=-1))  # (b, a, s, d) each
+    scores = (q @ k.transpose(-2, -1)) * (d ** -0.5 if scale is None else scale)
+    if causal:
+        scores = scores + torch.full((s, s), float("-inf"), dtype=qkv.dtype, device=qkv.device).triu(1)
+    return (scores.softmax(over) @ v).permute(2, 0, 1, 3).reshape(s, b, w)              # (b, a, s, d) -> (s, b, w)
 
 
 def _reference(fn: Callable, upstream: torch.Tensor, **inputs: torch.Tensor) -> dict:
@@ -117,6 +129,148 @@ def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:
 
 def _label(world: int, s: int, b: int, h: int, extra: str = "") -> str:
     return f"N={world}, s={s}, b={b}, h={h}{extra}"
+
+
+# ---- what a wrong layer shows -----------------------------------------------------------------------
+# A layer's explain (lib.check.Case) replays the parallel layer on the case's inputs with one of its settings
+# changed, and names the setting whose layer gives the learner's output: where f and g sit, how attention splits and
+# scales its heads, which ids a vocabulary shard may use. These are the layer's own degrees of freedom, not a list of
+# answers: any wrong answer that is the layer with one setting changed is named by it.
+OPERATORS = {"f": "f (identity forward, all-reduce backward)", "g": "g (all-reduce forward, identity backward)",
+             "": "no operator"}
+
+
+def _placements(x: torch.Tensor, dy: torch.Tensor, world: int, local: Callable[[torch.Tensor, int], torch.Tensor]
+                ) -> dict[tuple[str, str], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """{(before, after): each rank's (partial output, x.grad)} for every place of f, g or nothing before the layer's
+    first matmul and after its last (`local(x, r)`: rank r's part of the layer, whose parts sum to the output)."""
+    found = {}
+    for before in OPERATORS:
+        inputs = [(x * world if before == "g" else x).clone().requires_grad_() for _ in range(world)]
+        partial = [local(inputs[r], r) for r in range(world)]
+        total = sum(t.detach() for t in partial)
+        for r in range(world):
+            partial[r].backward(dy, retain_graph=True)
+        pulled = [t.grad.clone() for t in inputs]
+        for after in OPERATORS:
+            scale = world if after == "f" else 1          # f's backward sums N copies of the same upstream gradient
+            grads = [g * scale for g in pulled]
+            grads = [sum(grads)] * world if before == "f" else grads
+            outs = [total if after == "g" else partial[r].detach() for r in range(world)]
+            found[before, after] = list(zip(outs, grads))
+    return found
+
+
+def _placement_explain(x: torch.Tensor, dy: torch.Tensor, bias: torch.Tensor, world: int, local: Callable,
+                       first: str, last: str):
+    """Which f and g (or none) before `first` and after `last` give the learner's output and x.grad on every rank."""
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        if not all(isinstance(g, dict) and isinstance(g.get("output"), torch.Tensor)
+                   and isinstance(g.get("x.grad"), torch.Tensor) for g in got):
+            return None
+        for (before, after), runs in _placements(x, dy, world, local).items():
+            if (before, after) == ("f", "g"):
+                continue
+            if all(_same(g["output"], out + bias) and _same(g["x.grad"], grad) for g, (out, grad) in zip(got, runs)):
+                swapped = ": f and g in each other's place" if (before, after) == ("g", "f") else ""
+                return (f"Diagnosis: the output and x.grad are those of {OPERATORS[before]} before {first} and "
+                        f"{OPERATORS[after]} after {last}, where Megatron's layer has f before {first} and g after "
+                        f"{last}{swapped}.")
+        return None
+    return explain
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a.detach().double().cpu(), b.double(), rtol=1e-7, atol=1e-9)
+
+
+def _attention_settings(heads: int, world: int, h: int) -> list[tuple[dict, str]]:
+    """(settings of _core, what they mean) for every single change of attention's settings on a rank."""
+    a, w = heads // world, h // world
+    d = w // a
+    said_heads = [({"heads_per_rank": n},
+                   f"each rank splits its {w} features into {n} heads of {w // n} where it holds {a} heads of d = {d} "
+                   "(heads // N): " + ("all the heads of the model on every rank" if n == heads else
+                                       f"{n} heads per rank"))
+                  for n in range(1, w + 1) if w % n == 0 and n != a]
+    scales = {f"1/√h, h = {h} the model's width": h ** -0.5, f"1/√(h/N) = 1/√{w}, this rank's width": w ** -0.5,
+              f"1/d = 1/{d} (no square root)": 1 / d, "1 (not scaled)": 1.0, f"√d = √{d} (multiplied)": d ** 0.5}
+    alike: dict[float, list[str]] = {}
+    for said, v in scales.items():
+        if abs(v - d ** -0.5) > 1e-12:
+            alike.setdefault(round(v, 12), []).append(said)      # equal on this case (h = d², ...): said together
+    said_scales = [({"scale": v}, f"the scores are scaled by {', or '.join(said)} where attention scales them by "
+                                  f"1/√d, d = {d} the head's width (h / heads)") for v, said in alike.items()]
+    return [*said_heads, *said_scales,
+            ({"causal": False}, "no causal mask: every position attends to the future too (-inf above the diagonal, "
+                                "or is_causal=True, keeps each query to the keys at or before it)"),
+            ({"over": -2}, "the softmax normalises over the queries (dim -2) where each query's weights over the "
+                           "keys must sum to 1 (softmax's dim -1)"),
+            ({"per_head": True}, "qkv read as each head's q, k, v side by side ([s, b, heads, 3·d], Megatron-LM's "
+                                 "fused layout) where this layer's qkv is all of q, then all of k, then all of v "
+                                 "([s, b, 3·w])")]
+
+
+def _settings_explain(x: torch.Tensor, output: Callable[..., torch.Tensor], settings: list[tuple[dict, str]],
+                      what: str):
+    """The setting whose layer (`output(**setting)`, the whole output) gives the learner's output on rank 0."""
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        mine = got[0].get("output") if isinstance(got[0], dict) else None
+        if not isinstance(mine, torch.Tensor) or mine.shape != x.shape:
+            return None
+        with torch.no_grad():
+            for setting, meaning in settings:
+                if _same(mine, output(**setting)):
+                    return f"Diagnosis: your output is {what} with one setting changed: {meaning}."
+        return None
+    return explain
+
+
+def _attention_explain(x, qkv_ws, qkv_bs, proj_ws, proj_b, heads: int, world: int):
+    """parallel_attention's explain: the setting of attention whose layer gives the learner's output; failing that,
+    which positions are right (position 0 attends only to itself: right there and wrong after it, the weights are
+    wrong and the values right)."""
+
+    def output(heads_per_rank: int = heads // world, **setting) -> torch.Tensor:
+        return sum(F.linear(_core(F.linear(x, qkv_ws[r], qkv_bs[r]), heads_per_rank, **setting), proj_ws[r])
+                   for r in range(world)) + proj_b
+
+    def positions(expected: list, got: list) -> Optional[str]:
+        mine = got[0].get("output") if isinstance(got[0], dict) else None
+        if not isinstance(mine, torch.Tensor) or mine.shape != x.shape or len(x) < 2:
+            return None
+        wrong = [i for i in range(len(x)) if not _same(mine[i], expected[0]["output"][i])]
+        if wrong == list(range(1, len(x))):
+            return ("Diagnosis: position 0, which attends only to itself, is right, and every later position is "
+                    "wrong: the values and projections are right and the attention weights are not (the scale, the "
+                    "heads a rank splits its features into, the mask, or the softmax's dim).")
+        if wrong == list(range(len(x) - 1)):
+            return ("Diagnosis: only the last position, which may attend to every key, is right: the earlier "
+                    "positions attend to the future too (the causal mask is missing or wrong).")
+        return None
+    return _either(_settings_explain(x, output, _attention_settings(heads, world, x.shape[-1]), "attention's"),
+                   positions)
+
+
+def _mlp_explain(x, w1s, b1s, w2s, b2, world: int):
+    """megatron_mlp's explain: the activation whose MLP gives the learner's output."""
+    def output(act: Callable) -> torch.Tensor:
+        return sum(F.linear(act(F.linear(x, w1s[r], b1s[r])), w2s[r]) for r in range(world)) + b2
+    settings = [({"act": functools.partial(F.gelu, approximate="tanh")},
+                 "GeLU's tanh approximation (F.gelu(x, approximate='tanh'), GPT-2's) where this MLP uses the exact "
+                 "erf form, F.gelu(x)"),
+                ({"act": F.relu}, "ReLU where this MLP uses GeLU (F.gelu)"),
+                ({"act": F.silu}, "SiLU where this MLP uses GeLU (F.gelu)")]
+    return _settings_explain(x, output, settings, "the MLP's")
+
+
+def _either(*explains: Callable) -> Callable:
+    """One explain from several: the first that finds something."""
+    def explain(expected: list, got: list) -> Optional[str]:
+        return next(filter(None, (e(expected, got) for e in explains)), None)
+    return explain
 
 
 # ---- 1. column-parallel linear -----------------------------------------------------------------
@@ -260,9 +414,15 @@ def _mlp_case(rng: random.Random, world: int) -> Case:
     args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*w1.chunk(world, 0))),
             per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
             per_rank([_req(b2)[0] for _ in range(world)]), per_rank([Upstream(dy, pattern, activations)] * world))
+    w1s, b1s, w2s = w1.chunk(world, 0), b1.chunk(world, 0), w2.chunk(world, 1)
+
+    def part(t: torch.Tensor, r: int) -> torch.Tensor:
+        return F.linear(F.gelu(F.linear(t, w1s[r], b1s[r])), w2s[r])
     return Case(world, args, expected, _label(world, s, b, h),
                 budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
-                allowed_ops=frozenset({"all_reduce"}))
+                allowed_ops=frozenset({"all_reduce"}),
+                explain=_either(_mlp_explain(x, w1s, b1s, w2s, b2, world),
+                                _placement_explain(x, dy, b2, world, part, "fc1", "fc2")))
 
 
 class _MLP(torch.nn.Module):
@@ -336,14 +496,21 @@ def _attention_case(rng: random.Random, world: int, heads_per_rank: Optional[int
     gqw, gqb, gpw = _qkv_shards(ref["qkv_w"], world), _qkv_shards(ref["qkv_b"], world), ref["proj_w"].chunk(world, 1)
     expected = [{"output": ref["output"], "x.grad": ref["x"], "qkv_w.grad": gqw[r], "qkv_b.grad": gqb[r],
                  "proj_w.grad": gpw[r], "proj_b.grad": ref["proj_b"]} for r in range(world)]
-    args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*_qkv_shards(qkv_w, world))),
-            per_rank(_req(*_qkv_shards(qkv_b, world))), per_rank(_req(*proj_w.chunk(world, 1))),
+    qkv_ws, qkv_bs, proj_ws = _qkv_shards(qkv_w, world), _qkv_shards(qkv_b, world), proj_w.chunk(world, 1)
+
+    def part(t: torch.Tensor, r: int) -> torch.Tensor:
+        return F.linear(attention_core(F.linear(t, qkv_ws[r], qkv_bs[r]), a // world), proj_ws[r])
+    args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*qkv_ws)),
+            per_rank(_req(*qkv_bs)), per_rank(_req(*proj_ws)),
             per_rank([_req(proj_b)[0] for _ in range(world)]), a,
             per_rank([Upstream(dy, pattern, activations)] * world))
     return Case(world, args, expected, _label(world, s, b, h, f", {a} heads"),
                 budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
                 allowed_ops=frozenset({"all_reduce"}),
-                factors={"√d, the attention scale": (h // a) ** 0.5, "a, the attention heads": a})
+                factors={"√d, the attention scale": (h // a) ** 0.5, "a, the attention heads": a},
+                explain=_either(_attention_explain(x, qkv_ws, qkv_bs, proj_ws, proj_b, a, world),
+                                _placement_explain(x, dy, proj_b, world, part, "the qkv projection",
+                                                   "the output projection")))
 
 
 class _Attention(torch.nn.Module):
@@ -527,12 +694,69 @@ def _vocab_case(rng: random.Random, world: int, logit_scale: Optional[float] = N
                f"({fmt_bytes(held)}); the full logits are {fmt_bytes(sb * vocab * ITEM)}")
     return Case(world, args, expected, _label(world, s, b, h, f", vocabulary {vocab}, logits of about ±{scale:.3g}"),
                 factors={"s·b, the tokens": sb},
+                explain=_vocab_explain(tokens, targets, emb_w.chunk(world, 0), head_w.chunk(world, 0)),
                 # The floor first: below it, bytes went by some other way than dist, whatever the memory says. Then
                 # memory: it is the point of this puzzle (a gather also sends too much).
                 budgets=[_vocab_floor(tokens, h, sb), Budget("peak_memory", memory, why_mem,
                                 hint="never build [s, b, V]: reduce the max, the sum of exponentials and the "
                                      "target's logit across ranks instead, each [s, b]."),
                          Budget("bytes_sent", sent, why_bytes), Budget("bytes_received", sent, why_bytes)])
+
+
+# Where an id a rank does not own lands in its shard, if it is not masked: the ways of shifting it by the shard's
+# first id.
+LANDINGS = {"its local row 0, where torch.where(mine, ids - first, 0) sends them": lambda ids, first, part: torch.where(
+                (ids >= first) & (ids < first + part), ids - first, 0),
+            "the shard's first or last row, where (ids - first).clamp(0, V/N - 1) sends them":
+                lambda ids, first, part: (ids - first).clamp(0, part - 1),
+            "local row id mod V/N, where ids % (V/N) sends them": lambda ids, first, part: ids % part}
+
+
+def _vocab_loss_parallel(tokens, targets, emb_ws, head_ws, *, embedding_masked: bool = True,
+                         target_masked: bool = True, land: Callable = LANDINGS[next(iter(LANDINGS))],
+                         shifted: bool = True) -> torch.Tensor:
+    """The vocabulary-parallel loss computed rank by rank, with the ownership test of the embedding's lookup or of
+    the target's logit left out if asked (each rank then uses the row an id it does not own lands on). Unmasked, the
+    target's logit keeps N - 1 times the maximum subtracted (`shifted`), where the mask would cancel it."""
+    part = len(emb_ws[0])
+    firsts = [r * part for r in range(len(emb_ws))]
+
+    def own(ids, first):
+        return ((ids >= first) & (ids < first + part)).unsqueeze(-1)
+
+    x = sum(F.embedding(land(tokens, f, part), e) * (own(tokens, f) if embedding_masked else 1)
+            for f, e in zip(firsts, emb_ws))
+    logits = [F.linear(x, w) for w in head_ws]
+    if shifted:         # as the hints lay it out: the maximum over the whole vocabulary subtracted on every rank
+        top = torch.cat(logits, -1).amax(-1, keepdim=True)
+        logits = [z - top for z in logits]
+    target = sum(z.gather(-1, land(targets, f, part).unsqueeze(-1)) * (own(targets, f) if target_masked else 1)
+                 for f, z in zip(firsts, logits))
+    return (torch.cat(logits, -1).logsumexp(-1) - target.squeeze(-1)).mean()
+
+
+def _vocab_explain(tokens, targets, emb_ws, head_ws):
+    """vocab_parallel_loss's explain: the use of the ownership test (the embedding's lookup, the target's logit) whose
+    absence gives the learner's loss, and where the unowned ids landed."""
+    settings = [({"embedding_masked": False, "land": land},
+                 f"every rank adds an embedding row for ids it does not own (they land on {where}) into the sum over "
+                 "the ranks: only the rank that owns an id may contribute its row; the others add zeros")
+                for where, land in LANDINGS.items()]
+    settings += [({"target_masked": False, "land": land, "shifted": shifted},
+                  f"every rank adds its logit at the target's row even for targets it does not own (they land on "
+                  f"{where}): only the owner's logit may enter the target's sum; the others add 0")
+                 for where, land in LANDINGS.items() for shifted in (True, False)]
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        mine = got[0].get("output") if isinstance(got[0], dict) else None
+        if not isinstance(mine, torch.Tensor) or mine.numel() != 1:
+            return None
+        with torch.no_grad():
+            for setting, meaning in settings:
+                if _same(mine.reshape(()), _vocab_loss_parallel(tokens, targets, emb_ws, head_ws, **setting)):
+                    return f"Diagnosis: your loss is the vocabulary-parallel loss with one setting changed: {meaning}."
+        return None
+    return explain
 
 
 def _vocab_floor(tokens: torch.Tensor, h: int, sb: int) -> Budget:

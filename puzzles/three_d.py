@@ -505,9 +505,13 @@ def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Me
     shape = (2, 2, 2) if n == 8 else (1, 2, 2)
     dp, pp, tp = shape
     heads = tp * rng.choice([1, 2])
-    cfg = GPTConfig(vocab=rng.choice([32, 64]), seq=rng.choice([8, 16]), hidden=heads * rng.choice([8, 16]),
-                    heads=heads, layers=pp, tied=False)
-    micro, m, lr = rng.randint(1, 2), pp + 1, 0.1
+    vocab, hidden, micro = rng.choice([32, 64]), heads * rng.choice([8, 16]), rng.randint(1, 2)
+    # A micro-batch's stash (about micro · s / h times the stage's gradients) at least 1.5 times those gradients: the
+    # memory budget allows a flattened copy of them for the DP average, and GPipe's one more micro-batch in flight
+    # on stage 0 must still break it.
+    seq = next(s for s in (8, 16, 32, 64, 128) if micro * s >= STASH_OVER_GRADIENTS * hidden)
+    cfg = GPTConfig(vocab=vocab, seq=seq, hidden=hidden, heads=heads, layers=pp, tied=False)
+    m, lr = pp + 1, 0.1
     steps = 2 if steps is None else steps             # fewer steps: where a wrong run first leaves the reference
     gen = _gen(rng)
     model = tiny_gpt(cfg, rng.randrange(2**31))
@@ -527,9 +531,10 @@ def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Me
     step = (m + pp - 1) * unit + 2 * (pp - 1) * hop + sync
     # Memory: 1F1B keeps p-r micro-batches on stage r (notebook 05), each stash measured on the stage.
     in_flight = peak_in_flight(schedule_orders("1f1b", pp, m))
+    # The update may hold one copy of the stage's gradients besides them: the DP all-reduce of every gradient
+    # flattened into one buffer, as DDP's buckets do (one parameter's worth rejected that right answer on 1 seed in 10).
     inputs = tokens.nbytes * 2
-    largest = [max(p.numel() for p in start[p][t].parameters()) * ITEM for _, p, t in where]
-    memory = [inputs + measured[p][1] + in_flight[p] * measured[p][0] + largest[r] + 4 * act
+    memory = [inputs + measured[p][1] + in_flight[p] * measured[p][0] + stage_bytes[r] + 4 * act
               for r, (_, p, _) in enumerate(where)]
     stash0, step0 = measured[0]
     budgets = [
@@ -543,8 +548,9 @@ def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Me
         Budget("peak_memory", memory,
                f"on rank 0: the tokens and targets ({fmt_bytes(inputs)}), one micro-batch's forward and backward "
                f"with the stage's weights and gradients ({fmt_bytes(step0)}), the activations of 1F1B's "
-               f"{in_flight[0]} micro-batches in flight ({fmt_bytes(stash0)} each), one parameter's worth for the "
-               f"update and 4 boundary tensors of {fmt_bytes(act)}",
+               f"{in_flight[0]} micro-batches in flight ({fmt_bytes(stash0)} each), a flattened copy of the stage's "
+               f"gradients for the DP average ({fmt_bytes(stage_bytes[0])}) and 4 boundary tensors of "
+               f"{fmt_bytes(act)}",
                hint="1F1B: stage r runs p-r-1 forwards ahead, then one forward, one backward; free each micro-batch's "
                     "stash when its backward is done.")]
     axis_budgets = [
@@ -570,6 +576,7 @@ def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Me
 
 
 TIME_SLACK = 0.1
+STASH_OVER_GRADIENTS = 1.5
 # The memory budget is 1F1B's stash on the device: activations parked in host memory (saved-tensor hooks that move
 # them to lib.host()) would let GPipe's m micro-batches in flight pass it.
 ON_DEVICE = nothing_on_the_host("1F1B bounds the activations each stage keeps on its device")
@@ -619,7 +626,7 @@ def _first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks
                                       sequence_parallel=sp,
                                       recompute=plan.recompute if recompute == "plan" else recompute)
     micro_batches = {"1f1b": first_stage_in_flight(plan.pp, plan.micro_batches), "one": 1,
-                     "all": plan.micro_batches}[in_flight]
+                     "all": plan.micro_batches, "stages": plan.pp}[in_flight]
     return states + extra + counted * kept * micro_batches
 
 
@@ -708,6 +715,8 @@ PLAN_MISTAKES = [
                   "micro-batches in flight at its peak (first_stage_in_flight, notebook 05).", in_flight="one"),
     _plan_mistake("keeping all m micro-batches' activations gives: that is GPipe; 1F1B's first stage holds min(pp, m) "
                   "(first_stage_in_flight, notebook 05).", in_flight="all"),
+    _plan_mistake("keeping pp micro-batches' activations gives: with fewer micro-batches than stages the first stage "
+                  "holds all m of them, min(pp, m) (first_stage_in_flight, notebook 05).", in_flight="stages"),
     _plan_mistake("dividing every model state by dp whatever the ZeRO stage gives: ZeRO-0 keeps whole copies on each "
                   "data-parallel rank, ZeRO-1 shards the optimizer's 12 bytes, ZeRO-2 the gradients too, only ZeRO-3 "
                   "the weights (notebook 03).", sharding="always"),
@@ -727,8 +736,11 @@ PLAN_MISTAKES = [
 
 
 def _micro_batches(rng: random.Random, stages: int, more: bool) -> int:
-    """m: at most pp (1F1B holds m) or more than pp (it holds pp); at least 2 so that one micro-batch is wrong."""
-    return stages + rng.randint(1, 8) if more else rng.randint(2, max(2, stages))
+    """m: fewer than pp (1F1B holds m, not pp) or more than pp (it holds pp); at least 2 so that one micro-batch is
+    wrong. With pp of 1 or 2 and not more, 2 to 4."""
+    if more:
+        return stages + rng.randint(1, 8)
+    return rng.randint(2, stages - 1) if stages > 2 else rng.randint(2, 4)
 
 
 def _measured_memory_case(rng: random.Random, _world: int, pp: tuple, zero: tuple, recompute: tuple,
@@ -799,13 +811,14 @@ plan_memory = Puzzle(
     "plan_memory", NOTEBOOK, _memory_case, world_sizes=(1,) * 5, takes_dist=False, rtol=1e-9, atol=0,
     off_limits=PLANNER_ANSWERS, off_limits_advice=PLANNER_ADVICE, real_cell=False, mistakes=PLAN_MISTAKES,
     # Each seed, two tiny GPTs measured: a pipeline holding pp micro-batches, with ZeRO-1 or 3, without or with
-    # selective recomputation; one holding m, ZeRO-0 or 2, full recomputation. Then three at real sizes, against
-    # the formulas: ZeRO-3 on a pipeline, sequence parallel, no recomputation; pp=1 (the head on the first stage),
-    # TP without sequence parallelism, ZeRO-1 or 2, selective; ZeRO-0, full, more micro-batches than stages.
+    # selective recomputation; one holding m < pp, ZeRO-0 or 2, full recomputation. Then three at real sizes, against
+    # the formulas: ZeRO-3 on a pipeline holding m < pp, sequence parallel, no recomputation; pp=1 (the head on the
+    # first stage), TP without sequence parallelism, ZeRO-1 or 2, selective; ZeRO-0, full, more micro-batches than
+    # stages. The cases holding m < pp have pp of 4 or 8: counting pp in flight passed the seeds drawing m = pp there.
     variants=[{"measured": True, "pp": (2, 4), "zero": (1, 3), "recompute": ("none", "selective"),
                "more_micro_batches": True},
-              {"measured": True, "pp": (2, 4), "zero": (0, 2), "recompute": ("full",)},
-              {"pp": (2, 4, 8), "zero": (3,), "recompute": ("none",), "sequence_parallel": True},
+              {"measured": True, "pp": (4,), "zero": (0, 2), "recompute": ("full",)},
+              {"pp": (4, 8), "zero": (3,), "recompute": ("none",), "sequence_parallel": True},
               {"pp": (1,), "zero": (1, 2), "recompute": ("selective",), "sequence_parallel": False},
               {"pp": (2, 4), "zero": (0,), "recompute": ("full",), "more_micro_batches": True}],
     hints=["Three terms. The first stage's parameters: layers // pp blocks of model.layer_params, the embedding "
@@ -894,15 +907,64 @@ RANKED_BY_HFU = ("ranking the plans by HFU gives: HFU counts the FLOPs of recomp
 
 
 RECOMPUTE_PAYS = 1e-3         # the highest-HFU plan trains at least this much slower than the fastest, relatively
+# A search over part of the space: one field left at its simplest value, and what the best plan so found is called.
+# (the field's simplest value, the search that fixes it, what to search instead)
+PART_OF_THE_SPACE = {
+    "micro_batch": (1, "fixing the micro-batch at 1", "every micro_batch dividing global_batch // dp (micro-batches "
+                                                      "of several sequences can run the GPU's matmuls faster)"),
+    "tp": (1, "leaving tensor parallelism out (tp = 1)", "every tp dividing cluster.gpus_per_node"),
+    "pp": (1, "leaving pipeline parallelism out (pp = 1)", "every pp dividing model.layers"),
+    "zero": (0, "leaving ZeRO out (zero = 0)", "zero in 0, 1, 2 and 3"),
+    "recompute": ("none", "leaving recomputation out", "recompute in 'none', 'selective' and 'full'"),
+}
 
 
-def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = False) -> Case:
+def _best_with(fitting, field: str, value):
+    """The fastest of the fitting plans whose `field` is `value`, or None."""
+    from lib.planner.search import top
+
+    kept = [f for f in fitting if getattr(f.plan, field) == value]
+    return top(kept) if kept else None
+
+
+def _searches_of_part_of_the_space(fitting, fastest: float) -> tuple:
+    """Mistakes naming each search that fixes one field and so finds a slower plan than the fastest; searches that
+    find the same plan are named together."""
+    by_plan: dict = {}
+    for field, (value, search, instead) in PART_OF_THE_SPACE.items():
+        best = _best_with(fitting, field, value)
+        if best is not None and best.tokens_per_second < (1 - RECOMPUTE_PAYS) * fastest:
+            by_plan.setdefault(repr(best.plan), (best.plan, []))[1].append((search, instead))
+    return tuple(Mistake(lambda model, cluster, global_batch, plan=plan: plan,
+                         f"{', or '.join(s for s, _ in found)}, gives: search {'; and '.join(i for _, i in found)}.")
+                 for plan, found in by_plan.values())
+
+
+def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = False, batched: bool = False,
+               pipelined: bool = False) -> Case:
+    """long: 8K tokens on 8 A100s, where activations decide what fits; short: 1K tokens, where HFU and throughput
+    disagree; batched: 512 tokens on 8 H100s, where a micro-batch of one is slower than the best; pipelined: 50B to
+    80B parameters on 16 or 32 H100s, where the fastest plan is a pipeline. (A search fixing the micro-batch at 1, or
+    leaving pipelines out, passed every seed whose cases did not draw such a model.) Otherwise 4K or 8K tokens, 3B
+    to 40B parameters."""
     from lib.planner import A100_80GB, H100_80GB, Cluster, Model, PlanError
     from lib.planner.search import fitting_plans, top
 
     mistakes: tuple = ()
     while True:                                   # a model, cluster and batch where some plan fits
-        if short:                                 # 1K tokens, 15B to 52B parameters: recomputing all hides DP
+        if pipelined:                             # 50B to 80B parameters, 2K or 4K tokens: a pipeline is fastest
+            heads = rng.choice([80, 96])
+            model = Model(layers=rng.choice([48, 64]), hidden=heads * 128, heads=heads, seq=rng.choice([2048, 4096]),
+                          vocab=rng.choice([32000, 50304]))
+            cluster = Cluster(gpu=H100_80GB, gpus=rng.choice([16, 32]), gpus_per_node=8)
+            batch = rng.choice([16, 32])
+        elif batched:                             # 512 tokens, 2B to 6B parameters: the micro-batch matters
+            heads = rng.choice([24, 32])
+            model = Model(layers=rng.choice([24, 32]), hidden=heads * 128, heads=heads, seq=512,
+                          vocab=rng.choice([32000, 50304]))
+            cluster = Cluster(gpu=H100_80GB, gpus=8, gpus_per_node=8)
+            batch = rng.choice([32, 64])
+        elif short:                               # 1K tokens, 15B to 52B parameters: recomputing all hides DP
             heads = rng.choice([40, 48, 64])
             model = Model(layers=rng.choice([48, 64]), hidden=heads * 128, heads=heads, seq=1024,
                           vocab=rng.choice([32000, 50304]))
@@ -920,6 +982,12 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
         except PlanError:
             continue
         best = top(fitting)
+        if batched or pipelined:                  # keep the draw where the field left out makes a slower plan
+            field = "micro_batch" if batched else "pp"
+            simplest = _best_with(fitting, field, PART_OF_THE_SPACE[field][0])
+            if simplest is None or simplest.tokens_per_second < (1 - RECOMPUTE_PAYS) * best.tokens_per_second:
+                break
+            continue
         if not short:
             break
         # The short case keeps a draw where the plan of highest HFU is not the fastest: ranking by it then fails.
@@ -929,17 +997,19 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
             mistakes = (Mistake(lambda model, cluster, global_batch, plan=by_hfu.plan: plan, RANKED_BY_HFU),)
             break
     expected = {"fits": True, "tokens per second": best.tokens_per_second}
+    mistakes += _searches_of_part_of_the_space(fitting, best.tokens_per_second)
     return Case(n, (model, cluster, batch), [expected],
                 f"{model.layers} layers, hidden {model.hidden}, {heads} heads, s={model.seq} on "
                 f"{cluster.gpus} × {cluster.gpu.name}, batch {batch}"
-                + (": here the plan of highest HFU is not the fastest" if short else ""), mistakes=mistakes,
+                + (": here the plan of highest HFU is not the fastest" if short else "")
+                + (": here a micro-batch of one sequence is not the fastest" if batched else "")
+                + (": here the fastest plan is a pipeline" if pipelined else ""), mistakes=mistakes,
                 explain=functools.partial(_slower_plan, model, cluster, best.plan))
 
 
 choose_plan = Puzzle(
-    "choose_plan", NOTEBOOK, _plan_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
-    # 8K tokens on 8 A100s, where activations decide what fits; 1K tokens, where HFU and throughput disagree
-    variants=[{"long": True}, {"short": True}],
+    "choose_plan", NOTEBOOK, _plan_case, world_sizes=(1, 1, 1, 1), takes_dist=False, rtol=1e-9, atol=0,
+    variants=[{"long": True}, {"short": True}, {"batched": True}, {"pipelined": True}],
     hints=["Loop over every tp dividing cluster.gpus_per_node, every pp dividing model.layers, dp = cluster.gpus "
            "// (tp·pp) (skip when it does not fill the cluster or divide the batch), every zero in 0..3, every "
            "micro_batch dividing global_batch // dp and every recompute in ('none', 'selective', 'full').",

@@ -16,7 +16,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
+from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, nothing_on_the_host
+from lib.contract import peak_memory_between
 from lib.devices import device_mesh
 from lib.diagnose import hands_gradient
 from lib.first_use import import_ahead
@@ -36,10 +37,11 @@ SIZES = (6, 20, 20, 20, 20, 20, 20, 20, 3)    # 8 Linear layers; 400, 20 and 3 l
 WIDTHS = (16, 20)                             # the hidden width each case draws (256 and 400 leave them at N = 3)
 
 
-def _sizes(rng: random.Random) -> tuple[int, ...]:
-    """SIZES with a hidden width drawn for the case: an answer may not assume the model's shapes."""
-    width = rng.choice(WIDTHS)
-    return (SIZES[0], *[width] * (len(SIZES) - 2), SIZES[-1])
+def _sizes(rng: random.Random, deep: bool = False) -> tuple[int, ...]:
+    """SIZES with a hidden width drawn for the case (an answer may not assume the model's shapes); deep: DEEP hidden
+    layers of a DEEP_WIDTHS width."""
+    width = rng.choice(DEEP_WIDTHS if deep else WIDTHS)
+    return (SIZES[0], *[width] * (DEEP if deep else len(SIZES) - 2), SIZES[-1])
 STEPS = 2
 LOCAL = 4                                     # samples per rank per step
 LR = 1e-2
@@ -172,26 +174,50 @@ def _regather_floor(s: _Sizes) -> Budget:
                        "keeping them between the two is ZeRO-2.")
 
 
-def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint: str,
-                   states: float | None = None, formula: str = "") -> Budget:
+def _training_memory(s: _Sizes, stage: int, layers_at_once: int, label: str,
+                     states: float | None = None, formula: str = "") -> tuple[float, str]:
+    """(bytes, why): what a rank of this stage holds while training, at most."""
     states = s.states(stage) if states is None else states
     formula = formula or f"4 × model_state_bytes(Ψ={s.psi}, N={s.world}, stage {stage}, K={K[stage]})"
     work = layers_at_once * s.layer + 3 * s.shard
     why = (f"{label}: {formula} = {fmt_bytes(states)} "
            f"+ the batches {fmt_bytes(s.inputs)} + one step's activations {fmt_bytes(s.act)} + "
            f"{layers_at_once} layers' worth in flight and shard temporaries {fmt_bytes(work)}")
-    limit = states + s.inputs + s.act + work
+    return states + s.inputs + s.act + work, why
+
+
+def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint: str,
+                   states: float | None = None, formula: str = "") -> Budget:
+    limit, why = _training_memory(s, stage, layers_at_once, label, states, formula)
     if stage == 3:
-        # To return them, the full parameters come back at the end (the optimizer state dropped first).
+        # The full parameters are handed in (held while their shards and the optimizer state are made) and come back
+        # at the end to be returned (the optimizer state dropped first): training is judged apart (_while_training).
+        start = ITEM * s.psi + s.states(3) + s.inputs + 3 * s.shard
         final = ITEM * s.psi * (1 + 1 / s.world) + s.inputs + 2 * s.layer + 3 * s.shard
-        if final > limit:
-            why += (f"; here the end is larger: the full parameters, the shards, the batches and two layers' "
-                    f"buffers, {fmt_bytes(final)}")
-            limit = final
+        if max(start, final) > limit:
+            why += (f"; here the start or the end is larger: the full parameters handed in with the sharded state "
+                    f"({fmt_bytes(start)}), or gathered to be returned with the shards, the batches and two layers' "
+                    f"buffers ({fmt_bytes(final)})")
+            limit = max(start, final)
     return Budget("peak_memory", limit, why, hint=hint)
 
 
 ON_DEVICE = nothing_on_the_host("ZeRO shards the training state across the ranks' devices")
+# ZeRO-3's deep cases: DEEP hidden layers of a DEEP_WIDTHS width, whose parameters outweigh a step's activations
+# (which grow with the width, the parameters with its square). Every layer gathered at once is then well over what a
+# rank needs in flight (a layer, the next one, a gradient and its padded copy); with 6 layers of 16 or 20, all of
+# them fitted in the budget's allowance.
+DEEP, DEEP_WIDTHS = 12, (40, 44)              # 1600 and 1936 leave remainders at N = 3
+
+
+def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Contract:
+    """ZeRO-3's memory from its first all-gather to its last reduce-scatter: the full parameters handed in and the
+    final gather of every parameter (to return them) may hold them all, training may not. A peak over the whole run
+    is set by those, and gathering every layer ahead during the steps held no more."""
+    limit, why = _training_memory(s, 3, layers_at_once, label)
+    return peak_memory_between("all_gather", "reduce_scatter", limit, "while training",
+                                  f"while training, a ZeRO-3 rank holds {why}; only the final gather holds every "
+                                  "parameter", hint=hint)
 
 
 _TRAINING_FLOPS: dict[tuple, float] = {}       # (layer widths, samples per step, steps) -> FLOPs of train_single
@@ -209,10 +235,11 @@ def _reference(model, batches) -> tuple[dict, float]:
 
 
 def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False, model=None,
-          what: str = "", steps: Optional[int] = None) -> Case:
+          what: str = "", steps: Optional[int] = None, contracts=lambda s: []) -> Case:
     """`host`: the lesson puts state in host memory (its budgets say how much); otherwise none may go there.
     `model`: one the caller drew from `rng` first (to fit the cost model to it). `steps`: fewer steps of the same
-    batches (every draw is the same), to find the step a wrong run goes astray."""
+    batches (every draw is the same), to find the step a wrong run goes astray. `contracts(sizes)`: the case's rules
+    on the run."""
     model = mlp(_sizes(rng), seed=rng.randrange(2**31)) if model is None else model
     steps = steps or STEPS
     shards, full = sharded_batches(rng.randrange(2**31), SIZES, world, LOCAL, steps)
@@ -221,9 +248,10 @@ def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False
     work = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs (forward, backward and "
                                         "Adam on the whole batch)", over=FLOPS_OVER)
     return Case(world, (model, per_rank(shards), LR), [expected] * world,
-                f"N={world}, {steps} Adam steps" + (f", {what}" if what else
-                                                     f" of {LOCAL} samples per rank, {s.psi} padded parameters"),
-                budgets=([] if host else [ON_DEVICE]) + budgets(s, model) + work, cost=cost, steps=steps)
+                f"N={world}, {steps} Adam steps, {len(_layers(model))} layers" + (
+                    f", {what}" if what else f", {LOCAL} samples per rank, {s.psi} padded parameters"),
+                budgets=([] if host else [ON_DEVICE]) + budgets(s, model) + work, cost=cost, steps=steps,
+                contracts=contracts(s))
 
 
 def _params_of(model) -> dict[str, torch.Tensor]:
@@ -324,18 +352,22 @@ zero2_train = Puzzle(
 
 
 # ---- 3. ZeRO-3 / FSDP -----------------------------------------------------------------------------------
-def _zero3_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
+ZERO3_HINT = ("all-gather a layer's parameters just before you use it, and free them right after "
+              "(p.data = torch.empty(0, dtype=p.dtype)), in forward and again in backward.")
+
+
+def _zero3_case(rng: random.Random, world: int, deep: bool = False, steps: Optional[int] = None) -> Case:
+    """deep: DEEP hidden layers (see DEEP)."""
+    model = mlp(_sizes(rng, deep), seed=rng.randrange(2**31))
     return _case(rng, world, lambda s, m: [
         _regather_floor(s),
-        _memory_budget(s, 3, 5, "stage 3, (8+8+16)Ψ/N",
-                       "all-gather a layer's parameters just before you use it, and free them right after "
-                       "(p.data = torch.empty(0, dtype=p.dtype)), in forward and again in backward."),
+        _memory_budget(s, 3, 5, "stage 3, (8+8+16)Ψ/N", ZERO3_HINT),
         _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")],
-        steps=steps)
+        model=model, steps=steps, contracts=lambda s: [_while_training(s, 5, "stage 3, (8+8+16)Ψ/N", ZERO3_HINT)])
 
 
 zero3_train = Puzzle(
-    "zero3_train", NOTEBOOK, _zero3_case, world_sizes=FEWER_WORLDS,
+    "zero3_train", NOTEBOOK, _zero3_case, world_sizes=FEWER_WORLDS, variants=[{"deep": True}],
     hints=["First cut your shards and free the full parameters (p.data = torch.empty(0, dtype=p.dtype)). Then per "
            "step: forward layer by layer under torch.no_grad(), gathering each layer just before it runs and "
            "freeing it after; keep each layer's input. " + SHARD_HINT,
@@ -403,8 +435,12 @@ def _backward_through(layer, inp, grad):
     return inp.grad
 
 
-def _prefetch_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
-    model = mlp(_sizes(rng), seed=rng.randrange(2**31))
+PREFETCH_HINT = "prefetch one layer ahead, not all of them; free each layer after use."
+
+
+def _prefetch_case(rng: random.Random, world: int, deep: bool = False, steps: Optional[int] = None) -> Case:
+    """deep: DEEP hidden layers (see DEEP)."""
+    model = mlp(_sizes(rng, deep), seed=rng.randrange(2**31))
     biggest = max(_layers(model), key=lambda m: m.weight.numel())
     flops = 2 * LOCAL * biggest.in_features * biggest.out_features
     cost = CostModel(flops_per_s=1e9, latency=1e-8)
@@ -422,16 +458,18 @@ def _prefetch_case(rng: random.Random, world: int, steps: Optional[int] = None) 
                 Budget("time", limit, why,
                        hint="issue the next layer's all-gather with async_op=True before computing the current "
                             "layer, and .wait() on it only when you reach that layer (in backward: the previous one)."),
-                _memory_budget(s, 3, 6, "stage 3, (8+8+16)Ψ/N, with one more layer prefetched",
-                               "prefetch one layer ahead, not all of them; free each layer after use."),
+                _memory_budget(s, 3, 6, PREFETCHED, PREFETCH_HINT),
                 _bytes_budget(s, 3, True, "all-gathers for forward and for backward and a reduce-scatter per step")]
 
     return _case(rng, world, budgets, cost, model=model, what="gathering a layer takes as long as computing it",
-                 steps=steps)
+                 steps=steps, contracts=lambda s: [_while_training(s, 6, PREFETCHED, PREFETCH_HINT)])
+
+
+PREFETCHED = "stage 3, (8+8+16)Ψ/N, with one more layer prefetched"
 
 
 fsdp_prefetch_train = Puzzle(
-    "fsdp_prefetch_train", NOTEBOOK, _prefetch_case, world_sizes=FEWER_WORLDS,
+    "fsdp_prefetch_train", NOTEBOOK, _prefetch_case, world_sizes=FEWER_WORLDS, variants=[{"deep": True}],
     hints=["Same algorithm as zero3_train. While layer i computes, the network is idle: start layer i+1's "
            "all-gather before computing layer i (in backward, layer i-1's before recomputing layer i).",
            "work = dist.all_gather_single(buf, shard, async_op=True) returns at once. Keep (buf, work) for the next "

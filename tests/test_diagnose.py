@@ -476,3 +476,28 @@ def test_a_division_by_a_python_zero_is_named(capsys):
         return x.div(1 - 0.9 ** 0)       # Adam's bias correction at t = 0: a Python 0
     out = _failure(puzzle(_sum_case), bias_correction_from_step_0, capsys)
     assert "a division by zero" in out, out
+
+
+def test_values_computed_from_memory_read_before_it_was_written_are_named(capsys):
+    def reads_the_buffer_before_the_wait(dist, x):
+        got = torch.empty_like(x)
+        work = dist.irecv(got, (dist.get_rank() - 1) % dist.get_world_size())
+        early = got * 2 + x                      # read before work.wait(): what torch.empty left there
+        send = dist.isend(x, (dist.get_rank() + 1) % dist.get_world_size())
+        work.wait()
+        send.wait()
+        return early
+    out = _failure(puzzle(_sum_case), reads_the_buffer_before_the_wait, capsys)
+    assert "from memory nothing wrote: torch.empty's leftovers read before anything was written" in out, out
+
+
+def test_coordinates_in_the_reverse_order_are_read_entry_by_entry():
+    text = diagnose([(0, 1, 2)], [(2, 1, 0)], ())
+    assert "entry 0 holds what entry 2 should" in text and "innermost-first" in text, text
+
+
+def test_a_prediction_rounded_down_is_named():
+    from lib.terms import Q, ceil, explain, formula
+    steps = formula(ceil(Q("t", 11, "the time") / Q("s", 4, "a step's time")), "steps")
+    assert explain(steps, 2) == ("your answer is 1 steps short: it is what the formula gives with rounded down "
+                                 "where it must round up (floor for ceil).")

@@ -23,7 +23,8 @@ import solutions.data_parallel as S
 from lib.nbtools import BEGIN_SOLUTION, STUB, puzzle_cells, solve
 from tools import NOTEBOOKS, ROOT, course_notebooks
 from tools.autograde import needed_for_grades
-from tools.grade import PACKAGES, _student
+from tools.grade import PACKAGES
+from tools.submissions import student as student_of
 
 NB02 = NOTEBOOKS / "02_data_parallel.ipynb"
 
@@ -61,8 +62,8 @@ def test_autograding_runs_only_what_grades_depend_on():
 
 
 def test_a_folder_in_nbgraders_submitted_is_read_as_its_student(tmp_path):
-    assert _student(tmp_path / "submitted" / "ada" / "ps1") == "ada"
-    assert _student(tmp_path / "bo") == "bo"
+    assert student_of(tmp_path / "submitted" / "ada" / "ps1") == "ada"
+    assert student_of(tmp_path / "bo") == "bo"
 
 
 def _readme_config() -> str:

@@ -10,11 +10,16 @@ import pytest
 import torch
 
 import puzzles.beyond
+import puzzles.moe
 import puzzles.ring_attention
+import puzzles.three_d
 from lib.cross_site import shard_bounds
 from puzzles.beyond import STATE
+from solutions.moe import moe_layer
+from solutions.three_d import train_3d
 from solutions.ring_attention import blockwise_attention, merge_attention, ring_attention_overlap
 from tests.cheats.ring_attention import _pass_right
+from tests.wrong.three_d import DPAverageReplaced
 
 SEEDS = (0, 1, 2)                  # a few for CI time; a sweep over 0-29 passed for every answer here
 
@@ -201,12 +206,43 @@ def ulysses_stacked_freeing(dist, q, k, v, block):
     return _heads_back(dist, o, world)
 
 
+# ---- moe_layer(dist, x, router, experts, k, capacity_factor): this rank's output rows -----------------------------
+def moe_layer_by_list_all_to_all(dist, x, router, experts, k, capacity_factor):
+    """Rows dispatched and combined with the list form, dist.all_to_all: one tensor per rank, its own included (it
+    was charged (N-1)/N of every slot, its own too, and put under the byte floor)."""
+    def exchange(dist, rows, output_split_sizes, input_split_sizes):
+        outs = [rows.new_empty(n, *rows.shape[1:]) for n in output_split_sizes]
+        dist.all_to_all(outs, list(rows.split(input_split_sizes)))
+        return torch.cat(outs)
+    return moe_layer(dist, x, router, experts, k, capacity_factor, exchange=exchange)
+
+
+# ---- train_3d(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr): this rank's trained stage ------------------
+def train_3d_one_flat_all_reduce(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """The data-parallel average as one all-reduce per step of every gradient flattened into one buffer, copied back
+    into each .grad (what DDP's buckets do), where the reference all-reduces parameter by parameter. It was over the
+    peak-memory budget, which allowed one parameter's worth for the update, and the hint blamed 1F1B's stash."""
+    params, left = list(stage.parameters()), []
+
+    def flat(real, grad, group):
+        if not left:                       # the step's first gradient: average all of them at once
+            grads = [p.grad for p in params]
+            bucket = torch.cat([g.reshape(-1) for g in grads])
+            real.all_reduce(bucket, op=real.ReduceOp.AVG, group=group)
+            for g, part in zip(grads, bucket.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
+            left.extend(params)
+        left.pop()
+    return train_3d(DPAverageReplaced(dist, flat), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+
+
 RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
     [(puzzles.ring_attention.ring_attention, answer) for answer in (
         ring_key_blocks_only, ring_even_odd, ring_head_by_head, ring_attention_overlap)] + \
-    [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)]
+    [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)] + \
+    [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])

@@ -648,3 +648,39 @@ def test_uneven_all_to_all_single_counts_the_rows_that_leave(data, n, width):
     for r in range(n):
         assert stats[r].bytes_sent == row * (sum(splits[r]) - splits[r][r])
         assert stats[r].bytes_received == row * (sum(splits[s][r] for s in range(n)) - splits[r][r])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_list_all_to_all_counts_the_slots_that_leave(n):
+    """The list form of all_to_all charges each rank the slots it sends to (receives from) the others, as the single
+    form does: its own slot stays put (charging (N-1)/N of every slot put a right MoE dispatch under its floor)."""
+    stats = lib.sim.run(_uneven_all_to_all_prog, n).stats
+    for r in range(n):
+        assert stats[r].bytes_sent == 4 * sum(s + 1 for s in range(n) if s != r)
+        assert stats[r].bytes_received == 4 * (r + 1) * (n - 1)
+
+
+def _host_prog(dist, op):
+    """One communication of a tensor in host memory (lib.host(), cpu:1 in simulation)."""
+    rank = dist.get_rank()
+    t = torch.ones(4, device=torch.device("cpu", 1))
+    if op == "all_reduce":
+        dist.all_reduce(t)
+    elif op == "all_gather":
+        dist.all_gather([torch.empty(4, device=torch.device("cpu", 1)) for _ in range(2)], t)
+    elif op == "send" and rank == 0:
+        dist.send(t, 1)
+    elif op == "send":
+        dist.recv(t, 0)
+    else:
+        dist.all_gather_into_tensor(torch.empty(8), t)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "send", "all_gather_into_tensor"])
+def test_communicating_a_host_tensor_is_refused(op):
+    """Simulated ranks stand for GPUs: NCCL refuses a CPU tensor in any collective or send, and so does the
+    simulator, where a tensor on lib.host() is host memory."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(PuzzleError, match="in host memory.*NCCL"):
+            lib.sim.run(_host_prog, 2, op)

@@ -1,36 +1,36 @@
-"""Inside the grading sandbox: run each puzzle of one notebook through its checker and report.
+"""Inside the grading sandbox: judge each puzzle of one notebook, in a process where none of its code runs.
 
-tools.grade starts `python -S -c BOOT NOTEBOOK_NAME` in the sandbox, with stdin holding a fresh
-key, the notebook's cells and the puzzles to judge (the grader's list). Each result goes out on
-stdout as one line, signed with the key (HMAC-SHA256), so that a line the learner's code writes
-there does not count. Before any of the learner's code runs, the judge takes a fingerprint of the
-checker (the course's modules, their classes and puzzles, builtins and torch's entry points); a
-puzzle judged after the fingerprint changed is reported as tampered. In-process tampering is
-detected, not prevented (README).
+tools.grade starts `python -I -S -B -c BOOT NOTEBOOK_NAME` in the sandbox (the sandbox's process 1), with stdin
+holding a fresh key, the notebook's cells and the puzzles to judge (the grader's list). The judge imports the
+checker, makes itself not dumpable, forks the answers' process (tools.answers) before it reads the key, and only
+then reads stdin. Each puzzle's check (lib.check's own Puzzle.evaluate) runs here, in full: the cases and their
+expected values are drawn here, results are compared here; only lib.sim.run, wherever the check runs the
+learner's function, happens in the answers' process, whose results come back as data (tools.evidence). Each row
+goes out on stdout, signed with the key (HMAC-SHA256), a file the answers' process never holds. What the
+learner's code changed of the checker there (tools.fingerprint), the answers' process reports after each
+puzzle: from then on puzzles are `tampered`.
 """
 
 from __future__ import annotations
 
-import builtins
+import functools
 import hmac
-import importlib
-import io
 import json
 import os
-import pkgutil
 import sys
 import types
-from contextlib import redirect_stdout
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:                 # the grader imports this module for the key and the rows: it needs no torch
+    from tools.answers import Answers
 
 KEY_BYTES = 32
-# Bound when the judge is imported, before any learner code runs: replacing json.dumps, hmac.digest
-# or os.write later does not change what the judge signs and writes.
+# Bound when the judge is imported: the judge's output never depends on what is looked up later.
 _dumps, _digest, _write = json.dumps, hmac.digest, os.write
-CACHES = {"__slotnames__"}          # attributes Python itself adds to a class (copy and pickle cache them)
 STATUSES = ("solved", "failed", "not solved", "error", "missing", "tampered")
 BOOT = """
 import sys
+sys.dont_write_bytecode = True
 sys.path[:0] = [{engine!r}] + {site!r}
 from tools.judge import main
 main(sys.argv[1])
@@ -55,115 +55,123 @@ def verified(key: bytes, line: bytes) -> dict | None:
     return row if isinstance(row, dict) else None
 
 
-# ---- the checker's fingerprint -------------------------------------------------------------------
-def _attr(obj: Any, name: str) -> Any:
-    try:                                             # some objects (torch.classes) raise on any lookup
-        return getattr(obj, name, None)
+# ---- the learner's function, which runs elsewhere ---------------------------------------------------------
+class Learner:
+    """Stands in the judge for the learner's function of `puzzle`: a check's runs of it go to the answers'
+    process (run_there); called here, it refuses."""
+
+    def __init__(self, puzzle: Any) -> None:
+        self.puzzle = puzzle
+        self.__name__ = self.__qualname__ = puzzle.name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.__name__} runs in the answers' process only, never in the judge")
+
+
+def _parts(fn: Any) -> list:
+    """What a wrapping holds: a functools.partial's function and arguments, a closure's variables (a function
+    made by functools.wraps around the answer, as lib.contract's refusing_kernels is)."""
+    if isinstance(fn, functools.partial):
+        return [fn.func, *fn.args, *fn.keywords.values()]
+    if isinstance(fn, types.FunctionType):
+        parts = []
+        for variable in fn.__closure__ or ():
+            try:
+                parts.append(variable.cell_contents)
+            except ValueError:                    # a variable not bound yet
+                parts.append(None)
+        return parts
+    return []
+
+
+def _learner_in(fn: Any, depth: int = 0) -> Optional[Learner]:
+    if isinstance(fn, Learner):
+        return fn
+    for part in _parts(fn) if depth < 20 else []:
+        found = _learner_in(part, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """Whether two wrappings (functools.partial and closures, as Puzzle.wrap makes them) wrap the same things the
+    same way."""
+    if a is b:
+        return True
+    if depth > 20 or type(a) is not type(b):
+        return False
+    if isinstance(a, functools.partial):
+        return a.keywords.keys() == b.keywords.keys() and len(a.args) == len(b.args) and \
+            all(_same(x, y, depth + 1) for x, y in zip(_parts(a), _parts(b)))
+    if isinstance(a, types.FunctionType):
+        return a.__code__ is b.__code__ and a.__defaults__ == b.__defaults__ and len(_parts(a)) == len(_parts(b)) \
+            and all(_same(x, y, depth + 1) for x, y in zip(_parts(a), _parts(b)))
+    try:
+        return bool(a == b)
     except Exception:
-        return None
+        return False
 
 
-def _identity(value: Any) -> tuple:
-    """What must stay the same for `value` to behave the same: the object, and a function's code and defaults."""
-    fn = _attr(value, "__func__") or value           # staticmethod, classmethod, bound method
-    return (id(value), id(_attr(fn, "__code__")), id(_attr(fn, "__defaults__")), id(_attr(fn, "__kwdefaults__")))
+def route_runs(answers: Answers) -> None:
+    """Make lib.sim.run, wherever the checker looks it up, run the learner's function in the answers' process
+    (and everything else, such as a known mistake's reference, here)."""
+    import lib.sim.runtime
+    here = lib.sim.runtime.run
+
+    @functools.wraps(here)
+    def run(fn: Callable, world_size: int, *args, protect: Any = None, **kwargs):
+        learner = _learner_in(fn)
+        if learner is None:
+            return here(fn, world_size, *args, protect=protect, **kwargs)
+        wrapped = fn is not learner
+        if wrapped and not _same(fn, learner.puzzle.wrap(learner)):
+            raise RuntimeError("the checker runs the learner's function wrapped in a way the grader cannot send to "
+                               "the answers' process (tools/judge.py: route_runs)")
+        # `protect` (the expected results) stays here: the answers' process never sees them.
+        return answers.run(learner.puzzle.notebook, learner.puzzle.name, wrapped, world_size, args, kwargs)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").split(".")[0] in ("lib", "puzzles") and vars(module).get("run") is here:
+            module.run = run
 
 
-def _watched() -> Iterator[tuple[str, Any, bool]]:
-    """(name, object, whether attributes added to it count) for everything a check relies on, each once."""
-    import torch
-    import torch.nn.functional
-    ours = ("lib", "puzzles", "tools")
-    seen: set[int] = set()
-
-    def once(name: str, obj: Any, additions: bool) -> Iterator[tuple[str, Any, bool]]:
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            yield name, obj, additions
-
-    for name, module in list(sys.modules.items()):
-        if not isinstance(module, types.ModuleType) or name.split(".")[0] not in ours:
-            continue
-        yield from once(name, module, True)
-        for attr, value in list(vars(module).items()):
-            owner = _attr(value, "__module__") if isinstance(value, type) else type(value).__module__
-            if isinstance(owner, str) and owner.split(".")[0] in ours and _attr(value, "__dict__") is not None \
-                    and not isinstance(value, types.ModuleType):
-                yield from once(f"{name}.{attr}", value, True)   # the course's classes, and objects such as a Puzzle
-    for module in (builtins, torch, torch.nn.functional, json, hmac, os, io):
-        yield from once(module.__name__, module, False)
-    for cls in (torch.Tensor, torch.nn.Module, torch.nn.Parameter, hmac.HMAC):
-        yield from once(f"{cls.__module__}.{cls.__qualname__}", cls, True)
-
-
-def fingerprint() -> dict[str, tuple[dict[str, tuple], bool]]:
-    return {name: ({attr: _identity(v) for attr, v in list(vars(obj).items())}, additions)
-            for name, obj, additions in _watched()}
-
-
-def changes(before: dict[str, tuple[dict[str, tuple], bool]]) -> list[str]:
-    """What differs from the fingerprint `before`: replaced or removed attributes, and attributes added to
-    the course's objects and to classes (a submodule imported meanwhile is not a change)."""
-    found = []
-    for name, obj, _ in _watched():
-        if name not in before:
-            continue
-        then, additions = before[name]
-        now = vars(obj)
-        for attr, was in then.items():
-            if attr not in now:
-                found.append(f"{name}.{attr} removed")
-            elif _identity(now[attr]) != was:
-                found.append(f"{name}.{attr} replaced")
-        if additions:
-            found += [f"{name}.{attr} added" for attr, value in list(now.items())
-                      if attr not in then and attr not in CACHES and not isinstance(value, types.ModuleType)]
-    return found
-
-
-# ---- judging -----------------------------------------------------------------------------------
-def _status(evaluate: Callable, fn: Any) -> tuple[str, str]:
-    with redirect_stdout(io.StringIO()):                 # the learner's prints are not the grader's output
-        outcome = evaluate(fn)
+# ---- judging -----------------------------------------------------------------------------------------------
+def _status(puzzle: Any) -> tuple[str, str]:
+    outcome = puzzle.evaluate(Learner(puzzle))
     if outcome.ok:
         return "solved", ""
     return ("not solved" if outcome.status == "unattempted" else "failed"), outcome.message.splitlines()[0][:500]
 
 
-def load_checker() -> None:
-    """Import all that a check uses, so that the fingerprint taken next covers it."""
-    import torch._dynamo                   # noqa: F401  (imported by the first check anyway; it rewraps torch.manual_seed)
-
-    import lib.sim
-    import puzzles                         # noqa: F401
-    for found in pkgutil.iter_modules(lib.sim.__path__):
-        importlib.import_module(f"lib.sim.{found.name}")
-
-
-def judge(notebook: str, cells: dict, emit: Callable[[dict], None], names: list[str]) -> None:
+def judge(notebook: str, cells: dict, emit: Callable[[dict], None], names: list[str], answers: Answers) -> None:
     """Run the puzzles `names` of `notebook` (a name such as 02_data_parallel), and emit one row for each:
     the grader's list, so that the judge never writes a row the grader takes for a forged one."""
-    load_checker()
     import puzzles
-    from lib.nbtools import load_answers
+    from tools.answers import AnswersGone
+    from tools.evidence import Unreadable
     module = {m.NOTEBOOK: m for m in puzzles.MODULES}[notebook]
-    checks = [(p.name, p.evaluate) for p in module.PUZZLES if p.name in names]   # bound before learner code runs
-    before = fingerprint()
-    with redirect_stdout(io.StringIO()):
-        namespace, errors = load_answers(cells)
-    tampered: list[str] = []
-    for name, evaluate in checks:
-        fn = namespace.get(name)
-        if not tampered and name in errors:
+    checks = [p for p in module.PUZZLES if p.name in names]
+    errors, defined, setup = answers.load(cells, [p.name for p in checks])
+    tampered = answers.changes()
+    for puzzle in checks:
+        name = puzzle.name
+        if tampered:
+            status, detail = "tampered", ""
+        elif setup is not None:
+            status, detail = "error", f"the setup cell raised {setup}"
+        elif name in errors:
             status, detail = "error", errors[name]
-        elif not tampered and not callable(fn):
+        elif name not in defined:
             status, detail = "missing", f"no function named {name}"
-        elif not tampered:
+        else:
             try:
-                status, detail = _status(evaluate, fn)
-            except BaseException as e:                    # the learner's code escaped the checker
+                status, detail = _status(puzzle)
+            except (AnswersGone, Unreadable):
+                raise
+            except Exception as e:                        # an error of the learner's that the check does not catch
                 status, detail = "error", f"{type(e).__name__}: {e}"[:500]
-        tampered = tampered or changes(before)
+            tampered = answers.changes()
         if tampered:
             status, detail = "tampered", "the notebook changed the checker: " + ", ".join(tampered[:5])
         emit({"puzzle": name, "status": status, "points": int(status == "solved"), "detail": detail})
@@ -171,13 +179,26 @@ def judge(notebook: str, cells: dict, emit: Callable[[dict], None], names: list[
 
 def main(notebook: str) -> None:
     """The sandbox's entry point: stdin holds the key, then the notebook's cells and the puzzles as JSON."""
+    from tools.answers import Answers, AnswersGone, dumpable
+    from tools.evidence import Unreadable
+    from tools.fingerprint import load_checker
+
+    dumpable(False)                                       # before anything is worth reading here
+    load_checker(notebook)
+    answers = Answers.start()                             # before the key is read: it never holds it
+    route_runs(answers)
     stdin = sys.stdin.buffer.read()
     key, cells = stdin[:KEY_BYTES], json.loads(stdin[KEY_BYTES:])
     names = cells.pop("puzzles")
-    null = os.open(os.devnull, os.O_RDONLY)               # stdin is a file: left open, os.pread(0, ...) reads the key
+    null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     results = os.dup(1)                                   # only the judge writes here
-    os.dup2(2, 1)                                         # the learner's output goes to the log
-    judge(notebook, cells, lambda row: _write(results, sign(key, row)), names)
-    os._exit(0)                                           # no atexit hooks, no waiting for the learner's threads
+    os.dup2(2, 1)
+    try:
+        judge(notebook, cells, lambda row: _write(results, sign(key, row)), names, answers)
+        answers.close()
+    except (AnswersGone, Unreadable) as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(3)
+    os._exit(0)                                           # no atexit hooks, no waiting for anything

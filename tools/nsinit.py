@@ -1,7 +1,8 @@
-"""Inside fresh namespaces made by `unshare` (user, mount, PID, network, IPC, UTS): build the
-sandbox's file system, pivot into it, give up every capability, and run the command.
+"""Inside fresh namespaces made by `unshare` (mount, PID, network, IPC, UTS, and a user namespace
+when an ordinary user grades): build the sandbox's file system, pivot into it, and run the command
+through setpriv, which leaves it no capability (and, when root grades, makes it nobody).
 
-    unshare --user --map-root-user --mount --pid --fork --kill-child --net --ipc --uts \\
+    unshare [--user --map-root-user] --mount --pid --fork --kill-child --net --ipc --uts \\
         -- python -S -I tools/nsinit.py SPEC
 
 SPEC is the JSON of tools.sandbox.Spec. What bubblewrap does for itself, done with the standard
@@ -57,6 +58,15 @@ def bind_read_only(source: str, target: str) -> None:
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
 
 
+def _no_nested_user_namespaces(proc: str, host_user_namespace: str) -> None:
+    """No nested user namespace to regain privileges in: a limit of this user namespace's own, written only
+    once it is certain that this is not the host's (where the same file is the whole machine's setting)."""
+    if os.readlink("/proc/self/ns/user") == host_user_namespace:
+        raise OSError("nsinit: still in the host's user namespace; refusing to change its settings")
+    with open(proc + "/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+
+
 def build(spec: dict) -> None:
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)              # nothing we mount leaks out
@@ -70,6 +80,9 @@ def build(spec: dict) -> None:
         os.symlink(target, root + path)
     os.makedirs(root + "/proc")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if spec["user_namespace"]:
+        _no_nested_user_namespaces(root + "/proc", spec["host_user_namespace"])
+    bind_read_only(root + "/proc/sys", root + "/proc/sys")   # no kernel setting can be written from inside
     dev = root + "/dev"
     os.makedirs(dev)
     mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=0755,size=64k")
@@ -81,8 +94,6 @@ def build(spec: dict) -> None:
         os.symlink(target, f"{dev}/{name}")
     os.makedirs(dev + "/shm")
     mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec['shm_bytes']}")
-    with open(root + "/proc/sys/user/max_user_namespaces", "w") as f:
-        f.write("0")                                        # no nested user namespace to regain privileges in
     os.chdir(root)
     _check(libc.syscall(PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
     _check(libc.umount2(b".", MNT_DETACH), "umount the old root")   # the host's file system is gone
@@ -93,13 +104,10 @@ def build(spec: dict) -> None:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    os.umask(0o022)                                   # the folders made here can be passed by nobody
     build(spec)
     os.chdir(spec["cwd"])
-    # setpriv leaves no capability in any set and sets no_new_privs: root in this user namespace can
-    # no longer mount, unshare or regain privileges through execve.
-    drop = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all",
-            "--securebits=+noroot,+noroot_locked,+no_setuid_fixup,+no_setuid_fixup_locked,+keep_caps_locked", "--"]
-    os.execv(spec["setpriv"], drop + spec["argv"])
+    os.execv(spec["command"][0], spec["command"])   # setpriv's, which drops every privilege, then the command
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ In a notebook, `progress("02_data_parallel")` reports on that notebook's saved c
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Optional
-
-import nbformat
 
 import puzzles
 from lib.check import FAILING, PASSED, UNATTEMPTED
@@ -26,11 +25,11 @@ SYMBOLS = {"solved": "✓", "not solved": "○", "failing": "✗", "missing": "?
 
 def notebook_progress(path: Path) -> list[tuple[str, str, str]]:
     """(puzzle, status, detail) for each puzzle of the notebook at `path`."""
-    module = {m.NOTEBOOK: m for m in puzzles.MODULES}.get(path.stem)
+    module = puzzles.of_notebook(path.stem)
     if module is None:
         return []
     with redirect_stdout(io.StringIO()):          # the notebook's own prints are not the report
-        namespace, errors = load_answers(nbformat.read(path, as_version=4))
+        namespace, errors = load_answers(json.loads(path.read_text(encoding="utf-8")))
     rows = []
     for p in module.PUZZLES:
         fn = namespace.get(p.name)

@@ -1,16 +1,20 @@
-"""Run one Python command in the strongest sandbox this machine allows, without root or Docker.
+"""Run one Python command in the strongest sandbox this machine allows, without Docker.
 
-1. bubblewrap (`bwrap`), where installed and user namespaces work;
-2. else unprivileged user, mount, PID, network, IPC and UTS namespaces made by util-linux's
-   `unshare`, the file system built by tools/nsinit.py;
+1. bubblewrap (`bwrap`), where installed and namespaces work;
+2. else mount, PID, network, IPC and UTS namespaces (and, run by an ordinary user, a user namespace)
+   made by util-linux's `unshare`, the file system built by tools/nsinit.py;
 3. else a plain folder, with a warning that says what is not contained.
 
 In 1 and 2 the command sees: the system's programs and libraries and this Python (read-only), the
 packages it is given at /course (read-only), a private writable /grading and /tmp (in memory),
-nothing else of the host's files; no network; its own PID namespace, so every process it starts
-dies with it. In every method: a memory limit for all its processes together (a cgroup where the
-machine lets us make one, else their memory added up from /proc every POLL_SECONDS, else per
-process), and a wall-clock limit that is never waited past.
+/proc/sys read-only, nothing else of the host's files; no network; its own PID namespace, in which
+it is process 1, so every process it starts dies with it. It never holds a privilege over the host:
+run by an ordinary user, it is that user in a user namespace with no capability; run by root, the
+sandbox is built as root (root reaches every folder it shows) and the command then runs as nobody
+(SANDBOX_UID), with no capability, no way to regain one (no_new_privs), in no user namespace of ours,
+so that no user id inside is root's on the host. In every method: a memory limit for all its
+processes together (a cgroup where the machine lets us make one, else their memory added up from
+/proc every POLL_SECONDS, else per process), and a wall-clock limit that is never waited past.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ ENGINE, PRIVATE = "/course", "/grading"          # where the packages and the pr
 PRIVATE_BYTES = TMP_BYTES = 512 * 2**20          # in-memory folders (they count against the memory limit)
 OUTPUT_BYTES = 16 * 2**20                        # the most any file the command writes may hold
 POLL_SECONDS = 0.1                               # how often the memory is added up where there is no cgroup
+SANDBOX_UID = 65534                              # nobody: who the command runs as when root grades
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
           "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
 
@@ -50,6 +55,7 @@ class Isolation:
     why_not: tuple[str, ...] = ()    # e.g. "bubblewrap: not installed"
     answer_key: Optional[str] = None # where graded code could still import the answer key from, if anywhere
     processes_limited: bool = False  # a cgroup also limits the number of processes
+    as_root: bool = False            # the grader runs as root: the command runs as nobody (not in a folder)
 
     def uncontained(self) -> list[str]:
         """What graded code can still reach or do, said plainly."""
@@ -60,22 +66,27 @@ class Isolation:
         if self.method == "folder":
             gaps += ["your files: the code runs as you and can read and write whatever you can, the answer key "
                      "included (by absolute path)", "the network"]
+            if self.as_root:
+                gaps.append("root's privileges: the code runs as root, with every power over this machine")
             if not self.memory.startswith("cgroup"):
                 gaps.append("processes that detach from the notebook (double fork) and outlive it")
         if self.memory == "per process":
             gaps.append("memory in total: the limit holds per process, so N processes may use N times it")
         if not self.processes_limited:
             gaps.append("the number of processes: a fork bomb slows this machine down until the timeout")
-        gaps.append("the checker inside the graded process: code written to tamper with it or forge its results "
-                    "there is detected in the common cases, not prevented (see the README)")
+        gaps.append("the simulator's meters inside the answers' process (bytes, FLOPs, memory, who sent what): code "
+                    "written to tamper with them is flagged for review, in the common cases, not prevented "
+                    "(see the README)")
         return gaps
 
     def describe(self) -> str:
-        what = {"bubblewrap": "bubblewrap (read-only engine, private folder, none of your files, no network, "
-                              "own PID namespace)",
-                "namespaces": "user, mount, PID and network namespaces via unshare (read-only engine, private "
-                              "folder, none of your files, no network, own PID namespace)",
+        walls = "read-only engine, private folder, none of your files, no network, own PID namespace"
+        user = "" if self.as_root else "user, "
+        what = {"bubblewrap": f"bubblewrap ({walls})",
+                "namespaces": f"{user}mount, PID and network namespaces via unshare ({walls})",
                 "folder": "a folder only, NOT an operating-system sandbox"}[self.method]
+        if self.as_root and self.method != "folder":
+            what += f"; run by root, the notebook runs as nobody (uid {SANDBOX_UID}) with no capability"
         memory = {"per process": "for each process",
                   "polled": "for the whole notebook (no cgroup here: the grader adds up its processes' memory "
                             f"every {POLL_SECONDS:g} s)"}.get(self.memory, f"for the whole notebook ({self.memory})")
@@ -108,24 +119,53 @@ class Spec:
     cwd: str = PRIVATE
     argv: list[str] = field(default_factory=list)
 
-    def bwrap(self, bwrap: str) -> list[str]:
-        argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL", "--hostname", "sandbox"]
+    def bwrap(self, bwrap: str, setpriv: str, as_root: bool) -> list[str]:
+        if as_root:          # no user namespace: bwrap builds as root, then setpriv makes the command nobody
+            argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        else:
+            argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+        # --as-pid-1: no bubblewrap process inside that keeps the grader's stdin and stdout open for the command
+        argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
         # The private folders first, so that a read-only folder inside one (a virtual environment under /tmp)
         # is mounted on top of it rather than hidden by it.
         for path, size, mode in self.tmpfs:
             argv += ["--size", str(size), "--perms", f"{mode:04o}", "--tmpfs", path]
+        for folder in self.folders_above():         # bubblewrap makes them 0700, which nobody cannot pass
+            argv += ["--perms", "0755", "--dir", folder]
         for source, target in self.read_only:
             argv += ["--ro-bind", source, target]
         for target, path in self.symlinks:
             argv += ["--symlink", target, path]
-        return argv + ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", self.cwd, "--", *self.argv]
+        command = privileges_dropped(setpriv, as_root) + self.argv if as_root else self.argv
+        return argv + ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--remount-ro", "/",
+                       "--chdir", self.cwd, "--", *command]
 
-    def unshare(self, unshare: str, setpriv: str, root: Path) -> list[str]:
+    def folders_above(self) -> list[str]:
+        """The folders the read-only ones are mounted in, outermost first, other than / and the private folders."""
+        private = {path for path, _, _ in self.tmpfs}
+        above = {str(parent) for _, target in self.read_only for parent in Path(target).parents}
+        return sorted(above - private - {"/"}, key=lambda folder: (folder.count("/"), folder))
+
+    def unshare(self, unshare: str, setpriv: str, root: Path, as_root: bool) -> list[str]:
         spec = {"root": str(root), "read_only": self.read_only, "symlinks": self.symlinks, "tmpfs": self.tmpfs,
-                "shm_bytes": TMP_BYTES, "cwd": self.cwd, "argv": self.argv, "setpriv": setpriv}
-        return [unshare, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--kill-child", "--net", "--ipc",
-                "--uts", "--", sys.executable, "-S", "-I", str(Path(__file__).with_name("nsinit.py")), json.dumps(spec)]
+                "shm_bytes": TMP_BYTES, "cwd": self.cwd, "command": privileges_dropped(setpriv, as_root) + self.argv,
+                "user_namespace": not as_root, "host_user_namespace": os.readlink("/proc/self/ns/user")}
+        user = [] if as_root else ["--user", "--map-root-user"]
+        return [unshare, *user, "--mount", "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts",
+                "--", sys.executable, "-S", "-I", str(Path(__file__).with_name("nsinit.py")), json.dumps(spec)]
+
+
+def grading_as_root() -> bool:
+    """Whether the grader runs as root: the sandbox's command then runs as nobody (SANDBOX_UID)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def privileges_dropped(setpriv: str, as_root: bool) -> list[str]:
+    """setpriv's command line that runs what follows with no capability in any set and no_new_privs (nothing
+    it executes can regain one), and, for root, as nobody without supplementary groups."""
+    who = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"] if as_root else []
+    return [setpriv, *who, "--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all",
+            "--securebits=+noroot,+noroot_locked,+no_setuid_fixup,+no_setuid_fixup_locked,+keep_caps_locked", "--"]
 
 
 def _python_dirs() -> list[str]:
@@ -178,17 +218,18 @@ class Sandbox:
                 spec.read_only.append((path, path))
         spec.read_only += [(d, d) for d in _python_dirs()]
         spec.read_only += [(str(folder), f"{ENGINE}/{name}") for name, folder in self.packages.items()]
-        spec.tmpfs += [(PRIVATE, PRIVATE_BYTES, 0o755), ("/tmp", TMP_BYTES, 0o1777)]
+        spec.tmpfs += [(PRIVATE, PRIVATE_BYTES, 0o1777), ("/tmp", TMP_BYTES, 0o1777)]   # nobody's too, when root grades
         return spec
 
     def command(self, python_args: list[str]) -> list[str]:
         argv = [sys.executable, *python_args]
+        setpriv = os.path.realpath(shutil.which("setpriv") or "setpriv")
         if self.isolation.method == "bubblewrap":
-            return self._spec(argv).bwrap(shutil.which("bwrap"))
+            return self._spec(argv).bwrap(shutil.which("bwrap"), setpriv, self.isolation.as_root)
         if self.isolation.method == "namespaces":
             root = self.tmp / "root"
             root.mkdir(exist_ok=True)
-            return self._spec(argv).unshare(shutil.which("unshare"), os.path.realpath(shutil.which("setpriv")), root)
+            return self._spec(argv).unshare(shutil.which("unshare"), setpriv, root, self.isolation.as_root)
         return argv
 
     def run(self, python_args: list[str], stdin: bytes, timeout: float, memory_bytes: int) -> Finished:
@@ -321,9 +362,11 @@ def available(method: str) -> Optional[str]:
         return None
     if platform.system() != "Linux":
         return "Linux only"
+    missing = [tool for tool in ("unshare", "setpriv") if not shutil.which(tool)]   # setpriv serves both
     if method == "bubblewrap":
-        return None if shutil.which("bwrap") else "not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    missing = [tool for tool in ("unshare", "setpriv") if not shutil.which(tool)]
+        if not shutil.which("bwrap"):
+            return "not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        return f"{' and '.join(missing)} not found (util-linux)" if "setpriv" in missing and grading_as_root() else None
     if missing:
         return f"{' and '.join(missing)} not found (util-linux)"
     return None if platform.machine() in PIVOT_ROOT else f"no pivot_root number known for {platform.machine()}"
@@ -347,11 +390,12 @@ def choose_isolation(packages: dict[str, Path], answer_key: Path, method: str = 
     for candidate in METHODS if method == "auto" else (method,):
         reason = available(candidate)
         if reason is None:
-            found = probe(Isolation(candidate, memory, processes_limited=processes_limited), packages, answer_key)
+            trying = Isolation(candidate, memory, processes_limited=processes_limited, as_root=grading_as_root())
+            found = probe(trying, packages, answer_key)
             reason = found.get("error") or (None if found.get("engine") else "the engine is not visible inside")
         if reason is None:
             visible = found.get("answer_key") if candidate != "folder" else None   # a folder hides nothing anyway
-            return Isolation(candidate, memory, tuple(why_not), visible, processes_limited)
+            return Isolation(candidate, memory, tuple(why_not), visible, processes_limited, trying.as_root)
         why_not.append(f"{candidate}: {reason}")
     what = "no sandbox works here" if method == "auto" else f"{method} does not work here"
     raise RuntimeError(f"{what}: {'; '.join(why_not)}")

@@ -1,6 +1,7 @@
 """Keep the notebooks' course furniture in step (run after editing or adding a notebook):
 nbgrader metadata on puzzle and check cells, nbgrader's solution markers around each stub's body,
-the progress cell at the top, the texts every notebook shares (tools/texts/, one file each, so they
+the badges and the first cell that open and run a notebook on a hosted service (tools.hosted), the
+progress cell at the top, the texts every notebook shares (tools/texts/, one file each, so they
 are written once), and a mark on every course cell (`metadata.course.origin`), by which a refresh
 tells a learner's own cells apart.
 
@@ -15,6 +16,7 @@ import nbformat
 
 from lib.nbtools import add_grading_metadata, puzzle_cells, with_solution_markers
 from tools import course_notebooks
+from tools.hosted import badges, first_cell
 
 
 def with_progress_cell(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
@@ -26,6 +28,24 @@ def with_progress_cell(nb: nbformat.NotebookNode, name: str) -> nbformat.Noteboo
         cell.metadata["tags"] = ["progress"]
         nb.cells[first_code:first_code] = [
             nbformat.v4.new_markdown_cell("Your progress in this notebook (run it again any time):"), cell]
+    return nb
+
+
+def _hosted(nb: nbformat.NotebookNode, part: str) -> nbformat.NotebookNode | None:
+    return next((c for c in nb.cells if c.metadata.get("course", {}).get("hosted") == part), None)
+
+
+def with_hosted_cells(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """Colab's and Binder's badges as the notebook's first cell, and after the title the first code cell, which
+    makes the notebook run on a host that opens it alone (tools.hosted); both refreshed from tools.hosted."""
+    for part, new_cell, source, where in (("badges", nbformat.v4.new_markdown_cell, badges(name), 0),
+                                         ("first-cell", nbformat.v4.new_code_cell, first_cell(), 2)):
+        cell = _hosted(nb, part)
+        if cell is None:
+            cell = new_cell()
+            cell.metadata["course"] = {"hosted": part}
+            nb.cells.insert(where, cell)
+        cell.source = source
     return nb
 
 
@@ -64,7 +84,7 @@ def with_solution_regions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 def stamped(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The notebook `name` with all of the course's furniture in place."""
-    furnished = with_shared_texts(with_progress_cell(nb, name))
+    furnished = with_hosted_cells(with_shared_texts(with_progress_cell(nb, name)), name)
     return marked_as_course(add_grading_metadata(with_solution_regions(furnished)))
 
 

@@ -230,12 +230,12 @@ def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: li
     where = on_rank(rank, world, key, outputs)
     bad = ~torch.isclose(f64(g), f64(e), rtol=rtol, atol=atol, equal_nan=True)
     non_finite = g.is_floating_point() and bool((~torch.isfinite(f64(g)) & torch.isfinite(f64(e))).any())
-    if case is not None and fn is not None and not non_finite and bool(values.leftovers(e, g, bad).any()):
-        empty = origins.unwritten(fn, case, rank, key)
-        if empty is not None and empty.shape == bad.shape and bool((empty & bad).any()):
-            return values.uninitialised(where, g, empty & bad)
-        read = origins.tainted(fn, case, rank, key, g)
+    if case is not None and fn is not None and not non_finite and g.is_floating_point():
+        read = origins.tainted(fn, case, rank, key, g)          # one replay: memory read before it was written
         if read is not None and read.shape == bad.shape and bool((read & bad).any()):
+            empty = origins.unwritten(fn, case, rank, key)
+            if empty is not None and empty.shape == bad.shape and bool((empty & bad).any()):
+                return values.uninitialised(where, g, empty & bad)
             return (f"{where} was computed, {span(read & bad)}, from memory nothing wrote: torch.empty's leftovers "
                     "read before anything was written into them (an irecv's buffer used before its wait(), a buffer "
                     "filled after it was read).")

@@ -313,6 +313,8 @@ def install() -> None:
     torch.Tensor.__dlpack__ = _refusing(torch.Tensor.__dlpack__, "Tensor.__dlpack__ (DLPack export)")
     for cls, name in ((torch.Tensor, "data_ptr"), (torch.Tensor, "const_data_ptr"), (torch.UntypedStorage, "data_ptr"),
                       (torch.TypedStorage, "data_ptr"), (torch.TypedStorage, "_data_ptr")):
+        if not hasattr(cls, name):       # Tensor.const_data_ptr is newer than torch 2.11
+            continue
         setattr(cls, name, _refusing_from_learner(getattr(cls, name), f"{cls.__name__}.{name}() (a raw address)",
                                                   "ctypes reads the bytes there into numpy. " + _OUT_OF_VIEW))
     for cls in (torch.UntypedStorage, torch.TypedStorage):

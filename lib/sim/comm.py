@@ -18,6 +18,7 @@ from lib.sim.boundary import EngineHandle
 from lib.sim.cost import bus_factor, ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
+from lib.sim.tracker import in_host_memory
 
 if TYPE_CHECKING:
     from lib.sim.runtime import Runtime
@@ -179,7 +180,12 @@ class Communicator:
                         ) -> Call:
         """Post rank `me`'s part; the last member to arrive runs `finish` on everyone's payloads. `traffic`, where
         the bytes differ by rank (an all-to-all with uneven splits), gives each rank's (sent, received) from the
-        payloads; otherwise each rank's share of `nbytes` follows the ring (lib.sim.cost.ring_traffic)."""
+        payloads; an all_to_all posted without one carries lists (outputs, inputs) and each rank is charged the
+        slots it sends to and receives from the others (slot_traffic); otherwise each rank's share of `nbytes`
+        follows the ring (lib.sim.cost.ring_traffic)."""
+        self._refuse_host_memory(me, payload, text)
+        if traffic is None and name == "all_to_all":
+            traffic = slot_traffic(group)
         state = self.rt.ranks[me]
         seq = group.next_seq[me]
         group.next_seq[me] = seq + 1
@@ -243,6 +249,7 @@ class Communicator:
     # ---- point to point -----------------------------------------------------------
     def post_send(self, me: int, tensor: torch.Tensor, dst: int, tag: int, text: str) -> Call:
         self._check_peer(me, dst, "send")
+        self._refuse_host_memory(me, tensor, text)
         call = Call(me, "send", text, self.rt.ranks[me].clock, self._next_order(), receives=False,
                     payload=tensor, peer=dst, tag=tag)
         for recv in self.recvs:
@@ -256,6 +263,7 @@ class Communicator:
     def post_recv(self, me: int, tensor: torch.Tensor, src: Optional[int], tag: int, text: str) -> Call:
         if src is not None:
             self._check_peer(me, src, "recv")
+        self._refuse_host_memory(me, tensor, text)
         call = Call(me, "recv", text, self.rt.ranks[me].clock, self._next_order(), receives=True,
                     payload=tensor, peer=src, tag=tag)
         for send in self.sends:
@@ -299,6 +307,18 @@ class Communicator:
         if peer == me:
             raise InvalidCall(f"rank {me} called {what} to itself: a rank cannot {what} to its own rank.")
 
+    def _refuse_host_memory(self, me: int, payload: object, text: str) -> None:
+        """A communication of a tensor in host memory (lib.host()) stops the run: the simulated ranks stand for GPUs,
+        and NCCL, their backend, refuses a CPU tensor ("No backend type associated with device type cpu")."""
+        tracker = self.rt.ranks[me].tracker
+        for t in _tensors_in(payload):
+            if in_host_memory(tracker, t):
+                raise InvalidCall(
+                    f"rank {me} called {text} on a {describe_tensor(t)} tensor in host memory. The simulated ranks "
+                    "stand for GPUs, whose backend (NCCL) refuses a CPU tensor: \"No backend type associated with "
+                    "device type cpu\".\nHint: bring it to the device first (.to(lib.device())), communicate it "
+                    "there, then move what you keep back to lib.host().")
+
     def _next_order(self) -> int:
         self.order += 1
         return self.order
@@ -337,3 +357,26 @@ class Communicator:
                              f"#{seq + 1} on {g}, but rank(s) {', '.join(map(str, missing))} "
                              "returned without calling it.")
         return "\n".join(lines) or None
+
+
+def _tensors_in(payload: object) -> list[torch.Tensor]:
+    """The tensors of a call's payload (a tensor, or tuples and lists of them and of split sizes)."""
+    if isinstance(payload, torch.Tensor):
+        return [payload]
+    if isinstance(payload, (list, tuple)):
+        return [t for item in payload for t in _tensors_in(item)]
+    return []
+
+
+def slot_traffic(group: Group) -> Callable[[dict[int, object]], dict[int, tuple[float, float]]]:
+    """Each rank's (bytes sent, bytes received) in a list-form all_to_all (payloads (outputs, inputs)): the slots
+    it sends to the other ranks and those it receives from them; its own slot stays put, as in
+    all_to_all_single."""
+    def traffic(payloads: dict[int, object]) -> dict[int, tuple[float, float]]:
+        out = {}
+        for r, (outputs, inputs) in payloads.items():
+            mine = group.rank_of(r)
+            out[r] = (float(sum(t.nbytes for i, t in enumerate(inputs) if i != mine)),
+                      float(sum(t.nbytes for i, t in enumerate(outputs) if i != mine)))
+        return out
+    return traffic

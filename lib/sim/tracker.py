@@ -21,8 +21,8 @@ from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
+from lib.sim.flops import composite, flops_of, formula_of
 from lib.sim.errors import InvalidCall
 from lib.sim.ownership import Ownership, tensor_inputs, written_args
 from lib.sim.reads import ArgumentReads
@@ -41,26 +41,9 @@ _SCALAR = torch.ops.aten._local_scalar_dense.default       # .item(), float(t): 
 
 
 aten = torch.ops.aten
-# Ops torch's FLOP registry leaves out, formulas of their tensors: matrix-vector products (without them a matmul
-# written as one would be free), and the CPU's fused attention (F.scaled_dot_product_attention on a CPU), priced as
-# the registry prices the GPU's.
-_UNREGISTERED = {
-    aten.mv: lambda a, b, *_, **__: 2 * a.numel(), aten.addmv: lambda c, a, b, *_, **__: 2 * a.numel(),
-    aten.addr: lambda c, u, v, *_, **__: 2 * u.numel() * v.numel(),
-    aten.dot: lambda a, b, *_, **__: 2 * a.numel(), aten.vdot: lambda a, b, *_, **__: 2 * a.numel(),
-    aten._scaled_dot_product_flash_attention_for_cpu:
-        lambda q, k, v, *_, **__: sdpa_flop_count(q.shape, k.shape, v.shape),
-    aten._scaled_dot_product_flash_attention_for_cpu_backward:
-        lambda grad, q, k, v, *_, **__: sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)}
-# torch's addmm and baddbmm formulas return mm's and bmm's of their two matrices, called through mm's and bmm's
-# shape wrapper (a tree_map, ten times the rest of the op's accounting): the same formulas, given the shapes.
-_OF_TWO_MATRICES = {aten.addmm: aten.mm, aten.baddbmm: aten.bmm}
 # Ops that only reserve memory or rename it: no work (views are free by their schema).
 _FREE = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default,
          aten.new_empty_strided.default, aten.lift_fresh.default, aten._local_scalar_dense.default}
-
-
-_SHAPE_WRAPPER = shape_wrapper(lambda: None).__code__     # the code of torch's wrapper around a shape formula
 
 
 class _Op(NamedTuple):
@@ -75,11 +58,11 @@ class _Op(NamedTuple):
     aliases: bool                       # returns (a view of) one of its inputs
     writes: bool                        # writes into one of its arguments
     written: tuple                      # (positions, keyword names) of the arguments it writes
-    formula: Optional[Callable]         # FLOPs by torch's formula, or None
-    formula_kind: int                   # _BY_SHAPES, _BY_TENSORS or _OF_TENSORS
+    formula: Optional[Callable]         # FLOPs from its shapes (lib.sim.flops), or None
+    formula_kind: int                   # lib.sim.flops.BY_SHAPES or BY_TENSORS
+    composite: bool                     # made of other ops (lib.sim.flops.composite): the tracker sees those
 
 
-_BY_SHAPES, _BY_TENSORS, _OF_TENSORS = 0, 1, 2
 _OPS: dict[int, _Op] = {}
 
 
@@ -91,38 +74,16 @@ def _op(func) -> _Op:
         aliases = any(r.alias_info is not None for r in func._schema.returns)
         written = written_args(func)
         writes = written != ((), ())
-        counter, kind = _UNREGISTERED.get(packet), _OF_TENSORS
-        if counter is None:
-            counter = flop_registry.get(packet)
-            # Most formulas take shapes; torch wraps them to make the shapes from the tensors (a tree_map per
-            # call, a third of the simulator's time per op): call them with shapes directly.
-            if _shape_wrapped(counter):
-                counter, kind = _of_shapes(packet, counter), _BY_SHAPES
-            else:
-                kind = _BY_TENSORS
+        counter, kind = formula_of(packet)
         run = func._op if type(func) is torch._ops.OpOverload else func
         known = _OPS[id(func)] = _Op(
             func, run, func not in _FREE and (writes or not aliases) and func not in _CROSSING, func in _CROSSING,
-            func in _FRESH, aliases, writes, written, counter, kind)
+            func in _FRESH, aliases, writes, written, counter, kind, composite(func))
     return known
 
 
-def _shape_wrapped(formula) -> bool:
-    """Whether `formula` is torch's shape wrapper around a formula of shapes."""
-    return getattr(formula, "__code__", None) is _SHAPE_WRAPPER and hasattr(formula, "__wrapped__")
-
-
-def _of_shapes(packet, wrapped: Callable) -> Callable:
-    """The formula of shapes inside torch's `wrapped` one; for addmm and baddbmm, mm's and bmm's of their matrices."""
-    inner = flop_registry.get(_OF_TWO_MATRICES.get(packet))
-    if _shape_wrapped(inner):
-        of_matrices = inner.__wrapped__
-        return lambda _input, a, b, *_, **__: of_matrices(a, b)
-    return wrapped.__wrapped__
-
-
 def _work(op: _Op, inputs: list, args: tuple, kwargs: dict, out) -> tuple[float, float]:
-    """(FLOPs, bytes read and written) of one op: FLOPs by torch's formula where it has one, else one per
+    """(FLOPs, bytes read and written) of one op: FLOPs by its formula where it has one (lib.sim.flops), else one per
     element of the largest tensor it touches (elementwise ops, reductions). `inputs`: its argument tensors
     (tensor_inputs), measured after the op ran (an in-place resize_ has changed them)."""
     outputs = (out,) if isinstance(out, torch.Tensor) else _tensors(out) if isinstance(out, (list, tuple)) else ()
@@ -132,30 +93,9 @@ def _work(op: _Op, inputs: list, args: tuple, kwargs: dict, out) -> tuple[float,
         nbytes += n * t.element_size()
         if n > largest:
             largest = n
-    flops = None if op.formula is None else _count_flops(op, args, kwargs, out)
-    return float(largest if flops is None else flops), float(nbytes)
-
-
-def _count_flops(op: _Op, args: tuple, kwargs: dict, out) -> Optional[float]:
-    """FLOPs of one op by torch's own formulas (torch.utils.flop_counter), or None for an op without one."""
-    formula = op.formula
-    if formula is None:
-        return None
-    if op.formula_kind == _OF_TENSORS:
-        return formula(*args, **kwargs)
-    if op.formula_kind == _BY_TENSORS:
-        return formula(*args, **kwargs, out_val=out)
-    if kwargs:
-        return formula(*map(_shape, args), out_shape=_shape(out), **{k: _shape(v) for k, v in kwargs.items()})
-    return formula(*map(_shape, args), out_shape=_shape(out))
-
-
-def _shape(x):
-    if isinstance(x, torch.Tensor):
-        return x.shape
-    if isinstance(x, (list, tuple)):
-        return [_shape(i) for i in x] if isinstance(x, list) else tuple(_shape(i) for i in x)
-    return x
+    if op.formula is None:
+        return float(largest), float(nbytes)
+    return float(flops_of(op.formula, op.formula_kind, args, kwargs, out)), float(nbytes)
 
 
 def _tensors(values) -> list:
@@ -221,6 +161,9 @@ class RankTracker(TorchDispatchMode):
         op = _OPS.get(id(func)) or _op(func)
         if self._refusals:
             self._refuse(func)
+        if op.composite:
+            with self:
+                return func.decompose(*args, **kwargs)
         inputs = tensor_inputs(args, kwargs)
         if self._ownership is not None:
             broken = self._ownership.check(self._rank, func, args, kwargs, op.written, inputs)
@@ -431,3 +374,8 @@ class RankTracker(TorchDispatchMode):
         if self.current > self.peak:
             self.peak = self.current
         self.samples.append((self._now(), self.current))
+
+
+def in_host_memory(tracker: RankTracker, t: torch.Tensor) -> bool:
+    """Whether `t` lives in the rank's host memory (made on or moved to lib.host()), by its tracker."""
+    return tracker._place(t) == ON_HOST

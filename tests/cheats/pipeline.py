@@ -6,6 +6,7 @@ from torch.utils.checkpoint import checkpoint
 
 import lib
 import puzzles.pipeline as P
+import solutions.pipeline as S
 from solutions.pipeline import gpipe
 from tests.cheats.common import everywhere
 from tests.wrong.pipeline import _one_f_one_b, _zero_bubble
@@ -133,3 +134,18 @@ CHEATS = everywhere(P) + [
     ("gpipe", gpipe_in_1f1b_order_with_receives_posted_first, "forwards and backwards interleaved"),
     ("gpipe", gpipe_but_the_last_stage_in_1f1b_order, "forwards and backwards interleaved"),
 ]
+
+
+def _refusing_m_equal_to_p(solution):
+    """`solution` that refuses m = p as well as m < p: the schedule's bound off by one. Passed every seed while no case
+    drew m = p (issue 32)."""
+    def answer(dist, stage, batch, targets, m):
+        if m <= dist.get_world_size():
+            raise ValueError(f"needs more micro-batches than stages: m={m}, p={dist.get_world_size()}")
+        return solution(dist, stage, batch, targets, m)
+    answer.__name__ = f"{solution.__name__}_refusing_m_equal_to_p"
+    return answer
+
+
+CHEATS += [(name, _refusing_m_equal_to_p(getattr(S, name)), "raised ValueError")
+           for name in ("one_f_one_b", "zero_bubble")]

@@ -1,8 +1,10 @@
 """Cheats on notebook 08's puzzles, each with the words its rejection must contain."""
 
 import math
+import types
 
 import torch
+import torch.nn.functional as F
 
 import puzzles.ring_attention as P
 import solutions.ring_attention as S
@@ -285,3 +287,155 @@ CHEATS = [(name, fn, REBUILT if reason == ANSWER_KEY else reason) for name, fn, 
     ("ulysses_attention", ulysses_gathering_kv_with_all_to_all, "sent"),
     ("ulysses_attention", ulysses_with_whole_score_matrices, ("peak memory", "largest tensor")),
 ]
+
+
+# ---- every tile computed, the future masked (issue 32) -----------------------------------------------------------
+MASKED = -1e30                 # a score no key can win against: exp(MASKED - lse) is 0, and no row turns NaN
+
+
+def _product_by_addbmm(a, b):
+    """a @ b per (batch, head), (b, h, m, k) by (b, h, k, n), as a sum of k outer products through torch.addbmm.
+    addbmm cost one FLOP per output element before every op that does matrix work was priced from its shapes."""
+    rows = [torch.addbmm(a.new_zeros(a.shape[-2], b.shape[-1]), a[i, j].T.unsqueeze(-1), b[i, j].unsqueeze(-2))
+            for i in range(a.shape[0]) for j in range(a.shape[1])]
+    return torch.stack(rows).reshape(*a.shape[:2], a.shape[-2], b.shape[-1])
+
+
+def _tile_masked(q, k, v, future: torch.Tensor):
+    """One tile's (output, lse) with the scores where `future` is True masked, computed whatever the mask."""
+    s = (_product_by_addbmm(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5).masked_fill(future, MASKED)
+    lse = s.logsumexp(-1)                                                      # (b, h, sq)
+    return _product_by_addbmm(torch.exp(s - lse.unsqueeze(-1)), v), lse
+
+
+def _blockwise_masking(q, k, v, block, first_query: int, first_key: int, causal: bool):
+    """Blockwise attention over every (query block, key block) tile, each masked where a key comes after a query
+    (positions counted from first_query, first_key), none skipped."""
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
+    for i in range(0, q.shape[-2], block):
+        qi, o, m = q[..., i:i + block, :], None, None
+        rows = first_query + i + torch.arange(qi.shape[-2], device=q.device).unsqueeze(1)
+        for j in range(0, k.shape[-2], block):
+            cols = first_key + j + torch.arange(min(block, k.shape[-2] - j), device=q.device)
+            future = (cols > rows) if causal else torch.zeros(len(rows), len(cols), dtype=torch.bool)
+            bo, bl = _tile_masked(qi, k[..., j:j + block, :], v[..., j:j + block, :], future)
+            o, m = (bo, bl) if o is None else merge_attention(o, m, bo, bl)
+        out[..., i:i + block, :], lse[..., i:i + block] = o, m
+    return out, lse
+
+
+def blockwise_masking_instead_of_skipping(q, k, v, block, causal=False):
+    """Causal blockwise attention that computes the key blocks after each query block and masks them, instead of
+    skipping them: twice the work of the causal tiles. Passed every seed while blockwise_attention had no FLOPs
+    budget."""
+    return _blockwise_masking(q, k, v, block, 0, 0, causal)
+
+
+def zigzag_masking_the_future_by_addbmm(dist, q, k, v, block):
+    """Zigzag's ring, every (query chunk, key chunk) pair computed, the pairs in the future masked rather than
+    skipped, every product through torch.addbmm: balanced, and 4N tiles where 2N+1 are needed. While addbmm cost one
+    FLOP per output element (a d-th of its work), it passed the balance contract and the FLOPs ceiling at N = 2 (its
+    elementwise passes over the tiles broke the ceiling at N = 3); priced from its shapes, it is over at every N."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = q.shape[-2] // 2
+    mine = (rank, 2 * world - 1 - rank)
+    kv, outs, lses = torch.stack([k, v]), [None, None], [None, None]
+    for step in range(world):
+        src = (rank - step) % world
+        for a, qa in enumerate(mine):
+            for b, kb in enumerate((src, 2 * world - 1 - src)):
+                cols = slice(b * c, (b + 1) * c)
+                bo, bl = _blockwise_masking(q[..., a * c:(a + 1) * c, :], kv[0][..., cols, :], kv[1][..., cols, :],
+                                            block, qa * c, kb * c, causal=True)
+                outs[a], lses[a] = (bo, bl) if outs[a] is None else merge_attention(outs[a], lses[a], bo, bl)
+        if step < world - 1:
+            kv = _pass_right(dist, kv)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+CHEATS += [
+    ("zigzag_attention", zigzag_masking_the_future_by_addbmm, "FLOPs"),
+    ("blockwise_attention", blockwise_masking_instead_of_skipping, "FLOPs"),
+]
+
+
+# ---- merges the checks used to accept (issue 32) -----------------------------------------------------------------
+def merge_by_a_flash_kernel(out, lse, block_out, block_lse):
+    """The merge done by torch's attention kernel: one query whose scores against two keys are the two log-sum-exps,
+    the two outputs its values; the kernel's own log-sum-exp is the merged one."""
+    q = torch.ones(*lse.shape, 1, 1, dtype=lse.dtype, device=lse.device)               # (b, h, s, 1, 1)
+    k = torch.stack([lse, block_lse], -1).unsqueeze(-1)                                   # (b, h, s, 2, 1)
+    v = torch.stack([out, block_out], -2)                                                 # (b, h, s, 2, d)
+    flat = [t.flatten(0, 1) for t in (q, k, v)]
+    o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*flat, scale=1.0)[:2]
+    return o.reshape(out.shape), m.reshape(lse.shape)
+
+
+def merge_dropping_a_far_block(out, lse, block_out, block_lse):
+    """The exact merge of the outputs, but the log-sum-exp of two blocks more than 12 apart taken as the larger one:
+    off by up to e^-12 ≈ 6e-6, which a relative tolerance of 1e-9 allowed at log-sum-exps near 1e4."""
+    new_out = out - torch.sigmoid(block_lse - lse).unsqueeze(-1) * (out - block_out)
+    exact = lse - F.logsigmoid(lse - block_lse)
+    return new_out, torch.where((lse - block_lse).abs() > 12, torch.maximum(lse, block_lse), exact)
+
+
+def _with_merge(fn, merge):
+    """The reference `fn` of notebook 08 with `merge` in place of merge_attention, in every function it calls."""
+    scope = dict(S.__dict__, merge_attention=merge)
+    for name in ("blockwise_attention", "ring_attention", "ring_attention_overlap", "zigzag_attention"):
+        scope[name] = types.FunctionType(getattr(S, name).__code__, scope, name, getattr(S, name).__defaults__)
+    rebound = scope[fn.__name__]
+    rebound.__name__ = f"{fn.__name__}_dropping_a_far_block"
+    return rebound
+
+
+def overlap_softmax_over_every_score_kept(dist, q, k, v, block):
+    """The overlapped ring (each transfer under the current block's compute), but no online softmax: every step's
+    s/N × s/N scores are kept and one softmax runs over all of them at the end. Passed every seed while the overlap
+    puzzle budgeted only bytes and time."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kv, scores, values = torch.stack([k, v]), [], []
+    for step in range(world):
+        if step < world - 1:
+            incoming = torch.empty_like(kv)
+            works = [dist.isend(kv, (rank + 1) % world), dist.irecv(incoming, (rank - 1) % world)]
+        scores.append(q @ kv[0].transpose(-2, -1) * q.shape[-1] ** -0.5)           # (b, h, s/N, s/N)
+        values.append(kv[1])
+        if step < world - 1:
+            for w in works:
+                w.wait()
+            kv = incoming
+    s = torch.cat(scores, -1)                                                       # (b, h, s/N, s)
+    lse = s.logsumexp(-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ torch.cat(values, -2), lse
+
+
+APPROXIMATE = "values differ"
+CHEATS += [
+    ("merge_attention", merge_by_a_flash_kernel, "the answer called torch's _scaled_dot_product_flash_attention"),
+    ("merge_attention", merge_dropping_a_far_block, APPROXIMATE),
+    ("ring_attention_overlap", overlap_softmax_over_every_score_kept, ("largest tensor", "peak memory")),
+] + [(fn.__name__, _with_merge(fn, merge_dropping_a_far_block), APPROXIMATE)
+     for fn in (S.blockwise_attention, S.ring_attention, S.ring_attention_overlap, S.zigzag_attention)]
+
+
+def ulysses_dealing_heads_round_robin(dist, q, k, v, block):
+    """Heads dealt round-robin on the way in (rank i gets heads i, i + N, ...), the output sent back as if each rank
+    held a block of consecutive heads: right only where every rank holds one head. Passed 2 seeds in 8 while a case
+    could draw h = N."""
+    world = dist.get_world_size()
+    b, h, c, d = q.shape
+
+    def to_heads(x):                                            # (b, h, s/N, d) -> (b, h/N, s, d), heads r, r + N..
+        send = x.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()   # (N, b, h/N, s/N, d)
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send)
+        return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
+    o, _ = blockwise_attention(to_heads(q), to_heads(k), to_heads(v), block)
+    send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)
+    return got.transpose(0, 1).reshape(b, h, c, d)
+
+
+CHEATS += [("ulysses_attention", ulysses_dealing_heads_round_robin, "values differ")]

@@ -239,3 +239,31 @@ CHEATS = everywhere(P) + [
     ("vocab_parallel_loss", vocab_loss_through_a_class_attribute, "under the floor"),
     ("vocab_parallel_loss", vocab_loss_gathering_the_logits, "over the budget"),
 ]
+
+
+def sp_norm_on_the_whole_sequence_recomputed_in_backward(dist, x, fc1_w, fc1_b, fc2_w):
+    """Gathers x first, then LayerNorm and fc1 as one Function that keeps only the gathered x (where sequence
+    parallelism keeps the gathered norm's output, as many bytes): backward runs the norm again on the whole sequence,
+    then fc1's and the norm's gradients. The norm's work done on every rank's tokens, and twice. Its extra FLOPs
+    (about 6% on small cases) fitted the 5% margin on half the seeds (issue 32)."""
+    gather, scatter = _sequence_ops(dist)
+
+    class NormThenLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t, w, b):
+            ctx.save_for_backward(t, w)
+            return F.linear(F.layer_norm(t, t.shape[-1:]), w, b)
+
+        @staticmethod
+        def backward(ctx, g):
+            t, w = ctx.saved_tensors
+            with torch.enable_grad():
+                t = t.detach().requires_grad_()
+                normed = F.layer_norm(t, t.shape[-1:])                                 # recomputed
+            grad_t = torch.autograd.grad(normed, t, g @ w)[0]
+            return grad_t, g.flatten(0, -2).T @ normed.detach().flatten(0, -2), g.flatten(0, -2).sum(0)
+    return x + scatter(F.linear(F.gelu(NormThenLinear.apply(gather(x), fc1_w, fc1_b)), fc2_w))
+
+
+CHEATS += [("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_recomputed_in_backward,
+            ("FLOPs counted", "activations for backward"))]

@@ -1,5 +1,7 @@
 """Cheats on notebook 06's puzzles, each with the words its rejection must contain."""
 
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -7,11 +9,11 @@ import lib
 import puzzles.three_d as P
 import solutions.three_d as S
 from lib.devices import device_mesh
-from lib.planner import H100_80GB, Cluster, estimate, memory_breakdown
+from lib.planner import H100_80GB, Cluster, PlanError, estimate, memory_breakdown
 from lib.sim.mesh import answer_key_refused, coordinates, mesh_groups
 from lib.viz.planner import plan_figure
 from tests.cheats.common import everywhere, under_identity_hooks
-from tests.wrong.three_d import DPAverageReplaced
+from tests.wrong.three_d import DPAverageReplaced, _memory
 
 _board: dict = {}
 WORK_DONE_FOR_IT = "does this puzzle's work for you"
@@ -407,3 +409,31 @@ CHEATS = everywhere(P) + [
     ("mesh_coordinates", coordinates_with_the_refusal_lifted, "called lib.sim.mesh.answer_key_refused"),
     ("plan_memory", memory_from_the_statements_own_sum, "called puzzles.three_d._first_stage_bytes"),
 ]
+
+
+def _searching_only(**fixed):
+    """solutions.three_d.choose_plan over part of the space: its estimator refuses every plan whose fields differ from
+    `fixed`, so the search never sees them."""
+    def partial_estimate(model, cluster, plan):
+        if any(getattr(plan, name) != value for name, value in fixed.items()):
+            raise PlanError("outside the part of the space searched")
+        return estimate(model, cluster, plan)
+    search = types.FunctionType(S.choose_plan.__code__, dict(S.__dict__, estimate=partial_estimate),
+                                "choose_plan_" + "_".join(f"{k}_{v}" for k, v in fixed.items()))
+    search.__doc__ = f"choose_plan searching only plans with {fixed}."
+    return search
+
+
+# A search over part of the space: the micro-batch fixed at 1 passed every seed but those whose cases made a larger
+# one faster (issue 32); pipelines left out passed every seed.
+CHEATS += [("choose_plan", _searching_only(micro_batch=1), "fixing the micro-batch at 1"),
+           ("choose_plan", _searching_only(pp=1), "leaving pipeline parallelism out")]
+
+
+def memory_counting_pp_micro_batches_in_flight(model, plan):
+    """plan_memory with pp micro-batches in flight on the first stage, where 1F1B holds min(pp, m): passed every seed
+    whose cases drew m >= pp (issue 32)."""
+    return _memory(model, plan, "pp micro-batches")
+
+
+CHEATS += [("plan_memory", memory_counting_pp_micro_batches_in_flight, "keeping pp micro-batches' activations")]

@@ -385,7 +385,7 @@ WRONG = [
     ("zero_bubble", zero_bubble_is_1f1b, "simulated time"),
     ("zero_bubble", zero_bubble_w_right_after_its_b, "simulated time"),
     ("zero_bubble", zero_bubble_every_w_at_the_end, "simulated time"),
-    ("zero_bubble", zero_bubble_one_w_too_many_waiting, "peak memory"),
+    ("zero_bubble", zero_bubble_one_w_too_many_waiting, ("peak memory", "simulated time")),   # time at m = p
     ("zero_bubble", zero_bubble_forgets_w, "grad is None"),
     ("zero_bubble", zero_bubble_w_through_the_graph_again, "simulated time"),
     ("zero_bubble", zero_bubble_sends_after_w, "simulated time"),

@@ -181,8 +181,8 @@ def _memory(model, plan, mistake=""):
     sp = {"no sequence parallelism": False, "every activation over tp": True}.get(mistake, plan.sequence_parallel)
     layer = activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads, plan.tp, sp,
                                        recompute)
-    in_flight = {"one micro-batch": 1, "every micro-batch": plan.micro_batches}.get(mistake,
-                                                                                 min(plan.pp, plan.micro_batches))
+    in_flight = {"one micro-batch": 1, "every micro-batch": plan.micro_batches,
+                 "pp micro-batches": plan.pp}.get(mistake, min(plan.pp, plan.micro_batches))
     return states + blocks * layer * in_flight
 
 

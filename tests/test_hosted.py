@@ -1,0 +1,257 @@
+"""A notebook opened alone, as Colab opens one: its first cell fetches the course at the notebook's version and
+installs what the host lacks; where the course is importable it does nothing. And the torch range: `import lib`
+refuses a torch older than lib.compat.OLDEST_TORCH, saying what to do.
+
+Colab cannot be reached from the course's machines, so the slow tests emulate it: a folder holding only the
+notebook, the repository as a git remote (a bare repository in a temporary folder, its address put in place of
+the course's GitHub address by git's `url.<base>.insteadOf`), and a virtual environment of the Python the
+tests run on, with torch and the other packages a host has, but not the course, nor cloudpickle (which the
+first cell must then install).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from unittest import mock
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+import lib.compat
+from lib.nbtools import puzzle_cells, solve
+from tools import course_notebooks
+from tools.hosted import HOME, REPOSITORY, badges, binder_url, colab_url, first_cell, missing, requirements
+
+ROOT = Path(__file__).resolve().parents[1]
+LACKING = "cloudpickle"          # a pin the emulated host lacks: the first cell must install it
+
+
+def _first_code_cell(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    return next(c for c in nb.cells if c.cell_type == "code")
+
+
+# ---- the cells and badges are stamped, and say the same as tools.hosted ------------------------------------
+
+
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.stem)
+def test_every_notebook_starts_with_the_badges_and_the_first_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    assert nb.cells[0].source == badges(path.stem), "run `python -m tools.stamp`"
+    assert colab_url(path.stem) in nb.cells[0].source and binder_url(path.stem) in nb.cells[0].source
+    assert _first_code_cell(nb).source == first_cell(), "run `python -m tools.stamp`"
+
+
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.stem)
+def test_the_first_cell_fetches_what_the_badges_open(path):
+    """The notebook's engine comes from the repository and ref its Colab and Binder badges open it from."""
+    nb = nbformat.read(path, as_version=4)
+    pinned = {}
+    exec(next(line for line in _first_code_cell(nb).source.splitlines() if line.startswith("REPOSITORY")), pinned)
+    owner_repo = pinned["REPOSITORY"].removeprefix("https://github.com/")
+    assert f"https://colab.research.google.com/github/{owner_repo}/blob/{pinned['REF']}/notebooks/{path.name})" \
+        in nb.cells[0].source
+    assert f"https://mybinder.org/v2/gh/{owner_repo}/{pinned['REF']}?labpath=notebooks%2F{path.name})" \
+        in nb.cells[0].source
+    fetched = _first_code_cell(nb).source.split('"sparse-checkout", "set", ')[1].split("]")[0]
+    assert fetched == '"lib", "puzzles", "tools"'
+
+
+def test_readme_course_map_opens_every_notebook_in_colab_and_the_course_in_binder():
+    readme = (ROOT / "README.md").read_text()
+    course_map = readme.split("\n## Course map", 1)[1].split("\n## ", 1)[0]
+    for path in course_notebooks():
+        row = next((line for line in course_map.splitlines() if line.startswith(f"| {path.stem[:2]} ")), "")
+        assert colab_url(path.stem) in row, f"README's course map: no Colab badge for {path.stem}"
+    assert binder_url() in course_map
+
+
+def test_the_first_cell_does_nothing_where_the_course_is_importable(tmp_path, monkeypatch):
+    """As under ./course lab: no fetch, no install, no import of the course, sys.path untouched."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail(f"the first cell ran {a}"))
+    path, modules = list(sys.path), set(sys.modules)
+    exec(compile(first_cell(), "<first cell>", "exec"), {})
+    assert sys.path == path and not list(tmp_path.iterdir())
+    assert not {m for m in set(sys.modules) - modules if m.split(".")[0] in ("lib", "puzzles", "tools", "torch")}
+
+
+def test_missing_names_only_the_pins_not_installed_and_never_the_hosts_server(monkeypatch):
+    installed = {"torch": "2.11.0", "numpy": "1.26.4", "jupyterlab": None, "ipykernel": None}
+
+    def version(name):
+        if installed.get(name) is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    pins = ["torch==2.13.0", "numpy==2.4.6", "cloudpickle==3.1.2", "jupyterlab==4.6.6", "ipykernel==7.4.0"]
+    assert missing(pins) == ["cloudpickle==3.1.2"]        # an older torch or numpy is the host's to keep
+
+
+# ---- the torch range ---------------------------------------------------------------------------------------
+
+
+def test_torch_range_says_which_versions_run():
+    oldest = ".".join(map(str, lib.compat.OLDEST_TORCH))
+    for version in (oldest + ".0", f"{oldest}.0a0+git1234", "2.13.0+cpu", lib.compat.PINNED_TORCH, "2.14.1", "3.0.0"):
+        assert lib.compat.torch_problem(version) is None, version
+    for version in ("2.10.1+cu121", "2.9.0", "1.13.1"):
+        problem = lib.compat.torch_problem(version)
+        assert f"needs torch {oldest} or newer" in problem and version in problem
+        assert f"pip install torch=={lib.compat.PINNED_TORCH}" in problem and "./course lab" in problem
+
+
+def test_the_pinned_torch_is_pyprojects_and_runs_here():
+    assert f"torch=={lib.compat.PINNED_TORCH}" in requirements(ROOT / "pyproject.toml")
+    lib.compat.require_supported_torch()          # the torch the suite runs on is in the range
+
+
+def test_an_older_torch_is_refused_with_what_to_do(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "__version__", "2.10.0")
+    with pytest.raises(lib.compat.UnsupportedTorch, match=r"needs torch 2\.11 or newer.*has torch 2\.10\.0"):
+        lib.compat.require_supported_torch()
+
+
+@pytest.mark.slow
+def test_import_lib_refuses_an_older_torch_before_anything_else_fails():
+    code = "import torch; torch.__version__ = '2.10.0'; import lib"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("lib.compat.UnsupportedTorch: the course needs torch 2.11 or newer"), done.stderr[-2000:]
+
+
+# ---- Colab, emulated ---------------------------------------------------------------------------------------
+
+
+def _git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", "-c", "user.name=course", "-c", "user.email=course@localhost", *args], cwd=cwd,
+                   check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A commit of this checkout's files, solutions too, on the branch the first cell fetches."""
+    ref = colab_url("x").split("/blob/")[1].split("/")[0]
+    src = tmp_path_factory.mktemp("checkout")
+    for part in ("lib", "puzzles", "tools", "solutions"):
+        shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", src)
+    _git("init", "-q", "-b", ref, cwd=src)
+    _git("add", "-A", cwd=src)
+    _git("commit", "-q", "-m", "the course", cwd=src)
+    return src
+
+
+@pytest.fixture(scope="module")
+def remote(checkout, tmp_path_factory) -> Path:
+    """The repository as the first cell reaches it: a bare clone of `checkout`."""
+    bare = tmp_path_factory.mktemp("remote") / "course.git"
+    _git("clone", "-q", "--bare", str(checkout), str(bare), cwd=checkout)
+    _git("config", "uploadpack.allowFilter", "true", cwd=bare)
+    return bare
+
+
+@pytest.fixture
+def host(tmp_path) -> Path:
+    """A virtual environment with what a notebook host has (torch, Jupyter's kernel, pip), not the course:
+    every package of the test's environment linked in, less the course's own install and LACKING."""
+    venv = tmp_path / "host"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    theirs = next(venv.glob("lib/python*/site-packages"))
+    left_out = ("__editable__", "llm_training_puzzles", LACKING)
+    for entry in ours.iterdir():
+        if not entry.name.startswith(left_out):
+            (theirs / entry.name).symlink_to(entry)
+    kernels = venv / "share" / "jupyter" / "kernels" / "host"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(
+        '{"argv": ["%s", "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "host", '
+        '"language": "python"}' % (venv / "bin" / "python"))
+    return venv
+
+
+def _host_env(host: Path, remote: Path) -> dict[str, str]:
+    """The host's environment: no course on PYTHONPATH, a home of its own, the course's address leading to `remote`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JUPYTER_PATH", "COURSE_STRICT")}
+    env.update(HOME=str(host.parent / "home"), MPLBACKEND="Agg", JUPYTER_PATH=str(host / "share" / "jupyter"),
+               GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0=f"url.file://{remote}.insteadOf", GIT_CONFIG_VALUE_0=REPOSITORY)
+    return env
+
+
+def _run_hosted(nb: nbformat.NotebookNode, folder: Path, host: Path, remote: Path) -> nbformat.NotebookNode:
+    """Execute `nb` in `folder` with the host's kernel, the course's address leading to `remote`."""
+    env = _host_env(host, remote)
+    with mock.patch.dict(os.environ, JUPYTER_PATH=env["JUPYTER_PATH"]):   # where jupyter_client finds the kernel
+        client = NotebookClient(nb, kernel_name="host", timeout=600, resources={"metadata": {"path": str(folder)}})
+        client.execute(env=env, cwd=str(folder))
+    return nb
+
+
+def _text(cell: nbformat.NotebookNode) -> str:
+    """What a cell showed: printed text, results, and an error's name and message (without the colours)."""
+    return "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                   + (f"{o.ename}: {o.evalue}" if o.output_type == "error" else "") for o in cell.get("outputs", []))
+
+
+@pytest.mark.slow
+def test_a_notebook_opened_alone_fetches_the_course_and_runs_a_puzzles_check_and_real_cell(tmp_path, host, remote):
+    import solutions.data_parallel as S
+
+    path = ROOT / "notebooks" / "02_data_parallel.ipynb"
+    nb = solve(nbformat.read(path, as_version=4), S)
+    real = next(i for i, c in enumerate(nb.cells) if "real" in c.metadata.get("tags", []))
+    name = next(iter(puzzle_cells(nb)))
+    assert f"P.{name}.real(" in nb.cells[real].source
+    nb.cells = nb.cells[:real + 1]                   # up to the first puzzle's real cell, solved
+    folder = tmp_path / "content"                    # Colab's working directory: the notebook alone
+    folder.mkdir()
+    nbformat.write(nb, folder / path.name)
+    done = _run_hosted(nb, folder, host, remote)
+    first = _first_code_cell(done)
+    assert f"installing what this machine lacks: {LACKING}==" in _text(first)
+    assert f"course: {folder / HOME} (commit " in _text(first)
+    fetched = folder / HOME
+    assert {p.name for p in fetched.iterdir() if not p.name.startswith(".")} == {"lib", "puzzles", "tools",
+                                                                                 "pyproject.toml"}
+    check = next(c for c in done.cells if "check" in c.metadata.get("tags", []))
+    assert f"✓ {name} is correct" in _text(check), _text(check)
+    assert "✓" in _text(done.cells[real]) and "Error" not in _text(done.cells[real]), _text(done.cells[real])
+
+
+@pytest.mark.slow
+def test_a_notebook_opened_alone_with_an_older_torch_says_what_to_do_in_its_first_cell(tmp_path, host, remote):
+    nb = nbformat.read(ROOT / "notebooks" / "02_data_parallel.ipynb", as_version=4)
+    older = nbformat.v4.new_code_cell("import torch\ntorch.__version__ = '2.10.0'  # the host's torch, emulated")
+    nb.cells = [older, _first_code_cell(nb)]
+    folder = tmp_path / "content"
+    folder.mkdir()
+    with pytest.raises(CellExecutionError):
+        _run_hosted(nb, folder, host, remote)
+    said = _text(nb.cells[1])
+    assert "UnsupportedTorch: the course needs torch 2.11 or newer" in said and "has torch 2.10.0" in said, said
+    assert "%pip install torch==" in said and "Restart session" in said
+
+
+@pytest.mark.slow
+def test_a_notebook_opened_inside_a_checkout_takes_the_course_from_it(checkout, host, remote):
+    """Binder's way: the notebook in the repository's notebooks/, the course not installed. Nothing is fetched."""
+    folder = checkout / "notebooks"
+    folder.mkdir(exist_ok=True)
+    done = subprocess.run([str(host / "bin" / "python"), "-c", first_cell()], cwd=folder, capture_output=True,
+                          text=True, timeout=600, env=_host_env(host, remote))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"course: {checkout} (commit " in done.stdout, done.stdout
+    assert not (folder / HOME).exists()
