@@ -277,6 +277,73 @@ def _rank_flops(chunk: int, world: int, bits: int) -> float:
     return (world + 1) * quantising + 2 * world * dequantising + PASSES * world * chunk
 
 
+def _compressed_explained(grads: list, residuals: list, bits: int) -> Callable[[list, list], Optional[str]]:
+    """A compressed case's explain (lib.check.Case): a wrong mean read chunk by chunk against what its owner
+    received (the mean unquantised, or the integers added under one sender's scale), a wrong residual against the
+    inputs it is made of (one of them left out or counted twice)."""
+    n = len(grads)
+    sent = [[quantize(c, bits) for c in (g + r).chunk(n)] for g, r in zip(grads, residuals)]   # [rank][chunk]
+
+    def back(mean: torch.Tensor) -> torch.Tensor:
+        return dequantize(*quantize(mean, bits))
+
+    def readings(j: int) -> list[tuple[str, torch.Tensor]]:
+        """Owner j's chunk of the result as each slip makes it."""
+        arrived = [sent[i][j] for i in range(n)]
+        exact = sum(dequantize(q, s).double() for q, s in arrived) / n
+        added = sum(q.long() for q, _ in arrived)
+        return [("unquantised", exact.float())] + [(f"scale {k}", back((added * arrived[k][1]).double() / n))
+                                                  for k in range(n)]
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        return _compressed_mean(expected, got, n, readings) or _compressed_residual(expected, got, grads, residuals)
+    return explain
+
+
+def _compressed_mean(expected: list, got: list, n: int, readings: Callable) -> Optional[str]:
+    """The reading that gives every chunk of the first wrong mean, said."""
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        mean = g[0] if isinstance(g, (tuple, list)) and g and isinstance(g[0], torch.Tensor) else None
+        if mean is None or mean.shape != e[0].shape or torch.equal(mean.detach().cpu(), e[0]):
+            continue
+        fits = [[what for what, t in readings(j) if _near(c, t)] for j, c in enumerate(mean.detach().cpu().chunk(n))]
+        if all("unquantised" in f for f in fits):
+            return (f"Diagnosis: rank {rank}'s mean is each owner's mean unquantised (float32, 4 B a value): the way "
+                    "back is quantised too: quantize the mean of the chunk you own, all_gather its int8 values and "
+                    "its scale, and dequantize each owner's into its place.")
+        scaled = [sorted(int(w.split()[1]) for w in f if w.startswith("scale")) for f in fits]
+        if all(scaled):
+            who = {k[0] for k in scaled}
+            by = f"rank {who.pop()}'s scale" if len(who) == 1 else "one sender's scale"
+            return (f"Diagnosis: rank {rank}'s mean is, chunk by chunk, the int8 values that arrived added as "
+                    f"integers and multiplied by {by}: each sender's integers have a scale of their own, so "
+                    "dequantize each sender's values with its scale, then add.")
+        return None
+    return None
+
+
+def _compressed_residual(expected: list, got: list, grads: list, residuals: list) -> Optional[str]:
+    """A wrong new residual that differs from the right one by exactly one input, left out or counted twice."""
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        have = g[1] if isinstance(g, (tuple, list)) and len(g) > 1 and isinstance(g[1], torch.Tensor) else None
+        if have is None or have.shape != e[1].shape:
+            continue
+        off = have.detach().cpu().double() - e[1].double()
+        for what, x in (("the gradient", grads[rank]), ("the old residual (the input residual)", residuals[rank])):
+            for sign, how in ((-1, "left out"), (1, "counted twice")):
+                if off.abs().max() > 0 and _near(off, sign * x.double()):
+                    return (f"Diagnosis: rank {rank}'s new residual is the right one with {what} {how}: the "
+                            "residual is what quantising lost, c - dequantize(what you sent), where c = grad + "
+                            "residual is what you quantised.")
+    return None
+
+
+def _near(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to float32 rounding, relative to the larger of the two's magnitudes."""
+    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-30)
+    return a.shape == b.shape and bool((a.double() - b.double()).abs().max() <= 1e-5 * scale)
+
+
 def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
     bits = rng.choice([8, 8, 4, 2]) if bits is None else bits
     length = world * rng.randint(3, 40)
@@ -302,6 +369,7 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
                                                f"it sent, every owner's mean) and {PASSES} passes over its {length} "
                                                f"values, {flops:,.0f} FLOPs", over=COMPRESSED_OVER)],
                 allowed_ops=frozenset({"all_to_all", "all_gather"}),
+                explain=_compressed_explained(grads, residuals, bits),
                 contracts=[op_sends_at_most(
                     "all_gather", (world - 1) * (length // world + SCALE_BYTES),
                     f"N-1 = {world - 1} owners' means of {length // world} values and their scales",
