@@ -28,7 +28,7 @@ from lib.first_use import import_ahead
 from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.offlimits import tool
-from lib.sim import CostModel, per_rank
+from lib.sim import CostModel, RankDied, per_rank
 from lib.sim.cost import bus_factor
 from lib.terms import Formula, Q, ceil, formula, maximum, term
 from lib.units import fmt_bytes, fmt_rate, fmt_time
@@ -774,38 +774,92 @@ class ShardOfTheLiving:
         return grad[lo:hi].clone()        # a copy: a view would lead back to the whole gradient (._base)
 
 
-def _held_before_only(world: int, dead: int, total: int):
-    """A survive case's explain (lib.check.Case): the survivors whose result is wrong exactly where they held nothing
-    before the failure trained those elements on something other than the last checkpoint (what they kept, made-up
-    values): whatever they used, the only state of those elements after the failure is in that checkpoint."""
+def _survive_explained(world: int, dead: int, start: dict, grads: list, before: int, reloaded: int):
+    """A survive case's explain (lib.check.Case), from the run's structure: the state before the failure (`start`,
+    after `before` steps), every step's whole gradient, and the step of the last complete checkpoint (`reloaded`),
+    from which the survivors train on in the layout of N - 1 ranks. A wrong result is read as a shard of another
+    layout, as wrong exactly where the rank held nothing before, or as a training state that lost a part."""
     survivors = [r for r in range(world) if r != dead]
+    total = start["param"].numel()
+    lost = _state_lost(start, grads, before, reloaded)
 
     def explain(expected: list, got: list) -> Optional[str]:
-        found = []
-        for r in survivors:
-            have = got[r] if r < len(got) else None
-            if not isinstance(have, (tuple, list)) or len(have) != len(STATE) or not all(
-                    isinstance(g, torch.Tensor) and g.shape == e.shape for g, e in zip(have, expected[r])):
-                return None
-            wrong = torch.zeros(expected[r][0].shape, dtype=torch.bool)
-            for g, e in zip(have, expected[r]):
-                wrong |= (g.detach().cpu() != e.cpu())
-            lo, hi = shard_bounds(total, world - 1, survivors.index(r))
-            old_lo, old_hi = shard_bounds(total, world, r)
-            held = torch.zeros_like(wrong)
-            held[max(old_lo, lo) - lo:max(min(old_hi, hi) - lo, 0)] = True
-            if wrong[held].any():
-                return None
-            if wrong.any():
-                found.append(f"rank {r}")
-        if not found:
+        have = {r: got[r] if r < len(got) else None for r in survivors}
+        if not all(isinstance(h, (tuple, list)) and len(h) == len(STATE) and all(isinstance(t, torch.Tensor)
+                                                                               for t in h) for h in have.values()):
             return None
-        return (f"Diagnosis: on {', '.join(found)}, exactly the elements the rank did not hold before the failure are "
-                "wrong (its new shard's part that was the failed rank's or a neighbour's): after the failure their "
-                "state comes only from the last complete checkpoint, which holds every rank's shard. Gradients or "
-                "state a rank kept for itself cannot rebuild them: reload the checkpoint in the survivors' layout "
-                "and train on from its step.")
+        shaped = {r: all(t.shape == e.shape for t, e in zip(have[r], expected[r])) for r in survivors}
+        if not all(shaped.values()):
+            return _old_shard(have, expected, world, dead, total)
+        wrong = {r: [not torch.equal(t.detach().cpu(), e.cpu()) for t, e in zip(have[r], expected[r])]
+                 for r in survivors}
+        if not any(any(w) for w in wrong.values()):
+            return None
+        return _held_before_only(have, expected, world, dead, total) or next(
+            (f"Diagnosis: the survivors' state is {what}." for what, state in lost
+             if all(_near(t.detach().cpu(), state[k][slice(*shard_bounds(total, world - 1, survivors.index(r)))])
+                    for r in survivors for t, k in zip(have[r], STATE))), None)
     return explain
+
+
+def _state_lost(start: dict, grads: list, before: int, reloaded: int) -> list[tuple[str, dict]]:
+    """The whole final state as training makes it with one part of Adam's state lost or miscounted, each said: the
+    moments restarting from zero at the reload (a checkpoint without them), and the step count one off."""
+    def trained(first_step: int, zeroed: tuple = ()) -> dict:
+        state = {k: t.clone() for k, t in start.items()}
+        _adam_run(state, grads[before:reloaded], before + first_step)
+        for k in zeroed:
+            state[k].zero_()
+        return _adam_run(state, grads[reloaded:], reloaded + first_step)
+    moments = " and ".join(STATE[1:])
+    return [(f"what training on from the last checkpoint gives with {moments} restarted from zero: the checkpoint "
+             f"must carry Adam's moments ({moments}) beside the parameters, or the reload loses them",
+             trained(1, STATE[1:])),
+            ("what Adam gives with its step count one behind (adam_update(..., step, lr) where step + 1 belongs): "
+             "Adam counts its steps from 1, and its bias correction (1 - β^t) divides by that count", trained(0)),
+            ("what Adam gives with its step count one ahead (step + 2 where step + 1 belongs): its bias correction "
+             "(1 - β^t) divides by that count", trained(2))]
+
+
+def _old_shard(have: dict, expected: list, world: int, dead: int, total: int) -> Optional[str]:
+    """A survivor whose result has the size of its shard before the failure: it went on with what it held."""
+    for r, h in have.items():
+        before = shard_bounds(total, world, r)
+        if h[0].shape != expected[r][0].shape and h[0].shape == (before[1] - before[0],):
+            return (f"Diagnosis: rank {r} returned {h[0].numel()} elements, its shard [{before[0]}, {before[1]}) in "
+                    f"the layout of {world} ranks before the failure: after rank {dead} died the survivors hold "
+                    f"the state in the layout of {world - 1} rank{'s' * (world > 2)} ({expected[r][0].numel()} "
+                    "elements here), so "
+                    "reload the last checkpoint in that layout (reshard_checkpoint(saved, len(members), "
+                    "members.index(rank))) rather than going on with the shard it held.")
+    return None
+
+
+def _held_before_only(have: dict, expected: list, world: int, dead: int, total: int) -> Optional[str]:
+    """The survivors whose result is wrong exactly where they held nothing before the failure trained those elements
+    on something other than the last checkpoint (what they kept, made-up values): whatever they used, the only state
+    of those elements after the failure is in that checkpoint."""
+    survivors = sorted(have)
+    found = []
+    for r in survivors:
+        wrong = torch.zeros(expected[r][0].shape, dtype=torch.bool)
+        for g, e in zip(have[r], expected[r]):
+            wrong |= (g.detach().cpu() != e.cpu())
+        lo, hi = shard_bounds(total, world - 1, survivors.index(r))
+        old_lo, old_hi = shard_bounds(total, world, r)
+        held = torch.zeros_like(wrong)
+        held[max(old_lo, lo) - lo:max(min(old_hi, hi) - lo, 0)] = True
+        if wrong[held].any():
+            return None
+        if wrong.any():
+            found.append(f"rank {r}")
+    if not found:
+        return None
+    return (f"Diagnosis: on {', '.join(found)}, exactly the elements the rank did not hold before the failure are "
+            "wrong (its new shard's part that was the failed rank's or a neighbour's): after the failure their "
+            "state comes only from the last complete checkpoint, which holds every rank's shard. Gradients or "
+            "state a rank kept for itself cannot rebuild them: reload the checkpoint in the survivors' layout "
+            "and train on from its step.")
 
 
 def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
@@ -815,8 +869,39 @@ def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
     from lib.sim import current_rank
 
     if current_rank() is not None:
-        return answer(dist, files, grads, every, lr)
+        try:
+            return answer(dist, files, grads, every, lr)
+        except RankDied as e:
+            raise FailureUncaught(f"rank {current_rank()} was told of the failure by the error below, a RuntimeError, "
+                                  "and it left your function: nothing around that call caught it. Catch it (try/"
+                                  "except RuntimeError as e; e.rank is the rank that died) around the training and "
+                                  "the checkpoints: then the survivors regroup and go on from the last checkpoint."
+                                  f"\n  {e}") from None
+        except Exception as e:
+            caught = e.__context__
+            if not isinstance(caught, RuntimeError) or isinstance(caught, RankDied):
+                raise
+            raise FailureUncaught(f"rank {current_rank()}'s except caught a RuntimeError that no failed rank raised: "
+                                  f"torch's own, from your code ({caught}); handling it as a failure then raised "
+                                  f"{type(e).__name__}: {e}. Only a RankDied (e.rank) tells of a failure: the error "
+                                  "before it is your code's." + _sizes_read(str(caught), files, dist, dead)) from None
     return run_with_fault(dist, answer, dead, k, files, grads, every, lr)
+
+
+def _sizes_read(error: str, files: list, dist, dead: int) -> str:
+    """A size mismatch between this rank's shard before the failure and its shard among the survivors, said."""
+    total, world, rank = sum(f["param"].numel() for f in files), dist.get_world_size(), dist.get_rank()
+    old = shard_bounds(total, world, rank)
+    new = shard_bounds(total, world - 1, rank - (rank > dead))
+    held, due = old[1] - old[0], new[1] - new[0]
+    if held == due or f"({held})" not in error or f"({due})" not in error:
+        return ""
+    return (f" {held} elements are rank {rank}'s shard before the failure, {due} its shard among the survivors: it "
+            "went on with the shard it held, where the last checkpoint reloaded in the survivors' layout belongs.")
+
+
+class FailureUncaught(PuzzleError):
+    """A survivor's function ended with the error that told it of the failure."""
 
 
 def _checkpoints_at_most(limit: int, every: int) -> Contract:
@@ -876,11 +961,13 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     steps = every * checkpoints + rng.randint(0, every - 1)
     state, gen = _adam_state(rng, total, before)
     files = _files(state, world, before)
+    start = {key: t.clone() for key, t in state.items()}
     grads = [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(before + steps)]
     _adam_run(state, grads[before:], before + 1)
     # The failure cuts the second checkpoint or a later one short: one completed before it, so that replaying from
     # the first files is not what reloading the last checkpoint would do.
     dead, k = rng.randrange(world), rng.randint(2, checkpoints)
+    due = [t for t in range(before + 1, before + steps + 1) if t % every == 0]
     survivors = [r for r in range(world) if r != dead]
     expected = []
     for r in range(world):
@@ -893,12 +980,11 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     return Case(world, (files, feeds, every, ADAM_LR, dead, k), expected,
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
-                allowed_ops=frozenset({"all_gather"}), explain=_held_before_only(world, dead, total),
-                budgets=[budget(total, world, dead, k, sum(1 for t in range(before + 1, before + steps + 1)
-                                                           if t % every == 0))
+                allowed_ops=frozenset({"all_gather"}),
+                explain=_survive_explained(world, dead, start, grads, before, due[k - 2]),
+                budgets=[budget(total, world, dead, k, len(due))
                          for budget in (_checkpoint_traffic, _checkpoint_traffic_ceiling)],
-                contracts=[_checkpoints_at_most(sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0)
-                                                + 1, every)])
+                contracts=[_checkpoints_at_most(len(due) + 1, every)])
 
 
 survive_failure = Puzzle(
