@@ -41,6 +41,7 @@ SIZES = (8, 16, 4)
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9          # DiLoCo's outer Nesterov SGD (Douillard et al. 2023, section 3)
 # Two datacenters joined by a wide-area link: 100 Gb/s per GPU and 10 ms per message (CostModel's defaults).
 WAN = CostModel()
+DILOCO_RTOL, DILOCO_ATOL = 1e-9, 1e-11
 TIME_SLACK = 1.5             # over compute + one WAN all-reduce per round: room for copies and the outer step
 
 
@@ -51,14 +52,14 @@ def two_datacenters(world: int, cost: CostModel = WAN) -> CostModel:
 
 # ---- 1. DiLoCo --------------------------------------------------------------------------------------------
 def diloco_reference(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
-                     sign: float = 1.0, outer_steps_per_round: int = 1):
+                     sign: float = 1.0, outer_steps_per_round: int = 1, nesterov: bool = True):
     """DiLoCo in one process, worker after worker in rank order: H AdamW steps each (every worker keeps its
     AdamW state), the pseudo-gradient (start - local) averaged, one Nesterov SGD step. (A known mistake passes
-    `sign` = -1, or takes the outer step `outer_steps_per_round` times.)"""
+    `sign` = -1, or takes the outer step `outer_steps_per_round` times; another outer optimizer, nesterov=False.)"""
     start = copy.deepcopy(model)
     workers = [copy.deepcopy(model) for _ in shards]
     inner = [torch.optim.AdamW(w.parameters(), lr=inner_lr) for w in workers]
-    outer = torch.optim.SGD(start.parameters(), lr=outer_lr, momentum=momentum, nesterov=True)
+    outer = torch.optim.SGD(start.parameters(), lr=outer_lr, momentum=momentum, nesterov=nesterov and momentum > 0)
     for round_ in range(len(shards[0]) // inner_steps):
         for worker, opt, batches in zip(workers, inner, shards):
             for x, y in batches[round_ * inner_steps:(round_ + 1) * inner_steps]:
@@ -186,7 +187,42 @@ def _diloco_case(rng: random.Random, world: int, steps: Optional[int] = None) ->
                 f"N={world} workers in 2 datacenters, H={inner_steps} inner steps × {rounds} rounds of {local} "
                 f"samples, inner lr {inner_lr:g}, outer lr {outer_lr:.3g}, momentum {momentum:g}",
                 budgets=_diloco_budgets(model, world, rounds, inner_steps, cost, compute) + work, cost=cost,
-                allowed_ops=frozenset({"all_reduce"}), steps=rounds)
+                allowed_ops=frozenset({"all_reduce"}), steps=rounds,
+                explain=_diloco_explained(model, shards, inner_steps, inner_lr, outer_lr, momentum, DILOCO_RTOL,
+                                          DILOCO_ATOL))
+
+
+# The outer optimizers a run may have used instead of Nesterov's SGD, as diloco_reference's settings.
+OTHER_OUTER = {"heavy-ball momentum (torch.optim.SGD without nesterov=True), where DiLoCo's outer optimizer is "
+               "Nesterov's": {"nesterov": False},
+               "plain SGD, no momentum, where DiLoCo's outer optimizer is Nesterov's SGD with momentum": {
+                   "momentum": 0.0}}
+REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters: from the round's start "
+                    "(p.copy_(start) before it), with the pseudo-gradient averaged over all workers. Something of a "
+                    "worker's own inner steps survived it: the outer step taken from the worker's own weights, or "
+                    "its own pseudo-gradient where the average belongs."}
+
+
+def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
+                      rtol: float, atol: float) -> Callable[[list, list], Optional[str]]:
+    """A DiLoCo case's explain (lib.check.Case): workers whose parameters differ from each other (replicas drifting
+    apart), or a run that equals DiLoCo with another outer optimizer."""
+    from lib.diagnose.leaves import close, leaves
+    from puzzles.replicas import drifted
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        apart = drifted(expected, got, {}, REPLICAS_WHY, rtol, atol)
+        if apart:
+            return apart
+        mine = [dict(leaves(g)) for g in got]
+        for what, how in OTHER_OUTER.items():
+            other = dict(leaves(diloco_reference(model, shards, inner_steps, inner_lr, outer_lr,
+                                                 **{"momentum": momentum, **how})))
+            if all(key in m and close(t, m[key], max(rtol, 1e-6), max(atol, 1e-9)) for m in mine
+                   for key, t in other.items() if not key.endswith(".grad")):
+                return f"Diagnosis: every worker's parameters are what DiLoCo gives with {what}."
+        return None
+    return explain
 
 
 def _diloco_display(case: Case) -> tuple[CostModel, str]:
@@ -205,7 +241,7 @@ diloco_train = Puzzle(
            "divide by N.",
            "Then, under torch.no_grad(): p.copy_(start); p.grad = its averaged pseudo-gradient; after the loop "
            "over parameters, outer.step() once. The next round starts from the new p on every worker."],
-    mistakes=DILOCO_MISTAKES, rtol=1e-9, atol=1e-11, display=_diloco_display,
+    mistakes=DILOCO_MISTAKES, rtol=DILOCO_RTOL, atol=DILOCO_ATOL, display=_diloco_display,
     describe="Train with DiLoCo: H inner AdamW steps per worker, then one outer Nesterov step on the averaged "
              "pseudo-gradient.")
 
