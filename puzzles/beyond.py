@@ -28,7 +28,7 @@ from lib.first_use import import_ahead
 from lib.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.offlimits import tool
-from lib.sim import CostModel, per_rank
+from lib.sim import CostModel, RankDied, per_rank
 from lib.sim.cost import bus_factor
 from lib.terms import Formula, Q, ceil, formula, maximum, term
 from lib.units import fmt_bytes, fmt_rate, fmt_time
@@ -41,6 +41,7 @@ SIZES = (8, 16, 4)
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9          # DiLoCo's outer Nesterov SGD (Douillard et al. 2023, section 3)
 # Two datacenters joined by a wide-area link: 100 Gb/s per GPU and 10 ms per message (CostModel's defaults).
 WAN = CostModel()
+DILOCO_RTOL, DILOCO_ATOL = 1e-9, 1e-11
 TIME_SLACK = 1.5             # over compute + one WAN all-reduce per round: room for copies and the outer step
 
 
@@ -51,14 +52,14 @@ def two_datacenters(world: int, cost: CostModel = WAN) -> CostModel:
 
 # ---- 1. DiLoCo --------------------------------------------------------------------------------------------
 def diloco_reference(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
-                     sign: float = 1.0, outer_steps_per_round: int = 1):
+                     sign: float = 1.0, outer_steps_per_round: int = 1, nesterov: bool = True):
     """DiLoCo in one process, worker after worker in rank order: H AdamW steps each (every worker keeps its
     AdamW state), the pseudo-gradient (start - local) averaged, one Nesterov SGD step. (A known mistake passes
-    `sign` = -1, or takes the outer step `outer_steps_per_round` times.)"""
+    `sign` = -1, or takes the outer step `outer_steps_per_round` times; another outer optimizer, nesterov=False.)"""
     start = copy.deepcopy(model)
     workers = [copy.deepcopy(model) for _ in shards]
     inner = [torch.optim.AdamW(w.parameters(), lr=inner_lr) for w in workers]
-    outer = torch.optim.SGD(start.parameters(), lr=outer_lr, momentum=momentum, nesterov=True)
+    outer = torch.optim.SGD(start.parameters(), lr=outer_lr, momentum=momentum, nesterov=nesterov and momentum > 0)
     for round_ in range(len(shards[0]) // inner_steps):
         for worker, opt, batches in zip(workers, inner, shards):
             for x, y in batches[round_ * inner_steps:(round_ + 1) * inner_steps]:
@@ -186,7 +187,42 @@ def _diloco_case(rng: random.Random, world: int, steps: Optional[int] = None) ->
                 f"N={world} workers in 2 datacenters, H={inner_steps} inner steps × {rounds} rounds of {local} "
                 f"samples, inner lr {inner_lr:g}, outer lr {outer_lr:.3g}, momentum {momentum:g}",
                 budgets=_diloco_budgets(model, world, rounds, inner_steps, cost, compute) + work, cost=cost,
-                allowed_ops=frozenset({"all_reduce"}), steps=rounds)
+                allowed_ops=frozenset({"all_reduce"}), steps=rounds,
+                explain=_diloco_explained(model, shards, inner_steps, inner_lr, outer_lr, momentum, DILOCO_RTOL,
+                                          DILOCO_ATOL))
+
+
+# The outer optimizers a run may have used instead of Nesterov's SGD, as diloco_reference's settings.
+OTHER_OUTER = {"heavy-ball momentum (torch.optim.SGD without nesterov=True), where DiLoCo's outer optimizer is "
+               "Nesterov's": {"nesterov": False},
+               "plain SGD, no momentum, where DiLoCo's outer optimizer is Nesterov's SGD with momentum": {
+                   "momentum": 0.0}}
+REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters: from the round's start "
+                    "(p.copy_(start) before it), with the pseudo-gradient averaged over all workers. Something of a "
+                    "worker's own inner steps survived it: the outer step taken from the worker's own weights, or "
+                    "its own pseudo-gradient where the average belongs."}
+
+
+def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
+                      rtol: float, atol: float) -> Callable[[list, list], Optional[str]]:
+    """A DiLoCo case's explain (lib.check.Case): workers whose parameters differ from each other (replicas drifting
+    apart), or a run that equals DiLoCo with another outer optimizer."""
+    from lib.diagnose.leaves import close, leaves
+    from puzzles.replicas import drifted
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        apart = drifted(expected, got, {}, REPLICAS_WHY, rtol, atol)
+        if apart:
+            return apart
+        mine = [dict(leaves(g)) for g in got]
+        for what, how in OTHER_OUTER.items():
+            other = dict(leaves(diloco_reference(model, shards, inner_steps, inner_lr, outer_lr,
+                                                 **{"momentum": momentum, **how})))
+            if all(key in m and close(t, m[key], max(rtol, 1e-6), max(atol, 1e-9)) for m in mine
+                   for key, t in other.items() if not key.endswith(".grad")):
+                return f"Diagnosis: every worker's parameters are what DiLoCo gives with {what}."
+        return None
+    return explain
 
 
 def _diloco_display(case: Case) -> tuple[CostModel, str]:
@@ -205,7 +241,7 @@ diloco_train = Puzzle(
            "divide by N.",
            "Then, under torch.no_grad(): p.copy_(start); p.grad = its averaged pseudo-gradient; after the loop "
            "over parameters, outer.step() once. The next round starts from the new p on every worker."],
-    mistakes=DILOCO_MISTAKES, rtol=1e-9, atol=1e-11, display=_diloco_display,
+    mistakes=DILOCO_MISTAKES, rtol=DILOCO_RTOL, atol=DILOCO_ATOL, display=_diloco_display,
     describe="Train with DiLoCo: H inner AdamW steps per worker, then one outer Nesterov step on the averaged "
              "pseudo-gradient.")
 
@@ -277,6 +313,73 @@ def _rank_flops(chunk: int, world: int, bits: int) -> float:
     return (world + 1) * quantising + 2 * world * dequantising + PASSES * world * chunk
 
 
+def _compressed_explained(grads: list, residuals: list, bits: int) -> Callable[[list, list], Optional[str]]:
+    """A compressed case's explain (lib.check.Case): a wrong mean read chunk by chunk against what its owner
+    received (the mean unquantised, or the integers added under one sender's scale), a wrong residual against the
+    inputs it is made of (one of them left out or counted twice)."""
+    n = len(grads)
+    sent = [[quantize(c, bits) for c in (g + r).chunk(n)] for g, r in zip(grads, residuals)]   # [rank][chunk]
+
+    def back(mean: torch.Tensor) -> torch.Tensor:
+        return dequantize(*quantize(mean, bits))
+
+    def readings(j: int) -> list[tuple[str, torch.Tensor]]:
+        """Owner j's chunk of the result as each slip makes it."""
+        arrived = [sent[i][j] for i in range(n)]
+        exact = sum(dequantize(q, s).double() for q, s in arrived) / n
+        added = sum(q.long() for q, _ in arrived)
+        return [("unquantised", exact.float())] + [(f"scale {k}", back((added * arrived[k][1]).double() / n))
+                                                  for k in range(n)]
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        return _compressed_mean(expected, got, n, readings) or _compressed_residual(expected, got, grads, residuals)
+    return explain
+
+
+def _compressed_mean(expected: list, got: list, n: int, readings: Callable) -> Optional[str]:
+    """The reading that gives every chunk of the first wrong mean, said."""
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        mean = g[0] if isinstance(g, (tuple, list)) and g and isinstance(g[0], torch.Tensor) else None
+        if mean is None or mean.shape != e[0].shape or torch.equal(mean.detach().cpu(), e[0]):
+            continue
+        fits = [[what for what, t in readings(j) if _near(c, t)] for j, c in enumerate(mean.detach().cpu().chunk(n))]
+        if all("unquantised" in f for f in fits):
+            return (f"Diagnosis: rank {rank}'s mean is each owner's mean unquantised (float32, 4 B a value): the way "
+                    "back is quantised too: quantize the mean of the chunk you own, all_gather its int8 values and "
+                    "its scale, and dequantize each owner's into its place.")
+        scaled = [sorted(int(w.split()[1]) for w in f if w.startswith("scale")) for f in fits]
+        if all(scaled):
+            who = {k[0] for k in scaled}
+            by = f"rank {who.pop()}'s scale" if len(who) == 1 else "one sender's scale"
+            return (f"Diagnosis: rank {rank}'s mean is, chunk by chunk, the int8 values that arrived added as "
+                    f"integers and multiplied by {by}: each sender's integers have a scale of their own, so "
+                    "dequantize each sender's values with its scale, then add.")
+        return None
+    return None
+
+
+def _compressed_residual(expected: list, got: list, grads: list, residuals: list) -> Optional[str]:
+    """A wrong new residual that differs from the right one by exactly one input, left out or counted twice."""
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        have = g[1] if isinstance(g, (tuple, list)) and len(g) > 1 and isinstance(g[1], torch.Tensor) else None
+        if have is None or have.shape != e[1].shape:
+            continue
+        off = have.detach().cpu().double() - e[1].double()
+        for what, x in (("the gradient", grads[rank]), ("the old residual (the input residual)", residuals[rank])):
+            for sign, how in ((-1, "left out"), (1, "counted twice")):
+                if off.abs().max() > 0 and _near(off, sign * x.double()):
+                    return (f"Diagnosis: rank {rank}'s new residual is the right one with {what} {how}: the "
+                            "residual is what quantising lost, c - dequantize(what you sent), where c = grad + "
+                            "residual is what you quantised.")
+    return None
+
+
+def _near(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to float32 rounding, relative to the larger of the two's magnitudes."""
+    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-30)
+    return a.shape == b.shape and bool((a.double() - b.double()).abs().max() <= 1e-5 * scale)
+
+
 def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
     bits = rng.choice([8, 8, 4, 2]) if bits is None else bits
     length = world * rng.randint(3, 40)
@@ -302,6 +405,7 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
                                                f"it sent, every owner's mean) and {PASSES} passes over its {length} "
                                                f"values, {flops:,.0f} FLOPs", over=COMPRESSED_OVER)],
                 allowed_ops=frozenset({"all_to_all", "all_gather"}),
+                explain=_compressed_explained(grads, residuals, bits),
                 contracts=[op_sends_at_most(
                     "all_gather", (world - 1) * (length // world + SCALE_BYTES),
                     f"N-1 = {world - 1} owners' means of {length // world} values and their scales",
@@ -477,12 +581,87 @@ def _continue_training(answer, dist, files, grads):
         if t.shape != (hi - lo,):
             raise ShardMismatch(f"rank {dist.get_rank()} loaded {name} of shape {tuple(t.shape)}; its shard in the "
                                 f"new layout is elements [{lo}, {hi}) of {grads[0].numel()}, {hi - lo} elements, "
-                                "so training cannot go on from it.\nHint: the files were saved by another number "
+                                "so training cannot go on from it."
+                                + _loaded_where(files, STATE.index(name), lambda r: loaded if r == dist.get_rank()
+                                                else answer(files, dist.get_world_size(), r), dist.get_world_size(),
+                                                dist.get_rank())
+                                + "\nHint: the files were saved by another number "
                                 "of ranks; compute your bounds for this world size and read them from the files "
                                 "that overlap them.")
     state = {"param": param.clone(), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
     _adam_run(state, [g[lo:hi] for g in grads], step + 1)
     return loaded, tuple(state[k] for k in STATE)
+
+
+def _loaded_where(files: list[dict], index: int, load: Callable[[int], tuple], world: int, rank: int) -> str:
+    """Which elements of the saved state this rank's wrongly sized shard holds (its values are found in the files),
+    and the index mistake that puts exactly the elements the answer loads (`load(r)`) on every rank."""
+    whole = torch.cat([f[STATE[index]] for f in sorted(files, key=lambda f: f["offset"])])
+    place = {v: i for i, v in enumerate(whole.tolist())}
+
+    def held(r: int) -> Optional[list[int]]:
+        """The saved elements rank r's answer loads; None where it raises or loads values no file holds."""
+        try:
+            at = [place.get(v) for v in load(r)[index].detach().cpu().tolist()]
+        except Exception:
+            return None
+        return None if None in at else at
+
+    loads = {r: held(r) for r in range(world)}
+    at = loads[rank]
+    if not at:
+        return ""
+    fits = [said for said, where in _index_mistakes(files, whole.numel(), world, rank)
+            if all(a == where(r) for r, a in loads.items() if a is not None)]
+    said = f" Its values are elements {_runs(at)} of the saved state"
+    if len(fits) > 1:
+        return said + ": " + "; or ".join(fits) + " (the same elements on every rank)."
+    return said + (f": {fits[0]}." if fits else ".")
+
+
+def _index_mistakes(files: list[dict], total: int, world: int, rank: int) -> list[tuple[str, Callable]]:
+    """Slips of indexing a sharded checkpoint, each with the saved elements it loads on rank r."""
+    lo, hi = shard_bounds(total, world, rank)
+
+    def inclusive(r: int) -> list[int]:
+        a, b = shard_bounds(total, world, r)
+        return list(range(a, min(b + 1, total)))
+
+    def by_global(r: int) -> list[int]:
+        a, b = shard_bounds(total, world, r)
+        return [f["offset"] + i for f in sorted(files, key=lambda f: f["offset"])
+                for i in range(max(a, f["offset"]), min(b, f["offset"] + len(f["param"]), len(f["param"])))]
+
+    return [(f"element {hi} is one too many, the first past the shard [{lo}, {hi}): an overlap's end taken "
+             "inclusive (min(hi, end) + 1), where a half-open range [a, b) stops before b", inclusive),
+            (f"this rank's bounds in the layout that saved the files ({len(files)} ranks, len(files)), not in the "
+             f"new one ({world} ranks)", lambda r: list(range(*shard_bounds(total, len(files), r)))),
+            ("each file sliced with the global bounds, its offset never subtracted (a file's element i is element "
+             "offset + i of the state: slice f[key][a - offset : b - offset])", by_global)]
+
+
+def _runs(indices: list[int]) -> str:
+    """[0, 12) and [24, 30): consecutive indices as half-open ranges."""
+    runs, start = [], indices[0]
+    for prev, i in zip(indices, indices[1:] + [None]):
+        if i != prev + 1:
+            runs.append(f"[{start}, {prev + 1})")
+            start = i
+    return " and ".join(runs)
+
+
+def _step_explained(expected: list, got: list) -> Optional[str]:
+    """The loaded step one off the saved one."""
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        try:
+            want, have = e[0][3], g[0][3]
+        except (TypeError, IndexError):
+            return None
+        if isinstance(have, int) and have != want and abs(have - want) == 1:
+            return (f"Diagnosis: rank {rank}'s loaded step is {have}, the saved step {'+' if have > want else '-'} 1: "
+                    f"off by one. The files' step ({want}) counts the Adam steps already taken; return it as saved "
+                    "(the next update is step + 1, which training adds itself).")
+    return None
 
 
 def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Case:
@@ -503,7 +682,8 @@ def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
                          tuple(state[k][lo:hi].clone() for k in STATE)))
     return Case(world, (files, grads), expected,
                 f"{total} parameters saved by {saved_on} ranks after {before} Adam steps, loaded on {world}, "
-                f"{after} more steps", budgets=[_files_read(total, world)], allowed_ops=frozenset())
+                f"{after} more steps", budgets=[_files_read(total, world)], allowed_ops=frozenset(),
+                explain=_step_explained)
 
 
 READ_SLACK = 0.25          # over the bytes of the files that overlap a rank's shard: a piece read twice, in part
@@ -630,38 +810,92 @@ class ShardOfTheLiving:
         return grad[lo:hi].clone()        # a copy: a view would lead back to the whole gradient (._base)
 
 
-def _held_before_only(world: int, dead: int, total: int):
-    """A survive case's explain (lib.check.Case): the survivors whose result is wrong exactly where they held nothing
-    before the failure trained those elements on something other than the last checkpoint (what they kept, made-up
-    values): whatever they used, the only state of those elements after the failure is in that checkpoint."""
+def _survive_explained(world: int, dead: int, start: dict, grads: list, before: int, reloaded: int):
+    """A survive case's explain (lib.check.Case), from the run's structure: the state before the failure (`start`,
+    after `before` steps), every step's whole gradient, and the step of the last complete checkpoint (`reloaded`),
+    from which the survivors train on in the layout of N - 1 ranks. A wrong result is read as a shard of another
+    layout, as wrong exactly where the rank held nothing before, or as a training state that lost a part."""
     survivors = [r for r in range(world) if r != dead]
+    total = start["param"].numel()
+    lost = _state_lost(start, grads, before, reloaded)
 
     def explain(expected: list, got: list) -> Optional[str]:
-        found = []
-        for r in survivors:
-            have = got[r] if r < len(got) else None
-            if not isinstance(have, (tuple, list)) or len(have) != len(STATE) or not all(
-                    isinstance(g, torch.Tensor) and g.shape == e.shape for g, e in zip(have, expected[r])):
-                return None
-            wrong = torch.zeros(expected[r][0].shape, dtype=torch.bool)
-            for g, e in zip(have, expected[r]):
-                wrong |= (g.detach().cpu() != e.cpu())
-            lo, hi = shard_bounds(total, world - 1, survivors.index(r))
-            old_lo, old_hi = shard_bounds(total, world, r)
-            held = torch.zeros_like(wrong)
-            held[max(old_lo, lo) - lo:max(min(old_hi, hi) - lo, 0)] = True
-            if wrong[held].any():
-                return None
-            if wrong.any():
-                found.append(f"rank {r}")
-        if not found:
+        have = {r: got[r] if r < len(got) else None for r in survivors}
+        if not all(isinstance(h, (tuple, list)) and len(h) == len(STATE) and all(isinstance(t, torch.Tensor)
+                                                                               for t in h) for h in have.values()):
             return None
-        return (f"Diagnosis: on {', '.join(found)}, exactly the elements the rank did not hold before the failure are "
-                "wrong (its new shard's part that was the failed rank's or a neighbour's): after the failure their "
-                "state comes only from the last complete checkpoint, which holds every rank's shard. Gradients or "
-                "state a rank kept for itself cannot rebuild them: reload the checkpoint in the survivors' layout "
-                "and train on from its step.")
+        shaped = {r: all(t.shape == e.shape for t, e in zip(have[r], expected[r])) for r in survivors}
+        if not all(shaped.values()):
+            return _old_shard(have, expected, world, dead, total)
+        wrong = {r: [not torch.equal(t.detach().cpu(), e.cpu()) for t, e in zip(have[r], expected[r])]
+                 for r in survivors}
+        if not any(any(w) for w in wrong.values()):
+            return None
+        return _held_before_only(have, expected, world, dead, total) or next(
+            (f"Diagnosis: the survivors' state is {what}." for what, state in lost
+             if all(_near(t.detach().cpu(), state[k][slice(*shard_bounds(total, world - 1, survivors.index(r)))])
+                    for r in survivors for t, k in zip(have[r], STATE))), None)
     return explain
+
+
+def _state_lost(start: dict, grads: list, before: int, reloaded: int) -> list[tuple[str, dict]]:
+    """The whole final state as training makes it with one part of Adam's state lost or miscounted, each said: the
+    moments restarting from zero at the reload (a checkpoint without them), and the step count one off."""
+    def trained(first_step: int, zeroed: tuple = ()) -> dict:
+        state = {k: t.clone() for k, t in start.items()}
+        _adam_run(state, grads[before:reloaded], before + first_step)
+        for k in zeroed:
+            state[k].zero_()
+        return _adam_run(state, grads[reloaded:], reloaded + first_step)
+    moments = " and ".join(STATE[1:])
+    return [(f"what training on from the last checkpoint gives with {moments} restarted from zero: the checkpoint "
+             f"must carry Adam's moments ({moments}) beside the parameters, or the reload loses them",
+             trained(1, STATE[1:])),
+            ("what Adam gives with its step count one behind (adam_update(..., step, lr) where step + 1 belongs): "
+             "Adam counts its steps from 1, and its bias correction (1 - β^t) divides by that count", trained(0)),
+            ("what Adam gives with its step count one ahead (step + 2 where step + 1 belongs): its bias correction "
+             "(1 - β^t) divides by that count", trained(2))]
+
+
+def _old_shard(have: dict, expected: list, world: int, dead: int, total: int) -> Optional[str]:
+    """A survivor whose result has the size of its shard before the failure: it went on with what it held."""
+    for r, h in have.items():
+        before = shard_bounds(total, world, r)
+        if h[0].shape != expected[r][0].shape and h[0].shape == (before[1] - before[0],):
+            return (f"Diagnosis: rank {r} returned {h[0].numel()} elements, its shard [{before[0]}, {before[1]}) in "
+                    f"the layout of {world} ranks before the failure: after rank {dead} died the survivors hold "
+                    f"the state in the layout of {world - 1} rank{'s' * (world > 2)} ({expected[r][0].numel()} "
+                    "elements here), so "
+                    "reload the last checkpoint in that layout (reshard_checkpoint(saved, len(members), "
+                    "members.index(rank))) rather than going on with the shard it held.")
+    return None
+
+
+def _held_before_only(have: dict, expected: list, world: int, dead: int, total: int) -> Optional[str]:
+    """The survivors whose result is wrong exactly where they held nothing before the failure trained those elements
+    on something other than the last checkpoint (what they kept, made-up values): whatever they used, the only state
+    of those elements after the failure is in that checkpoint."""
+    survivors = sorted(have)
+    found = []
+    for r in survivors:
+        wrong = torch.zeros(expected[r][0].shape, dtype=torch.bool)
+        for g, e in zip(have[r], expected[r]):
+            wrong |= (g.detach().cpu() != e.cpu())
+        lo, hi = shard_bounds(total, world - 1, survivors.index(r))
+        old_lo, old_hi = shard_bounds(total, world, r)
+        held = torch.zeros_like(wrong)
+        held[max(old_lo, lo) - lo:max(min(old_hi, hi) - lo, 0)] = True
+        if wrong[held].any():
+            return None
+        if wrong.any():
+            found.append(f"rank {r}")
+    if not found:
+        return None
+    return (f"Diagnosis: on {', '.join(found)}, exactly the elements the rank did not hold before the failure are "
+            "wrong (its new shard's part that was the failed rank's or a neighbour's): after the failure their "
+            "state comes only from the last complete checkpoint, which holds every rank's shard. Gradients or "
+            "state a rank kept for itself cannot rebuild them: reload the checkpoint in the survivors' layout "
+            "and train on from its step.")
 
 
 def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
@@ -671,8 +905,39 @@ def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
     from lib.sim import current_rank
 
     if current_rank() is not None:
-        return answer(dist, files, grads, every, lr)
+        try:
+            return answer(dist, files, grads, every, lr)
+        except RankDied as e:
+            raise FailureUncaught(f"rank {current_rank()} was told of the failure by the error below, a RuntimeError, "
+                                  "and it left your function: nothing around that call caught it. Catch it (try/"
+                                  "except RuntimeError as e; e.rank is the rank that died) around the training and "
+                                  "the checkpoints: then the survivors regroup and go on from the last checkpoint."
+                                  f"\n  {e}") from None
+        except Exception as e:
+            caught = e.__context__
+            if not isinstance(caught, RuntimeError) or isinstance(caught, RankDied):
+                raise
+            raise FailureUncaught(f"rank {current_rank()}'s except caught a RuntimeError that no failed rank raised: "
+                                  f"torch's own, from your code ({caught}); handling it as a failure then raised "
+                                  f"{type(e).__name__}: {e}. Only a RankDied (e.rank) tells of a failure: the error "
+                                  "before it is your code's." + _sizes_read(str(caught), files, dist, dead)) from None
     return run_with_fault(dist, answer, dead, k, files, grads, every, lr)
+
+
+def _sizes_read(error: str, files: list, dist, dead: int) -> str:
+    """A size mismatch between this rank's shard before the failure and its shard among the survivors, said."""
+    total, world, rank = sum(f["param"].numel() for f in files), dist.get_world_size(), dist.get_rank()
+    old = shard_bounds(total, world, rank)
+    new = shard_bounds(total, world - 1, rank - (rank > dead))
+    held, due = old[1] - old[0], new[1] - new[0]
+    if held == due or f"({held})" not in error or f"({due})" not in error:
+        return ""
+    return (f" {held} elements are rank {rank}'s shard before the failure, {due} its shard among the survivors: it "
+            "went on with the shard it held, where the last checkpoint reloaded in the survivors' layout belongs.")
+
+
+class FailureUncaught(PuzzleError):
+    """A survivor's function ended with the error that told it of the failure."""
 
 
 def _checkpoints_at_most(limit: int, every: int) -> Contract:
@@ -732,11 +997,13 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     steps = every * checkpoints + rng.randint(0, every - 1)
     state, gen = _adam_state(rng, total, before)
     files = _files(state, world, before)
+    start = {key: t.clone() for key, t in state.items()}
     grads = [torch.randn(total, generator=gen, dtype=torch.float64) for _ in range(before + steps)]
     _adam_run(state, grads[before:], before + 1)
     # The failure cuts the second checkpoint or a later one short: one completed before it, so that replaying from
     # the first files is not what reloading the last checkpoint would do.
     dead, k = rng.randrange(world), rng.randint(2, checkpoints)
+    due = [t for t in range(before + 1, before + steps + 1) if t % every == 0]
     survivors = [r for r in range(world) if r != dead]
     expected = []
     for r in range(world):
@@ -749,12 +1016,11 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     return Case(world, (files, feeds, every, ADAM_LR, dead, k), expected,
                 f"{total} parameters on {world} ranks from step {before}, {steps} more steps, a checkpoint every "
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
-                allowed_ops=frozenset({"all_gather"}), explain=_held_before_only(world, dead, total),
-                budgets=[budget(total, world, dead, k, sum(1 for t in range(before + 1, before + steps + 1)
-                                                           if t % every == 0))
+                allowed_ops=frozenset({"all_gather"}),
+                explain=_survive_explained(world, dead, start, grads, before, due[k - 2]),
+                budgets=[budget(total, world, dead, k, len(due))
                          for budget in (_checkpoint_traffic, _checkpoint_traffic_ceiling)],
-                contracts=[_checkpoints_at_most(sum(1 for t in range(before + 1, before + steps + 1) if t % every == 0)
-                                                + 1, every)])
+                contracts=[_checkpoints_at_most(len(due) + 1, every)])
 
 
 survive_failure = Puzzle(

@@ -243,8 +243,9 @@ def survive_going_on_with_the_shard_it_holds(dist, files, grads, every, lr):
 
 
 def survive_checkpointing_before_the_update(dist, files, grads, every, lr):
-    """`if step % every == 0: checkpoint` at the top of the loop, before the step's update: each checkpoint is
-    saved a step early, labelled with the step it has not taken."""
+    """`if step % every == 0: checkpoint` at the top of the loop, before the step's update: what it saves is right,
+    but it saves again what is already saved (the first files, where the run starts at a multiple of `every`; the
+    checkpoint just reloaded after the failure) and skips the one after the last step: more all-gathers than due."""
     return _survive(dist, files, grads, every, lr, save_before_update=True)
 
 
@@ -298,38 +299,31 @@ MISTAKES = [
     Attempt("diloco_train", diloco_summing_the_pseudo_gradients, "N, the world size"),
     Attempt("diloco_train", diloco_new_adamw_every_round, "at step 2"),
     Attempt("diloco_train", diloco_new_outer_sgd_every_round, "at step 2"),
-    Attempt("diloco_train", diloco_outer_step_from_the_local_weights, ("start of the round", "copy_(start)"),
-            named_yet=False),
+    Attempt("diloco_train", diloco_outer_step_from_the_local_weights, ("start of the round", "copy_(start)")),
     Attempt("diloco_train", diloco_gradients_accumulating_across_inner_steps, ("not zeroed", "zero_grad"),
             named_yet=False),
-    Attempt("diloco_train", diloco_plain_momentum, ("Nesterov's", "heavy-ball"), named_yet=False),
+    Attempt("diloco_train", diloco_plain_momentum, ("Nesterov's", "heavy-ball")),
     Attempt("compressed_all_reduce", compressed_sum_where_the_mean_belongs, "N, the world size"),
     Attempt("compressed_all_reduce", compressed_residual_the_wrong_way_round, "the opposite sign"),
-    Attempt("compressed_all_reduce", compressed_residual_without_the_old_one, ("old residual", "the input residual"),
-            named_yet=False),
-    Attempt("compressed_all_reduce", compressed_adding_the_integers, ("scale of their own", "each sender's scale"),
-            named_yet=False),
-    Attempt("compressed_all_reduce", compressed_means_gathered_as_they_are, ("unquantised", "quantise the mean"),
-            named_yet=False),
-    Attempt("reshard_checkpoint", reshard_overlap_end_plus_one, ("one element too many", "inclusive"), named_yet=False),
+    Attempt("compressed_all_reduce", compressed_residual_without_the_old_one, ("old residual", "the input residual")),
+    Attempt("compressed_all_reduce", compressed_adding_the_integers, ("scale of their own", "each sender's scale")),
+    Attempt("compressed_all_reduce", compressed_means_gathered_as_they_are, ("unquantised", "quantise the mean")),
+    Attempt("reshard_checkpoint", reshard_overlap_end_plus_one, ("one element too many", "inclusive")),
     Attempt("reshard_checkpoint", reshard_slicing_files_by_global_index, ("offset never subtracted",
-                                                                          "relative to the file"), named_yet=False),
-    Attempt("reshard_checkpoint", reshard_with_the_moments_crossed, "holds what", named_yet=False),
-    Attempt("reshard_checkpoint", reshard_resuming_at_the_next_step, ("off by one", "step + 1"), named_yet=False),
-    Attempt("reshard_checkpoint", reshard_bounds_of_the_old_layout, ("old layout", "len(files)"), named_yet=False),
-    Attempt("survive_failure", survive_without_catching_the_failure, ("try", "except RuntimeError"),
+                                                                          "relative to the file")),
+    Attempt("reshard_checkpoint", reshard_with_the_moments_crossed, "holds what"),
+    Attempt("reshard_checkpoint", reshard_resuming_at_the_next_step, ("off by one", "step + 1")),
+    Attempt("reshard_checkpoint", reshard_bounds_of_the_old_layout, ("old layout", "len(files)")),
+    Attempt("survive_failure", survive_without_catching_the_failure, ("try", "except RuntimeError")),
+    Attempt("survive_failure", survive_going_on_with_the_shard_it_holds, ("reload the last", "the shard it held")),
+    Attempt("survive_failure", survive_checkpointing_before_the_update, ("already saved", "just reloaded"),
             named_yet=False),
-    Attempt("survive_failure", survive_going_on_with_the_shard_it_holds, ("reload the last", "the shard it held"),
-            named_yet=False),
-    Attempt("survive_failure", survive_checkpointing_before_the_update, ("a step early", "before the update"),
-            named_yet=False),
-    Attempt("survive_failure", survive_checkpointing_the_parameters_alone, ("moments", "exp_avg"), named_yet=False),
-    Attempt("survive_failure", survive_counting_adam_steps_from_the_saved_step, "bias correction", named_yet=False),
-    Attempt("inner_steps_for", inner_steps_one_latency, "2(N-1) (the ring's messages one after another) left out",
-            named_yet=False),
+    Attempt("survive_failure", survive_checkpointing_the_parameters_alone, ("moments", "exp_avg")),
+    Attempt("survive_failure", survive_counting_adam_steps_from_the_saved_step, "bias correction"),
+    Attempt("inner_steps_for", inner_steps_one_latency, "2(N-1) (the ring's messages one after another) left out"),
     Attempt("inner_steps_for", inner_steps_forward_flops_only, "the backward (4 × P × tokens) left out"),
     Attempt("inner_steps_for", inner_steps_sending_the_bytes_once, "2(N-1)/N (the share of the bytes"),
-    Attempt("inner_steps_for", inner_steps_rounded_down, ("rounded down", "ceil"), named_yet=False),
+    Attempt("inner_steps_for", inner_steps_rounded_down, ("rounded down", "ceil")),
     Attempt("inner_steps_for", inner_steps_for_a_bf16_pseudo_gradient, ("2 B a value", "half the bytes"),
             named_yet=False),
 ]

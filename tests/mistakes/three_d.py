@@ -384,10 +384,9 @@ MISTAKES = [
     Attempt("plan_memory", memory_states_not_over_tp, ("tp (the tensor-parallel degree) left out",
                                                        "tp left out of the model states")),
     Attempt("plan_memory", memory_zero3_two_gathered_blocks, "one block of 16-bit gradients (until reduce-scattered) "
-                                                             "left out", named_yet=False),
-    Attempt("plan_memory", memory_fp32_gradients, "16-bit gradients (2 B a parameter) counted twice", named_yet=False),
-    Attempt("plan_memory", memory_adam_without_a_master_copy, "fp32 master weights (4 B a parameter) left out",
-            named_yet=False),
+                                                             "left out"),
+    Attempt("plan_memory", memory_fp32_gradients, "16-bit gradients (2 B a parameter) counted twice"),
+    Attempt("plan_memory", memory_adam_without_a_master_copy, "fp32 master weights (4 B a parameter) left out"),
     Attempt("plan_memory", memory_full_recomputation_keeps_nothing, "the activations (blocks × a block's"),
     Attempt("choose_plan", plan_never_splitting_the_replica_batch, "micro_batch=", named_yet=False),
     Attempt("choose_plan", plan_first_that_fits, "a faster plan"),
