@@ -21,7 +21,7 @@ import random
 import secrets
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -32,6 +32,7 @@ from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
 from lib import first_use
 from lib.errors import PuzzleError, RankFailed, is_the_stub, raised_the_stub
+from lib.kernels import refusing_kernels
 from lib.offlimits import call_watched, guard_answer_keys
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
@@ -69,7 +70,7 @@ class NotSolved(PuzzleError):
 
 @dataclass(frozen=True)
 class Budget:
-    """A ceiling on one measurement (or, with least=True, a floor), with the formula it comes from (said to
+    """A ceiling on one measurement (or a floor: made by Floor), with the formula it comes from (said to
     the learner). A floor on FLOPs is the conservation check: the work a rank's share of the algorithm needs
     cannot vanish, whatever hides it from the simulator."""
 
@@ -117,13 +118,19 @@ class Budget:
         return f"{value:,.0f}" if self.metric in ("host_flops", "flops") else fmt_bytes(value)
 
 
+def Floor(metric: str, limit: float | Sequence[float], why: str, hint: str = "") -> Budget:
+    """A floor: the least a right answer measures (what the algorithm must send, compute or keep), so that work
+    hidden from the meters, or an answer that skips the lesson's step, cannot pass. A Budget that says it is one."""
+    return Budget(metric, limit, why, hint=hint, least=True)
+
+
 def flops_budgets(share: float, why: str, over: float = 0.15, under: float = 0.5) -> list[Budget]:
     """A rank's share of the reference's FLOPs, as a ceiling (work done twice: recomputation, every rank
     computing everything) and as a floor (conservation: work the simulator did not see cannot count)."""
     return [Budget("flops", share * (1 + over), f"{why}, + {over:.0%}",
                    hint="compute each piece once, on the rank that owns it: no recomputation, no replicated work."),
-            Budget("flops", share * under, f"{under:.0%} of {why}", least=True,
-                   hint="the work must run on the rank, in torch ops the simulator sees.")]
+            Floor("flops", share * under, f"{under:.0%} of {why}",
+                  hint="the work must run on the rank, in torch ops the simulator sees.")]
 
 
 def nothing_on_the_host(lesson: str) -> Budget:
@@ -247,7 +254,7 @@ class Outcome:
     case: Optional[Case] = None
     hinted: bool = False               # the message already ends with this puzzle's hint (a budget's)
     seed: Optional[int] = None
-    scale: Optional[str] = None        # the real run the result's clocks stand for (Puzzle.display), if any
+    scale: Optional[str] = None        # the real run the result's clocks stand for (Puzzle.real_scale), if any
 
     @property
     def ok(self) -> bool:
@@ -273,7 +280,8 @@ class Puzzle:
                  mistakes: Sequence[Mistake] = (),
                  off_limits: Mapping[str, Any] = MappingProxyType({}), off_limits_advice: str = "",
                  real_cell: bool = True,
-                 display: Optional[Callable[[Case], tuple[CostModel, str]]] = None,
+                 real_scale: Optional[Callable[[Case], tuple[CostModel, str]]] = None,
+                 refuse: tuple[Iterable[str], str] = ((), ""),
                  harness: Optional[Callable] = None,
                  outputs: Mapping[str, str] = MappingProxyType({})) -> None:
         self.name = name
@@ -294,11 +302,14 @@ class Puzzle:
         # False for a prediction: the notebook shows a measurement on the device instead of a real cell, since a
         # real process would only repeat the prediction's arithmetic (Puzzle.real still runs it).
         self.real_cell = real_cell
-        # The timeline after a success is drawn under display(case)'s cost model, scaled so that the toy case
+        # The timeline after a success is drawn under real_scale(case)'s cost model, scaled so that the toy case
         # shows a real run's proportions of compute, bandwidth and latency (lib.viz.timeline.at_scale), with the
         # scale it stands for in its title: the check runs its last case so where no judgement reads the clocks,
         # else one more run of it draws the picture. None: the check's own run.
-        self.display = display
+        self.real_scale = real_scale
+        # torch's ops the answer may not call, with why (prefixes of op names, lib.kernels): kernels that would do
+        # the lesson's work for it.
+        self.refused, self.refused_why = tuple(refuse[0]), refuse[1]
         # How each rank runs the answer, where the check judges what the answer does rather than what it returns:
         # harness(answer, dist, *case.args) -> the result compared (the answer as the learner gave it, watched).
         self.harness = harness
@@ -354,6 +365,10 @@ class Puzzle:
         learner's forward; the simulated and the real checks both run what this returns."""
         if not callable(fn):
             return fn
+        inner = self._runnable(fn)
+        return refusing_kernels(inner, self.refused, self.refused_why) if self.refused else inner
+
+    def _runnable(self, fn: Callable) -> Callable:
         if self.harness is not None:
             watched = functools.partial(call_watched, self.off_limits, self.off_limits_advice, fn) if self.off_limits \
                 else fn
@@ -404,7 +419,7 @@ class Puzzle:
         for case in cases:
             cost = case.cost
             if case is cases[-1] and self._timed_at_scale(case):
-                cost, scale = self.display(case)
+                cost, scale = self.real_scale(case)
             try:
                 result = run(fn, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults,
                              read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
@@ -425,7 +440,7 @@ class Puzzle:
     def _timed_at_scale(self, case: Case) -> bool:
         """Whether the check may run `case` under the display's cost model, so that its success picture needs no
         second run: only where nothing judged reads the clocks (no cost model of its own, no time budget)."""
-        return (self.display is not None and case.cost is None and not any(b.metric == "time" for b in case.budgets)
+        return (self.real_scale is not None and case.cost is None and not any(b.metric == "time" for b in case.budgets)
                 and not any(c.timed for c in case.contracts))
 
     def _judge(self, case: Case, result: SimResult, fn: Optional[Callable] = None, others: Sequence[Case] = (),
@@ -538,8 +553,8 @@ class Puzzle:
         figures = []
         if any(e.lane == "comm" or e.op in ("to_host", "to_device") for e in result.trace):
             shown, scale = result, outcome.scale or ""
-            if self.display is not None and outcome.scale is None and fn is not None:
-                cost, scale = self.display(case)
+            if self.real_scale is not None and outcome.scale is None and fn is not None:
+                cost, scale = self.real_scale(case)
                 with one_thread():         # as the check's own runs: intra-op threads only spin on tiny tensors
                     shown = run(self.wrap(fn), case.world_size, *case.args, cost=cost, protect=case.expected,
                                 faults=case.faults)

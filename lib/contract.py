@@ -1,37 +1,18 @@
-"""Checks of how an answer works, beyond its numbers: who it sends to, how evenly the ranks share the work,
-which of torch's kernels it may call.
+"""Rules on how an answer runs, beyond its numbers: who it sends to, how evenly the ranks share the work, how much
+it computes and waits.
 
-Each rule is a lib.check.Contract, judged by every Puzzle after the comparison (`Case.contracts`);
-`ContractPuzzle` adds the kernels an answer may not call.
+Each rule is a lib.check.Contract, judged by every Puzzle after the comparison (`Case.contracts`). The kernels an
+answer may not call are a ban, not a rule on the run: Puzzle(refuse=...), lib.kernels.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Iterable, Optional
 
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from lib.check import Contract, Puzzle
-from lib.errors import PuzzleError
+from lib.check import Contract
 from lib.sim import SimResult
-from lib.sim.context import current_tracker
 from lib.units import fmt_bytes, fmt_time
-
-class ContractPuzzle(Puzzle):
-    """A puzzle whose answer may not call torch's ops named with `refuse=(prefixes, why)` (kernels that do the
-    lesson's work), in simulation and on real ranks."""
-
-    def __init__(self, *args, refuse: tuple[Iterable[str], str] = ((), ""), **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.refused, self.refused_why = tuple(refuse[0]), refuse[1]
-
-    def wrap(self, fn: Callable) -> Callable:
-        wrapped = super().wrap(fn)
-        if self.refused and callable(wrapped):
-            return refusing_kernels(wrapped, self.refused, self.refused_why)
-        return wrapped
-
 
 Peers = Callable[[int, int, int], "int | Iterable[int]"]
 
@@ -171,41 +152,3 @@ def communication_hidden(limit: float, what: str, why: str, hint: str = "") -> C
         return (f"rank {rank} spent {fmt_time(exposed[rank])} waiting on {what} instead of computing, over the "
                 f"budget of {fmt_time(limit)}")
     return Contract(why, broken, hint, timed=True)
-
-
-class KernelRefused(PuzzleError):
-    """The answer called a kernel that does the puzzle's work for it."""
-
-
-class _Refusing(TorchDispatchMode):
-    """Stops at the first op whose name starts with one of `prefixes`, with error(its name): on real ranks (a
-    simulated rank's tracker refuses the ops itself, RankTracker.refusing)."""
-
-    def __init__(self, prefixes: tuple[str, ...], error: Callable[[str], Exception]) -> None:
-        super().__init__()
-        self.prefixes, self.error = prefixes, error
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False          # as lib.sim.tracker: no torch.compile here, and no torch._dynamo import per op
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._overloadpacket.__name__
-        if name.startswith(self.prefixes):
-            raise self.error(name)
-        return func(*args, **(kwargs or {}))
-
-
-def refusing_kernels(fn: Callable, prefixes: Iterable[str], why: str) -> Callable:
-    """`fn` run so that any op named with one of `prefixes` raises KernelRefused (in simulation and on real ranks)."""
-    prefixes = tuple(prefixes)
-
-    def refused(name: str) -> KernelRefused:
-        return KernelRefused(f"the answer called torch's {name}: {why}")
-
-    @functools.wraps(fn)
-    def guarded(*args, **kwargs):
-        tracker = current_tracker()
-        with _Refusing(prefixes, refused) if tracker is None else tracker.refusing(prefixes, refused):
-            return fn(*args, **kwargs)
-    return guarded

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, one_thread
+from lib.check import Budget, Case, Contract, Floor, Puzzle, flops_budgets, one_thread
 from lib.contract import op_sends_at_most
 from lib.cross_site import shard_bounds
 from lib.diagnose import Mistake
@@ -32,7 +32,7 @@ from lib.sim import CostModel, RankDied, per_rank
 from lib.sim.cost import bus_factor
 from lib.terms import Formula, Q, ceil, formula, maximum, term
 from lib.units import fmt_bytes, fmt_rate, fmt_time
-from lib.viz.timeline import training_display
+from lib.viz.timeline import training_scale
 
 import_ahead("optimizer")
 
@@ -116,9 +116,9 @@ def _diloco_budgets(model, world: int, rounds: int, inner_steps: int, cost: Cost
     return [Budget("bytes_sent", rounds * per_round, why,
                    hint="all-reduce the pseudo-gradients once per round, after the H inner steps: never the "
                         "gradients of an inner step."),
-            Budget("bytes_sent", rounds * per_round, why, least=True,
-                   hint="each worker trains on its own batches; what travels is the pseudo-gradient, once per "
-                        "round."),
+            Floor("bytes_sent", rounds * per_round, why,
+                  hint="each worker trains on its own batches; what travels is the pseudo-gradient, once per "
+                       "round."),
             Budget("time", TIME_SLACK * (compute + rounds * wan),
                    f"{TIME_SLACK} × ({fmt_time(compute)} of compute + {rounds} all-reduces across the datacenters' "
                    f"{fmt_rate(cost.inter_site_bandwidth)}, {fmt_time(cost.inter_site_latency)} link, "
@@ -225,8 +225,8 @@ def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr
     return explain
 
 
-def _diloco_display(case: Case) -> tuple[CostModel, str]:
-    cost, note = training_display(case, cost=case.cost)
+def _diloco_scale(case: Case) -> tuple[CostModel, str]:
+    cost, note = training_scale(case, cost=case.cost)
     return cost, (f"{note}\nbetween the 2 datacenters: {fmt_rate(case.cost.inter_site_bandwidth)} per GPU, "
                   f"{fmt_time(case.cost.inter_site_latency)} per message")
 
@@ -241,7 +241,7 @@ diloco_train = Puzzle(
            "divide by N.",
            "Then, under torch.no_grad(): p.copy_(start); p.grad = its averaged pseudo-gradient; after the loop "
            "over parameters, outer.step() once. The next round starts from the new p on every worker."],
-    mistakes=DILOCO_MISTAKES, rtol=DILOCO_RTOL, atol=DILOCO_ATOL, display=_diloco_display,
+    mistakes=DILOCO_MISTAKES, rtol=DILOCO_RTOL, atol=DILOCO_ATOL, real_scale=_diloco_scale,
     describe="Train with DiLoCo: H inner AdamW steps per worker, then one outer Nesterov step on the averaged "
              "pseudo-gradient.")
 
@@ -398,9 +398,9 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
                 f"N={world}, {length} float32 gradients per rank, {bits}-bit values",
                 budgets=[Budget("bytes_sent", payload + 2 * (world - 1) * SCALE_BYTES, why,
                                 hint="send int8 values and one scale per chunk, never float32 values."),
-                         Budget("bytes_sent", payload, why, least=True,
-                                hint="every rank's chunk j goes to rank j (all_to_all), and each owner's quantised "
-                                     "mean comes back to everyone (all_gather): both through dist."),
+                         Floor("bytes_sent", payload, why,
+                               hint="every rank's chunk j goes to rank j (all_to_all), and each owner's quantised "
+                                    "mean comes back to everyone (all_gather): both through dist."),
                          *flops_budgets(flops, f"a rank's quantising (N chunks and its mean), dequantising (what "
                                                f"it sent, every owner's mean) and {PASSES} passes over its {length} "
                                                f"values, {flops:,.0f} FLOPs", over=COMPRESSED_OVER)],
@@ -970,13 +970,13 @@ def _checkpoint_traffic(total: int, world: int, dead: int, k: int, due: int) -> 
     """What the checkpoints move, as a floor: the smallest shard's worth (total // n elements). Without it, a run
     that sends heartbeats at the checkpoints' steps and replays every step from the first files would pass: no state
     would travel."""
-    return Budget("bytes_sent", _checkpoints_sent(total, world, dead, k, due, lambda n: total // n),
-                  f"{k - 1} checkpoint{'s' * (k != 2)} on {world} ranks before the failure, then {due - k + 1} on the "
-                  f"{world - 1} survivor{'s' * (world > 2)}, each all-gathering the whole state: {len(STATE)} float64 "
-                  "tensors of at least total // n elements per rank", least=True,
-                  hint="a checkpoint all-gathers the state itself (param, exp_avg and exp_avg_sq, stacked), so that "
-                       "the survivors can reload it: the survivors train on from the last checkpoint, not from the "
-                       "first files.")
+    return Floor("bytes_sent", _checkpoints_sent(total, world, dead, k, due, lambda n: total // n),
+                 f"{k - 1} checkpoint{'s' * (k != 2)} on {world} ranks before the failure, then {due - k + 1} on the "
+                 f"{world - 1} survivor{'s' * (world > 2)}, each all-gathering the whole state: {len(STATE)} float64 "
+                 "tensors of at least total // n elements per rank",
+                 hint="a checkpoint all-gathers the state itself (param, exp_avg and exp_avg_sq, stacked), so that "
+                      "the survivors can reload it: the survivors train on from the last checkpoint, not from the "
+                      "first files.")
 
 
 def _checkpoint_traffic_ceiling(total: int, world: int, dead: int, k: int, due: int) -> Budget:

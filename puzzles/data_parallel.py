@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Puzzle, flops_budgets
+from lib.check import Budget, Case, Contract, Floor, Puzzle, flops_budgets
 from lib.contract import neighbours, sends_to
 from lib.diagnose import Mistake
 from lib.measure import counted_flops
@@ -22,7 +22,7 @@ from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, SimResult, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes, fmt_time
-from lib.viz.timeline import training_display
+from lib.viz.timeline import training_scale
 
 NOTEBOOK = "02_data_parallel"
 P2P = frozenset({"send", "recv"})
@@ -58,9 +58,9 @@ def _param_server_case(rng: random.Random, world: int) -> Case:
 def _travels(*ceilings: Budget) -> list[Budget]:
     """The same amounts as floors: the data must go through dist, where the check counts it (not through a file,
     an environment variable or any other channel the ranks share in one process and not on separate machines)."""
-    return [Budget(b.metric, b.limit, b.why, least=True,
-                   hint="every tensor goes from rank to rank through dist.send / dist.recv: the check counts the "
-                        "bytes, and separate processes share nothing else.") for b in ceilings]
+    return [Floor(b.metric, b.limit, b.why,
+                  hint="every tensor goes from rank to rank through dist.send / dist.recv: the check counts the "
+                       "bytes, and separate processes share nothing else.") for b in ceilings]
 
 
 def _all_reduce_oracle(dist, x):
@@ -71,7 +71,7 @@ def _all_reduce_oracle(dist, x):
 DISPLAY_BYTES = 100 * 2**20      # an all-reduce's timeline is drawn as if each rank's tensor were a 100 MiB bucket
 
 
-def _bucket_display(case: Case) -> tuple[CostModel, str]:
+def _bucket_scale(case: Case) -> tuple[CostModel, str]:
     """An all-reduce's timeline at a gradient bucket's scale: the toy tensor's bytes stand for 100 MiB."""
     from lib.viz.timeline import at_scale, scale_note
 
@@ -88,7 +88,7 @@ param_server_all_reduce = Puzzle(
            "Workers call dist.send(x, 0) then dist.recv(x, 0). The server loops over the workers twice: "
            "once receiving into a scratch buffer (x += buf), once sending x.",
            "A blocking recv on the server pairs with each worker's send in turn, so no deadlock is possible."],
-    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", display=_bucket_display,
+    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", real_scale=_bucket_scale,
     atol=1e-5, describe="Sum x over all ranks through rank 0; every rank returns the sum.")
 
 
@@ -223,7 +223,7 @@ ring_reduce_scatter = Puzzle(
            "After N-1 steps chunk r holds the full sum on rank r.",
            "Send without blocking (req = dist.isend(...)), then dist.recv(buf, left), then req.wait(): "
            "if every rank does a blocking send first, nobody is receiving."],
-    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5, display=_bucket_display,
+    oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5, real_scale=_bucket_scale,
     describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring.")
 
 
@@ -247,7 +247,7 @@ ring_all_gather = Puzzle(
            "straight into its place in the output.",
            "dist.recv writes into the tensor you give it, and a chunk of out (out.chunk(N)[i]) is a view: "
            "receiving into it fills the output."],
-    oracle=_all_gather_oracle, oracle_name="dist.all_gather_single", display=_bucket_display,
+    oracle=_all_gather_oracle, oracle_name="dist.all_gather_single", real_scale=_bucket_scale,
     describe="Every rank returns the concatenation of all ranks' chunks, in rank order, built from send/recv.")
 
 
@@ -263,7 +263,7 @@ ring_all_reduce = Puzzle(
     hints=["All-reduce = reduce-scatter, then all-gather of the reduced chunks.",
            "Call your ring_reduce_scatter, then your ring_all_gather on its result.",
            "Each phase sends (N-1)/N of the data per rank, 2(N-1)/N in all: independent of N for large N."],
-    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5, display=_bucket_display,
+    oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5, real_scale=_bucket_scale,
     describe="Every rank returns the sum over ranks of x, using 2(N-1)/N of the data per rank.")
 
 
@@ -333,8 +333,8 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
     why = f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)"
     return [Budget("bytes_sent", total, why,
                    hint="all-reduce each gradient once per step: nothing else needs to travel."),
-            Budget("bytes_sent", total, why, least=True,
-                   hint="each rank trains on its own shard of the batch and the gradients travel, not the data.")]
+            Floor("bytes_sent", total, why,
+                  hint="each rank trains on its own shard of the batch and the gradients travel, not the data.")]
 
 
 GRADIENT_PASSES = 4           # elementwise passes over the gradients a step may add: flatten, average, copy back, spare
@@ -427,7 +427,7 @@ data_parallel_train = Puzzle(
            "Loop: model.zero_grad(); F.mse_loss(model(x), y).backward(); for p: dist.all_reduce(p.grad); "
            "p.grad /= world; then under torch.no_grad(): p -= lr * p.grad."],
     oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9, mistakes=DDP_MISTAKES,
-    display=training_display,
+    real_scale=training_scale,
     describe="Train a copy of the model on each rank's shard for several SGD steps; end equal to "
              "single-device training on the whole batch.")
 
@@ -559,7 +559,7 @@ bucketed_data_parallel_train = Puzzle(
            "In the hook, when a bucket is complete: flat = torch.cat of its grads; work = dist.all_reduce(flat, "
            "async_op=True). After backward: work.wait(), divide by the world size, copy back into each p.grad."],
     oracle=_ddp_oracle, oracle_name="DistributedDataParallel", rtol=1e-7, atol=1e-9, mistakes=DDP_MISTAKES,
-    display=training_display, variants=[{"bucket": "several"}, {"bucket": "one"}],
+    real_scale=training_scale, variants=[{"bucket": "several"}, {"bucket": "one"}],
     describe="Data-parallel training whose gradient all-reduce overlaps the backward pass.")
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from lib.check import Budget, Case, Contract, Puzzle
+from lib.check import Budget, Case, Contract, Floor, Puzzle
 from lib.contract import sends_less_than
 from lib.device import device
 from lib.diagnose import Mistake
@@ -448,8 +448,8 @@ def _bytes_budgets(layer: Layer, n: int, trips: int, counts: bool, what: str) ->
             "a row whose expert is local stays put.")
     return [Budget("bytes_sent", [trips // 2 * row * r + count_bytes for r in rows],
                    why + (f" + the counts, at most E = {e_count} int64 per rank" if counts else ""), hint=hint),
-            Budget("bytes_sent", [trips // 2 * row * r for r in rows], why, least=True,
-                   hint=f"the {what} reach their experts through dist.all_to_all_single only.")]
+            Floor("bytes_sent", [trips // 2 * row * r for r in rows], why,
+                  hint=f"the {what} reach their experts through dist.all_to_all_single only.")]
 
 
 def _tokens_not_experts(layer: Layer, n: int, trips: int) -> Contract:
@@ -600,7 +600,7 @@ def padded_dispatch(dist, x, router, experts, k, factor):
 REAL_TOKENS, REAL_HIDDEN, REAL_EXPERT_FLOPS = 4096, 7168, 2 * 3 * 7168 * 2048
 
 
-def _layer_display(case: Case):
+def _layer_scale(case: Case):
     """An expert-parallel layer's timeline at DeepSeek-V3's scale: the toy rows' bytes stand for 4096 tokens of
     hidden 7168 in bf16, a toy expert's matmul for a real expert's three."""
     from lib.viz.timeline import at_scale, scale_note
@@ -631,7 +631,7 @@ moe_layer = Puzzle(
     variants=[{"experts_kind": "identity", "k": 2}, {"gate": "round_robin", "experts_kind": "scaled"},
               {"gate": "lopsided", "per_rank_experts": 2}],
     oracle=padded_dispatch, oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
-    rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, display=_layer_display,
+    rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, real_scale=_layer_scale,
     min_world_size_reason="its experts live on different ranks",
     describe="An MoE layer whose experts live on different ranks: tokens go to their experts and back by "
              "all-to-all with uneven splits.")
@@ -698,7 +698,7 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
 
 
 moe_layer_backward = Puzzle(
-    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 4), display=_layer_display,
+    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 4), real_scale=_layer_scale,
     variants=[{"gate": "round_robin", "experts_kind": "scaled"}, {"gate": "shifted"},
               {"factor": 0.5, "per_rank_experts": 2, "k": 2}],
     harness=_backward_harness, oracle=lambda dist, *args: _backward_harness(padded_dispatch, dist, *args),
@@ -755,8 +755,8 @@ def _train_traffic(batches: list, router, experts, k: int, factor: float, lr: fl
     return [Budget("bytes_sent", [b + grads + counts for b in most], why + " + the counts and the dispatch's gradient",
                    hint="tokens travel to their experts inside the EP group; gradients are all-reduced, nothing "
                         "else: never the batches or the experts themselves."),
-            Budget("bytes_sent", [b + grads for b in least], why, least=True,
-                   hint="each rank routes its own tokens to the experts of its EP group by all_to_all_single.")]
+            Floor("bytes_sent", [b + grads for b in least], why,
+                  hint="each rank routes its own tokens to the experts of its EP group by all_to_all_single.")]
 
 
 def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None,
@@ -803,7 +803,7 @@ TRAIN_DRIFT = {
 moe_train = Puzzle(
     "moe_train", NOTEBOOK, _train_case, world_sizes=(4, 4, 2, 4), variants=[{"k": 2}, {}, {}, {"ep": 4}],
     outputs=TRAIN_OUTPUTS,
-    display=_layer_display,
+    real_scale=_layer_scale,
     rtol=1e-9, atol=1e-12, min_world_size=2, min_world_size_reason="its experts live on different ranks",
     hints=["Two kinds of groups: EP groups of ep_size consecutive ranks (they share experts' work through the "
            "all-to-all) and DP groups of the ranks with the same rank % ep_size (they hold the same experts). "

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Puzzle, nothing_on_the_host
+from lib.check import Budget, Case, Contract, Floor, Puzzle, nothing_on_the_host
 from lib.first_use import import_ahead
 from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
 from lib.measure import allocated, counted_time, once_per_shape, saved_activation_bytes
@@ -324,9 +324,9 @@ def _messages(p: int, v: int, m: int, boundary: int) -> list[Budget]:
     why = "each micro-batch's activation to the next stage and its input gradient back to the previous one, once each"
     return [Budget("bytes_sent", sent, why, hint="send each stage's output forward once and its input gradient back "
                                                  "once, per micro-batch."),
-            Budget("bytes_sent", sent, why, least=True, hint="activations and gradients go from stage to stage by "
-                                                             "dist.send / dist.isend: separate processes share "
-                                                             "nothing else.")]
+            Floor("bytes_sent", sent, why, hint="activations and gradients go from stage to stage by "
+                                                            "dist.send / dist.isend: separate processes share "
+                                                            "nothing else.")]
 
 
 def _factors(batch: torch.Tensor) -> dict:

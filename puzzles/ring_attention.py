@@ -8,7 +8,6 @@ log-sum-exp from its CPU flash kernel); budgets from the algorithm's formulas fo
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import random
@@ -17,9 +16,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract
+from lib.check import Budget, Case, Contract, Floor, Puzzle
 from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
-from lib.contract import ContractPuzzle, communication_hidden, flops_at_most, flops_balanced, right, sends_to
+from lib.contract import communication_hidden, flops_at_most, flops_balanced, right, sends_to
 from lib.device import device
 from lib.first_use import import_ahead
 from lib.measure import counted_flops, counted_time
@@ -48,7 +47,7 @@ REFUSED = (KERNELS, "here the attention is yours to compute (matmuls, exp, logsu
 # A puzzle that computes attention: those kernels refused, its float64 results compared within 1e-9.
 # Compared within 1e-9 absolutely (rtol 0): a log-sum-exp near 1e4 must be as exact as any other number, since the
 # weights e^lse it stands for are wrong by the same factor; within a relative 1e-9 it could be off by 1e-5 there.
-_attention_puzzle = functools.partial(ContractPuzzle, refuse=REFUSED, rtol=0.0, atol=1e-9)
+_attention_puzzle = functools.partial(Puzzle, refuse=REFUSED, rtol=0.0, atol=1e-9)
 GATHERED = "PyTorch's attention on the gathered K and V"
 OUT_AND_LSE = {"[0]": "the output", "[1]": "the log-sum-exp"}       # what an attention puzzle's two results are
 
@@ -305,7 +304,7 @@ def _ring_rules(n: int) -> list[Contract]:
 def _exactly(ceiling: Budget, hint: str) -> list[Budget]:
     """`ceiling` and the same bytes as a floor: what the algorithm moves must go through dist, not around it (a
     module-level dict, Python numbers taken out of tensors), which no ceiling alone can see."""
-    return [ceiling, dataclasses.replace(ceiling, least=True, hint=hint)]
+    return [ceiling, Floor(ceiling.metric, ceiling.limit, ceiling.why, hint=hint)]
 
 
 def _kv_budget(b, h, rows, d, n) -> list[Budget]:

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, flops_budgets
+from lib.check import Budget, Case, Floor, flops_budgets
 from lib.devices import device_mesh
 from lib.first_use import import_ahead
 from lib.layer_check import LayerPuzzle, Upstream, describe_calls
@@ -41,7 +41,7 @@ def _layer(name: str, make_case: Callable, arg_names: Sequence[str], **kw) -> La
 GPT3_LAYER = (2048, 1, 12288)          # s, b, h of GPT-3 175B (Brown et al. 2020, Table 2.1)
 
 
-def _layer_display(case: Case, split: str = "") -> tuple:
+def _layer_scale(case: Case, split: str = "") -> tuple:
     """A layer's timeline at GPT-3's scale: the toy [s, b, h] float64 stands for GPT-3's in bf16, so that its
     matmuls (s·b·h² FLOPs) and its all-reduces (s·b·h bytes) take their real proportions. `split`: the dimension
     of x each rank holds 1/N of ("hidden" for row-parallel, "sequence" for sequence parallelism)."""
@@ -124,7 +124,7 @@ def _bytes_budgets(pattern: dict, world: int, words: str) -> list[Budget]:
     hint = ("the collectives carry the activations and gradients themselves, in float64: separate processes share "
             "nothing else.")
     return [Budget("bytes_sent", total, why), Budget("bytes_received", total, why),
-            *(Budget(metric, total, why, least=True, hint=hint) for metric in ("bytes_sent", "bytes_received"))]
+            *(Floor(metric, total, why, hint=hint) for metric in ("bytes_sent", "bytes_received"))]
 
 
 def _label(world: int, s: int, b: int, h: int, extra: str = "") -> str:
@@ -337,7 +337,7 @@ column_parallel_linear = _layer(
            "class Copy(torch.autograd.Function): forward returns x.view_as(x); backward clones grad, calls "
            "dist.all_reduce on it and returns it. Define the class inside your function so it can use dist."],
     oracle=_column_oracle, oracle_name="parallelize_module with ColwiseParallel",
-    display=_layer_display,
+    real_scale=_layer_scale,
     describe="y_r = x A_rᵀ + b_r for this rank's rows of A; x.grad complete on every rank.")
 
 
@@ -381,7 +381,7 @@ row_parallel_linear = _layer(
            "class Reduce(torch.autograd.Function): forward clones x, dist.all_reduce(x), returns it; backward "
            "returns grad unchanged. y = Reduce.apply(F.linear(x, weight)) + bias."],
     oracle=_row_oracle, oracle_name="parallelize_module with RowwiseParallel",
-    display=functools.partial(_layer_display, split="hidden"),
+    real_scale=functools.partial(_layer_scale, split="hidden"),
     describe="y = Σ_r x_r A_rᵀ + b on every rank, one all-reduce in forward, none in backward.")
 
 
@@ -456,7 +456,7 @@ megatron_mlp = _layer(
            "identity. If it counts none, f is missing its backward. The check also measures what your forward "
            "saves for backward: use F.gelu (a hand-written GeLU keeps several 4h-wide intermediates)."],
     oracle=_mlp_oracle, oracle_name="parallelize_module (fc1 ColwiseParallel, fc2 RowwiseParallel)",
-    display=_layer_display,
+    real_scale=_layer_scale,
     describe="The transformer MLP split over N ranks: one all-reduce in forward, one in backward.")
 
 
@@ -551,7 +551,7 @@ parallel_attention = _layer(
            "A head is a block of d = h/heads consecutive features: reshape [s, b, w] as [s, b, heads/N, d], "
            "never [s, b, d, heads/N]."],
     oracle=_attention_oracle, oracle_name="parallelize_module (q, k, v ColwiseParallel, proj RowwiseParallel)",
-    display=_layer_display,
+    real_scale=_layer_scale,
     variants=[{"heads_per_rank": 3}],        # neither one head per rank nor two: `heads` must be read
     describe="Causal self-attention split by heads: one all-reduce forward, one backward.")
 
@@ -643,7 +643,7 @@ sequence_parallel_mlp = _layer(
            "(before torch 2.13: all_gather_into_tensor, reduce_scatter_tensor). "
            "Add the residual x after the reduce-scatter."],
     oracle=_sp_oracle, oracle_name="parallelize_module (SequenceParallel norm, ColwiseParallel, RowwiseParallel)",
-    display=functools.partial(_layer_display, split="sequence"), variants=[{}, {"narrow": True}],
+    real_scale=functools.partial(_layer_scale, split="sequence"), variants=[{}, {"narrow": True}],
     describe="x + MLP(LayerNorm(x)) on this rank's tokens: all-gather before fc1, reduce-scatter after fc2.")
 
 
@@ -768,12 +768,12 @@ def _vocab_floor(tokens: torch.Tensor, h: int, sb: int) -> Budget:
     max and a sum of exponentials, all-reduced, are two; a ring merging (max, sum) pairs is one). The target logits
     need only their sum over tokens, one number."""
     distinct = int(tokens.unique().numel())
-    return Budget("bytes_sent", (distinct * h + sb) * ITEM,
-                  f"the least any algorithm sends: h = {h} numbers for each of the {distinct} distinct token ids "
-                  f"(its row forward from its owner, or its gradient's share back to it) and one per token for "
-                  f"the softmax's normaliser, s·b = {sb}", least=True,
-                  hint="the embedding rows, the softmax statistics and the head input's gradient travel between "
-                       "ranks by dist: separate processes share nothing else.")
+    return Floor("bytes_sent", (distinct * h + sb) * ITEM,
+                 f"the least any algorithm sends: h = {h} numbers for each of the {distinct} distinct token ids "
+                 f"(its row forward from its owner, or its gradient's share back to it) and one per token for "
+                 f"the softmax's normaliser, s·b = {sb}",
+                 hint="the embedding rows, the softmax statistics and the head input's gradient travel between "
+                      "ranks by dist: separate processes share nothing else.")
 
 
 LOGIT_COPIES = 4

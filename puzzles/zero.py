@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Puzzle, flops_budgets, nothing_on_the_host
+from lib.check import Budget, Case, Contract, Floor, Puzzle, flops_budgets, nothing_on_the_host
 from lib.contract import peak_memory_between
 from lib.devices import device_mesh
 from lib.diagnose import hands_gradient
@@ -28,7 +28,7 @@ from lib.offlimits import tool
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
-from lib.viz.timeline import training_display
+from lib.viz.timeline import training_scale
 
 import_ahead("optimizer", "explicit_gradient")      # every check builds Adam; ZeRO-3 back-propagates a gradient
 
@@ -156,22 +156,22 @@ def _gradient_traffic(s: _Sizes) -> list[Budget]:
     total = s.steps * s.traffic(1, 1)
     per_step = "a reduce-scatter of the gradients and an all-gather of the parameters per step"
     return [_bytes_budget(s, 2, False, per_step),
-            Budget("bytes_sent", total, f"{s.steps} steps × a reduce-scatter of the gradients and an all-gather of the "
-                                        f"parameters, (N-1)/N × {fmt_bytes(ITEM * s.psi)} each", least=True,
-                   hint="each rank computes the gradients of its own samples; reduce-scatter them, all-gather the "
-                        "updated parameters: the gradients travel, not the data.")]
+            Floor("bytes_sent", total, f"{s.steps} steps × a reduce-scatter of the gradients and an all-gather of the "
+                                       f"parameters, (N-1)/N × {fmt_bytes(ITEM * s.psi)} each",
+                  hint="each rank computes the gradients of its own samples; reduce-scatter them, all-gather the "
+                       "updated parameters: the gradients travel, not the data.")]
 
 
 def _regather_floor(s: _Sizes) -> Budget:
     """ZeRO-3 gathers a layer again for its backward: a run that sends no more than ZeRO-2 (one all-gather and one
     reduce-scatter per step) kept the full parameters, whatever its peak. Half a regather is the floor, room for
     a layer kept between forward and backward (FSDP does so for the last one)."""
-    return Budget("bytes_sent", s.steps * s.traffic(1.5, 1) + s.traffic(1, 0),
-                  f"{s.steps} steps × (N-1)/N × {fmt_bytes(ITEM * s.psi)} × (1 all-gather for forward, half of one "
-                  "for backward and a reduce-scatter) + the final gather; ZeRO-2, which keeps the parameters, sends "
-                  f"{fmt_bytes(s.steps * s.traffic(1, 1))}", least=True,
-                  hint="free each layer's full parameters after its forward and gather them again for its backward; "
-                       "keeping them between the two is ZeRO-2.")
+    return Floor("bytes_sent", s.steps * s.traffic(1.5, 1) + s.traffic(1, 0),
+                 f"{s.steps} steps × (N-1)/N × {fmt_bytes(ITEM * s.psi)} × (1 all-gather for forward, half of one "
+                 "for backward and a reduce-scatter) + the final gather; ZeRO-2, which keeps the parameters, sends "
+                 f"{fmt_bytes(s.steps * s.traffic(1, 1))}",
+                 hint="free each layer's full parameters after its forward and gather them again for its backward; "
+                      "keeping them between the two is ZeRO-2.")
 
 
 def _training_memory(s: _Sizes, stage: int, layers_at_once: int, label: str,
@@ -334,7 +334,7 @@ zero1_train = Puzzle(
            "of what an all-reduce does. With the all-gather of the parameters, a step sends what data parallelism "
            "sends."],
     oracle=_zero_redundancy_oracle, oracle_name="torch.distributed.optim.ZeroRedundancyOptimizer",
-    rtol=RTOL, atol=ATOL, display=training_display,
+    rtol=RTOL, atol=ATOL, real_scale=training_scale,
     describe="Data-parallel Adam whose optimizer state is sharded across the ranks (ZeRO stage 1).")
 
 
@@ -356,7 +356,7 @@ zero2_train = Puzzle(
            "Keep the shard buffers (one per parameter) for the step; after backward: divide by N, adam_update each "
            "shard, all-gather each parameter. Remove the hooks before returning."],
     oracle=_fsdp_oracle(reshard_after_forward=False), oracle_name="fully_shard(reshard_after_forward=False)",
-    rtol=RTOL, atol=ATOL, display=training_display,
+    rtol=RTOL, atol=ATOL, real_scale=training_scale,
     describe="ZeRO stage 2: optimizer state and gradients sharded; gradients reduce-scattered during backward.")
 
 
@@ -387,7 +387,7 @@ zero3_train = Puzzle(
            "p.data = buf[:n].view(shape). "
            "After the steps, gather every parameter once more and return {name: full tensor}."],
     oracle=_fsdp_oracle(reshard_after_forward=True), oracle_name="torch.distributed.fsdp.fully_shard",
-    rtol=RTOL, atol=ATOL, display=training_display,
+    rtol=RTOL, atol=ATOL, real_scale=training_scale,
     describe="ZeRO stage 3 (FSDP): parameters sharded too, each layer gathered just before use and freed after.")
 
 
@@ -521,11 +521,11 @@ def _host_step(s: _Sizes) -> Budget:
     """ZeRO-Offload moves the optimizer's step to the host, not only its state: the host computes Adam on the
     shard. A run that carries the state to the device to update it there, and back, leaves the host idle."""
     adam = s.steps * _adam_flops(s.psi // s.world)
-    return Budget("host_flops", HOST_STEP * adam,
-                  f"{HOST_STEP:.0%} of {s.steps} steps × Adam on this rank's {s.psi // s.world} shard elements, "
-                  f"{adam:,.0f} FLOPs: the step runs where the state lives", least=True,
-                  hint="run adam_update on the host shards themselves (device=lib.host()); carrying m and v to the "
-                       "device to update them there leaves the device's memory and compute doing the host's work.")
+    return Floor("host_flops", HOST_STEP * adam,
+                 f"{HOST_STEP:.0%} of {s.steps} steps × Adam on this rank's {s.psi // s.world} shard elements, "
+                 f"{adam:,.0f} FLOPs: the step runs where the state lives",
+                 hint="run adam_update on the host shards themselves (device=lib.host()); carrying m and v to the "
+                      "device to update them there leaves the device's memory and compute doing the host's work.")
 
 
 zero_offload_train = Puzzle(

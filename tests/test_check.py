@@ -13,7 +13,7 @@ import torch
 
 import lib.check
 import lib.sim
-from lib.check import FAILING, Budget, Case, CheckFailed, NotSolved, Puzzle
+from lib.check import FAILING, Budget, Case, CheckFailed, Floor, NotSolved, Puzzle
 from lib.compare import first_difference
 from lib.sim import per_rank
 from lib.units import fmt_bytes
@@ -174,18 +174,18 @@ def test_allowed_ops_reject_a_collective_where_p2p_is_asked(capsys):
 
 
 def test_a_floor_rejects_a_measurement_below_it(capsys):
-    """Budget(least=True): what a ring all-reduce sends is also the least it sends; a floor above it fails."""
+    """Floor: what a ring all-reduce sends is also the least it sends; a floor above it fails."""
     def with_floor(factor):
         def make(rng, n):
             case = _sum_case(rng, n)
-            case.budgets.append(Budget("bytes_sent", factor * case.budgets[0].limit, "what the ring needs", least=True))
+            case.budgets.append(Floor("bytes_sent", factor * case.budgets[0].limit, "what the ring needs"))
             return case
         return make
     assert Puzzle("sum_floor", "00_test", with_floor(1), world_sizes=(2, 3)).check(ring_from_p2p, seed=0) is True
     assert "floor (what the ring needs)" in capsys.readouterr().out
     assert Puzzle("sum_floor", "00_test", with_floor(2), world_sizes=(2, 3)).check(ring_from_p2p, seed=0) is False
     assert "under the floor of" in capsys.readouterr().out
-    assert Budget("flops", 10, "", least=True).broken(9, 10) and not Budget("flops", 10, "", least=True).broken(10, 10)
+    assert Floor("flops", 10, "").broken(9, 10) and not Floor("flops", 10, "").broken(10, 10)
 
 
 def test_a_contract_names_what_the_run_did_instead(capsys):
@@ -487,13 +487,11 @@ def test_a_check_and_a_run_leave_the_callers_thread_count_as_it_was():
 def test_rebuilding_a_case_is_named_before_the_builder_meets_a_refused_kernel():
     """The builder's own reference may use a kernel the learner is refused: the guard at its first line names the
     rebuilt case, not the kernel the learner never called."""
-    from lib.contract import ContractPuzzle
-
     def squares_case(rng, n):
         x = torch.randn(4, 4, generator=torch.Generator().manual_seed(rng.randrange(2**31)), dtype=torch.float64)
         return Case(n, (per_rank([x] * n),), [x @ x] * n, f"N={n}")
 
-    puzzle = ContractPuzzle("square", "00_test", squares_case, world_sizes=(2,), refuse=(("mm",), "no matmul"))
+    puzzle = Puzzle("square", "00_test", squares_case, world_sizes=(2,), refuse=(("mm",), "no matmul"))
     cheat = lambda dist, x: puzzle.make_case(random.Random(0), 2).expected[0]       # noqa: E731
     outcome = puzzle.evaluate(cheat)
     assert not outcome.ok and "a check's case was being built" in outcome.message, outcome.message

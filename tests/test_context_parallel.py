@@ -10,8 +10,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,  # noqa: E402
                                   ring_or_ulysses, ring_time, scores_bytes, stand_in, ulysses_time)
-from lib.contract import (KernelRefused, communication_hidden, exposed_communication, flops_balanced,  # noqa: E402
-                          refusing_kernels, right, sends_to)
+from lib.contract import communication_hidden, exposed_communication, flops_balanced, right, sends_to  # noqa: E402
+from lib.kernels import KernelRefused, refusing_kernels  # noqa: E402
 from lib.formulas import activation_bytes_per_layer  # noqa: E402
 from lib.sim import CostModel, run  # noqa: E402
 from lib.viz.context_parallel import causal_tiles, context_parallel_explorer  # noqa: E402

@@ -113,7 +113,7 @@ def test_notebook_01_later_pictures_mark_where_state_lives():
     assert edges.count(SAVED.lower()) == 3                  # the three block inputs, nothing else
 
 
-SCALED = [p for p in puzzles.ALL if p.display is not None]
+SCALED = [p for p in puzzles.ALL if p.real_scale is not None]
 
 
 @pytest.mark.parametrize("puzzle", SCALED, ids=[p.name for p in SCALED])

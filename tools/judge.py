@@ -70,7 +70,7 @@ class Learner:
 
 def _parts(fn: Any) -> list:
     """What a wrapping holds: a functools.partial's function and arguments, a closure's variables (a function
-    made by functools.wraps around the answer, as lib.contract's refusing_kernels is)."""
+    made by functools.wraps around the answer, as lib.kernels' refusing_kernels is)."""
     if isinstance(fn, functools.partial):
         return [fn.func, *fn.args, *fn.keywords.values()]
     if isinstance(fn, types.FunctionType):

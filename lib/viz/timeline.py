@@ -145,7 +145,7 @@ def at_scale(bytes_factor: float, flops_factor: float, cost=None):
                       pcie_bandwidth=cost.pcie_bandwidth / bytes_factor)
 
 
-def training_display(case, params: float = 1.3e9, tokens: int = 4096, cost=None):
+def training_scale(case, params: float = 1.3e9, tokens: int = 4096, cost=None):
     """A training step's timeline at GPT-3 1.3B's scale, for a case whose arguments start with the model and each
     rank's batches: the toy model's bytes stand for `params` bf16 parameters and its compute for
     6 · params · tokens per rank and step, so that compute and communication take their real proportions.
