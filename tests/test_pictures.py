@@ -126,7 +126,8 @@ def test_a_timeline_after_a_check_is_drawn_at_the_scale_its_title_names(puzzle, 
     title = puzzle.picture(outcome, solution)[0].axes[0].get_title()
     assert "drawn as if" in title and "H100 node" in title
     # Where nothing judged read the clocks, the check ran its last case at that scale: no second run.
-    timeless = outcome.case.cost is None and all(b.metric != "time" for b in outcome.case.budgets)
+    timeless = outcome.case.cost is None and all(b.metric != "time" for b in outcome.case.budgets) \
+        and not any(c.timed for c in outcome.case.contracts)
     assert len(runs) == (0 if timeless else 1)
     toy = puzzle.picture(outcome)[0].axes[0].get_title()           # without the function: the check's own run
     assert ("drawn as if" in toy) == timeless
