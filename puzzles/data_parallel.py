@@ -106,9 +106,17 @@ RING = sends_to(neighbours, "in a ring every rank sends only to its neighbour, a
                hint="send to (rank + 1) % N and receive from (rank - 1) % N at every step.", one_way=True)
 
 
+RING_SLACK = 1.5     # room for the copies and bookkeeping around the messages; a serialised ring takes N times longer
+
+
+def _ring_steps(op: str, world: int) -> tuple[int, str]:
+    """A ring's step count and its formula: N-1 steps of one chunk each, 2(N-1) for an all-reduce."""
+    return (2 * (world - 1), "2(N-1)") if op == "all_reduce" else (world - 1, "N-1")
+
+
 def _ring_time(cost: CostModel, op: str, size: int, world: int) -> Budget:
     """What a ring takes: N-1 (or 2(N-1)) steps, each one chunk's message between neighbours and its sum."""
-    steps = (2 if op == "all_reduce" else 1) * (world - 1)
+    steps, _ = _ring_steps(op, world)
     per_step = cost.p2p_time(size // world, 0, 1) + cost.compute_time(size // world // 4, nbytes=3 * size // world)
     return Budget("time", RING_SLACK * steps * per_step,
                   f"{RING_SLACK} × {steps} steps × {fmt_time(per_step)}: a chunk to the neighbour, all ranks at once",
@@ -116,13 +124,11 @@ def _ring_time(cost: CostModel, op: str, size: int, world: int) -> Budget:
                        "on all the links at the same time, not one rank after another.")
 
 
-RING_SLACK = 1.5     # room for the copies and bookkeeping around the messages; a serialised ring takes N times longer
-
 
 def _ring_step_count(op: str, world: int, size: int) -> Contract:
     """A ring's step count: N-1 steps of one chunk each (2(N-1) for an all-reduce). A rank that sent more chunks, one
     a step, went round the ring again: after N-1 steps every chunk already holds every rank's part."""
-    steps, said = (2 * (world - 1), "2(N-1)") if op == "all_reduce" else (world - 1, "N-1")
+    steps, said = _ring_steps(op, world)
     chunk = size / world
 
     def broken(result: SimResult) -> Optional[str]:
