@@ -102,6 +102,8 @@ def _notebook_in_a_shell(path: Path) -> dict:
         from contextlib import redirect_stdout
         from IPython.core.interactiveshell import InteractiveShell
         shell = InteractiveShell.instance()
+        seen = []                             # the modules as each cell ends, before the warm-up's hook starts it
+        shell.events.register("post_run_cell", lambda result: seen.append(set(sys.modules)))
         from lib import first_use
         first_use.in_kernel()                 # lib.check does this in a notebook kernel (a ZMQ shell)
         deferred, never = {list(DEFERRED)!r}, {list(NEVER)!r}
@@ -109,7 +111,7 @@ def _notebook_in_a_shell(path: Path) -> dict:
             with redirect_stdout(io.StringIO()) as out:
                 result = shell.run_cell(cell)
             result.raise_error()
-        before = sorted(m for m in deferred + never if m in sys.modules)
+        before = sorted(m for m in deferred + never if m in seen[-1])
         shell.run_cell("pass")
         after = sorted(m for m in deferred + never if m in sys.modules)
         print(json.dumps({{"answer": out.getvalue(), "before": before, "after": after,
