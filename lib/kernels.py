@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, Iterable
 
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lib.errors import PuzzleError
@@ -36,8 +37,25 @@ class _Refusing(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _RefusingFunctions(TorchFunctionMode):
+    """Stops at the first torch function whose name starts with one of `prefixes`: a function that decomposes before
+    dispatch (F.scaled_dot_product_attention on its math backend, torch's default for float64 on a GPU) reaches
+    the dispatch modes only as its parts (matmuls, a softmax), which no op name refuses."""
+
+    def __init__(self, prefixes: tuple[str, ...], error: Callable[[str], Exception]) -> None:
+        super().__init__()
+        self.prefixes, self.error = prefixes, error
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name.startswith(self.prefixes):
+            raise self.error(name)
+        return func(*args, **(kwargs or {}))
+
+
 def refusing_kernels(fn: Callable, prefixes: Iterable[str], why: str) -> Callable:
-    """`fn` run so that any op named with one of `prefixes` raises KernelRefused (in simulation and on real ranks)."""
+    """`fn` run so that any torch function or op named with one of `prefixes` raises KernelRefused (in simulation
+    and on real ranks): by the function's name before dispatch, and by the op's name after it."""
     prefixes = tuple(prefixes)
 
     def refused(name: str) -> KernelRefused:
@@ -46,6 +64,7 @@ def refusing_kernels(fn: Callable, prefixes: Iterable[str], why: str) -> Callabl
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
         tracker = current_tracker()
-        with _Refusing(prefixes, refused) if tracker is None else tracker.refusing(prefixes, refused):
+        with _RefusingFunctions(prefixes, refused), \
+                _Refusing(prefixes, refused) if tracker is None else tracker.refusing(prefixes, refused):
             return fn(*args, **kwargs)
     return guarded

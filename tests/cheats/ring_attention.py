@@ -439,3 +439,28 @@ def ulysses_dealing_heads_round_robin(dist, q, k, v, block):
 
 
 CHEATS += [("ulysses_attention", ulysses_dealing_heads_round_robin, "values differ")]
+
+
+def ulysses_by_sdpa_on_its_math_backend(dist, q, k, v, block):
+    """Ulysses whose attention is torch's sdpa forced onto its math backend, where it decomposes into matmuls and a
+    softmax before dispatch (and torch's default for float64 on a GPU): no dispatched op is named like a kernel, so
+    the ban by op name alone let it pass every seed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    world = dist.get_world_size()
+    b, h, c, d = q.shape
+
+    def to_heads(x):
+        send = x.reshape(b, world, h // world, c, d).transpose(0, 1).contiguous()
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send)
+        return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
+
+    with sdpa_kernel(SDPBackend.MATH):
+        o = F.scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v))
+    send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)
+    return got.transpose(0, 1).reshape(b, h, c, d)
+
+
+CHEATS += [("ulysses_attention", ulysses_by_sdpa_on_its_math_backend, "called torch's scaled_dot_product_attention")]
