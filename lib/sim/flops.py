@@ -68,8 +68,9 @@ def _attention(q, k, v, is_causal: bool) -> float:
 
 
 def _causal_share(sq: int, sk: int) -> float:
-    seen = sum(min(i + 1, sk) for i in range(sq)) if sq <= 4096 else sq * sk - sq * (sq - 1) / 2
-    return seen / max(sq * sk, 1)
+    """Query i sees min(i + 1, sk) keys: the first k = min(sq, sk) rows a triangle, the rest every key."""
+    k = min(sq, sk)
+    return (k * (k + 1) / 2 + (sq - k) * sk) / max(sq * sk, 1)
 
 
 # Attention's FLOPs by its shapes: the registry's counts go through torch's shape wrapper (a tree_map per matmul,
@@ -201,7 +202,7 @@ def _matrix_exp(a, *args, **kwargs) -> float:
     """Per matrix, the products of the Taylor degree its 1-norm calls for and one squaring per halving beyond."""
     thetas = _EXP_THETAS.get(a.dtype, _EXP_THETAS[torch.float64])
     with torch.no_grad():
-        norms = a.detach().abs().sum(-2).amax(-1).reshape(-1).tolist()
+        norms = torch._C.TensorBase.tolist(a.detach().abs().sum(-2).amax(-1).reshape(-1))   # not the rank's own
     products = 0
     for norm in norms:
         degree = next((i for i, theta in enumerate(thetas) if norm <= theta), None)
@@ -261,6 +262,11 @@ def _layer_norm_backward(grad, x, *args, **kwargs) -> float:
     return 9.0 * x.numel()
 
 
+def _rnn_layer(x, w_ih, w_hh, *args, **kwargs) -> float:
+    """One recurrent layer (LSTM, GRU, RNN on CPU): each step's input and hidden state times the gate weights."""
+    return 2.0 * (x.numel() / x.shape[-1]) * (w_ih.numel() + w_hh.numel())
+
+
 # Ops torch's registry leaves out, with their formulas; each is called with the op's tensors (and out_val=).
 _FORMULAS: dict = {
     aten.mv: lambda a, b, *_, **__: 2.0 * a.numel(),
@@ -284,6 +290,10 @@ _FORMULAS: dict = {
     aten._trilinear: _trilinear,
     aten._cdist_forward: lambda x1, x2, *_, out_val=None, **__: 3.0 * out_val.numel() * x1.shape[-1],
     aten._cdist_backward: lambda grad, x1, *_, **__: 4.0 * grad.numel() * x1.shape[-1],
+    aten._pdist_forward: lambda x, *_, out_val=None, **__: 3.0 * out_val.numel() * x.shape[-1],
+    aten._pdist_backward: lambda grad, x, *_, **__: 4.0 * grad.numel() * x.shape[-1],
+    aten.mkldnn_rnn_layer: _rnn_layer,
+    aten.mkldnn_rnn_layer_backward: lambda x, w_ih, w_hh, *_, **__: 2 * _rnn_layer(x, w_ih, w_hh),
     aten._scaled_dot_product_flash_attention_for_cpu: _attention_forward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward,
     aten._native_multi_head_attention: _multi_head_attention,
