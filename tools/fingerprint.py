@@ -20,7 +20,7 @@ import os
 import pkgutil
 import sys
 import types
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 CACHES = {"__slotnames__"}          # attributes Python itself adds to a class (copy and pickle cache them)
 
@@ -32,16 +32,15 @@ def _attr(obj: Any, name: str) -> Any:
         return None
 
 
-STATE = (int, float, bool, str, tuple, list, dict, set, type(None))
-
-
-def _identity(attr: str, value: Any, private: bool = False) -> tuple:
+def _identity(attr: str, value: Any, state: bool = False) -> tuple:
     """What must stay the same for `value` to behave the same: the object, and a function's code and defaults. The
-    engine's private data (a counter, cache or record of its own, rebound by each run: lib.sim.boundary's table of
-    patches built on first use, the modules it saw, the threads of a run still alive) is state, not code: a private
-    name, or any data of an object the engine keeps under a private name, counts as present only."""
-    if (attr.startswith("_") or private) and type(value) in STATE:
+    engine's run state (what a module names in `__run_state__`: lib.sim.boundary's table of patches built on first
+    use, the modules it saw, the record of the patches in place) and a private number (a counter) are state, not
+    code: they count as present only. Any other value, private or not, counts by identity."""
+    if state:
         return ("state",)
+    if attr.startswith("_") and type(value) in (int, float, bool):
+        return ("a number",)
     fn = _attr(value, "__func__") or value           # staticmethod, classmethod, bound method
     return (id(value), id(_attr(fn, "__code__")), id(_attr(fn, "__defaults__")), id(_attr(fn, "__kwdefaults__")))
 
@@ -73,13 +72,19 @@ def _watched() -> Iterator[tuple[str, Any, bool]]:
         yield from once(f"{cls.__module__}.{cls.__qualname__}", cls, True)
 
 
-def _private(name: str) -> bool:
-    """Whether the watched object is kept by the engine under a private name (lib.sim.boundary._INSTALLED)."""
-    return name.rsplit(".", 1)[-1].startswith("_")
+def _run_state(name: str) -> Callable[[str], bool]:
+    """Which attributes of the watched object `name` are its run state: those its module names in `__run_state__`,
+    and every attribute of an object named there (lib.sim.boundary._INSTALLED)."""
+    module, _, attr = name.rpartition(".")
+    if attr in getattr(sys.modules.get(module), "__run_state__", ()):
+        return lambda _attr_name: True
+    declared = getattr(sys.modules.get(name), "__run_state__", ())
+    return lambda attr_name: attr_name in declared
 
 
 def fingerprint() -> dict[str, tuple[dict[str, tuple], bool]]:
-    return {name: ({attr: _identity(attr, v, _private(name)) for attr, v in list(vars(obj).items())}, additions)
+    return {name: ({attr: _identity(attr, v, _run_state(name)(attr)) for attr, v in list(vars(obj).items())},
+                   additions)
             for name, obj, additions in _watched()}
 
 
@@ -92,10 +97,11 @@ def changes(before: dict[str, tuple[dict[str, tuple], bool]]) -> list[str]:
             continue
         then, additions = before[name]
         now = vars(obj)
+        state = _run_state(name)
         for attr, was in then.items():
             if attr not in now:
                 found.append(f"{name}.{attr} removed")
-            elif _identity(attr, now[attr], _private(name)) != was:
+            elif _identity(attr, now[attr], state(attr)) != was:
                 found.append(f"{name}.{attr} replaced")
         if additions:
             found += [f"{name}.{attr} added" for attr, value in list(now.items())

@@ -30,7 +30,7 @@ import sys
 import threading
 import tokenize
 import traceback
-from types import CodeType, FrameType
+from types import CodeType, FrameType, MappingProxyType   # the rules read-only: a notebook cannot clear them
 from typing import Callable, Optional
 
 from lib.places import COURSE, ENGINE, LIBRARIES
@@ -51,12 +51,12 @@ _PROCESSES = ("work in another process runs outside the simulator's view, so its
 # event -> (code that may raise it for a rank: the engine's only, Python's library's too, or nobody's; why not the
 # learner's). Only the engine may set a tracer or profiler (its watch, lib.offlimits), whoever asks: Python's library
 # would hand the learner's own (contextlib's callbacks, pdb) every frame just the same.
-_EVENTS = {"gc.get_objects": (ENGINE, _PEEKING), "gc.get_referrers": (ENGINE, _PEEKING),
+_EVENTS = MappingProxyType({"gc.get_objects": (ENGINE, _PEEKING), "gc.get_referrers": (ENGINE, _PEEKING),
            "gc.get_referents": (ENGINE, _PEEKING), "sys._current_frames": (ENGINE, _PEEKING),
            "sys.settrace": (ENGINE, _TRACING), "sys.setprofile": (ENGINE, _TRACING),
            **{event: ((), _PROCESSES) for event in ("os.fork", "os.forkpty", "os.system", "os.posix_spawn",
-                                                    "os.spawn", "os.exec", "subprocess.Popen")}}
-_FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
+                                                    "os.spawn", "os.exec", "subprocess.Popen")}})
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # Python's library functions that hand the frames they read to their caller: their caller is the one asking.
 _FRAME_GIVERS = {inspect.trace.__code__, inspect.getinnerframes.__code__, traceback.walk_tb.__code__,
                  asyncio.base_tasks._task_get_stack.__code__, inspect.currentframe.__code__, inspect.stack.__code__,

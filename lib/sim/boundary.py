@@ -7,8 +7,8 @@ puts each attribute back as it was when the run ends (lib.sim.runtime); outside 
 - Python's audit hook (lib.sim.audit), added when lib.sim is imported: Python cannot remove one. Outside a rank it
   looks only at code compiled under the engine's or a library's file name (such code, compiled before a run, would
   pass for the engine's inside one); every other event returns at once.
-- A run whose rank's thread could not be stopped leaves its patches in place while that thread lives: it still runs
-  the rank's code.
+- A run whose rank's thread could not be stopped leaves its patches in place after the run: that thread still runs
+  the rank's code. The next run to end after that thread has ended puts them back.
 - A puzzle's answer keys, guarded in place at its first case (lib.offlimits): outside a rank they are what they were.
 A function's original kept from outside a run (a default argument, an alias taken before the run) is the original:
 the doors Python's own C code announces (files, frames, the collector, tracers, processes) are the audit hook's,
@@ -371,9 +371,13 @@ class _Installed:
 
     def enter(self) -> None:
         with self.lock:
-            self.runs += 1
             if not self.saved:
-                self._install()
+                try:
+                    self._install()
+                except BaseException:              # a patch that cannot be made: none of them stays
+                    self._restore()
+                    raise
+            self.runs += 1
 
     def leave(self, left_running: Sequence[threading.Thread] = ()) -> None:
         with self.lock:
@@ -399,12 +403,14 @@ class _Installed:
             module.__class__ = _EngineModule
 
     def _restore(self) -> None:
-        for owner, name, own in reversed(self.saved):
+        while self.saved:                              # each entry gone once put back: an interrupted restore resumes
+            owner, name, own = self.saved[-1]
             if own is _ABSENT:
-                delattr(owner, name)
+                if name in owner.__dict__:
+                    delattr(owner, name)
             else:
                 setattr(owner, name, own)
-        self.saved.clear()
+            self.saved.pop()
         for module in self.modules:
             module.__class__ = types.ModuleType
         self.modules = []
@@ -412,6 +418,8 @@ class _Installed:
 
 _TABLE: Optional[list[_Patch]] = None
 _INSTALLED = _Installed()
+# What each run rebinds (tools.fingerprint counts these as present only, the rest of the module by identity).
+__run_state__ = ("_TABLE", "_INSTALLED", "_engine_modules_seen")
 
 
 class guarding:
