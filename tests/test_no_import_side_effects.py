@@ -80,3 +80,19 @@ def test_importing_the_course_and_running_it_leave_the_process_as_it_was():
     assert seen["after_run"] == [], "a run left these patched"
     assert seen["refused"] and seen["after_refusal"] == [], "a refused run left these patched"
     assert seen["engine_modules"] == ["module"]
+
+
+def test_a_forged_record_of_the_guards_refuses_the_next_run_instead_of_running_unguarded():
+    """The record of patches in place is the run's own state (tools.fingerprint counts it as present only): one
+    rebound between runs so that nothing would be installed is refused, not trusted."""
+    import lib.sim.boundary as boundary
+    from lib.sim import run
+    from lib.sim.errors import OutOfView
+    real = boundary._INSTALLED.saved
+    boundary._INSTALLED.saved = [(boundary, "_nothing", 0)]
+    try:
+        with pytest.raises(OutOfView, match="record of its guards was changed"):
+            run(lambda dist: None, 2)
+    finally:
+        boundary._INSTALLED.saved = real
+    assert run(lambda dist: dist.get_rank(), 2).results == [0, 1]

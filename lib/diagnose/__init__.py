@@ -235,7 +235,10 @@ def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: li
         if read is not None and read.shape == bad.shape and bool((read & bad).any()):
             empty = origins.unwritten(fn, case, rank, key)
             if empty is not None and empty.shape == bad.shape and bool((empty & bad).any()):
-                return values.uninitialised(where, g, empty & bad)
+                moved = layouts.explain(rank, key, where, expected, g, world, getattr(case, "parts", None) or {},
+                                        rtol, atol, unwritten=empty & bad)
+                return values.uninitialised(where, g, empty & bad) + (f" And {moved[0].lower()}{moved[1:]}"
+                                                                      if moved else "")
             return (f"{where} was computed, {span(read & bad)}, from memory nothing wrote: torch.empty's leftovers "
                     "read before anything was written into them (an irecv's buffer used before its wait(), a buffer "
                     "filled after it was read).")

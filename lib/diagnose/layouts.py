@@ -30,26 +30,33 @@ def cuts(shape: torch.Size, world: int, parts: dict[str, tuple[int, int]]) -> li
 
 
 def explain(rank: int, key: str, where: str, expected: Sequence[dict], got: torch.Tensor, world: int,
-            parts: dict[str, tuple[int, int]], rtol: float, atol: float) -> Optional[str]:
+            parts: dict[str, tuple[int, int]], rtol: float, atol: float,
+            unwritten: Optional[torch.Tensor] = None) -> Optional[str]:
     """The first cut under which every part of `got` is an expected part moved (of rank `rank` or another);
-    `expected` holds every rank's leaves by key."""
+    `expected` holds every rank's leaves by key. A part wholly in `unwritten` (memory no step wrote, as a replay
+    saw it) holds nothing: the others may still be parts moved (a received chunk stored one place off)."""
     mine = expected[rank].get(key)
     if mine is None:
         return None
     for part, dim, count in cuts(mine.shape, world, parts):
         have = f64(got).chunk(count, dim)
+        empty = [bool(u.all()) for u in unwritten.chunk(count, dim)] if unwritten is not None \
+            and unwritten.shape == got.shape else [False] * len(have)
         owners = [r for r in [rank] + [s for s in range(world) if s != rank]
                   if key in expected[r] and expected[r][key].shape == mine.shape]
         pool = [(r, j, p) for r in owners for j, p in enumerate(f64(expected[r][key]).chunk(count, dim))]
         found = []
         for i, h in enumerate(have):
+            if empty[i]:
+                found.append(None)
+                continue
             same = close(pool[i][2], h, rtol, atol)
             match = (rank, i) if same else next(((r, j) for r, j, p in pool if close(p, h, rtol, atol)), None)
             if match is None:
                 break
             found.append(match)
         else:
-            moved = [(i, m) for i, m in enumerate(found) if m != (rank, i)]
+            moved = [(i, m) for i, m in enumerate(found) if m is not None and m != (rank, i)]
             if moved:
                 return _said(where, part, dim, count, found, moved, rank, world)
     return None
@@ -61,6 +68,8 @@ def _said(where: str, part: str, dim: int, count: int, found: list, moved: list,
     pairs = [f"{part} {i} holds what {whose(m)} should" for i, m in moved]
     along = f" along dimension {dim}" if part == "chunk" else ""
     text = (f"{where} has the right values in the wrong places ({listing(pairs, 3)}, of {count} {part}s{along})")
+    if None in found:
+        return f"{text}: a wrong {part} index where a received {part} is stored."
     kind = _pattern([m[1] for m in found], [m[0] for m in found], rank, count)
     return f"{text}: {kind}" if kind else f"{text}: a wrong {part} index or order."
 

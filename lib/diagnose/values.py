@@ -26,8 +26,10 @@ def leftovers(e: torch.Tensor, g: torch.Tensor, bad: torch.Tensor) -> torch.Tens
 def uninitialised(where: str, g: torch.Tensor, unwritten: torch.Tensor) -> str:
     """Said only where a replay saw the values come from torch.empty, never written (lib.diagnose.origins)."""
     i = first(unwritten)
-    return (f"{where} holds {f64(g)[i].item():.5g}{at(i)} and {int(unwritten.sum()) - 1} more values, "
-            f"{span(unwritten)}, that nothing wrote: that is uninitialised memory, what torch.empty returns until "
+    more = int(unwritten.sum()) - 1
+    held = f"{f64(g)[i].item():.5g}{at(i)}" + (f" and {more} more value{'s' if more > 1 else ''}, {span(unwritten)}"
+                                               if more else "")
+    return (f"{where} holds {held}, that nothing wrote: that is uninitialised memory, what torch.empty returns until "
             "something is written into it: no step wrote that part.")
 
 

@@ -371,6 +371,10 @@ class _Installed:
 
     def enter(self) -> None:
         with self.lock:
+            if self.saved and self.runs == 0 and not self.left_running:
+                raise OutOfView("the simulator's record of its guards was changed between runs (lib.sim.boundary's "
+                                "_INSTALLED): its guards would stay off. Restart the kernel and run the notebook "
+                                "from the top.")
             if not self.saved:
                 try:
                     self._install()
