@@ -152,7 +152,8 @@ def explain_attention(per_rank: Callable[[int], Optional[tuple]], world: int, go
         setup = per_rank(rank)
         answer = got[rank]
         out = answer[0] if lse_at is not None and isinstance(answer, (tuple, list)) else answer
-        lse = answer[lse_at] if lse_at is not None and isinstance(answer, (tuple, list)) else None
+        lse = answer[lse_at] if lse_at is not None and isinstance(answer, (tuple, list)) and len(answer) > lse_at \
+            else None
         if setup is None or not isinstance(out, torch.Tensor) or (lse_at is not None and not isinstance(
                 lse, torch.Tensor)):
             return None

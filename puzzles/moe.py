@@ -490,22 +490,22 @@ def _kept(layer: Layer, rank: int) -> list[list[tuple[int, float]]]:
 
 
 def _routed_away(layer: Layer, rank: int, wrong: torch.Tensor) -> bool:
-    """Whether the wrong rows of `rank` are all tokens routed to another rank's experts."""
+    """Whether the wrong rows of `rank` are exactly the tokens routed to another rank's experts."""
     per = layer.experts.shape[0] // len(layer.xs)
     away = torch.tensor([any(e // per != rank for e, _ in claims) for claims in _kept(layer, rank)])
-    return bool(wrong.any()) and bool(away[wrong].all())
+    return bool(wrong.any()) and bool((away == wrong).all())
 
 
 def _which_expert(layer: Layer, rank: int, y: torch.Tensor, wrong: torch.Tensor) -> dict[int, int]:
     """For the wrong rows of tokens with one kept expert: {the expert routed to: the expert whose output came back}."""
-    x, seen = layer.xs[rank].cpu(), {}
+    x, seen, kept = layer.xs[rank].cpu().double(), {}, _kept(layer, rank)
     for t in wrong.nonzero().flatten().tolist():
-        claims = _kept(layer, rank)[t]
+        claims = kept[t]
         if len(claims) != 1:
             continue
         e, w = claims[0]
         ran = next((f for f in range(layer.experts.shape[0]) if f != e and torch.allclose(
-            y[t].cpu(), w * x[t] @ layer.experts[f], rtol=1e-9, atol=1e-12)), None)
+            y[t].cpu().double(), w * x[t] @ layer.experts[f].cpu().double(), rtol=1e-9, atol=1e-12)), None)
         if ran is None:
             return {}
         seen.setdefault(e, ran)
@@ -521,7 +521,7 @@ def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1)
         want, have = (e, g) if output < 0 else (e[output], g[output] if isinstance(g, (tuple, list)) else None)
         if not isinstance(have, torch.Tensor) or have.shape != want.shape:
             return None
-        wrong = ~torch.isclose(have.detach().cpu(), want.cpu(), rtol=1e-9, atol=1e-12).all(-1)
+        wrong = ~torch.isclose(have.detach().cpu().double(), want.cpu().double(), rtol=1e-9, atol=1e-12).all(-1)
         if not bool(wrong.any()):
             continue
         moved = _which_expert(layer, rank, have.detach(), wrong) if output < 0 else {}

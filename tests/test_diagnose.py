@@ -501,3 +501,12 @@ def test_a_prediction_rounded_down_is_named():
     steps = formula(ceil(Q("t", 11, "the time") / Q("s", 4, "a step's time")), "steps")
     assert explain(steps, 2) == ("your answer is 1 steps short: it is what the formula gives with rounded down "
                                  "where it must round up (floor for ceil).")
+
+
+def test_a_result_the_harness_cannot_unpack_is_said_as_the_answers_not_the_checks():
+    """A harness puzzle unpacks what the learner returned in its own code: the error is read as the answer's shape."""
+    import puzzles.beyond as B
+    import puzzles.moe as M
+    for puzzle in (M.router_losses, B.reshard_checkpoint):
+        message = puzzle.evaluate(lambda *args: None, seed=1).message
+        assert "the check failed to use what it returned" in message, message

@@ -24,7 +24,6 @@ import torch
 from lib.compare import first_difference
 from lib.diagnose import factors, layouts, moments, origins, values
 from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
-from lib.errors import PuzzleError
 from lib.sim import run
 
 __all__ = ["Mistake", "diagnose", "hands_gradient"]
@@ -111,7 +110,7 @@ def _mistaken_results(mistake: Mistake, args: tuple, world: int, wrap: Callable,
         if mistake.alone:
             return [run(wrap(mistake.fn), 1, *mine(args, r), timeout=10.0).results[0] for r in range(world)]
         return run(wrap(mistake.fn), world, *args, timeout=10.0, protect=protect).results
-    except (PuzzleError, Exception):      # a mistake that does not apply to this case (shapes, world size)
+    except Exception:                     # a mistake that does not apply to this case (shapes, world size)
         return None
 
 

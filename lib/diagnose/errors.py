@@ -17,6 +17,7 @@ import torch
 from lib.diagnose.leaves import given, mine
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
+from lib.places import COURSE, ENGINE
 
 # Errors whose cause does not depend on shapes: (words in torch's message, what it means in this course).
 _MEANINGS = (
@@ -53,6 +54,10 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     viewed = _viewed(message, case.world_size) or _unpadded(message, case.world_size)
     if viewed:
         return f"What it means: {viewed}"
+    if _in_the_checks_own_code(error):
+        return ("What it means: your function returned, and the check failed to use what it returned (the line "
+                "above is the check's, not yours): return what the statement asks for, every item it names, in "
+                "its order, each a tensor where a tensor belongs (not None).")
     if not isinstance(error, RankFailed) or not _about_shapes(message):
         return None                  # the simulator's own errors say their case already
     rank = error.rank
@@ -66,6 +71,21 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     found = _freed(shapes) or _whole_meets_shard(shapes, case.world_size) or _shard(shapes, case, rank) \
         or _transposed(op, shapes)
     return f"{said}. {found}" if found else said + "."
+
+
+def _in_the_checks_own_code(error: BaseException) -> bool:
+    """Whether a rank's error was raised in the problem set's harness after the learner's function returned (its
+    innermost frame is puzzles/' own, and none of the learner's frames is below it)."""
+    exception = getattr(error, "exception", None)
+    tb = getattr(exception, "__traceback__", None)
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    if not frames:
+        return False
+    last_not_torch = next((f for f in reversed(frames) if not f.startswith(ENGINE)), None)
+    return last_not_torch is not None and last_not_torch.startswith(COURSE)
 
 
 def _viewed(message: str, world: int) -> Optional[str]:

@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from lib.places import ENGINE
+from lib.places import COURSE, ENGINE
 
 MARKER = 3e-39           # what the replay's torch.empty returns: a denormal (float32) no computation here makes
 _EMPTY = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
@@ -119,10 +119,11 @@ class Line(tuple):
 
 
 def learner_line() -> Optional[Line]:
-    """The innermost frame of code outside the engine and torch: the learner's."""
+    """The innermost frame of code outside the engine, torch and the problem set (a puzzle's harness): the
+    learner's."""
     frame = sys._getframe(1)
     while frame is not None:
-        if not frame.f_code.co_filename.startswith(ENGINE):
+        if not frame.f_code.co_filename.startswith(ENGINE + COURSE):
             return Line((frame.f_code.co_filename, frame.f_lineno))
         frame = frame.f_back
     return None

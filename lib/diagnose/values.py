@@ -135,6 +135,13 @@ def approximation(wrong: list) -> Optional[str]:
             return None
         scale = float(f64(e).abs().max())
         worst = max(worst, float((f64(g) - f64(e)).abs().max()) / max(scale, 1e-30))
+    lower = next(((g.dtype, e.dtype) for _, _, e, g in wrong if g.is_floating_point() and g.dtype != e.dtype
+                  and torch.finfo(g.dtype).eps > torch.finfo(e.dtype).eps), None)
+    if 0 < worst < 1e-3 and lower is not None:
+        have, want = (str(t).removeprefix("torch.") for t in lower)
+        return (f"every wrong value is within {worst:.1e} of the largest expected value, and your result is {have} "
+                f"where {want} belongs: the computation may be right, rounded to fewer digits than the check "
+                "compares. Keep the inputs' dtype (no .float(), no lower-precision buffers).")
     if 0 < worst < 1e-3:
         return (f"every wrong value is within {worst:.1e} of the largest expected value: the right computation with a "
                 "different approximation (GeLU's tanh form, approximate='tanh', where the exact erf form belongs; "
