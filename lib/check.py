@@ -460,10 +460,10 @@ class Puzzle:
         for rank, (want, got) in enumerate(zip(case.expected, result.results)):
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
+                explained = _case_reading(case, result.results)
                 found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes + case.mistakes,
                                  wrap=self.wrap, factors=case.factors, rtol=self.rtol, atol=self.atol, case=case,
-                                 fn=fn, outputs=self.outputs, others=others, names=names)
-                explained = _case_reading(case, result.results)
+                                 fn=fn, outputs=self.outputs, others=others, names=names, explained=bool(explained))
                 found = "\n".join(filter(None, (explained, found)))
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
         for contract in case.contracts:

@@ -46,8 +46,12 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
              wrap: Callable[[Callable], Callable] = lambda f: f, factors: Optional[dict[str, float]] = None,
              rtol: float = 1e-5, atol: float = 1e-6, case: Any = None, fn: Optional[Callable] = None,
              outputs: Optional[dict[str, str]] = None, others: Sequence[Any] = (),
-             names: Sequence[str] = ()) -> str:
+             names: Sequence[str] = (), explained: bool = False) -> str:
     """Lines for a learner whose per-rank results `got` differ from `expected`; "" if nothing fits.
+
+    `explained`: the case's own reading (Case.explain) has named the mistake from the puzzle's structure; then
+    only a catalogued mistake is added, never the engine's general readings, which would say it again in other
+    words or guess another cause beside it.
 
     `factors` names the numbers a constant ratio may equal ({"k, the number of micro-batches": 4}); N, the world
     size, is always among them. `case` (lib.check.Case) and `fn` (the rank's function as the check ran it) let
@@ -60,6 +64,8 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
         theirs = _mistaken_results(mistake, args, world, wrap, expected)
         if theirs is not None and all(_same(t, g, rtol, atol) for t, g in zip(theirs, got)):
             return f"Diagnosis: your result is exactly what {mistake.message}"
+    if explained:
+        return ""
     named = {"N, the world size": float(world), **(factors or {})}
     found = _formulas(case, got, fn, others) or _holes(expected, got, outputs) or _shapes(expected, got, named,
                                                                                           outputs)
