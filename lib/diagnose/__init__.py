@@ -58,43 +58,44 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
     the diagnosis replay the learner's function: for a NaN's origin, a training run's first wrong step; on the
     check's `others` cases, for a factor two quantities equal on this case leave open. `names` are the learner's
     own names for the arguments (after dist), to say which input a result lacks."""
-    world = len(expected)
-    expected, got = _as_vectors(expected, got)
-    for mistake in mistakes:
-        theirs = _mistaken_results(mistake, args, world, wrap, expected)
-        if theirs is not None and all(_same(t, g, rtol, atol) for t, g in zip(theirs, got)):
-            return f"Diagnosis: your result is exactly what {mistake.message}"
-    if explained:
-        return ""
-    named = {"N, the world size": float(world), **(factors or {})}
-    found = _formulas(case, got, fn, others) or _holes(expected, got, outputs) or _shapes(expected, got, named,
-                                                                                          outputs)
-    if found:
-        return f"Diagnosis: {found}"
-    wrong = [(r, key, e, g) for r in range(world) for key, e, g in differing(expected[r], got[r], rtol, atol)]
-    if not wrong:
-        return ""
-    mine_expected = [dict(leaves(expected[r])) for r in range(world)]
-    mine_got = [dict(leaves(got[r])) for r in range(world)]
-    inputs = [given(mine(args, r)) for r in range(world)]
-    for rank, key, e, g in wrong:
-        resolve = _resolver(fn, others, rank, key, atol)
-        found = _pattern(rank, key, e, g, mine_expected, mine_got, inputs, named, case, fn, outputs, rtol, atol,
-                         resolve, arguments(mine(args, rank), names))
+    with origins.remembering():            # the replays each wrong leaf asks for run once per diagnosis
+        world = len(expected)
+        expected, got = _as_vectors(expected, got)
+        for mistake in mistakes:
+            theirs = _mistaken_results(mistake, args, world, wrap, expected)
+            if theirs is not None and all(_same(t, g, rtol, atol) for t, g in zip(theirs, got)):
+                return f"Diagnosis: your result is exactly what {mistake.message}"
+        if explained:
+            return ""
+        named = {"N, the world size": float(world), **(factors or {})}
+        found = _formulas(case, got, fn, others) or _holes(expected, got, outputs) or _shapes(expected, got, named,
+                                                                                              outputs)
         if found:
             return f"Diagnosis: {found}"
-    origin = _origin(wrong, case, fn, world)
-    if origin:
-        return f"Diagnosis: {origin}"
-    if case is not None and fn is not None:
-        moment = moments.explain(fn, case, named, rtol, atol, outputs)
-        if moment:
-            return f"Diagnosis: {moment}"
-    found = values.approximation(wrong) or _forward_backward(wrong, mine_expected, outputs)
-    if found:
-        return f"Diagnosis: {found}"
-    where = _where(wrong, world, rtol, atol, outputs)
-    return f"Where: {where}" if where else ""
+        wrong = [(r, key, e, g) for r in range(world) for key, e, g in differing(expected[r], got[r], rtol, atol)]
+        if not wrong:
+            return ""
+        mine_expected = [dict(leaves(expected[r])) for r in range(world)]
+        mine_got = [dict(leaves(got[r])) for r in range(world)]
+        inputs = [given(mine(args, r)) for r in range(world)]
+        for rank, key, e, g in wrong:
+            resolve = _resolver(fn, others, rank, key, atol)
+            found = _pattern(rank, key, e, g, mine_expected, mine_got, inputs, named, case, fn, outputs, rtol, atol,
+                             resolve, arguments(mine(args, rank), names))
+            if found:
+                return f"Diagnosis: {found}"
+        origin = _origin(wrong, case, fn, world)
+        if origin:
+            return f"Diagnosis: {origin}"
+        if case is not None and fn is not None:
+            moment = moments.explain(fn, case, named, rtol, atol, outputs)
+            if moment:
+                return f"Diagnosis: {moment}"
+        found = values.approximation(wrong) or _forward_backward(wrong, mine_expected, outputs)
+        if found:
+            return f"Diagnosis: {found}"
+        where = _where(wrong, world, rtol, atol, outputs)
+        return f"Where: {where}" if where else ""
 
 
 def _as_vectors(expected: Sequence[Any], got: Sequence[Any]) -> tuple[list, list]:
