@@ -24,7 +24,7 @@ def __getattr__(name: str):
     if name == "MODULES":
         value = _modules()
     elif name == "ALL":
-        value = [p for m in _modules() for p in m.PUZZLES]
+        value = [p for m in globals().get("MODULES") or __getattr__("MODULES") for p in m.PUZZLES]
     else:
         raise AttributeError(f"module 'puzzles' has no attribute {name!r}")
     globals()[name] = value

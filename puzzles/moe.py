@@ -151,9 +151,9 @@ def _empty_slots(tokens: torch.Tensor, mine: torch.Tensor) -> Optional[str]:
                                                                                        .all()):
         return None
     held = sorted(set(mine[empty].tolist()))
+    why = f"token {held[0]} is a real token, so" if held[0] >= 0 else "-1 is what marks one:"
     return (f"The empty slots hold {listing([str(v) for v in held])} where -1 belongs, and the kept ones are right: "
-            f"token {held[0]} is a real token, so an empty slot must read -1 (torch.full((E, C), -1)).") \
-        if len(held) == 1 or held[0] >= 0 else None
+            f"{why} an empty slot must read -1 (torch.full((E, C), -1)).")
 
 
 def _shifted(tokens: torch.Tensor, mine: torch.Tensor) -> Optional[str]:
@@ -835,8 +835,8 @@ def capacity_reference(logits: torch.Tensor, k: int, max_dropped: float) -> tupl
 def _exactly_met(rng: random.Random, logits: torch.Tensor, k: int) -> float:
     """A drop budget that some capacity meets exactly (drops = max_dropped·T·k, "at most" includes it): T·k is a
     power of two here, so max_dropped·T·k is exact in floating point, computed in any order."""
-    t_count, experts = logits.shape
-    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
+    t_count = logits.shape[0]
+    load = torch.tensor(_loads(logits, k))
     drops = [int((load - c).clamp(min=0).sum()) for c in range(1, int(load.max()))]
     return rng.choice([d for d in drops if d > 0]) / (t_count * k)
 
@@ -935,8 +935,7 @@ def _capacity_harness(answer, _dist, logits, k, max_dropped):
 
 def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> Formula:
     """The padded slots as named terms (lib.terms): C·E slots less the kept choices, Σ_e min(L_e, C)."""
-    experts = logits.shape[1]
-    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten().cpu(), minlength=experts).tolist()
+    experts, load = logits.shape[1], _loads(logits, k)
     c = Q("C", cap, "the capacity")
     kept = sum((minimum(n, c) for n in load), Num(0))
     found = formula(term("the C × E slots", c * Q("E", experts, "the experts"))
