@@ -472,10 +472,11 @@ def _refused_case(rng: random.Random, p: int, m: int, v: int, why: str) -> Case:
 def _one_f_one_b_case(rng: random.Random, p: int, too_few: bool = False, fewest: bool = False) -> Case:
     """too_few: m < p, to be refused; fewest: m = p, the fewest micro-batches the schedule runs (an answer that
     refuses it passed while every case drew m > p + 1). Otherwise m > p, where 1F1B holds fewer micro-batches than
-    GPipe (at m = p the two hold as many)."""
+    GPipe (at m = p the two hold as many), and at p = 2 m > p + 1: one micro-batch fewer on two stages is within the
+    memory budget's slack (GPipe's schedule passed the p = 2, m = 3 case)."""
     if too_few:
         return _refused_case(rng, p, rng.randint(1, p - 1), 1, "m < p")
-    return _case(rng, p, p if fewest else rng.randint(p + 1, 2 * p + 2), "1f1b")
+    return _case(rng, p, p if fewest else rng.randint(p + 1 if p > 2 else p + 2, 2 * p + 2), "1f1b")
 
 
 def _zero_bubble_case(rng: random.Random, p: int, too_few: bool = False, fewest: bool = False) -> Case:
