@@ -9,6 +9,7 @@ never from a run of the answer.
 from __future__ import annotations
 
 import copy
+import math
 import random
 from typing import Optional
 
@@ -272,15 +273,17 @@ def _accumulation_explain(model, tokens: torch.Tensor, targets: torch.Tensor, k:
         if weights is not None:
             found = said(weights, k, unit="sample")
             return f"Diagnosis: {found}" if found else None
-        for dim in range(1, tokens.dim()):
-            cut = sum(vjp(lambda t=t, y=y: ref.loss(t, y) / k, params)
-                      for t, y in zip(tokens.chunk(k, dim), targets.chunk(k, dim)))
-            if torch.allclose(cut, mine, rtol=1e-6, atol=1e-12):
-                where = "the sequence (dim 1 of the tokens)" if dim == 1 else f"dim {dim} of the tokens"
-                return (f"Diagnosis: the gradients are those of k = {k} micro-batches cut along {where}, not along "
-                        "the batch (dim 0): each piece is "
-                        "then a shorter sequence, whose tokens see none of the earlier pieces' and start again at "
-                        "position 0. Cut the samples apart: tokens.chunk(k), dim 0.")
+        cut = sum(vjp(lambda t=t, y=y: ref.loss(t, y) / k, params)
+                  for t, y in zip(tokens.chunk(k, 1), targets.chunk(k, 1)))
+        scale = float((cut * mine).sum() / (cut * cut).sum().clamp_min(1e-300))
+        if torch.allclose(scale * cut, mine, rtol=1e-6, atol=1e-12):
+            scaled = "" if math.isclose(scale, 1, rel_tol=1e-6) else \
+                f", times k = {k} (each piece's loss not divided by k)" if math.isclose(scale, k, rel_tol=1e-6) else \
+                f", times {scale:.4g}"
+            return (f"Diagnosis: the gradients are those of k = {k} micro-batches cut along the sequence (dim 1 of "
+                    f"the tokens){scaled}, not along the batch (dim 0): each piece is then a shorter sequence, whose "
+                    "tokens see none of the earlier pieces' and start again at position 0. Cut the samples apart: "
+                    "tokens.chunk(k), dim 0.")
         return None
     return explain
 

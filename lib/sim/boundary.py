@@ -148,14 +148,20 @@ def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
 _HIDDEN_WORK = ("work there runs outside the simulator's view, so its time, FLOPs and memory would not count.\n"
                 "Hint: compute in your function's own thread, with torch's ordinary ops.")
 
+def _private_to_a_rank(name: str) -> bool:
+    """Whether a rank's own code is refused `name` on an engine class or module: a private name, or its __dict__ (every
+    descriptor, every global), looked up from inside a simulated rank."""
+    return name.startswith("_") and (not name.startswith("__") or name == "__dict__") and current_rank() is not None \
+        and _from_learner()
+
+
 class _HandleClass(type):
     """The class of an engine handle: its private names are refused to a rank's code as the handle's own are (a slot's
     descriptor, `type(dist)._engine`, reads the slot around the handle's guard), and so is its __dict__ (every
     descriptor). A lookup on an instance does not come here: the guard costs the engine's own calls nothing."""
 
     def __getattribute__(cls, name: str):
-        if name.startswith("_") and (not name.startswith("__") or name == "__dict__") and current_rank() is not None \
-                and _from_learner():
+        if _private_to_a_rank(name):
             refuse_reach(cls, name)
         return type.__getattribute__(cls, name)
 
@@ -179,8 +185,7 @@ class _EngineModule(types.ModuleType):
     the refusals' state) and its __dict__ are refused to a rank's code, as an engine handle's private attributes are."""
 
     def __getattribute__(self, name: str):
-        if name.startswith("_") and (not name.startswith("__") or name == "__dict__") and current_rank() is not None \
-                and _from_learner():
+        if _private_to_a_rank(name):
             refuse_reach(self, name)
         return types.ModuleType.__getattribute__(self, name)
 
