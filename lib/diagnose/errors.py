@@ -17,7 +17,7 @@ import torch
 from lib.diagnose.leaves import given, mine
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
-from lib.places import COURSE, ENGINE
+from lib.places import COURSE, ENGINE, LIBRARIES
 
 # Errors whose cause does not depend on shapes: (words in torch's message, what it means in this course).
 _MEANINGS = (
@@ -74,16 +74,17 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
 
 
 def _in_the_checks_own_code(error: BaseException) -> bool:
-    """Whether a rank's error was raised in the problem set's harness after the learner's function returned (its
-    innermost frame is puzzles/' own, and none of the learner's frames is below it)."""
+    """Whether a rank's error was raised in the problem set's harness after the learner's function returned: its
+    innermost frame outside torch is puzzles/' own, and no frame of the traceback is the learner's (a course function
+    the learner called, such as notebook 03's adam_update, raises below the learner's own frame)."""
     exception = getattr(error, "exception", None)
     tb = getattr(exception, "__traceback__", None)
     frames = []
     while tb is not None:
         frames.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
-    if not frames:
-        return False
+    if any(not f.startswith(COURSE + LIBRARIES) for f in frames):
+        return False                  # the learner's code is on the way to the error
     last_not_torch = next((f for f in reversed(frames) if not f.startswith(ENGINE)), None)
     return last_not_torch is not None and last_not_torch.startswith(COURSE)
 

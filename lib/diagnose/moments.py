@@ -109,8 +109,10 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
         keys = [name(k, outputs).replace("the result", "") or "the result" for k, *_ in wrong]
         total_leaves = sum(1 for _ in _leaf_keys(case.expected[rank]))
         text += f" At that step {listing(keys)} differ ({len(wrong)} of {total_leaves})."
-    said = _update_factor(step, case, results, rank, before, named, atol, outputs) or \
-        _handed_factor(reference, handed, case.world_size, named)
+    # The gradients handed to the optimizer first: they carry a scale as it is, where an update through Adam (about
+    # lr times a sign at its first step) fits almost any factor once a per-feature offset is allowed.
+    said = _handed_factor(reference, handed, case.world_size, named) or \
+        _update_factor(step, case, results, rank, before, named, atol, outputs)
     return f"{text} {said}" if said else text
 
 
@@ -155,26 +157,28 @@ def _alike(steps: list) -> bool:
 
 
 def _handed_factor(reference: list, handed: dict, world: int, named: dict) -> Optional[str]:
-    """The gradients the ranks handed the optimizer at the first step against the reference's, as a factor: Adam
-    hides a scale in its update, the gradients it was given do not."""
-    ours = [handed[r][0] for r in sorted(k for k in handed if k is not None) if handed[r]]
-    if not reference or not ours:
+    """The gradients the ranks handed the optimizer in the run up to the first wrong step against the reference's, as
+    a factor: Adam hides a scale in its update, the gradients it was given do not. Every call counts (an optimizer
+    step per layer, or one for the whole model: the totals compare either way)."""
+    ranks = [r for r in sorted(k for k in handed if k is not None) if handed[r]]
+    if not reference or not ranks:
         return None
-    want = sum(float((g ** 2).sum()) for g in reference[0])
-    have = sum(float((g ** 2).sum()) for step in ours for g in step)
-    size_ref = sum(g.numel() for g in reference[0])
-    size_rank = sum(g.numel() for g in ours[0])
+    want = sum(float((g ** 2).sum()) for call in reference for g in call)
+    have = sum(float((g ** 2).sum()) for r in ranks for call in handed[r] for g in call)
+    size_ref = sum(g.numel() for call in reference for g in call)
+    size_rank = sum(g.numel() for call in handed[ranks[0]] for g in call)
     if want == 0 or have == 0:
         return None
     replicated = size_rank >= 0.9 * size_ref
+    ours = [handed[r][0] for r in ranks]
     if replicated and not _alike(ours):
         return None                   # ranks whose gradients differ by design (DiLoCo's workers, each on its data)
-    c = math.sqrt(have / want / (len(ours) if replicated else 1))
+    c = math.sqrt(have / want / (len(ranks) if replicated else 1))
     if abs(c - 1) < 1e-3:
         return None
-    found = factors.said(c, named)
+    found = factors.said(c, named, one_value=True)         # one ratio of norms: a named factor, or nothing
     if found is None:
         return None
     words, advice = found
-    return (f"The gradients your ranks hand the optimizer at step 1 are {words}: Adam's update (m/√v) hides a "
+    return (f"The gradients your ranks hand the optimizer are {words}: Adam's update (m/√v) hides a "
             f"gradient's scale, so the parameters barely show it. {advice}".rstrip())
