@@ -150,9 +150,10 @@ _HIDDEN_WORK = ("work there runs outside the simulator's view, so its time, FLOP
 
 def _private_to_a_rank(name: str) -> bool:
     """Whether a rank's own code is refused `name` on an engine class or module: a private name, or its __dict__ (every
-    descriptor, every global), looked up from inside a simulated rank."""
+    descriptor, every global), looked up from inside a simulated rank. Called from a __getattribute__: the caller
+    to judge is three frames up."""
     return name.startswith("_") and (not name.startswith("__") or name == "__dict__") and current_rank() is not None \
-        and _from_learner()
+        and _from_learner(3)
 
 
 class _HandleClass(type):
