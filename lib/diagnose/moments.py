@@ -108,10 +108,11 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
     if wrong:
         keys = [name(k, outputs).replace("the result", "") or "the result" for k, *_ in wrong]
         total_leaves = sum(1 for _ in _leaf_keys(case.expected[rank]))
-        text += f" At that step {listing(keys)} differ ({len(wrong)} of {total_leaves})."
+        verb = "differs" if len(keys) == 1 else "differ"
+        text += f" At that step {listing(keys)} {verb} ({len(wrong)} of {total_leaves})."
     # The gradients handed to the optimizer first: they carry a scale as it is, where an update through Adam (about
     # lr times a sign at its first step) fits almost any factor once a per-feature offset is allowed.
-    said = _handed_factor(reference, handed, case.world_size, named) or \
+    said = _handed_factor(reference, handed, step, named) or \
         _update_factor(step, case, results, rank, before, named, atol, outputs)
     return f"{text} {said}" if said else text
 
@@ -156,7 +157,7 @@ def _alike(steps: list) -> bool:
                                                for g, f in zip(step, first)) for step in steps[1:])
 
 
-def _handed_factor(reference: list, handed: dict, world: int, named: dict) -> Optional[str]:
+def _handed_factor(reference: list, handed: dict, step: int, named: dict) -> Optional[str]:
     """The gradients the ranks handed the optimizer in the run up to the first wrong step against the reference's, as
     a factor: Adam hides a scale in its update, the gradients it was given do not. Every call counts (an optimizer
     step per layer, or one for the whole model: the totals compare either way)."""
@@ -180,5 +181,6 @@ def _handed_factor(reference: list, handed: dict, world: int, named: dict) -> Op
     if found is None:
         return None
     words, advice = found
-    return (f"The gradients your ranks hand the optimizer are {words}: Adam's update (m/√v) hides a "
+    when = "at step 1" if step == 1 else f"in steps 1 to {step}"
+    return (f"The gradients your ranks hand the optimizer {when} are {words}: Adam's update (m/√v) hides a "
             f"gradient's scale, so the parameters barely show it. {advice}".rstrip())
