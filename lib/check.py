@@ -428,9 +428,9 @@ class Puzzle:
                     return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
                 if _refused_as_asked(case, e):
                     continue
-                return _failing(case, f"{e}", explain_error(fn, case, e), replay)
+                return _failing(case, f"{e}", explain_error(fn, case, e, names), replay)
             except PuzzleError as e:
-                return _failing(case, f"{type(e).__name__}: {e}", explain_error(fn, case, e), replay)
+                return _failing(case, f"{type(e).__name__}: {e}", explain_error(fn, case, e, names), replay)
             problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case], names)
             if problem:
                 return _failing(case, problem, None, replay, result)

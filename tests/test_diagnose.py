@@ -510,3 +510,34 @@ def test_a_result_the_harness_cannot_unpack_is_said_as_the_answers_not_the_check
     for puzzle in (M.router_losses, B.reshard_checkpoint):
         message = puzzle.evaluate(lambda *args: None, seed=1).message
         assert "the check failed to use what it returned" in message, message
+
+
+# ---- errors raised inside torch, said in the case's terms ------------------------------------------------------
+def _sum_of_rows(dist, x):
+    """Each row scaled by a weight per row: (n,) against (n, 2) lines up n with 2 (unsqueeze(-1) forgotten)."""
+    rows = x.reshape(-1, 2)
+    return (rows.sum(-1) * rows).sum()
+
+
+def _whole_against_a_piece(dist, x):
+    """A rank's piece of x against the whole x: the piece was cut, the other side not."""
+    return x.chunk(5)[0] * x
+
+
+def _none_sent(dist, x):
+    dist.all_reduce(x)
+    dist.broadcast(x.grad, 0)
+    return x
+
+
+@pytest.mark.parametrize("fn,words", [
+    (_sum_of_rows, "Add the missing dimension (t.unsqueeze(-1)"),
+    (_whole_against_a_piece, "= k × "),
+    (_none_sent, "a .grad backward never reached"),
+])
+def test_an_error_inside_torch_is_said_in_the_cases_terms(fn, words, capsys):
+    def case(rng, n):
+        xs = _vectors(rng, n, 10 * rng.randint(1, 2))
+        return Case(n, (per_rank(xs),), [sum(xs)] * n, f"N={n}", factors={"k, the number of pieces": 5})
+    out = _failure(puzzle(case), fn, capsys)
+    assert words in out, out

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from lib.diagnose.leaves import given, mine
+from lib.diagnose import factors
+from lib.diagnose.leaves import arguments, given, mine
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
 from lib.places import COURSE, ENGINE, LIBRARIES
@@ -45,13 +46,15 @@ _MEANINGS = (
 )
 
 
-def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
-    """A sentence for the error a rank raised inside torch, or None when there is nothing to add."""
+def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ()) -> Optional[str]:
+    """A sentence for the error a rank raised inside torch, or None when there is nothing to add. `names` are the
+    learner's own names for the arguments after dist."""
     message = str(getattr(error, "exception", None) or error)
     for words, meaning in _MEANINGS:
         if words in message:
             return f"What it means: {meaning}."
-    viewed = _viewed(message, case.world_size) or _unpadded(message, case.world_size)
+    viewed = _viewed(message, case.world_size) or _unpadded(message, case.world_size) \
+        or _mismatched(message, fn, case, getattr(error, "rank", None), names) or _assigned(message, case)
     if viewed:
         return f"What it means: {viewed}"
     if _in_the_checks_own_code(error):
@@ -65,7 +68,7 @@ def explain(fn: Callable, case, error: BaseException) -> Optional[str]:
     tracer = tracers.get(rank)
     if tracer is None or tracer.last is None:
         return None
-    op, shapes, line = tracer.last
+    op, shapes, line = tracer.failed or tracer.last        # the op that raised, where it raised under the tracer
     said = f"What it means: {op} failed on inputs of shapes {', '.join(map(str, shapes))}"
     said += f" at {line}" if line else ""
     found = _freed(shapes) or _whole_meets_shard(shapes, case.world_size) or _shard(shapes, case, rank) \
@@ -103,6 +106,73 @@ def _viewed(message: str, world: int) -> Optional[str]:
         return (f"{have} elements viewed as {want}: a rank's 1/N shard viewed as the whole tensor; gather the shards "
                 "first.")
     return None
+
+
+def _mismatched(message: str, fn: Callable, case, rank: Optional[int], names: Sequence[str]) -> Optional[str]:
+    """Two tensors met elementwise with different sizes along one dimension: where one size is a quantity of the
+    case times the other, a whole tensor met one part of it (a micro-batch the whole batch's targets, a rank's shard
+    the whole); the input the larger size is that of is named as the learner calls it."""
+    found = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton "
+                      r"dimension (\d+)", message)
+    if not found:
+        return None
+    a, b, dim = (int(g) for g in found.groups())
+    small, big = sorted((a, b))
+    said = (f"two tensors met elementwise with {a} and {b} along dimension {dim}: torch broadcasts only sizes that "
+            "are equal or 1.")
+    lined_up = _unaligned(fn, case, rank)
+    if lined_up:
+        return f"{said[:-1]}: {lined_up}"
+    if small < 2 or big % small:
+        return said
+    named = {"N, the world size": float(case.world_size), **case.factors}
+    found = factors.simplest(factors.matching(big / small, named))
+    if not found:
+        return said
+    symbol = found[0].symbol
+    held = dict.fromkeys(called for called, t in arguments(mine(case.args, rank if rank is not None else 0), names)
+                         if big in t.shape)
+    whole = f"the whole {' or '.join(held)}" if held else "a whole tensor"
+    return (f"{said[:-1]}; {big} = {symbol} × {small} ({' = '.join(c.said for c in found)}): {whole} met one "
+            f"{symbol}-th of what it goes with (a micro-batch, or a rank's shard). Cut it the same way (its "
+            f".chunk({symbol})[i]), so that each part meets its own.")
+
+
+def _unaligned(fn: Callable, case, rank: Optional[int]) -> Optional[str]:
+    """The op that raised, on the replay, met a tensor missing its last dimension: (b, h, s) against (b, h, s, d), which
+    torch lines up from the right, so s meets d."""
+    if rank is None:
+        return None
+    _, tracers, _ = replay(fn, case)
+    failed = getattr(tracers.get(rank), "failed", None)
+    if failed is None:
+        return None
+    shapes = failed[1]
+    for short in shapes:
+        for long in shapes:
+            if len(short) >= 1 and len(long) == len(short) + 1 and tuple(long[:-1]) == tuple(short) \
+                    and short[-1] != long[-1]:
+                return (f"a {short} tensor met a {long} one, and torch lines shapes up from the last dimension, so "
+                        f"the first one's last size, {short[-1]}, met the second's {long[-1]}. Add the missing "
+                        "dimension (t.unsqueeze(-1), or t[..., None]) so that each row's value meets its row.")
+    return None
+
+
+def _assigned(message: str, case) -> Optional[str]:
+    """A .grad assigned with the wrong shape: where its size is one of the case's quantities (the rows of a batch),
+    the gradient was summed over the wrong dimension."""
+    found = re.search(r"assign a gradient of size '\[([\d, ]*)\]' to a tensor of size '\[([\d, ]*)\]'", message)
+    if not found:
+        return None
+    got, want = ([int(d) for d in g.split(",") if d.strip()] for g in found.groups())
+    said = f"a gradient of shape {tuple(got)} was assigned to a parameter of shape {tuple(want)}"
+    quantity = next((name for name, v in case.factors.items() if len(got) == 1 and v == got[0] and v not in want),
+                    None)
+    if quantity is None:
+        return said + ": a parameter's gradient has the parameter's shape."
+    return (f"{said}: its {got[0]} elements are {quantity}, so it was summed over the wrong dimension, keeping the "
+            "batch and dropping the features. A 1-D parameter's gradient (a bias, a norm's scale) sums over the "
+            "rows (sum over dim 0), one value per feature.")
 
 
 def _unpadded(message: str, world: int) -> Optional[str]:

@@ -43,6 +43,7 @@ class Tracer(TorchDispatchMode):
         self.fill = fill                        # what torch.empty's tensors are filled with
         self.origin: Optional[Event] = None
         self.last: Optional[tuple] = None       # (op, input shapes, the learner's Line or None)
+        self.failed: Optional[tuple] = None     # the same, for an op that raised under this tracer
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -53,7 +54,7 @@ class Tracer(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except Exception:
-            self.last = (op, self.last[1], learner_line())
+            self.last = self.failed = (op, self.last[1], learner_line())
             raise
         if op in _EMPTY and isinstance(out, torch.Tensor) and out.dtype in (torch.float32, torch.float64):
             with torch.no_grad():
