@@ -187,6 +187,9 @@ class Case:
     # A training run's number of steps, where its builder takes steps= (the same draws otherwise): a wrong run is
     # replayed on fewer steps to find the first step that leaves the reference.
     steps: Optional[int] = None
+    # What a point-to-point message from rank src to rank dst carries, in the lesson's words ("activation",
+    # "gradient"): a deadlock is read as which message each rank waited for, and which one its peer still needed.
+    messages: Optional[Callable[[int, int], str]] = field(default=None, repr=False)
     rebuild: Optional[Callable[..., "Case"]] = field(default=None, repr=False)   # set by Puzzle.cases
 
     def __post_init__(self) -> None:
@@ -212,6 +215,9 @@ def _validate_case(case: "Case") -> None:
         if not (isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(x, int) for x in spec)
                 and spec[1] >= 2):
             raise SpecError(f"Case {case.label!r}: parts[{part!r}]={spec!r}: (dimension, number of parts >= 2).")
+    if case.messages is not None and not callable(case.messages):
+        raise SpecError(f"Case {case.label!r}: messages={case.messages!r}: a function (src, dst) -> what a message "
+                        "from src to dst carries.")
     if case.steps is not None and (not isinstance(case.steps, int) or case.steps < 1):
         raise SpecError(f"Case {case.label!r}: steps={case.steps!r}: a positive integer.")
     from lib.terms import Formula

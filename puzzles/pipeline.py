@@ -440,7 +440,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     if schedule == "one batch":
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
                     budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch),
-                    explain=_schedule_explain(model, batch, targets, p, 1))
+                    explain=_schedule_explain(model, batch, targets, p, 1), messages=_carried)
     inputs = batch.nbytes + targets.nbytes
     time = _time_budget(schedule, stages, micro, micro_y, m)
     budgets = [ON_DEVICE, time, _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
@@ -448,7 +448,12 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m, **_factors(batch)},
                 contracts=contracts.get(schedule, []),
-                explain=_schedule_explain(model, batch, targets, p, m))
+                explain=_schedule_explain(model, batch, targets, p, m), messages=_carried)
+
+
+def _carried(src: int, dst: int) -> str:
+    """What a message between two stages carries: forward toward the last stage, backward toward the first."""
+    return "activation" if src < dst else "gradient"
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:

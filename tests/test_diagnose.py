@@ -541,3 +541,30 @@ def test_an_error_inside_torch_is_said_in_the_cases_terms(fn, words, capsys):
         return Case(n, (per_rank(xs),), [sum(xs)] * n, f"N={n}", factors={"k, the number of pieces": 5})
     out = _failure(puzzle(case), fn, capsys)
     assert words in out, out
+
+
+def test_a_deadlock_is_read_in_the_cases_words_for_its_messages(capsys):
+    """Two ranks each receive before they send: the case calls what flows up 'an activation' and what flows down 'a
+    gradient', and the message says which each waits for and which one its peer owes it."""
+    def case(rng, n):
+        xs = _vectors(rng, n, 4)
+        return Case(n, (per_rank(xs),), [sum(xs)] * n, f"N={n}",
+                    messages=lambda src, dst: "activation" if src < dst else "gradient")
+
+    def receives_first(dist, x):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        if rank < n - 1:
+            dist.send(x.clone(), rank + 1)
+            dist.recv(torch.empty_like(x), rank + 1)
+        if rank > 0:
+            dist.recv(torch.empty_like(x), rank - 1)
+            dist.recv(torch.empty_like(x), rank - 1)
+        return x
+    out = _failure(puzzle(case), receives_first, capsys)
+    assert "rank 1 waits for a gradient (its 1st from rank 2) before it has sent rank 2 the 2nd activation" in out, out
+
+
+def test_a_case_with_messages_that_are_not_a_function_is_refused():
+    from lib.check import SpecError
+    with pytest.raises(SpecError, match="messages="):
+        Case(1, (), [None], "one", messages="activation")

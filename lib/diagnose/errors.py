@@ -57,6 +57,9 @@ def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ())
         or _mismatched(message, fn, case, getattr(error, "rank", None), names) or _assigned(message, case)
     if viewed:
         return f"What it means: {viewed}"
+    waited = _waited(error, case)
+    if waited:
+        return f"What it means: {waited}"
     if _in_the_checks_own_code(error):
         return ("What it means: your function returned, and the check failed to use what it returned (the line "
                 "above is the check's, not yours): return what the statement asks for, every item it names, in "
@@ -156,6 +159,34 @@ def _unaligned(fn: Callable, case, rank: Optional[int]) -> Optional[str]:
                         f"the first one's last size, {short[-1]}, met the second's {long[-1]}. Add the missing "
                         "dimension (t.unsqueeze(-1), or t[..., None]) so that each row's value meets its row.")
     return None
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _waited(error: BaseException, case) -> Optional[str]:
+    """A deadlock read in the case's words for its messages: which message each rank waits for, how many of them its
+    peer has sent, and, where two ranks wait on each other, which message each owes the other."""
+    waits = getattr(error, "waits", ())
+    if not waits or case.messages is None:
+        return None
+    by_rank = {w[0]: w for w in waits}
+    said, paired = [], set()
+    for rank, peer, nth, _, _ in waits:
+        theirs = by_rank.get(peer)
+        if theirs is not None and theirs[1] == rank and rank < peer:
+            mine, yours = case.messages(peer, rank), case.messages(rank, peer)
+            said.append(f"rank {rank} waits for a {mine} (its {_ordinal(nth)} from rank {peer}) before it has sent "
+                        f"rank {peer} the {_ordinal(theirs[2])} {yours}, which rank {peer} waits for before it sends "
+                        f"the {mine}: each waits for the other. One of them must send before it waits: rank {rank} "
+                        f"its {_ordinal(theirs[2])} {yours}, or rank {peer} its {_ordinal(nth)} {mine}.")
+            paired |= {rank, peer}
+    for rank, peer, nth, they_sent, _ in waits:
+        if rank not in paired:
+            said.append(f"rank {rank} waits for its {_ordinal(nth)} {case.messages(peer, rank)} from rank {peer}, "
+                        f"which has sent it {they_sent}.")
+    return " ".join(said)
 
 
 def _assigned(message: str, case) -> Optional[str]:

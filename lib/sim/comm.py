@@ -9,6 +9,7 @@ buffers only when it waits on the work, as with real asynchronous ops.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -82,6 +83,7 @@ class Call:
     waited: bool = False
     waiting_on: list[int] = field(default_factory=list)
     failed: Optional[BaseException] = None   # a peer died: waiting on the call raises this
+    nth: int = 0                     # p2p with a named peer: its place among this rank's calls of its kind to that peer
 
 
 class Work(EngineHandle):
@@ -143,6 +145,7 @@ class Communicator:
         self.unmatched_at_exit: list[Call] = []
         # (op, bytes, ranks) or, for a message, (bytes, src, dst) -> seconds, by the cost model
         self._durations: dict[tuple, float] = {}
+        self.posted: Counter = Counter()                 # (rank, peer, "send" or "recv") -> messages posted
 
     # ---- groups -------------------------------------------------------------------
     def new_group(self, me: int, ranks) -> Group:
@@ -270,7 +273,7 @@ class Communicator:
         self._check_peer(me, dst, "send")
         self._refuse_host_memory(me, tensor, text)
         call = Call(me, "send", text, self.rt.ranks[me].clock, self._next_order(), receives=False,
-                    payload=tensor, peer=dst, tag=tag)
+                    payload=tensor, peer=dst, tag=tag, nth=self._count(me, dst, "send"))
         waiting = self._recvs_at.get(dst, ())
         for i, recv in enumerate(waiting):
             if recv.peer in (me, None) and recv.tag == tag:
@@ -285,7 +288,7 @@ class Communicator:
             self._check_peer(me, src, "recv")
         self._refuse_host_memory(me, tensor, text)
         call = Call(me, "recv", text, self.rt.ranks[me].clock, self._next_order(), receives=True,
-                    payload=tensor, peer=src, tag=tag)
+                    payload=tensor, peer=src, tag=tag, nth=self._count(me, src, "recv") if src is not None else 0)
         waiting = self._sends_to.get(me, ())
         for i, send in enumerate(waiting):
             if src in (send.rank, None) and send.tag == tag:
@@ -294,6 +297,10 @@ class Communicator:
                 return call
         self._recvs_at.setdefault(me, []).append(call)
         return call
+
+    def _count(self, me: int, peer: int, kind: str) -> int:
+        self.posted[(me, peer, kind)] += 1
+        return self.posted[(me, peer, kind)]
 
     @property
     def sends(self) -> list[Call]:

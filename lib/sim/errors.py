@@ -6,7 +6,14 @@ from lib.errors import PuzzleError
 
 
 class Deadlock(PuzzleError):
-    """Every live rank is blocked and none can proceed; the message lists who waits on whom."""
+    """Every live rank is blocked and none can proceed; the message lists who waits on whom. `waits` holds, for each
+    rank blocked in a receive from a named peer, (rank, peer, which message from that peer it waits for (1 = the
+    first), how many the peer has sent it, how many it has sent the peer): what a case's names for its messages
+    read a schedule's mistake from."""
+
+    def __init__(self, message: str, waits: tuple = ()) -> None:
+        super().__init__(message)
+        self.waits = waits
 
 
 class CollectiveMismatch(PuzzleError):

@@ -371,7 +371,7 @@ class Runtime:
                     "flag set by another rank) can never come. " + SHARE_NOTHING + "\nHint: exchange data between "
                     "ranks with dist (send/recv, broadcast, all_reduce), not through Python objects or threads.")
         if self.error is None and any(not s.finished for s in self.ranks):
-            raise Deadlock(self._deadlock_report())
+            raise Deadlock(self._deadlock_report(), self._receives_waited())
 
     def _stop(self, state: RankState) -> None:
         """Interrupt the rank holding the baton, and wait (briefly) for it to hand the baton back."""
@@ -441,6 +441,15 @@ class Runtime:
             return "\n".join(lines) + "\nAlso, " + uneven
         return "\n".join(lines + self._peers_disagree()) + "\nHint: " + hint
 
+    def _receives_waited(self) -> tuple:
+        """(rank, peer, which message it waits for, how many the peer sent it, how many it sent the peer) for each
+        rank blocked in a receive from a named peer."""
+        posted = self.comm.posted
+        return tuple((s.rank, s.waiting.peer, s.waiting.nth, posted[(s.waiting.peer, s.rank, "send")],
+                      posted[(s.rank, s.waiting.peer, "send")])
+                     for s in self.ranks if not s.finished and s.waiting is not None and s.waiting.name == "recv"
+                     and s.waiting.peer is not None and s.waiting.nth)
+
     def _peers_disagree(self) -> list[str]:
         """Where a sender and its receiver disagree on who is whose peer (or on the tag), or two ranks each wait
         to receive from the other: the wrong peer named, not only who waits on whom."""
@@ -470,7 +479,8 @@ class Runtime:
                 elif not theirs and other.waiting is not None and other.waiting.name == "recv" \
                         and other.waiting.peer == s.rank and s.rank < call.peer:
                     said.append(f"ranks {s.rank} and {call.peer} each wait to receive from the other and neither "
-                                "has sent: one of them must send first (or both post isend before they receive).")
+                                "has a message on its way to the other: one of them must send first (or both post "
+                                "isend before they receive).")
             elif other.waiting is not None and other.waiting.name == "recv" and other.waiting.peer not in (
                     None, s.rank) and not any(c.peer == s.rank for c in sends(call.peer)):
                 said.append(f"rank {s.rank} sends to rank {call.peer}, but rank {call.peer} waits for a message "
