@@ -54,7 +54,8 @@ def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ())
         if words in message:
             return f"What it means: {meaning}."
     viewed = _viewed(message, case.world_size) or _unpadded(message, case.world_size) \
-        or _mismatched(message, fn, case, getattr(error, "rank", None), names) or _assigned(message, case)
+        or _mismatched(message, fn, case, getattr(error, "rank", None), names) or _assigned(message, case) \
+        or _not_multiplied(message, case, getattr(error, "rank", None), names)
     if viewed:
         return f"What it means: {viewed}"
     waited = _waited(error, case)
@@ -158,6 +159,47 @@ def _unaligned(fn: Callable, case, rank: Optional[int]) -> Optional[str]:
                 return (f"a {short} tensor met a {long} one, and torch lines shapes up from the last dimension, so "
                         f"the first one's last size, {short[-1]}, met the second's {long[-1]}. Add the missing "
                         "dimension (t.unsqueeze(-1), or t[..., None]) so that each row's value meets its row.")
+    return None
+
+
+def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str]) -> Optional[str]:
+    """A product x @ w whose inner sizes differ by a quantity of the case: the weight is one of the case's tensors
+    cut along its input features (a shard cut the wrong way), or whole while x's features were joined k times (a
+    gather along the hidden dimension where the pieces belong along the tokens)."""
+    found = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", message)
+    if not found:
+        return None
+    rows, features, takes, out = (int(g) for g in found.groups())
+    said = f"x has {features} features where the weight takes {takes}"
+    small, big = sorted((features, takes))
+    named = {"N, the world size": float(case.world_size), **case.factors}
+    quantity = factors.simplest(factors.matching(big / small, named)) if small and big % small == 0 else []
+    if not quantity:
+        return None
+    k = big // small
+    symbol = quantity[0].symbol if len(quantity) == 1 else str(k)
+    said += f" ({big} = {k} × {small}; {k} = {' = '.join(c.said for c in quantity)})"
+    if features < takes:
+        return None
+    held = arguments(mine(case.args, rank if rank is not None else 0), names)
+    # The weight as the learner held it: (out, in) as F.linear takes it, or (in, out) multiplied as stored (unless
+    # it fits only transposed: then _transposed says so). Its input features are dim 1 or dim 0.
+    layouts = [((out, takes), 1)] + ([((takes, out), 0)] if out != features else [])
+    for called, t in held:
+        if t.dim() != 2:
+            continue
+        for weight, d_in in layouts:
+            if tuple(t.shape) == weight:
+                return (f"{said}: {called} is whole, so x's features were joined {symbol} times: x was gathered or "
+                        "concatenated along its last dimension (dim -1, the hidden dimension), where its pieces "
+                        "belong joined along the tokens (dim 0 or 1), each token whole.")
+            cut = list(t.shape)
+            cut[d_in] //= k
+            if t.shape[d_in] == features and tuple(cut) == weight:
+                return (f"{said}: the weight is {takes} of the {features} input features of {called} "
+                        f"{tuple(t.shape)}, cut along dim {d_in} into {symbol} parts. A shard that takes 1/{symbol} "
+                        "of x's features needs x cut the same way; to keep x whole, cut the weight along its output "
+                        "features instead, as column-parallel does.")
     return None
 
 

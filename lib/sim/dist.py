@@ -125,8 +125,9 @@ class RankComm:
     def _tensor(self, t, what: str, arg: str = "tensor") -> torch.Tensor:
         if t is None:
             raise InvalidCall(f"rank {self._rank} called {what} with {arg}=None: it takes a torch.Tensor. A None is "
-                              "most often a .grad backward never reached: the tensor was detached (or never required "
-                              "grad) in the graph backward ran through, or .grad was read before backward ran.")
+                              "most often a .grad backward never reached: the tensor was detached, or never made to "
+                              "require grad (a tensor received from another rank needs .requires_grad_() before the "
+                              "forward uses it), or .grad was read before backward ran.")
         if not isinstance(t, torch.Tensor):
             raise InvalidCall(f"rank {self._rank} called {what} with {arg}={type(t).__name__}: "
                               "it takes a torch.Tensor.")
