@@ -40,6 +40,9 @@ _MEANINGS = (
      "a value is None where a tensor belongs: a .grad read before backward made it (a tensor hook runs before the "
      "gradient is accumulated into .grad: register_post_accumulate_grad_hook runs after), a .grad another step "
      "already freed, or a function that returned nothing"),
+    ("returned an incorrect number of gradients",
+     "an autograd.Function's backward returns one gradient per input of its forward, in the forward's order (None "
+     "for an input that needs none: split sizes, a group, a flag), where this one returned fewer or more"),
     ("out of bounds",
      "an index outside the tensor it indexes: on a rank that holds a shard, an index meant for the whole tensor "
      "must be shifted by the shard's offset (and the indices the rank does not own masked out)"),
@@ -137,9 +140,11 @@ def _mismatched(message: str, fn: Callable, case, rank: Optional[int], names: Se
     held = dict.fromkeys(called for called, t in arguments(mine(case.args, rank if rank is not None else 0), names)
                          if big in t.shape)
     whole = f"the whole {' or '.join(held)}" if held else "a whole tensor"
+    part = ("a rank's 1/N shard: optimizer state or a gradient kept whole where the rank holds 1/N, or a shard "
+            "where the whole belongs" if symbol == "N" else "a micro-batch, a chunk")
     return (f"{said[:-1]}; {big} = {symbol} × {small} ({' = '.join(c.said for c in found)}): {whole} met one "
-            f"{symbol}-th of what it goes with (a micro-batch, or a rank's shard). Cut it the same way (its "
-            f".chunk({symbol})[i]), so that each part meets its own.")
+            f"{symbol}-th of it ({part}). Cut the whole one the same way (its .chunk({symbol})[i]), or keep both "
+            "whole, so that each part meets its own.")
 
 
 def _unaligned(fn: Callable, case, rank: Optional[int]) -> Optional[str]:
@@ -287,6 +292,10 @@ def _transposed(op: str, shapes: list[tuple[int, ...]]) -> Optional[str]:
     if a[-1] != b[-2] and a[-1] == b[-1]:
         return (f"The second matrix, {b}, fits only transposed: a weight is stored as (out_features, in_features), "
                 "so multiply by its transpose (x @ w.T, or F.linear(x, w)).")
+    if a[-1] != b[-2] and a[-2] == b[-2]:
+        return (f"The first matrix, {a}, fits only transposed: its {a[-2]} rows meet the second's {b[-2]} rows, "
+                "so the product wants its transpose (a.transpose(-2, -1) @ b), as a gradient with respect to the "
+                "right-hand side of a product does (for y = x @ w, dw = xᵀ @ dy).")
     return None
 
 

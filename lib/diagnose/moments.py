@@ -108,8 +108,7 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
     if wrong:
         keys = [name(k, outputs).replace("the result", "") or "the result" for k, *_ in wrong]
         total_leaves = sum(1 for _ in _leaf_keys(case.expected[rank]))
-        verb = "differs" if len(keys) == 1 else "differ"
-        text += f" At that step {listing(keys)} {verb} ({len(wrong)} of {total_leaves})."
+        text += f" Wrong at that step: {listing(keys)} ({len(wrong)} of {total_leaves})."
     # The gradients handed to the optimizer first: they carry a scale as it is, where an update through Adam (about
     # lr times a sign at its first step) fits almost any factor once a per-feature offset is allowed.
     said = _handed_factor(reference, handed, step, named) or \
