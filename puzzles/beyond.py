@@ -948,7 +948,8 @@ def _checkpoints_at_most(limit: int, every: int) -> Contract:
             made = s.calls.get("all_gather", 0)
             if made > limit:
                 return (f"rank {s.rank} all-gathered {made} times, where a checkpoint every {every} steps takes "
-                        f"{limit} at the most")
+                        f"{limit} at the most (a checkpoint taken at the top of the loop, before the step's update, "
+                        "saves again what is already saved: the first files, and the checkpoint just reloaded)")
         return None
     return Contract(f"a checkpoint every {every} steps, not more often: each one moves the whole training state",
                     broken, hint="all-gather the shards only when step % every == 0.")
@@ -992,9 +993,13 @@ def _checkpoint_traffic_ceiling(total: int, world: int, dead: int, k: int, due: 
 
 
 def _survive_case(rng: random.Random, world: int) -> Case:
-    total, before = rng.randint(3 * world, 50), rng.randint(1, 3)
-    every, checkpoints = rng.randint(2, 3), rng.randint(2, 4)
-    steps = every * checkpoints + rng.randint(0, every - 1)
+    # The first files are a checkpoint, as a resumed run's are: their step is a multiple of `every`, and the run ends
+    # between two checkpoints. An answer that checkpoints at the top of the loop, before the step's update, then
+    # saves the first files again (and the checkpoint just reloaded after the failure): more all-gathers than due.
+    # Where the run began off a multiple and ended on one, its count and bytes equalled the due ones.
+    total, every, checkpoints = rng.randint(3 * world, 50), rng.randint(2, 3), rng.randint(2, 4)
+    before = every * rng.randint(1, 2)
+    steps = every * checkpoints + rng.randint(1, every - 1)
     state, gen = _adam_state(rng, total, before)
     files = _files(state, world, before)
     start = {key: t.clone() for key, t in state.items()}
