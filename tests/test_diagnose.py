@@ -568,3 +568,21 @@ def test_a_case_with_messages_that_are_not_a_function_is_refused():
     from lib.check import SpecError
     with pytest.raises(SpecError, match="messages="):
         Case(1, (), [None], "one", messages="activation")
+
+
+def test_an_error_from_the_second_step_on_says_what_carries_between_steps(capsys):
+    """A training run that raises at step 2 only: what one step leaves for the next is named, with the step."""
+    def frees_the_gradient_it_zeroes_next_step(dist, w, xs, ys):
+        w = w.clone().requires_grad_()
+        for t in range(len(xs)):
+            if t > 0:
+                w.grad.zero_()                   # the gradient was freed at the end of the step before
+            ((xs[t] @ w - ys[t]) ** 2).mean().backward()
+            dist.all_reduce(w.grad)
+            with torch.no_grad():
+                w -= LR * w.grad / dist.get_world_size()
+            w.grad = None
+        return w.detach()
+    p = Puzzle("diag", "00_test", _train_case, world_sizes=(3, 4), hints=["one"], rtol=1e-13, atol=1e-13)
+    out = _failure(p, frees_the_gradient_it_zeroes_next_step, capsys)
+    assert "the error comes at step 2: what one step leaves for the next is at fault" in out, out

@@ -16,6 +16,7 @@ import torch
 
 from lib.diagnose import factors
 from lib.diagnose.leaves import arguments, given, mine
+from lib.diagnose.moments import first_raising_step
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
 from lib.places import COURSE, ENGINE, LIBRARIES
@@ -51,7 +52,22 @@ _MEANINGS = (
 
 def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ()) -> Optional[str]:
     """A sentence for the error a rank raised inside torch, or None when there is nothing to add. `names` are the
-    learner's own names for the arguments after dist."""
+    learner's own names for the arguments after dist. In a training run that raises only from its second step on,
+    what carries from one step to the next is said too."""
+    said = _meaning(fn, case, error, names)
+    if not isinstance(error, RankFailed):
+        return said
+    step = first_raising_step(fn, case)
+    if step is None or step < 2:
+        return said
+    later = (f"Step {step - 1 if step > 2 else 1}{' and the ones before it' if step > 2 else ''} ran without it; the "
+             f"error comes at step {step}: what one step leaves for the next is at fault (a hook registered again "
+             "every step, something freed at the end of a step and used in the next, an optimizer or a buffer made "
+             "anew each step, state not reset).")
+    return f"{said} {later}" if said else f"What it means: {later}"
+
+
+def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> Optional[str]:
     message = str(getattr(error, "exception", None) or error)
     for words, meaning in _MEANINGS:
         if words in message:
@@ -61,7 +77,7 @@ def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ())
         or _not_multiplied(message, case, getattr(error, "rank", None), names)
     if viewed:
         return f"What it means: {viewed}"
-    waited = _waited(error, case)
+    waited = _off_axis(error, case) or _waited(error, case)
     if waited:
         return f"What it means: {waited}"
     if _in_the_checks_own_code(error):
@@ -205,6 +221,32 @@ def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str
                         f"{tuple(t.shape)}, cut along dim {d_in} into {symbol} parts. A shard that takes 1/{symbol} "
                         "of x's features needs x cut the same way; to keep x whole, cut the weight along its output "
                         "features instead, as column-parallel does.")
+    return None
+
+
+def _off_axis(error: BaseException, case) -> Optional[str]:
+    """A deadlocked receive on a device mesh from a peer that is not along an axis the case's point-to-point
+    messages travel on (rank + 1 is the next rank of the innermost axis, a TP peer, not the next pipeline stage)."""
+    from lib.sim.mesh import coordinates
+
+    axes, waits = getattr(case, "axes", None), getattr(error, "waits", ())
+    carriers = sorted({b.axis for b in getattr(case, "axis_budgets", ()) if {"send", "recv"} & set(b.ops)})
+    if axes is None or not waits or not carriers:
+        return None
+    for rank, peer, *_ in sorted(waits, key=lambda w: abs(w[1] - w[0]) != 1):     # rank ± 1 first: the usual slip
+        mine, theirs = coordinates(rank, axes.shape), coordinates(peer, axes.shape)
+        differ = [name for name, a, b in zip(axes.names, mine, theirs) if a != b]
+        if len(differ) == 1 and differ[0] in carriers:
+            continue
+        where = f"its {differ[0].upper()} peer" if len(differ) == 1 else "in none of its mesh groups"
+        groups = " or ".join(f"its {a.upper()} group {list(axes.group(rank, a))}" for a in carriers)
+        said = (f"rank {rank} waits for a message from rank {peer}, {where}: the wrong peer. Point-to-point "
+                f"messages travel within {groups} here (rank {rank}'s coordinates: "
+                f"{', '.join(f'{n}={c}' for n, c in zip(axes.names, mine))}).")
+        if abs(peer - rank) == 1:
+            said += (f" Rank ± 1 is the next rank along the innermost axis ({axes.names[-1].upper()}), not the next "
+                     "stage: take the neighbours from the group's ranks (dist.get_process_group_ranks).")
+        return said
     return None
 
 

@@ -74,6 +74,20 @@ def _run(fn: Callable, case) -> Optional[list]:
         return None
 
 
+def first_raising_step(fn: Callable, case) -> Optional[int]:
+    """The number of steps from which a training run that raised raises: 1 where its first step does, None where it
+    raises on no shorter run either way (a case without steps, or a run that raises only as the check ran it)."""
+    if not case.steps or case.rebuild is None or case.steps < 2:
+        return None
+    for step in range(1, case.steps):
+        try:
+            run(fn, case.world_size, *(at := case.rebuild(steps=step)).args, timeout=10.0, protect=at.expected,
+                faults=at.faults)
+        except Exception:
+            return step
+    return case.steps
+
+
 def explain(fn: Callable, case, named: dict[str, float], rtol: float, atol: float,
             outputs: Optional[dict] = None) -> Optional[str]:
     """The moment a run leaves the reference, and what its update or its optimizer's input was there."""

@@ -378,7 +378,7 @@ MISTAKES = [
     Attempt("train_3d", train_3d_loss_not_over_m, "m, the number of micro-batches"),
     Attempt("train_3d", train_3d_summing_over_dp, "dp, the data-parallel degree"),
     Attempt("train_3d", train_3d_gradients_never_cleared, "at step 2"),
-    Attempt("train_3d", train_3d_next_stage_is_rank_plus_one, ("wrong peer", "not in its PP group"), named_yet=False),
+    Attempt("train_3d", train_3d_next_stage_is_rank_plus_one, ("wrong peer", "not in its PP group")),
     Attempt("train_3d", train_3d_received_activations_without_grad, "requires_grad"),
     Attempt("plan_memory", memory_without_the_embedding, "the embedding's parameters left out"),
     Attempt("plan_memory", memory_states_not_over_tp, ("tp (the tensor-parallel degree) left out",

@@ -421,7 +421,7 @@ MISTAKES = [
     Attempt("zero2_train", zero2_counting_steps_from_zero, named="division by zero"),
     Attempt("zero2_train", zero2_accumulating_shards, named="at step 2"),
     Attempt("zero2_train", zero2_gathers_before_the_update, named=FIRST_STEP),
-    Attempt("zero2_train", zero2_hooks_registered_every_step, named="at step 2", named_yet=False),
+    Attempt("zero2_train", zero2_hooks_registered_every_step, named="at step 2"),
     Attempt("zero3_train", zero3_no_gather_for_backward, named=("Gather it first", "before it was gathered")),
     Attempt("zero3_train", zero3_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero3_train", zero3_returns_its_shards, named=A_SHARD_FOR_THE_WHOLE),
