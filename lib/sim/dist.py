@@ -437,8 +437,13 @@ class RankComm:
             return [rows // n] * n
         sizes = [int(s) for s in sizes]
         if len(sizes) != n or sum(sizes) != rows or min(sizes) < 0:
-            raise InvalidCall(f"rank {self._rank} called all_to_all_single with {which}_split_sizes={sizes}: it needs "
-                              f"{n} non-negative sizes adding up to the {which}'s {rows} rows.")
+            said = (f"rank {self._rank} called all_to_all_single with {which}_split_sizes={sizes}: it needs {n} "
+                    f"non-negative sizes adding up to the {which}'s {rows} rows.")
+            if len(sizes) == n and min(sizes) >= 0:
+                said += (f" They add up to {sum(sizes)}: the splits and the {which} belong to different exchanges "
+                         f"(a buffer sized for the other direction's, or the other direction's splits reused: on the "
+                         f"way back the input and output splits swap). Pass this direction's splits, and size the {which} from them.")
+            raise InvalidCall(said)
         return sizes
 
     # ---- point to point -----------------------------------------------------------
