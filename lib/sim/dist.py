@@ -442,7 +442,8 @@ class RankComm:
             if len(sizes) == n and min(sizes) >= 0:
                 said += (f" They add up to {sum(sizes)}: the splits and the {which} belong to different exchanges "
                          f"(a buffer sized for the other direction's, or the other direction's splits reused: on the "
-                         f"way back the input and output splits swap). Pass this direction's splits, and size the {which} from them.")
+                         f"way back the input and output splits swap). Pass this direction's splits, and size the "
+                         f"{which} from them.")
             raise InvalidCall(said)
         return sizes
 
