@@ -77,9 +77,10 @@ def on_rank(rank: int, world: int, key: str, outputs: Optional[Mapping[str, str]
     said = name(key, outputs)
     if world == 1:
         return said
-    if said.startswith("the result"):
-        return f"rank {rank}'s {said[len('the '):]}"
-    return f"rank {rank}'s {said[len('the '):] if said.startswith('the ') else said}"
+    for article in ("the ", "your "):            # "rank 0's your experts" reads "rank 0's experts"
+        if said.startswith(article):
+            return f"rank {rank}'s {said[len(article):]}"
+    return f"rank {rank}'s {said}"
 
 
 def mine(args: tuple, rank: int) -> tuple:

@@ -144,7 +144,9 @@ def _update_factor(step: int, case, results: list, rank: int, before: Optional[l
     for key, e, g in differing(case.expected[rank], results[rank], 0, atol):
         s = start.get(plain(key))
         if s is None:                 # a result not named as its argument: the one argument of its shape
-            alike = [t for t in start.values() if t.shape == e.shape]
+            pool = start.values() if before is not None else \
+                [t for a in mine(case.args, rank) for _, t in _leaves(a)]      # every argument, unnamed ones too
+            alike = [t for t in pool if t.shape == e.shape]
             s = alike[0] if len(alike) == 1 else None
         if s is None or s.shape != e.shape:
             continue
@@ -155,6 +157,11 @@ def _update_factor(step: int, case, results: list, rank: int, before: Optional[l
         if found:
             return f"At step {step}, {found[0].lower()}{found[1:]}"
     return None
+
+
+def _leaves(value: Any):
+    from lib.diagnose.leaves import leaves
+    return leaves(value)
 
 
 def _by_plain(value: Any):

@@ -360,7 +360,7 @@ MISTAKES = [
             ("sized by the forward", "the backward's", "a buffer sized for the other direction's")),
     Attempt("moe_layer_backward", backward_returning_one_gradient, ("one gradient per input", "None for")),
     Attempt("moe_train", train_summing_without_dividing, "N, the world size"),
-    Attempt("moe_train", train_experts_divided_by_the_ep_size, "dp, the data-parallel replicas", named_yet=False),
+    Attempt("moe_train", train_experts_divided_by_the_ep_size, "dp, the data-parallel replicas"),
     Attempt("moe_train", train_on_the_first_batch_every_step, "at step 2"),
     Attempt("moe_train", train_stepping_leaves_in_place, "in-place operation"),
     Attempt("moe_train", train_router_reduced_within_its_ep_group, ("EP group only", "DP replicas")),
