@@ -530,7 +530,23 @@ def _none_sent(dist, x):
     return x
 
 
+def _reads_a_key_never_stored(dist, x):
+    stash = {}
+    for j in range(2):
+        stash[j + 1] = x * j                    # stored one off
+    return stash[0]
+
+
+def _joins_a_part_never_set(dist, x):
+    parts = [None] * 2
+    for j in range(1, 2):                       # the first part's loop ran no time
+        parts[j] = x
+    return torch.cat(parts)
+
+
 @pytest.mark.parametrize("fn,words", [
+    (_reads_a_key_never_stored, "a dict was read at the key 0, which nothing had stored yet"),
+    (_joins_a_part_never_set, "a None stands where a tensor belongs"),
     (_sum_of_rows, "Add the missing dimension (t.unsqueeze(-1)"),
     (_whole_against_a_piece, "= k × "),
     (_none_sent, "a .grad backward never reached"),

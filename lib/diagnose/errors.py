@@ -44,6 +44,13 @@ _MEANINGS = (
     ("returned an incorrect number of gradients",
      "an autograd.Function's backward returns one gradient per input of its forward, in the forward's order (None "
      "for an input that needs none: split sizes, a group, a flag), where this one returned fewer or more"),
+    ("but got NoneType",
+     "a None stands where a tensor belongs in what torch was handed: a value never set, as when the loop meant to "
+     "set it ran no time (an empty range: range(0, i) is empty at i = 0), or a function that returned nothing"),
+    ("'NoneType' object is not subscriptable",
+     "a None was indexed where a tensor or a tuple belongs: a value never set, as when the loop meant to set it ran "
+     "no time (an empty range, or a condition that skips every pass for one part), or a function that returned "
+     "nothing"),
     ("out of bounds",
      "an index outside the tensor it indexes: on a rank that holds a shard, an index meant for the whole tensor "
      "must be shifted by the shard's offset (and the indices the rank does not own masked out)"),
@@ -68,7 +75,12 @@ def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ())
 
 
 def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> Optional[str]:
-    message = str(getattr(error, "exception", None) or error)
+    raised = getattr(error, "exception", None)
+    message = str(raised or error)
+    if isinstance(raised, KeyError) and not _in_the_checks_own_code(error):
+        return (f"What it means: a dict was read at the key {message}, which nothing had stored yet: the step that "
+                "stores it runs later, or not on this rank (in a schedule, a backward run before its forward stored "
+                "what it needs; in a loop, a key one off).")
     for words, meaning in _MEANINGS:
         if words in message:
             return f"What it means: {meaning}."
