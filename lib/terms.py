@@ -74,6 +74,9 @@ class Q(Expr):
     symbol: str
     number: Number
     meaning: str = ""
+    # Other values a learner may take it for, each with its words: ((2, "2 B a value, bfloat16's"),) for a float32's
+    # 4 B, so that a prediction made with the other is named as that.
+    alternatives: tuple = ()
 
     def eval(self, change: dict) -> float:
         return self._at(change, float(self.number))
@@ -192,6 +195,8 @@ def mutations(expr: Expr) -> list[Mutation]:
         said = nodes[0].said
         every = lambda f, nodes=nodes: {id(n): f for n in nodes}       # noqa: E731
         out.append(Mutation(f"{said} left out (taken as 1)", every(lambda v: 1.0)))
+        for value, words in nodes[0].alternatives:
+            out.append(Mutation(f"{words} where {said} belongs", every(lambda v, w=float(value): w)))
         for other, theirs in quantities.items():
             if other != symbol and theirs[0].number != nodes[0].number:
                 out.append(Mutation(f"{theirs[0].said} where {symbol} belongs",

@@ -1087,7 +1087,8 @@ def _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share
                                                              "another") * Q("α", latency, "the link's latency")) \
         + term("the bytes (2(N-1)/N × 4 B × P / bandwidth)",
                Q("2(N-1)/N", 2 * (world - 1) / world, "the share of the bytes a ring all-reduce sends")
-               * Q("4 B", 4, "a float32 value's bytes") * p / Q("B", bandwidth, "the bandwidth"))
+               * Q("4 B", 4, "a float32 value's bytes", alternatives=((2, "2 B a value (bfloat16's)"),))
+               * p / Q("B", bandwidth, "the bandwidth"))
     compute = (term("the forward (2 × P × tokens)", 2 * p * t) + term("the backward (4 × P × tokens)", 4 * p * t)) \
         / Q("F", flops, "the FLOP/s achieved")
     found = formula(maximum(1, ceil(comm / (Q("share", share, "communication's share of compute") * compute))),

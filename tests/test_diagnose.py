@@ -503,6 +503,14 @@ def test_a_prediction_rounded_down_is_named():
                                  "where it must round up (floor for ceil).")
 
 
+def test_a_prediction_made_with_a_quantitys_other_value_is_named():
+    from lib.terms import Q, explain, formula
+    size = formula(Q("P", 1000, "the parameters") * Q("4 B", 4, "a float32's bytes", alternatives=((2, "bf16's 2 B"),)),
+                   "B")
+    assert "with bf16's 2 B where 4 B (a float32's bytes) belongs" in explain(size, 2000)
+    assert explain(size, 3500) is None
+
+
 def test_a_result_the_harness_cannot_unpack_is_said_as_the_answers_not_the_checks():
     """A harness puzzle unpacks what the learner returned in its own code: the error is read as the answer's shape."""
     import puzzles.beyond as B

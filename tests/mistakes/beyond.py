@@ -323,6 +323,5 @@ MISTAKES = [
     Attempt("inner_steps_for", inner_steps_forward_flops_only, "the backward (4 × P × tokens) left out"),
     Attempt("inner_steps_for", inner_steps_sending_the_bytes_once, "2(N-1)/N (the share of the bytes"),
     Attempt("inner_steps_for", inner_steps_rounded_down, ("rounded down", "ceil")),
-    Attempt("inner_steps_for", inner_steps_for_a_bf16_pseudo_gradient, ("2 B a value", "half the bytes"),
-            named_yet=False),
+    Attempt("inner_steps_for", inner_steps_for_a_bf16_pseudo_gradient, ("2 B a value", "half the bytes")),
 ]
