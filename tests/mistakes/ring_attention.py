@@ -438,7 +438,7 @@ MISTAKES = [
     Attempt("zigzag_attention", zigzag_skipping_key_chunks_not_before_the_query, ("diagonal", "own keys"),
             named_yet=False),
     Attempt("zigzag_attention", zigzag_causal_on_every_pair, ("masked", "mask")),
-    Attempt("zigzag_attention", zigzag_blocks_from_the_right, ("(r - t) % N", "came from"), named_yet=False),
+    Attempt("zigzag_attention", zigzag_blocks_from_the_right, ("(r - t) % N", "came from")),
     Attempt("zigzag_attention", zigzag_returning_the_late_chunk_first, ("holds what", "swapped", "reversed")),
     Attempt("ring_attention_backward", backward_without_the_scale_in_ds, "√d, the attention scale", named_yet=False),
     Attempt("ring_attention_backward", backward_row_term_from_do_alone, ("the row term", "O left out"),
