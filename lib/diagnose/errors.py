@@ -44,6 +44,10 @@ _MEANINGS = (
     ("returned an incorrect number of gradients",
      "an autograd.Function's backward returns one gradient per input of its forward, in the forward's order (None "
      "for an input that needs none: split sizes, a group, a flag), where this one returned fewer or more"),
+    ("does not match the length of the desired ordering of dimensions",
+     "a permute names more or fewer dimensions than the tensor has: it is not laid out as the code reads it (a "
+     "buffer made with torch.empty_like(x) has x's shape, not the layout a collective writes into it: make the "
+     "buffer in the shape you will read it as, or view it so first)"),
     ("but got NoneType",
      "a None stands where a tensor belongs in what torch was handed: a value never set, as when the loop meant to "
      "set it ran no time (an empty range: range(0, i) is empty at i = 0), or a function that returned nothing"),

@@ -452,8 +452,8 @@ MISTAKES = [
     Attempt("ulysses_attention", ulysses_attending_before_the_exchange, ("other chunks' keys", "before the exchange")),
     Attempt("ulysses_attention", ulysses_reading_the_sources_backwards, ("holds what rank", "wrong rank index")),
     Attempt("ulysses_attention", ulysses_with_a_decoders_mask, ("causal mask", "masked")),
-    Attempt("ulysses_attention", ulysses_receiving_into_a_tensor_like_q, ("shaped like q", "(b, h, s/N, d) buffer"),
-            named_yet=False),
+    Attempt("ulysses_attention", ulysses_receiving_into_a_tensor_like_q, ("shaped like q", "(b, h, s/N, d) buffer",
+                                                                          "a buffer made with torch.empty_like(x)")),
 ]
 
 # Wrong answers ulysses_attention passes on some draws, a defect of its cases rather than of these attempts: with
