@@ -437,11 +437,6 @@ MISTAKES = [
     Attempt("zero_offload_train", offload_accumulating_host_gradients, named="at step 2"),
     Attempt("zero_offload_train", offload_step_stuck_at_one, named="at step 2"),
     Attempt("zero_offload_train", offload_reduce_scatters_on_the_host, named="host memory"),
-]
-
-# Wrong answers that pass today (a defect to fix in the checks, not a mistake to name): kept apart so that
-# tests/test_mistakes.py holds only attempts that fail. The simulator lets a collective read a host tensor, which
-# NCCL refuses.
-PASSES_TODAY = [
+    # Passed while the simulator let a collective read a host tensor, which NCCL refuses (issue 32 §4).
     Attempt("zero_offload_train", offload_gathers_from_the_host, named=("host memory", "device memory")),
 ]
