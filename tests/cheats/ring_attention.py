@@ -251,9 +251,9 @@ def ulysses_gathering_kv_with_all_to_all(dist, q, k, v, block):
     return blockwise_attention(q, gathered(k), gathered(v), block)[0]
 
 
-def ulysses_with_whole_score_matrices(dist, q, k, v, block):
-    """Ulysses' all-to-alls, then attention on the rank's heads with the whole s × s score matrix, not blockwise.
-    Passed 3 seeds in 10 when the cases' heads were up to 16 wide and their sequences up to 64 tokens."""
+def _ulysses_around(dist, q, k, v, attend):
+    """Ulysses' two all-to-alls (sequence-split to head-split, and back) around `attend(q, k, v) -> out` on the
+    rank's heads, whole sequence: what the cheats below change is the attention alone."""
     world = dist.get_world_size()
     b, h, c, d = q.shape
 
@@ -262,11 +262,17 @@ def ulysses_with_whole_score_matrices(dist, q, k, v, block):
         got = torch.empty_like(send)
         dist.all_to_all_single(got, send)
         return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
-    o, _ = _attention_in_one_tile(to_heads(q), to_heads(k), to_heads(v))
+    o = attend(to_heads(q), to_heads(k), to_heads(v))
     send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
     got = torch.empty_like(send)
     dist.all_to_all_single(got, send)
     return got.transpose(0, 1).reshape(b, h, c, d)
+
+
+def ulysses_with_whole_score_matrices(dist, q, k, v, block):
+    """Ulysses' all-to-alls, then attention on the rank's heads with the whole s × s score matrix, not blockwise.
+    Passed 3 seeds in 10 when the cases' heads were up to 16 wide and their sequences up to 64 tokens."""
+    return _ulysses_around(dist, q, k, v, lambda q, k, v: _attention_in_one_tile(q, k, v)[0])
 
 
 CHEATS = [(name, fn, REBUILT if reason == ANSWER_KEY else reason) for name, fn, reason in everywhere(P)] + [
@@ -446,21 +452,11 @@ def ulysses_by_sdpa_on_its_math_backend(dist, q, k, v, block):
     softmax before dispatch (and torch's default for float64 on a GPU): no dispatched op is named like a kernel, so
     the ban by op name alone let it pass every seed."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    world = dist.get_world_size()
-    b, h, c, d = q.shape
 
-    def to_heads(x):
-        send = x.reshape(b, world, h // world, c, d).transpose(0, 1).contiguous()
-        got = torch.empty_like(send)
-        dist.all_to_all_single(got, send)
-        return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
-
-    with sdpa_kernel(SDPBackend.MATH):
-        o = F.scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v))
-    send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
-    got = torch.empty_like(send)
-    dist.all_to_all_single(got, send)
-    return got.transpose(0, 1).reshape(b, h, c, d)
+    def attend(q, k, v):
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v)
+    return _ulysses_around(dist, q, k, v, attend)
 
 
 CHEATS += [("ulysses_attention", ulysses_by_sdpa_on_its_math_backend, "called torch's scaled_dot_product_attention")]
