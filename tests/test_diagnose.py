@@ -553,7 +553,7 @@ def _joins_a_part_never_set(dist, x):
 
 
 @pytest.mark.parametrize("fn,words", [
-    (_reads_a_key_never_stored, "a dict was read at the key 0, which nothing had stored yet"),
+    (_reads_a_key_never_stored, "a dict was read at the key 0, which it does not hold: a key misspelt or one off"),
     (_joins_a_part_never_set, "a None stands where a tensor belongs"),
     (_sum_of_rows, "Add the missing dimension (t.unsqueeze(-1)"),
     (_whole_against_a_piece, "= k × "),

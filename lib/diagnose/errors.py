@@ -82,9 +82,9 @@ def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> 
     raised = getattr(error, "exception", None)
     message = str(raised or error)
     if isinstance(raised, KeyError) and not _in_the_checks_own_code(error):
-        return (f"What it means: a dict was read at the key {message}, which nothing had stored yet: the step that "
-                "stores it runs later, or not on this rank (in a schedule, a backward run before its forward stored "
-                "what it needs; in a loop, a key one off).")
+        return (f"What it means: a dict was read at the key {message}, which it does not hold: a key misspelt or one "
+                "off, or one the step that stores it has not run yet on this rank (in a schedule, a backward run "
+                "before its forward stored what it needs).")
     for words, meaning in _MEANINGS:
         if words in message:
             return f"What it means: {meaning}."
@@ -206,7 +206,7 @@ def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str
     found = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", message)
     if not found:
         return None
-    rows, features, takes, out = (int(g) for g in found.groups())
+    _, features, takes, out = (int(g) for g in found.groups())
     said = f"x has {features} features where the weight takes {takes}"
     small, big = sorted((features, takes))
     named = {"N, the world size": float(case.world_size), **case.factors}
