@@ -34,6 +34,7 @@ import torch
 from lib.errors import PuzzleError
 from lib.places import COURSE, LIBRARIES
 from lib.sim import audit
+from lib.sim.audit import caller_file
 from lib.sim.boundary import EngineHandle, fail_run
 from lib.sim.context import current_rank
 from lib.sim.errors import OutOfView
@@ -44,7 +45,6 @@ from lib.sim.ownership import learner_line
 MODULE_INIT = torch.nn.Module.__init__
 FORMULAS = "lib.formulas"                 # the course's formulas: each answers some prediction
 _SETPROFILE, _GETPROFILE = sys.setprofile, sys.getprofile       # the originals, before a watch refuses them
-_getframe = sys._getframe
 
 
 class OffLimits(PuzzleError):
@@ -204,11 +204,8 @@ _ORIGINAL, _LABEL = _AnswerKey._original, _AnswerKey._label     # the slots' des
 def _called_by_the_rank() -> bool:
     """Whether the code that called the answer key (Python's library and torch passed through) is not the course's
     own (the engine's, the problem set's)."""
-    frame = _getframe(3)                  # the trampoline's caller
-    while frame is not None and frame.f_code.co_filename.startswith(LIBRARIES) \
-            and not frame.f_code.co_filename.startswith(COURSE):
-        frame = frame.f_back
-    return frame is not None and not frame.f_code.co_filename.startswith(COURSE)
+    file = caller_file(3, through=LIBRARIES, unless=COURSE)       # from the trampoline's caller down
+    return file is not None and not file.startswith(COURSE)
 
 
 def refuse_copies(code: CodeType) -> None:

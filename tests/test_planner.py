@@ -578,3 +578,25 @@ def test_best_plan_by_hfu_can_pick_a_slower_plan_that_recomputes():
 def test_best_plan_says_when_nothing_fits():
     with pytest.raises(PlanError, match="no plan of this space fits in the 80 GB of an A100 80GB"):
         best_plan(GPT_1T, Cluster(gpu=A100_80GB, gpus=8), 64)
+
+
+def test_the_pipelined_plan_cases_draw_exactly_the_models_where_a_pipeline_is_fastest():
+    """choose_plan's pipelined case draws from a list rather than searching until a draw suits: the list must be
+    every draw of its space where leaving pipelines out gives a slower plan, and nothing else."""
+    import itertools
+
+    from lib.planner.search import fitting_plans
+    from puzzles.three_d import PIPELINED_DRAWS, leaving_out_costs
+
+    suiting = set()
+    for heads, layers, seq, vocab, gpus, batch in itertools.product([80, 96], [48, 64], [2048, 4096], [32000, 50304],
+                                                                    [16, 32], [16, 32]):
+        model = Model(layers=layers, hidden=heads * 128, heads=heads, seq=seq, vocab=vocab)
+        try:
+            fitting = fitting_plans(model, Cluster(gpu=H100_80GB, gpus=gpus, gpus_per_node=8), batch,
+                                    virtual_stages=[1])
+        except PlanError:
+            continue
+        if leaving_out_costs(fitting, "pp"):
+            suiting.add((heads, layers, seq, vocab, gpus, batch))
+    assert suiting == set(PIPELINED_DRAWS)

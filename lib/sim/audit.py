@@ -128,6 +128,29 @@ def _checked(check: Callable, *args) -> None:
 _DEPTH = 3              # from a check: _checked, _hook, then the frame whose code raised the event
 
 
+def caller_file(depth: int, through: tuple[str, ...] = (), unless: tuple[str, ...] = ()) -> Optional[str]:
+    """The file of the code `depth` frames above the caller (None past the stack's bottom); with `through`, of the
+    first frame from there whose file is not under `through`, or is under `unless`. For the engine's own guards,
+    which ask on every dist call whose code called them: the frames are read without the hook looking at them (the
+    hook's look at a frame event costs several times the read), and only a file name, which hands a rank's code
+    nothing, comes back."""
+    me = _get_ident()
+    mine = me not in _busy
+    if mine:
+        _busy.add(me)
+    try:
+        frame = _getframe(depth + 1)
+        while frame is not None:
+            file = frame.f_code.co_filename
+            if not file.startswith(through) or file.startswith(unless):
+                return file
+            frame = frame.f_back
+        return None
+    finally:
+        if mine:
+            _busy.discard(me)
+
+
 def _rule(what: str, may: tuple, why: str, verb: str) -> None:
     if why is _TRACING and _ending():
         return

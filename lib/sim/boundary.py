@@ -51,6 +51,7 @@ import torch
 import torch.autograd.graph
 import torch.utils._python_dispatch as python_dispatch
 
+from lib.sim.audit import caller_file
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
 from lib.places import ENGINE
@@ -112,24 +113,10 @@ def tracking_switched_off(tracker) -> str:
     return ""
 
 
-_getframe = sys._getframe
-
-
-_ENGINE_CODE: dict = {}           # code object -> whether it is the engine's or torch's: asked at every dist call
-
-
-def _engine_code(code) -> bool:
-    known = _ENGINE_CODE.get(code)
-    if known is None:
-        if len(_ENGINE_CODE) > 100_000:              # notebook cells run again make new code objects
-            _ENGINE_CODE.clear()
-        known = _ENGINE_CODE[code] = code.co_filename.startswith(ENGINE)
-    return known
-
-
 def _from_learner(depth: int = 2) -> bool:
     """Whether the function `depth` frames up was called by the learner's code, not torch's or the engine's."""
-    return not _engine_code(_getframe(depth).f_code)
+    file = caller_file(depth)
+    return file is not None and not file.startswith(ENGINE)
 
 
 def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
@@ -175,8 +162,8 @@ class EngineHandle(metaclass=_HandleClass):
     __slots__ = ()
 
     def __getattribute__(self, name: str):
-        if name.startswith("_") and (not name.startswith("__") or name in _UNPACKERS) and _from_learner() \
-                and current_rank() is not None:
+        if name.startswith("_") and (not name.startswith("__") or name in _UNPACKERS) and current_rank() is not None \
+                and _from_learner():
             refuse_reach(self, name)
         return object.__getattribute__(self, name)
 
