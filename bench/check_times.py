@@ -192,7 +192,8 @@ TABLE_TITLE = "Check cells with the reference solutions, each puzzle in a fresh 
 def update(stem: Path, rows: Sequence[CheckTime]) -> None:
     """Put these check times in a benchmark's results (<stem>.json and <stem>.md), keeping the other parts and the
     earlier times of the puzzles not timed again, in the course's order."""
-    data = json.loads(stem.with_suffix(".json").read_text())
+    known = stem.with_suffix(".json")
+    data = json.loads(known.read_text()) if known.exists() else {}       # a machine timed for the first time
     fields = {f.name for f in dataclasses.fields(CheckTime)}
     renamed = {"first_s": "first", "warm_s": "warm", "first_cpu_s": "first_cpu", "warm_cpu_s": "warm_cpu",
                "warm_cpu_max_s": "warm_cpu_max"}
@@ -203,9 +204,9 @@ def update(stem: Path, rows: Sequence[CheckTime]) -> None:
     rows = sorted(by_name.values(), key=lambda c: order.index(c.puzzle) if c.puzzle in order else len(order))
     data["check_times"] = [c.as_dict() for c in rows]
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    md = stem.with_suffix(".md").read_text()
-    kept = md.split(TABLE_TITLE)[0].rstrip()            # the check times are the report's last part
-    stem.with_suffix(".md").write_text(f"{kept}\n\n{table(rows)}\n")
+    report = stem.with_suffix(".md")
+    kept = report.read_text().split(TABLE_TITLE)[0].rstrip() if report.exists() else ""   # the report's last part
+    report.write_text(f"{kept}\n\n{table(rows)}\n".lstrip())
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -70,6 +70,17 @@ def test_check_times_update_only_their_part_of_a_results_file(tmp_path):
     assert "the same check 4 times more" in md
 
 
+def test_check_times_into_a_machine_not_timed_before_start_its_results(tmp_path):
+    stem = tmp_path / "new-machine"
+    timed = [check_times.CheckTime("02_data_parallel", "ring_all_reduce", 1.5, 0.5, 1.25, 0.25, warm_cpu_max=0.4,
+                                   repeats=4)]
+    check_times.update(stem, timed)
+    assert json.loads(stem.with_suffix(".json").read_text()) == {"check_times": [timed[0].as_dict()]}
+    assert stem.with_suffix(".md").read_text().startswith(check_times.TABLE_TITLE)
+    assert "| 02_data_parallel | `ring_all_reduce` | 1.50 s | 1.25 s | 0.50 s | 0.25 s | 0.40 s |" in \
+        stem.with_suffix(".md").read_text()
+
+
 def test_timing_some_checks_again_keeps_the_others_rows_in_the_course_order(tmp_path):
     stem = tmp_path / "machine"
     first = [check_times.CheckTime("02_data_parallel", name, 1.0, 1.0, 1.0, 1.0, warm_cpu_max=1.0, repeats=6)
