@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from lib.offlimits import tool
+from lib.offlimits import no_answer, tool
 from lib.sim.cost import bus_factor
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -17,11 +17,13 @@ RECOMPUTE = ("none", "selective", "full")
 BUS_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 
 
+@no_answer
 def _at_least(name: str, value: float, low: float) -> None:
     if not value >= low:  # also rejects NaN
         raise ValueError(f"{name} must be at least {low}, got {value!r}")
 
 
+@no_answer
 def _whole(name: str, value: int, low: int) -> None:
     try:
         whole = value == int(value)

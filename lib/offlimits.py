@@ -53,7 +53,14 @@ class OffLimits(PuzzleError):
 
 def tool(fn: Callable) -> Callable:
     """Mark `fn` as handed to the learner (a notebook imports it for them by name): never an answer key."""
-    fn._handed_to_learners = True
+    fn._never_an_answer_key = True
+    return fn
+
+
+def no_answer(fn: Callable) -> Callable:
+    """Mark `fn` as computing no answer (a check of an argument's range): never guarded, so the course's own calls,
+    which the answer keys make by the hundred thousand in a plan search, pay no guard for it."""
+    fn._never_an_answer_key = True
     return fn
 
 
@@ -162,7 +169,7 @@ def guard_answer_keys(builder: Callable) -> None:
     keys = _reached([inspect.unwrap(builder)], _package_dir(builder.__module__) + (formulas.__file__,))
     keys |= set(_module_functions(formulas))
     for fn in keys - {inspect.unwrap(builder)}:
-        if not getattr(fn, "_handed_to_learners", False):
+        if not getattr(fn, "_never_an_answer_key", False):
             _guard(fn)
 
 

@@ -287,9 +287,11 @@ MLP_KEYS = ("fc1_w", "fc1_b", "fc2_w", "fc2_b")
 MLP_SPLIT = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}     # Megatron's MLP: fc1 by rows, fc2 by columns; fc2_b whole
 
 
-def mlp_forward(weights: dict, x: torch.Tensor) -> torch.Tensor:
-    """The single-device MLP: fc2(gelu(fc1(x)))."""
-    return F.linear(F.gelu(F.linear(x, weights["fc1_w"], weights["fc1_b"])), weights["fc2_w"], weights["fc2_b"])
+def mlp_forward(weights: dict, x: torch.Tensor, bias_times: int = 1) -> torch.Tensor:
+    """The single-device MLP: fc2(gelu(fc1(x))). bias_times: fc2's bias counted that many times in the output, its
+    gradient once (what adding it on every TP rank before g's all-reduce computes)."""
+    out = F.linear(F.gelu(F.linear(x, weights["fc1_w"], weights["fc1_b"])), weights["fc2_w"], weights["fc2_b"])
+    return out if bias_times == 1 else out + (bias_times - 1) * weights["fc2_b"].detach()
 
 
 def mlp_shard(weights: dict, tp: int, t: int) -> dict:
@@ -297,11 +299,12 @@ def mlp_shard(weights: dict, tp: int, t: int) -> dict:
     return {k: (v.chunk(tp, MLP_SPLIT[k])[t] if k in MLP_SPLIT else v).clone() for k, v in weights.items()}
 
 
-def train_mlp(weights: dict, batch: torch.Tensor, targets: torch.Tensor, steps: int, lr: float) -> dict:
+def train_mlp(weights: dict, batch: torch.Tensor, targets: torch.Tensor, steps: int, lr: float,
+              bias_times: int = 1) -> dict:
     """The single-device reference: `steps` SGD steps on the whole batch, loss F.mse_loss."""
     params = {k: v.clone().requires_grad_() for k, v in weights.items()}
     for _ in range(steps):
-        F.mse_loss(mlp_forward(params, batch), targets).backward()
+        F.mse_loss(mlp_forward(params, batch, bias_times), targets).backward()
         with torch.no_grad():
             for p in params.values():
                 p -= lr * p.grad
@@ -345,7 +348,19 @@ def _tp_dp_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Mesh
                     f"(dp, tp) = ({dp}, {tp}), h={h}, {rows} rows, {steps} SGD steps", budgets=work, axes=axes,
                     axis_budgets=budgets, factors=_degrees(dp=dp, tp=tp), steps=steps,
                     explain=functools.partial(drifted, groups=_groups_of(axes), why=TP_DP_DRIFT, rtol=1e-9,
-                                              atol=1e-12))
+                                              atol=1e-12), mistakes=(Mistake(_bias_counted_tp_times, BIAS_BEFORE_G),))
+
+
+BIAS_BEFORE_G = ("fc2's bias added on every TP rank before g's all-reduce gives: the sum counts it tp times. Add it "
+                 "once, to the reduced output, as Megatron-LM's RowParallelLinear.forward adds its bias after "
+                 "reduce_from_tensor_model_parallel_region (megatron/core/tensor_parallel/layers.py at 000c4ac).")
+
+
+def _bias_counted_tp_times(dist, weights, batch, targets, dp, tp, steps, lr) -> dict:
+    """tp_dp_train's result where each TP rank adds fc2's bias before g's sum: the whole MLP trained with the bias
+    counted tp times in its output (its gradient once), this rank's shard of it."""
+    trained = train_mlp(weights, batch, targets, steps, lr, bias_times=tp)
+    return mlp_shard(trained, tp, coordinates(dist.get_rank(), (dp, tp))[1])
 
 
 def _groups_of(axes: MeshAxes) -> dict[str, list[tuple[int, ...]]]:

@@ -20,7 +20,7 @@ import torch
 
 from lib.compare import first_difference
 from lib.diagnose import factors
-from lib.diagnose.leaves import differing, given, listing, mine, name, on_rank, plain
+from lib.diagnose.leaves import close, differing, given, listing, mine, name, on_rank, plain
 from lib.sim import current_rank, run
 
 _RECORDING: Optional[dict] = None       # {rank or None (outside ranks): [[gradients of one optimizer step], ...]}
@@ -123,11 +123,41 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
         keys = [name(k, outputs).replace("the result", "") or "the result" for k, *_ in wrong]
         total_leaves = sum(1 for _ in _leaf_keys(case.expected[rank]))
         text += f" Wrong at that step: {listing(keys)} ({len(wrong)} of {total_leaves})."
-    # The gradients handed to the optimizer first: they carry a scale as it is, where an update through Adam (about
-    # lr times a sign at its first step) fits almost any factor once a per-feature offset is allowed.
-    said = _handed_factor(reference, handed, step, named) or \
+    # Replicas that drift apart first: which parameters, not only by how much. Then the gradients handed to the
+    # optimizer: they carry a scale as it is, where an update through Adam (about lr times a sign at its first step)
+    # fits almost any factor once a per-feature offset is allowed.
+    said = _replicas_apart(case.expected, results, rtol, atol, outputs) or \
+        _handed_factor(reference, handed, step, named) or \
         _update_factor(step, case, results, rank, before, named, atol, outputs)
     return f"{text} {said}" if said else text
+
+
+def _replicas_apart(expected: list, results: list, rtol: float, atol: float, outputs: Optional[dict]) -> Optional[str]:
+    """The results the reference keeps equal on every rank (a replica's parameters) that the learner's ranks hold
+    differently: what was updated from a rank's own gradient, never averaged with the others'."""
+    if len(expected) < 2:
+        return None
+    want = [dict(_leaves(e)) for e in expected]
+    have = [dict(_leaves(r)) for r in results]
+
+    def same(side: list, key: str) -> Optional[bool]:            # None: not on every rank with one shape
+        ts = [s.get(key) for s in side]
+        if any(t is None or t.shape != ts[0].shape for t in ts):
+            return None
+        return all(close(t, ts[0], rtol, atol) for t in ts[1:])
+    replicas = [k for k in want[0] if same(want, k)]
+    apart = [k for k in replicas if same(have, k) is False]
+    params = [k for k in apart if not k.endswith(".grad")] or apart
+    if not params:
+        return None
+    every = len(params) > 1 and len(params) == sum(1 for k in replicas if not k.endswith(".grad"))
+    other = next(r for r in range(1, len(have)) if not close(have[r][params[0]], have[0][params[0]], rtol, atol))
+    what = "every parameter" if every else listing([name(k, outputs) for k in params])
+    their, them = ("their", "them") if len(params) > 1 else ("its", "it")
+    return (f"Your ranks' copies of {what} differ (rank 0's and rank {other}'s), where the reference's are the same "
+            f"on every rank: a replica must end each step equal everywhere. {their.capitalize()} gradient was not "
+            f"averaged across ranks before the update (an all-reduce left out for {them}), or each rank updated only "
+            "its own part and never gathered the others'.")
 
 
 def _leaf_keys(value: Any):

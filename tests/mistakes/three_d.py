@@ -369,7 +369,7 @@ MISTAKES = [
     Attempt("process_groups", groups_with_pipeline_neighbours_adjacent, "holds what the result['tp ranks']"),
     Attempt("process_groups", groups_with_tp_varying_slowest, ("outermost", "order of the axes")),
     Attempt("process_groups", groups_as_rank_lists, "pass a group made by dist.new_group"),
-    Attempt("tp_dp_train", tp_dp_bias_on_every_tp_rank, ("counted tp times", "bias added before"), named_yet=False),
+    Attempt("tp_dp_train", tp_dp_bias_on_every_tp_rank, ("counts it tp times", "bias added on every TP rank")),
     Attempt("tp_dp_train", tp_dp_without_g, ("never all-reduced", "partial sum")),
     Attempt("tp_dp_train", tp_dp_gradients_never_cleared, "at step 2"),
     Attempt("tp_dp_train", tp_dp_averaging_over_tp, ("TP group", "TP axis")),
