@@ -52,10 +52,13 @@ def two_datacenters(world: int, cost: CostModel = WAN) -> CostModel:
 
 # ---- 1. DiLoCo --------------------------------------------------------------------------------------------
 def diloco_reference(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
-                     sign: float = 1.0, outer_steps_per_round: int = 1, nesterov: bool = True):
+                     sign: float = 1.0, outer_steps_per_round: int = 1, nesterov: bool = True,
+                     zero_grad: bool = True):
     """DiLoCo in one process, worker after worker in rank order: H AdamW steps each (every worker keeps its
     AdamW state), the pseudo-gradient (start - local) averaged, one Nesterov SGD step. (A known mistake passes
-    `sign` = -1, or takes the outer step `outer_steps_per_round` times; another outer optimizer, nesterov=False.)"""
+    `sign` = -1, or takes the outer step `outer_steps_per_round` times; another outer optimizer, nesterov=False;
+    zero_grad=False: the inner gradients never zeroed, each adding onto the ones before and onto the pseudo-gradient
+    the outer step left in p.grad, as in a worker whose two optimizers share one model.)"""
     start = copy.deepcopy(model)
     workers = [copy.deepcopy(model) for _ in shards]
     inner = [torch.optim.AdamW(w.parameters(), lr=inner_lr) for w in workers]
@@ -63,7 +66,8 @@ def diloco_reference(model, shards, inner_steps: int, inner_lr: float, outer_lr:
     for round_ in range(len(shards[0]) // inner_steps):
         for worker, opt, batches in zip(workers, inner, shards):
             for x, y in batches[round_ * inner_steps:(round_ + 1) * inner_steps]:
-                opt.zero_grad()
+                if zero_grad:
+                    opt.zero_grad()
                 F.mse_loss(worker(x), y).backward()
                 opt.step()
         with torch.no_grad():
@@ -75,6 +79,8 @@ def diloco_reference(model, shards, inner_steps: int, inner_lr: float, outer_lr:
             for w in workers:
                 for p, q in zip(start.parameters(), w.parameters()):
                     q.copy_(p)
+                    if not zero_grad:
+                        q.grad = p.grad.clone()
     return start
 
 
@@ -192,11 +198,14 @@ def _diloco_case(rng: random.Random, world: int, steps: Optional[int] = None) ->
                                           DILOCO_ATOL))
 
 
-# The outer optimizers a run may have used instead of Nesterov's SGD, as diloco_reference's settings.
-OTHER_OUTER = {"heavy-ball momentum (torch.optim.SGD without nesterov=True), where DiLoCo's outer optimizer is "
+# DiLoCo runs a wrong answer may equal, as diloco_reference's settings: another outer optimizer than Nesterov's SGD,
+# or inner gradients never zeroed.
+DILOCO_VARIANTS = {"heavy-ball momentum (torch.optim.SGD without nesterov=True), where DiLoCo's outer optimizer is "
                "Nesterov's": {"nesterov": False},
                "plain SGD, no momentum, where DiLoCo's outer optimizer is Nesterov's SGD with momentum": {
-                   "momentum": 0.0}}
+                   "momentum": 0.0},
+               "the inner gradients not zeroed between inner steps, each adding onto the ones before (call "
+               "inner.zero_grad() before each backward)": {"zero_grad": False}}
 REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters: from the round's start "
                     "(p.copy_(start) before it), with the pseudo-gradient averaged over all workers. Something of a "
                     "worker's own inner steps survived it: the outer step taken from the worker's own weights, or "
@@ -206,7 +215,7 @@ REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters:
 def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
                       rtol: float, atol: float) -> Callable[[list, list], Optional[str]]:
     """A DiLoCo case's explain (lib.check.Case): workers whose parameters differ from each other (replicas drifting
-    apart), or a run that equals DiLoCo with another outer optimizer."""
+    apart), or a run that equals one of DILOCO_VARIANTS."""
     from lib.diagnose.leaves import close, leaves
     from puzzles.replicas import drifted
 
@@ -215,7 +224,7 @@ def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr
         if apart:
             return apart
         mine = [dict(leaves(g)) for g in got]
-        for what, how in OTHER_OUTER.items():
+        for what, how in DILOCO_VARIANTS.items():
             other = dict(leaves(diloco_reference(model, shards, inner_steps, inner_lr, outer_lr,
                                                  **{"momentum": momentum, **how})))
             if all(key in m and close(t, m[key], max(rtol, 1e-6), max(atol, 1e-9)) for m in mine

@@ -126,10 +126,27 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
     # Replicas that drift apart first: which parameters, not only by how much. Then the gradients handed to the
     # optimizer: they carry a scale as it is, where an update through Adam (about lr times a sign at its first step)
     # fits almost any factor once a per-feature offset is allowed.
-    said = _replicas_apart(case.expected, results, rtol, atol, outputs) or \
+    said = _case_reading(case, results) if step < total else None      # at `total` the check asked it already
+    said = said or _replicas_apart(case.expected, results, rtol, atol, outputs) or \
         _handed_factor(reference, handed, step, named) or \
         _update_factor(step, case, results, rank, before, named, atol, outputs)
     return f"{text} {said}" if said else text
+
+
+def _case_reading(case, results: list) -> Optional[str]:
+    """The case's own reading (Case.explain) of the run cut at its first wrong step, where what went wrong has not
+    yet been carried into later steps, which a reading of the whole run may not foresee."""
+    if case.explain is None:
+        return None
+    try:
+        found = case.explain(case.expected, results)
+    except Exception:
+        return None
+    if not found:
+        return None
+    found = found.removeprefix("Diagnosis: ")
+    lead = found[0].lower() if found[1:2].islower() else found[0]        # "Every" becomes "every", "DiLoCo" stays
+    return f"At that step, {lead}{found[1:]}"
 
 
 def _replicas_apart(expected: list, results: list, rtol: float, atol: float, outputs: Optional[dict]) -> Optional[str]:

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from tests.mistakes import A_SHARD_FOR_THE_WHOLE, FIRST_STEP, NO_GRADIENT, Attempt
+from tests.mistakes import A_SHARD_FOR_THE_WHOLE, NO_GRADIENT, Attempt
 
 # A result that sums only some ranks' inputs: said by which ranks' inputs it holds, or which it leaves out.
 PART_OF_THE_SUM = ("left out of the sum", "only the sum of", "shares only")
