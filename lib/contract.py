@@ -7,7 +7,7 @@ answer may not call are a ban, not a rule on the run: Puzzle(refuse=...), lib.ke
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 
 from lib.check import Contract
@@ -134,6 +134,35 @@ def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: s
     # model, so a sample lies inside the phase under one model exactly when it does under another (what waiting on a
     # peer adds moves a sample's time, not its side of an op's end). The check may so judge it on the run drawn at a
     # real run's scale (Puzzle.real_scale), and the success's timeline needs no second run.
+    return Contract(rule, broken, hint)
+
+
+def in_flight_at_most(limits: Sequence[Optional[int]], next_stage: Sequence[Optional[int]], rule: str,
+                      hint: str = "") -> Contract:
+    """No pipeline rank r holds more than limits[r] micro-batches in flight: activations sent on to the next stage
+    (the global rank next_stage[r]) whose gradients it has not asked back, counted in the order the rank posted its
+    sends and receives (RankStats.p2p_posts) each time it asks the next stage for a gradient. Its schedule, not its
+    memory: a stage's peak may come from the update, after the stash is freed. A rank that posts its receives
+    early is never over; None skips a rank (the last stage)."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        for s in result.stats:
+            ahead, limit = next_stage[s.rank], limits[s.rank]
+            if ahead is None or limit is None:
+                continue
+            sent = asked = 0
+            for kind, peer in s.p2p_posts:
+                if peer != ahead:
+                    continue
+                if kind == "send":
+                    sent += 1
+                    continue
+                if sent - asked > limit:
+                    return (f"rank {s.rank} asked rank {ahead} for a gradient with {sent - asked} micro-batches in "
+                            f"flight (activations sent on, their gradients not asked back yet), {sent - asked - limit} "
+                            f"more than the schedule keeps on its stage ({limit})")
+                asked += 1
+        return None
     return Contract(rule, broken, hint)
 
 

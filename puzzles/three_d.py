@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.check import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
+from lib.contract import in_flight_at_most
 from lib.device import device
 from lib.devices import device_mesh
 from lib.diagnose import Mistake
@@ -583,11 +584,19 @@ def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Me
                    hint="average the gradients over the DP group once per step, "
                         "after the last micro-batch's backward.")]
     stages = per_rank([start[p][t] for _, p, t in where])
+    pipelines = [axes.group(r, "pp") for r in range(n)]           # each rank's pipeline, stage by stage
+    one_f_one_b = in_flight_at_most(
+        [min(m, pp - p) for _, p, _ in where],
+        [line[line.index(r) + 1] if line.index(r) + 1 < len(line) else None for r, line in enumerate(pipelines)],
+        "1F1B keeps p - r micro-batches in flight on stage r (p - r - 1 warm-up forwards, then one forward and one "
+        "backward in turn: notebook 05)",
+        hint="stage r runs p - r - 1 forwards before its first backward, no more: each one more keeps another "
+             "micro-batch's activations alive.")
     return MeshCase(n, (stages, tokens, targets, dp, pp, tp, m, steps, lr), [trained[p][t] for _, p, t in where],
                     f"(dp, pp, tp) = {shape}, {cfg.layers} layers, h={cfg.hidden}, {cfg.heads} heads, s={cfg.seq}, "
                     f"m={m} micro-batches of {micro}, {steps} SGD steps", budgets=budgets, cost=cost, axes=axes,
                     axis_budgets=axis_budgets, scale=SCALE_NOTE, factors=_degrees(dp=dp, pp=pp, tp=tp, m=m),
-                    steps=steps)
+                    steps=steps, contracts=[one_f_one_b])
 
 
 TIME_SLACK = 0.1

@@ -55,6 +55,9 @@ class RankStats:
     # bytes its ops read of each positional argument of the run (its own copy): views free, an op reading a view
     # reads the view's bytes (lib.sim.reads)
     argument_reads: tuple[int, ...] = ()
+    # ("send" or "recv", peer) for each point-to-point call, in the order the rank posted it (a schedule's order,
+    # which the messages' times do not keep: a send's time is when both ends were ready)
+    p2p_posts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass

@@ -83,6 +83,7 @@ class RankState:
         self.dead = False                # stopped by an injected fault
         self.told_of_failure = False     # a RankDied has been raised to it (lib.faults.failure_known)
         self.comm_calls = 0              # communication calls made so far (faults count them)
+        self.p2p_posts: list[tuple[str, int]] = []      # ("send" or "recv", peer) in the order the rank posted them
         self.stuck = False               # its thread would not stop when interrupted
         self.result: Any = None
         self.abort = False
@@ -506,7 +507,7 @@ class Runtime:
                            peak_memory=s.tracker.peak, clock=s.clock, flops=s.tracker.flops,
                            host_peak_memory=s.tracker.host_peak, host_flops=s.tracker.host_flops,
                            calls=dict(s.calls), memory=list(s.tracker.samples), outside_bytes=s.tracker.outside,
-                           largest_tensor=s.tracker.largest,
+                           largest_tensor=s.tracker.largest, p2p_posts=tuple(s.p2p_posts),
                            argument_reads=tuple(s.tracker.reads.bytes) if s.tracker.reads else ())
                  for s in self.ranks]
         trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))
