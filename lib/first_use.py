@@ -10,15 +10,17 @@ In a notebook kernel (`in_kernel`, from lib.check) none of this delays the noteb
 cell's, which with the shipped stub is "not solved yet" and needs none of it. When the cell that gave the first
 answer has finished, a thread imports torch's modules while the learner reads and writes, then the kernel draws the
 throwaway figure when it is next idle, on its own thread (matplotlib keeps fonts, and lib.viz.glyphs its glyphs, per
-thread): the first check of an answer takes as long as the next one. Every cell waits for the warm-up to finish
-before it runs, and every fork for the imports: nothing the learner runs shares the process with the thread
-(imports and forks do not mix with a second thread). A check that comes before any answer (a notebook run whole
+thread): the first check of an answer takes as long as the next one. Once warm, the kernel's objects so far are
+frozen out of the garbage collector's full collections (gc.freeze). Every cell waits for the warm-up to finish before
+it runs, and every fork for the imports: nothing the learner runs shares the process with the thread (imports and
+forks do not mix with a second thread). A check that comes before any answer (a notebook run whole
 with its answers in) pays the warm-up itself, as the setup cell used to. Outside a kernel (tests, scripts),
 `import_ahead` imports at once.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import threading
@@ -55,6 +57,10 @@ class _WarmUp:
                 draw_ahead()
             except Exception:
                 pass
+            # Every object made so far (torch's, matplotlib's, the notebook's imports: some 400,000) out of the
+            # collector's view for good: a full collection, which a check's garbage sets off every few checks, then
+            # walks what was made since (0.4 s of CPU each time in a kernel that imported torch and matplotlib).
+            gc.freeze()
 
     def start(self) -> None:
         if self.thread is None:

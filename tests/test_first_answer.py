@@ -114,8 +114,10 @@ def _notebook_in_a_shell(path: Path) -> dict:
         before = sorted(m for m in deferred + never if m in seen[-1])
         shell.run_cell("pass")
         after = sorted(m for m in deferred + never if m in sys.modules)
+        import gc
         print(json.dumps({{"answer": out.getvalue(), "before": before, "after": after,
-                          "uses": first_use._warm_up.uses, "drawn": first_use._warm_up.drawn}}))
+                          "uses": first_use._warm_up.uses, "drawn": first_use._warm_up.drawn,
+                          "frozen": gc.get_freeze_count()}}))
         """, cwd=NOTEBOOKS)
 
 
@@ -129,6 +131,8 @@ def test_the_first_answer_comes_before_torchs_first_use_imports(path):
     # After the first answer, the warm-up imported what the notebook's checks will meet, and drew the throwaway
     # figure on the shell's thread, before the next cell ran.
     assert {MODULES[use] for use in seen["uses"]} <= set(seen["after"]) and seen["drawn"]
+    # and then froze the objects made so far (torch's, matplotlib's) out of the collector's full collections
+    assert seen["frozen"] > 100_000
 
 
 def test_a_fork_and_the_next_cell_wait_for_the_warm_up(tmp_path):
