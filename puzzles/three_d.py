@@ -890,6 +890,18 @@ STEP_PARTS = {"compute": "compute (recomputation included)", "memory_bound": "me
               "dp": "DP traffic that backward could not hide"}
 
 
+def _whole_replica_batches_only(model, cluster, plan: Plan, tokens_per_second: float, fastest: Plan) -> bool:
+    """Whether `plan` runs each replica's batch as one micro-batch, as the fastest does not, and trains as fast as
+    the best plan that does: what a search never splitting the replica batch finds."""
+    from lib.planner.search import fitting_plans, top
+
+    if plan.micro_batch != plan.global_batch // plan.dp or fastest.micro_batch == plan.micro_batch:
+        return False
+    whole = [f for f in fitting_plans(model, cluster, plan.global_batch, virtual_stages=[1])
+             if f.plan.micro_batch == plan.global_batch // f.plan.dp]
+    return bool(whole) and abs(top(whole).tokens_per_second - tokens_per_second) <= 1e-9 * tokens_per_second
+
+
 def _slower_plan(model, cluster, fastest: Plan, expected: list, got: list) -> Optional[str]:
     """A plan that fits but is slower than the fastest: which of its settings differ, where its step loses the time,
     and what each setting of the fastest plan, taken alone, would make of it."""
@@ -918,6 +930,11 @@ def _slower_plan(model, cluster, fastest: Plan, expected: list, got: list) -> Op
             continue
         said = ", ".join(f"{f}={v!r}" for f, v in change.items())
         alone.append(f"with {said} alone, {e.tokens_per_second:,.0f}" + ("" if e.fits else " (but it does not fit)"))
+    if _whole_replica_batches_only(model, cluster, plan, mine.tokens_per_second, fastest):
+        whole = plan.global_batch // plan.dp
+        differ += (f". Your micro_batch is the whole replica batch (global_batch // dp = {whole}): one micro-batch a "
+                   "step, which leaves a pipeline nothing to overlap and holds every sequence's activations at once; "
+                   "search every micro_batch dividing global_batch // dp")
     return (f"Diagnosis: a faster plan fits. Yours, {plan}, trains {mine.tokens_per_second:,.0f} tokens/s; the fastest "
             f"that fits, {fastest}, trains {best.tokens_per_second:,.0f}. They differ in {differ}. "
             + (f"Your step takes {fmt_time(mine.step_time - best.step_time)} longer, most of it in {where}. "

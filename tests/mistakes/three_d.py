@@ -437,7 +437,7 @@ MISTAKES = [
     Attempt("plan_memory", memory_fp32_gradients, "16-bit gradients (2 B a parameter) counted twice"),
     Attempt("plan_memory", memory_adam_without_a_master_copy, "fp32 master weights (4 B a parameter) left out"),
     Attempt("plan_memory", memory_full_recomputation_keeps_nothing, "the activations (blocks × a block's"),
-    Attempt("choose_plan", plan_never_splitting_the_replica_batch, "micro_batch=", named_yet=False),
+    Attempt("choose_plan", plan_never_splitting_the_replica_batch, "the whole replica batch"),
     Attempt("choose_plan", plan_first_that_fits, "a faster plan"),
     Attempt("choose_plan", plan_fastest_fitting_or_not, "['fits']: expected True, got False"),
     Attempt("choose_plan", plan_least_memory, "a faster plan"),
