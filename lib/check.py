@@ -187,9 +187,10 @@ class Case:
     # A training run's number of steps, where its builder takes steps= (the same draws otherwise): a wrong run is
     # replayed on fewer steps to find the first step that leaves the reference.
     steps: Optional[int] = None
-    # What a point-to-point message from rank src to rank dst carries, in the lesson's words ("activation",
-    # "gradient"): a deadlock is read as which message each rank waited for, and which one its peer still needed.
-    messages: Optional[Callable[[int, int], str]] = field(default=None, repr=False)
+    # What the nth point-to-point message from rank src to rank dst carries (src, dst, nth) -> words in the lesson's
+    # terms ("2nd activation"; "activation of virtual stage 3 ..." where the schedule tells which): a deadlock is read
+    # as which message each rank waited for, and which one its peer still needed.
+    messages: Optional[Callable[[int, int, int], str]] = field(default=None, repr=False)
     rebuild: Optional[Callable[..., "Case"]] = field(default=None, repr=False)   # set by Puzzle.cases
 
     def __post_init__(self) -> None:
@@ -216,8 +217,8 @@ def _validate_case(case: "Case") -> None:
                 and spec[1] >= 2):
             raise SpecError(f"Case {case.label!r}: parts[{part!r}]={spec!r}: (dimension, number of parts >= 2).")
     if case.messages is not None and not callable(case.messages):
-        raise SpecError(f"Case {case.label!r}: messages={case.messages!r}: a function (src, dst) -> what a message "
-                        "from src to dst carries.")
+        raise SpecError(f"Case {case.label!r}: messages={case.messages!r}: a function (src, dst, nth) -> what the "
+                        "nth message from src to dst carries.")
     if case.steps is not None and (not isinstance(case.steps, int) or case.steps < 1):
         raise SpecError(f"Case {case.label!r}: steps={case.steps!r}: a positive integer.")
     from lib.terms import Formula

@@ -12,6 +12,11 @@ def byte_unit(n: float) -> tuple[str, float]:
     return next(((unit, size) for unit, size in BYTE_UNITS if abs(n) >= size), ("B", 1))
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ... 11th, 12th, 13th, 21st."""
+    return f"{n}{'th' if 10 <= n % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def fmt_bytes(n: float) -> str:
     unit, size = byte_unit(n)
     return f"{n:.0f} B" if size == 1 else f"{n / size:,.2f} {unit}"

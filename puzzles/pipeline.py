@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import random
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
 from lib.measure import allocated, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
-from lib.units import fmt_bytes, fmt_time
+from lib.units import fmt_bytes, fmt_time, ordinal
 from lib.schedules import makespan, peak_in_flight, play, schedule_orders
 from puzzles._sample_weights import fit, module_grads, said, vjp
 
@@ -451,9 +451,34 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
                 explain=_schedule_explain(model, batch, targets, p, m), messages=_carried)
 
 
-def _carried(src: int, dst: int) -> str:
-    """What a message between two stages carries: forward toward the last stage, backward toward the first."""
-    return "activation" if src < dst else "gradient"
+def _carried(src: int, dst: int, nth: int) -> str:
+    """What the nth message between two stages carries: forward toward the last stage, backward toward the first."""
+    return f"{ordinal(nth)} {'activation' if src < dst else 'gradient'}"
+
+
+def _interleaved_messages(p: int, m: int, v: int) -> Callable[[int, int, int], str]:
+    """What the nth message from one rank to another carries in Megatron's interleaved order, where both directions
+    join the same two ranks (p = 2) and the last rank sends its chunks' outputs on to rank 0: the schedule's own
+    sequence of activations (F of a virtual stage before the last) and gradients (B of one after the first)."""
+    last, sent = p * v - 1, {}
+    for r, order in enumerate(schedule_orders("interleaved", p, m, v)):
+        for step in order:
+            stage = step.chunk * p + r
+            if step.kind == "F" and stage < last:
+                what, to = "activation", (r + 1) % p
+            elif step.kind == "B" and stage > 0:
+                what, to = "gradient", (r - 1) % p
+            else:
+                continue
+            onward = (f" (rank {r}'s chunk {step.chunk}, not the last stage: that is p·v - 1 = {last})"
+                      if what == "activation" and r == p - 1 else "")
+            sent.setdefault((r, to), []).append(f"{what} of virtual stage {stage}{onward} for micro-batch {step.mb}")
+
+    def carried(src: int, dst: int, nth: int) -> str:
+        known = sent.get((src, dst), [])
+        return (f"{ordinal(nth)} message, the {known[nth - 1]}," if 0 < nth <= len(known)
+                else f"{ordinal(nth)} message (the schedule sends {len(known)})")
+    return carried
 
 
 def _stages_case(rng: random.Random, p: int) -> Case:
@@ -542,7 +567,8 @@ def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Op
     return Case(p, (per_rank(chunks), batch, targets, m), expected,
                 f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}",
                 budgets=[ON_DEVICE] + budgets + _messages(p, v, m, boundary), cost=COST,
-                factors={"m, the number of micro-batches": m, "v, the virtual stages": v, **_factors(batch)})
+                factors={"m, the number of micro-batches": m, "v, the virtual stages": v, **_factors(batch)},
+                messages=_interleaved_messages(p, m, v))
 
 
 def _torch_pipelining(schedule_name: str, multi: bool = False):

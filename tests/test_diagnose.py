@@ -14,6 +14,7 @@ import torch
 from lib.check import Case, Puzzle
 from lib.diagnose import Mistake, diagnose, hands_gradient
 from lib.sim import per_rank
+from lib.units import ordinal
 
 
 def _vectors(rng: random.Random, n: int, length: int) -> list[torch.Tensor]:
@@ -573,7 +574,7 @@ def test_a_deadlock_is_read_in_the_cases_words_for_its_messages(capsys):
     def case(rng, n):
         xs = _vectors(rng, n, 4)
         return Case(n, (per_rank(xs),), [sum(xs)] * n, f"N={n}",
-                    messages=lambda src, dst: "activation" if src < dst else "gradient")
+                    messages=lambda src, dst, nth: f"{ordinal(nth)} {'activation' if src < dst else 'gradient'}")
 
     def receives_first(dist, x):
         rank, n = dist.get_rank(), dist.get_world_size()
@@ -585,7 +586,7 @@ def test_a_deadlock_is_read_in_the_cases_words_for_its_messages(capsys):
             dist.recv(torch.empty_like(x), rank - 1)
         return x
     out = _failure(puzzle(case), receives_first, capsys)
-    assert "rank 1 waits for a gradient (its 1st from rank 2) before it has sent rank 2 the 2nd activation" in out, out
+    assert "rank 1 waits for the 1st gradient from rank 2 before it has sent rank 2 the 2nd activation" in out, out
 
 
 def test_a_case_with_messages_that_are_not_a_function_is_refused():

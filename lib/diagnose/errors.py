@@ -266,10 +266,6 @@ def _off_axis(error: BaseException, case) -> Optional[str]:
     return None
 
 
-def _ordinal(n: int) -> str:
-    return f"{n}{'th' if 10 <= n % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
-
-
 def _waited(error: BaseException, case) -> Optional[str]:
     """A deadlock read in the case's words for its messages: which message each rank waits for, how many of them its
     peer has sent, and, where two ranks wait on each other, which message each owes the other."""
@@ -281,16 +277,18 @@ def _waited(error: BaseException, case) -> Optional[str]:
     for rank, peer, nth, _, _ in waits:
         theirs = by_rank.get(peer)
         if theirs is not None and theirs[1] == rank and rank < peer:
-            mine, yours = case.messages(peer, rank), case.messages(rank, peer)
-            said.append(f"rank {rank} waits for a {mine} (its {_ordinal(nth)} from rank {peer}) before it has sent "
-                        f"rank {peer} the {_ordinal(theirs[2])} {yours}, which rank {peer} waits for before it sends "
-                        f"the {mine}: each waits for the other. One of them must send before it waits: rank {rank} "
-                        f"its {_ordinal(theirs[2])} {yours}, or rank {peer} its {_ordinal(nth)} {mine}.")
+            mine, yours = case.messages(peer, rank, nth), case.messages(rank, peer, theirs[2])
+            short = len(mine) + len(yours) < 80            # said again where it reads at a glance
+            said.append(f"rank {rank} waits for the {mine} from rank {peer} before it has sent rank {peer} the "
+                        f"{yours} which rank {peer} waits for before it sends "
+                        + (f"the {mine}" if short else "it") + ": each waits for the other. One of them must send "
+                        + (f"before it waits: rank {rank} the {yours}, or rank {peer} the {mine}." if short else
+                           "before it waits."))
             paired |= {rank, peer}
     for rank, peer, nth, they_sent, _ in waits:
         if rank not in paired:
-            said.append(f"rank {rank} waits for its {_ordinal(nth)} {case.messages(peer, rank)} from rank {peer}, "
-                        f"which has sent it {they_sent}.")
+            said.append(f"rank {rank} waits for the {case.messages(peer, rank, nth)} from rank {peer}, which has sent "
+                        f"it {they_sent}.")
     return " ".join(said)
 
 
