@@ -15,6 +15,7 @@ from lib.devices import device_mesh
 from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_bytes
 from lib.planner import Plan, PlanError, estimate
 from puzzles.parallel_gpt import tp_reduce
+from tests.cheats.three_d import _train_3d_in_order
 from tests.mistakes import Attempt
 
 LAYOUT = ("holds what", "innermost-first", "reversed", "in the wrong places")
@@ -223,52 +224,17 @@ class _Dist:
         return (self.real.get_rank() + by) % self.real.get_world_size()
 
 
+def _warm_up_of_p_minus_r(p, pp, m):
+    warm = min(pp - p, m)
+    return ([("F", j) for j in range(warm)] + [kind for j in range(warm, m) for kind in (("F", j), ("B", j - warm))]
+            + [("B", j) for j in range(m - warm, m)])
+
+
 def train_3d_warm_up_of_p_minus_r(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
     """1F1B written from a list of (F or B, micro-batch), its warm-up counted as p - r forwards (the steady state's
     first forward counted in it too): one micro-batch more in flight on every stage. Right numbers; the memory budget,
     set by the update's peak, cannot see it."""
-    mesh = device_mesh(dist, (dp, pp, tp), ("dp", "pp", "tp"))
-    d, p = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
-    tp_group, dp_group = mesh["tp"].get_group(), mesh["dp"].get_group()
-    line = dist.get_process_group_ranks(mesh["pp"].get_group())
-    xs, ys = tokens.chunk(dp)[d].chunk(m), targets.chunk(dp)[d].chunk(m)
-    warm = min(pp - p, m)
-    order = [("F", j) for j in range(warm)]
-    order += [kind for j in range(warm, m) for kind in (("F", j), ("B", j - warm))]
-    order += [("B", j) for j in range(m - warm, m)]
-    for _ in range(steps):
-        saved, pending = {}, []
-        for kind, j in order:
-            if kind == "F":
-                x = xs[j] if p == 0 else torch.empty(*xs[j].shape, stage.hidden, dtype=torch.float64,
-                                                     device=tokens.device)
-                if p > 0:
-                    dist.recv(x, line[p - 1])
-                    x.requires_grad_()
-                out = stage(dist, tp_group, x)
-                if p == pp - 1:
-                    out = stage.loss(out, ys[j]) / m
-                else:
-                    pending.append(dist.isend(out.detach(), line[p + 1]))
-                saved[j] = (x, out)
-                continue
-            x, out = saved.pop(j)
-            if p == pp - 1:
-                out.backward()
-            else:
-                grad = torch.empty_like(out)
-                dist.recv(grad, line[p + 1])
-                out.backward(grad)
-            if p > 0:
-                pending.append(dist.isend(x.grad, line[p - 1]))
-        for work in pending:
-            work.wait()
-        with torch.no_grad():
-            for prm in stage.parameters():
-                dist.all_reduce(prm.grad, op=dist.ReduceOp.AVG, group=dp_group)
-                prm -= lr * prm.grad
-                prm.grad = None
-    return stage
+    return _train_3d_in_order(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr, _warm_up_of_p_minus_r)
 
 
 def train_3d_loss_not_over_m(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
