@@ -1,8 +1,9 @@
 """One-time costs a learner's first check would otherwise pay, paid while the learner writes the answer.
 
 Torch imports some of its own modules on first use, a second or more of CPU each: torch._dynamo when the first
-optimizer is built (torch.optim's constructors are wrapped to keep torch.compile out) and sympy with the first
-backward given an explicit gradient. A puzzle module whose checks meet them names them with `import_ahead`.
+optimizer is built (torch.optim's constructors are wrapped to keep torch.compile out) or torch.utils.checkpoint first
+runs, and sympy with the first backward given an explicit gradient. A puzzle module whose checks meet them names them
+with `import_ahead`.
 Matplotlib does the same with a kernel's first figure (its font cache and fonts loaded, the Agg renderer and the
 PNG encoder imported): `draw_ahead` draws and renders a throwaway figure.
 
@@ -27,6 +28,7 @@ import threading
 from typing import Optional
 
 MODULES = {"optimizer": "torch._dynamo",
+           "checkpoint": "torch._dynamo",               # torch.utils.checkpoint's first call imports it too (2.6 s)
            "explicit_gradient": "torch.fx.experimental.symbolic_shapes"}
 
 

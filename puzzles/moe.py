@@ -22,10 +22,13 @@ from lib.device import device
 from lib.diagnose import Mistake
 from lib.diagnose.leaves import listing
 from lib.errors import PuzzleError
+from lib.first_use import import_ahead
 from lib.sim import per_rank
 from lib.terms import Formula, Num, Q, formula, minimum, term
 from lib.units import fmt_bytes
 from puzzles.replicas import drifted
+
+import_ahead("explicit_gradient")          # moe_layer_backward's reference back-propagates dy
 
 NOTEBOOK = "07_moe"
 ITEM = 8                                   # float64

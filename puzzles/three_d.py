@@ -29,6 +29,7 @@ from lib.device import device
 from lib.devices import device_mesh
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
+from lib.first_use import import_ahead
 from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown
 from lib.measure import WithoutPeers, counted_flops, counted_work, saved_activation_bytes
 from lib.mesh_check import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
@@ -44,6 +45,8 @@ from lib.units import fmt_bytes, fmt_time
 
 from puzzles.parallel_gpt import GPTStage, reference_loss, shard_gpt, tiny_gpt
 from puzzles.replicas import drifted
+
+import_ahead("checkpoint", "explicit_gradient")   # plan_memory measures under checkpoint; a stage gets a gradient
 
 NOTEBOOK = "06_3d_parallelism"
 AXES = ("dp", "pp", "tp")
