@@ -27,7 +27,8 @@ import torch
 
 from lib.compare import first_difference
 from lib.device import device
-from lib.diagnose import Mistake, diagnose
+from lib.diagnose import Mistake, diagnose, unwritten_memory
+from lib.diagnose.origins import remembering
 from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
 from lib import first_use
@@ -467,11 +468,16 @@ class Puzzle:
         for rank, (want, got) in enumerate(zip(case.expected, result.results)):
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
-                explained = _case_reading(case, result.results)
-                found = diagnose(case.expected, result.results, case.args, mistakes=self.mistakes + case.mistakes,
-                                 wrap=self.wrap, factors=case.factors, rtol=self.rtol, atol=self.atol, case=case,
-                                 fn=fn, outputs=self.outputs, others=others, names=names, explained=bool(explained))
-                found = "\n".join(filter(None, (explained, found)))
+                with remembering():           # the replays asked for below run once
+                    found = unwritten_memory(case.expected, result.results, case, fn, self.rtol, self.atol,
+                                             self.outputs) if case.explain or case.mistakes or self.mistakes else None
+                    if not found:
+                        explained = _case_reading(case, result.results)
+                        found = diagnose(case.expected, result.results, case.args,
+                                         mistakes=self.mistakes + case.mistakes, wrap=self.wrap, factors=case.factors,
+                                         rtol=self.rtol, atol=self.atol, case=case, fn=fn, outputs=self.outputs,
+                                         others=others, names=names, explained=bool(explained))
+                        found = "\n".join(filter(None, (explained, found)))
                 return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
         for contract in case.contracts:
             problem = contract.judge(result)

@@ -26,7 +26,7 @@ from lib.diagnose import factors, layouts, moments, origins, values
 from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
 from lib.sim import run
 
-__all__ = ["Mistake", "diagnose", "hands_gradient"]
+__all__ = ["Mistake", "diagnose", "hands_gradient", "unwritten_memory"]
 hands_gradient = moments.hands_gradient
 
 
@@ -227,6 +227,46 @@ def _origin(wrong: list, case: Any, fn: Optional[Callable], world: int) -> Optio
     return None
 
 
+def unwritten_memory(expected: Sequence[Any], got: Sequence[Any], case: Any, fn: Optional[Callable], rtol: float,
+                     atol: float, outputs: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The diagnosis where a wrong result was computed from memory nothing wrote (torch.empty's leftovers), or None.
+    Asked before any other reading, the case's own too: leftovers are whatever the allocator hands out (a block freed
+    a step before, NaN, huge numbers), so a reading of their values would name a cause that changes from run to run."""
+    if case is None or fn is None:
+        return None
+    with origins.remembering():             # two replays in all, whatever the number of wrong leaves
+        expected, got = _as_vectors(expected, got)
+        wanted = [dict(leaves(x)) for x in expected]
+        for rank in range(len(expected)):
+            for key, e, g in differing(expected[rank], got[rank], rtol, atol):
+                bad = ~torch.isclose(f64(g), f64(e), rtol=rtol, atol=atol, equal_nan=True)
+                read = _read_unwritten(rank, key, e, g, bad, wanted, case, fn, rtol, atol, outputs)
+                if read:
+                    return f"Diagnosis: {read}"
+    return None
+
+
+def _read_unwritten(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, bad: torch.Tensor, expected: list[dict],
+                    case: Any, fn: Optional[Callable], rtol: float, atol: float,
+                    outputs: Optional[dict]) -> Optional[str]:
+    """That leaf's wrong values, where a replay shows them computed from torch.empty's leftovers, in words."""
+    if case is None or fn is None or not g.is_floating_point():
+        return None
+    world = len(expected)
+    where = on_rank(rank, world, key, outputs)
+    read = origins.tainted(fn, case, rank, key, g)          # two replays: memory read before it was written
+    if read is None or read.shape != bad.shape or not bool((read & bad).any()):
+        return None
+    empty = origins.unwritten(fn, case, rank, key)
+    if empty is not None and empty.shape == bad.shape and bool((empty & bad).any()):
+        moved = layouts.explain(rank, key, where, expected, g, world, getattr(case, "parts", None) or {},
+                                rtol, atol, unwritten=empty & bad)
+        return values.uninitialised(where, g, empty & bad) + (f" And {moved[0].lower()}{moved[1:]}" if moved else "")
+    return (f"{where} was computed, {span(read & bad)}, from memory nothing wrote: torch.empty's leftovers read "
+            "before anything was written into them (an irecv's buffer used before its wait(), a buffer filled after "
+            "it was read).")
+
+
 def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: list[dict], got: list[dict],
              inputs: list[dict], named: dict[str, float], case: Any, fn: Optional[Callable],
              outputs: Optional[dict], rtol: float, atol: float,
@@ -235,19 +275,9 @@ def _pattern(rank: int, key: str, e: torch.Tensor, g: torch.Tensor, expected: li
     world = len(expected)
     where = on_rank(rank, world, key, outputs)
     bad = ~torch.isclose(f64(g), f64(e), rtol=rtol, atol=atol, equal_nan=True)
-    non_finite = g.is_floating_point() and bool((~torch.isfinite(f64(g)) & torch.isfinite(f64(e))).any())
-    if case is not None and fn is not None and not non_finite and g.is_floating_point():
-        read = origins.tainted(fn, case, rank, key, g)          # one replay: memory read before it was written
-        if read is not None and read.shape == bad.shape and bool((read & bad).any()):
-            empty = origins.unwritten(fn, case, rank, key)
-            if empty is not None and empty.shape == bad.shape and bool((empty & bad).any()):
-                moved = layouts.explain(rank, key, where, expected, g, world, getattr(case, "parts", None) or {},
-                                        rtol, atol, unwritten=empty & bad)
-                return values.uninitialised(where, g, empty & bad) + (f" And {moved[0].lower()}{moved[1:]}"
-                                                                      if moved else "")
-            return (f"{where} was computed, {span(read & bad)}, from memory nothing wrote: torch.empty's leftovers "
-                    "read before anything was written into them (an irecv's buffer used before its wait(), a buffer "
-                    "filled after it was read).")
+    read = _read_unwritten(rank, key, e, g, bad, expected, case, fn, rtol, atol, outputs)
+    if read:
+        return read
     return (values.never_written(where, e, g, bad)
             or values.returned_as_given(where, rank, key, e, g, inputs, rtol, atol)
             or values.share_missing(where, rank, key, e, g, inputs, rtol, atol)

@@ -209,14 +209,19 @@ def unwritten(fn: Callable, case, rank: int, key: str) -> Optional[torch.Tensor]
 
 
 def tainted(fn: Callable, case, rank: int, key: str, got: torch.Tensor) -> Optional[torch.Tensor]:
-    """Where rank `rank`'s leaf `key` was computed from torch.empty's memory before anything was written into it
-    (a replay fills empties with NaN, which every value computed from them carries); None when it cannot say."""
+    """Where rank `rank`'s leaf `key` was computed from torch.empty's memory before anything was written into it:
+    NaN where a replay fills empties with NaN (which every value computed from them carries) and not where another
+    fills them with MARKER (a NaN the function makes itself is NaN in both). Whatever the check's own run found
+    there, leftovers that happened to be NaN or a stale block included; None when it cannot say."""
     from lib.diagnose.leaves import leaves
 
-    results, _, error = replay(fn, case, fill=math.nan)
-    if results is None or error is not None:
-        return None
-    leaf = dict(leaves(results[rank])).get(key)
-    if leaf is None or not leaf.is_floating_point() or leaf.shape != got.shape:
-        return None
-    return leaf.detach().cpu().isnan() & ~got.detach().cpu().isnan()
+    found = []
+    for fill in (math.nan, MARKER):
+        results, _, error = replay(fn, case, fill=fill)
+        if results is None or error is not None:
+            return None
+        leaf = dict(leaves(results[rank])).get(key)
+        if leaf is None or not leaf.is_floating_point() or leaf.shape != got.shape:
+            return None
+        found.append(leaf.detach().cpu().isnan())
+    return found[0] & ~found[1]
