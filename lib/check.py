@@ -469,10 +469,12 @@ class Puzzle:
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
                 with remembering():           # the replays asked for below run once
-                    found = unwritten_memory(case.expected, result.results, case, fn, self.rtol, self.atol,
-                                             self.outputs) if case.explain or case.mistakes or self.mistakes else None
+                    explained = _case_reading(case, result.results)
+                    # A reading of values that torch.empty's leftovers made (a stale block, NaN) would name a cause
+                    # that changes from run to run: memory read before anything wrote it is said instead.
+                    found = explained and unwritten_memory(case.expected, result.results, case, fn, self.rtol,
+                                                           self.atol, self.outputs)
                     if not found:
-                        explained = _case_reading(case, result.results)
                         found = diagnose(case.expected, result.results, case.args,
                                          mistakes=self.mistakes + case.mistakes, wrap=self.wrap, factors=case.factors,
                                          rtol=self.rtol, atol=self.atol, case=case, fn=fn, outputs=self.outputs,

@@ -611,3 +611,22 @@ def test_an_error_from_the_second_step_on_says_what_carries_between_steps(capsys
     p = Puzzle("diag", "00_test", _train_case, world_sizes=(3, 4), hints=["one"], rtol=1e-13, atol=1e-13)
     out = _failure(p, frees_the_gradient_it_zeroes_next_step, capsys)
     assert "the error comes at step 2: what one step leaves for the next is at fault" in out, out
+
+
+def test_a_result_made_from_leftover_memory_is_said_so_before_the_cases_own_reading(capsys):
+    """torch.empty's leftovers are whatever the allocator hands out (a block freed a step before, NaN): a case's
+    reading of their values would name a cause that changes from run to run, so memory read before anything wrote
+    it is said instead, found by replays that fill empties with NaN and with a marker."""
+    def case(rng, n):
+        xs = _vectors(rng, n, 4)
+        return Case(n, (per_rank(xs),), [sum(xs)] * n, f"N={n}",
+                    explain=lambda expected, got: "Diagnosis: a reading of the values themselves.")
+
+    def sums_into_leftovers(dist, x):
+        total = torch.empty_like(x)              # never zeroed: the sum starts from whatever the memory held
+        total += x + 1                           # and is wrong whatever it held (zeros, a stale block)
+        dist.all_reduce(total)
+        return total
+    out = _failure(puzzle(case), sums_into_leftovers, capsys)
+    assert "from memory nothing wrote" in out, out
+    assert "a reading of the values themselves" not in out, out

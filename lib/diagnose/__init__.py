@@ -230,8 +230,8 @@ def _origin(wrong: list, case: Any, fn: Optional[Callable], world: int) -> Optio
 def unwritten_memory(expected: Sequence[Any], got: Sequence[Any], case: Any, fn: Optional[Callable], rtol: float,
                      atol: float, outputs: Optional[dict[str, str]] = None) -> Optional[str]:
     """The diagnosis where a wrong result was computed from memory nothing wrote (torch.empty's leftovers), or None.
-    Asked before any other reading, the case's own too: leftovers are whatever the allocator hands out (a block freed
-    a step before, NaN, huge numbers), so a reading of their values would name a cause that changes from run to run."""
+    Asked before the case's own reading is said: leftovers are whatever the allocator hands out (a block freed a
+    step before, NaN, huge numbers), so a reading of their values would name a cause that changes from run to run."""
     if case is None or fn is None:
         return None
     with origins.remembering():             # two replays in all, whatever the number of wrong leaves
