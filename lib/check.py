@@ -27,7 +27,7 @@ import torch
 
 from lib.compare import first_difference
 from lib.device import device
-from lib.diagnose import Mistake, diagnose, unwritten_memory
+from lib.diagnose import Mistake, case_reading, diagnose, unwritten_memory
 from lib.diagnose.origins import remembering
 from lib.diagnose.errors import explain as explain_error
 from lib.devices import to_device, where_it_runs
@@ -469,7 +469,7 @@ class Puzzle:
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
             if diff:
                 with remembering():           # the replays asked for below run once
-                    explained = _case_reading(case, result.results)
+                    explained = case_reading(case, result.results)
                     # A reading of values that torch.empty's leftovers made (a stale block, NaN) would name a cause
                     # that changes from run to run: memory read before anything wrote it is said instead.
                     found = explained and unwritten_memory(case.expected, result.results, case, fn, self.rtol,
@@ -846,17 +846,6 @@ def _least_precise(value: Any) -> Optional[torch.dtype]:
         found = []
     found = [d for d in found if d is not None]
     return max(found, key=lambda d: torch.finfo(d).eps) if found else None
-
-
-def _case_reading(case: Case, results: list) -> Optional[str]:
-    """The case's own reading of a wrong result (Case.explain), or None: a reading that cannot make sense of a result
-    it did not foresee (None where a pair belongs, a dtype of its own) says nothing rather than fail the check."""
-    if case.explain is None:
-        return None
-    try:
-        return case.explain(case.expected, results)
-    except Exception:
-        return None
 
 
 def _in_notebook() -> bool:

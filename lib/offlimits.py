@@ -60,8 +60,7 @@ def tool(fn: Callable) -> Callable:
 def no_answer(fn: Callable) -> Callable:
     """Mark `fn` as computing no answer (a check of an argument's range): never guarded, so the course's own calls,
     which the answer keys make by the hundred thousand in a plan search, pay no guard for it."""
-    fn._never_an_answer_key = True
-    return fn
+    return tool(fn)
 
 
 # ---- code: whose it is, what it calls, its fingerprint ------------------------------------------------------------

@@ -318,6 +318,23 @@ def test_files_and_frames_are_refused_however_reached(tmp_path):
         lib.sim.run(frame_through_an_alias, WORLD, per_rank(_xs()))
 
 
+def frame_through_the_engines_blind_read(dist, x):
+    """lib.sim.audit.caller_file reads frames with the audit hook passing over them: an int whose __add__ runs
+    while it reads would take a frame unseen (and through f_back the check's own)."""
+    from lib.sim.audit import caller_file
+
+    class Depth(int):
+        def __add__(self, other):
+            return int(sys._getframe(0).f_back is not None) + other
+    caller_file(Depth(1))
+    return x
+
+
+def test_the_engines_blind_frame_read_runs_nothing_of_the_callers():
+    with pytest.raises(RankFailed, match="caller_file"):
+        lib.sim.run(frame_through_the_engines_blind_read, WORLD, per_rank(_xs()))
+
+
 def test_files_are_out_of_the_simulators_view(tmp_path):
     with pytest.raises(OutOfView) as info:
         lib.sim.run(file_between_ranks, WORLD, per_rank(_xs()), tmp_path / "x.txt")

@@ -26,7 +26,8 @@ from lib.diagnose import factors, layouts, moments, origins, values
 from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
 from lib.sim import run
 
-__all__ = ["Mistake", "diagnose", "hands_gradient", "unwritten_memory"]
+__all__ = ["Mistake", "case_reading", "diagnose", "hands_gradient", "unwritten_memory"]
+case_reading = moments.case_reading
 hands_gradient = moments.hands_gradient
 
 

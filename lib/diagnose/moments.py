@@ -20,7 +20,7 @@ import torch
 
 from lib.compare import first_difference
 from lib.diagnose import factors
-from lib.diagnose.leaves import close, differing, given, listing, mine, name, on_rank, plain
+from lib.diagnose.leaves import close, differing, given, leaves, listing, mine, name, on_rank, plain
 from lib.sim import current_rank, run
 
 _RECORDING: Optional[dict] = None       # {rank or None (outside ranks): [[gradients of one optimizer step], ...]}
@@ -126,22 +126,28 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
     # Replicas that drift apart first: which parameters, not only by how much. Then the gradients handed to the
     # optimizer: they carry a scale as it is, where an update through Adam (about lr times a sign at its first step)
     # fits almost any factor once a per-feature offset is allowed.
-    said = _case_reading(case, results) if step < total else None      # at `total` the check asked it already
+    said = _reading_at_the_step(case, results) if step < total else None      # at `total` the check asked it already
     said = said or _replicas_apart(case.expected, results, rtol, atol, outputs) or \
         _handed_factor(reference, handed, step, named) or \
         _update_factor(step, case, results, rank, before, named, atol, outputs)
     return f"{text} {said}" if said else text
 
 
-def _case_reading(case, results: list) -> Optional[str]:
-    """The case's own reading (Case.explain) of the run cut at its first wrong step, where what went wrong has not
-    yet been carried into later steps, which a reading of the whole run may not foresee."""
+def case_reading(case, results: list) -> Optional[str]:
+    """The case's own reading of a wrong result (Case.explain), or None: a reading that cannot make sense of a result
+    it did not foresee (None where a pair belongs, a dtype of its own) says nothing rather than fail the check."""
     if case.explain is None:
         return None
     try:
-        found = case.explain(case.expected, results)
+        return case.explain(case.expected, results)
     except Exception:
         return None
+
+
+def _reading_at_the_step(case, results: list) -> Optional[str]:
+    """The case's own reading of the run cut at its first wrong step, where what went wrong has not yet been carried
+    into later steps, which a reading of the whole run may not foresee."""
+    found = case_reading(case, results)
     if not found:
         return None
     found = found.removeprefix("Diagnosis: ")
@@ -154,8 +160,8 @@ def _replicas_apart(expected: list, results: list, rtol: float, atol: float, out
     differently: what was updated from a rank's own gradient, never averaged with the others'."""
     if len(expected) < 2:
         return None
-    want = [dict(_leaves(e)) for e in expected]
-    have = [dict(_leaves(r)) for r in results]
+    want = [dict(leaves(e)) for e in expected]
+    have = [dict(leaves(r)) for r in results]
 
     def same(side: list, key: str) -> Optional[bool]:            # None: not on every rank with one shape
         ts = [s.get(key) for s in side]
@@ -178,7 +184,6 @@ def _replicas_apart(expected: list, results: list, rtol: float, atol: float, out
 
 
 def _leaf_keys(value: Any):
-    from lib.diagnose.leaves import leaves
     for key, _ in leaves(value):
         yield key
 
@@ -192,7 +197,7 @@ def _update_factor(step: int, case, results: list, rank: int, before: Optional[l
         s = start.get(plain(key))
         if s is None:                 # a result not named as its argument: the one argument of its shape
             pool = start.values() if before is not None else \
-                [t for a in mine(case.args, rank) for _, t in _leaves(a)]      # every argument, unnamed ones too
+                [t for a in mine(case.args, rank) for _, t in leaves(a)]      # every argument, unnamed ones too
             alike = [t for t in pool if t.shape == e.shape]
             s = alike[0] if len(alike) == 1 else None
         if s is None or s.shape != e.shape:
@@ -206,13 +211,7 @@ def _update_factor(step: int, case, results: list, rank: int, before: Optional[l
     return None
 
 
-def _leaves(value: Any):
-    from lib.diagnose.leaves import leaves
-    return leaves(value)
-
-
 def _by_plain(value: Any):
-    from lib.diagnose.leaves import leaves
     return ((plain(k), t) for k, t in leaves(value))
 
 

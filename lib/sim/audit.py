@@ -133,7 +133,11 @@ def caller_file(depth: int, through: tuple[str, ...] = (), unless: tuple[str, ..
     first frame from there whose file is not under `through`, or is under `unless`. For the engine's own guards,
     which ask on every dist call whose code called them: the frames are read without the hook looking at them (the
     hook's look at a frame event costs several times the read), and only a file name, which hands a rank's code
-    nothing, comes back."""
+    nothing, comes back. Its arguments must be a plain int and tuples of plain strings: the hook is blind while it
+    reads, so nothing of a caller's (an int subclass's __add__) may run then."""
+    if type(depth) is not int or any(type(t) is not tuple or any(type(s) is not str for s in t)
+                                     for t in (through, unless)):
+        raise TypeError("caller_file(depth: int, through: tuple[str, ...], unless: tuple[str, ...])")
     me = _get_ident()
     mine = me not in _busy
     if mine:
