@@ -1,11 +1,13 @@
 """The instructors' pre-flight check: every puzzle's reference solution through its real cell, on this machine.
 
-    ./course gpu-check                  # or: python -m tools.gpu_check [--only NAME ...] [--out FILE]
+    ./course gpu-check                  # or: python -m tools.gpu_check [--only NAME ...] [--out FILE] [--jobs N]
 
 Run it on the class's machine before class. Each puzzle runs where its real cell can: on NCCL at world size 1
 and at min(GPUs, 8) when there are 2 or more GPUs (one GPU per rank), on gloo where NCCL cannot (no GPU, or a
 pipeline's 2 stages on a 1-GPU machine). Prints one table (puzzle, backend, world size, ✓/✗, seconds) with the
 versions of torch, CUDA and NCCL and the GPU model, then what failed; exits non-zero if anything failed.
+`--jobs N` runs N puzzles at a time (each in its own processes; NCCL communicators may share a GPU), for a machine
+with cores to spare: the table is the same, in course order.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import multiprocessing
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,15 +76,27 @@ def run_one(puzzle: Puzzle, backend: str, world_size: int, timeout: float) -> Ru
 
 
 def sweep(selected: Sequence[Puzzle], timeout: float = 300.0, gpus: Optional[int] = None,
-          progress: Callable[[Run], None] = lambda run: None) -> list[Run]:
-    """Every planned run of every puzzle in `selected`, in course order."""
+          progress: Callable[[Run], None] = lambda run: None, jobs: int = 1) -> list[Run]:
+    """Every planned run of every puzzle in `selected`, in course order; `jobs` of them at a time."""
     gpus = visible_gpus() if gpus is None else gpus
-    runs = []
-    for puzzle in selected:
-        for backend, n in plan(puzzle, gpus):
+    planned = [(puzzle, backend, n) for puzzle in selected for backend, n in plan(puzzle, gpus)]
+    if jobs <= 1:
+        runs = []
+        for puzzle, backend, n in planned:
             runs.append(run_one(puzzle, backend, n, timeout))
             progress(runs[-1])
-    return runs
+        return runs
+    # spawned workers: this process may have touched CUDA, and a forked copy of it could not
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_run_named, puzzle.name, backend, n, timeout) for puzzle, backend, n in planned]
+        for done in as_completed(futures):
+            progress(done.result())
+        return [f.result() for f in futures]
+
+
+def _run_named(name: str, backend: str, world_size: int, timeout: float) -> Run:
+    """run_one in a worker process, which finds the puzzle by name (a Puzzle does not travel between processes)."""
+    return run_one(next(p for p in puzzles.ALL if p.name == name), backend, world_size, timeout)
 
 
 def machine() -> str:
@@ -120,6 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="PUZZLE", help="only these puzzles (by name)")
     parser.add_argument("--out", type=Path, help="also write the report to this file (Markdown)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run (default 300)")
+    parser.add_argument("--jobs", type=int, default=1, help="puzzles run at a time (default 1)")
     args = parser.parse_args(argv)
     selected = [p for p in puzzles.ALL if not args.only or p.name in args.only]
     unknown = sorted(set(args.only or ()) - {p.name for p in selected})
@@ -128,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gpus = visible_gpus()
     print(f"gpu-check: {len(selected)} puzzles' reference solutions through their real cells, on a machine with "
           f"{gpus_in_words(gpus)}", flush=True)
-    runs = sweep(selected, args.timeout, gpus, progress=lambda r: print(
+    runs = sweep(selected, args.timeout, gpus, jobs=args.jobs, progress=lambda r: print(
         f"  {'✓' if r.ok else '✗'} {r.puzzle} ({r.backend}, world size {r.world_size}, {r.seconds:.1f} s)", flush=True))
     text = report(runs)
     print("\n" + text)
