@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from bench import check_times, first_answer, runner, sim_speed
+from bench import runner, sim_speed
 from bench.report import Report, machine, merge_rows
 from bench.rows import PAIRS, ROWS
 
@@ -154,6 +154,8 @@ def _sim_speed(report: Report, plan: runner.Plan, before: Path | None) -> None:
 
 
 def _first_answer(report: Report, quick: bool) -> None:
+    from bench import first_answer      # here, not above: it needs Jupyter, which a GPU image may lack (rows do not)
+
     notebooks = ["02_data_parallel"] if quick else []
     progress = Progress(2 if quick else 11)
     report.first_answer = first_answer.measure(notebooks, repeats=1 if quick else 3, lab=not quick,
@@ -161,6 +163,8 @@ def _first_answer(report: Report, quick: bool) -> None:
 
 
 def _check_times(report: Report, names: list[str], repeats: int) -> None:
+    from bench import check_times       # here, not above: it needs Jupyter, which a GPU image may lack (rows do not)
+
     chosen = check_times.chosen(names)
     progress = Progress(len(chosen))
     for puzzle in chosen:

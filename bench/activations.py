@@ -46,7 +46,7 @@ def measure(shape: tuple[int, int, int, int], dropout: float, flash: bool, where
     return Measured(shape, dropout, flash, saved, live, formula)
 
 
-def table(rows: Iterable[Measured], where: str) -> str:
+def table(rows: Iterable[Measured], where: str, on_cpu: bool) -> str:
     lines = [f"Activation memory of one `lib.models.Block` forward (bf16) on {where}, against "
              "`lib.formulas.activation_bytes_per_layer`.", "",
              "| s | b | h | a | dropout | flash | saved (autograd) | formula | saved / formula | "
@@ -55,12 +55,17 @@ def table(rows: Iterable[Measured], where: str) -> str:
         s, b, h, a = m.shape
         lines.append(f"| {s} | {b} | {h} | {a} | {m.dropout:g} | {'yes' if m.flash else 'no'} | {m.saved:,} | "
                      f"{m.formula:,.0f} | {m.saved / m.formula:.4f} | {m.live:,} | {m.live / m.formula:.3f} |")
+    if on_cpu:
+        lines += ["", "On the CPU, attention by F.scaled_dot_product_attention with dropout falls back to the s×s math "
+                      "kernel, whose saved scores and mask the flash rows with dropout carry; a GPU's FlashAttention "
+                      "keeps only a random seed."]
     return "\n".join(lines)
 
 
 def describe(where: str) -> str:
     if where.startswith("cuda"):
-        return f"{torch.cuda.get_device_name(torch.device(where))}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+        name = torch.cuda.get_device_name(torch.device(where))
+        return f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}"
     return f"the CPU, torch {torch.__version__}"
 
 
@@ -70,7 +75,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--out", type=Path, help="also write the table here (Markdown)")
     args = ap.parse_args(argv)
     shapes = GPU_SHAPES if args.device.startswith("cuda") else CPU_SHAPES
-    text = table((measure(shape, d, f, args.device) for shape in shapes for d, f in VARIANTS), describe(args.device))
+    rows = (measure(shape, d, f, args.device) for shape in shapes for d, f in VARIANTS)
+    text = table(rows, describe(args.device), on_cpu=not args.device.startswith("cuda"))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

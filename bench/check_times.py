@@ -28,12 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-import nbformat
-
 import puzzles
 from lib.nbtools import puzzle_cells, up_to_first_check
 
 ROOT = Path(__file__).resolve().parents[1]
+def _notebook(name: str):
+    import nbformat             # here, not at the top: bench's real-rank rows import this module's table on GPU
+                                # images without Jupyter
+    return nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+
+
 _TIMED = "import time as _bench_time\n_bench_t0, _bench_c0 = _bench_time.perf_counter(), _bench_time.process_time()\n" \
          "{}\n_bench_dt = (_bench_time.perf_counter() - _bench_t0, _bench_time.process_time() - _bench_c0)"
 
@@ -57,7 +61,7 @@ class CheckTime:
 
 
 def _cells(notebook: str, tag: str) -> list:
-    nb = nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4)
+    nb = _notebook(notebook)
     return [c for c in nb.cells if c.cell_type == "code" and tag in c.metadata.get("tags", [])]
 
 
@@ -70,7 +74,7 @@ def _check_cell(notebook: str, name: str) -> str:
 
 def _answers(notebook: str, module: str) -> str:
     """Every puzzle cell of the notebook filled in with its reference solution (later puzzles call earlier ones)."""
-    nb = nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4)
+    nb = _notebook(notebook)
     solutions = importlib.import_module(f"solutions.{module}")
     return "\n\n".join(inspect.getsource(getattr(solutions, name)) for name in puzzle_cells(nb))
 
@@ -153,7 +157,7 @@ def time_check(puzzle, repeats: int = 1, timeout: float = 300.0) -> CheckTime:
 
 def _first_answer(kernel: _Kernel, notebook: str) -> None:
     """Run the notebook's cells up to its first check, whose stub is not solved yet (strict: it raises)."""
-    *before, first_check = up_to_first_check(nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4))
+    *before, first_check = up_to_first_check(_notebook(notebook))
     for source in before:
         kernel.run(source)
     try:

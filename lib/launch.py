@@ -196,9 +196,13 @@ def _pick_backend(world_size: int, backend: str | None) -> str:
 
 
 def _pick_start_method(backend: str, start_method: str | None) -> str:
+    """fork for gloo on Linux where no GPU is visible (fast); spawn otherwise. Where a GPU is visible, a process's
+    first backward starts autograd's threads for the devices (even on CPU tensors: a notebook's simulated check
+    does), and a forked rank's backward then fails ("Unable to handle autograd's threading in combination with
+    fork-based multiprocessing"; seen on an H200 with torch 2.11)."""
     can_fork = sys.platform.startswith("linux")  # on macOS, fork breaks system frameworks
     if start_method is None:
-        return "fork" if can_fork and backend == "gloo" else "spawn"
+        return "fork" if can_fork and backend == "gloo" and not visible_gpus() else "spawn"
     if start_method not in ("fork", "spawn"):
         raise LaunchError(f"unknown start_method {start_method!r}: use 'fork' or 'spawn'")
     if start_method == "fork" and not can_fork:

@@ -183,6 +183,10 @@ def _diloco_case(rng: random.Random, world: int, steps: Optional[int] = None) ->
         shards = [rank[:rounds * inner_steps] for rank in shards]
     cost = two_datacenters(world)
     expected = diloco_reference(model, shards, inner_steps, inner_lr, outer_lr, momentum)
+    # Judged by its parameters: what .grad holds after the outer step is the optimizer's business (on a GPU, torch's
+    # foreach SGD adds the momentum into it in place; on the CPU it does not: seen on an H200 with torch 2.11).
+    for p in expected.parameters():
+        p.grad = None
     compute = worker_compute(local, inner_steps, rounds, cost)
     flops = worker_flops(local, inner_steps, rounds)
     # Each worker trains on its own batches: compute is nothing next to the wide-area link, so the time budget cannot

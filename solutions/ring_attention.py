@@ -112,12 +112,14 @@ def ring_attention_backward(dist, q, k, v, out, lse, dout, block):
             ds = p * (dout @ vj.transpose(-2, -1) - delta) * scale                 # (b, h, s/N, bk)
             dq += ds @ kj
             dkv[0][..., j:j + block, :] += ds.transpose(-2, -1) @ q
-        # dK and dV of this block go on with it; after N sends they are back with their owner.
-        grads = torch.empty_like(dkv)
-        sent = dist.isend(dkv, (rank + 1) % world)
-        dist.recv(grads, (rank - 1) % world)
-        sent.wait()
-        dkv = grads
+        # dK and dV of this block go on with it; after N sends they are back with their owner (at N = 1 they are
+        # home already: a rank sending to itself, NCCL refuses an isend with no irecv posted before it).
+        if world > 1:
+            grads = torch.empty_like(dkv)
+            sent = dist.isend(dkv, (rank + 1) % world)
+            dist.recv(grads, (rank - 1) % world)
+            sent.wait()
+            dkv = grads
         if step < world - 1:
             for w in works:
                 w.wait()

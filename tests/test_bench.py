@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import check_times
+from bench import activations, check_times
 from bench.rows import PAIRS, ROWS
 from bench.runner import alpha_beta
 from bench.sim_speed import FIGURES, Figure, table
@@ -248,3 +248,13 @@ def test_rows_measured_apart_merge_into_earlier_results_and_keep_the_rest(tmp_pa
     assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="would not compare"):
         merge_rows(stem, Report(info, {**settings, "world": 2}, rows=[result("diloco", 0.5)]))
+
+
+def test_the_activation_table_measures_every_variant_against_the_formula(capsys):
+    text = activations.main(["--device", "cpu"])
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(activations.CPU_SHAPES) * len(activations.VARIANTS)
+    for row in rows:                                    # saved / formula, but where the CPU keeps the s×s scores
+        dropout, flash, ratio = row[4], row[5], float(row[8])
+        assert 1.0 <= ratio < 1.01 or (flash == "yes" and dropout != "0")
+    assert "falls back to the s×s math kernel" in text and text in capsys.readouterr().out

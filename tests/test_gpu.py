@@ -37,6 +37,15 @@ def test_the_report_on_this_machine(tmp_path, capsys):
     assert table in out
 
 
+@pytest.mark.slow
+def test_puzzles_run_side_by_side_give_the_same_table_in_course_order():
+    chosen = [BY_NAME[name] for name in ("count_parameters", "ring_all_reduce", "checkpointed_step")]
+    runs = sweep(chosen, gpus=0, jobs=2)
+    assert [(r.puzzle, r.backend, r.world_size, r.ok) for r in runs] == [
+        ("count_parameters", "gloo", 1, True), ("ring_all_reduce", "gloo", 4, True),
+        ("checkpointed_step", "gloo", 1, True)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 def test_every_reference_solution_passes_its_real_cell_on_the_gpus():

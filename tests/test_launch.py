@@ -16,6 +16,8 @@ import torch
 from lib.errors import LaunchError, RankFailed
 from lib.launch import current_backend, launch
 
+launch_module = sys.modules["lib.launch"]     # the module (lib.launch is the function)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -131,6 +133,15 @@ def test_results_come_back_by_rank_with_labelled_output(world, capsys):
 def test_lambdas_and_closures_run_under_fork():
     offset = 7
     assert launch(lambda dist: dist.get_rank() + offset, 3) == [7, 8, 9]
+
+
+@pytest.mark.parametrize("gpus, method", [(0, "fork"), (1, "spawn")])
+def test_gloo_ranks_fork_only_where_no_gpu_is_visible(gpus, method, monkeypatch):
+    """Where a GPU is visible, autograd's device threads start at the first backward and a forked rank's backward
+    fails (a notebook's simulated check runs one before the real cell; seen on an H200): gloo ranks spawn there."""
+    monkeypatch.setattr(launch_module, "visible_gpus", lambda: gpus)
+    assert launch_module._pick_start_method("gloo", None) == (method if sys.platform.startswith("linux") else "spawn")
+    assert launch_module._pick_start_method("nccl", None) == "spawn"
 
 
 @pytest.mark.slow

@@ -236,13 +236,37 @@ def train_3d_one_flat_all_reduce(dist, stage, tokens, targets, dp, pp, tp, m, st
     return train_3d(DPAverageReplaced(dist, flat), stage, tokens, targets, dp, pp, tp, m, steps, lr)
 
 
+
+def diloco_foreach_outer_step(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
+    """Both optimizers foreach=True, what torch picks by itself on a GPU: its Nesterov SGD adds the momentum into each
+    p.grad in place, so .grad after the outer step is not the pseudo-gradient (the check judged it, and failed the
+    reference on an H200's NCCL run). The pseudo-gradients are averaged into one flat tensor, split after."""
+    params = list(model.parameters())
+    inner = torch.optim.AdamW(params, lr=inner_lr, foreach=True)
+    outer = torch.optim.SGD(params, lr=outer_lr, momentum=momentum, nesterov=True, foreach=True)
+    for first in range(0, len(batches), inner_steps):
+        start = [p.detach().clone() for p in params]
+        for x, y in batches[first:first + inner_steps]:
+            inner.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            inner.step()
+        with torch.no_grad():
+            flat = torch.cat([(s - p).flatten() for s, p in zip(start, params)])
+            dist.all_reduce(flat)
+            for p, s, delta in zip(params, start, flat.split([p.numel() for p in params])):
+                p.copy_(s)
+                p.grad = delta.view_as(p) / dist.get_world_size()
+        outer.step()
+    return model
+
 RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
     [(puzzles.ring_attention.ring_attention, answer) for answer in (
         ring_key_blocks_only, ring_even_odd, ring_head_by_head, ring_attention_overlap)] + \
     [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)] + \
-    [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce)]
+    [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
+     (puzzles.beyond.diloco_train, diloco_foreach_outer_step)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])
