@@ -7,7 +7,7 @@ answer may not call are a ban, not a rule on the run: Puzzle(refuse=...), lib.ke
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 
 from lib.check import Contract
@@ -109,25 +109,31 @@ def flops_at_most(limit: float, why: str, hint: str = "") -> Contract:
     return Contract(why, broken, hint)
 
 
-def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: str, hint: str = "",
+def peak_memory_between(first: Union[str, tuple[str, ...]], last: Union[str, tuple[str, ...]], limit: float,
+                        phase: str, rule: str, hint: str = "",
                         excess: Optional[Callable[[float], str]] = None) -> Contract:
     """No rank holds more than `limit` bytes of device memory from the end of its first `first` op to the end of its
     last `last` op (say, from the first all-gather of training to its last reduce-scatter): that phase judged on its
     own, where a peak over the whole run may be set by what comes before or after it (the full parameters handed in,
     the final gather of every parameter to return them). From the first op's end, not its start: ops that take no
-    simulated time (freeing what came before) share its start's timestamp. `phase` names it in messages; `excess`,
-    if given, says what the bytes over the limit are worth in the puzzle's terms (", 2.1 layers' worth")."""
+    simulated time (freeing what came before) share its start's timestamp. `first` and `last` may each name several
+    ops, any of which opens or closes the phase (parameters gathered by broadcasts, gradients reduced to their owner).
+    `phase` names it in messages; `excess`, if given, says what the bytes over the limit are worth in the puzzle's
+    terms (", 2.1 layers' worth")."""
+    openers, closers = ((ops,) if isinstance(ops, str) else tuple(ops) for ops in (first, last))
 
     def broken(result: SimResult) -> Optional[str]:
         for s in result.stats:
-            starts = [e.end for e in result.trace if e.rank == s.rank and e.op == first]
-            ends = [e.end for e in result.trace if e.rank == s.rank and e.op == last]
+            starts = [e for e in result.trace if e.rank == s.rank and e.op in openers]
+            ends = [e for e in result.trace if e.rank == s.rank and e.op in closers]
             if not starts or not ends:
                 continue
-            peak = max((held for t, held in s.memory if min(starts) <= t <= max(ends)), default=0)
+            opened, closed = min(starts, key=lambda e: e.end), max(ends, key=lambda e: e.end)
+            peak = max((held for t, held in s.memory if opened.end <= t <= closed.end), default=0)
             if peak > limit * (1 + 1e-9):
-                return (f"rank {s.rank} held {fmt_bytes(peak)} of tensors {phase} (from its first {first} to its "
-                        f"last {last}), over the budget of {fmt_bytes(limit)}{excess(peak - limit) if excess else ''}")
+                return (f"rank {s.rank} held {fmt_bytes(peak)} of tensors {phase} (from its first {opened.op} to its "
+                        f"last {closed.op}), over the budget of {fmt_bytes(limit)}"
+                        f"{excess(peak - limit) if excess else ''}")
         return None
     # Not timed: the clocks only order a rank's own samples against its ops, and any cost model orders them alike.
     # A rank's clock never goes back; the phase's ends are the ends of collectives, which take time under every cost
@@ -140,28 +146,28 @@ def peak_memory_between(first: str, last: str, limit: float, phase: str, rule: s
 def in_flight_at_most(limits: Sequence[Optional[int]], next_stage: Sequence[Optional[int]], rule: str,
                       hint: str = "") -> Contract:
     """No pipeline rank r holds more than limits[r] micro-batches in flight: activations sent on to the next stage
-    (the global rank next_stage[r]) whose gradients it has not asked back, counted in the order the rank posted its
-    sends and receives (RankStats.p2p_posts) each time it asks the next stage for a gradient. Its schedule, not its
-    memory: a stage's peak may come from the update, after the stash is freed. A rank that posts its receives
-    early is never over; None skips a rank (the last stage)."""
+    (the global rank next_stage[r]) whose gradients have not come back, counted in the rank's own order of calls
+    (RankStats.p2p_log) at each send. A gradient is back when the wait on its receive returned, not when the receive
+    was posted: a schedule posting every receive up front holds what it waits for. Its schedule, not its memory: a
+    stage's peak may come from the update, after the stash is freed. None skips a rank (the last stage)."""
 
     def broken(result: SimResult) -> Optional[str]:
         for s in result.stats:
             ahead, limit = next_stage[s.rank], limits[s.rank]
             if ahead is None or limit is None:
                 continue
-            sent = asked = 0
-            for kind, peer in s.p2p_posts:
+            sent = back = 0
+            for kind, peer in s.p2p_log:
                 if peer != ahead:
                     continue
-                if kind == "send":
-                    sent += 1
+                back += kind == "waited"
+                if kind != "send":
                     continue
-                if sent - asked > limit:
-                    return (f"rank {s.rank} asked rank {ahead} for a gradient with {sent - asked} micro-batches in "
-                            f"flight (activations sent on, their gradients not asked back yet), {sent - asked - limit} "
+                sent += 1
+                if sent - back > limit:
+                    return (f"rank {s.rank} sent rank {ahead} an activation with {sent - back} micro-batches in "
+                            f"flight (activations sent on whose gradients have not come back), {sent - back - limit} "
                             f"more than the schedule keeps on its stage ({limit})")
-                asked += 1
         return None
     return Contract(rule, broken, hint)
 

@@ -20,6 +20,7 @@ from lib.check import Budget, Case, Contract, Floor, Puzzle
 from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
 from lib.contract import communication_hidden, flops_at_most, flops_balanced, right, sends_to
 from lib.device import device
+from lib.diagnose import Mistake
 from lib.first_use import import_ahead
 from lib.measure import counted_flops, counted_time
 from lib.sim import CostModel, per_rank
@@ -793,6 +794,48 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
                          memory], allowed_ops=P2P, contracts=_ring_rules(n), factors=_scale_factor(d))
 
 
+def backward_by_terms(q, k, v, out, lse, dout, key_blocks, *, row_term: str = "dO∘O", normaliser: str = "lse"):
+    """dQ, dK, dV of attention written by the terms of FlashAttention's backward (FlashAttention-2, Dao 2023,
+    Algorithm 2): P = exp(S - lse), D = rowsum(dO ∘ O), dV = Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D)/√d, dQ = dS·K,
+    dK = dSᵀ·Q, on the whole sequence. A known mistake turns one term: D from dO alone (row_term="dO"), or P
+    normalised within each of `key_blocks` (slices of the keys) by its own log-sum-exp (normaliser="block")."""
+    scale = q.shape[-1] ** -0.5
+    scores = q @ k.transpose(-2, -1) * scale                              # (b, h, s, s)
+    if normaliser == "lse":
+        p = torch.exp(scores - lse.unsqueeze(-1))
+    else:
+        p = torch.cat([torch.exp(scores[..., b] - scores[..., b].logsumexp(-1, keepdim=True)) for b in key_blocks], -1)
+    row = ((dout * out) if row_term == "dO∘O" else dout).sum(-1, keepdim=True)
+    ds = p * (dout @ v.transpose(-2, -1) - row) * scale
+    return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ dout
+
+
+def _backward_mistake(message: str, tiles: str = "", **turned) -> Mistake:
+    """The backward with one term turned, on the gathered sequence; `tiles`: the key blocks a per-block softmax
+    normalises over ("block": the block-sized tiles of each rank's chunk, "chunk": each rank's whole chunk)."""
+    def mistaken(dist, q, k, v, out, lse, dout, block):
+        n, rank, chunk = dist.get_world_size(), dist.get_rank(), q.shape[-2]
+        whole = [torch.cat(_gathered(dist, t.contiguous()), -2 if t.dim() == 4 else -1)
+                 for t in (q, k, v, out, lse, dout)]
+        size = block if tiles == "block" else chunk
+        key_blocks = [slice(c * chunk + j, c * chunk + min(j + size, chunk)) for c in range(n)
+                      for j in range(0, chunk, size)]
+        grads = backward_by_terms(*whole, key_blocks, **turned)
+        return tuple(g.chunk(n, -2)[rank] for g in grads)
+    return Mistake(mistaken, message)
+
+
+PER_BLOCK_SOFTMAX = ("P recomputed as each key block's own softmax, exp(S - the block's log-sum-exp), gives: P is "
+                     "exp(S - lse) with the forward's lse, the log-sum-exp over every key of the row, so that a "
+                     "block's probabilities are its share of the whole row (FlashAttention-2, Dao 2023, Algorithm 2).")
+BACKWARD_MISTAKES = (
+    _backward_mistake("D, the row term of dS = P ∘ (dO·Vᵀ - D), taken as rowsum(dO) gives: D is rowsum(dO ∘ O), "
+                      "the O left out. It equals Σⱼ Pᵢⱼ (dO·Vᵀ)ᵢⱼ, what the softmax's Jacobian subtracts from each "
+                      "row (FlashAttention-2, Dao 2023, Algorithm 2).", row_term="dO"),
+    _backward_mistake(PER_BLOCK_SOFTMAX, tiles="block", normaliser="block"),
+    _backward_mistake(PER_BLOCK_SOFTMAX, tiles="chunk", normaliser="block"))
+
+
 def _backward_oracle(dist, q, k, v, out, lse, dout, block):
     rank = dist.get_rank()
     leaves = [torch.cat(_gathered(dist, t), 2).requires_grad_() for t in (q, k, v)]
@@ -803,7 +846,7 @@ def _backward_oracle(dist, q, k, v, out, lse, dout, block):
 ring_attention_backward = _attention_puzzle(
     "ring_attention_backward", NOTEBOOK, _backward_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
     oracle=_backward_oracle, oracle_name="autograd through PyTorch's attention on the gathered sequence",
-    outputs={"[0]": "dQ", "[1]": "dK", "[2]": "dV"},
+    outputs={"[0]": "dQ", "[1]": "dK", "[2]": "dV"}, mistakes=BACKWARD_MISTAKES,
     rtol=1e-8,
     hints=["With P = exp(scores - lse) for a key block (recomputed, not stored), the block's gradients are "
            "dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D) · scale with D = rowsum(dO ∘ O), dQ += dS·K, dK += dSᵀ·Q.",

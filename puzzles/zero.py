@@ -210,6 +210,11 @@ ON_DEVICE = nothing_on_the_host("ZeRO shards the training state across the ranks
 DEEP, DEEP_WIDTHS = 12, (40, 44)              # 1600 and 1936 leave remainders at N = 3
 
 
+# What opens and closes ZeRO-3's training phase: parameters gathered (by all-gathers, or broadcasts from each shard's
+# owner), gradients reduced (reduce-scattered, reduced to their owner, or all-reduced and cut: its bytes are over).
+GATHERS, REDUCES = ("all_gather", "broadcast"), ("reduce_scatter", "reduce", "all_reduce")
+
+
 def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Contract:
     """ZeRO-3's memory from its first all-gather to its last reduce-scatter: the full parameters handed in and the
     final gather of every parameter (to return them) may hold them all, training may not. A peak over the whole run
@@ -224,7 +229,7 @@ def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Co
         return (f" by {fmt_bytes(over)}, {layers:.1f} layers' worth of gathered parameters: more layers gathered at "
                 f"once than the budget's {layers_at_once} layers' worth in flight allow (prefetch one layer ahead, "
                 "and free each after its use)")
-    return peak_memory_between("all_gather", "reduce_scatter", limit, "while training",
+    return peak_memory_between(GATHERS, REDUCES, limit, "while training",
                                   f"while training, a ZeRO-3 rank holds {why}; only the final gather holds every "
                                   "parameter", hint=hint, excess=in_layers)
 

@@ -524,6 +524,18 @@ def test_a_bad_argument_inside_a_dist_call_is_invalid_call():
     assert "lib/sim" not in str(error)
 
 
+def test_an_async_call_never_waited_on_is_found_in_the_rank_order_of_calls():
+    def prog(dist):
+        t, out = torch.ones(4), torch.empty(4 * dist.get_world_size())
+        dist.all_gather_single(out, t)
+        dist.all_reduce(t)
+        dist.all_gather_single(out, t, async_op=True)         # issued, never waited on
+    message = str(_fails(prog, 2, InvalidCall))
+    assert "rank 0 returned without waiting on its all_gather_single((4,) float32), the 2nd of its 2 all_gather " \
+           "calls, posted after its 1st all_reduce" in message
+    assert "a prefetch of a layer done already" in message
+
+
 def _spin(dist):
     if dist.get_rank() == 1:
         while True:

@@ -299,7 +299,7 @@ class Communicator:
         return call
 
     def _count(self, me: int, peer: int, kind: str) -> int:
-        self.rt.ranks[me].p2p_posts.append((kind, peer))
+        self.rt.ranks[me].p2p_log.append((kind, peer))
         self.posted[(me, peer, kind)] += 1
         return self.posted[(me, peer, kind)]
 

@@ -55,9 +55,10 @@ class RankStats:
     # bytes its ops read of each positional argument of the run (its own copy): views free, an op reading a view
     # reads the view's bytes (lib.sim.reads)
     argument_reads: tuple[int, ...] = ()
-    # ("send" or "recv", peer) for each point-to-point call, in the order the rank posted it (a schedule's order,
-    # which the messages' times do not keep: a send's time is when both ends were ready)
-    p2p_posts: tuple[tuple[str, int], ...] = ()
+    # The rank's point-to-point calls in its own order (a schedule's order, which the messages' times do not keep: a
+    # send's time is when both ends were ready): ("send" or "recv", peer) as each was posted, and ("waited", sender)
+    # when a receive's wait returned, its data in hand
+    p2p_log: tuple[tuple[str, Optional[int]], ...] = ()
 
 
 @dataclass

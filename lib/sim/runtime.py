@@ -35,6 +35,7 @@ from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView
                             SimTimeout)
 from lib.sim.links import Link
 from lib.sim.output import labelled_output
+from lib.units import ordinal
 from lib.places import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult, event
@@ -83,7 +84,7 @@ class RankState:
         self.dead = False                # stopped by an injected fault
         self.told_of_failure = False     # a RankDied has been raised to it (lib.faults.failure_known)
         self.comm_calls = 0              # communication calls made so far (faults count them)
-        self.p2p_posts: list[tuple[str, int]] = []      # ("send" or "recv", peer) in the order the rank posted them
+        self.p2p_log: list[tuple[str, int]] = []        # see RankStats.p2p_log
         self.stuck = False               # its thread would not stop when interrupted
         self.result: Any = None
         self.abort = False
@@ -219,6 +220,8 @@ class Runtime:
             state.waiting = call
             self._yield(state)
         state.waiting = None
+        if call.name == "recv" and not call.waited and call.failed is None:
+            state.p2p_log.append(("waited", call.peer))     # the sender, also of a receive from any source
         call.waited = True
         if call.failed is not None:
             state.clock = max(state.clock, call.end_time)
@@ -498,20 +501,41 @@ class Runtime:
             for call in state.posted if not state.dead else ():
                 if call.receives and not call.waited:
                     raise InvalidCall(
-                        f"rank {state.rank} returned without waiting on its {call.text}. In real "
-                        "torch.distributed the result may not have arrived yet.\n"
-                        "Hint: keep the work object that async_op=True / isend / irecv returns and call .wait().")
+                        f"rank {state.rank} returned without waiting on its {call.text}, "
+                        f"{_place_among(call, state.posted)}. In real torch.distributed the result may not have "
+                        f"arrived yet; and if nothing needed it, the call was issued for nothing"
+                        f"{_UNNEEDED.get(call.name, '')}.\n"
+                        "Hint: keep the work object that async_op=True / isend / irecv returns and call .wait(), "
+                        "or issue only the calls whose results the rank uses.")
 
     def result(self) -> SimResult:
         stats = [RankStats(rank=s.rank, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
                            peak_memory=s.tracker.peak, clock=s.clock, flops=s.tracker.flops,
                            host_peak_memory=s.tracker.host_peak, host_flops=s.tracker.host_flops,
                            calls=dict(s.calls), memory=list(s.tracker.samples), outside_bytes=s.tracker.outside,
-                           largest_tensor=s.tracker.largest, p2p_posts=tuple(s.p2p_posts),
+                           largest_tensor=s.tracker.largest, p2p_log=tuple(s.p2p_log),
                            argument_reads=tuple(s.tracker.reads.bytes) if s.tracker.reads else ())
                  for s in self.ranks]
         trace = sorted(self.events, key=lambda e: (e.start, e.rank, e.end))
         return SimResult([s.result for s in self.ranks], stats, trace, self.cost)
+
+
+# An async call issued and never waited on, when nothing needed it: what it often is, by the call's kind
+_UNNEEDED = {"all_gather": " (a prefetch of a layer done already, say: in backward the walk goes the other way)",
+             "recv": " (a receive posted ahead for a message the schedule never needs)"}
+
+
+def _place_among(call: Call, posted: list[Call]) -> str:
+    """Where a call stands among its rank's calls, for finding it in the code: "the 14th of its 26 all_gather calls,
+    posted right after its 1st reduce_scatter"."""
+    mine = [c for c in posted if c.name == call.name]
+    text = f"the {ordinal(mine.index(call) + 1)} of its {len(mine)} {call.name} calls"
+    before = posted[:posted.index(call)]
+    other = next((c for c in reversed(before) if c.name != call.name), None)
+    if other is None:
+        return text + ", posted before any other call"
+    nth = sum(c.name == other.name for c in before[:before.index(other) + 1])
+    return text + f", posted after its {ordinal(nth)} {other.name}"
 
 
 _LEFT_RUNNING: list[threading.Thread] = []     # ranks' threads that would not stop: each stays its rank while it lives

@@ -57,6 +57,30 @@ def zero3_keeping_full_parameters_frugally(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+class _GatheringByBroadcasts:
+    """dist, its all-gathers made of broadcasts: each rank's shard sent from its owner into its slice (the bytes an
+    all-gather receives, (N-1)/N of the whole per rank)."""
+
+    def __init__(self, dist):
+        self._dist = dist
+
+    def __getattr__(self, name):
+        return getattr(self._dist, name)
+
+    def all_gather_single(self, full, shard, group=None, async_op=False):
+        for owner, part in enumerate(full.chunk(self._dist.get_world_size())):
+            if owner == self._dist.get_rank():
+                part.copy_(shard)
+            self._dist.broadcast(part, src=owner)
+
+
+def zero3_kept_full_gathering_by_broadcasts(dist, model, batches, lr):
+    """zero3_frugal_with_dummy_regathers, its all-gathers made of broadcasts: with no all-gather to open ZeRO-3's
+    training phase, its memory while training went unjudged; the whole run's peak caught it, in words that did not
+    say it kept every parameter while training."""
+    return zero3_frugal_with_dummy_regathers(_GatheringByBroadcasts(dist), model, batches, lr)
+
+
 def _on_the_host(solution):
     """The reference solution with the model moved to host memory, where the device's budget does not look."""
     def cheat(dist, model, batches, lr):
@@ -205,6 +229,7 @@ TRAINING = "while training"            # ZeRO-3's memory from the first all-gath
 CHEATS = everywhere(P) + [
     ("zero3_train", zero3_keeping_full_parameters, ("under the floor", TRAINING)),
     ("zero3_train", zero3_keeping_full_parameters_frugally, ("under the floor", TRAINING)),
+    ("zero3_train", zero3_kept_full_gathering_by_broadcasts, TRAINING),
     ("fsdp_prefetch_train", zero3_with_matmuls_dodged, ("simulated time", TRAINING)),
     ("zero1_train", zero1_gathering_the_data, "the gradients travel, not the data"),   # ZeRO-2's memory stops it
     ("zero3_train", zero3_frugal_with_dummy_regathers, ("peak memory", TRAINING)),

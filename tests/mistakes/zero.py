@@ -432,7 +432,7 @@ MISTAKES = [
     Attempt("fsdp_prefetch_train", prefetch_never_waits, named="wait"),
     Attempt("fsdp_prefetch_train", prefetch_without_dividing, named=HANDED_TO_ADAM),
     Attempt("fsdp_prefetch_train", prefetch_forward_direction_in_backward,
-            named=("the previous layer's gather", "never used"), named_yet=False),
+            named=("a prefetch of a layer done already", "in backward the walk goes the other way")),
     Attempt("zero_offload_train", offload_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero_offload_train", offload_accumulating_host_gradients, named="at step 2"),
     Attempt("zero_offload_train", offload_step_stuck_at_one, named="at step 2"),
