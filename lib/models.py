@@ -147,9 +147,12 @@ class TinyGPT(nn.Module):
         return self.tok(tokens) + self.pos.weight[: tokens.shape[1]]
 
     def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """From the last block's output to the mean cross-entropy (computed in fp32)."""
+        """From the last block's output to the mean cross-entropy, computed in fp32 at least: a bf16 model's logits
+        upcast, a float64 model's kept (in fp32 its gradients differed between a GPU and the CPU by fp32's rounding,
+        which Adam near its eps turned into a failed real check on an H200)."""
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1),
+                               targets.flatten())
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)

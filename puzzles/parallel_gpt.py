@@ -110,14 +110,6 @@ class GPTStage(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def reference_loss(model: TinyGPT, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The single-device model's mean cross-entropy, in the model's dtype (TinyGPT.head_loss rounds to float32)."""
-    x = model.embed(tokens)
-    for block in model.blocks:
-        x = block(x)
-    return F.cross_entropy(model.head(model.ln_f(x)).flatten(0, 1), targets.flatten())
-
-
 def _rows(t: torch.Tensor, tp: int, rank: int, dim: int = 0) -> torch.Tensor:
     return t.chunk(tp, dim)[rank].clone()
 

@@ -247,3 +247,16 @@ def test_torchrun_refuses_more_ranks_per_node_than_gpus(monkeypatch):
     with pytest.raises(SystemExit, match=r"torchrun started 2 ranks on this node, but this machine has 1 GPU.*"
                                          r"--nproc-per-node 1 or less"):
         lib.torchrun.main(["tests.test_launch:torchrun_target"])
+
+
+@pytest.mark.parametrize("dtype, loss_dtype", [(torch.float64, torch.float64), (torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.float32)])
+def test_the_tiny_gpts_loss_is_computed_in_fp32_at_least_and_never_below_the_model(dtype, loss_dtype):
+    """A float64 model's cross-entropy in float32 made its gradients differ between a GPU and the CPU by fp32's
+    rounding (7.5e-11 on a gradient of 6e-8), which Adam near its eps made a failed real check on an H200."""
+    from lib.models import GPTConfig, TinyGPT
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab=16, seq=8, hidden=16, heads=2, layers=1)
+    model = TinyGPT(cfg).to(dtype)
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.seq))
+    assert model.loss(tokens, tokens).dtype == loss_dtype
