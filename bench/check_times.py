@@ -32,9 +32,13 @@ import puzzles
 from lib.nbtools import puzzle_cells, up_to_first_check
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
 def _notebook(name: str):
-    import nbformat             # here, not at the top: bench's real-rank rows import this module's table on GPU
-                                # images without Jupyter
+    """A notebook of the course. nbformat is imported here, not at the top: bench's real-rank rows import this
+    module (for its table) on GPU images without Jupyter."""
+    import nbformat
+
     return nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
 
 

@@ -504,8 +504,9 @@ class Puzzle:
     @staticmethod
     def _over(b: Budget, who: str, value: float, limit: float, outside: float = 0) -> str:
         side = "under the floor" if b.least else "over the budget"
-        text = (f"the answer is right, but {who}'s {b.name} is {b.fmt(value)}, {side} of {b.fmt(limit)} "
-                f"({b.why}).")
+        shown, bound = b.fmt(value), b.fmt(limit)
+        by = f" by {b.fmt(abs(value - limit))}" if shown == bound else ""   # "504.33 KiB over 504.33 KiB": by what?
+        text = f"the answer is right, but {who}'s {b.name} is {shown}, {side} of {bound}{by} ({b.why})."
         if outside:
             text += (f" Of that, {b.fmt(outside)} are Python numbers taken out of tensors (.tolist(), .item()), which "
                      "count until the run ends: the simulator cannot see when Python frees them.")

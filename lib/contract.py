@@ -117,22 +117,29 @@ def peak_memory_between(first: Union[str, tuple[str, ...]], last: Union[str, tup
     own, where a peak over the whole run may be set by what comes before or after it (the full parameters handed in,
     the final gather of every parameter to return them). From the first op's end, not its start: ops that take no
     simulated time (freeing what came before) share its start's timestamp. `first` and `last` may each name several
-    ops, any of which opens or closes the phase (parameters gathered by broadcasts, gradients reduced to their owner).
-    `phase` names it in messages; `excess`, if given, says what the bytes over the limit are worth in the puzzle's
-    terms (", 2.1 layers' worth")."""
+    ops in order of preference: the first of them a rank calls at all opens (closes) its phase (parameters gathered
+    by broadcasts where a rank never all-gathers; a DDP-style broadcast of the weights before training opens nothing
+    for a rank that all-gathers). `phase` names it in messages; `excess`, if given, says what the bytes over the limit
+    are worth in the puzzle's terms (", 2.1 layers' worth")."""
     openers, closers = ((ops,) if isinstance(ops, str) else tuple(ops) for ops in (first, last))
+
+    def first_called(ops: tuple[str, ...], rank: int, trace) -> tuple[str, list[float]]:
+        """The first kind among `ops` that the rank calls at all, and the ends of its calls of that kind."""
+        for op in ops:
+            ends = [e.end for e in trace if e.rank == rank and e.op == op]
+            if ends:
+                return op, ends
+        return "", []
 
     def broken(result: SimResult) -> Optional[str]:
         for s in result.stats:
-            starts = [e for e in result.trace if e.rank == s.rank and e.op in openers]
-            ends = [e for e in result.trace if e.rank == s.rank and e.op in closers]
+            (opened, starts), (closed, ends) = (first_called(ops, s.rank, result.trace) for ops in (openers, closers))
             if not starts or not ends:
                 continue
-            opened, closed = min(starts, key=lambda e: e.end), max(ends, key=lambda e: e.end)
-            peak = max((held for t, held in s.memory if opened.end <= t <= closed.end), default=0)
+            peak = max((held for t, held in s.memory if min(starts) <= t <= max(ends)), default=0)
             if peak > limit * (1 + 1e-9):
-                return (f"rank {s.rank} held {fmt_bytes(peak)} of tensors {phase} (from its first {opened.op} to its "
-                        f"last {closed.op}), over the budget of {fmt_bytes(limit)}"
+                return (f"rank {s.rank} held {fmt_bytes(peak)} of tensors {phase} (from its first {opened} to its "
+                        f"last {closed}), over the budget of {fmt_bytes(limit)}"
                         f"{excess(peak - limit) if excess else ''}")
         return None
     # Not timed: the clocks only order a rank's own samples against its ops, and any cost model orders them alike.

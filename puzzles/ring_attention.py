@@ -797,15 +797,16 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
 def backward_by_terms(q, k, v, out, lse, dout, key_blocks, *, row_term: str = "dO∘O", normaliser: str = "lse"):
     """dQ, dK, dV of attention written by the terms of FlashAttention's backward (FlashAttention-2, Dao 2023,
     Algorithm 2): P = exp(S - lse), D = rowsum(dO ∘ O), dV = Pᵀ·dO, dS = P ∘ (dO·Vᵀ - D)/√d, dQ = dS·K,
-    dK = dSᵀ·Q, on the whole sequence. A known mistake turns one term: D from dO alone (row_term="dO"), or P
-    normalised within each of `key_blocks` (slices of the keys) by its own log-sum-exp (normaliser="block")."""
+    dK = dSᵀ·Q, on the whole sequence. A known mistake turns one term: D from dO alone (row_term="dO") or left out
+    (row_term="none"), or P normalised within each of `key_blocks` (slices of the keys) by its own log-sum-exp
+    (normaliser="block")."""
     scale = q.shape[-1] ** -0.5
     scores = q @ k.transpose(-2, -1) * scale                              # (b, h, s, s)
     if normaliser == "lse":
         p = torch.exp(scores - lse.unsqueeze(-1))
     else:
         p = torch.cat([torch.exp(scores[..., b] - scores[..., b].logsumexp(-1, keepdim=True)) for b in key_blocks], -1)
-    row = ((dout * out) if row_term == "dO∘O" else dout).sum(-1, keepdim=True)
+    row = {"dO∘O": dout * out, "dO": dout, "none": torch.zeros_like(dout)}[row_term].sum(-1, keepdim=True)
     ds = p * (dout @ v.transpose(-2, -1) - row) * scale
     return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ dout
 
@@ -832,6 +833,9 @@ BACKWARD_MISTAKES = (
     _backward_mistake("D, the row term of dS = P ∘ (dO·Vᵀ - D), taken as rowsum(dO) gives: D is rowsum(dO ∘ O), "
                       "the O left out. It equals Σⱼ Pᵢⱼ (dO·Vᵀ)ᵢⱼ, what the softmax's Jacobian subtracts from each "
                       "row (FlashAttention-2, Dao 2023, Algorithm 2).", row_term="dO"),
+    _backward_mistake("dS = P ∘ (dO·Vᵀ) · scale, the row term D left out, gives: dS = P ∘ (dO·Vᵀ - D) · scale with "
+                      "D = rowsum(dO ∘ O): the softmax's Jacobian subtracts from each row of dO·Vᵀ its mean under P "
+                      "(FlashAttention-2, Dao 2023, Algorithm 2).", row_term="none"),
     _backward_mistake(PER_BLOCK_SOFTMAX, tiles="block", normaliser="block"),
     _backward_mistake(PER_BLOCK_SOFTMAX, tiles="chunk", normaliser="block"))
 

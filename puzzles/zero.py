@@ -210,8 +210,9 @@ ON_DEVICE = nothing_on_the_host("ZeRO shards the training state across the ranks
 DEEP, DEEP_WIDTHS = 12, (40, 44)              # 1600 and 1936 leave remainders at N = 3
 
 
-# What opens and closes ZeRO-3's training phase: parameters gathered (by all-gathers, or broadcasts from each shard's
-# owner), gradients reduced (reduce-scattered, reduced to their owner, or all-reduced and cut: its bytes are over).
+# What opens and closes ZeRO-3's training phase, in order of preference (lib.contract.peak_memory_between): parameters
+# gathered (by all-gathers, else broadcasts from each shard's owner), gradients reduced (reduce-scattered, else reduced
+# to their owner, else all-reduced and cut: its bytes are over).
 GATHERS, REDUCES = ("all_gather", "broadcast"), ("reduce_scatter", "reduce", "all_reduce")
 
 

@@ -544,3 +544,11 @@ def test_a_formula_must_be_a_lib_terms_formula():
     from lib.check import SpecError
     with pytest.raises(SpecError, match="build it with lib.terms.formula"):
         Case(1, (), [3], "one", formulas={"": 3})
+
+
+def test_a_budget_missed_by_less_than_its_rounding_says_by_how_much():
+    """504.33 KiB over a budget of 504.33 KiB reads as no excess: the message adds what rounding hid."""
+    budget = Budget("bytes_sent", 516_432, "what the algorithm sends")
+    text = Puzzle._over(budget, "rank 0", 516_436, 516_432)
+    assert f"is {fmt_bytes(516_436)}, over the budget of {fmt_bytes(516_432)} by 4 B (what" in text, text
+    assert " by " not in Puzzle._over(budget, "rank 0", 600_000, 516_432)

@@ -8,7 +8,7 @@ import torch
 
 import puzzles
 from tests.test_content import BY_NAME
-from tools.gpu_check import main, plan, sweep
+from tools.gpu_check import _outcome, main, plan, sweep
 
 NO_CUDA = "no CUDA GPU here: the NCCL sweep runs on a GPU machine (./course gpu-check, or pytest -m gpu there)"
 
@@ -54,3 +54,13 @@ def test_every_reference_solution_passes_its_real_cell_on_the_gpus():
     assert not failed, "\n".join(failed)
     assert {r.puzzle for r in runs if r.backend == "nccl" and r.world_size == 1} == {
         p.name for p in puzzles.ALL if p.min_world_size == 1}
+
+
+def test_a_worker_that_dies_fails_its_run_with_why_instead_of_the_sweep():
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+    died = Future()
+    died.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+    run = _outcome(died, "gpipe", "nccl", 2)
+    assert (run.puzzle, run.backend, run.world_size, run.ok) == ("gpipe", "nccl", 2, False)
+    assert "worker process running it failed: BrokenProcessPool: A process in the process pool" in run.problem

@@ -88,10 +88,21 @@ def sweep(selected: Sequence[Puzzle], timeout: float = 300.0, gpus: Optional[int
         return runs
     # spawned workers: this process may have touched CUDA, and a forked copy of it could not
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_run_named, puzzle.name, backend, n, timeout) for puzzle, backend, n in planned]
+        futures = {pool.submit(_run_named, puzzle.name, backend, n, timeout): (puzzle.name, backend, n)
+                   for puzzle, backend, n in planned}
+        runs = {}
         for done in as_completed(futures):
-            progress(done.result())
-        return [f.result() for f in futures]
+            runs[done] = _outcome(done, *futures[done])
+            progress(runs[done])
+        return [runs[f] for f in futures]
+
+
+def _outcome(future, name: str, backend: str, world_size: int) -> Run:
+    """The run a worker sent back, or a failed one saying why the worker could not (it died, say)."""
+    try:
+        return future.result()
+    except Exception as e:          # a worker process that crashed breaks the pool: every run left says so
+        return Run(name, backend, world_size, problem=f"the worker process running it failed: {type(e).__name__}: {e}")
 
 
 def _run_named(name: str, backend: str, world_size: int, timeout: float) -> Run:

@@ -84,7 +84,7 @@ class RankState:
         self.dead = False                # stopped by an injected fault
         self.told_of_failure = False     # a RankDied has been raised to it (lib.faults.failure_known)
         self.comm_calls = 0              # communication calls made so far (faults count them)
-        self.p2p_log: list[tuple[str, int]] = []        # see RankStats.p2p_log
+        self.p2p_log: list[tuple[str, Optional[int]]] = []      # see RankStats.p2p_log
         self.stuck = False               # its thread would not stop when interrupted
         self.result: Any = None
         self.abort = False

@@ -319,6 +319,11 @@ def backward_row_term_from_do_alone(dist, q, k, v, out, lse, dout, block):
     return _grads(dist, q, k, v, out, lse, dout, block, delta_of="dO")
 
 
+def backward_without_the_row_term(dist, q, k, v, out, lse, dout, block):
+    """dS = P ∘ (dO·Vᵀ) · scale: D left out altogether (O zeroed makes rowsum(dO ∘ O) zero)."""
+    return _grads(dist, q, k, v, torch.zeros_like(out), lse, dout, block)
+
+
 def backward_normalising_each_block_alone(dist, q, k, v, out, lse, dout, block):
     """P recomputed as each key block's own softmax, exp(S - logsumexp(S)), not with the forward's lse."""
     return _grads(dist, q, k, v, out, lse, dout, block, normaliser="block")
@@ -442,6 +447,7 @@ MISTAKES = [
     Attempt("zigzag_attention", zigzag_returning_the_late_chunk_first, ("holds what", "swapped", "reversed")),
     Attempt("ring_attention_backward", backward_without_the_scale_in_ds, "√d, the attention scale"),
     Attempt("ring_attention_backward", backward_row_term_from_do_alone, ("the row term", "O left out")),
+    Attempt("ring_attention_backward", backward_without_the_row_term, "the row term D left out"),
     Attempt("ring_attention_backward", backward_normalising_each_block_alone, ("forward's lse", "log-sum-exp")),
     Attempt("ring_attention_backward", backward_gradients_home_leftwards, ("holds what rank", "right neighbour")),
     Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dS·Q", "transpose of dS",
