@@ -452,13 +452,15 @@ class Puzzle:
                 and not any(c.timed for c in case.contracts))
 
     def _judge(self, case: Case, result: SimResult, fn: Optional[Callable] = None, others: Sequence[Case] = (),
-               names: Sequence[str] = ()) -> Optional[str]:
-        return self._judge_answer(case, result, fn, others, names) or self._judge_budgets(case, result)
+               names: Sequence[str] = (), diagnosing: bool = True) -> Optional[str]:
+        return self._judge_answer(case, result, fn, others, names, diagnosing) or self._judge_budgets(case, result)
 
     def _judge_answer(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
-                      others: Sequence[Case] = (), names: Sequence[str] = ()) -> Optional[str]:
+                      others: Sequence[Case] = (), names: Sequence[str] = (), diagnosing: bool = True,
+                      ) -> Optional[str]:
         """What is wrong with the ops used, the results or the case's contracts, or None. `fn` and the check's
-        `others` cases let the diagnosis replay the answer (a NaN's origin, a factor the case cannot pin down)."""
+        `others` cases let the diagnosis replay the answer (a NaN's origin, a factor the case cannot pin down);
+        without `diagnosing`, a wrong result is said without looking for its cause."""
         if case.allowed_ops is not None:
             for s in result.stats:
                 extra = sorted(set(s.calls) - case.allowed_ops)
@@ -467,6 +469,8 @@ class Puzzle:
                             f"{', '.join(sorted(case.allowed_ops))} only.")
         for rank, (want, got) in enumerate(zip(case.expected, result.results)):
             diff = first_difference(want, got, self.rtol, self.atol, where="the result")
+            if diff and not diagnosing:
+                return f"rank {rank}: {diff}."
             if diff:
                 with remembering():           # the replays asked for below run once
                     explained = case_reading(case, result.results)
@@ -512,10 +516,10 @@ class Puzzle:
                      "count until the run ends: the simulator cannot see when Python frees them.")
         return text + (f"\nHint: {b.hint}" if b.hint else "")
 
-    def _success(self, result: SimResult, case: Case) -> str:
+    def _success(self, result: SimResult, case: Case, heading: str = "") -> str:
         sizes = ", ".join(str(n) for n in self.world_sizes)
         where = f" (world sizes {sizes})" if self.takes_dist else ""
-        text = f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
+        text = heading or f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
         for b in case.budgets:
             who = ""
             if b.metric == "time":
@@ -530,6 +534,48 @@ class Puzzle:
             kind = "floor" if b.least else "budget"
             text += f"\n  {b.name}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
         return text
+
+    def at_scale(self, fn: Callable, world_size: int, show: bool = True, strict: Optional[bool] = None,
+                 **variant) -> Optional[SimResult]:
+        """`fn` on one case of `world_size` simulated ranks (`variant`: the case builder's arguments, a mesh's shape),
+        judged as the check judges it (results, contracts, budgets) and pictured as its success is: the pattern at
+        a real cluster's proportions, for after the check has passed. Its run (None if there is none to show).
+        A wrong answer is said without the check's diagnosis, which replays the run (seconds each at this size).
+        `strict` (COURSE_STRICT, as for check): raise rather than print what is wrong."""
+        strict = strict_default() if strict is None else strict
+        if not callable(fn) or is_the_stub(fn):
+            text = f"{self.name} is not solved yet: solve it (its check passes), then run this cell again."
+            print(f"○ {text}")
+            if strict:
+                raise NotSolved(text)
+            return None
+        first_use.ready()
+        case = self.make_case(random.Random(f"{self.name}:at scale"), world_size, **variant)
+        where = f"at N={world_size} ({case.label})"
+        with one_thread():
+            try:
+                result = run(self.wrap(fn), world_size, *case.args, cost=case.cost, protect=case.expected,
+                             faults=case.faults, read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
+                problem = self._judge(case, result, diagnosing=False)
+            except PuzzleError as e:
+                problem = str(e).strip()
+        if problem:
+            text = (f"✗ {self.name} failed {where}:\n{problem}\nHint: run P.{self.name}.check({fn.__name__}) first: "
+                    "on its small cases it names the mistake. What only a larger mesh shows is a size written as a "
+                    "number (a 2 where a degree belongs) or a rank's place worked out for the small mesh alone.")
+            print(text)
+            if strict:
+                raise CheckFailed(text)
+            return None
+        print(self._success(result, case, heading=f"✓ {self.name} is right {where}: every rank's result matches the "
+                                                 "single-device reference, within every budget."))
+        if show and _in_notebook():
+            from IPython.display import display
+
+            from lib.viz.png import Picture
+            for figure in self.picture(Outcome(PASSED, "", result, case), fn):
+                display(Picture(figure))
+        return result
 
     def check(self, fn: Callable, strict: Optional[bool] = None, seed: Optional[int] = None, show: bool = True) -> bool:
         """The check cell: True when `fn` is right and within budget. Prints why not, with a hint."""

@@ -113,7 +113,7 @@ def counted_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
 
     def transfer(nbytes: int, to_host: bool) -> None:
         work.steps.append((nbytes,))
-    tracker = RankTracker(on_work=compute, now=lambda: 0.0, on_transfer=transfer)
+    tracker = RankTracker(on_work=compute, on_transfer=transfer)
     with tracker:
         result = fn()
     work.flops, work.peak, work.current = tracker.flops, tracker.peak, tracker.current

@@ -125,8 +125,8 @@ class MeshPuzzle(Puzzle):
             self.make_case(random.Random(f"{self.name}:{seed}"), n)
         return super().real(fn, world_size, backend, seed, strict, timeout)
 
-    def _success(self, result: SimResult, case: Case) -> str:
-        text = super()._success(result, case)
+    def _success(self, result: SimResult, case: Case, heading: str = "") -> str:
+        text = super()._success(result, case, heading)
         if not isinstance(case, MeshCase) or case.axes is None:
             return text
         traffic = _traffic(result, case.axes)
@@ -143,15 +143,53 @@ class MeshPuzzle(Puzzle):
         from lib.viz.plots import memory_over_time_figure
         from lib.viz.timeline import draw_timeline
 
-        title = "\n".join(textwrap.wrap(f"{self.name}, {case.label}" + (f"; {case.scale}" if case.scale else ""), 100))
+        shown = None if result.world_size <= TIMELINE_ROWS else rows_to_show(case.axes)
+        label = case.label if shown is None else \
+            f"{case.label}; ranks {', '.join(map(str, shown))} of {case.world_size}"
+        title = "\n".join(textwrap.wrap(f"{self.name}, {label}" + (f"; {case.scale}" if case.scale else ""), 100))
         figures = []
         if any(e.lane == "comm" for e in result.trace):
             figures.append(draw_timeline(result.trace, result.world_size, title=title,
-                                         kind_of=axis_labeller(case.axes)))
+                                         kind_of=axis_labeller(case.axes), ranks=shown))
+        if shown is not None:
+            from lib.viz.mesh import axis_traffic_figure
+            figures.append(axis_traffic_figure(axis_rows(_traffic(result, case.axes), case.axes, result.cost),
+                                               title=f"{self.name}: bytes sent along each axis, {case.label}"))
         if any(b.metric == "peak_memory" for b in case.budgets):
             figures.append(memory_over_time_figure({f"{self.name}, rank 0": result},
                                                    title=f"{self.name}, {case.label}"))
         return figures
+
+
+TIMELINE_ROWS = 16        # a timeline of more ranks draws a few of them (rows_to_show)
+
+
+def rows_to_show(axes: MeshAxes, per_axis: int = 4) -> list[int]:
+    """The ranks a timeline of a large mesh draws: rank 0 and the first few of its group along each axis, the
+    outermost axis's first (its pipeline, its TP peers, its DP peers: every kind of wait rank 0 has)."""
+    shown: list[int] = []
+    for axis in axes.names:
+        for r in axes.group(0, axis)[:per_axis]:
+            if r not in shown:
+                shown.append(r)
+    return sorted(shown)
+
+
+def axis_rows(traffic: list[dict[str, AxisTraffic]], axes: MeshAxes,
+              cost) -> list[tuple[str, float, float, str, float]]:
+    """Per axis: (its name, the busiest rank's bytes sent, the mean over ranks, the link its groups use, the busiest
+    rank's bytes at that link's bandwidth), for lib.viz.mesh.axis_traffic_figure."""
+    rows = []
+    for axis in axes.names:
+        sent = [per_axis[axis].sent for per_axis in traffic]
+        busiest = max(range(len(sent)), key=sent.__getitem__)
+        group = axes.group(busiest, axis)
+        bandwidth = cost.bandwidth(group)
+        nodes = len({cost.node_of(r) for r in group})
+        link = (f"inside one node ({bandwidth / 1e9:g} GB/s)" if nodes == 1 else
+                f"across {nodes} nodes ({bandwidth / 1e9:g} GB/s)")
+        rows.append((axis.upper(), sent[busiest], sum(sent) / len(sent), link, sent[busiest] / bandwidth))
+    return rows
 
 
 class RankOnly:

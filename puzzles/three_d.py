@@ -520,11 +520,21 @@ def _stage_measures(cfg: GPTConfig, micro: int, pp: int, tp: int) -> tuple[CostM
     return cost, unit, tuple((stash, peak) for _, _, stash, peak in measured)
 
 
-def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> MeshCase:
-    shape = (2, 2, 2) if n == 8 else (1, 2, 2)
+def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None,
+                  shape: Optional[tuple[int, int, int]] = None) -> MeshCase:
+    """The check's cases on (2, 2, 2) and (1, 2, 2); with `shape`, one on that mesh (train_3d.at_scale: a cluster's
+    proportions), with one head of 4 per TP rank and one sequence per micro-batch, the smallest this case allows."""
+    if shape is not None and math.prod(shape) != n:
+        raise ValueError(f"a (dp, pp, tp) mesh of {shape} has {math.prod(shape)} ranks, not {n}")
+    at_scale = shape is not None
+    shape = shape or ((2, 2, 2) if n == 8 else (1, 2, 2))
     dp, pp, tp = shape
-    heads = tp * rng.choice([1, 2])
-    vocab, hidden, micro = rng.choice([32, 64]), heads * rng.choice([8, 16]), rng.randint(1, 2)
+    if at_scale:
+        heads, vocab, micro = tp, 32, 1
+        hidden = 4 * heads
+    else:
+        heads = tp * rng.choice([1, 2])
+        vocab, hidden, micro = rng.choice([32, 64]), heads * rng.choice([8, 16]), rng.randint(1, 2)
     # A micro-batch's stash (about micro · s / h times the stage's gradients) at least 1.5 times those gradients: the
     # memory budget allows a flattened copy of them for the DP average, and GPipe's one more micro-batch in flight
     # on stage 0 must still break it.
@@ -597,9 +607,9 @@ def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None) -> Me
              "micro-batch's activations alive.")
     return MeshCase(n, (stages, tokens, targets, dp, pp, tp, m, steps, lr), [trained[p][t] for _, p, t in where],
                     f"(dp, pp, tp) = {shape}, {cfg.layers} layers, h={cfg.hidden}, {cfg.heads} heads, s={cfg.seq}, "
-                    f"m={m} micro-batches of {micro}, {steps} SGD steps", budgets=budgets, cost=cost, axes=axes,
-                    axis_budgets=axis_budgets, scale=SCALE_NOTE, factors=_degrees(dp=dp, pp=pp, tp=tp, m=m),
-                    steps=steps, contracts=[one_f_one_b])
+                    f"m={m} micro-batches of {micro}, {steps} SGD step{'s' * (steps != 1)}", budgets=budgets,
+                    cost=cost, axes=axes, axis_budgets=axis_budgets, scale=SCALE_NOTE,
+                    factors=_degrees(dp=dp, pp=pp, tp=tp, m=m), steps=steps, contracts=[one_f_one_b])
 
 
 TIME_SLACK = 0.1

@@ -243,3 +243,95 @@ def test_memory_bars_stack_each_plans_four_terms_against_the_gpu():
         assert [b.get_height() for b in stack] == pytest.approx(gib)
     assert ax.lines[0].get_ydata()[0] == H100_80GB.memory / 2**30
     assert [t.get_text() for t in ax.get_xticklabels()][1].startswith("TP2 PP2 DP4")
+
+
+# ---- a composed step at a cluster's proportions (notebook 06, MeshPuzzle.at_scale) --------------------------------
+
+def test_a_timeline_of_a_large_mesh_draws_rank_0_and_its_first_peers_along_each_axis():
+    from lib.mesh_check import rows_to_show
+    assert rows_to_show(MeshAxes((8, 4, 8), NAMES)) == [0, 1, 2, 3, 8, 16, 24, 32, 64, 96]
+    assert rows_to_show(MeshAxes((2, 2), ("dp", "tp"))) == [0, 1, 2]
+
+
+def test_draw_timeline_draws_only_the_ranks_asked_for_in_their_order():
+    def ring(dist):
+        x = torch.ones(4)
+        dist.all_reduce(x)
+        return x
+    result = run(ring, 6)
+    full = draw_timeline(result.trace, 6)
+    some = draw_timeline(result.trace, 6, ranks=[0, 4, 5])
+    labels = [t.get_text() for t in some.axes[0].get_yticklabels()]
+    assert labels == ["rank 0", "rank 4", "rank 5"]
+    assert len(some.axes[0].collections[0].get_paths()) == len(full.axes[0].collections[0].get_paths()) // 2
+    assert some.axes[0].get_xlim() == full.axes[0].get_xlim()        # the whole run's time, however few rows
+
+
+def test_axis_rows_give_each_axis_its_busiest_rank_its_mean_and_its_link():
+    from lib.mesh_check import axis_rows
+    from lib.sim import CostModel
+    axes = MeshAxes((2, 4), ("dp", "tp"))
+
+    def step(dist):
+        mesh = device_mesh(dist, (2, 4), ("dp", "tp"))
+        x = torch.ones(64, dtype=torch.float64)
+        dist.all_reduce(x, group=mesh["tp"].get_group())
+        if mesh.get_local_rank("tp") == 0:                          # only the first TP rank of each DP replica
+            dist.all_reduce(x, group=mesh["dp"].get_group())
+        return x
+    cost = CostModel(ranks_per_node=4)
+    result = run(step, 8, cost=cost)
+    rows = dict((r[0], r[1:]) for r in axis_rows(traffic_by_axis(result.trace, axes), axes, cost))
+    tp_sent = bus_factor("all_reduce", 4) * 512
+    assert rows["TP"][:2] == (pytest.approx(tp_sent), pytest.approx(tp_sent))
+    assert rows["TP"][2] == "inside one node (450 GB/s)" and rows["TP"][3] == pytest.approx(tp_sent / 450e9)
+    dp_sent = bus_factor("all_reduce", 2) * 512
+    assert rows["DP"][:2] == (pytest.approx(dp_sent), pytest.approx(dp_sent / 4))
+    assert rows["DP"][2] == "across 2 nodes (50 GB/s)"
+
+
+def test_train_3d_at_scale_passes_the_reference_and_pictures_a_few_ranks(capsys):
+    import puzzles.three_d as P
+    import solutions.three_d as S
+    result = P.train_3d.at_scale(S.train_3d, 32, shape=(4, 2, 4), steps=1, show=False)
+    out = capsys.readouterr().out
+    assert result is not None and result.world_size == 32
+    assert out.startswith("✓ train_3d is right at N=32 ((dp, pp, tp) = (4, 2, 4)")
+    assert "sent on the TP axis at N=32" in out and "1 SGD step)" in out
+    from lib.check import Outcome, PASSED
+    case = P.train_3d.make_case(__import__("random").Random(0), 32, shape=(4, 2, 4), steps=1)
+    timeline, bars, _memory = P.train_3d.picture(Outcome(PASSED, "", result, case))
+    assert [t.get_text() for t in timeline.axes[0].get_yticklabels()] == \
+        ["rank 0", "rank 1", "rank 2", "rank 3", "rank 4", "rank 8", "rank 16", "rank 24"]
+    assert [t.get_text() for t in bars.axes[0].get_yticklabels()] == ["DP", "PP", "TP"]
+
+
+def test_train_3d_at_scale_says_what_only_a_larger_mesh_shows(capsys):
+    """A `2` where the TP degree belongs passes the check (its meshes have tp = 2) and fails at tp = 4."""
+    import puzzles.three_d as P
+    import solutions.three_d as S
+    from lib.check import CheckFailed
+
+    def two_way_tp(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+        return S.train_3d(dist, stage, tokens, targets, dp * tp // 2, pp, 2, m, steps, lr)
+    assert P.train_3d.check(two_way_tp, seed=0, show=False, strict=False)
+    assert P.train_3d.at_scale(two_way_tp, 16, shape=(2, 2, 4), steps=1, show=False, strict=False) is None
+    out = capsys.readouterr().out
+    assert "✗ train_3d failed at N=16 ((dp, pp, tp) = (2, 2, 4)" in out
+    assert "a 2 where a degree belongs" in out
+    with pytest.raises(CheckFailed):
+        P.train_3d.at_scale(two_way_tp, 16, shape=(2, 2, 4), steps=1, show=False, strict=True)
+
+
+def test_train_3d_at_scale_waits_for_an_answer(capsys):
+    import puzzles.three_d as P
+    from lib.check import NotSolved
+
+    def train_3d(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+        raise NotImplementedError
+    assert P.train_3d.at_scale(train_3d, 16, shape=(2, 2, 4), show=False, strict=False) is None
+    assert capsys.readouterr().out.startswith("○ train_3d is not solved yet")
+    with pytest.raises(NotSolved):
+        P.train_3d.at_scale(train_3d, 16, shape=(2, 2, 4), show=False, strict=True)
+    with pytest.raises(ValueError, match="has 16 ranks, not 8"):
+        P.train_3d.make_case(__import__("random").Random(0), 8, shape=(2, 2, 4))

@@ -98,14 +98,9 @@ class Ownership:
     """The owner of every storage the ranks of one run allocated, and of every generator they used."""
 
     def __init__(self) -> None:
-        self.owners: dict[int, int] = {}          # storage key -> rank
+        # storage key -> rank, written by each rank's tracker as its storages are born and die (RankTracker)
+        self.owners: dict[int, int] = {}
         self._generators: dict[int, tuple[torch.Generator, int]] = {}
-
-    def claim(self, key: int, rank: int) -> None:
-        self.owners[key] = rank
-
-    def release(self, key: int) -> None:
-        self.owners.pop(key, None)
 
     def check(self, rank: int, func, args: tuple, kwargs: dict, written: Optional[tuple] = None,
               inputs: Optional[list] = None) -> Optional[SharedMemory]:

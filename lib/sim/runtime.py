@@ -95,15 +95,21 @@ class RankState:
         self.resume.acquire()
         self.thread: Optional[threading.Thread] = None
         self.rng: Optional[torch.Tensor] = None     # the global random state while another rank runs
-        self.tracker = RankTracker(on_work=self._add_work, now=lambda: self.clock, on_transfer=self._transfer,
+        self.tracker = RankTracker(on_work=self._add_work, clock=self, on_transfer=self._transfer,
                                    on_violation=runtime.fail, limit=runtime.memory_limit / runtime.world_size,
                                    rank=rank, ownership=runtime.ownership)
         self._runtime = runtime
+        self._roofline = runtime.cost.flops_per_s, runtime.cost.memory_bandwidth     # the device's, read once
 
     def _add_work(self, flops: float, nbytes: float, on_host: bool) -> None:
+        """One op's time: CostModel.compute_time, its device case written out (it runs on every op)."""
         if self._runtime._aborting:      # the run is ending: stop at this op, should an interrupt have been lost
             raise _Abort()               # (one raised inside a weakref callback is printed and ignored)
-        self.clock += self._runtime.cost.compute_time(flops, on_host, nbytes)
+        if on_host:
+            self.clock += self._runtime.cost.compute_time(flops, True, nbytes)
+            return
+        peak, bandwidth = self._roofline
+        self.clock += max(flops / peak, nbytes / bandwidth)
 
     def _transfer(self, nbytes: int, to_host: bool) -> None:
         """A host-device copy: blocks the rank for nbytes over PCIe, drawn as a transfer."""
@@ -242,8 +248,8 @@ class Runtime:
         state.resume.acquire()
         if state.abort:
             raise _Abort()
-        with _UNTRACKED():
-            torch.set_rng_state(state.rng)
+        with _UNTRACKED():                       # torch.set_rng_state without its Python layer, which clones it
+            _RNG.set_state(state.rng)
 
     def _hand_off(self, state: RankState) -> None:
         """Pass the baton to the next rank that can run (cyclic order from `state`), or back to the

@@ -86,13 +86,23 @@ def _work(op: _Op, inputs: list, args: tuple, kwargs: dict, out) -> tuple[float,
     """(FLOPs, bytes read and written) of one op: FLOPs by its formula where it has one (lib.sim.flops), else one per
     element of the largest tensor it touches (elementwise ops, reductions). `inputs`: its argument tensors
     (tensor_inputs), measured after the op ran (an in-place resize_ has changed them)."""
-    outputs = (out,) if isinstance(out, torch.Tensor) else _tensors(out) if isinstance(out, (list, tuple)) else ()
     nbytes = largest = 0
-    for t in (*inputs, *outputs):
+    for t in inputs:
         n = t.numel()
         nbytes += n * t.element_size()
         if n > largest:
             largest = n
+    if isinstance(out, torch.Tensor):          # the usual output, without building a tuple of every tensor
+        n = out.numel()
+        nbytes += n * out.element_size()
+        if n > largest:
+            largest = n
+    elif isinstance(out, (list, tuple)):
+        for t in _tensors(out):
+            n = t.numel()
+            nbytes += n * t.element_size()
+            if n > largest:
+                largest = n
     if op.formula is None:
         return float(largest), float(nbytes)
     return float(flops_of(op.formula, op.formula_kind, args, kwargs, out)), float(nbytes)
@@ -115,15 +125,23 @@ def _raise(error: Exception) -> None:
     raise error
 
 
+class StoppedClock:
+    """The clock of memory counted outside a simulated run: every sample at time 0."""
+
+    clock = 0.0
+
+
 class RankTracker(TorchDispatchMode):
     """Counts live bytes (current and peak, device and host) and FLOPs of one rank.
 
     on_work(flops, nbytes, on_host) advances the rank's clock for one op (its FLOPs and the bytes it touches);
-    on_transfer(nbytes, to_host) charges a copy between host and device memory. With `ownership`, the storages
-    it counts are the rank's, and ops that break share-nothing are reported to on_violation.
+    on_transfer(nbytes, to_host) charges a copy between host and device memory. `clock`: what holds the rank's
+    simulated time as its `.clock` (the memory timeline's samples are taken at it; an attribute read rather than a
+    call, twice per op). With `ownership`, the storages it counts are the rank's, and ops that break share-nothing
+    are reported to on_violation.
     """
 
-    def __init__(self, on_work: Callable[[float, float, bool], None], now: Callable[[], float],
+    def __init__(self, on_work: Callable[[float, float, bool], None], clock: object = StoppedClock(),
                  on_transfer: Callable[[int, bool], None] = lambda nbytes, to_host: None,
                  on_violation: Callable[[Exception], None] = _raise, limit: float = float("inf"),
                  rank: int = 0, ownership: Optional[Ownership] = None) -> None:
@@ -146,7 +164,9 @@ class RankTracker(TorchDispatchMode):
         self._hosted = 0                                  # how many live storages are on the host
         self._on_work = on_work
         self._on_transfer = on_transfer
-        self._now = now
+        self._clock = clock
+        # storage -> rank of every rank's storages (ownership.owners), written here at each allocation and release
+        self._owners = ownership.owners if ownership is not None else None
         self._refusals: list[tuple[tuple[str, ...], Callable[[str], Exception]]] = []    # innermost last
         self._verdicts: dict[int, Optional[Callable[[str], Exception]]] = {}   # id(func) -> its refusal, or None
 
@@ -332,17 +352,27 @@ class RankTracker(TorchDispatchMode):
             self._change(size - known[0], known[1] == ON_HOST)
 
     def _adopt_new(self, storage, key: int, place: int) -> None:
-        """Count a storage this rank has not counted yet (an op's new output, the common case) until it dies."""
+        """Count a storage this rank has not counted yet (an op's new output, the common case) until it dies.
+        Runs once per op: the device side's count is written out here rather than through _change."""
         size = storage.nbytes()
         self._watch[key] = weakref.ref(storage, functools.partial(self._release, key))
-        if self._ownership is not None:
-            self._ownership.claim(key, self._rank)
+        if self._owners is not None:
+            self._owners[key] = self._rank
         self._sizes[key] = (size, place)
         if size > self.largest:
             self.largest = size
         if place == ON_HOST:
             self._hosted += 1
-        self._change(size, place == ON_HOST)
+            self._change(size, True)
+            return
+        current = self.current + size
+        if current + self.host_current > self._limit:
+            self._change(size, False)      # over the limit: says so
+            return
+        self.current = current
+        if current > self.peak:
+            self.peak = current
+        self.samples.append((self._clock.clock, current))
 
     def _release(self, key: int, _ref=None) -> None:
         """Forget a storage that died (the callback of its weak reference, `_ref`)."""
@@ -350,14 +380,18 @@ class RankTracker(TorchDispatchMode):
         known = self._sizes.pop(key, None)
         if known is None:
             return
-        if self._ownership is not None:
-            self._ownership.release(key)
+        if self._owners is not None:
+            self._owners.pop(key, None)
         if self.reads is not None:
             self.reads.forget(key)
-        if known[1] == ON_HOST:
+        size, place = known
+        if place == ON_HOST:
             self._hosted -= 1
-        if known[0]:
-            self._change(-known[0], known[1] == ON_HOST)
+            if size:
+                self._change(-size, True)
+        elif size:
+            self.current -= size
+            self.samples.append((self._clock.clock, self.current))
 
     def _change(self, delta: int, on_host: bool) -> None:
         if delta > 0 and self.current + self.host_current + delta > self._limit:
@@ -373,7 +407,7 @@ class RankTracker(TorchDispatchMode):
         self.current += delta
         if self.current > self.peak:
             self.peak = self.current
-        self.samples.append((self._now(), self.current))
+        self.samples.append((self._clock.clock, self.current))
 
 
 def in_host_memory(tracker: RankTracker, t: torch.Tensor) -> bool:

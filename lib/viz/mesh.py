@@ -4,6 +4,7 @@ launchers number them)."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 from lib.sim.mesh import coordinates
@@ -63,5 +64,37 @@ def mesh_figure(shape: Sequence[int], names: Sequence[str], colour_by: Sequence[
         ax.set_title(f"{axis.upper()} groups: one colour each" if axis else "", fontsize="small")
     if title:
         fig.suptitle(title, fontsize="medium")
+    plt.close(fig)
+    return fig
+
+
+def axis_traffic_figure(rows: Sequence[tuple[str, float, float, str, float]], title: str = ""):
+    """A bar per mesh axis: the bytes its busiest rank sent along it in the run, and the mean over the ranks, each
+    labelled with the link the axis's groups use and how long the busiest rank's bytes take on it. `rows`: one
+    (axis, busiest bytes, mean bytes, link, seconds at that link's bandwidth) per axis, outermost first."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MultipleLocator
+
+    from lib.units import fmt_bytes, fmt_time
+
+    fig, ax = plt.subplots(figsize=(10, 0.7 * len(rows) + 1.3), layout="constrained")
+    ys = list(range(len(rows)))[::-1]
+    busiest = [r[1] for r in rows]
+    ax.barh(ys, busiest, height=0.6, color=[GROUP_COLOURS[i % len(GROUP_COLOURS)] for i in range(len(rows))],
+            label="the busiest rank")
+    ax.scatter([r[2] for r in rows], ys, marker="|", s=400, color="black", zorder=3, label="the mean over ranks")
+    right = max(busiest, default=0) or 1
+    for y, (_, most, _, link, seconds) in zip(ys, rows):
+        ax.text(most + right * 0.01, y, f"{fmt_bytes(most)}: {link}, {fmt_time(seconds)} at that speed", va="center",
+                fontsize="small")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([r[0] for r in rows])
+    ax.set_xlim(0, right * 1.9)                 # room for the labels beside the longest bar
+    ax.set_xlabel("bytes sent in the run")
+    ax.xaxis.set_major_locator(MultipleLocator(2 ** math.floor(math.log2(right / 2)) if right > 2 else 1))
+    ax.xaxis.set_major_formatter(lambda v, _pos: fmt_bytes(v) if v else "0")        # powers of 2: 256 KiB, not 195.31
+    ax.legend(loc="lower right", fontsize="small", frameon=False)
+    if title:
+        ax.set_title(title, fontsize="medium")
     plt.close(fig)
     return fig

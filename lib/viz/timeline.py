@@ -49,11 +49,12 @@ def _colouring(events: Sequence, kind_of: Optional[Callable[[Any], str]]):
 
 
 def draw_timeline(events: Sequence, world_size: int, title: str = "",
-                  kind_of: Optional[Callable[[Any], str]] = None):
+                  kind_of: Optional[Callable[[Any], str]] = None, ranks: Optional[Sequence[int]] = None):
     """One row per rank with a compute lane (top) and a communication lane (bottom).
 
     kind_of: names each communication's kind (its mesh axis, say: lib.sim.traffic.axis_labeller), which then
-    colours it and names it in the legend instead of its op."""
+    colours it and names it in the legend instead of its op. ranks: the ranks to draw, in this order (all of them
+    if None): a few rows of a run on hundreds of ranks."""
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.collections import PolyCollection
@@ -62,14 +63,19 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
 
     from lib.viz import place_axes
 
+    end = max((e.end for e in events), default=0.0)          # the whole run's, however few ranks are drawn
+    shown = list(range(world_size)) if ranks is None else list(ranks)
+    row_of = {r: len(shown) - 1 - i for i, r in enumerate(shown)}
+    if ranks is not None:
+        events = [e for e in events if e.rank in row_of]
     labels, palette = _colouring(events, kind_of)
 
-    end = max((e.end for e in events), default=0.0)
     factor, unit = _scale(end)
-    fig, ax = plt.subplots(figsize=(10, 0.55 * world_size + 1.2))
+    rows = len(shown)
+    fig, ax = plt.subplots(figsize=(10, 0.55 * rows + 1.2))
     bars: dict[tuple, list] = {}             # the rectangles of each lane and colour, drawn in that order
     for e, label in zip(events, labels):
-        y, height = _lane(e, world_size - 1 - e.rank)
+        y, height = _lane(e, row_of[e.rank])
         bars.setdefault((y, height, label), []).append(
             (e.start * factor, max((e.end - e.start) * factor, end * factor * 2e-3)))
     if bars:                                 # one collection of every rectangle: a run has thousands of events
@@ -82,16 +88,16 @@ def draw_timeline(events: Sequence, world_size: int, title: str = "",
         ax.add_collection(PolyCollection(corners, facecolors=colours, edgecolor="white", linewidth=0.3),
                           autolim=False)
     used = {label for _, _, label in bars}
-    ax.set_yticks([world_size - 1 - r + 0.5 for r in range(world_size)])
-    ax.set_yticklabels([f"rank {r}" for r in range(world_size)])
-    ax.set_ylim(0, world_size)
+    ax.set_yticks([row_of[r] + 0.5 for r in shown])
+    ax.set_yticklabels([f"rank {r}" for r in shown])
+    ax.set_ylim(0, rows)
     ax.set_xlim(0, end * factor * 1.01 or 1)
     ax.set_xlabel(f"simulated time ({unit})   each rank: compute above; communication below (sends over receives)")
     if title:
         ax.set_title(title, y=1.0)           # where matplotlib would put it, without measuring the ticks
     ax.legend(handles=[Patch(color=palette.get(k, "#999999"), label=k) for k in sorted(used)],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
-    place_axes(fig, ax, left=0.62 + 0.08 * len(str(world_size - 1)), bottom=0.59,        # "rank N", the x label
+    place_axes(fig, ax, left=0.62 + 0.08 * len(str(max(shown, default=0))), bottom=0.59,        # "rank N", the x label
                top=(0.36 + 0.215 * title.count("\n")) if title else 0.15,               # the title's lines
                right=0.45 + 0.075 * max(map(len, used), default=0))                     # the legend's longest label
     plt.close(fig)          # returned, not shown twice in a notebook
