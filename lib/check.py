@@ -560,9 +560,10 @@ class Puzzle:
             except PuzzleError as e:
                 problem = str(e).strip()
         if problem:
-            text = (f"✗ {self.name} failed {where}:\n{problem}\nHint: run P.{self.name}.check({fn.__name__}) first: "
-                    "on its small cases it names the mistake. What only a larger mesh shows is a size written as a "
-                    "number (a 2 where a degree belongs) or a rank's place worked out for the small mesh alone.")
+            text = (f"✗ {self.name} failed {where}:\n{_abridged(problem)}\n"
+                    f"Hint: run P.{self.name}.check({fn.__name__}) first: on its small cases it names the mistake. "
+                    "What only a larger mesh shows is a size written as a number (a 2 where a degree belongs) or a "
+                    "rank's place worked out for the small mesh alone.")
             print(text)
             if strict:
                 raise CheckFailed(text)
@@ -782,6 +783,15 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _abridged(text: str, head: int = 20, tail: int = 4) -> str:
+    """`text` with its middle lines left out when it has too many to read: a report of every rank's wait has a line per
+    rank, hundreds at a cluster's size (Puzzle.at_scale); its first lines and its last (the hints) are kept."""
+    lines = text.splitlines()
+    if len(lines) <= head + tail + 1:
+        return text
+    return "\n".join([*lines[:head], f"  ... ({len(lines) - head - tail} more lines like these)", *lines[-tail:]])
 
 
 def _parameter_names(fn: Callable, takes_dist: bool) -> tuple[str, ...]:

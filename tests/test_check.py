@@ -552,3 +552,12 @@ def test_a_budget_missed_by_less_than_its_rounding_says_by_how_much():
     text = Puzzle._over(budget, "rank 0", 516_436, 516_432)
     assert f"is {fmt_bytes(516_436)}, over the budget of {fmt_bytes(516_432)} by 4 B (what" in text, text
     assert " by " not in Puzzle._over(budget, "rank 0", 600_000, 516_432)
+
+
+def test_a_long_failure_at_scale_keeps_its_first_lines_and_its_hints():
+    from lib.check import _abridged
+    text = "\n".join(["every rank is blocked:"] + [f"  rank {r} waits" for r in range(256)] + ["Hint: look."])
+    short = _abridged(text).splitlines()
+    assert short[:2] == ["every rank is blocked:", "  rank 0 waits"]
+    assert short[20] == "  ... (234 more lines like these)" and short[-1] == "Hint: look."
+    assert len(short) == 25 and _abridged("a\nb") == "a\nb"
