@@ -5,6 +5,7 @@ the notebook's setup cell, a ring all-reduce on 64 to 512 ranks and one training
     python -m bench.sim_speed                         # this checkout
     python -m bench.sim_speed --before /tmp/old       # and another checkout (a worktree of an older commit)
     python -m bench.sim_speed --scale                 # the many-rank figures, each as a ratio to a small op
+    python -m bench.sim_speed --digest [--before /tmp/old]  # whether a change of the engine moved what checks judge
 
 Absolute times drift on a shared machine; the many-rank figures are also given as ratios to a small torch op (an add
 of two 256-float tensors) timed in the same process.
@@ -129,10 +130,10 @@ def compare(checkouts: dict[str, Path], repeats: int, progress: Callable[[int, i
             for what, key in FIGURES]
 
 
-def _fresh(folder: Path) -> dict:
-    """`one()` in a new process that imports `folder`'s lib, puzzles and solutions."""
+def _fresh(folder: Path, what: str = "--one") -> dict:
+    """`one()` (or --digest's figure) in a new process that imports `folder`'s lib, puzzles and solutions."""
     env = dict(os.environ, PYTHONPATH=str(folder), COURSE_STRICT="1")
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one"], cwd=folder, env=env,
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), what], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"sim_speed in {folder} failed:\n{done.stderr[-3000:]}")
@@ -251,6 +252,47 @@ def scale(rings: Sequence[tuple[int, int]], shape: tuple[int, int, int]) -> str:
     return "\n".join(lines)
 
 
+# The checks whose runs --digest hashes: one or more of each kind of work (collectives by hand, DDP, both pipeline
+# schedules, a 3D mesh, ZeRO-3, offloading to host memory)
+DIGESTED = (("data_parallel", "ring_all_reduce"), ("data_parallel", "data_parallel_train"), ("pipeline", "gpipe"),
+            ("pipeline", "one_f_one_b"), ("three_d", "train_3d"), ("zero", "zero3_train"),
+            ("memory", "offloaded_adam_train"))
+_STATS = ("rank", "bytes_sent", "bytes_received", "peak_memory", "clock", "flops", "host_peak_memory", "host_flops",
+          "calls", "memory", "p2p_log", "largest_tensor")
+
+
+def digest(checks: Sequence[tuple[str, str]] = DIGESTED, seed: int = 0) -> dict:
+    """What the checks of `checks` ((module, puzzle), with their reference solutions) measure at `seed`, as one
+    SHA-256: every simulated run's trace and, per rank, its bytes, peak memory, clock, FLOPs, memory timeline, calls
+    and point-to-point order, floats to the last bit. Two checkouts with the same digest: a change of the engine
+    moved nothing a check judges (the same seed gives the same trace, clocks and figures)."""
+    import hashlib
+    import importlib
+
+    from lib.sim import runtime
+
+    sha, runs, result = hashlib.sha256(), [0], runtime.Runtime.result
+
+    def hashed(self):
+        out = result(self)
+        runs[0] += 1
+        for e in out.trace:
+            sha.update(repr((e.rank, e.op, e.group, e.peer, e.bytes, e.start, e.end)).encode())
+        for stats in out.stats:
+            sha.update(repr(tuple(getattr(stats, name, None) for name in _STATS)).encode())
+        return out
+    runtime.Runtime.result = hashed
+    try:
+        for module, name in checks:
+            puzzles, solutions = (importlib.import_module(f"{kind}.{module}") for kind in ("puzzles", "solutions"))
+            with contextlib.redirect_stdout(io.StringIO()):
+                if not getattr(puzzles, name).check(getattr(solutions, name), seed=seed, show=False, strict=False):
+                    raise RuntimeError(f"the reference solution of {name} fails its check at seed {seed}")
+    finally:
+        runtime.Runtime.result = result
+    return {"runs": runs[0], "sha256": sha.hexdigest()}
+
+
 def table(figures: list[Figure]) -> str:
     """Markdown: a row per figure, a column per checkout (median, min-max), and the first / the last."""
     labels = list(figures[0].per_checkout)
@@ -269,6 +311,12 @@ def _span(median: float, low: float, high: float) -> str:
     return f"{median * scale:,.1f} {unit} ({low * scale:,.1f}-{high * scale:,.1f})"
 
 
+def _only_this_checkout() -> None:
+    """The checkout measured is the one on PYTHONPATH: an editable install of another checkout must not supply the
+    modules this one lacks (it would mix two versions of the course in one process)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.sim_speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--one", action="store_true", help="internal: this process's figures as one JSON line")
@@ -277,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", action="store_true", help="the many-rank figures, as ratios to a small op")
     ap.add_argument("--rings", default="64,128,256,512", help="with --scale: the ring's numbers of ranks")
     ap.add_argument("--three-d", default=None, help="with --scale: the 3D step's dp,pp,tp (8,8,8); alone: internal")
+    ap.add_argument("--digest", action="store_true",
+                    help="a SHA-256 of what seven checks measure at seed 0 (with --before: of both checkouts)")
     args = ap.parse_args(argv)
     shape = tuple(int(v) for v in (args.three_d or ",".join(map(str, THREE_D))).split(","))
     if args.scale:
@@ -285,10 +335,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.three_d:
         print(json.dumps(three_d_step(shape)))
         return
+    if args.digest:
+        if args.before is None:
+            _only_this_checkout()
+            print(json.dumps(digest()))
+            return
+        found = {label: _fresh(folder, "--digest") for label, folder in (("this checkout", ROOT),
+                                                                         (str(args.before), args.before.resolve()))}
+        for label, d in found.items():
+            print(f"{label}: {d['runs']} simulated runs, sha256 {d['sha256']}")
+        same = len({d["sha256"] for d in found.values()}) == 1
+        print("identical: the same traces, clocks and figures" if same else "DIFFERENT: some run measured otherwise")
+        return
     if args.one:
-        # The checkout measured is the one on PYTHONPATH: an editable install of another checkout must not
-        # supply the modules this one lacks (it would mix two versions of the course in one process).
-        sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+        _only_this_checkout()
         print(json.dumps(one()))
         return
     checkouts = {"this checkout": ROOT, **({f"{args.before}": args.before.resolve()} if args.before else {})}

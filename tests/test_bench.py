@@ -258,3 +258,24 @@ def test_the_activation_table_measures_every_variant_against_the_formula(capsys)
         dropout, flash, ratio = row[4], row[5], float(row[8])
         assert 1.0 <= ratio < 1.01 or (flash == "yes" and dropout != "0")
     assert "falls back to the s×s math kernel" in text and text in capsys.readouterr().out
+
+
+def test_the_engines_digest_is_the_same_for_the_same_seed_and_moves_with_what_a_check_measures():
+    """bench.sim_speed --digest: equal digests say a change of the engine moved nothing a check judges."""
+    from bench.sim_speed import digest
+    from lib.sim import runtime
+    one, result = [("data_parallel", "ring_all_reduce")], runtime.Runtime.result
+    first = digest(one, seed=0)
+    assert runtime.Runtime.result is result                                  # the hook is taken off
+    assert first["runs"] >= 2 and digest(one, seed=0) == first
+    assert digest(one, seed=1)["sha256"] != first["sha256"]                    # other cases, other runs
+    record = runtime.Runtime.record
+
+    def slower(self, rank, op, group, peer, sent, received, start, end):     # every message a picosecond longer
+        record(self, rank, op, group, peer, sent, received, start, end + 1e-12)
+    runtime.Runtime.record = slower
+    try:
+        assert digest(one, seed=0)["sha256"] != first["sha256"]
+    finally:
+        runtime.Runtime.record = record
+    assert digest(one, seed=0) == first
