@@ -429,8 +429,7 @@ class Puzzle:
             if case is cases[-1] and self._timed_at_scale(case):
                 cost, scale = self.real_scale(case)
             try:
-                result = run(fn, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults,
-                             read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
+                result = _run_case(fn, case, cost)
             except RankFailed as e:
                 if raised_the_stub(e):
                     return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
@@ -543,21 +542,23 @@ class Puzzle:
         A wrong answer is said without the check's diagnosis, which replays the run (seconds each at this size).
         `strict` (COURSE_STRICT, as for check): raise rather than print what is wrong."""
         strict = strict_default() if strict is None else strict
-        if not callable(fn) or is_the_stub(fn):
-            text = f"{self.name} is not solved yet: solve it (its check passes), then run this cell again."
-            print(f"○ {text}")
+
+        def unsolved() -> None:
+            print(f"○ {_NOT_SOLVED.format(self.name)}")
             if strict:
-                raise NotSolved(text)
-            return None
+                raise NotSolved(_NOT_SOLVED.format(self.name))
+        if not callable(fn) or is_the_stub(fn):
+            return unsolved()
         first_use.ready()
         case = self.make_case(random.Random(f"{self.name}:at scale"), world_size, **variant)
         where = f"at N={world_size} ({case.label})"
         with one_thread():
             try:
-                result = run(self.wrap(fn), world_size, *case.args, cost=case.cost, protect=case.expected,
-                             faults=case.faults, read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
-                problem = self._judge(case, result, diagnosing=False)
+                result = _run_case(self.wrap(fn), case, case.cost)
+                problem = _not_refused(case) or self._judge(case, result, diagnosing=False)
             except PuzzleError as e:
+                if isinstance(e, RankFailed) and raised_the_stub(e):        # a helper of theirs still the stub
+                    return unsolved()
                 problem = str(e).strip()
         if problem:
             text = (f"✗ {self.name} failed {where}:\n{_abridged(problem)}\n"
@@ -783,6 +784,12 @@ class Puzzle:
         if strict:
             raise CheckFailed(text)
         return False
+
+
+def _run_case(fn: Callable, case: Case, cost: Optional[CostModel]) -> SimResult:
+    """`fn` (wrapped already) on `case`'s simulated ranks, under `cost`: a check's run of one case."""
+    return run(fn, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults,
+               read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
 
 
 def _abridged(text: str, head: int = 20, tail: int = 4) -> str:

@@ -165,8 +165,8 @@ TIMELINE_ROWS = 16        # a timeline of more ranks draws a few of them (rows_t
 
 
 def rows_to_show(axes: MeshAxes, per_axis: int = 4) -> list[int]:
-    """The ranks a timeline of a large mesh draws: rank 0 and the first few of its group along each axis, the
-    outermost axis's first (its pipeline, its TP peers, its DP peers: every kind of wait rank 0 has)."""
+    """The ranks a timeline of a large mesh draws, in rank order: rank 0 and the first `per_axis` of its group along
+    each axis (its DP peers, its pipeline, its TP peers: every kind of wait rank 0 has)."""
     shown: list[int] = []
     for axis in axes.names:
         for r in axes.group(0, axis)[:per_axis]:

@@ -211,13 +211,14 @@ DEEP, DEEP_WIDTHS = 12, (40, 44)              # 1600 and 1936 leave remainders a
 
 
 # What opens and closes ZeRO-3's training phase, in order of preference (lib.contract.peak_memory_between): parameters
-# gathered (by all-gathers, else broadcasts from each shard's owner), gradients reduced (reduce-scattered, else reduced
-# to their owner, else all-reduced and cut: its bytes are over).
-GATHERS, REDUCES = ("all_gather", "broadcast"), ("reduce_scatter", "reduce", "all_reduce")
+# gathered (by all-gathers, else broadcasts from each shard's owner, else received from it message by message),
+# gradients reduced (reduce-scattered, else reduced to their owner, else all-reduced and cut: its bytes are over).
+GATHERS, REDUCES = ("all_gather", "broadcast", "recv"), ("reduce_scatter", "reduce", "all_reduce")
 
 
 def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Contract:
-    """ZeRO-3's memory from its first all-gather to its last reduce-scatter: the full parameters handed in and the
+    """ZeRO-3's memory from its first gather of parameters to its last reduction of gradients (GATHERS, REDUCES:
+    all-gathers and reduce-scatters, or what a rank uses instead): the full parameters handed in and the
     final gather of every parameter (to return them) may hold them all, training may not. A peak over the whole run
     is set by those, and gathering every layer ahead during the steps held no more."""
     limit, why = _training_memory(s, 3, layers_at_once, label)

@@ -99,17 +99,11 @@ class RankState:
                                    on_violation=runtime.fail, limit=runtime.memory_limit / runtime.world_size,
                                    rank=rank, ownership=runtime.ownership)
         self._runtime = runtime
-        self._roofline = runtime.cost.flops_per_s, runtime.cost.memory_bandwidth     # the device's, read once
 
     def _add_work(self, flops: float, nbytes: float, on_host: bool) -> None:
-        """One op's time: CostModel.compute_time, its device case written out (it runs on every op)."""
         if self._runtime._aborting:      # the run is ending: stop at this op, should an interrupt have been lost
             raise _Abort()               # (one raised inside a weakref callback is printed and ignored)
-        if on_host:
-            self.clock += self._runtime.cost.compute_time(flops, True, nbytes)
-            return
-        peak, bandwidth = self._roofline
-        self.clock += max(flops / peak, nbytes / bandwidth)
+        self.clock += self._runtime.cost.compute_time(flops, on_host, nbytes)
 
     def _transfer(self, nbytes: int, to_host: bool) -> None:
         """A host-device copy: blocks the rank for nbytes over PCIe, drawn as a transfer."""

@@ -86,23 +86,13 @@ def _work(op: _Op, inputs: list, args: tuple, kwargs: dict, out) -> tuple[float,
     """(FLOPs, bytes read and written) of one op: FLOPs by its formula where it has one (lib.sim.flops), else one per
     element of the largest tensor it touches (elementwise ops, reductions). `inputs`: its argument tensors
     (tensor_inputs), measured after the op ran (an in-place resize_ has changed them)."""
+    outputs = (out,) if isinstance(out, torch.Tensor) else _tensors(out) if isinstance(out, (list, tuple)) else ()
     nbytes = largest = 0
-    for t in inputs:
+    for t in (*inputs, *outputs):
         n = t.numel()
         nbytes += n * t.element_size()
         if n > largest:
             largest = n
-    if isinstance(out, torch.Tensor):          # the usual output, without building a tuple of every tensor
-        n = out.numel()
-        nbytes += n * out.element_size()
-        if n > largest:
-            largest = n
-    elif isinstance(out, (list, tuple)):
-        for t in _tensors(out):
-            n = t.numel()
-            nbytes += n * t.element_size()
-            if n > largest:
-                largest = n
     if op.formula is None:
         return float(largest), float(nbytes)
     return float(flops_of(op.formula, op.formula_kind, args, kwargs, out)), float(nbytes)
@@ -352,8 +342,7 @@ class RankTracker(TorchDispatchMode):
             self._change(size - known[0], known[1] == ON_HOST)
 
     def _adopt_new(self, storage, key: int, place: int) -> None:
-        """Count a storage this rank has not counted yet (an op's new output, the common case) until it dies.
-        Runs once per op: the device side's count is written out here rather than through _change."""
+        """Count a storage this rank has not counted yet (an op's new output, the common case) until it dies."""
         size = storage.nbytes()
         self._watch[key] = weakref.ref(storage, functools.partial(self._release, key))
         if self._owners is not None:
@@ -363,16 +352,7 @@ class RankTracker(TorchDispatchMode):
             self.largest = size
         if place == ON_HOST:
             self._hosted += 1
-            self._change(size, True)
-            return
-        current = self.current + size
-        if current + self.host_current > self._limit:
-            self._change(size, False)      # over the limit: says so
-            return
-        self.current = current
-        if current > self.peak:
-            self.peak = current
-        self.samples.append((self._clock.clock, current))
+        self._change(size, place == ON_HOST)
 
     def _release(self, key: int, _ref=None) -> None:
         """Forget a storage that died (the callback of its weak reference, `_ref`)."""
@@ -384,14 +364,10 @@ class RankTracker(TorchDispatchMode):
             self._owners.pop(key, None)
         if self.reads is not None:
             self.reads.forget(key)
-        size, place = known
-        if place == ON_HOST:
+        if known[1] == ON_HOST:
             self._hosted -= 1
-            if size:
-                self._change(-size, True)
-        elif size:
-            self.current -= size
-            self.samples.append((self._clock.clock, self.current))
+        if known[0]:
+            self._change(-known[0], known[1] == ON_HOST)
 
     def _change(self, delta: int, on_host: bool) -> None:
         if delta > 0 and self.current + self.host_current + delta > self._limit:
