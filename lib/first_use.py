@@ -10,7 +10,7 @@ PNG encoder imported): `draw_ahead` draws and renders a throwaway figure.
 In a notebook kernel (`in_kernel`, from lib.check) none of this delays the notebook's first answer, the first check
 cell's, which with the shipped stub is "not solved yet" and needs none of it. When the cell that gave the first
 answer has finished, a thread imports torch's modules while the learner reads and writes, then the kernel draws the
-throwaway figure when it is next idle, on its own thread (matplotlib keeps fonts, and lib.viz.glyphs its glyphs, per
+throwaway figure when it is next idle, on its own thread (matplotlib keeps its fonts per
 thread): the first check of an answer takes as long as the next one. Once warm, the kernel's objects so far are
 frozen out of the garbage collector's full collections (gc.freeze). Every cell waits for the warm-up to finish before
 it runs, and every fork for the imports: nothing the learner runs shares the process with the thread (imports and
@@ -137,7 +137,7 @@ def _after_cell(result=None) -> None:
 def draw_ahead() -> None:
     """Draw and render a figure with the artists a check's pictures use (bars, steps, lines, a legend, a title,
     tick labels), in both layout engines, both as a notebook displays a figure (PNG, tight bounding box) and as a
-    check displays its pictures (lib.viz.png.Picture, whose glyph cache keeps the labels' glyphs). Nothing is shown:
+    check displays its pictures (lib.viz.png.Picture). Nothing is shown:
     the figures are not pyplot's, which a notebook shows when a cell (or a widget) finishes."""
     import matplotlib
     from IPython.core.pylabtools import print_figure

@@ -1,4 +1,4 @@
-"""How a check's figures reach the notebook: drawn once, cropped to their ink, glyphs from a cache, a fast PNG."""
+"""How a check's figures reach the notebook: drawn once, cropped to their ink, a fast PNG."""
 
 import io
 
@@ -9,14 +9,11 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from IPython.core.pylabtools import print_figure  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import lib.check  # noqa: E402
-import lib.viz.glyphs  # noqa: E402
 from lib.sim.result import Event  # noqa: E402
 from lib.viz import RENDER_RC  # noqa: E402
-from lib.viz.glyphs import GlyphCanvas  # noqa: E402
 from lib.viz.png import Picture, encode_png  # noqa: E402
 from lib.viz.timeline import draw_timeline  # noqa: E402
 
@@ -50,21 +47,6 @@ def _memory_figure():
 def test_png_round_trips_every_pixel():
     pixels = np.random.default_rng(0).integers(0, 256, (7, 5, 4), dtype=np.uint8)
     assert (_pixels(encode_png(pixels)) == pixels).all()
-
-
-@pytest.mark.parametrize("figure", [lambda: draw_timeline(_events(), 4, title="a title\nof two lines"),
-                                    _memory_figure], ids=["timeline", "memory"])
-def test_glyph_canvas_draws_what_agg_draws_pixel_for_pixel(figure):
-    fig = figure()
-    with matplotlib.rc_context(RENDER_RC):
-        stock = FigureCanvasAgg(fig)
-        stock.draw()
-        expected = np.asarray(stock.buffer_rgba()).copy()
-        for _ in range(2):                                  # the second draw takes every glyph from the cache
-            canvas = GlyphCanvas(fig)
-            canvas.draw()
-            assert (np.asarray(canvas.buffer_rgba()) == expected).all()
-    assert lib.viz.glyphs._bitmaps or not lib.viz.glyphs.SUPPORTED
 
 
 @pytest.mark.parametrize("figure", [lambda: draw_timeline(_events(), 4, title="a title\nof two lines"),

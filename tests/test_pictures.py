@@ -136,11 +136,7 @@ def test_a_timeline_after_a_check_is_drawn_at_the_scale_its_title_names(puzzle, 
 def test_the_setup_cells_throwaway_figure_renders_and_leaves_no_figure_open():
     from lib.first_use import draw_ahead
 
-    from lib.viz import glyphs
-
     before = plt.get_fignums()
-    glyphs._bitmaps.clear()
     draw_ahead()
     assert plt.get_fignums() == before
-    assert bool(glyphs._bitmaps) == glyphs.SUPPORTED       # a check's pictures find the labels' glyphs drawn
     assert matplotlib.rcParams["text.hinting"] == matplotlib.rcParamsDefault["text.hinting"]   # scoped to the render

@@ -3,10 +3,10 @@
 IPython's inline backend renders a figure with `bbox_inches="tight"`: a pass that lays out and measures every
 artist, then the draw, then a PNG through Pillow at zlib's default level. A figure drawn at fixed margins
 (lib.viz.place_axes) needs no measuring: `Picture` draws it once onto a canvas wider than the figure (a title longer
-than the figure still shows, as with "tight"), with glyphs drawn before taken from a cache (lib.viz.glyphs), crops
-the canvas to its ink plus the inline backend's padding, and writes the PNG itself at zlib's fastest level,
-unfiltered. The picture is the one "tight" gives, within a pixel or
-two of margin; a figure that inks the canvas's edge is rendered as the inline backend would, so nothing is cut.
+than the figure still shows, as with "tight") by plain Agg, crops the canvas to its ink plus the inline backend's
+padding, and writes the PNG itself at zlib's fastest level, unfiltered. The picture is the one "tight" gives,
+within a pixel or two of margin; a figure that inks the canvas's edge is rendered as the inline backend would, so
+nothing is cut.
 """
 
 from __future__ import annotations
@@ -58,13 +58,12 @@ def ink(figure) -> "np.ndarray | None":
     """The figure drawn (RGBA, rows top down) on a canvas SPILL inches wider, cropped to its ink plus the padding a
     tight bounding box keeps (savefig.pad_inches); None when the ink reaches the canvas's edge."""
     import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.transforms import Bbox
 
-    from lib.viz.glyphs import GlyphCanvas
-
     (width, height), (side, end) = figure.get_size_inches(), SPILL
-    before = figure.canvas                               # GlyphCanvas(figure) makes itself the figure's
-    canvas = GlyphCanvas(figure)
+    before = figure.canvas                               # FigureCanvasAgg(figure) makes itself the figure's
+    canvas = FigureCanvasAgg(figure)
     try:
         canvas.print_figure(_Discard(), format="rgba", dpi=figure.dpi, facecolor=figure.get_facecolor(),
                             edgecolor=figure.get_edgecolor(),
