@@ -326,15 +326,21 @@ def _dispatcher_code(target: Any) -> CodeType:
         def note(frame: FrameType, event: str, _arg: Any) -> None:
             if event == "call" and not seen:
                 seen.append(frame.f_code)
-        required = [p for p in inspect.signature(target).parameters.values() if p.default is p.empty]
-        before = _GETPROFILE()
-        _SETPROFILE(note)
         try:
-            target(*[None] * len(required))
-        except Exception:
-            pass
-        finally:
-            _SETPROFILE(before)
+            counts = [sum(p.default is p.empty for p in inspect.signature(target).parameters.values())]
+        except ValueError:      # a C function without a signature (numpy 2.1's unravel_index): 0 to 3 arguments
+            counts = range(4)
+        for count in counts:
+            before = _GETPROFILE()
+            _SETPROFILE(note)
+            try:
+                target(*[None] * count)
+            except Exception:
+                pass
+            finally:
+                _SETPROFILE(before)
+            if seen:
+                break
         if not seen:
             raise TypeError(f"{target!r}: no Python dispatcher runs before it, so it cannot be put off limits")
         _DISPATCHERS[id(target)] = seen[0]

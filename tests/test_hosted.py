@@ -1,18 +1,26 @@
-"""A notebook opened alone, as Colab opens one: its first cell fetches the course at the notebook's version and
-installs what the host lacks; where the course is importable it does nothing. And the torch range: `import lib`
-refuses a torch older than lib.compat.OLDEST_TORCH, saying what to do.
+"""A notebook opened alone, as Colab opens one: its first cell installs the course at the notebook's version and
+what the host lacks; where the course is importable it does nothing. And the torch range: `import lib` refuses a
+torch older than lib.compat.OLDEST_TORCH, saying what to do.
 
-Colab cannot be reached from the course's machines, so the slow tests emulate it: a folder holding only the
-notebook, the repository as a git remote (a bare repository in a temporary folder, its address put in place of
-the course's GitHub address by git's `url.<base>.insteadOf`), and a virtual environment of the Python the
-tests run on, with torch and the other packages a host has, but not the course, nor cloudpickle (which the
-first cell must then install).
+Colab cannot be reached from the course's machines, so the slow tests emulate it with Colab's own versions: a
+virtual environment holding what tests/colab_pip_freeze.txt lists (Colab's `pip freeze` at a named commit of
+googlecolab/backend-info: matplotlib 3.10.0, numpy 2.1.3, ipykernel 6.17.1, IPython 7.34.0, ipywidgets 7.7.1 and
+the rest, each installed from PyPI at Colab's version), a folder holding only the notebook, and the repository
+as a git remote (a bare repository in a temporary folder, its address put in place of the course's GitHub
+address by git's `url.<base>.insteadOf`). What differs from Colab: the Python is the tests' own (3.11 in CI;
+Colab's is 3.13), and torch is the course's 2.13.0 for the CPU, linked in (Colab's is 2.11.0+cu128, a CUDA
+build for Python 3.13 that cannot be installed here; tests/test_devices.py runs the course with the names 2.11
+lacks hidden). There, every notebook runs its first cell, its cells up to its first check that shows a
+picture (the puzzles solved, the real cells left out) and its first widget; one notebook runs on a host that
+lacks cloudpickle, which the first cell must then install.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,12 +34,14 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 import lib.compat
+import puzzles
 from lib.nbtools import puzzle_cells, solve
 from tools import course_notebooks
-from tools.hosted import HOME, REPOSITORY, badges, binder_url, colab_url, first_cell, missing, requirements
+from tools.hosted import DISTRIBUTION, REPOSITORY, badges, binder_url, colab_url, first_cell, missing, requirements
 
 ROOT = Path(__file__).resolve().parents[1]
-LACKING = "cloudpickle"          # a pin the emulated host lacks: the first cell must install it
+FREEZE = Path(__file__).with_name("colab_pip_freeze.txt")    # Colab's versions, and where they come from
+LACKING = "cloudpickle"          # a pin Colab has: a host without it must get it from the first cell
 
 
 def _first_code_cell(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -53,15 +63,21 @@ def test_every_notebook_starts_with_the_badges_and_the_first_cell(path):
 def test_the_first_cell_fetches_what_the_badges_open(path):
     """The notebook's engine comes from the repository and ref its Colab and Binder badges open it from."""
     nb = nbformat.read(path, as_version=4)
-    pinned = {}
-    exec(next(line for line in _first_code_cell(nb).source.splitlines() if line.startswith("REPOSITORY")), pinned)
-    owner_repo = pinned["REPOSITORY"].removeprefix("https://github.com/")
-    assert f"https://colab.research.google.com/github/{owner_repo}/blob/{pinned['REF']}/notebooks/{path.name})" \
+    repository, ref = re.search(r'"git\+(https://github\.com/[^@"]+)@([^"]+)"', _first_code_cell(nb).source).groups()
+    owner_repo = repository.removeprefix("https://github.com/")
+    assert f"https://colab.research.google.com/github/{owner_repo}/blob/{ref}/notebooks/{path.name})" \
         in nb.cells[0].source
-    assert f"https://mybinder.org/v2/gh/{owner_repo}/{pinned['REF']}?labpath=notebooks%2F{path.name})" \
-        in nb.cells[0].source
-    fetched = _first_code_cell(nb).source.split('"sparse-checkout", "set", ')[1].split("]")[0]
-    assert fetched == '"lib", "puzzles", "tools"'
+    assert f"https://mybinder.org/v2/gh/{owner_repo}/{ref}?labpath=notebooks%2F{path.name})" in nb.cells[0].source
+
+
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.stem)
+def test_every_notebook_names_its_kernel_as_ipykernel_does(path):
+    """JupyterLab rewrites a kernelspec that differs from the kernel's own, marking the notebook changed as it opens."""
+    from ipykernel.kernelspec import KERNEL_NAME, get_kernel_dict
+
+    own = get_kernel_dict()
+    assert nbformat.read(path, as_version=4).metadata.kernelspec == {
+        "name": KERNEL_NAME, "display_name": own["display_name"], "language": own["language"]}, "python -m tools.stamp"
 
 
 def test_readme_course_map_opens_every_notebook_in_colab_and_the_course_in_binder():
@@ -147,7 +163,8 @@ def checkout(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("checkout")
     for part in ("lib", "puzzles", "tools", "solutions"):
         shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", src)
+    for part in ("pyproject.toml", "README.md", "postBuild"):
+        shutil.copy(ROOT / part, src)
     _git("init", "-q", "-b", ref, cwd=src)
     _git("add", "-A", cwd=src)
     _git("commit", "-q", "-m", "the course", cwd=src)
@@ -163,24 +180,67 @@ def remote(checkout, tmp_path_factory) -> Path:
     return bare
 
 
-@pytest.fixture
-def host(tmp_path) -> Path:
-    """A virtual environment with what a notebook host has (torch, Jupyter's kernel, pip), not the course:
-    every package of the test's environment linked in, less the course's own install and LACKING."""
-    venv = tmp_path / "host"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    ours = Path(sysconfig.get_paths()["purelib"])
-    theirs = next(venv.glob("lib/python*/site-packages"))
-    left_out = ("__editable__", "llm_training_puzzles", LACKING)
-    for entry in ours.iterdir():
-        if not entry.name.startswith(left_out):
-            (theirs / entry.name).symlink_to(entry)
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def colab_pins() -> dict[str, str]:
+    """Colab's versions as tests/colab_pip_freeze.txt lists them: name -> version."""
+    lines = [ln for ln in FREEZE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return {_canonical(ln.split("==")[0]): ln.split("==")[1] for ln in lines}
+
+
+def _kernel(venv: Path) -> None:
     kernels = venv / "share" / "jupyter" / "kernels" / "host"
     kernels.mkdir(parents=True)
     (kernels / "kernel.json").write_text(
         '{"argv": ["%s", "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "host", '
         '"language": "python"}' % (venv / "bin" / "python"))
+
+
+def _site(venv: Path) -> Path:
+    return next(venv.glob("lib/python*/site-packages"))
+
+
+@pytest.fixture(scope="module")
+def colab(tmp_path_factory) -> Path:
+    """A virtual environment with Colab's versions: every line of FREEZE but torch installed by pip at its version,
+    without dependencies (FREEZE lists them), and the course's torch linked in from the tests' environment."""
+    venv = tmp_path_factory.mktemp("colab") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pins = [f"{name}=={version}" for name, version in colab_pins().items() if name != "torch"]
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", *pins],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if entry.name.split("-")[0] in ("torch", "torchgen", "functorch"):
+            (_site(venv) / entry.name).symlink_to(entry)
+    _kernel(venv)
     return venv
+
+
+def _linked(colab: Path, venv: Path, left_out: tuple[str, ...] = ()) -> Path:
+    """A virtual environment whose packages are `colab`'s, less `left_out` and less the course if it was installed
+    there: a host of its own, where the first cell installs the course afresh."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    course = ("lib", "puzzles", "tools", _canonical(DISTRIBUTION).replace("-", "_"))
+    for entry in _site(colab).iterdir():
+        if entry.name not in course and not entry.name.startswith((*course[-1:], *left_out)):
+            (_site(venv) / entry.name).symlink_to(entry.resolve())
+    _kernel(venv)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def colab_host(colab, tmp_path_factory) -> Path:
+    """Colab's versions, the course not installed: shared by the notebooks' runs (the first installs the course)."""
+    return _linked(colab, tmp_path_factory.mktemp("colab-host") / "venv")
+
+
+@pytest.fixture
+def host(colab, tmp_path) -> Path:
+    """Colab's versions less LACKING, the course not installed."""
+    return _linked(colab, tmp_path / "host", (LACKING,))
 
 
 def _host_env(host: Path, remote: Path) -> dict[str, str]:
@@ -207,7 +267,8 @@ def _text(cell: nbformat.NotebookNode) -> str:
 
 
 @pytest.mark.slow
-def test_a_notebook_opened_alone_fetches_the_course_and_runs_a_puzzles_check_and_real_cell(tmp_path, host, remote):
+def test_a_notebook_opened_alone_installs_the_course_and_what_the_host_lacks_then_runs_a_check_and_real_cell(
+        tmp_path, host, remote):
     import solutions.data_parallel as S
 
     path = ROOT / "notebooks" / "02_data_parallel.ipynb"
@@ -222,10 +283,9 @@ def test_a_notebook_opened_alone_fetches_the_course_and_runs_a_puzzles_check_and
     done = _run_hosted(nb, folder, host, remote)
     first = _first_code_cell(done)
     assert f"installing what this machine lacks: {LACKING}==" in _text(first)
-    assert f"course: {folder / HOME} (commit " in _text(first)
-    fetched = folder / HOME
-    assert {p.name for p in fetched.iterdir() if not p.name.startswith(".")} == {"lib", "puzzles", "tools",
-                                                                                 "pyproject.toml"}
+    assert f"course: {DISTRIBUTION} 0.1.0 from {REPOSITORY} (commit " in _text(first), _text(first)
+    installed = {p.name for p in _site(host).iterdir() if not p.is_symlink()}
+    assert {"lib", "puzzles", "tools"} <= installed and "solutions" not in installed     # never the answer key
     check = next(c for c in done.cells if "check" in c.metadata.get("tags", []))
     assert f"✓ {name} is correct" in _text(check), _text(check)
     assert "✓" in _text(done.cells[real]) and "Error" not in _text(done.cells[real]), _text(done.cells[real])
@@ -246,12 +306,61 @@ def test_a_notebook_opened_alone_with_an_older_torch_says_what_to_do_in_its_firs
 
 
 @pytest.mark.slow
-def test_a_notebook_opened_inside_a_checkout_takes_the_course_from_it(checkout, host, remote):
-    """Binder's way: the notebook in the repository's notebooks/, the course not installed. Nothing is fetched."""
+def test_binder_installs_the_checkout_and_the_first_cell_then_does_nothing(checkout, host, remote):
+    """Binder's way: repo2docker runs postBuild in the repository, then JupyterLab opens notebooks/."""
+    env = _host_env(host, remote)
+    env["PATH"] = f"{host / 'bin'}{os.pathsep}{env['PATH']}"
+    built = subprocess.run(["bash", "postBuild"], cwd=checkout, capture_output=True, text=True, timeout=600, env=env)
+    assert built.returncode == 0, built.stderr[-3000:]
     folder = checkout / "notebooks"
     folder.mkdir(exist_ok=True)
-    done = subprocess.run([str(host / "bin" / "python"), "-c", first_cell()], cwd=folder, capture_output=True,
-                          text=True, timeout=600, env=_host_env(host, remote))
+    code = first_cell() + "\nimport puzzles; print(puzzles.__file__)"
+    done = subprocess.run([str(host / "bin" / "python"), "-c", code], cwd=folder, capture_output=True, text=True,
+                          timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"course: {checkout} (commit " in done.stdout, done.stdout
-    assert not (folder / HOME).exists()
+    assert done.stdout == f"{checkout / 'puzzles' / '__init__.py'}\n"       # nothing fetched, nothing said
+
+
+def _outputs(cell: nbformat.NotebookNode, kind: str) -> list:
+    return [o for o in cell.get("outputs", []) if kind in o.get("data", {})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.stem)
+def test_every_notebook_runs_on_colabs_versions(path, tmp_path, colab_host, remote):
+    """The first cell, the cells up to the first check that shows a picture (puzzles solved, real cells left out),
+    and the first widget, in one kernel on Colab's versions: an error in any of them fails the test."""
+    module = next(m for m in puzzles.MODULES if m.NOTEBOOK == path.stem)
+    solutions = importlib.import_module(f"solutions.{module.__name__.split('.')[-1]}")
+    nb = solve(nbformat.read(path, as_version=4), solutions)
+    folder = tmp_path / "content"
+    folder.mkdir()
+    env = _host_env(colab_host, remote)
+    pictured = checked = None
+    with mock.patch.dict(os.environ, JUPYTER_PATH=env["JUPYTER_PATH"]):
+        client = NotebookClient(nb, kernel_name="host", timeout=600, resources={"metadata": {"path": str(folder)}})
+        with client.setup_kernel(env=env, cwd=str(folder)):
+            for index, cell in enumerate(nb.cells):
+                tags = cell.metadata.get("tags", [])
+                if cell.cell_type != "code" or "real" in tags or "widget" in tags:
+                    continue
+                client.execute_cell(cell, index)
+                errors = [o for o in cell.outputs if o.output_type == "error" or "Traceback" in o.get("text", "")]
+                # IPython shows an error raised while displaying a picture, and the cell still ends "ok": nbclient
+                # raises only for the latter, so the outputs are read too.
+                assert not errors, f"cell {index} of {path.name}:\n{_text(cell)[-3000:]}"
+                if "check" in tags:
+                    checked = cell
+                    if _outputs(cell, "image/png"):
+                        pictured = cell
+                        break
+            widget = next(i for i, c in enumerate(nb.cells) if "widget" in c.metadata.get("tags", []))
+            client.execute_cell(nb.cells[widget], widget)
+    assert pictured is not None, f"no check of {path.name} showed a picture; the last: {checked and checked.outputs}"
+    assert "✓" in _text(pictured), _text(pictured)
+    assert _outputs(nb.cells[widget], "application/vnd.jupyter.widget-view+json"), nb.cells[widget].outputs
+    versions = subprocess.run([str(colab_host / "bin" / "python"), "-c", "import matplotlib, numpy, ipywidgets, "
+                               "ipykernel; print(matplotlib.__version__, numpy.__version__, ipywidgets.__version__, "
+                               "ipykernel.__version__)"], capture_output=True, text=True, env=env).stdout.split()
+    pins = colab_pins()
+    assert versions == [pins["matplotlib"], pins["numpy"], pins["ipywidgets"], pins["ipykernel"]]

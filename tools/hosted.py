@@ -1,18 +1,20 @@
 """The course on a host that opens a notebook alone (Colab, Kaggle, a downloaded .ipynb): the first cell of
-every notebook, and what it runs once it has fetched the course.
+every notebook, and what it runs once it has installed the course.
 
 The cell (written into each notebook by `python -m tools.stamp`, from `first_cell` below) does nothing where
-the course is importable already (`./course lab`, an installed course) and only puts the checkout on the path
-where the notebook sits in one (Binder, `jupyter lab notebooks`). Elsewhere it fetches `lib`, `puzzles` and
-`tools` (never `solutions`) from REPOSITORY at REF, the ref the notebook was stamped with and the badges open
-it from, so the notebook and its engine come from the same version, then calls `setup`: it installs only
-the pinned dependencies the host lacks, keeps the host's own torch, and imports `lib`, which refuses a torch
-older than the course supports (lib.compat) with what to do.
+the course is importable already (`./course lab`, Binder, whose `postBuild` installs it, `pip install -e .`).
+Elsewhere pip installs the course from REPOSITORY at REF, the ref the notebook was stamped with and the badges
+open it from, so the notebook and its engine come from the same version: the packages `lib`, `puzzles` and
+`tools` (pyproject.toml; never `solutions`), without their dependencies. Then `setup` installs only the pinned
+dependencies the host lacks, keeps the versions the host has (its torch too), and imports `lib`, which refuses
+a torch older than the course supports (lib.compat) with what to do. Running the cell again, or the notebook
+after a restart, finds the course installed and fetches nothing.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import subprocess
 import sys
@@ -20,29 +22,17 @@ from pathlib import Path
 
 REPOSITORY = "https://github.com/llm-training-puzzles/llm-training-puzzles"
 REF = "main"           # a branch or tag: for a class, a release's tag, then `python -m tools.stamp`
-HOME = "llm-training-puzzles"   # the folder the first cell fetches into, in the host's working directory
+DISTRIBUTION = "llm-training-puzzles"   # the course's name in pyproject.toml, as pip installs it
 # What the host runs the notebook with: never installed by the first cell, whatever version the host has.
 HOST_PROVIDES = ("jupyterlab", "ipykernel")
 
 FIRST_CELL = """\
-# Opened alone (Colab, Kaggle, a downloaded notebook)? This cell fetches the course's code at this notebook's
-# version and installs only what this machine lacks. Where the course is installed (./course lab), it does nothing.
-import importlib.util, os, shutil, subprocess, sys
-REPOSITORY, REF, HOME = "{repository}", "{ref}", "{home}"
-if importlib.util.find_spec("puzzles") is None:
-    if os.path.isfile(os.path.join("..", "tools", "hosted.py")):  # opened inside a checkout (Binder)
-        sys.path.insert(0, os.path.abspath(".."))
-    else:
-        if not os.path.isdir(HOME):  # lib, puzzles and tools only: never the reference solutions
-            shutil.rmtree(HOME + ".part", ignore_errors=True)
-            subprocess.run(["git", "clone", "-q", "--depth=1", "--filter=blob:none", "--sparse", "--branch", REF,
-                            REPOSITORY, HOME + ".part"], check=True)
-            subprocess.run(["git", "-C", HOME + ".part", "sparse-checkout", "set", "lib", "puzzles", "tools"],
-                           check=True)
-            os.rename(HOME + ".part", HOME)
-        sys.path.insert(0, os.path.abspath(HOME))
-    from tools.hosted import setup
-    setup()"""
+# Opened alone (Colab, Kaggle, a downloaded notebook)? This installs the course at this notebook's version, and only
+# what this machine lacks (tools/hosted.py). Where the course is installed (./course lab, Binder), it does nothing.
+import importlib.util, subprocess, sys
+if not importlib.util.find_spec("puzzles"):
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "git+{repository}@{ref}"], check=True)
+    importlib.invalidate_caches(); from tools.hosted import setup; setup()"""
 
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BINDER_BADGE = "https://mybinder.org/badge_logo.svg"
@@ -50,7 +40,7 @@ BINDER_BADGE = "https://mybinder.org/badge_logo.svg"
 
 def first_cell() -> str:
     """The source of every notebook's first code cell, with this course's repository and ref."""
-    return FIRST_CELL.format(repository=REPOSITORY, ref=REF, home=HOME)
+    return FIRST_CELL.format(repository=REPOSITORY, ref=REF)
 
 
 def colab_url(notebook: str) -> str:
@@ -102,20 +92,29 @@ def missing(pins: list[str]) -> list[str]:
     return lacking
 
 
-def _commit(root: Path) -> str:
-    """The commit a fetched course is at (empty outside a git checkout)."""
-    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return f" (commit {done.stdout.strip()})" if done.returncode == 0 else ""
+def installed_requirements() -> list[str]:
+    """The pinned dependencies of the installed course (pyproject.toml's, without the extras)."""
+    return [r for r in importlib.metadata.requires(DISTRIBUTION) or [] if ";" not in r]
 
 
-def setup(root: Path | None = None) -> None:
+def _source() -> str:
+    """Where pip installed the course from: its address and commit (empty for a copy not installed from git)."""
+    try:
+        origin = json.loads(importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json") or "{}")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    commit = origin.get("vcs_info", {}).get("commit_id", "")
+    return f" from {origin.get('url', '?')} (commit {commit[:7]})" if commit else ""
+
+
+def setup() -> None:
     """Install what the host lacks of the course's pins, then import the course, which refuses an older torch."""
-    root = root or Path(__file__).resolve().parents[1]
-    lacking = missing(requirements(root / "pyproject.toml"))
+    lacking = missing(installed_requirements())
     if lacking:
         print(f"course: installing what this machine lacks: {' '.join(lacking)}", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *lacking], check=True)
     import lib  # noqa: F401  an older torch is refused here, saying what to do
 
     import torch
-    print(f"course: {root}{_commit(root)}, torch {torch.__version__}, Python {sys.version.split()[0]}")
+    print(f"course: {DISTRIBUTION} {importlib.metadata.version(DISTRIBUTION)}{_source()}, torch {torch.__version__}, "
+          f"Python {sys.version.split()[0]}")

@@ -2,7 +2,8 @@
 nbgrader metadata on puzzle and check cells, nbgrader's solution markers around each stub's body,
 the badges and the first cell that open and run a notebook on a hosted service (tools.hosted), the
 progress cell at the top, the texts every notebook shares (tools/texts/, one file each, so they
-are written once), and a mark on every course cell (`metadata.course.origin`), by which a refresh
+are written once), the kernel as ipykernel names it (KERNELSPEC: another display name makes JupyterLab mark the
+notebook changed as it opens), and a mark on every course cell (`metadata.course.origin`), by which a refresh
 tells a learner's own cells apart.
 
     python -m tools.stamp          # rewrites notebooks/*.ipynb in place; idempotent
@@ -49,6 +50,15 @@ def with_hosted_cells(nb: nbformat.NotebookNode, name: str) -> nbformat.Notebook
     return nb
 
 
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def with_kernelspec(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The kernel every notebook runs on, named as ipykernel's own kernelspec names it."""
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    return nb
+
+
 TEXTS = Path(__file__).resolve().parent / "texts"
 SHARED_TEXTS = ("simulated_ranks",)      # placed after the notebook's introduction, in this order
 
@@ -85,7 +95,7 @@ def with_solution_regions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def stamped(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The notebook `name` with all of the course's furniture in place."""
     furnished = with_hosted_cells(with_shared_texts(with_progress_cell(nb, name)), name)
-    return marked_as_course(add_grading_metadata(with_solution_regions(furnished)))
+    return with_kernelspec(marked_as_course(add_grading_metadata(with_solution_regions(furnished))))
 
 
 def main() -> None:
