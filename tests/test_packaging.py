@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 try:
@@ -32,16 +33,20 @@ def _pins(requirements: list[str], where: str) -> dict[str, str]:
     return pins
 
 
-def pyproject_pins() -> dict[str, str]:
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def pyproject_pins(extras: bool = True) -> dict[str, str]:
+    """The pins of pyproject.toml: the dependencies, and with `extras` the optional ones (the test tools)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
-    for extra in project.get("optional-dependencies", {}).values():
+    for extra in project.get("optional-dependencies", {}).values() if extras else ():
         reqs += extra
     return _pins(reqs, "pyproject.toml")
 
 
-def environment_pins() -> dict[str, str]:
-    """The `- name==version` lines of environment.yml's `pip:` list (no YAML library needed)."""
+def environment_pip_lines() -> list[str]:
+    """The lines of environment.yml's `pip:` list, `- ` taken off (no YAML library needed)."""
     reqs: list[str] = []
     pip_indent = None
     for line in (ROOT / "environment.yml").read_text().splitlines():
@@ -58,7 +63,12 @@ def environment_pins() -> dict[str, str]:
                 assert text.strip().startswith("- "), f"environment.yml: unexpected line {line!r}"
                 reqs.append(text.strip()[2:])
     assert reqs, "environment.yml has no pip: list"
-    return _pins(reqs, "environment.yml")
+    return reqs
+
+
+def environment_pins() -> dict[str, str]:
+    """The `- name==version` lines of environment.yml's `pip:` list (its pip options left out)."""
+    return _pins([r for r in environment_pip_lines() if not r.startswith("-")], "environment.yml")
 
 
 def readme_start_commands() -> list[str]:
@@ -70,8 +80,16 @@ def readme_start_commands() -> list[str]:
     return [ln.split("#", 1)[0].strip() for ln in block.group(1).splitlines() if ln.strip()]
 
 
-def test_environment_yml_pins_equal_pyproject_pins():
-    assert environment_pins() == pyproject_pins()
+def test_environment_yml_pins_are_pyprojects_dependencies_without_the_test_tools():
+    """Binder's image (environment.yml) holds what a learner uses, at the course's versions."""
+    assert environment_pins() == pyproject_pins(extras=False)
+    assert not set(environment_pins()) & {"nbgrader", "playwright", "ruff", "pytest"}
+
+
+def test_environment_yml_takes_torchs_cpu_build():
+    """PyPI's torch for Linux is the CUDA build (about 4.6 GiB); PyTorch's CPU index has the CPU build of the same
+    version (2.13.0+cpu, which pip prefers to 2.13.0 for `torch==2.13.0`)."""
+    assert f"--extra-index-url {CPU_INDEX}" in environment_pip_lines()
 
 
 def test_environment_yml_python_is_311():
@@ -105,3 +123,12 @@ def test_course_without_a_command_prints_usage():
     res = subprocess.run([str(ROOT / "course")], capture_output=True, text=True, timeout=30)
     assert res.returncode == 2
     assert "./course lab" in res.stderr and "./course test" in res.stderr
+
+
+def test_the_suite_says_why_it_skipped_a_test(tmp_path):
+    """The README promises "skipped, with a note": pytest's summary shows each skip's reason (addopts' -rs)."""
+    (tmp_path / "test_skip.py").write_text("import pytest\n\n\ndef test_a():\n    pytest.skip('no Chromium here')\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+                           str(tmp_path), "-p", "no:cacheprovider", "-n", "0", str(tmp_path / "test_skip.py")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "SKIPPED [1] test_skip.py:5: no Chromium here" in done.stdout, done.stdout[-2000:]

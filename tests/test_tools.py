@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -128,3 +137,69 @@ def test_the_release_readme_sends_students_only_where_the_release_goes(tmp_path)
 def test_course_only_parts_are_cut_whole():
     text = "a\n<!-- course only -->\nb\n<!-- end course only -->\nc   # [course only]\nd\n"
     assert student_readme(text) == "a\nd\n"
+
+
+def _installed(release: Path) -> None:
+    """Give `release` the install ./course would make there, as this environment (its packages linked in), and the
+    stamp that says it is installed: the release's commands then run at once."""
+    ours = Path(sys.prefix)
+    venv = release / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy(ours / "pyvenv.cfg", venv)
+    (venv / "lib").symlink_to(ours / "lib")
+    for name in ("python", "jupyter"):
+        (venv / "bin" / name).symlink_to(Path(sys.executable) if name == "python" else ours / "bin" / name)
+    digest = hashlib.sha256((release / "pyproject.toml").read_bytes()).hexdigest()
+    (venv / ".course-installed").write_text(digest + "\n")       # a learner's install: no test tools asked for
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _lab_page(release: Path) -> str:
+    """`./course lab` in the release: the HTML of JupyterLab's page, once the server answers."""
+    port, token = _free_port(), "release-test"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JUPYTER_CONFIG_PATH")}
+    env.update(HOME=str(release / "home"), PATH=f"{Path(sys.prefix) / 'bin'}{os.pathsep}{env['PATH']}")
+    lab = subprocess.Popen([str(release / "course"), "lab", "--no-browser", f"--port={port}",
+                            f"--ServerApp.token={token}"], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert lab.poll() is None, lab.stderr.read()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10) as page:
+                    return page.read().decode()
+            except OSError:
+                time.sleep(0.5)
+        pytest.fail("./course lab did not answer in 120 s")
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_every_command_the_release_offers_works_there(tmp_path):
+    release = make_release(tmp_path / "release")
+    _installed(release)
+    usage = subprocess.run([str(release / "course"), "--help"], capture_output=True, text=True, timeout=60).stdout
+    offered = set(re.findall(r"\./course (\w[\w-]*)", usage))
+    assert offered == {"lab", "sync", "progress"}, usage
+    for command in ("test", "bench", "release", "grade", "gpu-check"):       # what a release cannot run
+        done = subprocess.run([str(release / "course"), command], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "usage:" in done.stderr, (command, done.stderr)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    synced = subprocess.run([str(release / "course"), "sync"], capture_output=True, text=True, timeout=300, env=env)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    assert {p.name for p in (release / "work").glob("*.ipynb")} == {p.name for p in course_notebooks()}
+    progress = subprocess.run([str(release / "course"), "progress"], capture_output=True, text=True, timeout=300,
+                              env=env)
+    assert progress.returncode == 0 and "02_data_parallel" in progress.stdout, progress.stdout + progress.stderr
+    page = _lab_page(release)
+    config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page,
+                                  re.S).group(1))
+    assert "@jupyter/nbgrader" in config["disabledExtensions"], config["disabledExtensions"]   # instructors' tools

@@ -5,7 +5,9 @@
 Copies the notebooks (as shipped: stubs, no outputs), the engine, the problem set, the tools,
 the install files and the README into DEST, and leaves out solutions/, the tests (they need
 the solutions) and the benchmarks. The README loses what only the course repository has: the parts
-between `<!-- course only -->` and `<!-- end course only -->`, and the lines marked `[course only]`.
+between `<!-- course only -->` and `<!-- end course only -->`, and the lines marked `[course only]`; the `course`
+script loses its commands that need what is left out (tests, benchmarks, the instructors' tools): the lines
+between `# course only {` and `# } course only`.
 A release can be checked with `python -m tools.release --verify DEST`.
 """
 
@@ -21,11 +23,12 @@ from pathlib import Path
 
 from tools import ROOT
 
-SHIPPED = ["README.md", "course", "pyproject.toml", "environment.yml", ".gitignore", "lib", "puzzles", "tools",
-           "notebooks"]
+SHIPPED = ["README.md", "course", "pyproject.toml", "environment.yml", "postBuild", ".gitignore", "lib", "puzzles",
+           "tools", "notebooks"]
 WITHHELD = ["solutions", "tests", "bench", ".ci"]
 COURSE_ONLY = re.compile(r"<!-- course only -->\n.*?<!-- end course only -->\n", re.S)
 COURSE_ONLY_LINE = "[course only]"
+COURSE_ONLY_COMMANDS = re.compile(r"^[ \t]*# course only \{\n.*?^[ \t]*# \} course only\n", re.S | re.M)
 # What a student README must not send a student to: commands and folders the release does not have.
 NOT_IN_A_RELEASE = ["./course test", "solutions.", "solutions/", "bench", "tests/", COURSE_ONLY_LINE, "course only -->"]
 
@@ -34,6 +37,11 @@ def student_readme(text: str) -> str:
     """The course README without the parts about what the release leaves out."""
     text = COURSE_ONLY.sub("", text)
     return "".join(line for line in text.splitlines(keepends=True) if COURSE_ONLY_LINE not in line)
+
+
+def student_course(text: str) -> str:
+    """The `course` script with only the commands a release can run."""
+    return COURSE_ONLY_COMMANDS.sub("", text)
 
 
 def make_release(dest: Path) -> Path:
@@ -46,6 +54,9 @@ def make_release(dest: Path) -> Path:
             shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
         elif name == "README.md":
             (dest / name).write_text(student_readme(source.read_text()))
+        elif name == "course":
+            (dest / name).write_text(student_course(source.read_text()))
+            (dest / name).chmod(source.stat().st_mode)
         else:
             shutil.copy2(source, dest / name)
     problems = verify(dest)
