@@ -12,7 +12,7 @@ import torch
 import puzzles
 import tests.cheats
 import tests.wrong
-from lib.check import CheckFailed, NotSolved, fresh_seed
+from lib.checker.puzzle import CheckFailed, NotSolved, fresh_seed
 
 SOLVED = [(p, getattr(importlib.import_module(f"solutions.{p.module}"), p.name)) for p in puzzles.ALL]
 IDS = [p.name for p, _ in SOLVED]

@@ -18,9 +18,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10: pip ships the same parser
     from pip._vendor import tomli as tomllib
 
-import lib.check
+import lib.checker.puzzle
 import solutions.data_parallel as S
-from lib.nbtools import BEGIN_SOLUTION, STUB, puzzle_cells, solve
+from lib.notebook.cells import BEGIN_SOLUTION, STUB, puzzle_cells, solve
 from tools import NOTEBOOKS, ROOT, course_notebooks
 from tools.autograde import needed_for_grades
 from tools.grade import PACKAGES
@@ -32,12 +32,12 @@ NB02 = NOTEBOOKS / "02_data_parallel.ipynb"
 def test_checks_are_strict_whenever_nbgrader_grades(monkeypatch):
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("COURSE_STRICT", raising=False)
-    assert lib.check.strict_default() is False
+    assert lib.checker.puzzle.strict_default() is False
     for mode in ("autograde", "validate"):
         monkeypatch.setenv("NBGRADER_EXECUTION", mode)
-        assert lib.check.strict_default() is True
+        assert lib.checker.puzzle.strict_default() is True
         monkeypatch.setenv("COURSE_STRICT", "0")         # a student's cell cannot turn it off
-        assert lib.check.strict_default() is True
+        assert lib.checker.puzzle.strict_default() is True
         monkeypatch.delenv("COURSE_STRICT")
 
 

@@ -10,7 +10,8 @@ import nbformat
 import pytest
 
 import solutions.data_parallel as S
-from lib.nbtools import BEGIN_SOLUTION, END_SOLUTION, STUB, puzzle_cells, solve, with_answer, with_solution_markers
+from lib.notebook.cells import (BEGIN_SOLUTION, END_SOLUTION, STUB, puzzle_cells, solve, with_answer,
+                                with_solution_markers)
 from tools import NOTEBOOKS, ROOT, course_notebooks
 from tools.progress import notebook_progress
 from tools.release import make_release, student_readme, verify

@@ -7,7 +7,7 @@ where the notebook sits in one (Binder, `jupyter lab notebooks`). Elsewhere it f
 `tools` (never `solutions`) from REPOSITORY at REF, the ref the notebook was stamped with and the badges open
 it from, so the notebook and its engine come from the same version, then calls `setup`: it installs only
 the pinned dependencies the host lacks, keeps the host's own torch, and imports `lib`, which refuses a torch
-older than the course supports (lib.compat) with what to do.
+older than the course supports (lib.real.compat) with what to do.
 """
 
 from __future__ import annotations

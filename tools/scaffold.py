@@ -66,8 +66,8 @@ STATEMENT = ("## Puzzle {number}: `{name}`\n\nEvery rank holds a vector `x`; ret
 STUB = ('def {name}(dist, x):\n    """Return the sum of every rank\'s x, on every rank."""\n'
         '    raise NotImplementedError  # your code here')
 
-NEEDS = {"random": "import random", "torch": "import torch", "Budget": "from lib.check import Budget",
-         "Case": "from lib.check import Case", "Puzzle": "from lib.check import Puzzle",
+NEEDS = {"random": "import random", "torch": "import torch", "Budget": "from lib.checker.puzzle import Budget",
+         "Case": "from lib.checker.puzzle import Case", "Puzzle": "from lib.checker.puzzle import Puzzle",
          "per_rank": "from lib.sim import per_rank"}
 
 

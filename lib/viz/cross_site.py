@@ -1,12 +1,13 @@
 """Pictures for notebook 09: one round of H steps of data parallelism, int8-compressed data parallelism and
-DiLoCo across two datacenters, and an explorer of step time and tokens/s. Every number comes from lib.cross_site.
+DiLoCo across two datacenters, and an explorer of step time and tokens/s. Every number comes from
+lib.analytic.cross_site.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lib.cross_site import INT8_RATIO, Workload, shard_bounds, step_times
+from lib.analytic.cross_site import INT8_RATIO, Workload, shard_bounds, step_times
 from lib.sim.cost import CostModel
 from lib.units import fmt_rate, fmt_time
 from lib.viz.widgets import live_box, slider_options

@@ -1,12 +1,13 @@
-"""Pipeline schedules drawn: the timeline of lib.schedules' model, and a widget to explore it."""
+"""Pipeline schedules drawn: the timeline of lib.analytic.schedules' model, and a widget to explore it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
-from lib.schedules import LABELS, SCHEDULES, ScheduleError, Slot, bubble_of, peak_in_flight, play, schedule_orders
+from lib.analytic.formulas import bubble_fraction, zero_bubble_h1_bubble
+from lib.analytic.schedules import (LABELS, SCHEDULES, ScheduleError, Slot, bubble_of, peak_in_flight, play,
+                                    schedule_orders)
 
 COLOURS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452"}
 

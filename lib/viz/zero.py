@@ -1,11 +1,11 @@
-"""The ZeRO stage explorer: memory per device and communication per step, from lib.formulas only."""
+"""The ZeRO stage explorer: memory per device and communication per step, from lib.analytic.formulas only."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from lib.formulas import ZERO_STAGES, model_state_breakdown
+from lib.analytic.formulas import ZERO_STAGES, model_state_breakdown
 from lib.sim.cost import bus_factor
 from lib.units import byte_unit, fmt_bytes
 from lib.viz.widgets import RANKS, live_box, slider_options
