@@ -3,9 +3,10 @@
     python -m tools.release DEST
 
 Copies the notebooks (as shipped: stubs, no outputs), the engine, the problem set, the tools,
-the install files and the README into DEST, and leaves out solutions/, the tests (they need
-the solutions) and the benchmarks. The README loses what only the course repository has: the parts
-between `<!-- course only -->` and `<!-- end course only -->`, and the lines marked `[course only]`.
+the install files, the README and the documents it links (docs/) into DEST, and leaves out solutions/,
+the tests (they need the solutions) and the benchmarks. The README loses what only the course repository
+has: the parts between `<!-- course only -->` and `<!-- end course only -->`, and the lines marked
+`[course only]`, so the documents for instructors and the benchmarks, linked only there, stay behind.
 A release can be checked with `python -m tools.release --verify DEST`.
 """
 
@@ -28,12 +29,18 @@ COURSE_ONLY = re.compile(r"<!-- course only -->\n.*?<!-- end course only -->\n",
 COURSE_ONLY_LINE = "[course only]"
 # What a student README must not send a student to: commands and folders the release does not have.
 NOT_IN_A_RELEASE = ["./course test", "solutions.", "solutions/", "bench", "tests/", COURSE_ONLY_LINE, "course only -->"]
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
 def student_readme(text: str) -> str:
     """The course README without the parts about what the release leaves out."""
     text = COURSE_ONLY.sub("", text)
     return "".join(line for line in text.splitlines(keepends=True) if COURSE_ONLY_LINE not in line)
+
+
+def local_links(markdown: str) -> list[str]:
+    """The files of the course a markdown text links to (`docs/TRUST.md`), not web pages."""
+    return sorted({target for target in LINK.findall(markdown) if "://" not in target})
 
 
 def make_release(dest: Path) -> Path:
@@ -48,6 +55,10 @@ def make_release(dest: Path) -> Path:
             (dest / name).write_text(student_readme(source.read_text()))
         else:
             shutil.copy2(source, dest / name)
+    for link in local_links((dest / "README.md").read_text()):
+        if (ROOT / link).is_file() and not (dest / link).exists():
+            (dest / link).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / link, dest / link)
     problems = verify(dest)
     if problems:
         raise SystemExit("release: " + "; ".join(problems))
@@ -64,6 +75,8 @@ def verify(dest: Path) -> list[str]:
     readme = (dest / "README.md").read_text() if (dest / "README.md").exists() else ""
     problems += [f"README.md mentions {word!r}, which the release has not" for word in NOT_IN_A_RELEASE
                  if word in readme]
+    problems += [f"README.md links {link}, which the release has not" for link in local_links(readme)
+                 if (ROOT / link).exists() and not (dest / link).exists()]
     for path in (dest / "notebooks").glob("*.ipynb"):
         if '"outputs": [\n' in path.read_text() and '"output_type"' in path.read_text():
             problems.append(f"{path.name} carries outputs")
