@@ -223,7 +223,7 @@ def reshard_checkpoint_assumes_equal(files, world, rank):
             s, e = max(lo, a), min(hi, b)
             if s < e:
                 pieces.append(f[key][s - a:e - a])
-        out.append(torch.cat(pieces).clone())
+        out.append((torch.cat(pieces) if pieces else files[0][key][:0]).clone())
     return out[0], out[1], out[2], files[0]["step"]
 
 
@@ -246,7 +246,7 @@ def reshard_checkpoint_inclusive_end(files, world, rank):
             s, e = max(lo, a), min(hi, b)
             if s <= e:
                 pieces.append(f[key][s - a:e - a + 1])     # inclusive end
-        out.append(torch.cat(pieces).clone())
+        out.append((torch.cat(pieces) if pieces else files[0][key][:0]).clone())
     return out[0], out[1], out[2], files[0]["step"]
 
 
@@ -261,7 +261,7 @@ def reshard_checkpoint_global_slice(files, world, rank):
             s, e = max(lo, a), min(hi, b)
             if s < e:
                 pieces.append(f[key][s:e])                  # forgot to subtract the file's offset
-        out.append(torch.cat(pieces).clone())
+        out.append((torch.cat(pieces) if pieces else files[0][key][:0]).clone())
     return out[0], out[1], out[2], files[0]["step"]
 
 
@@ -276,7 +276,7 @@ def reshard_checkpoint_step_of_rank(files, world, rank):
             s, e = max(lo, a), min(hi, b)
             if s < e:
                 pieces.append(f[key][s - a:e - a])
-        out.append(torch.cat(pieces).clone())
+        out.append((torch.cat(pieces) if pieces else files[0][key][:0]).clone())
     return out[0], out[1], out[2], files[rank]["step"]      # my old file's step
 
 
@@ -291,7 +291,7 @@ def reshard_checkpoint_copy_paste(files, world, rank):
             s, e = max(lo, a), min(hi, b)
             if s < e:
                 pieces.append(f[key][s - a:e - a])
-        out.append(torch.cat(pieces).clone())
+        out.append((torch.cat(pieces) if pieces else files[0][key][:0]).clone())
     return out[0], out[1], out[2], files[0]["step"]
 
 
@@ -309,7 +309,7 @@ def reshard_checkpoint_own_bounds(files, world, rank):
             if s < e:
                 pieces.append((s, f[key][s - a:e - a]))
         pieces.sort(key=lambda t: t[0])
-        result[key] = torch.cat([p for _, p in pieces]) if pieces else torch.empty(0)
+        result[key] = torch.cat([p for _, p in pieces]) if pieces else files[0][key][:0].clone()
     return result["param"], result["exp_avg"], result["exp_avg_sq"], files[0]["step"]
 
 
@@ -324,7 +324,7 @@ def _my_reshard(files, world, rank):
             s, e = max(lo, a), min(hi, a + len(f[key]))
             if s < e:
                 pieces.append(f[key][s - a:e - a])
-        out.append(torch.cat(pieces).clone())
+        out.append((torch.cat(pieces) if pieces else files[0][key][:0]).clone())
     return out[0], out[1], out[2], files[0]["step"]
 
 
