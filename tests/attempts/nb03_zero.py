@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import lib
-from lib.formulas import model_state_bytes
+from lib.analytic.formulas import model_state_bytes
 from lib.units import fmt_bytes
 from puzzles import zero as P
 from puzzles.zero import adam_update

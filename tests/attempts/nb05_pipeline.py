@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lib import sim
-from lib.formulas import bubble_fraction
+from lib.analytic.formulas import bubble_fraction
 from puzzles import pipeline as P
 
 

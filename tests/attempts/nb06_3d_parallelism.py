@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from lib import sim
-from lib.devices import device_mesh
-from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown, model_state_bytes
+from lib.real.backends import device_mesh
+from lib.analytic.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown, model_state_bytes
 from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, Plan, PlanError, best_plan, estimate
 from lib.units import fmt_bytes, fmt_time
 from puzzles import three_d as P

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import lib
-from lib.cross_site import Workload, powersgd_values, shard_bounds, step_times, young_interval
+from lib.analytic.cross_site import Workload, powersgd_values, shard_bounds, step_times, young_interval
 from lib.sim.cost import CostModel
 from lib.units import fmt_bytes, fmt_rate, fmt_time
 from puzzles import beyond as P
