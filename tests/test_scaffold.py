@@ -52,22 +52,9 @@ def {NAME}(dist, x):
         step *= 2
     return x
 '''
-WRONG_PARTNER = f'''
-
-def {NAME}_partner_plus(dist, x):
-    """The partner at rank + step instead of rank XOR step: pairs do not match and every rank waits."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    other = torch.empty_like(x)
-    step = 1
-    while step < world:
-        partner = (rank + step) % world
-        sent = dist.isend(x, partner)
-        dist.recv(other, partner)
-        sent.wait()
-        x = x + other
-        step *= 2
-    return x
-
+# The contributor's realistic wrong answer: the partner at rank + step instead of rank XOR step (pairs do not match)
+WRONG_PARTNER = RECURSIVE_DOUBLING.replace(f"def {NAME}(", f"def {NAME}_partner_plus(").replace(
+    "partner = rank ^ step", "partner = (rank + step) % world") + f'''
 
 WRONG.append(("{NAME}", {NAME}_partner_plus,
               ("expected", "wait")))
