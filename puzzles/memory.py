@@ -73,7 +73,7 @@ def parameter_count(cfg: GPTConfig) -> Expr:
     h, V, S = Q("h", cfg.hidden, "the hidden size"), Q("V", cfg.vocab, "the vocabulary"), Q("s", cfg.seq,
                                                                                               "the sequence")
     L, a = Q("L", cfg.layers, "the layers"), Q("a", cfg.heads, "the attention heads")
-    g = Q("g", cfg.kv_heads or cfg.heads, "the key/value heads")
+    g = Q("kv_heads", cfg.kv_heads or cfg.heads, "the key/value heads")            # named as the notebook names it
     kv = g * (h // a)                                            # the width of K, and of V
     norm = 2 * h if cfg.bias else h                              # a LayerNorm: a weight (and a bias) of h
     block = (term("qkv's weight (h × (h + 2·kv))", h * (h + 2 * kv)) + term("the attention projection (h × h)", h * h)

@@ -227,7 +227,8 @@ def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -
     if schedule == "gpipe":
         who = "m micro-batches on every stage (GPipe keeps them all)"
     elif schedule == "1f1b":
-        who = "p - r micro-batches on stage r (1F1B's warm-up depth)"
+        who = ("p - r micro-batches on stage r (its p - r - 1 warm-up forwards, and the one forward of each steady "
+               "step before its backward)")
     else:
         who = ("p micro-batches on every stage (ZB-H1's most between a forward and its W), each the larger of "
                "what a forward keeps (the activations autograd saves and each Linear's output, for B) and what W "

@@ -74,7 +74,8 @@ def zero_explorer(n_params: float = 7.5e9, dp: int = 64, stage: int = 3):
 
 # ---- the picture before each ZeRO puzzle: what each rank holds ---------------------------------------------
 HOLDS = ("weights", "gradients", "optimizer")
-HOLD_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "Adam m, v\n(+ fp32 copy)"}
+# The puzzles train in float64 and keep no master copy; mixed precision would add an fp32 copy of the weights here.
+HOLD_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "Adam m, v"}
 
 
 def zero_ranks_figure(stage: int, ranks: int = 4, offload: bool = False, prefetch: bool = False):
