@@ -104,10 +104,10 @@ def _gathered_reference(dist, model, batches, inner_steps, inner_lr, outer_lr, m
 
 
 DILOCO_MISTAKES = [
-    _diloco_mistake("the pseudo-gradient has the wrong sign: it is start - local (the way the inner steps went, "
-                    "backwards, like a gradient), not local - start.", sign=-1.0),
-    _diloco_mistake("the outer step was taken once per inner step (H times per round) with the same "
-                    "pseudo-gradient: the outer momentum must advance once per round.", per_inner_step=True),
+    _diloco_mistake("a pseudo-gradient of the wrong sign gives: start - local (the way the inner steps went, "
+                    "backwards, like a gradient) where local - start belongs.", sign=-1.0),
+    _diloco_mistake("an outer step taken once per inner step (H times per round) with the same pseudo-gradient "
+                    "gives: the outer momentum must advance once per round.", per_inner_step=True),
 ]
 
 

@@ -214,8 +214,9 @@ merge_attention = _attention_puzzle(
     variants=[{"scale": LARGE}, {"scale": 1.0}, {"scale": NEAR}],
     refuse=(KERNELS, "the merge is yours to write (exp or sigmoid, log); an attention kernel run on the two "
                      "log-sum-exps does it for you"),
-    hints=["Write the union's log-sum-exp first: lse_new = log(e^lse + e^block_lse). The output is the average of "
-           "the two outputs weighted by e^lse / e^lse_new and e^block_lse / e^lse_new.",
+    hints=["Write the union's log-sum-exp first: lse_new = log(e^lse + e^block_lse), computed without ever "
+           "forming e^lse (it overflows for large logits): torch.logaddexp, or the larger one plus log1p(exp(-gap)). "
+           "The output is the average of the two outputs weighted by e^lse / e^lse_new and e^block_lse / e^lse_new.",
            "exp(10000) is inf in any precision. Subtract the larger of the two before exponentiating, or use the "
            "log-sigmoid form: lse_new = lse - F.logsigmoid(lse - block_lse).",
            "The weight of block_out is sigmoid(block_lse - lse): out_new = out - torch.sigmoid(block_lse - lse)"
