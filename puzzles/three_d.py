@@ -110,6 +110,11 @@ def _coordinates_explained(shape: tuple[int, ...], expected: list, got: list) ->
         return None
     ranks = range(len(got))
     if all(tuple(g) == tuple(e)[::-1] for g, e in zip(got, expected)):
+        if len(set(shape)) == 1:          # on a mesh of equal sides the two mistakes give the same coordinates
+            return ("Diagnosis: every rank's coordinates are the right ones in reverse order. Either they are listed "
+                    "innermost-first (divmod peels the last axis off first: reverse them), or the mesh was read "
+                    "column-major, the first axis varying fastest (the last axis must vary fastest, as DeviceMesh "
+                    "numbers ranks). On this mesh of equal sides the two look alike.")
         return ("Diagnosis: every rank's coordinates are the right ones listed innermost-first (the order reversed): "
                 "divmod peels the last axis off first, so the coordinates it yields come out innermost first; "
                 "reverse them to return the outermost axis first.")
