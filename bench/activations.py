@@ -5,7 +5,7 @@ Korthikanti et al.'s formula (2022, Table 2) and its modern cases, on the CPU or
     python -m bench.activations --device cuda --out bench/results/activations-h200.md
 
 Each row builds `lib.models.Block` in bf16 with and without dropout, with and without flash attention
-(F.scaled_dot_product_attention), runs a forward and counts what autograd saved (`lib.measure.forward_memory`);
+(F.scaled_dot_product_attention), runs a forward and counts what autograd saved (`lib.checker.measure.forward_memory`);
 on a GPU it also reads the caching allocator (memory_allocated), which rounds each block up.
 """
 
@@ -17,8 +17,8 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-from lib.formulas import activation_bytes_per_layer
-from lib.measure import forward_memory
+from lib.analytic.formulas import activation_bytes_per_layer
+from lib.checker.measure import forward_memory
 from lib.models import Block, GPTConfig
 
 # (s, b, h, a): the shapes issue 19 measured on an H100, and one where a·s/h is large (attention dominates)
@@ -33,7 +33,7 @@ class Measured(NamedTuple):
     flash: bool
     saved: int          # bytes autograd saved
     live: int           # bytes still allocated after the forward (the allocator's view on a GPU)
-    formula: float      # lib.formulas.activation_bytes_per_layer
+    formula: float      # lib.analytic.formulas.activation_bytes_per_layer
 
 
 def measure(shape: tuple[int, int, int, int], dropout: float, flash: bool, where: str) -> Measured:
@@ -48,7 +48,7 @@ def measure(shape: tuple[int, int, int, int], dropout: float, flash: bool, where
 
 def table(rows: Iterable[Measured], where: str, on_cpu: bool) -> str:
     lines = [f"Activation memory of one `lib.models.Block` forward (bf16) on {where}, against "
-             "`lib.formulas.activation_bytes_per_layer`.", "",
+             "`lib.analytic.formulas.activation_bytes_per_layer`.", "",
              "| s | b | h | a | dropout | flash | saved (autograd) | formula | saved / formula | "
              "allocated after | allocated / formula |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in rows:

@@ -9,7 +9,7 @@ and the slowest of K runs, since a learner may wait for any of them.
 Each puzzle gets its own Jupyter kernel, so "first" pays what a learner's first check of an answer pays (the
 simulator's one-time costs) and nothing another puzzle paid before. The kernel first runs what a learner runs
 before: the notebook's cells up to its first check, whose stub gives the first answer ("not solved yet"), after
-which the kernel pays torch's and matplotlib's one-time costs while the learner writes (lib.first_use); then the
+which the kernel pays torch's and matplotlib's one-time costs while the learner writes (lib.notebook.warm_up); then the
 answers. The check cell runs as the notebook has it, figures included, timed inside the kernel.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import puzzles
-from lib.nbtools import puzzle_cells, up_to_first_check
+from lib.notebook.cells import puzzle_cells, up_to_first_check
 
 ROOT = Path(__file__).resolve().parents[1]
 

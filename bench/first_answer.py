@@ -33,7 +33,7 @@ from typing import Callable, Optional, Sequence
 import nbformat
 
 from bench.check_times import ROOT, _Kernel
-from lib.nbtools import solve, up_to_first_check
+from lib.notebook.cells import solve, up_to_first_check
 from tools import course_notebooks
 
 TARGET = 2.0            # the cells up to the first answer, at most this many times `import torch` alone

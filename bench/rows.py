@@ -24,7 +24,7 @@ from torch.distributed import pipelining as pipe
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import lib
-from lib.devices import device_mesh
+from lib.real.backends import device_mesh
 import solutions.data_parallel as dp
 import solutions.moe as moe
 import solutions.pipeline as pp

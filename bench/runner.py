@@ -17,7 +17,7 @@ from bench.rows import Impl, Pair, Row
 import lib
 from bench.timing import Timing, now, time_on_rank
 from lib import launch, sim
-from lib.formulas import bus_bandwidth
+from lib.analytic.formulas import bus_bandwidth
 from lib.sim import CostModel
 
 Progress = Callable[[int, int], None]          # (repeats done, repeats in all)

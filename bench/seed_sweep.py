@@ -16,7 +16,7 @@ import importlib
 from typing import Optional, Sequence
 
 import puzzles
-from lib.check import Budget, Puzzle, one_thread
+from lib.checker.puzzle import Budget, Puzzle, one_thread
 from lib.sim import run
 
 

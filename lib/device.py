@@ -42,7 +42,7 @@ def host() -> torch.device:
 
 @contextlib.contextmanager
 def stand_in(device_: torch.device, host_: torch.device) -> Iterator[None]:
-    """On a real rank, make device() and host() answer `device_` and `host_` for a while: lib.placement
+    """On a real rank, make device() and host() answer `device_` and `host_` for a while: lib.real.left_on_cpu
     answers cpu:0 and cpu:1 to tell, without a GPU, which tensors a GPU run would put on the GPU."""
     _STAND_INS.append((torch.device(device_), torch.device(host_)))
     try:

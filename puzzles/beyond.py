@@ -18,19 +18,19 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Floor, Puzzle, flops_budgets, one_thread
-from lib.contract import op_sends_at_most
-from lib.cross_site import shard_bounds
+from lib.checker.puzzle import Budget, Case, Contract, Floor, Puzzle, flops_budgets, one_thread
+from lib.checker.contract import op_sends_at_most
+from lib.analytic.cross_site import shard_bounds
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
-from lib.feed import StepFeed
-from lib.first_use import import_ahead
-from lib.measure import Work, counted_flops, counted_work
+from lib.checker.feed import StepFeed
+from lib.notebook.warm_up import import_ahead
+from lib.checker.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
-from lib.offlimits import tool
+from lib.guard.offlimits import tool
 from lib.sim import CostModel, RankDied, per_rank
 from lib.sim.cost import bus_factor
-from lib.terms import Formula, Q, ceil, formula, maximum, term
+from lib.checker.terms import Formula, Q, ceil, formula, maximum, term
 from lib.units import fmt_bytes, fmt_rate, fmt_time
 from lib.viz.timeline import training_scale
 
@@ -104,10 +104,10 @@ def _gathered_reference(dist, model, batches, inner_steps, inner_lr, outer_lr, m
 
 
 DILOCO_MISTAKES = [
-    _diloco_mistake("the pseudo-gradient has the wrong sign: it is start - local (the way the inner steps went, "
-                    "backwards, like a gradient), not local - start.", sign=-1.0),
-    _diloco_mistake("the outer step was taken once per inner step (H times per round) with the same "
-                    "pseudo-gradient: the outer momentum must advance once per round.", per_inner_step=True),
+    _diloco_mistake("a pseudo-gradient of the wrong sign gives: start - local (the way the inner steps went, "
+                    "backwards, like a gradient) where local - start belongs.", sign=-1.0),
+    _diloco_mistake("an outer step taken once per inner step (H times per round) with the same pseudo-gradient "
+                    "gives: the outer momentum must advance once per round.", per_inner_step=True),
 ]
 
 
@@ -218,7 +218,8 @@ REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters:
 
 def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
                       rtol: float, atol: float) -> Callable[[list, list], Optional[str]]:
-    """A DiLoCo case's explain (lib.check.Case): workers whose parameters differ from each other (replicas drifting
+    """A DiLoCo case's explain (lib.checker.puzzle.Case): workers whose parameters differ from each other (replicas
+    drifting
     apart), or a run that equals one of DILOCO_VARIANTS."""
     from lib.diagnose.leaves import close, leaves
     from puzzles.replicas import drifted
@@ -327,7 +328,7 @@ def _rank_flops(chunk: int, world: int, bits: int) -> float:
 
 
 def _compressed_explained(grads: list, residuals: list, bits: int) -> Callable[[list, list], Optional[str]]:
-    """A compressed case's explain (lib.check.Case): a wrong mean read chunk by chunk against what its owner
+    """A compressed case's explain (lib.checker.puzzle.Case): a wrong mean read chunk by chunk against what its owner
     received (the mean unquantised, or the integers added under one sender's scale), a wrong residual against the
     inputs it is made of (one of them left out or counted twice)."""
     n = len(grads)
@@ -547,8 +548,8 @@ def powersgd_on_gloo(rank: int = 1, steps: int = 50, world: int = 2, lr: float =
     """PyTorch's PowerSGD DDP hook on `world` real processes, on compression_race's problem: its loss against
     float32 DDP's, and what each sends per step (every weight matrix of this model shrinks more than the 2× below
     which the hook would send it whole)."""
-    from lib.cross_site import powersgd_values
-    from lib.launch import launch
+    from lib.analytic.cross_site import powersgd_values
+    from lib.real.launch import launch
 
     model = mlp(RACE_SIZES, seed=seed, dtype=torch.float32)
     target = mlp(RACE_SIZES, seed=seed + 1, dtype=torch.float32)
@@ -718,7 +719,7 @@ def _dcp_state(dist, state: dict, zeros: bool = False) -> dict:
     """`state`'s flat tensors as DTensors sharded along dim 0 over every rank (FSDP2's layout)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from lib.devices import device_mesh
+    from lib.real.backends import device_mesh
 
     mesh = device_mesh(dist)
     return {k: distribute_tensor(torch.zeros_like(v) if zeros else v, mesh, [Shard(0)]) for k, v in state.items()}
@@ -734,7 +735,7 @@ def _dcp_load_and_compare(dist, path: str, state: dict, files: list, fn) -> Opti
     """This rank's shard loaded by torch.distributed.checkpoint and by `fn`: what differs, or None."""
     import torch.distributed.checkpoint as dcp
 
-    from lib.compare import first_difference
+    from lib.checker.compare import first_difference
 
     theirs = _dcp_state(dist, state, zeros=True)
     dcp.load(theirs, checkpoint_id=path)
@@ -750,7 +751,7 @@ def compare_with_dcp(fn, saved_on: int = 4, world: int = 2, total: int = 25, see
     import tempfile
 
     from lib.errors import raised_the_stub
-    from lib.launch import launch
+    from lib.real.launch import launch
 
     gen = torch.Generator().manual_seed(seed)
     state = {k: torch.randn(total, generator=gen, dtype=torch.float64) for k in STATE}
@@ -824,7 +825,8 @@ class ShardOfTheLiving:
 
 
 def _survive_explained(world: int, dead: int, start: dict, grads: list, before: int, reloaded: int):
-    """A survive case's explain (lib.check.Case), from the run's structure: the state before the failure (`start`,
+    """A survive case's explain (lib.checker.puzzle.Case), from the run's structure: the state before the failure
+    (`start`,
     after `before` steps), every step's whole gradient, and the step of the last complete checkpoint (`reloaded`),
     from which the survivors train on in the layout of N - 1 ranks. A wrong result is read as a shard of another
     layout, as wrong exactly where the rank held nothing before, or as a training state that lost a part."""
@@ -913,8 +915,8 @@ def _held_before_only(have: dict, expected: list, world: int, dead: int, total: 
 
 def _survive_harness(answer, dist, files, grads, every, lr, dead, k):
     """Each rank runs the answer: in simulation the case's fault is injected by the simulator; on real processes
-    lib.faults emulates it (the failed rank is refused its k-th call and stands by)."""
-    from lib.faults import run_with_fault
+    lib.real.faults emulates it (the failed rank is refused its k-th call and stands by)."""
+    from lib.real.faults import run_with_fault
     from lib.sim import current_rank
 
     if current_rank() is not None:
@@ -1062,7 +1064,7 @@ survive_failure = Puzzle(
 # ---- 5. how far apart can datacenters be? ---------------------------------------------------------------------
 WAN_LINKS = {"100 Gb/s, 10 ms (across a country)": (12.5e9, 10e-3), "10 Gb/s, 40 ms (across an ocean)": (1.25e9, 40e-3),
              "400 Gb/s, 2 ms (a metro campus)": (50e9, 2e-3)}
-DERIVE = {"lib.cross_site": "lib.cross_site", "lib.sim.cost": "lib.sim.cost"}
+DERIVE = {"lib.analytic.cross_site": "lib.analytic.cross_site", "lib.sim.cost": "lib.sim.cost"}
 
 
 def fewest_inner_steps(comm: float, compute: float, share: float) -> int:
@@ -1093,7 +1095,7 @@ def _budget_case(rng: random.Random, _world: int, size: Optional[float] = None) 
 
 
 def _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, expected: int) -> Formula:
-    """The fewest H as named terms (lib.terms): a ring all-reduce's 2(N-1) latencies and 2(N-1)/N of the float32
+    """The fewest H as named terms (lib.checker.terms): a ring all-reduce's 2(N-1) latencies and 2(N-1)/N of the float32
     pseudo-gradient's bytes, over H steps' forward and backward FLOPs; checked against the simulator's answer."""
     p, t = Q("P", params, "the parameters"), Q("tokens", tokens, "the tokens per GPU and step")
     comm = term("the latency (2(N-1) messages × α)", Q("2(N-1)", 2 * (world - 1), "the ring's messages one after "
@@ -1125,9 +1127,9 @@ inner_steps_for = Puzzle(
 
 
 def how_far(fn, params: float = 1e9, tokens: int = 4096, world: int = 8, share: float = 0.1) -> Optional[dict]:
-    """Your `inner_steps_for` on each wide-area link of WAN_LINKS, and what it buys per step (lib.cross_site's
+    """Your `inner_steps_for` on each wide-area link of WAN_LINKS, and what it buys per step (lib.analytic.cross_site's
     times, compute at an H100's peak): {link: H}, or None while the function is a stub."""
-    from lib.cross_site import Workload, step_times
+    from lib.analytic.cross_site import Workload, step_times
 
     found = {}
     for name, (bandwidth, latency) in WAN_LINKS.items():

@@ -14,10 +14,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Floor, Puzzle, flops_budgets
-from lib.contract import neighbours, sends_to
+from lib.checker.puzzle import Budget, Case, Contract, Floor, Puzzle, flops_budgets
+from lib.checker.contract import neighbours, sends_to
 from lib.diagnose import Mistake
-from lib.measure import counted_flops
+from lib.checker.measure import counted_flops
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, SimResult, per_rank
 from lib.sim.cost import bus_factor
@@ -149,7 +149,8 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _shares(xs: list[torch.Tensor], op: str):
-    """A ring case's explain (lib.check.Case): each wrong chunk read as the ranks' parts of that chunk, each taken
+    """A ring case's explain (lib.checker.puzzle.Case): each wrong chunk read as the ranks' parts of that chunk, each
+    taken
     0, 1 or 2 times (3^N candidates, told apart even by a chunk of one value): a part left out of the sum (a step
     that copies where it adds, a step too few, the chunk the schedule did not complete) or counted twice (a phase
     that adds where it copies, a step too many). Said for the first wrong chunk, when every wrong chunk is such a sum.
@@ -304,7 +305,8 @@ def _scale_grad(p: torch.Tensor, c: float) -> None:
 
 
 def _alone_explain(model, shards: list, lr: float):
-    """A data-parallel case's explain (lib.check.Case): every rank's parameters are those of training alone on its own
+    """A data-parallel case's explain (lib.checker.puzzle.Case): every rank's parameters are those of training alone
+    on its own
     shard, with its gradient as backward made it or scaled by N either way (a loss divided by N instead of an
     all-reduce): whatever the scale, no gradient travelled."""
     world = len(shards)

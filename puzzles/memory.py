@@ -15,13 +15,13 @@ from typing import Optional
 
 import torch
 
-from lib.check import Budget, Case, Puzzle, nothing_on_the_host
-from lib.first_use import import_ahead
-from lib.formulas import model_state_bytes
-from lib.measure import allocated, saved_activation_bytes
+from lib.checker.puzzle import Budget, Case, Puzzle, nothing_on_the_host
+from lib.notebook.warm_up import import_ahead
+from lib.analytic.formulas import model_state_bytes
+from lib.checker.measure import allocated, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
-from lib.offlimits import MODULE_INIT
-from lib.terms import Expr, Q, formula, term
+from lib.guard.offlimits import MODULE_INIT
+from lib.checker.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
 from puzzles._sample_weights import fit, module_grads, said, vjp
 
@@ -51,15 +51,16 @@ def _describe(cfg: GPTConfig) -> str:
 
 
 # A prediction comes from the configuration: the library that builds, measures or models the model is off limits
-# while the learner's function runs (lib.offlimits).
-DERIVE = {"building a module": MODULE_INIT, "lib.formulas": "lib.formulas", "lib.measure": "lib.measure",
-          "lib.planner": "lib.planner", "lib.viz.memory": "lib.viz.memory"}
+# while the learner's function runs (lib.guard.offlimits).
+DERIVE = {"building a module": MODULE_INIT, "lib.analytic.formulas": "lib.analytic.formulas",
+          "lib.checker.measure": "lib.checker.measure", "lib.planner": "lib.planner",
+          "lib.viz.memory": "lib.viz.memory"}
 DERIVE_ADVICE = "derive it from the configuration (and from lib/models.py, read, not run)"
 PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, off_limits_advice=DERIVE_ADVICE,
                   real_cell=False)
 
 # Each seed asks the three kinds of model of the statement: GPT-2's (tied, biases), LLaMA's (untied, no biases),
-# and grouped-query attention, which lib.formulas does not model. The grouped kind has several key/value heads
+# and grouped-query attention, which lib.analytic.formulas does not model. The grouped kind has several key/value heads
 # (one is multi-query attention, which LLaMA's kind may draw): with one, the heads a and the key/value heads g
 # give a count that forgets a or puts it where g belongs the same number, and no case would tell them apart.
 MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias": False},
@@ -68,11 +69,11 @@ MODEL_KINDS = [{"tied": True, "bias": True, "gqa": False}, {"tied": False, "bias
 
 # ---- 1. counting parameters --------------------------------------------------------------
 def parameter_count(cfg: GPTConfig) -> Expr:
-    """TinyGPT's parameter count as named terms (lib.terms), so that a count missing a piece is told which."""
+    """TinyGPT's parameter count as named terms (lib.checker.terms), so that a count missing a piece is told which."""
     h, V, S = Q("h", cfg.hidden, "the hidden size"), Q("V", cfg.vocab, "the vocabulary"), Q("s", cfg.seq,
                                                                                               "the sequence")
     L, a = Q("L", cfg.layers, "the layers"), Q("a", cfg.heads, "the attention heads")
-    g = Q("g", cfg.kv_heads or cfg.heads, "the key/value heads")
+    g = Q("kv_heads", cfg.kv_heads or cfg.heads, "the key/value heads")            # named as the notebook names it
     kv = g * (h // a)                                            # the width of K, and of V
     norm = 2 * h if cfg.bias else h                              # a LayerNorm: a weight (and a bias) of h
     block = (term("qkv's weight (h × (h + 2·kv))", h * (h + 2 * kv)) + term("the attention projection (h × h)", h * h)
@@ -256,7 +257,8 @@ checkpointed_step = Puzzle(
 
 
 def _accumulation_explain(model, tokens: torch.Tensor, targets: torch.Tensor, k: int):
-    """accumulated_step's explain (lib.check.Case): which samples the gradients hold (puzzles._sample_weights), or,
+    """accumulated_step's explain (lib.checker.puzzle.Case): which samples the gradients hold
+    (puzzles._sample_weights), or,
     when they are no weighted sum of the samples' gradients, whether they are k micro-batches cut along another
     dimension of the tokens than the batch's."""
 

@@ -16,15 +16,15 @@ from typing import Optional
 
 import torch
 
-from lib.check import Budget, Case, Contract, Floor, Puzzle
-from lib.contract import sends_less_than
+from lib.checker.puzzle import Budget, Case, Contract, Floor, Puzzle
+from lib.checker.contract import sends_less_than
 from lib.device import device
 from lib.diagnose import Mistake
 from lib.diagnose.leaves import listing
 from lib.errors import PuzzleError
-from lib.first_use import import_ahead
+from lib.notebook.warm_up import import_ahead
 from lib.sim import per_rank
-from lib.terms import Formula, Num, Q, formula, minimum, term
+from lib.checker.terms import Formula, Num, Q, formula, minimum, term
 from lib.units import fmt_bytes
 from puzzles.replicas import drifted
 
@@ -36,8 +36,8 @@ A2A = frozenset({"all_to_all"})
 FACTORS = (0.5, 0.75, 1.0, 1.25, 2.0)      # capacity factors a case draws: below and above 1
 LARGE = 1000.0                             # logits of this scale overflow exp() in any precision
 # The course's own MoE arithmetic would answer the capacity for the learner.
-OFF_LIMITS = {"lib.moe": "lib.moe"}
-OFF_LIMITS_ADVICE = "compute the capacity and the routing yourself: lib.moe is what the figures use"
+OFF_LIMITS = {"lib.analytic.moe": "lib.analytic.moe"}
+OFF_LIMITS_ADVICE = "compute the capacity and the routing yourself: lib.analytic.moe is what the figures use"
 
 
 def _gen(rng: random.Random) -> torch.Generator:
@@ -939,7 +939,7 @@ def _capacity_harness(answer, _dist, logits, k, max_dropped):
 
 
 def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> Formula:
-    """The padded slots as named terms (lib.terms): C·E slots less the kept choices, Σ_e min(L_e, C)."""
+    """The padded slots as named terms (lib.checker.terms): C·E slots less the kept choices, Σ_e min(L_e, C)."""
     experts, load = logits.shape[1], _loads(logits, k)
     c = Q("C", cap, "the capacity")
     kept = sum((minimum(n, c) for n in load), Num(0))
@@ -968,7 +968,7 @@ def capacity_costs(fn, tokens: int = 4096, experts: int = 64, k: int = 2, skew: 
     budgets: the capacity and its factor, the padded share of the experts' compute, and the bytes a rank's
     dispatch and combine send over `ranks` EP ranks, by uneven splits (the kept rows) and padded (every slot).
     None (and why, printed) while fn does not run."""
-    from lib.moe import routing, skewed_logits
+    from lib.analytic.moe import routing, skewed_logits
 
     logits = skewed_logits(tokens, experts, skew)
     print(f"{tokens} tokens per rank, E={experts}, k={k}, router skew {skew:g}, rows of {REAL_HIDDEN} bf16 values, "

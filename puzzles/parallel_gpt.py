@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.models import GPTConfig, TinyGPT
-from lib.offlimits import tool
+from lib.guard.offlimits import tool
 
 
 # tp_copy and tp_reduce are notebook 04's answers, deliberately written again: the Copy and Reduce of

@@ -2,7 +2,7 @@
 
 The model is an MLP of constant width cut into p stages of LAYERS linear layers, one stage per rank.
 Time budgets come from FLOPs counted on one stage and one micro-batch; memory budgets from the
-activations one micro-batch leaves on a stage, measured with lib.measure. Nothing is copied from a run.
+activations one micro-batch leaves on a stage, measured with lib.checker.measure. Nothing is copied from a run.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Floor, Puzzle, nothing_on_the_host
-from lib.first_use import import_ahead
-from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
-from lib.measure import allocated, counted_time, once_per_shape, saved_activation_bytes
+from lib.checker.puzzle import Budget, Case, Contract, Floor, Puzzle, nothing_on_the_host
+from lib.notebook.warm_up import import_ahead
+from lib.analytic.formulas import bubble_fraction, zero_bubble_h1_bubble
+from lib.checker.measure import allocated, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, param_bytes
 from lib.sim import CostModel, SimResult, per_rank
 from lib.units import fmt_bytes, fmt_time, ordinal
-from lib.schedules import makespan, peak_in_flight, play, schedule_orders
+from lib.analytic.schedules import makespan, peak_in_flight, play, schedule_orders
 from puzzles._sample_weights import fit, module_grads, said, vjp
 
 import_ahead("explicit_gradient")          # a stage back-propagates the gradient it receives
@@ -90,7 +90,8 @@ def split_stage_times(stage, micro: torch.Tensor, cost: CostModel = COST,
 
 def schedule_step_time(schedule: str, stages, micro: torch.Tensor, micro_y: torch.Tensor, m: int, v: int = 1,
                        split: bool = False) -> float:
-    """The schedule's step on p ranks with each virtual stage's own measured times (lib.schedules.play): what the
+    """The schedule's step on p ranks with each virtual stage's own measured times (lib.analytic.schedules.play): what
+    the
     bubble formula predicts when stages differ, as the last one does by computing the loss."""
     last = len(stages) - 1
     times = [(split_stage_times if split else stage_times)(st, micro, COST, micro_y if s == last else None, m)
@@ -149,7 +150,7 @@ CLOSE = 0.05         # how near the paper's formula a run's bubble is said to be
 
 
 def bubble_report(result: SimResult, m: int, v: int = 1, zero_bubble: bool = False) -> float:
-    """Print the bubble measured on a run next to the paper's formula (lib.formulas.bubble_fraction, or
+    """Print the bubble measured on a run next to the paper's formula (lib.analytic.formulas.bubble_fraction, or
     zero_bubble_h1_bubble with equal t_F, t_B, t_W), and return the measured one."""
     p = result.world_size
     got = measured_bubble(result)
@@ -226,7 +227,8 @@ def _memory_budget(schedule: str, stages, micro, micro_y, inputs: int, m: int) -
     if schedule == "gpipe":
         who = "m micro-batches on every stage (GPipe keeps them all)"
     elif schedule == "1f1b":
-        who = "p - r micro-batches on stage r (1F1B's warm-up depth)"
+        who = ("p - r micro-batches on stage r (its p - r - 1 warm-up forwards, and the one forward of each steady "
+               "step before its backward)")
     else:
         who = ("p micro-batches on every stage (ZB-H1's most between a forward and its W), each the larger of "
                "what a forward keeps (the activations autograd saves and each Linear's output, for B) and what W "
@@ -366,7 +368,8 @@ class _Reference:
 
 
 def _schedule_explain(model, batch: torch.Tensor, targets: torch.Tensor, p: int, m: int):
-    """A pipeline case's explain (lib.check.Case): the highest stage whose gradients are wrong, whose later stages
+    """A pipeline case's explain (lib.checker.puzzle.Case): the highest stage whose gradients are wrong, whose later
+    stages
     sent it what they should, seen three ways: which micro-batches (or rows) its gradients hold
     (puzzles._sample_weights), which micro-batch's activations each micro-batch's gradient went back through, or which
     tensor of the next stage came back in place of the gradient of that stage's input."""

@@ -3,7 +3,7 @@
 Layout everywhere (b, h, s, d): batch, heads, sequence, head size, as F.scaled_dot_product_attention; float64,
 so that every comparison is strict. Expected results come from PyTorch's attention on the whole sequence (the
 log-sum-exp from its CPU flash kernel); budgets from the algorithm's formulas for the case at hand: chunks of
-(s/N)·d, tiles of block², the bytes of K and V, the cost model's block times (lib.context_parallel).
+(s/N)·d, tiles of block², the bytes of K and V, the cost model's block times (lib.analytic.context_parallel).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Floor, Puzzle
-from lib.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
-from lib.contract import communication_hidden, flops_at_most, flops_balanced, right, sends_to
+from lib.checker.puzzle import Budget, Case, Contract, Floor, Puzzle
+from lib.analytic.context_parallel import LINKS, Shard, block_times, min_tokens_to_overlap, stand_in
+from lib.checker.contract import communication_hidden, flops_at_most, flops_balanced, right, sends_to
 from lib.device import device
 from lib.diagnose import Mistake
-from lib.first_use import import_ahead
-from lib.measure import counted_flops, counted_time
+from lib.notebook.warm_up import import_ahead
+from lib.checker.measure import counted_flops, counted_time
 from lib.sim import CostModel, per_rank
 from lib.units import fmt_bytes, fmt_time
 from puzzles.attended import CAUSAL, FULL, MASKED, NONE, OWN_V, RING, STRICT, Queries, Unit, explain_attention
@@ -214,8 +214,9 @@ merge_attention = _attention_puzzle(
     variants=[{"scale": LARGE}, {"scale": 1.0}, {"scale": NEAR}],
     refuse=(KERNELS, "the merge is yours to write (exp or sigmoid, log); an attention kernel run on the two "
                      "log-sum-exps does it for you"),
-    hints=["Write the union's log-sum-exp first: lse_new = log(e^lse + e^block_lse). The output is the average of "
-           "the two outputs weighted by e^lse / e^lse_new and e^block_lse / e^lse_new.",
+    hints=["Write the union's log-sum-exp first: lse_new = log(e^lse + e^block_lse), computed without ever "
+           "forming e^lse (it overflows for large logits): torch.logaddexp, or the larger one plus log1p(exp(-gap)). "
+           "The output is the average of the two outputs weighted by e^lse / e^lse_new and e^block_lse / e^lse_new.",
            "exp(10000) is inf in any precision. Subtract the larger of the two before exponentiating, or use the "
            "log-sigmoid form: lse_new = lse - F.logsigmoid(lse - block_lse).",
            "The weight of block_out is sigmoid(block_lse - lse): out_new = out - torch.sigmoid(block_lse - lse)"
@@ -717,8 +718,8 @@ def race_ring_and_ulysses(ring_fn, ulysses_fn, n: int = 4, tokens: int = 16384, 
                           seed: int = 0) -> Optional[dict[str, float]]:
     """Your overlapped ring (puzzle 4) and your Ulysses (puzzle 7) on the same simulated ranks, timed as one layer
     of `tokens` tokens per rank, 32 heads of 128 in bf16 on H100s over `link`: the simulator's answer to "which is
-    faster", printed next to lib.context_parallel's formulas. None (and why, printed) when one does not run."""
-    from lib.context_parallel import ring_or_ulysses, with_links
+    faster", printed next to lib.analytic.context_parallel's formulas. None (and why, printed) when one does not run."""
+    from lib.analytic.context_parallel import ring_or_ulysses, with_links
     from lib.errors import PuzzleError, raised_the_stub
     from lib.sim import run
 

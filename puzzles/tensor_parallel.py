@@ -4,7 +4,8 @@ Every layer is checked three ways: its output and every gradient against the sin
 (float64, Megatron's [s, b, h] layout); the collectives it issues in forward and in backward, by kind
 and size, against Megatron-LM's pattern; and the bytes each rank sends, from the ring formulas. The MLP, the
 attention block and the sequence-parallel MLP are also checked for the bytes autograd saves in forward, against
-Korthikanti et al.'s per-rank activation terms (lib.formulas.activation_bytes_per_layer) adapted to these layers.
+Korthikanti et al.'s per-rank activation terms (lib.analytic.formulas.activation_bytes_per_layer) adapted to these
+layers.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Floor, flops_budgets
-from lib.devices import device_mesh
-from lib.first_use import import_ahead
-from lib.layer_check import LayerPuzzle, Upstream, describe_calls
-from lib.measure import counted_flops
-from lib.offlimits import tool
+from lib.checker.puzzle import Budget, Case, Floor, flops_budgets
+from lib.real.backends import device_mesh
+from lib.notebook.warm_up import import_ahead
+from lib.checker.layer import LayerPuzzle, Upstream, describe_calls
+from lib.checker.measure import counted_flops
+from lib.guard.offlimits import tool
 from lib.sim import per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
@@ -132,7 +133,7 @@ def _label(world: int, s: int, b: int, h: int, extra: str = "") -> str:
 
 
 # ---- what a wrong layer shows -----------------------------------------------------------------------
-# A layer's explain (lib.check.Case) replays the parallel layer on the case's inputs with one of its settings
+# A layer's explain (lib.checker.puzzle.Case) replays the parallel layer on the case's inputs with one of its settings
 # changed, and names the setting whose layer gives the learner's output: where f and g sit, how attention splits and
 # scales its heads, which ids a vocabulary shard may use. These are the layer's own degrees of freedom, not a list of
 # answers: any wrong answer that is the layer with one setting changed is named by it.

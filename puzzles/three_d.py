@@ -5,7 +5,8 @@ Ranks sit on a (dp, pp, tp) mesh with TP innermost: rank = (d·pp + p)·tp + t, 
 float64, and their traffic per axis against the formulas of notebooks 02 (ring all-reduce), 04 (Megatron's f and g)
 and 05 (one activation forward and one gradient back per micro-batch and boundary). A plan's memory per GPU is
 a prediction: checked against the first stage of tiny GPTs built from lib.models and measured (lib.planner.measured),
-then against lib.formulas' terms at real sizes, lib.planner's estimator and measurement out of reach. The plan search
+then against lib.analytic.formulas' terms at real sizes, lib.planner's estimator and measurement out of reach. The
+plan search
 is checked against lib.planner's brute force on randomised models and clusters, judged by what lib.planner.estimate
 says of the plan returned; one case is drawn where ranking by HFU picks another plan.
 """
@@ -23,24 +24,24 @@ import numpy
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
-from lib.contract import in_flight_at_most
+from lib.checker.puzzle import Budget, Case, Puzzle, flops_budgets, nothing_on_the_host
+from lib.checker.contract import in_flight_at_most
 from lib.device import device
-from lib.devices import device_mesh
+from lib.real.backends import device_mesh
 from lib.diagnose import Mistake
 from lib.errors import PuzzleError
-from lib.first_use import import_ahead
-from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown
-from lib.measure import WithoutPeers, counted_flops, counted_work, saved_activation_bytes
-from lib.mesh_check import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
-from lib.schedules import peak_in_flight, schedule_orders
+from lib.notebook.warm_up import import_ahead
+from lib.analytic.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_breakdown
+from lib.checker.measure import WithoutPeers, counted_flops, counted_work, saved_activation_bytes
+from lib.checker.mesh import ArithmeticPuzzle, AxisBudget, MeshCase, MeshPuzzle
+from lib.analytic.schedules import peak_in_flight, schedule_orders
 from lib.models import GPTConfig
 from lib.planner import Plan, estimate
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.sim.mesh import answer_key_refused, coordinates
 from lib.sim.traffic import MeshAxes
-from lib.terms import Expr, Formula, Q, Term, formula, minimum, term
+from lib.checker.terms import Expr, Formula, Q, Term, formula, minimum, term
 from lib.units import fmt_bytes, fmt_time
 
 from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
@@ -109,6 +110,11 @@ def _coordinates_explained(shape: tuple[int, ...], expected: list, got: list) ->
         return None
     ranks = range(len(got))
     if all(tuple(g) == tuple(e)[::-1] for g, e in zip(got, expected)):
+        if len(set(shape)) == 1:          # on a mesh of equal sides the two mistakes give the same coordinates
+            return ("Diagnosis: every rank's coordinates are the right ones in reverse order. Either they are listed "
+                    "innermost-first (divmod peels the last axis off first: reverse them), or the mesh was read "
+                    "column-major, the first axis varying fastest (the last axis must vary fastest, as DeviceMesh "
+                    "numbers ranks). On this mesh of equal sides the two look alike.")
         return ("Diagnosis: every rank's coordinates are the right ones listed innermost-first (the order reversed): "
                 "divmod peels the last axis off first, so the coordinates it yields come out innermost first; "
                 "reverse them to return the outermost axis first.")
@@ -136,7 +142,7 @@ def _apart(stride: int) -> str:
 
 
 # The lesson is which axis varies fastest: a library's unravel does that arithmetic (numpy's are C functions behind a
-# Python dispatcher, which lib.offlimits watches).
+# Python dispatcher, which lib.guard.offlimits watches).
 UNRAVEL = {"torch.unravel_index": torch.unravel_index, "numpy.unravel_index": numpy.unravel_index,
            "numpy.ravel_multi_index": numpy.ravel_multi_index}
 UNRAVEL_ADVICE = ("derive it: on a (dp, pp, tp) mesh rank = (d·PP + p)·TP + t, the last axis varying fastest, so peel "
@@ -637,12 +643,13 @@ train_3d = MeshPuzzle(
 
 
 # ---- 5. memory per GPU of a plan ---------------------------------------------------------------------------------
-# A prediction: derived from lib.formulas (notebooks 01, 03 and 05) and the model's parameter counts, not looked up in
+# A prediction: derived from lib.analytic.formulas (notebooks 01, 03 and 05) and the model's parameter counts, not
+# looked up in
 # lib.planner's estimator, which holds the answer, or in what calls it.
 PLANNER_ANSWERS = {"lib.planner's estimator": "lib.planner.estimate",
                    "lib.planner's search": "lib.planner.search", "lib.planner's published runs": "lib.planner.runs",
                    "lib.planner's measurement": "lib.planner.measured", "lib.viz.planner": "lib.viz.planner"}
-PLANNER_ADVICE = ("add the terms up yourself: lib.formulas' model_state_bytes (or model_state_breakdown), "
+PLANNER_ADVICE = ("add the terms up yourself: lib.analytic.formulas' model_state_bytes (or model_state_breakdown), "
                   "activation_bytes_per_layer and first_stage_in_flight, with model.layer_params, "
                   "model.embedding_params and model.head_params")
 GATHERED = 3                  # ZeRO-3's extra blocks of 16-bit states: two gathered weights, one block's gradients
@@ -668,7 +675,8 @@ def _first_stage_bytes(model, plan: Plan, *, blocks: str = "stage", zero3_blocks
 
 
 def memory_formula(model, plan: Plan, measured: Optional[float] = None) -> Formula:
-    """_first_stage_bytes as named terms (lib.terms), for a wrong prediction to be named by the term it is off by.
+    """_first_stage_bytes as named terms (lib.checker.terms), for a wrong prediction to be named by the term it is off
+    by.
     `measured`: one micro-batch's activations in the stage's blocks as measured, for the tiny GPTs built."""
     def q(symbol: str, number: float, meaning: str) -> Q:       # a fresh node: a quantity may be left out of one term
         return Q(symbol, number, meaning)
@@ -711,7 +719,7 @@ def memory_formula(model, plan: Plan, measured: Optional[float] = None) -> Formu
 
 def _layer_terms(model, plan: Plan) -> Expr:
     """One block's activations per micro-batch, Korthikanti et al. 2022 (Table 2), term by term: what
-    lib.formulas.activation_bytes_per_layer sums."""
+    lib.analytic.formulas.activation_bytes_per_layer sums."""
     sbh = Q("s", model.seq, "the sequence length") * Q("b", plan.micro_batch, "the micro-batch") \
         * Q("h", model.hidden, "the hidden size")
     t = Q("tp", plan.tp, "the tensor-parallel degree")

@@ -2,7 +2,7 @@
 
 Sharding convention (the notebook states it): a parameter of n elements is flattened and padded with
 zeros to N·ceil(n/N) elements; rank r keeps elements [r·c, (r+1)·c) with c = ceil(n/N). Every budget
-is computed from the padded sizes of that convention and from lib.formulas, never copied from a run.
+is computed from the padded sizes of that convention and from lib.analytic.formulas, never copied from a run.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lib.check import Budget, Case, Contract, Floor, Puzzle, flops_budgets, nothing_on_the_host
-from lib.contract import peak_memory_between
-from lib.devices import device_mesh
+from lib.checker.puzzle import Budget, Case, Contract, Floor, Puzzle, flops_budgets, nothing_on_the_host
+from lib.checker.contract import peak_memory_between
+from lib.real.backends import device_mesh
 from lib.diagnose import hands_gradient
-from lib.first_use import import_ahead
-from lib.formulas import model_state_bytes
-from lib.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
+from lib.notebook.warm_up import import_ahead
+from lib.analytic.formulas import model_state_bytes
+from lib.checker.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, sharded_batches
-from lib.offlimits import tool
+from lib.guard.offlimits import tool
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
@@ -46,7 +46,7 @@ STEPS = 2
 LOCAL = 4                                     # samples per rank per step
 LR = 1e-2
 ITEM = 8                                      # bytes per float64 element
-# lib.formulas counts 2-byte weights and gradients and K bytes of optimizer state per parameter. Everything
+# lib.analytic.formulas counts 2-byte weights and gradients and K bytes of optimizer state per parameter. Everything
 # here is float64: weights 8 + gradients 8 bytes, and the optimizer keeps m and v (16) plus, in stages 1 and 2,
 # its own copy of its shard of the weights (8, the paper's fp32 master copy): 4 × model_state_bytes(Ψ, N, stage, k).
 # In stage 3 the shard *is* the parameter, so K = 4.
@@ -210,7 +210,8 @@ ON_DEVICE = nothing_on_the_host("ZeRO shards the training state across the ranks
 DEEP, DEEP_WIDTHS = 12, (40, 44)              # 1600 and 1936 leave remainders at N = 3
 
 
-# What opens and closes ZeRO-3's training phase, in order of preference (lib.contract.peak_memory_between): parameters
+# What opens and closes ZeRO-3's training phase, in order of preference (lib.checker.contract.peak_memory_between):
+# parameters
 # gathered (by all-gathers, else broadcasts from each shard's owner, else received from it message by message),
 # gradients reduced (reduce-scattered, else reduced to their owner, else all-reduced and cut: its bytes are over).
 GATHERS, REDUCES = ("all_gather", "broadcast", "recv"), ("reduce_scatter", "reduce", "all_reduce")

@@ -1,15 +1,16 @@
 """Notebook 06, 3D parallelism: the reference solutions.
 
 A solved notebook pastes each function alone into its cell: they use only what the notebook's setup cell imports
-(torch, F, device_mesh, tp_copy, tp_reduce, the planner's names, three of lib.formulas) and the earlier puzzles'
+(torch, F, device_mesh, tp_copy, tp_reduce, the planner's names, three of lib.analytic.formulas) and the earlier
+puzzles'
 functions.
 """
 
 import torch
 import torch.nn.functional as F
 
-from lib.devices import device_mesh
-from lib.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_bytes
+from lib.real.backends import device_mesh
+from lib.analytic.formulas import activation_bytes_per_layer, first_stage_in_flight, model_state_bytes
 from lib.planner import Plan, PlanError, estimate
 from puzzles.parallel_gpt import tp_reduce
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lib.formulas import activation_bytes_per_layer
-from lib.measure import forward_memory
+from lib.analytic.formulas import activation_bytes_per_layer
+from lib.checker.measure import forward_memory
 from lib.models import Block, GPTConfig
 
 SHAPES = [(64, 2, 64, 4), (32, 3, 32, 2), (128, 1, 64, 8)]      # (s, b, h, a)

@@ -11,8 +11,8 @@ COURSE = ("lib", "puzzles", "solutions", "tools", "notebooks", "tests", "bench")
 # (files, course packages their imports may name)
 RULES = [
     ("lib/**/*.py", {"lib"}),
-    ("lib/sim/*.py", {"lib.sim", "lib.errors", "lib.places", "lib.units", "lib.viz"}),  # lib.viz lazily: timeline()
-    ("lib/schedules.py", set()),
+    ("lib/sim/*.py", {"lib.sim", "lib.errors", "lib.whose_code", "lib.units", "lib.viz", "lib.guard"}),
+    ("lib/analytic/schedules.py", set()),
     ("puzzles/*.py", {"lib", "puzzles"}),
     ("solutions/*.py", {"lib", "puzzles", "solutions"}),        # what a notebook hands the learner, and no more
 ]

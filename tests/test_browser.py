@@ -32,7 +32,7 @@ from typing import NamedTuple
 import nbformat
 import pytest
 
-from lib.nbtools import solve
+from lib.notebook.cells import solve
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "02_data_parallel.ipynb"

@@ -11,10 +11,10 @@ import random
 import pytest
 import torch
 
-import lib.check
+import lib.checker.puzzle
 import lib.sim
-from lib.check import FAILING, Budget, Case, CheckFailed, Floor, NotSolved, Puzzle
-from lib.compare import first_difference
+from lib.checker.puzzle import FAILING, Budget, Case, CheckFailed, Floor, NotSolved, Puzzle
+from lib.checker.compare import first_difference
 from lib.sim import per_rank
 from lib.units import fmt_bytes
 
@@ -195,7 +195,8 @@ def test_a_contract_names_what_the_run_did_instead(capsys):
 
     def contracted(rng, n):
         case = _sum_case(rng, n)
-        case.contracts.append(lib.check.Contract("a ring is made of messages", only_p2p, hint="use send and recv"))
+        case.contracts.append(lib.checker.puzzle.Contract("a ring is made of messages", only_p2p,
+                                                          hint="use send and recv"))
         return case
     puzzle = Puzzle("sum_contract", "00_test", contracted, world_sizes=(2, 3))
     assert puzzle.check(correct, seed=0) is False
@@ -379,10 +380,10 @@ def test_first_difference_modules():
 
 
 def test_strict_default_reads_the_environment(monkeypatch):
-    assert lib.check.strict_default() is False
+    assert lib.checker.puzzle.strict_default() is False
     for value, strict in (("1", True), ("yes", True), ("0", False), ("", False)):
         monkeypatch.setenv("COURSE_STRICT", value)
-        assert lib.check.strict_default() is strict
+        assert lib.checker.puzzle.strict_default() is strict
 
 
 def test_the_reference_solution_is_shown_only_on_explicit_request(capsys):
@@ -462,7 +463,7 @@ def test_the_answer_key_cannot_be_reached_from_inside(cheat, words):
 
 
 def test_a_real_rank_cannot_build_the_case_while_the_learners_function_runs():
-    import lib.check as check
+    import lib.checker.puzzle as check
     check._learner_running = True
     try:
         with pytest.raises(lib.sim.OutOfView):
@@ -515,13 +516,13 @@ def test_a_harness_runs_the_answer_as_given_and_the_check_judges_what_it_returns
 
 # ---- a spec that is wrong fails when it is written ---------------------------------------------------------
 def test_a_misspelt_metric_fails_at_the_budget():
-    from lib.check import SpecError
+    from lib.checker.puzzle import SpecError
     with pytest.raises(SpecError, match="Budget\\(metric='peak_mem'\\): not a measurement .* peak_memory"):
         Budget("peak_mem", 10, "why")
 
 
 def test_per_rank_limits_must_count_the_ranks():
-    from lib.check import SpecError
+    from lib.checker.puzzle import SpecError
 
     def case(rng, n):
         return Case(n, (), [None] * n, f"N={n}", budgets=[Budget("bytes_sent", [1.0] * (n + 1), "why")])
@@ -530,7 +531,7 @@ def test_per_rank_limits_must_count_the_ranks():
 
 
 def test_variants_must_fit_the_world_sizes_and_the_builder():
-    from lib.check import SpecError
+    from lib.checker.puzzle import SpecError
 
     def case(rng, n, tied=False):
         return Case(n, (), [None] * n, f"N={n}")
@@ -541,8 +542,8 @@ def test_variants_must_fit_the_world_sizes_and_the_builder():
 
 
 def test_a_formula_must_be_a_lib_terms_formula():
-    from lib.check import SpecError
-    with pytest.raises(SpecError, match="build it with lib.terms.formula"):
+    from lib.checker.puzzle import SpecError
+    with pytest.raises(SpecError, match="build it with lib.checker.terms.formula"):
         Case(1, (), [3], "one", formulas={"": 3})
 
 
@@ -555,7 +556,7 @@ def test_a_budget_missed_by_less_than_its_rounding_says_by_how_much():
 
 
 def test_a_long_failure_at_scale_keeps_its_first_lines_and_its_hints():
-    from lib.check import _abridged
+    from lib.checker.puzzle import _abridged
     text = "\n".join(["every rank is blocked:"] + [f"  rank {r} waits" for r in range(256)] + ["Hint: look."])
     short = _abridged(text).splitlines()
     assert short[:2] == ["every rank is blocked:", "  rank 0 waits"]

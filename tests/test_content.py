@@ -12,7 +12,7 @@ import torch
 import puzzles
 import tests.cheats
 import tests.wrong
-from lib.check import CheckFailed, NotSolved, fresh_seed
+from lib.checker.puzzle import CheckFailed, NotSolved, fresh_seed
 
 SOLVED = [(p, getattr(importlib.import_module(f"solutions.{p.module}"), p.name)) for p in puzzles.ALL]
 IDS = [p.name for p, _ in SOLVED]
@@ -102,7 +102,7 @@ def _any_of(words) -> tuple:
     return words if isinstance(words, tuple) else (words,)
 
 
-@pytest.mark.parametrize("name,fn,reason,diagnosis", CATALOGUE, ids=[w[1].__name__ for w in CATALOGUE])
+@pytest.mark.parametrize("name,fn,reason,diagnosis", CATALOGUE, ids=[f"{w[0]}-{w[1].__name__}" for w in CATALOGUE])
 def test_wrong_answer_fails_with_reason_diagnosis_and_its_own_hint(name, fn, reason, diagnosis, capsys):
     puzzle = BY_NAME[name]
     seed = fresh_seed()

@@ -1,4 +1,4 @@
-"""lib.context_parallel's costs, lib.contract's rules on real runs, and notebook 08's explorer."""
+"""lib.analytic.context_parallel's costs, lib.checker.contract's rules on real runs, and notebook 08's explorer."""
 
 import matplotlib
 
@@ -8,11 +8,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,  # noqa: E402
+from lib.analytic.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,  # noqa: E402
                                   ring_or_ulysses, ring_time, scores_bytes, stand_in, ulysses_time)
-from lib.contract import communication_hidden, exposed_communication, flops_balanced, right, sends_to  # noqa: E402
-from lib.kernels import KernelRefused, refusing_kernels  # noqa: E402
-from lib.formulas import activation_bytes_per_layer  # noqa: E402
+from lib.checker.contract import communication_hidden, exposed_communication, flops_balanced, right, sends_to  # noqa: E402
+from lib.checker.kernels import KernelRefused, refusing_kernels  # noqa: E402
+from lib.analytic.formulas import activation_bytes_per_layer  # noqa: E402
 from lib.sim import CostModel, run  # noqa: E402
 from lib.viz.context_parallel import causal_tiles, context_parallel_explorer  # noqa: E402
 
@@ -155,7 +155,7 @@ def test_hidden_rule_counts_the_time_a_rank_waits_outside_its_compute():
 def test_the_race_times_both_answers_in_the_simulator_as_the_formulas_do(capsys):
     import puzzles.ring_attention as P
     import solutions.ring_attention as S
-    from lib.context_parallel import ring_time, ulysses_time, with_links
+    from lib.analytic.context_parallel import ring_time, ulysses_time, with_links
 
     for link, tokens in (("NVLink", 16384), ("InfiniBand", 4096)):
         times = P.race_ring_and_ulysses(S.ring_attention_overlap, S.ulysses_attention, n=4, tokens=tokens, link=link)

@@ -45,7 +45,7 @@ from matplotlib.text import Text  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import puzzles  # noqa: E402
-from lib.nbtools import puzzle_cells  # noqa: E402
+from lib.notebook.cells import puzzle_cells  # noqa: E402
 from lib.viz.contrast import contrast, text_colour  # noqa: E402
 from lib.viz.png import Picture  # noqa: E402
 

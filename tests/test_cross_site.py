@@ -1,4 +1,5 @@
-"""Notebook 09's formulas, pictures and explorer (lib.cross_site, lib.viz.cross_site), and the compression race."""
+"""Notebook 09's formulas, pictures and explorer (lib.analytic.cross_site, lib.viz.cross_site), and the compression
+race."""
 
 import matplotlib
 
@@ -7,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lib.cross_site import INT8_RATIO, Workload, inner_steps_to_hide, powersgd_values, step_times  # noqa: E402
+from lib.analytic.cross_site import INT8_RATIO, Workload, inner_steps_to_hide, powersgd_values, step_times  # noqa: E402
 from lib.sim.cost import CostModel  # noqa: E402
 from lib.viz.cross_site import (compression_figure, cross_site_explorer, failure_figure,  # noqa: E402
                                 reshard_figure, round_figure)
@@ -69,7 +70,7 @@ def test_error_feedback_keeps_compressed_sgd_close_and_its_absence_does_not():
 
 
 def test_young_interval_minimises_the_time_lost():
-    from lib.cross_site import young_interval
+    from lib.analytic.cross_site import young_interval
 
     save, mtbf = 60.0, 11000.0
     tau = young_interval(save, mtbf)
@@ -81,7 +82,7 @@ def test_young_interval_minimises_the_time_lost():
 
 @pytest.mark.parametrize("total,world", [(25, 4), (25, 3), (7, 8), (64, 2)])
 def test_shard_bounds_tile_the_state_in_rank_order_as_dtensor_does(total, world):
-    from lib.cross_site import shard_bounds
+    from lib.analytic.cross_site import shard_bounds
 
     bounds = [shard_bounds(total, world, r) for r in range(world)]
     assert bounds[0][0] == 0 and bounds[-1][1] == total
@@ -96,7 +97,7 @@ def test_diloco_worker_compute_equals_counting_the_whole_reference(local, inner_
     """diloco_train's time budget prices a worker's compute from three short counted runs: it must equal counting
     one worker's whole single-process DiLoCo, whatever the weights, learning rates and momentum."""
     import puzzles.beyond as P
-    from lib.measure import counted_time
+    from lib.checker.measure import counted_time
     from lib.models import mlp, sharded_batches
 
     cost = P.two_datacenters(3)

@@ -19,16 +19,16 @@ import torch
 import torch.distributed as td
 
 import lib
-import lib.torchrun
+import lib.real.torchrun
 import puzzles
-from lib.check import GPU_TOLERANCE
-from lib.compat import NEWER_NAMES, supply_newer_names
-from lib.devices import mesh_device_type, nccl_shortfall, to_device, where_it_runs
+from lib.checker.puzzle import GPU_TOLERANCE
+from lib.real.compat import NEWER_NAMES, supply_newer_names
+from lib.real.backends import mesh_device_type, nccl_shortfall, to_device, where_it_runs
 from lib.errors import LaunchError
 from tests.test_content import BY_NAME, WRONG, _any_of
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = importlib.import_module("lib.launch")     # the module (lib.launch is the function)
+LAUNCH = importlib.import_module("lib.real.launch")     # the module (lib.launch is the function)
 META = torch.device("meta")     # a device other than the CPU, to see what moved
 
 
@@ -76,10 +76,10 @@ def test_a_mesh_takes_the_device_type_of_the_groups_backend(backend, kind):
 
 def test_no_oracle_builds_a_cpu_mesh_by_hand():
     """A CPU mesh on an NCCL group fails ("No backend type associated with device type cpu"): every oracle's
-    mesh comes from lib.devices.device_mesh, which follows the backend."""
+    mesh comes from lib.real.backends.device_mesh, which follows the backend."""
     for module in puzzles.MODULES:
         source = Path(module.__file__).read_text()
-        assert 'init_device_mesh("cpu"' not in source, f"{module.__name__}: use lib.devices.device_mesh(dist)"
+        assert 'init_device_mesh("cpu"' not in source, f"{module.__name__}: use lib.real.backends.device_mesh(dist)"
 
 
 # ---- tolerance that fits the device --------------------------------------------------------------
@@ -242,11 +242,11 @@ def test_a_real_cell_reports_an_impossible_nccl_request(monkeypatch, no_launch, 
 
 
 def test_torchrun_refuses_more_ranks_per_node_than_gpus(monkeypatch):
-    monkeypatch.setattr(lib.torchrun, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(lib.real.torchrun, "visible_gpus", lambda: 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(SystemExit, match=r"torchrun started 2 ranks on this node, but this machine has 1 GPU.*"
                                          r"--nproc-per-node 1 or less"):
-        lib.torchrun.main(["tests.test_launch:torchrun_target"])
+        lib.real.torchrun.main(["tests.test_launch:torchrun_target"])
 
 
 @pytest.mark.parametrize("dtype, loss_dtype", [(torch.float64, torch.float64), (torch.float32, torch.float32),

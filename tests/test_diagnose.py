@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from lib.check import Case, Puzzle
+from lib.checker.puzzle import Case, Puzzle
 from lib.diagnose import Mistake, diagnose, hands_gradient
 from lib.sim import per_rank
 from lib.units import ordinal
@@ -441,7 +441,7 @@ def test_the_parts_of_a_sum_never_summed_are_named():
 
 
 def test_an_equal_sized_term_is_told_apart_by_the_other_cases(capsys):
-    from lib.terms import Q, formula, term
+    from lib.checker.terms import Q, formula, term
 
     def case(rng, n):
         k = rng.choice([3, 5])
@@ -464,7 +464,7 @@ def test_an_equal_sized_term_is_told_apart_by_the_other_cases(capsys):
 
 def test_errors_inside_torch_said_in_the_lessons_terms():
     """The translations that read torch's message alone (the shape ones replay the learner's function)."""
-    from lib.diagnose.errors import _freed, _viewed, _whole_meets_shard
+    from lib.diagnose.torch_errors import _freed, _viewed, _whole_meets_shard
     assert "padded to split evenly" in _viewed("shape '[3]' is invalid for input of size 4", 2)
     assert "shard viewed as the whole" in _viewed("shape '[4, 2]' is invalid for input of size 4", 2)
     assert "freed after use" in _freed([(0,), (4, 4)])
@@ -498,14 +498,14 @@ def test_coordinates_in_the_reverse_order_are_read_entry_by_entry():
 
 
 def test_a_prediction_rounded_down_is_named():
-    from lib.terms import Q, ceil, explain, formula
+    from lib.checker.terms import Q, ceil, explain, formula
     steps = formula(ceil(Q("t", 11, "the time") / Q("s", 4, "a step's time")), "steps")
     assert explain(steps, 2) == ("your answer is 1 steps short: it is what the formula gives with rounded down "
                                  "where it must round up (floor for ceil).")
 
 
 def test_a_prediction_made_with_a_quantitys_other_value_is_named():
-    from lib.terms import Q, explain, formula
+    from lib.checker.terms import Q, explain, formula
     size = formula(Q("P", 1000, "the parameters") * Q("4 B", 4, "a float32's bytes", alternatives=((2, "bf16's 2 B"),)),
                    "B")
     assert "with bf16's 2 B where 4 B (a float32's bytes) belongs" in explain(size, 2000)
@@ -590,7 +590,7 @@ def test_a_deadlock_is_read_in_the_cases_words_for_its_messages(capsys):
 
 
 def test_a_case_with_messages_that_are_not_a_function_is_refused():
-    from lib.check import SpecError
+    from lib.checker.puzzle import SpecError
     with pytest.raises(SpecError, match="messages="):
         Case(1, (), [None], "one", messages="activation")
 

@@ -1,12 +1,12 @@
-"""A fault injected in the simulator and the same fault emulated on real processes (lib.faults): one program
+"""A fault injected in the simulator and the same fault emulated on real processes (lib.real.faults): one program
 that survives it gives the same results in both worlds."""
 
 import pytest
 import torch
 
 import lib.sim
-from lib.faults import run_with_fault
-from lib.launch import launch
+from lib.real.faults import run_with_fault
+from lib.real.launch import launch
 from tests.test_sim_runtime import _all_reduce_until_a_peer_dies
 
 
@@ -28,7 +28,7 @@ def test_the_emulated_fault_on_gloo_gives_what_the_simulator_gives():
 def survive_prefetching(dist, files, grads, every, lr):
     """A right answer unlike the reference: the next step's gradient asked before the checkpoint, the checkpoint
     kept as one (3, total) tensor and resharded by slicing it, one flat all-gather per checkpoint."""
-    from lib.cross_site import shard_bounds
+    from lib.analytic.cross_site import shard_bounds
     from puzzles.zero import adam_update
 
     total, rank = sum(f["param"].numel() for f in files), dist.get_rank()
@@ -66,7 +66,7 @@ def survive_prefetching(dist, files, grads, every, lr):
 def survive_by_recursion(dist, files, grads, every, lr, members=None, group=None):
     """Another: a failure starts the whole function again on the survivors from the last checkpoint's files, and
     each step's gradient is asked twice (asking again for the step in hand is allowed)."""
-    from lib.cross_site import shard_bounds
+    from lib.analytic.cross_site import shard_bounds
     from puzzles.zero import adam_update
     from solutions.beyond import reshard_checkpoint
 
@@ -107,7 +107,7 @@ def test_right_answers_unlike_the_reference_survive_on_every_seed(answer):
 def test_the_gradients_come_in_order_and_again_only_from_the_last_checkpoint():
     """grads(step) outside a run: in order; the step in hand again; after a failure back to the step of the
     checkpoint before the last one reached (the last may have been cut short), never further."""
-    from lib.feed import FeedRefused, StepFeed
+    from lib.checker.feed import FeedRefused, StepFeed
 
     feed = StepFeed([torch.full((2,), float(t)) for t in range(10)], first=1, every=3)
     assert len(feed) == 10 and feed(1)[0] == 1 and feed(1)[0] == 1 and feed(2)[0] == 2
@@ -127,7 +127,7 @@ def _copies_of_the_feed(dist, feed):
     import copy
 
     import lib
-    from lib.devices import to_device
+    from lib.real.backends import to_device
     copies = [copy.deepcopy(feed), copy.copy(feed), to_device(feed, lib.device())]
     for t in range(1, 9):
         feed(t)
@@ -135,7 +135,7 @@ def _copies_of_the_feed(dist, feed):
 
 
 def test_a_copy_of_the_feed_goes_on_from_where_the_feed_is():
-    from lib.feed import FeedRefused, StepFeed
+    from lib.checker.feed import FeedRefused, StepFeed
 
     feed = StepFeed([torch.full((2,), float(t)) for t in range(10)], first=1, every=3)
     with pytest.raises(FeedRefused, match="asked for step 1 again, having reached step 8"):
@@ -180,8 +180,8 @@ def _shards_before_and_after_the_failure(dist, feed):
 def test_each_rank_gets_its_shard_in_the_layout_of_the_ranks_alive(world):
     """Until a rank is told of the failure, its shard among all ranks; after, among the survivors: what it kept
     before cannot stand in for what it needs after."""
-    from lib.cross_site import shard_bounds
-    from lib.feed import StepFeed
+    from lib.analytic.cross_site import shard_bounds
+    from lib.checker.feed import StepFeed
     from puzzles.beyond import ShardOfTheLiving
 
     values = [torch.arange(10.0) + 100 * t for t in range(4)]
@@ -209,7 +209,7 @@ def test_the_feed_pickles_for_real_processes_but_not_inside_a_simulated_rank():
     but a rank's code unpacking its feed would read every step's value ahead."""
     import pickle
 
-    from lib.feed import StepFeed
+    from lib.checker.feed import StepFeed
     from lib.sim import OutOfView
     from puzzles.beyond import ShardOfTheLiving
 

@@ -1,6 +1,6 @@
 """The first answer comes without the costs it does not need: the progress cell reads saved notebooks without
 nbformat (and its jsonschema), a notebook imports its own puzzle module only, the stub is answered without building
-cases, and torch's first-use imports wait until after the first answer (lib.first_use). No timing is asserted:
+cases, and torch's first-use imports wait until after the first answer (lib.notebook.warm_up). No timing is asserted:
 bench/first_answer.py measures it."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 
 import puzzles
 from bench.first_answer import FirstAnswer, Seconds, table
-from lib.check import UNATTEMPTED
+from lib.checker.puzzle import UNATTEMPTED
 from lib.errors import is_the_stub
-from lib.first_use import MODULES
-from lib.nbtools import puzzle_cells, source, up_to_first_check
+from lib.notebook.warm_up import MODULES
+from lib.notebook.cells import puzzle_cells, source, up_to_first_check
 from tools import NOTEBOOKS, ROOT, course_notebooks
 
 DEFERRED = tuple(MODULES.values())
@@ -104,8 +104,8 @@ def _notebook_in_a_shell(path: Path) -> dict:
         shell = InteractiveShell.instance()
         seen = []                             # the modules as each cell ends, before the warm-up's hook starts it
         shell.events.register("post_run_cell", lambda result: seen.append(set(sys.modules)))
-        from lib import first_use
-        first_use.in_kernel()                 # lib.check does this in a notebook kernel (a ZMQ shell)
+        from lib.notebook import warm_up as first_use
+        first_use.in_kernel()                 # lib.checker.puzzle does this in a notebook kernel (a ZMQ shell)
         deferred, never = {list(DEFERRED)!r}, {list(NEVER)!r}
         for cell in {up_to_first_check(json.loads(path.read_text()))!r}:
             with redirect_stdout(io.StringIO()) as out:
@@ -142,12 +142,12 @@ def test_a_fork_and_the_next_cell_wait_for_the_warm_up(tmp_path):
         sys.path.insert(0, {str(tmp_path)!r})
         from IPython.core.interactiveshell import InteractiveShell
         shell = InteractiveShell.instance()
-        from lib import first_use
+        from lib.notebook import warm_up as first_use
         first_use.MODULES["slow"] = "slow_module"
         first_use.in_kernel()
         first_use.import_ahead("slow")
         deferred = "slow_module" in sys.modules
-        shell.run_cell("from lib import first_use; first_use.answered()")     # a check answered in this cell
+        shell.run_cell("from lib.notebook import warm_up; warm_up.answered()")     # a check answered in this cell
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:                          # the child: the module whole, or none of it
@@ -164,7 +164,7 @@ def test_a_fork_and_the_next_cell_wait_for_the_warm_up(tmp_path):
 def test_outside_a_kernel_first_use_imports_at_once():
     seen = _python("""
         import json, sys
-        from lib.first_use import import_ahead
+        from lib.notebook.warm_up import import_ahead
         import_ahead("explicit_gradient")
         print(json.dumps("torch.fx.experimental.symbolic_shapes" in sys.modules))
         """)

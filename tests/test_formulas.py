@@ -1,4 +1,4 @@
-"""lib.formulas against the numbers its sources publish, to the rounding each source prints.
+"""lib.analytic.formulas against the numbers its sources publish, to the rounding each source prints.
 
 Where a number was checked against a quotation of the source rather than the source itself,
 or worked out by hand, the comment says so.
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lib.formulas import (activation_bytes_per_layer, bubble_fraction, bus_bandwidth, expert_capacity,
+from lib.analytic.formulas import (activation_bytes_per_layer, bubble_fraction, bus_bandwidth, expert_capacity,
                           flops_per_token, mfu, model_state_breakdown, model_state_bytes, training_flops,
                           zero_bubble_h1_bubble)
 from lib.sim.cost import bus_factor

@@ -31,13 +31,13 @@ import nbformat
 import pytest
 import torch
 
-import lib.check
-import lib.sim.audit
-import lib.sim.boundary
+import lib.checker.puzzle
+import lib.guard.audit
+import lib.guard.boundary
 import solutions.data_parallel as S
-from lib.compare import first_difference
+from lib.checker.compare import first_difference
 from lib.errors import RankFailed, raised_the_stub
-from lib.nbtools import puzzle_cells
+from lib.notebook.cells import puzzle_cells
 from lib.sim import CostModel, SimResult, per_rank, run
 from puzzles import data_parallel as P
 from tools import NOTEBOOKS, ROOT
@@ -483,8 +483,8 @@ def param_server_all_reduce(dist, x):
 """
 
 TAMPER = """
-import lib.check
-lib.check.Puzzle._judge = lambda self, case, result, *more: None      # every answer is right
+import lib.checker.puzzle
+lib.checker.puzzle.Puzzle._judge = lambda self, case, result, *more: None      # every answer is right
 def param_server_all_reduce(dist, x):
     return x
 """
@@ -554,9 +554,10 @@ def test_forged_tampered_and_lying_results_do_not_count_even_in_a_plain_folder(t
         assert not any(r["status"] == "solved" for r in rows if r["student"] == student)
     trudy = _by_puzzle(rows, "trudy")
     assert {trudy[name]["status"] for name in NAMES} == {"tampered"}
-    assert "lib.check.Puzzle._judge replaced" in trudy["param_server_all_reduce"]["detail"]
+    assert "lib.checker.puzzle.Puzzle._judge replaced" in trudy["param_server_all_reduce"]["detail"]
     reviewed = [r["detail"] for r in rows if r["student"] == "trudy" and r["status"] == "review"]
-    assert any("lib.check.Puzzle._judge = lambda" in d and "the checker's modules" in d for d in reviewed), reviewed
+    assert any("lib.checker.puzzle.Puzzle._judge = lambda" in d and "the checker's modules" in d
+               for d in reviewed), reviewed
     for student in ("zed", "eve", "rex"):            # the frames they walk hold no key, no checks: they raise
         assert _by_puzzle(rows, student)["param_server_all_reduce"]["status"] == "error"
         reviewed = [r["detail"] for r in rows if r["student"] == student and r["status"] == "review"]
@@ -730,23 +731,23 @@ def test_the_fingerprint_catches_a_checker_patched_in_process(monkeypatch):
     importlib.import_module("lib.viz.plots")              # a module imported later is no change
     assert changes(before) == []
     assert not P.ring_all_reduce.evaluate(namespace["ring_all_reduce"]).ok
-    monkeypatch.setattr(lib.check.Puzzle, "_judge", lambda self, case, result, *more: None)
+    monkeypatch.setattr(lib.checker.puzzle.Puzzle, "_judge", lambda self, case, result, *more: None)
     assert P.ring_all_reduce.evaluate(namespace["ring_all_reduce"]).ok, "the attack works in-process"
-    assert changes(before) == ["lib.check.Puzzle._judge replaced"]
+    assert changes(before) == ["lib.checker.puzzle.Puzzle._judge replaced"]
     monkeypatch.undo()
     for target, name, value in [(P.ring_all_reduce, "rtol", 1e9), (json, "dumps", lambda *a, **k: "{}"),
-                                (lib.check, "first_difference", lambda *a, **k: None),
+                                (lib.checker.puzzle, "first_difference", lambda *a, **k: None),
                                 (__import__("builtins"), "abs", lambda x: 0),
                                 (__import__("torch").Tensor, "allclose", lambda *a, **k: True),
-                                (lib.sim.audit, "_OPENERS", ("/", "<")),           # the engine's private rules
-                                (lib.sim.boundary, "_DISPATCH_STACK_AT", lambda i: None)]:
+                                (lib.guard.audit, "_OPENERS", ("/", "<")),           # the engine's private rules
+                                (lib.guard.boundary, "_DISPATCH_STACK_AT", lambda i: None)]:
         monkeypatch.setattr(target, name, value, raising=False)
         assert len(changes(before)) == 1, name
         monkeypatch.undo()
     holders = {name for name, m in sys.modules.items()
-               if name.startswith("lib.") and vars(m).get("first_difference") is lib.check.first_difference}
-    assert {"lib.check", "lib.compare"} <= holders
-    monkeypatch.setattr(lib.check.first_difference, "__code__", (lambda *a, **k: None).__code__)
+               if name.startswith("lib.") and vars(m).get("first_difference") is lib.checker.puzzle.first_difference}
+    assert {"lib.checker.puzzle", "lib.checker.compare"} <= holders
+    monkeypatch.setattr(lib.checker.puzzle.first_difference, "__code__", (lambda *a, **k: None).__code__)
     assert set(changes(before)) == {f"{m}.first_difference replaced" for m in holders}
     monkeypatch.undo()
     assert changes(before) == []
@@ -808,7 +809,7 @@ def test_a_message_that_is_not_evidence_is_refused(message):
 
 
 def test_comparisons_hold_whatever_the_learners_code_replaces(monkeypatch):
-    """lib.compare binds math.isclose and torch.isclose at import and compares only plain tensors (issue 33)."""
+    """lib.checker.compare binds math.isclose and torch.isclose at import and compares only plain tensors (issue 33)."""
     monkeypatch.setattr(math, "isclose", lambda *a, **k: True)
     monkeypatch.setattr(torch, "isclose", lambda a, b, **k: torch.ones_like(a, dtype=torch.bool))
     assert first_difference(3, 0) is not None and first_difference(torch.ones(2), torch.zeros(2)) is not None
@@ -822,7 +823,7 @@ def test_every_notebook_solved_scores_full_marks_through_the_answers_process(tmp
     """Every puzzle's results, statistics and trace cross from the answers' process to the judge as data: the
     reference solutions score every point, in every notebook."""
     import puzzles
-    from lib.nbtools import solve
+    from lib.notebook.cells import solve
     from tools import course_notebooks
 
     modules = {m.NOTEBOOK: m for m in puzzles.MODULES}

@@ -1,6 +1,6 @@
 """A notebook opened alone, as Colab opens one: its first cell installs the course at the notebook's version and
 what the host lacks; where the course is importable it does nothing. And the torch range: `import lib` refuses a
-torch older than lib.compat.OLDEST_TORCH, saying what to do.
+torch older than lib.real.compat.OLDEST_TORCH, saying what to do.
 
 Colab cannot be reached from the course's machines, so the slow tests emulate it with Colab's own versions: a
 virtual environment holding what tests/colab_pip_freeze.txt lists (Colab's `pip freeze` at a named commit of
@@ -33,9 +33,9 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-import lib.compat
+import lib.real.compat
 import puzzles
-from lib.nbtools import puzzle_cells, solve
+from lib.notebook.cells import puzzle_cells, solve
 from tools import course_notebooks
 from tools.hosted import DISTRIBUTION, REPOSITORY, badges, binder_url, colab_url, first_cell, missing, requirements
 
@@ -116,26 +116,27 @@ def test_missing_names_only_the_pins_not_installed_and_never_the_hosts_server(mo
 
 
 def test_torch_range_says_which_versions_run():
-    oldest = ".".join(map(str, lib.compat.OLDEST_TORCH))
-    for version in (oldest + ".0", f"{oldest}.0a0+git1234", "2.13.0+cpu", lib.compat.PINNED_TORCH, "2.14.1", "3.0.0"):
-        assert lib.compat.torch_problem(version) is None, version
+    oldest = ".".join(map(str, lib.real.compat.OLDEST_TORCH))
+    pinned = lib.real.compat.PINNED_TORCH
+    for version in (oldest + ".0", f"{oldest}.0a0+git1234", "2.13.0+cpu", pinned, "2.14.1", "3.0.0"):
+        assert lib.real.compat.torch_problem(version) is None, version
     for version in ("2.10.1+cu121", "2.9.0", "1.13.1"):
-        problem = lib.compat.torch_problem(version)
+        problem = lib.real.compat.torch_problem(version)
         assert f"needs torch {oldest} or newer" in problem and version in problem
-        assert f"pip install torch=={lib.compat.PINNED_TORCH}" in problem and "./course lab" in problem
+        assert f"pip install torch=={lib.real.compat.PINNED_TORCH}" in problem and "./course lab" in problem
 
 
 def test_the_pinned_torch_is_pyprojects_and_runs_here():
-    assert f"torch=={lib.compat.PINNED_TORCH}" in requirements(ROOT / "pyproject.toml")
-    lib.compat.require_supported_torch()          # the torch the suite runs on is in the range
+    assert f"torch=={lib.real.compat.PINNED_TORCH}" in requirements(ROOT / "pyproject.toml")
+    lib.real.compat.require_supported_torch()          # the torch the suite runs on is in the range
 
 
 def test_an_older_torch_is_refused_with_what_to_do(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch, "__version__", "2.10.0")
-    with pytest.raises(lib.compat.UnsupportedTorch, match=r"needs torch 2\.11 or newer.*has torch 2\.10\.0"):
-        lib.compat.require_supported_torch()
+    with pytest.raises(lib.real.compat.UnsupportedTorch, match=r"needs torch 2\.11 or newer.*has torch 2\.10\.0"):
+        lib.real.compat.require_supported_torch()
 
 
 @pytest.mark.slow
@@ -145,7 +146,8 @@ def test_import_lib_refuses_an_older_torch_before_anything_else_fails():
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("lib.compat.UnsupportedTorch: the course needs torch 2.11 or newer"), done.stderr[-2000:]
+    assert last.startswith("lib.real.compat.UnsupportedTorch: the course needs torch 2.11 or newer"), \
+        done.stderr[-2000:]
 
 
 # ---- Colab, emulated ---------------------------------------------------------------------------------------

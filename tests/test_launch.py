@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from lib.errors import LaunchError, RankFailed
-from lib.launch import current_backend, launch
+from lib.real.launch import current_backend, launch
 
-launch_module = sys.modules["lib.launch"]     # the module (lib.launch is the function)
+launch_module = sys.modules["lib.real.launch"]     # the module (lib.launch is the function)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ def test_a_raising_rank_reports_its_own_traceback():
     assert error.rank == 1  # the root cause, not a rank that lost its peer
     assert "ValueError: rank one is unhappy" in str(error)
     assert "raises_on_rank_1" in error.traceback and 'raise ValueError("rank one is unhappy")' in error.traceback
-    assert "lib/launch.py" not in error.traceback and "_run_rank" not in error.traceback
+    assert "lib/real/launch.py" not in error.traceback and "_run_rank" not in error.traceback
     # Said once: the message first, then the learner's frames without the exception's line again.
     text = str(error)
     assert text.startswith("rank 1 raised ValueError: rank one is unhappy\n\nTraceback (most recent call last):")
@@ -284,7 +284,7 @@ def test_nccl_without_gpus_says_what_to_do():
 @pytest.mark.slow
 def test_torchrun_runs_the_same_function():
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "lib.torchrun", "test_launch:torchrun_target", "2"]
+               "-m", "lib.real.torchrun", "test_launch:torchrun_target", "2"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

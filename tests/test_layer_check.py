@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lib.sim
-from lib.layer_check import WentAround, _went_around, counting_dist
+from lib.checker.layer import WentAround, _went_around, counting_dist
 
 
 def _handed_out(dist):

@@ -1,8 +1,8 @@
-"""lib.measure.once_per_shape: a measure of shapes alone, run once per shape and remembered by case builders."""
+"""lib.checker.measure.once_per_shape: a measure of shapes alone, run once per shape and remembered by case builders."""
 
 import torch
 
-from lib.measure import counted_time, once_per_shape
+from lib.checker.measure import counted_time, once_per_shape
 from lib.models import mlp
 from lib.sim import CostModel
 

@@ -1,4 +1,4 @@
-"""The memory calculator adds up lib.formulas per device, and its widget and figure show what they claim."""
+"""The memory calculator adds up lib.analytic.formulas per device, and its widget and figure show what they claim."""
 
 import re
 
@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lib.formulas import activation_bytes_per_layer  # noqa: E402
+from lib.analytic.formulas import activation_bytes_per_layer  # noqa: E402
 from lib.viz.memory import (COMPONENT_LABELS, PRESETS, Model, memory_calculator, memory_figure,  # noqa: E402
                             memory_per_device)
 

@@ -10,10 +10,10 @@ import functools  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from lib.devices import device_mesh  # noqa: E402
+from lib.real.backends import device_mesh  # noqa: E402
 from lib.errors import PuzzleError  # noqa: E402
-from lib.launch import launch  # noqa: E402
-from lib.mesh_check import AxisBudget, MeshCase, MeshPuzzle  # noqa: E402
+from lib.real.launch import launch  # noqa: E402
+from lib.checker.mesh import AxisBudget, MeshCase, MeshPuzzle  # noqa: E402
 from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, Plan, best_plan, check, memory_breakdown, plans  # noqa: E402
 from lib.sim import run  # noqa: E402
 from lib.sim.cost import bus_factor  # noqa: E402
@@ -248,7 +248,7 @@ def test_memory_bars_stack_each_plans_four_terms_against_the_gpu():
 # ---- a composed step at a cluster's proportions (notebook 06, MeshPuzzle.at_scale) --------------------------------
 
 def test_a_timeline_of_a_large_mesh_draws_rank_0_and_its_first_peers_along_each_axis():
-    from lib.mesh_check import rows_to_show
+    from lib.checker.mesh import rows_to_show
     assert rows_to_show(MeshAxes((8, 4, 8), NAMES)) == [0, 1, 2, 3, 8, 16, 24, 32, 64, 96]
     assert rows_to_show(MeshAxes((2, 2), ("dp", "tp"))) == [0, 1, 2]
 
@@ -268,7 +268,7 @@ def test_draw_timeline_draws_only_the_ranks_asked_for_in_their_order():
 
 
 def test_axis_rows_give_each_axis_its_busiest_rank_its_mean_and_its_link():
-    from lib.mesh_check import axis_rows
+    from lib.checker.mesh import axis_rows
     from lib.sim import CostModel
     axes = MeshAxes((2, 4), ("dp", "tp"))
 
@@ -298,7 +298,7 @@ def test_train_3d_at_scale_passes_the_reference_and_pictures_a_few_ranks(capsys)
     assert result is not None and result.world_size == 32
     assert out.startswith("✓ train_3d is right at N=32 ((dp, pp, tp) = (4, 2, 4)")
     assert "sent on the TP axis at N=32" in out and "1 SGD step)" in out
-    from lib.check import Outcome, PASSED
+    from lib.checker.puzzle import Outcome, PASSED
     case = P.train_3d.make_case(__import__("random").Random(0), 32, shape=(4, 2, 4), steps=1)
     timeline, bars, _memory = P.train_3d.picture(Outcome(PASSED, "", result, case))
     assert [t.get_text() for t in timeline.axes[0].get_yticklabels()] == \
@@ -310,7 +310,7 @@ def test_train_3d_at_scale_says_what_only_a_larger_mesh_shows(capsys):
     """A `2` where the TP degree belongs passes the check (its meshes have tp = 2) and fails at tp = 4."""
     import puzzles.three_d as P
     import solutions.three_d as S
-    from lib.check import CheckFailed
+    from lib.checker.puzzle import CheckFailed
 
     def two_way_tp(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
         return S.train_3d(dist, stage, tokens, targets, dp * tp // 2, pp, 2, m, steps, lr)
@@ -325,7 +325,7 @@ def test_train_3d_at_scale_says_what_only_a_larger_mesh_shows(capsys):
 
 def test_train_3d_at_scale_waits_for_an_answer(capsys):
     import puzzles.three_d as P
-    from lib.check import NotSolved
+    from lib.checker.puzzle import NotSolved
 
     def train_3d(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
         raise NotImplementedError

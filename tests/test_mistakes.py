@@ -14,7 +14,7 @@ import pytest
 
 import puzzles
 import tests.mistakes
-from lib.check import fresh_seed
+from lib.checker.puzzle import fresh_seed
 
 BY_NAME = {p.name: p for p in puzzles.ALL}
 ATTEMPTS = [a for name in sorted(m.name for m in pkgutil.iter_modules(tests.mistakes.__path__))

@@ -1,4 +1,5 @@
-"""Notebook 07's counts (lib.moe) agree with the puzzles' per-token references, and the routing explorer redraws
+"""Notebook 07's counts (lib.analytic.moe) agree with the puzzles' per-token references, and the routing explorer
+redraws
 from them when a control changes."""
 
 import matplotlib
@@ -8,7 +9,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from lib.moe import capacity, dispatch_counts, routing, skewed_logits  # noqa: E402
+from lib.analytic.moe import capacity, dispatch_counts, routing, skewed_logits  # noqa: E402
 from lib.viz.moe import routing_explorer  # noqa: E402
 from puzzles.moe import capacity_reference, route_reference  # noqa: E402
 

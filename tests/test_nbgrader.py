@@ -1,4 +1,4 @@
-"""nbgrader as the README sets it up: the real nbgrader 0.9.6 on the notebooks, and what it relies on."""
+"""nbgrader as docs/INSTRUCTORS.md sets it up: the real nbgrader 0.9.6 on the notebooks, and what it relies on."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10: pip ships the same parser
     from pip._vendor import tomli as tomllib
 
-import lib.check
+import lib.checker.puzzle
 import solutions.data_parallel as S
-from lib.nbtools import BEGIN_SOLUTION, STUB, puzzle_cells, solve
+from lib.notebook.cells import BEGIN_SOLUTION, STUB, puzzle_cells, solve
 from tools import NOTEBOOKS, ROOT, course_notebooks
 from tools.autograde import needed_for_grades
 from tools.grade import PACKAGES
@@ -32,12 +32,12 @@ NB02 = NOTEBOOKS / "02_data_parallel.ipynb"
 def test_checks_are_strict_whenever_nbgrader_grades(monkeypatch):
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("COURSE_STRICT", raising=False)
-    assert lib.check.strict_default() is False
+    assert lib.checker.puzzle.strict_default() is False
     for mode in ("autograde", "validate"):
         monkeypatch.setenv("NBGRADER_EXECUTION", mode)
-        assert lib.check.strict_default() is True
+        assert lib.checker.puzzle.strict_default() is True
         monkeypatch.setenv("COURSE_STRICT", "0")         # a student's cell cannot turn it off
-        assert lib.check.strict_default() is True
+        assert lib.checker.puzzle.strict_default() is True
         monkeypatch.delenv("COURSE_STRICT")
 
 
@@ -66,11 +66,11 @@ def test_a_folder_in_nbgraders_submitted_is_read_as_its_student(tmp_path):
     assert student_of(tmp_path / "bo") == "bo"
 
 
-def _readme_config() -> str:
-    """The README's nbgrader_config.py, as an instructor would copy it."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def _instructors_config() -> str:
+    """The nbgrader_config.py of docs/INSTRUCTORS.md, as an instructor would copy it."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "INSTRUCTORS.md").read_text(), re.S)
     config = [b for b in blocks if "get_config()" in b]
-    assert len(config) == 1, "README: one nbgrader_config.py block"
+    assert len(config) == 1, "docs/INSTRUCTORS.md: one nbgrader_config.py block"
     return "\n".join(line.strip() for line in config[0].splitlines()) + "\n"
 
 
@@ -83,7 +83,7 @@ def _nbgrader(course: Path, env: dict, *args: str) -> None:
 
 @pytest.mark.slow
 def test_nbgrader_from_scratch_scores_solved_untouched_and_half_solved_submissions(tmp_path):
-    """The README's steps with the real nbgrader: generate_assignment on every notebook, then autograde
+    """docs/INSTRUCTORS.md's steps with the real nbgrader: generate_assignment on every notebook, then autograde
     three submissions of notebook 02 without COURSE_STRICT (nbgrader's own signal makes checks strict)."""
     code = tmp_path / "install"                       # what `pip install -e .` provides: no solutions/
     code.mkdir()
@@ -93,7 +93,7 @@ def test_nbgrader_from_scratch_scores_solved_untouched_and_half_solved_submissio
     (course / "source" / "ps").mkdir(parents=True)
     for path in course_notebooks():
         shutil.copyfile(path, course / "source" / "ps" / path.name)
-    (course / "nbgrader_config.py").write_text(_readme_config())
+    (course / "nbgrader_config.py").write_text(_instructors_config())
     env = {k: v for k, v in os.environ.items() if k not in ("COURSE_STRICT", "NBGRADER_EXECUTION")}
     env.update(PYTHONPATH=str(code), MPLBACKEND="Agg",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")

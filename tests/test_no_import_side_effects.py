@@ -1,5 +1,5 @@
 """Importing the course changes nothing outside it: `builtins.open`, `torch.save` and every attribute the simulator
-guards are torch's and Python's own until a run starts, and again once it has ended (lib.sim.boundary)."""
+guards are torch's and Python's own until a run starts, and again once it has ended (lib.guard.boundary)."""
 import json
 import os
 import subprocess
@@ -40,7 +40,7 @@ for package in ("lib", "puzzles", "tools"):
     for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
         imported.append(importlib.import_module(info.name).__name__)
 
-from lib.sim import boundary
+from lib.guard import boundary
 import lib.sim
 
 attributes = NAMED + boundary.patched_attributes()
@@ -73,7 +73,7 @@ def test_importing_the_course_and_running_it_leave_the_process_as_it_was():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {"lib.sim.runtime", "puzzles.data_parallel", "tools.grade", "lib.launch"} <= set(seen["imported"])
+    assert {"lib.sim.runtime", "puzzles.data_parallel", "tools.grade", "lib.real.launch"} <= set(seen["imported"])
     assert seen["patched"] > 40
     assert seen["after_import"] == [], "importing the course changed these"
     assert seen["during"] == [True, True, "_EngineModule"], "a run guards them while it lasts"
@@ -85,7 +85,7 @@ def test_importing_the_course_and_running_it_leave_the_process_as_it_was():
 def test_a_forged_record_of_the_guards_refuses_the_next_run_instead_of_running_unguarded():
     """The record of patches in place is the run's own state (tools.fingerprint counts it as present only): one
     rebound between runs so that nothing would be installed is refused, not trusted."""
-    import lib.sim.boundary as boundary
+    import lib.guard.boundary as boundary
     from lib.sim import run
     from lib.sim.errors import OutOfView
     real = boundary._INSTALLED.saved

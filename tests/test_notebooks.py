@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 import puzzles
-from lib.nbtools import puzzle_cells, solve
+from lib.notebook.cells import puzzle_cells, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -12,12 +12,12 @@ import pytest
 import torch
 from numpy._core import _multiarray_umath
 
-import lib.formulas
-import lib.offlimits
+import lib.analytic.formulas
+import lib.guard.offlimits
 import lib.sim
-from lib.check import Case, Puzzle
+from lib.checker.puzzle import Case, Puzzle
 from lib.models import GPTConfig, TinyGPT
-from lib.offlimits import MODULE_INIT, OffLimits, watching
+from lib.guard.offlimits import MODULE_INIT, OffLimits, watching
 
 ADVICE = "derive it from the configuration"
 
@@ -28,7 +28,7 @@ def _count_case(rng: random.Random, _world: int) -> Case:
 
 
 PUZZLE = Puzzle("count", "test", _count_case, world_sizes=(1, 1), takes_dist=False, rtol=0, atol=0,
-                off_limits={"building a module": MODULE_INIT, "lib.formulas": "lib.formulas"},
+                off_limits={"building a module": MODULE_INIT, "lib.analytic.formulas": "lib.analytic.formulas"},
                 off_limits_advice=ADVICE)
 
 
@@ -42,7 +42,7 @@ def on_the_meta_device(cfg):
 
 
 def by_formula(cfg):
-    return lib.formulas.model_state_bytes(1) * 0 + by_building(cfg)
+    return lib.analytic.formulas.model_state_bytes(1) * 0 + by_building(cfg)
 
 
 def catching_the_refusal(cfg):
@@ -67,8 +67,8 @@ def switching_the_watch_off_and_back_on(cfg):
     """The watch's own original setter switches it off, and an ExitStack callback (Python's library calling the
     setter) back on with the watch's function, so that the check finds it in place at the end."""
     with contextlib.ExitStack() as stack:
-        stack.callback(lib.offlimits._SETPROFILE, lib.offlimits._GETPROFILE())
-        lib.offlimits._SETPROFILE(None)
+        stack.callback(lib.guard.offlimits._SETPROFILE, lib.guard.offlimits._GETPROFILE())
+        lib.guard.offlimits._SETPROFILE(None)
         return by_building(cfg)
 
 
@@ -79,8 +79,9 @@ def switching_it_off_through_the_library(cfg):
     return by_building(cfg)
 
 
-_FORMULA_SOURCE = inspect.getsource(lib.formulas.model_state_bytes).replace("def model_state_bytes(", "def mine(")
-_FORMULAS = dict(vars(lib.formulas))
+_FORMULA_SOURCE = inspect.getsource(lib.analytic.formulas.model_state_bytes).replace("def model_state_bytes(",
+                                                                                  "def mine(")
+_FORMULAS = dict(vars(lib.analytic.formulas))
 
 
 def by_a_copy_of_the_formula(cfg):
@@ -97,12 +98,12 @@ def by_hand(cfg):
 
 @pytest.mark.parametrize("fn, words", [(by_building, "building a module (TinyGPT(...))"),
                                        (on_the_meta_device, "building a module (TinyGPT(...))"),
-                                       (by_formula, "lib.formulas (model_state_bytes)"),
+                                       (by_formula, "lib.analytic.formulas (model_state_bytes)"),
                                        (catching_the_refusal, "building a module (TinyGPT(...))"),
                                        (switching_the_watch_off_and_on, "reached sys.setprofile"),
-                                       (switching_the_watch_off_and_back_on, "lib.offlimits._SETPROFILE"),
+                                       (switching_the_watch_off_and_back_on, "lib.guard.offlimits._SETPROFILE"),
                                        (switching_it_off_through_the_library, "reached sys.setprofile"),
-                                       (by_a_copy_of_the_formula, "lib.formulas (mine)")])
+                                       (by_a_copy_of_the_formula, "lib.analytic.formulas (mine)")])
 def test_off_limits_calls_fail_the_check_and_name_the_call(fn, words, capsys):
     assert PUZZLE.check(fn, strict=False, show=False) is False
     out = capsys.readouterr().out
@@ -111,17 +112,17 @@ def test_off_limits_calls_fail_the_check_and_name_the_call(fn, words, capsys):
 
 def test_a_derived_answer_passes_and_the_library_works_again_afterwards(capsys):
     assert PUZZLE.check(by_hand, strict=False, show=False), capsys.readouterr().out
-    assert by_building(GPTConfig()) > 0 and lib.formulas.model_state_bytes(1) == 16
+    assert by_building(GPTConfig()) > 0 and lib.analytic.formulas.model_state_bytes(1) == 16
 
 
 def test_watching_a_function_by_code_and_a_module_by_name():
-    with pytest.raises(OffLimits, match=r"lib.formulas \(model_state_bytes\)"):
-        with watching({"lib.formulas": "lib.formulas"}, ADVICE):
-            lib.formulas.model_state_bytes(1)
+    with pytest.raises(OffLimits, match=r"lib.analytic.formulas \(model_state_bytes\)"):
+        with watching({"lib.analytic.formulas": "lib.analytic.formulas"}, ADVICE):
+            lib.analytic.formulas.model_state_bytes(1)
     with pytest.raises(TypeError, match="only functions"):                        # a number is no call
         with watching({"three": 3}, ADVICE):
             pass
-    assert lib.formulas.model_state_bytes(1) == 16
+    assert lib.analytic.formulas.model_state_bytes(1) == 16
 
 
 UNRAVEL = {"numpy.unravel_index": numpy.unravel_index, "numpy.ravel_multi_index": numpy.ravel_multi_index,
@@ -161,7 +162,7 @@ def _twice(x):
     return 2 * x
 
 
-@lib.offlimits.tool
+@lib.guard.offlimits.tool
 def _plus_zero(x):
     """A tool handed to the learner: the builder uses it, and so may they."""
     return x + 0
@@ -214,9 +215,10 @@ def test_answer_keys_work_for_the_check_the_tools_for_the_learner_and_both_outsi
 
 
 def test_formulas_are_answer_keys_but_the_tools_a_notebook_hands_out(capsys):
-    """Every formula of lib.formulas answers some prediction; those notebook 06 hands its learners are tools."""
+    """Every formula of lib.analytic.formulas answers some prediction; those notebook 06 hands its learners are
+    tools."""
     assert KEYED.check(by_hand_with_the_tool, strict=False, show=False)
-    with pytest.raises(lib.sim.OutOfView, match=r"called lib\.formulas\.expert_capacity"):
-        lib.sim.run(lambda dist: lib.formulas.expert_capacity(8, 4, 1.0), 1)
-    assert lib.sim.run(lambda dist: lib.formulas.model_state_bytes(1), 1).results == [16]
-    assert lib.formulas.expert_capacity(8, 4, 1.0) == 2
+    with pytest.raises(lib.sim.OutOfView, match=r"called lib\.analytic\.formulas\.expert_capacity"):
+        lib.sim.run(lambda dist: lib.analytic.formulas.expert_capacity(8, 4, 1.0), 1)
+    assert lib.sim.run(lambda dist: lib.analytic.formulas.model_state_bytes(1), 1).results == [16]
+    assert lib.analytic.formulas.expert_capacity(8, 4, 1.0) == 2

@@ -13,7 +13,7 @@ import puzzles.beyond
 import puzzles.moe
 import puzzles.ring_attention
 import puzzles.three_d
-from lib.cross_site import shard_bounds
+from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
 from solutions.moe import moe_layer
 from solutions.three_d import train_3d

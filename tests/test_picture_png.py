@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from IPython.core.pylabtools import print_figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import lib.check  # noqa: E402
+import lib.checker.puzzle  # noqa: E402
 from lib.sim.result import Event  # noqa: E402
 from lib.viz import RENDER_RC  # noqa: E402
 from lib.viz.png import Picture, encode_png  # noqa: E402
@@ -91,7 +91,7 @@ def test_a_passing_check_in_a_notebook_displays_pictures(monkeypatch):
     from solutions.data_parallel import ring_all_reduce
 
     shown = []
-    monkeypatch.setattr(lib.check, "_in_notebook", lambda: True)
+    monkeypatch.setattr(lib.checker.puzzle, "_in_notebook", lambda: True)
     monkeypatch.setattr(IPython.display, "display", shown.append)
     puzzle = next(p for p in puzzles.ALL if p.name == "ring_all_reduce")
     assert puzzle.check(ring_all_reduce, seed=0)

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-import lib.check  # noqa: E402
+import lib.checker.puzzle  # noqa: E402
 import puzzles  # noqa: E402
 from lib.sim.cost import CostModel  # noqa: E402
 from lib.viz.anatomy import block_activations_picture, parameters_picture, training_state_picture  # noqa: E402
@@ -121,8 +121,8 @@ def test_a_timeline_after_a_check_is_drawn_at_the_scale_its_title_names(puzzle, 
     solution = getattr(importlib.import_module(f"solutions.{puzzle.module}"), puzzle.name)
     outcome = puzzle.evaluate(solution, seed=0)
     assert outcome.ok, outcome.message
-    runs, run = [], lib.check.run
-    monkeypatch.setattr(lib.check, "run", lambda *a, **k: runs.append(a) or run(*a, **k))
+    runs, run = [], lib.checker.puzzle.run
+    monkeypatch.setattr(lib.checker.puzzle, "run", lambda *a, **k: runs.append(a) or run(*a, **k))
     title = puzzle.picture(outcome, solution)[0].axes[0].get_title()
     assert "drawn as if" in title and "H100 node" in title
     # Where nothing judged read the clocks, the check ran its last case at that scale: no second run.
@@ -134,7 +134,7 @@ def test_a_timeline_after_a_check_is_drawn_at_the_scale_its_title_names(puzzle, 
 
 
 def test_the_setup_cells_throwaway_figure_renders_and_leaves_no_figure_open():
-    from lib.first_use import draw_ahead
+    from lib.notebook.warm_up import draw_ahead
 
     before = plt.get_fignums()
     draw_ahead()

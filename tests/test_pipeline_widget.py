@@ -12,9 +12,9 @@ import pytest  # noqa: E402
 import puzzles.pipeline as P  # noqa: E402
 import solutions.pipeline as S  # noqa: E402
 from lib.errors import RankFailed  # noqa: E402
-from lib.formulas import bubble_fraction, zero_bubble_h1_bubble  # noqa: E402
+from lib.analytic.formulas import bubble_fraction, zero_bubble_h1_bubble  # noqa: E402
 from lib.sim import run  # noqa: E402
-from lib.schedules import ScheduleError, Step, bubble_of, peak_in_flight, play, schedule_orders  # noqa: E402
+from lib.analytic.schedules import ScheduleError, Step, bubble_of, peak_in_flight, play, schedule_orders  # noqa: E402
 from lib.viz.pipeline import draw_schedule, schedule_explorer  # noqa: E402
 
 
@@ -166,7 +166,7 @@ def _torch_zero_bubble_orders(dist, p, ms):
 
 @pytest.mark.parametrize("p,ms", [(2, (2, 3, 4, 6)), (3, (3, 5, 6, 8)), (4, (4, 7, 8, 10))])
 def test_zb_h1_order_is_torch_pipelinings_interleaved_zero_bubble_with_one_stage_per_rank(p, ms):
-    from lib.launch import launch
+    from lib.real.launch import launch
 
     theirs = launch(_torch_zero_bubble_orders, p, p, ms)[0]
     for m in ms:

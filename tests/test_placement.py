@@ -1,4 +1,4 @@
-"""Without a GPU, a tensor that a GPU run would leave on the CPU is caught (lib.placement.watch): on small
+"""Without a GPU, a tensor that a GPU run would leave on the CPU is caught (lib.real.left_on_cpu.watch): on small
 programs, on the mistakes the GPU machine found, and on every reference solution's real path."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import lib
-import lib.check
-import lib.devices
+import lib.checker.puzzle
+import lib.real.backends
 import puzzles.tensor_parallel as TP
 from lib.errors import RankFailed
-from lib.placement import MixedDevices, watch
+from lib.real.left_on_cpu import MixedDevices, watch
 from tests.test_content import BY_NAME, SOLVED, IDS
 
 
@@ -91,7 +91,7 @@ def _mover_that_skips_dataclasses(obj, where=None):
         items = obj.items() if isinstance(obj, dict) else enumerate(obj)
         moved = {k: _mover_that_skips_dataclasses(v, where) for k, v in items}
         return moved if isinstance(obj, dict) else type(obj)(moved.values())
-    return lib.devices.to_device(obj, where)
+    return lib.real.backends.to_device(obj, where)
 
 
 def _linear_built_on_the_cpu(dist, w, bias, w_dim, bias_sharded):
@@ -107,7 +107,7 @@ def _linear_built_on_the_cpu(dist, w, bias, w_dim, bias_sharded):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where, stand_in, then, words", [
-    (lib.check, "to_device", _mover_that_skips_dataclasses,
+    (lib.checker.puzzle, "to_device", _mover_that_skips_dataclasses,
      'backward was given a gradient on the host for an output on the device. On a GPU this fails \\("invalid '
      'gradient at index 0 - expected device cuda:0 but got cpu'),
     (TP, "_linear", _linear_built_on_the_cpu,

@@ -1,4 +1,4 @@
-"""lib.planner against published training runs, and each of its pieces against lib.formulas and lib.models.
+"""lib.planner against published training runs, and each of its pieces against lib.analytic.formulas and lib.models.
 
 The published figures are quoted from the papers' tables; where a configuration detail is not in the paper, the
 comment says where it comes from or that it is our reading.
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from lib import sim
 from lib.errors import PuzzleError
-from lib.formulas import (activation_bytes_per_layer, bubble_fraction, first_stage_in_flight, flops_per_token,
+from lib.analytic.formulas import (activation_bytes_per_layer, bubble_fraction, first_stage_in_flight, flops_per_token,
                           megatron_flops_per_iteration, mfu, model_state_breakdown, recompute_flops_per_token)
 from lib.models import GPTConfig, TinyGPT
 from lib.planner import (A100_80GB, H100_80GB, PUBLISHED_RUNS, Cluster, Model, Plan, PlanError, best_plan, check,
@@ -21,7 +21,7 @@ from lib.planner import (A100_80GB, H100_80GB, PUBLISHED_RUNS, Cluster, Model, P
 from lib.planner.measured import measured_first_stage
 from lib.planner.runs import fitted_efficiency, implied_efficiency, llama3_405b
 from lib.sim.cost import CostModel
-from lib.schedules import peak_in_flight, schedule_orders
+from lib.analytic.schedules import peak_in_flight, schedule_orders
 from torch.utils.checkpoint import checkpoint
 
 TOLERANCE = 0.20   # the issue's bar: every published figure within 20%
@@ -203,7 +203,7 @@ def test_gqa_and_swiglu_change_the_matrices():
     assert replace(mha, block="gpt").layer_matmul_params == 4 * 512 * 512 + 2 * 512 * 1024
 
 
-# Memory per GPU against lib.formulas
+# Memory per GPU against lib.analytic.formulas
 
 def one_gpu_plan(**changes):
     return Plan(global_batch=8, micro_batch=2, **changes)

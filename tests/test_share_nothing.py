@@ -23,9 +23,9 @@ import pytest
 import torch
 
 import lib
-import lib.offlimits
+import lib.guard.offlimits
 import lib.sim
-import lib.sim.boundary
+import lib.guard.boundary
 import lib.sim.context
 from lib.errors import RankFailed
 from lib.sim import OutOfView, SharedMemory, per_rank
@@ -319,9 +319,9 @@ def test_files_and_frames_are_refused_however_reached(tmp_path):
 
 
 def frame_through_the_engines_blind_read(dist, x):
-    """lib.sim.audit.caller_file reads frames with the audit hook passing over them: an int whose __add__ runs
+    """lib.guard.audit.caller_file reads frames with the audit hook passing over them: an int whose __add__ runs
     while it reads would take a frame unseen (and through f_back the check's own)."""
-    from lib.sim.audit import caller_file
+    from lib.guard.audit import caller_file
 
     class Depth(int):
         def __add__(self, other):
@@ -440,7 +440,7 @@ def originals_as_a_list(dist, x):
 ORIGINALS = _xs()
 
 
-# ---- doors Python's C code opens, refused by the audit hook (lib.sim.audit) whichever way they are reached ------
+# ---- doors Python's C code opens, refused by the audit hook (lib.guard.audit) whichever way they are reached ------
 def traceback_frame(dist, x):
     try:
         raise LookupError
@@ -521,13 +521,13 @@ def the_ranks_registry(dist, x):
 
 
 def the_watchs_own_setter(dist, x):
-    lib.offlimits._SETPROFILE(None)
+    lib.guard.offlimits._SETPROFILE(None)
     return x
 
 
 def the_dispatch_stack_kept_by_the_engine(dist, x):
-    import lib.sim.boundary
-    lib.sim.boundary._DISPATCH_STACK_AT(0).peak = 0
+    import lib.guard.boundary
+    lib.guard.boundary._DISPATCH_STACK_AT(0).peak = 0
     return x
 
 
@@ -559,7 +559,7 @@ def engine_read_statically(dist, x):
 
 
 def untracked_block(dist, x):
-    with lib.sim.boundary.untracked():
+    with lib.guard.boundary.untracked():
         return x @ torch.ones(4, 4)
 
 
@@ -598,8 +598,8 @@ def a_nested_run(dist, x):
 @pytest.mark.parametrize("fn,what", [(leaving_the_rank, "dismiss a rank's thread"),
                                      (the_ranks_tracker, "current_tracker()"), (the_runtime, "current_runtime()"),
                                      (the_ranks_registry, "lib.sim.context._ranks"),
-                                     (the_watchs_own_setter, "lib.offlimits._SETPROFILE"),
-                                     (the_dispatch_stack_kept_by_the_engine, "lib.sim.boundary._DISPATCH_STACK_AT"),
+                                     (the_watchs_own_setter, "lib.guard.offlimits._SETPROFILE"),
+                                     (the_dispatch_stack_kept_by_the_engine, "lib.guard.boundary._DISPATCH_STACK_AT"),
                                      (vars_of_an_engine_module, "lib.sim.context.__dict__"),
                                      (engine_through_the_slot_descriptor, "SimDist._engine"),
                                      (engine_through_the_classs_dict, "SimDist.__dict__"),
@@ -674,7 +674,7 @@ def test_the_patches_do_not_hand_out_what_they_guard():
     def patched():
         return [torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.data_ptr, torch.frombuffer,
                 threading.Thread.start, torch._C._DisableTorchDispatch, torch.save]
-    with lib.sim.boundary.guarding():          # as while a run lasts
+    with lib.guard.boundary.guarding():          # as while a run lasts
         during = patched()
     assert all(getattr(p, "_lib_sim_patch", False) for p in during)
     assert not [p for p in during if hasattr(p, "__wrapped__")]

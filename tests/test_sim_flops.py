@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.measure import counted_flops
+from lib.checker.measure import counted_flops
 from lib.sim.flops import priced
 
 aten = torch.ops.aten

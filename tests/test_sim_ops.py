@@ -336,7 +336,7 @@ def _launch_fallback(fn, world_size: int) -> list:
 @functools.lru_cache(maxsize=None)
 def _real_launcher():
     try:
-        from lib.launch import launch
+        from lib.real.launch import launch
 
         def probe(dist):
             t = torch.ones(2) * (dist.get_rank() + 1)

@@ -746,7 +746,7 @@ def test_a_rank_that_cannot_be_woken_is_named_and_nothing_hangs():
 
 
 def test_two_hundred_failing_checks_leave_no_thread():
-    from lib.check import Case, Puzzle
+    from lib.checker.puzzle import Case, Puzzle
 
     def raises(dist, x):
         raise ValueError("wrong")

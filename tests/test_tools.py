@@ -19,7 +19,8 @@ import nbformat
 import pytest
 
 import solutions.data_parallel as S
-from lib.nbtools import BEGIN_SOLUTION, END_SOLUTION, STUB, puzzle_cells, solve, with_answer, with_solution_markers
+from lib.notebook.cells import (BEGIN_SOLUTION, END_SOLUTION, STUB, puzzle_cells, solve, with_answer,
+                                with_solution_markers)
 from tools import NOTEBOOKS, ROOT, course_notebooks
 from tools.progress import notebook_progress
 from tools.release import make_release, student_readme, verify
@@ -128,10 +129,17 @@ def test_the_release_readme_sends_students_only_where_the_release_goes(tmp_path)
     readme, course = (dest / "README.md").read_text(), (ROOT / "README.md").read_text()
     assert "./course test" in course and "./course test" not in readme
     assert "solutions.data_parallel" in course and "solutions." not in readme
-    assert "## Benchmarks" in course and "## Benchmarks" not in readme
+    assert "docs/BENCHMARKS.md" in course and "docs/BENCHMARKS.md" not in readme
+    assert "docs/INSTRUCTORS.md" in course and "docs/INSTRUCTORS.md" not in readme
     assert "./course lab" in readme and "## How a puzzle works" in readme and "mine:ring_all_reduce" in readme
+    # the documents the student README links travel with it; those for instructors and benchmarks stay behind
+    assert (dest / "docs" / "TRUST.md").is_file() and (dest / "docs" / "SIMULATOR.md").is_file()
+    assert not (dest / "docs" / "INSTRUCTORS.md").exists() and not (dest / "docs" / "BENCHMARKS.md").exists()
     (dest / "README.md").write_text(readme + "\nRun `./course test -m 'not slow'`.\n")
     assert verify(dest) == ["README.md mentions './course test', which the release has not"]
+    (dest / "README.md").write_text(readme)
+    (dest / "docs" / "TRUST.md").unlink()
+    assert verify(dest) == ["README.md links docs/TRUST.md, which the release has not"]
 
 
 def test_course_only_parts_are_cut_whole():

@@ -1,4 +1,4 @@
-"""The ZeRO stage explorer redraws from lib.formulas when a control changes."""
+"""The ZeRO stage explorer redraws from lib.analytic.formulas when a control changes."""
 
 import matplotlib
 
@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from lib.formulas import model_state_bytes  # noqa: E402
+from lib.analytic.formulas import model_state_bytes  # noqa: E402
 from lib.viz.zero import traffic_per_step, zero_explorer  # noqa: E402
 
 

@@ -168,8 +168,8 @@ def _import(modules: list[str]) -> None:
 def serve(requests: int, replies: int) -> NoReturn:
     """Answer the judge's requests until it closes the pipe."""
     import puzzles
-    from lib.check import one_thread
-    from lib.nbtools import load_answers
+    from lib.checker.puzzle import one_thread
+    from lib.notebook.cells import load_answers
     from lib.sim import run
     from tools.fingerprint import changes, fingerprint
 

@@ -13,7 +13,7 @@ What it changes from nbgrader's defaults, and why:
 - graded cells always run: plain nbgrader skips a cell a submission tags `skip-execution` and then
   scores that test as passed; a graded cell a submission deleted or unmarked is put back;
 - a per-cell timeout that leaves room for a check's several simulated cases on a busy machine.
-Checks are strict while nbgrader autogrades or validates (lib.check.strict_default).
+Checks are strict while nbgrader autogrades or validates (lib.checker.puzzle.strict_default).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute
 from nbgrader.utils import is_grade, is_solution
 
-from lib.nbtools import STUB
+from lib.notebook.cells import STUB
 
 CELL_TIMEOUT = 300          # seconds per cell
 

@@ -127,7 +127,8 @@ def result_message(result: SimResult) -> bytes:
 
 
 def error_message(error: BaseException) -> bytes:
-    """A run that raised: what, said so that the judge can raise the same kind of error (lib.check tells a stub,
+    """A run that raised: what, said so that the judge can raise the same kind of error (lib.checker.puzzle tells a
+    stub,
     a refusal the statement asks for, a mistake of the simulator's rules and any other error apart)."""
     header = {"error": {"classes": _classes(error), "text": str(error)[:20000],
                         "rank": getattr(error, "rank", None) if isinstance(error, RankFailed) else None,

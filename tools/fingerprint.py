@@ -34,7 +34,7 @@ def _attr(obj: Any, name: str) -> Any:
 
 def _identity(attr: str, value: Any, state: bool = False) -> tuple:
     """What must stay the same for `value` to behave the same: the object, and a function's code and defaults. The
-    engine's run state (what a module names in `__run_state__`: lib.sim.boundary's table of patches built on first
+    engine's run state (what a module names in `__run_state__`: lib.guard.boundary's table of patches built on first
     use, the modules it saw, the record of the patches in place) and a private number (a counter) are state, not
     code: they count as present only. Any other value, private or not, counts by identity."""
     if state:
@@ -74,7 +74,7 @@ def _watched() -> Iterator[tuple[str, Any, bool]]:
 
 def _run_state(name: str) -> Callable[[str], bool]:
     """Which attributes of the watched object `name` are its run state: those its module names in `__run_state__`,
-    and every attribute of an object named there (lib.sim.boundary._INSTALLED)."""
+    and every attribute of an object named there (lib.guard.boundary._INSTALLED)."""
     module, _, attr = name.rpartition(".")
     if attr in getattr(sys.modules.get(module), "__run_state__", ()):
         return lambda _attr_name: True
@@ -111,14 +111,14 @@ def changes(before: dict[str, tuple[dict[str, tuple], bool]]) -> list[str]:
 
 def load_checker(notebook: Optional[str] = None) -> None:
     """Import all that a check uses, so that the fingerprint taken next covers it; guard the answer keys of the
-    puzzles of `notebook` (a name such as 02_data_parallel), as its first case built would (lib.offlimits: the
+    puzzles of `notebook` (a name such as 02_data_parallel), as its first case built would (lib.guard.offlimits: the
     answers' process builds none, and they are guarded there too); and meet once what torch sets up
     on first use (an optimizer's step and zero_grad, which enter a profiler's record_function: typing machinery that
     calls sys._getframe). A check in one process met it building its cases; in the answers' process, which builds
     none, it would otherwise first happen inside a simulated rank, where the simulator refuses frames."""
     import torch._dynamo                   # noqa: F401  (imported by the first check anyway; it rewraps torch.manual_seed)
 
-    import lib.nbtools                     # noqa: F401  (what runs the notebook's cells)
+    import lib.notebook.cells                     # noqa: F401  (what runs the notebook's cells)
     import lib.sim
     import puzzles
     for found in pkgutil.iter_modules(lib.sim.__path__):
@@ -129,7 +129,7 @@ def load_checker(notebook: Optional[str] = None) -> None:
         weight.grad = torch.zeros(1)
         optimizer.step()
         optimizer.zero_grad()
-    from lib.offlimits import guard_answer_keys
+    from lib.guard.offlimits import guard_answer_keys
     for module in puzzles.MODULES:
         for puzzle in module.PUZZLES if module.NOTEBOOK == notebook else ():
             guard_answer_keys(inspect.unwrap(puzzle.make_case))

@@ -28,8 +28,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 import puzzles
-from lib.check import Puzzle
-from lib.devices import gpus_in_words, visible_gpus
+from lib.checker.puzzle import Puzzle
+from lib.real.backends import gpus_in_words, visible_gpus
 
 MOST_RANKS = 8          # NCCL runs go up to one node's worth of GPUs
 

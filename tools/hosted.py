@@ -7,7 +7,7 @@ Elsewhere pip installs the course from REPOSITORY at REF, the ref the notebook w
 open it from, so the notebook and its engine come from the same version: the packages `lib`, `puzzles` and
 `tools` (pyproject.toml; never `solutions`), without their dependencies. Then `setup` installs only the pinned
 dependencies the host lacks, keeps the versions the host has (its torch too), and imports `lib`, which refuses
-a torch older than the course supports (lib.compat) with what to do. Running the cell again, or the notebook
+a torch older than the course supports (lib.real.compat) with what to do. Running the cell again, or the notebook
 after a restart, finds the course installed and fetches nothing.
 """
 

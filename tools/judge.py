@@ -3,7 +3,7 @@
 tools.grade starts `python -I -S -B -c BOOT NOTEBOOK_NAME` in the sandbox (the sandbox's process 1), with stdin
 holding a fresh key, the notebook's cells and the puzzles to judge (the grader's list). The judge imports the
 checker, makes itself not dumpable, forks the answers' process (tools.answers) before it reads the key, and only
-then reads stdin. Each puzzle's check (lib.check's own Puzzle.evaluate) runs here, in full: the cases and their
+then reads stdin. Each puzzle's check (lib.checker.puzzle's own Puzzle.evaluate) runs here, in full: the cases and their
 expected values are drawn here, results are compared here; only lib.sim.run, wherever the check runs the
 learner's function, happens in the answers' process, whose results come back as data (tools.evidence). Each row
 goes out on stdout, signed with the key (HMAC-SHA256), a file the answers' process never holds. What the
@@ -70,7 +70,7 @@ class Learner:
 
 def _parts(fn: Any) -> list:
     """What a wrapping holds: a functools.partial's function and arguments, a closure's variables (a function
-    made by functools.wraps around the answer, as lib.kernels' refusing_kernels is)."""
+    made by functools.wraps around the answer, as lib.checker.kernels' refusing_kernels is)."""
     if isinstance(fn, functools.partial):
         return [fn.func, *fn.args, *fn.keywords.values()]
     if isinstance(fn, types.FunctionType):

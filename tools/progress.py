@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 import puzzles
-from lib.check import FAILING, PASSED, UNATTEMPTED
-from lib.nbtools import load_answers
+from lib.checker.puzzle import FAILING, PASSED, UNATTEMPTED
+from lib.notebook.cells import load_answers
 from tools import NOTEBOOKS, WORK, course_notebooks
 
 SYMBOLS = {"solved": "✓", "not solved": "○", "failing": "✗", "missing": "?"}

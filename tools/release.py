@@ -3,9 +3,10 @@
     python -m tools.release DEST
 
 Copies the notebooks (as shipped: stubs, no outputs), the engine, the problem set, the tools,
-the install files and the README into DEST, and leaves out solutions/, the tests (they need
-the solutions) and the benchmarks. The README loses what only the course repository has: the parts
-between `<!-- course only -->` and `<!-- end course only -->`, and the lines marked `[course only]`; the `course`
+the install files, the README and the documents it links (docs/) into DEST, and leaves out solutions/,
+the tests (they need the solutions) and the benchmarks. The README loses what only the course repository
+has: the parts between `<!-- course only -->` and `<!-- end course only -->`, and the lines marked
+`[course only]`, so the documents for instructors and the benchmarks, linked only there, stay behind; the `course`
 script loses its commands that need what is left out (tests, benchmarks, the instructors' tools): the lines
 between `# course only {` and `# } course only`.
 A release can be checked with `python -m tools.release --verify DEST`.
@@ -31,6 +32,7 @@ COURSE_ONLY_LINE = "[course only]"
 COURSE_ONLY_COMMANDS = re.compile(r"^[ \t]*# course only \{\n.*?^[ \t]*# \} course only\n", re.S | re.M)
 # What a student README must not send a student to: commands and folders the release does not have.
 NOT_IN_A_RELEASE = ["./course test", "solutions.", "solutions/", "bench", "tests/", COURSE_ONLY_LINE, "course only -->"]
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
 def student_readme(text: str) -> str:
@@ -42,6 +44,11 @@ def student_readme(text: str) -> str:
 def student_course(text: str) -> str:
     """The `course` script with only the commands a release can run."""
     return COURSE_ONLY_COMMANDS.sub("", text)
+
+
+def local_links(markdown: str) -> list[str]:
+    """The files of the course a markdown text links to (`docs/TRUST.md`), not web pages."""
+    return sorted({target for target in LINK.findall(markdown) if "://" not in target})
 
 
 def make_release(dest: Path) -> Path:
@@ -59,6 +66,10 @@ def make_release(dest: Path) -> Path:
             (dest / name).chmod(source.stat().st_mode)
         else:
             shutil.copy2(source, dest / name)
+    for link in local_links((dest / "README.md").read_text()):
+        if (ROOT / link).is_file() and not (dest / link).exists():
+            (dest / link).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / link, dest / link)
     problems = verify(dest)
     if problems:
         raise SystemExit("release: " + "; ".join(problems))
@@ -75,6 +86,8 @@ def verify(dest: Path) -> list[str]:
     readme = (dest / "README.md").read_text() if (dest / "README.md").exists() else ""
     problems += [f"README.md mentions {word!r}, which the release has not" for word in NOT_IN_A_RELEASE
                  if word in readme]
+    problems += [f"README.md links {link}, which the release has not" for link in local_links(readme)
+                 if (ROOT / link).exists() and not (dest / link).exists()]
     for path in (dest / "notebooks").glob("*.ipynb"):
         if '"outputs": [\n' in path.read_text() and '"output_type"' in path.read_text():
             problems.append(f"{path.name} carries outputs")

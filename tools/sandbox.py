@@ -76,7 +76,7 @@ class Isolation:
             gaps.append("the number of processes: a fork bomb slows this machine down until the timeout")
         gaps.append("the simulator's meters inside the answers' process (bytes, FLOPs, memory, who sent what): code "
                     "written to tamper with them is flagged for review, in the common cases, not prevented "
-                    "(see the README)")
+                    "(see docs/TRUST.md)")
         return gaps
 
     def describe(self) -> str:

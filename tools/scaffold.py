@@ -1,14 +1,11 @@
 """Scaffold a new puzzle in one command: its spec, its reference solution, its notebook cells (statement, stub,
 check, real run, with the course's tags and metadata) and a catalogued wrong answer, all working at once.
 
-    python -m tools.scaffold data_parallel recursive_doubling_all_reduce
+    python -m tools.scaffold data_parallel recursive_doubling_all_reduce --after ring_all_reduce --world-sizes 2,4,8
 
 The example it writes is a sum over ranks (every rank returns the sum of every rank's vector, within a ring
 all-reduce's bytes): replace the case builder, the reference and the statement with the lesson, keeping the
-shape. Then run the puzzle's tests (docs/ARCHITECTURE.md, "Add a puzzle") and sweep its catalogue over seeds:
-
-    python -m pytest tests/test_content.py -k recursive_doubling_all_reduce
-    python -m tools.sweep recursive_doubling_all_reduce
+shape. It prints the commands that test the puzzle (docs/ARCHITECTURE.md, "Add a puzzle", gives the same).
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import argparse
 import importlib
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -26,22 +24,25 @@ from tools.stamp import stamped
 
 SPEC = '''
 
-# ---- {name} (scaffolded: replace the example, a sum over ranks, with the lesson) -------------------------
+# ---- {name}: scaffolded, a sum over ranks; replace it with the lesson ----
 def _{name}_case(rng: random.Random, world: int) -> Case:
     """Each rank holds a vector of float64s; every rank returns the sum of all of them."""
     g = torch.Generator().manual_seed(rng.randrange(2**31))
     xs = [torch.randn(4 * world, generator=g, dtype=torch.float64) for _ in range(world)]
     total = sum(xs)
     ring = 2 * (world - 1) / world * total.numel() * total.element_size()
+    # allowed_ops=None lets the answer call any collective; a lesson that builds one from messages forbids the
+    # rest, e.g. allowed_ops=frozenset({{"send", "recv"}}).
     return Case(world, (per_rank(xs),), [total] * world, f"N={{world}}, {{total.numel()}} values per rank",
+                allowed_ops=None,
                 budgets=[Budget("bytes_sent", ring, "2(N-1)/N × the vector's bytes, what a ring all-reduce sends")])
 
 
 {name} = Puzzle(
-    "{name}", NOTEBOOK, _{name}_case, world_sizes=(2, 3, 4),
+    "{name}", NOTEBOOK, _{name}_case,
+    world_sizes={world_sizes},
     hints=["Every rank needs the sum of every rank's vector.", "dist.all_reduce sums a tensor in place."],
     describe="Every rank returns the sum of all ranks' vectors.")
-PUZZLES.append({name})
 '''
 
 REFERENCE = '''
@@ -53,12 +54,13 @@ def {name}(dist, x):
 
 WRONG = '''
 
-def {name}_without_communication(dist, x):
+def {name}_alone(dist, x):
     """Each rank returns its own vector: nothing was exchanged."""
     return x.clone()
 
 
-WRONG.append(("{name}", {name}_without_communication, "expected", "unchanged from what rank"))
+WRONG.append(("{name}", {name}_alone,
+              "expected", "unchanged from what rank"))
 '''
 
 STATEMENT = ("## Puzzle {number}: `{name}`\n\nEvery rank holds a vector `x`; return, on every rank, the sum of "
@@ -66,33 +68,64 @@ STATEMENT = ("## Puzzle {number}: `{name}`\n\nEvery rank holds a vector `x`; ret
 STUB = ('def {name}(dist, x):\n    """Return the sum of every rank\'s x, on every rank."""\n'
         '    raise NotImplementedError  # your code here')
 
-NEEDS = {"random": "import random", "torch": "import torch", "Budget": "from lib.check import Budget",
-         "Case": "from lib.check import Case", "Puzzle": "from lib.check import Puzzle",
+NEEDS = {"random": "import random", "torch": "import torch", "Budget": "from lib.checker.puzzle import Budget",
+         "Case": "from lib.checker.puzzle import Case", "Puzzle": "from lib.checker.puzzle import Puzzle",
          "per_rank": "from lib.sim import per_rank"}
+PUZZLES_LIST = re.compile(r"^PUZZLES = \[(?P<names>[^\]]*)\]\n", re.M)
+HEADING = re.compile(r"^## Puzzle \d+:", re.M)
+
+
+def next_commands(name: str, notebook: str) -> list[str]:
+    """What to run after each edit of a puzzle: the guide's three commands, printed by the scaffold too."""
+    return [f"python -m pytest -n 0 tests/test_content.py -k {name}",
+            f'python -m pytest -n 0 tests/test_notebooks.py -k "cells and {notebook[:2]}"',
+            f"python -m tools.sweep {name}"]
 
 
 class ScaffoldError(ValueError):
     """The scaffold cannot be written as asked (the message says why and what to do)."""
 
 
-def scaffold(module: str, name: str, root: Path = ROOT) -> list[Path]:
-    """Write puzzle `name` into the notebook of puzzles/<module>.py; returns the files changed."""
+def scaffold(module: str, name: str, root: Path = ROOT, *, after: str | None = None,
+             world_sizes: tuple[int, ...] = (2, 4)) -> list[Path]:
+    """Write puzzle `name` into the notebook of puzzles/<module>.py, after puzzle `after` (default: last);
+    returns the files changed."""
     spec_path = root / "puzzles" / f"{module}.py"
     if not spec_path.exists():
         raise ScaffoldError(f"no puzzles/{module}.py: the modules are {', '.join(_modules(root))}.")
     if not name.isidentifier():
         raise ScaffoldError(f"{name!r} is not a Python identifier: a puzzle is named as its function is.")
+    if not world_sizes or min(world_sizes) < 1:
+        raise ScaffoldError(f"world sizes {world_sizes}: give one or more positive sizes, e.g. 2,4,8.")
     spec = spec_path.read_text()
     if re.search(rf"^{name} = Puzzle\(", spec, re.M):
         raise ScaffoldError(f"puzzles/{module}.py already has a puzzle {name}.")
+    listed = PUZZLES_LIST.search(spec)
+    if listed is None:
+        raise ScaffoldError(f"puzzles/{module}.py has no `PUZZLES = [...]` list to add the puzzle to.")
+    names = [n.strip() for n in listed.group("names").split(",") if n.strip()]
+    if after is not None and after not in names:
+        raise ScaffoldError(f"no puzzle {after} in puzzles/{module}.py to place it after: {', '.join(names)}.")
     notebook = _notebook_of(spec, root)
-    spec_path.write_text(_with_imports(spec, SPEC.format(name=name)) + SPEC.format(name=name))
+    names.insert(names.index(after) + 1 if after else len(names), name)
+    block = SPEC.format(name=name, world_sizes=tuple(world_sizes))
+    spec = _with_imports(spec, block)
+    listed = PUZZLES_LIST.search(spec)
+    spec_path.write_text(spec[:listed.start()].rstrip("\n") + block + "\n\n" + _puzzles_list(names)
+                         + spec[listed.end():])
     reference = root / "solutions" / f"{module}.py"
     reference.write_text(reference.read_text() + REFERENCE.format(name=name))
     wrong = root / "tests" / "wrong" / f"{module}.py"
     wrong.write_text(wrong.read_text() + WRONG.format(name=name))
-    _add_cells(notebook, name)
+    _add_cells(notebook, name, after)
     return [spec_path, reference, wrong, notebook]
+
+
+def _puzzles_list(names: list[str]) -> str:
+    """`PUZZLES = [...]` wrapped as the course's code is, at 120 columns."""
+    lines = textwrap.wrap(", ".join(names), width=120 - len("PUZZLES = ["), break_long_words=False,
+                          break_on_hyphens=False)
+    return "PUZZLES = [" + ("\n" + " " * len("PUZZLES = [")).join(lines) + "]\n"
 
 
 def _modules(root: Path) -> list[str]:
@@ -119,20 +152,28 @@ def _with_imports(spec: str, block: str) -> str:
     return "\n".join(lines[:last + 1] + missing + lines[last + 1:])
 
 
-def _add_cells(path: Path, name: str) -> None:
-    """Statement, stub, check and real cells after the last puzzle's, with the course's tags; then stamped."""
+def _add_cells(path: Path, name: str, after: str | None) -> None:
+    """Statement, stub, check and real cells after puzzle `after`'s last cell (default: the last puzzle's), the
+    puzzles' headings numbered again in order; then stamped."""
     nb = nbformat.read(path, as_version=4)
-    after = max((i for i, c in enumerate(nb.cells) if c.cell_type == "code"
-                 and {"check", "real"} & set(c.metadata.get("tags", []))), default=len(nb.cells) - 1)
-    number = 1 + sum("puzzle" in c.metadata.get("tags", []) for c in nb.cells)
-    cells = [nbformat.v4.new_markdown_cell(STATEMENT.format(name=name, number=number))]
+    if after is None:
+        at = max((i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                  and {"check", "real"} & set(c.metadata.get("tags", []))), default=len(nb.cells) - 1)
+    else:
+        at = max(i for i, c in enumerate(nb.cells) if c.metadata.get("course", {}).get("puzzle") == after)
+    cells = [nbformat.v4.new_markdown_cell(STATEMENT.format(name=name, number=0))]
     for tag, source in (("puzzle", STUB.format(name=name)), ("check", f"P.{name}.check({name});"),
                         ("real", f"P.{name}.real({name}, world_size=2);")):
         cell = nbformat.v4.new_code_cell(source)
         cell.metadata["tags"] = [tag]
         cell.metadata["course"] = {"puzzle": name}
         cells.append(cell)
-    nb.cells[after + 1:after + 1] = cells
+    nb.cells[at + 1:at + 1] = cells
+    number = 0
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and HEADING.search(cell.source):
+            number += 1
+            cell.source = HEADING.sub(f"## Puzzle {number}:", cell.source, count=1)
     nbformat.write(stamped(nb, path.stem), path)
 
 
@@ -140,16 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.scaffold", description=__doc__.split("\n\n")[0])
     ap.add_argument("module", help="the problem-set module, e.g. data_parallel (puzzles/<module>.py)")
     ap.add_argument("name", help="the puzzle's function name")
+    ap.add_argument("--after", help="the puzzle it follows in the notebook and in PUZZLES (default: the last)")
+    ap.add_argument("--world-sizes", default="2,4", help="the world sizes its check runs, e.g. 2,4,8 (default 2,4)")
     args = ap.parse_args(argv)
     try:
-        changed = scaffold(args.module, args.name)
-    except ScaffoldError as e:
+        sizes = tuple(int(s) for s in args.world_sizes.split(",") if s.strip().isdigit())
+        if len(sizes) != len(args.world_sizes.split(",")):
+            raise ScaffoldError(f"--world-sizes {args.world_sizes!r}: whole numbers and commas, e.g. 2,4,8")
+        changed = scaffold(args.module, args.name, after=args.after, world_sizes=sizes)
+    except ValueError as e:
         print(f"scaffold: {e}", file=sys.stderr)
         return 2
     for path in changed:
         print(f"wrote {path.relative_to(ROOT)}")
     importlib.invalidate_caches()
-    print(f"next: python -m pytest tests/test_content.py -k {args.name}; python -m tools.sweep {args.name}")
+    print("next, after each edit:\n" + "\n".join(f"  {c}" for c in next_commands(args.name, changed[-1].stem)))
     return 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 
-from lib.nbtools import add_grading_metadata, puzzle_cells, with_solution_markers
+from lib.notebook.cells import add_grading_metadata, puzzle_cells, with_solution_markers
 from tools import course_notebooks
 from tools.hosted import badges, first_cell
 

@@ -18,7 +18,7 @@ import tokenize
 import unicodedata
 from typing import NamedTuple
 
-CHECKER = r"(sim|check|compare|diagnose|offlimits|nbtools|errors|terms|first_use|contract|layer_check|mesh_check)"
+CHECKER = r"(sim|guard|checker|diagnose|notebook|errors|whose_code|real)"
 TRACES = [(re.compile(pattern), what) for pattern, what in [
     (r"\b(_getframe|f_back|f_locals|f_globals|f_code|tb_frame|currentframe|_current_frames|settrace|setprofile)\b"
      r"|\binspect\s*\.\s*(stack|trace|getouterframes|getinnerframes)\b", "the checker's frames"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 
-from lib.nbtools import puzzle_cells
+from lib.notebook.cells import puzzle_cells
 from tools import NOTEBOOKS, WORK, course_notebooks
 
 

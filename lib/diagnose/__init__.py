@@ -3,7 +3,7 @@ still named.
 
 A check that found a wrong value asks `diagnose` for the words. In order:
 1. a known mistake of the puzzle, run on the same case, whose result the learner's equals (the catalogue: a floor);
-2. a prediction off by one of its reference's named terms, or a multiple of one (Case.formulas, lib.terms);
+2. a prediction off by one of its reference's named terms, or a multiple of one (Case.formulas, lib.checker.terms);
 3. gradients or entries that never arrived (None where a tensor belongs);
 4. where a NaN or inf came from (a replay under a tracer: lib.diagnose.origins);
 5. what each wrong tensor shows: memory never written, a rank's share left out, the input returned, another rank's
@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from lib.compare import first_difference
+from lib.checker.compare import first_difference
 from lib.diagnose import factors, layouts, moments, origins, values
 from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
 from lib.sim import run
@@ -55,7 +55,7 @@ def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistak
     words or guess another cause beside it.
 
     `factors` names the numbers a constant ratio may equal ({"k, the number of micro-batches": 4}); N, the world
-    size, is always among them. `case` (lib.check.Case) and `fn` (the rank's function as the check ran it) let
+    size, is always among them. `case` (lib.checker.puzzle.Case) and `fn` (the rank's function as the check ran it) let
     the diagnosis replay the learner's function: for a NaN's origin, a training run's first wrong step; on the
     check's `others` cases, for a factor two quantities equal on this case leave open. `names` are the learner's
     own names for the arguments (after dist), to say which input a result lacks."""
@@ -130,9 +130,10 @@ def _same(a: Any, b: Any, rtol: float, atol: float) -> bool:
 # ---- structure the case declares ---------------------------------------------------------------------------
 def _formulas(case: Any, got: Sequence[Any], fn: Optional[Callable] = None, others: Sequence[Any] = ()
               ) -> Optional[str]:
-    """A prediction off by one of its reference's named terms (lib.terms), said with the amount; terms of the same
+    """A prediction off by one of its reference's named terms (lib.checker.terms), said with the amount; terms of the
+    same
     size on this case told apart by the learner's answers to the check's other cases."""
-    from lib.terms import explain, matches
+    from lib.checker.terms import explain, matches
 
     for key, formula in (getattr(case, "formulas", None) or {}).items():
         leaf = dict(leaves(got[0])).get(key)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from lib.compare import first_difference
+from lib.checker.compare import first_difference
 from lib.diagnose import factors
 from lib.diagnose.leaves import close, differing, given, leaves, listing, mine, name, on_rank, plain
 from lib.sim import current_rank, run

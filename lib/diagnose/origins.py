@@ -5,7 +5,7 @@ The tracer notes the first op that makes a NaN from inputs without one, or an in
 masked entirely, exp overflowing, log of 0, a division by zero), with the learner's line that called it; fills
 what torch.empty hands out with a marker, so that a result holding the marker is uninitialised memory for certain
 (and nothing else is called so); and keeps the last op each rank called, with its inputs' shapes, for an error
-raised inside torch to be said in the lesson's terms (lib.diagnose.errors).
+raised inside torch to be said in the lesson's terms (lib.diagnose.torch_errors).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from lib.places import COURSE, ENGINE
+from lib.whose_code import COURSE, ENGINE
 
 MARKER = 3e-39           # what the replay's torch.empty returns: a denormal (float32) no computation here makes
 _EMPTY = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}

@@ -1,6 +1,6 @@
 """What a plan costs: seconds per step, bytes per GPU, and the utilisation they imply.
 
-The formulas come from `lib.formulas` (FLOPs, activations, ZeRO, the bubble) and `lib.sim.cost` (collectives);
+The formulas come from `lib.analytic.formulas` (FLOPs, activations, ZeRO, the bubble) and `lib.sim.cost` (collectives);
 this module decides which terms a plan pays and adds them up.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from lib.formulas import activation_bytes_per_layer, bubble_fraction, first_stage_in_flight, model_state_breakdown
+from lib.analytic.formulas import (activation_bytes_per_layer, bubble_fraction, first_stage_in_flight,
+                                   model_state_breakdown)
 from lib.planner.hardware import GPU, Cluster
 from lib.planner.model import Model
 from lib.planner.plan import Plan, check, stages

@@ -5,7 +5,8 @@ Measured: the parameters of the first stage's bf16 modules (lib.models: the embe
 pp = 1, the final norm and an untied head), and the bytes autograd keeps for one micro-batch in its blocks
 (lib.models.Block with dropout, each recomputation mode run with torch.utils.checkpoint), less LayerNorm's mean and
 1/std per token, which Korthikanti et al. leave out. Played: the micro-batches 1F1B holds on stage 0 (notebook 05's
-schedule, lib.schedules). Arithmetic: ZeRO's sharding of the 16 bytes a parameter (lib.formulas) and ZeRO-3's
+schedule, lib.analytic.schedules). Arithmetic: ZeRO's sharding of the 16 bytes a parameter (lib.analytic.formulas) and
+ZeRO-3's
 gathered blocks, as the planner counts them. lib.models' block is not tensor-parallel: tp, cp and virtual stages 1.
 """
 
@@ -16,14 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from lib.device import device
-from lib.formulas import model_state_breakdown
-from lib.measure import blocks_activation_bytes, saved_activation_bytes
+from lib.analytic.formulas import model_state_breakdown
+from lib.checker.measure import blocks_activation_bytes, saved_activation_bytes
 from lib.models import GPTConfig, TinyGPT
 from lib.planner.errors import PlanError
 from lib.planner.estimate import BYTES, OPTIMIZER_BYTES
 from lib.planner.model import Model
 from lib.planner.plan import Plan
-from lib.schedules import peak_in_flight, schedule_orders
+from lib.analytic.schedules import peak_in_flight, schedule_orders
 
 DROPOUT = 0.1               # Korthikanti et al.'s blocks drop out; any p > 0 keeps the same masks
 LARGEST = 2 ** 16           # s·b·h above which a measurement would take real memory: use the formulas

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional
 
-from lib.formulas import flops_per_token, recompute_flops_per_token
+from lib.analytic.formulas import flops_per_token, recompute_flops_per_token
 from lib.planner.errors import PlanError, positive
 
 BLOCKS = ("gpt", "llama")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lib.formulas import RECOMPUTE, ZERO_STAGES
+from lib.analytic.formulas import RECOMPUTE, ZERO_STAGES
 from lib.planner.errors import PlanError, divisors, positive
 from lib.planner.hardware import Cluster
 from lib.planner.model import Model

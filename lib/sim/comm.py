@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from lib.sim.boundary import EngineHandle
+from lib.guard.boundary import EngineHandle
 from lib.sim.cost import bus_factor, ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest

@@ -13,13 +13,13 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple, Optional
 
-from lib.places import ENGINE
+from lib.whose_code import ENGINE
 from lib.sim.errors import OutOfView
 
 if TYPE_CHECKING:
     from lib.sim.tracker import RankTracker
 
-_getframe = sys._getframe           # the original, before lib.sim.boundary guards it
+_getframe = sys._getframe           # the original, before lib.guard.boundary guards it
 _get_ident = threading.get_ident
 
 

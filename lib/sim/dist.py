@@ -12,7 +12,7 @@ import torch
 import torch.distributed as _td
 
 from lib.errors import PuzzleError
-from lib.sim.boundary import EngineHandle
+from lib.guard.boundary import EngineHandle
 from lib.sim.comm import Call, Communicator, Group, Work, _copy, describe_tensor
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 

@@ -1,7 +1,7 @@
 """torch's DeviceMesh for simulated ranks: the same names and methods, its groups made with `dist.new_group`.
 
     # torch's mesh on real ranks, this in simulation
-    mesh = lib.devices.device_mesh(dist, (2, 2, 2), ("dp", "pp", "tp"))
+    mesh = lib.real.backends.device_mesh(dist, (2, 2, 2), ("dp", "pp", "tp"))
     mesh["tp"].get_group(), mesh.get_group("dp"), mesh.get_local_rank("pp"), mesh["pp"].size(), mesh.mesh
 
 As `init_device_mesh` does, every rank creates every group of every dimension, dimension by dimension (outermost
@@ -10,7 +10,7 @@ uses the default group. Slicing a mesh creates no group: a sub-mesh shares its p
 
 For a puzzle whose statement is this arithmetic (a rank's coordinates, the groups), it is the answer key: within
 `answer_key_refused(why)`, on that thread, these functions and device meshes raise OutOfView saying why, as
-lib.check does for a Case built there and lib.planner for its search.
+lib.checker.puzzle does for a Case built there and lib.planner for its search.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 
-from lib.places import COURSE
-from lib.sim.boundary import fail_run
+from lib.whose_code import COURSE
+from lib.guard.boundary import fail_run
 from lib.sim.context import current_rank
 from lib.sim.errors import InvalidCall, OutOfView
 from lib.sim.ownership import learner_line
@@ -79,7 +79,7 @@ def coordinates(rank: int, shape: Sequence[int]) -> tuple[int, ...]:
 
 
 class SimDeviceMesh:
-    """A device mesh over simulated ranks; use `lib.devices.device_mesh(dist, shape, names)` to make one."""
+    """A device mesh over simulated ranks; use `lib.real.backends.device_mesh(dist, shape, names)` to make one."""
 
     def __init__(self, dist: Any, shape: Sequence[int], names: Optional[Sequence[str]] = None,
                  device_type: str = "cpu") -> None:

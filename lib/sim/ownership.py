@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 import torch
 
 from lib.sim.errors import SharedMemory
-from lib.places import COURSE, LIBRARIES
+from lib.whose_code import COURSE, LIBRARIES
 
 _WRITES: dict = {}
 
@@ -174,5 +174,5 @@ class Ownership:
 
 
 def _name(func) -> str:
-    """An op's name, or what a patch of lib.sim.boundary says was called."""
+    """An op's name, or what a patch of lib.guard.boundary says was called."""
     return func if isinstance(func, str) else func._overloadpacket.__name__

@@ -25,8 +25,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from lib.errors import PuzzleError, RankFailed
-from lib.sim import audit, boundary, context, threads
-from lib.sim.boundary import _DISABLE_TORCH_DISPATCH as _UNTRACKED, tracking_switched_off
+from lib.guard import audit, boundary
+from lib.sim import context, threads
+from lib.guard.boundary import _DISABLE_TORCH_DISPATCH as _UNTRACKED, tracking_switched_off
 from lib.sim.environ import own_environments
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
@@ -36,14 +37,14 @@ from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView
 from lib.sim.links import Link
 from lib.sim.output import labelled_output
 from lib.units import ordinal
-from lib.places import ENGINE
+from lib.whose_code import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult, event
 from lib.sim.tracker import RankTracker
 
 _RNG = torch.default_generator
 _JOIN_TIMEOUT = 10.0     # seconds for every rank thread to finish once the run is over
-audit.install()          # the one thing importing the simulator does to the process (lib.sim.boundary's docstring)
+audit.install()          # the one thing importing the simulator does to the process (lib.guard.boundary's docstring)
 
 
 class _Abort(BaseException):
@@ -82,7 +83,7 @@ class RankState:
         self.waiting: Optional[Call] = None
         self.finished = False
         self.dead = False                # stopped by an injected fault
-        self.told_of_failure = False     # a RankDied has been raised to it (lib.faults.failure_known)
+        self.told_of_failure = False     # a RankDied has been raised to it (lib.real.faults.failure_known)
         self.comm_calls = 0              # communication calls made so far (faults count them)
         self.p2p_log: list[tuple[str, Optional[int]]] = []      # see RankStats.p2p_log
         self.stuck = False               # its thread would not stop when interrupted
@@ -154,7 +155,7 @@ class Runtime:
 
     def untracked(self):
         """The runtime's own temporaries (message copies, reductions) are not the rank's memory. torch's own guard,
-        not a generator around it, nor lib.sim.boundary.untracked's look at who asks: a check enters it several
+        not a generator around it, nor lib.guard.boundary.untracked's look at who asks: a check enters it several
         times per communication call, and only the engine holds the runtime."""
         return _UNTRACKED()
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from lib.places import ENGINE
+from lib.whose_code import ENGINE
 
 BLOCKED_AFTER = 3.0      # seconds holding the baton without using CPU before a rank counts as blocked
 POLL = 0.25              # how often the scheduler looks at the running rank

@@ -214,7 +214,8 @@ class RankTracker(TorchDispatchMode):
     @contextlib.contextmanager
     def refusing(self, prefixes: tuple[str, ...], error: Callable[[str], Exception]) -> Iterator[None]:
         """While it lasts, an op whose name starts with one of `prefixes` raises error(its name) instead of running
-        (a puzzle's refused kernels, lib.contract). Checked here rather than by a dispatch mode of its own: a second
+        (a puzzle's refused kernels, lib.checker.contract). Checked here rather than by a dispatch mode of its own: a
+        second
         Python mode on the stack costs every op a second trip through Python."""
         rule = (prefixes, error)
         self._refusals.append(rule)
@@ -301,7 +302,7 @@ class RankTracker(TorchDispatchMode):
     def check_write(self, storage, func) -> None:
         """Share-nothing for a write that bypasses the dispatcher (a storage resized in place)."""
         if self._ownership is not None:
-            from lib.sim.boundary import untracked
+            from lib.guard.boundary import untracked
             probe = torch.empty(0, dtype=torch.uint8)
             with untracked():
                 probe.set_(storage)

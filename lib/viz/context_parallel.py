@@ -1,6 +1,6 @@
 """Pictures for notebook 08: attention's score matrix in tiles, K/V blocks going round the ring, a ring step's
 compute against its transfer, the causal work of each rank under the contiguous and the zigzag splits, and an
-explorer of memory and time per rank. Every number comes from lib.context_parallel and lib.sim.cost.
+explorer of memory and time per rank. Every number comes from lib.analytic.context_parallel and lib.sim.cost.
 """
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lib.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory, ring_or_ulysses,
-                                  ring_time, scores_bytes, ulysses_fits, ulysses_time, with_links)
+from lib.analytic.context_parallel import (LINKS, Shard, block_times, min_tokens_to_overlap, ring_memory,
+                                           ring_or_ulysses, ring_time, scores_bytes, ulysses_fits, ulysses_time,
+                                           with_links)
 from lib.sim.cost import CostModel
 from lib.units import fmt_bytes, fmt_time
 from lib.viz.widgets import live_box, slider_options

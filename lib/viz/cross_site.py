@@ -1,12 +1,13 @@
 """Pictures for notebook 09: one round of H steps of data parallelism, int8-compressed data parallelism and
-DiLoCo across two datacenters, and an explorer of step time and tokens/s. Every number comes from lib.cross_site.
+DiLoCo across two datacenters, and an explorer of step time and tokens/s. Every number comes from
+lib.analytic.cross_site.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lib.cross_site import INT8_RATIO, Workload, shard_bounds, step_times
+from lib.analytic.cross_site import INT8_RATIO, Workload, shard_bounds, step_times
 from lib.sim.cost import CostModel
 from lib.units import fmt_rate, fmt_time
 from lib.viz.widgets import live_box, slider_options
@@ -120,8 +121,9 @@ def reshard_figure(total: int = 25, saved_on: int = 4, world: int = 3):
 
 
 def failure_figure(world: int = 4, dead: int = 2, every: int = 3, fails_after: int = 7, steps: int = 10):
-    """Training steps per rank (blue), checkpoints every `every` steps (|), rank `dead` failing after step
-    `fails_after` (✗), and the survivors going back to the last checkpoint and doing its steps again (orange)."""
+    """Training steps per rank (blue), checkpoints every `every` steps (|), rank `dead` failing after `fails_after`
+    steps (✗), and the survivors going back to the last checkpoint and doing its steps again (orange); steps are
+    numbered from 0, as the puzzle's grads(step)."""
     import matplotlib.pyplot as plt
 
     from lib.viz.contrast import text_colour
@@ -135,15 +137,15 @@ def failure_figure(world: int = 4, dead: int = 2, every: int = 3, fails_after: i
             continue
         ax.barh(rank, fails_after, color=COMPUTE, edgecolor="white")
         ax.barh(rank, steps - last, left=fails_after, color=WAN, edgecolor="white")
-        ax.text(fails_after + (steps - last) / 2, rank, f"steps {last + 1}-{steps}, from the checkpoint",
+        ax.text(fails_after + (steps - last) / 2, rank, f"steps {last}-{steps - 1}, from the checkpoint",
                 ha="center", va="center", fontsize=8, color=text_colour(WAN))
     for c in range(every, steps + 1, every):
         ax.axvline(c if c <= fails_after else c + fails_after - last, color="black", linewidth=0.8,
                    linestyle=":" if c > fails_after else "-")
     ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
     ax.invert_yaxis()
-    ax.set_xlabel("steps, in time order (lines: checkpoints)")
-    ax.set_title(f"rank {dead} fails after step {fails_after}: the survivors regroup, reload the checkpoint of step "
-                 f"{last} and train on {world - 1} ranks", fontsize=9)
+    ax.set_xlabel("steps done, in time order (lines: checkpoints); steps count from 0, as grads(step) does")
+    ax.set_title(f"rank {dead} fails after step {fails_after - 1}: the survivors regroup, reload the checkpoint taken "
+                 f"after step {last - 1} and train on {world - 1} ranks", fontsize=9)
     plt.close(fig)
     return fig

@@ -1,6 +1,6 @@
 """Where the memory of training goes, per device: model states (ZeRO) plus activations (Korthikanti et al.).
 
-Every byte here comes from `lib.formulas`; this module only picks the arguments, adds up and draws.
+Every byte here comes from `lib.analytic.formulas`; this module only picks the arguments, adds up and draws.
 Bytes in GiB (lib.units): the ZeRO paper's "120GB" for 16 bytes × 7.5e9 parameters is decimal, 111.76 GiB.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from lib.formulas import RECOMPUTE, ZERO_STAGES, activation_bytes_per_layer, model_state_breakdown
+from lib.analytic.formulas import RECOMPUTE, ZERO_STAGES, activation_bytes_per_layer, model_state_breakdown
 from lib.units import fmt_bytes
 from lib.viz.widgets import live_box, slider_options
 
@@ -46,7 +46,7 @@ PRESETS = {m.name: m for m in (
     Model("GPT-3 175B", 175e9, 96, 12288, 96),
 )}
 
-# Optimizer bytes per parameter K on top of 16-bit weights and gradients (lib.formulas' 2 + 2 + K form).
+# Optimizer bytes per parameter K on top of 16-bit weights and gradients (lib.analytic.formulas' 2 + 2 + K form).
 PRECISIONS = {
     "mixed-precision Adam (fp32 master, m, v): 2+2+12 B/param": 12,
     "bf16 Adam, fp32 m and v, no master copy: 2+2+8 B/param": 8,

@@ -1,5 +1,5 @@
 """Notebook 07's pictures: tokens per expert against capacity, the load-balancing loss against skew, the
-all-to-all's traffic between expert-parallel ranks, and the routing explorer. Counts come from lib.moe."""
+all-to-all's traffic between expert-parallel ranks, and the routing explorer. Counts come from lib.analytic.moe."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lib.moe import capacity, dispatch_counts, routing, skewed_logits
+from lib.analytic.moe import capacity, dispatch_counts, routing, skewed_logits
 from lib.units import fmt_bytes
 from lib.viz.widgets import live_box, slider_options
 

@@ -1,12 +1,13 @@
-"""Pipeline schedules drawn: the timeline of lib.schedules' model, and a widget to explore it."""
+"""Pipeline schedules drawn: the timeline of lib.analytic.schedules' model, and a widget to explore it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lib.formulas import bubble_fraction, zero_bubble_h1_bubble
-from lib.schedules import LABELS, SCHEDULES, ScheduleError, Slot, bubble_of, peak_in_flight, play, schedule_orders
+from lib.analytic.formulas import bubble_fraction, zero_bubble_h1_bubble
+from lib.analytic.schedules import (LABELS, SCHEDULES, ScheduleError, Slot, bubble_of, peak_in_flight, play,
+                                    schedule_orders)
 
 COLOURS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452"}
 
@@ -20,10 +21,12 @@ def schedule_figure(slots: list[Slot], p: int, title: str = "", v: int = 1):
 
     end = max(s.end for s in slots)
     fig, ax = plt.subplots(figsize=(11, 0.5 * p + 1.3))
+    def shaded(kind: str, chunk: int) -> tuple:             # chunk 0 in the kind's colour, later chunks lighter
+        shade = 0.45 * chunk / max(v - 1, 1)
+        return tuple(c + (1 - c) * shade for c in to_rgb(COLOURS[kind]))
+
     for s in slots:
-        base = to_rgb(COLOURS[s.step.kind])
-        shade = 0.45 * s.step.chunk / max(v - 1, 1)
-        colour = tuple(c + (1 - c) * shade for c in base)
+        colour = shaded(s.step.kind, s.step.chunk)
         y = p - 1 - s.rank
         ax.broken_barh([(s.start, s.end - s.start)], (y + 0.1, 0.8), facecolors=colour, edgecolor="white",
                        linewidth=0.6)
@@ -37,7 +40,9 @@ def schedule_figure(slots: list[Slot], p: int, title: str = "", v: int = 1):
     ax.set_xlabel("time (units of one micro-batch's forward through one rank's layers); white: the bubble")
     kinds = sorted({s.step.kind for s in slots}, key="FBW".index)
     names = {"F": "forward", "B": "backward" if "W" not in kinds else "input gradient", "W": "weight gradient"}
-    ax.legend(handles=[Patch(color=COLOURS[k], label=names[k]) for k in kinds], loc="upper left",
+    chunks = range(v) if v > 1 else [0]
+    ax.legend(handles=[Patch(color=shaded(k, c), label=names[k] + (f", chunk {c}" if v > 1 else ""))
+                       for k in kinds for c in chunks], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
     if title:
         ax.set_title(title)

@@ -136,10 +136,10 @@ def _tp_items(kind: str) -> tuple[list, str]:
                        Op("attn", "a/N heads\nper rank"), Box("", "[s, b, h/N]", "cols"),
                        Box("proj", "[h, h/N]\nrow-parallel", "cols", 1.2, 0.8), g, Box("Y", "[s, b, h]")],
                       "attention split by heads: column-parallel qkv (whole heads per rank), row-parallel proj"),
-        "sequence": ([Box("$X_r$", "[s/N, b, h]\nthis rank's tokens", "rows"), Op("LN"), Op("AG", AG_NOTE, comm=True),
+        "sequence": ([Box("X", "[s, b, h] by token:\nrank r has s/N", "rows"), Op("LN"), Op("AG", AG_NOTE, comm=True),
                       Box("fc1", "column-parallel", "rows", 0.8, 1.2), Op("GeLU"),
                       Box("fc2", "row-parallel", "cols", 1.2, 0.8), Op("RS", RS_NOTE, comm=True),
-                      Box("+ $X_r$", "[s/N, b, h]", "rows")],
+                      Box("+ X", "[s/N, b, h]\non each rank", "rows")],
                      "sequence parallelism: LayerNorm and residual on this rank's tokens; "
                      "AG replaces f, RS replaces g"),
         "vocab": ([Box("tokens", "[s, b]"), Box("$E_r$", "[V/N, h]\nembedding rows", "rows", 0.8, 1.2),

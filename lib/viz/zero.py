@@ -1,11 +1,11 @@
-"""The ZeRO stage explorer: memory per device and communication per step, from lib.formulas only."""
+"""The ZeRO stage explorer: memory per device and communication per step, from lib.analytic.formulas only."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from lib.formulas import ZERO_STAGES, model_state_breakdown
+from lib.analytic.formulas import ZERO_STAGES, model_state_breakdown
 from lib.sim.cost import bus_factor
 from lib.units import byte_unit, fmt_bytes
 from lib.viz.widgets import RANKS, live_box, slider_options
@@ -74,7 +74,8 @@ def zero_explorer(n_params: float = 7.5e9, dp: int = 64, stage: int = 3):
 
 # ---- the picture before each ZeRO puzzle: what each rank holds ---------------------------------------------
 HOLDS = ("weights", "gradients", "optimizer")
-HOLD_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "Adam m, v\n(+ fp32 copy)"}
+# The puzzles train in float64 and keep no master copy; mixed precision would add an fp32 copy of the weights here.
+HOLD_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "Adam m, v"}
 
 
 def zero_ranks_figure(stage: int, ranks: int = 4, offload: bool = False, prefetch: bool = False):

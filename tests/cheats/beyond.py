@@ -5,7 +5,7 @@ import torch
 
 import puzzles.beyond as P
 import solutions.beyond as S
-from lib.cross_site import shard_bounds
+from lib.analytic.cross_site import shard_bounds
 from lib.sim import PerRank
 from puzzles.zero import adam_update
 from tests.cheats.common import everywhere
@@ -144,7 +144,7 @@ def survive_reading_every_gradient_behind_grads(dist, files, grads, every, lr):
 def _every_ranks_argument(position: int) -> list:
     """Every rank's value of an argument, read from the simulator's own frame below the function (the originals each
     rank's copy is made from), reached from a caught exception's frame (sys._getframe is refused to a rank, and so is
-    tb_frame now: lib.sim.audit)."""
+    tb_frame now: lib.guard.audit)."""
     try:
         raise LookupError
     except LookupError as e:

@@ -9,8 +9,8 @@ import threading
 
 import torch
 
-import lib.offlimits
-import lib.sim.boundary
+import lib.guard.offlimits
+import lib.guard.boundary
 import lib.sim.context
 
 ANSWER_KEY = "case was being built inside the function under check"
@@ -115,8 +115,8 @@ def watch_off_and_back_on(solution):
     contextlib.ExitStack callback, so that the check finds it in place at the end."""
     def cheat(*args):
         with contextlib.ExitStack() as stack:
-            stack.callback(lib.offlimits._SETPROFILE, lib.offlimits._GETPROFILE())
-            lib.offlimits._SETPROFILE(None)
+            stack.callback(lib.guard.offlimits._SETPROFILE, lib.guard.offlimits._GETPROFILE())
+            lib.guard.offlimits._SETPROFILE(None)
             return solution(*args)
     cheat.__name__ = f"{solution.__name__}_with_the_watch_off"
     return cheat
@@ -125,7 +125,7 @@ def watch_off_and_back_on(solution):
 def untracked_work(solution):
     """The reference solution inside the engine's own untracked() block, where no op is counted."""
     def cheat(*args):
-        with lib.sim.boundary.untracked():
+        with lib.guard.boundary.untracked():
             return solution(*args)
     cheat.__name__ = f"{solution.__name__}_untracked"
     return cheat
@@ -144,7 +144,7 @@ def state_of_its_thread(solution):
 
 LEFT_THE_RANK = "dismiss a rank's thread"
 HANDLES = ("current_tracker()", "current_runtime()")
-WATCH = ("lib.offlimits._SETPROFILE", "sys.setprofile")
+WATCH = ("lib.guard.offlimits._SETPROFILE", "sys.setprofile")
 SLOT = ("SimDist._engine", "no attribute '_engine'")      # dist itself, or a check's wrapper around it
 
 

@@ -7,7 +7,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import lib
-import lib.formulas
+import lib.analytic.formulas
 import puzzles.memory as P
 import solutions.memory as S
 from tests.cheats.common import everywhere, under_identity_hooks
@@ -58,13 +58,13 @@ def adam_with_the_model_on_the_host(model, batches, lr):
     return model
 
 
-_FORMULAS = dict(vars(lib.formulas))
-_STATE_BYTES_SOURCE = inspect.getsource(lib.formulas.model_state_bytes).replace("def model_state_bytes(",
+_FORMULAS = dict(vars(lib.analytic.formulas))
+_STATE_BYTES_SOURCE = inspect.getsource(lib.analytic.formulas.model_state_bytes).replace("def model_state_bytes(",
                                                                               "def state_bytes(")
 
 
 def training_state_by_a_copy_of_the_formula(config):
-    """lib.formulas.model_state_bytes, exec'd from its source under another name inside the check."""
+    """lib.analytic.formulas.model_state_bytes, exec'd from its source under another name inside the check."""
     namespace = dict(_FORMULAS)
     exec(_STATE_BYTES_SOURCE, namespace)
     return namespace["state_bytes"](S.count_parameters(config))
@@ -86,6 +86,8 @@ CHEATS = [c for c in everywhere(P) if c[0] in TRAINING] + [
     ("accumulated_step", _on_the_host(S.accumulated_step), "peak host memory"),
     ("accumulated_step", under_identity_hooks(plain_accumulation), "peak memory"),
     ("offloaded_adam_train", adam_with_the_model_on_the_host, "FLOPs computed in host memory"),
-    ("training_state_bytes", training_state_by_a_copy_of_the_formula, "this puzzle puts lib.formulas (state_bytes)"),
-    ("training_state_bytes", training_state_by_a_copy_made_before, "this puzzle puts lib.formulas (state_bytes)"),
+    ("training_state_bytes", training_state_by_a_copy_of_the_formula,
+     "this puzzle puts lib.analytic.formulas (state_bytes)"),
+    ("training_state_bytes", training_state_by_a_copy_made_before,
+     "this puzzle puts lib.analytic.formulas (state_bytes)"),
 ]

@@ -4,15 +4,15 @@ import inspect
 
 import torch
 
-import lib.formulas
+import lib.analytic.formulas
 import puzzles.moe as P
 from solutions.moe import top_k_route
 from tests.cheats.common import everywhere
 
 
 def route_by_the_course_arithmetic(logits, k, capacity_factor):
-    """The capacity looked up in lib.moe, which the figures use, instead of derived."""
-    from lib.moe import capacity
+    """The capacity looked up in lib.analytic.moe, which the figures use, instead of derived."""
+    from lib.analytic.moe import capacity
 
     tokens, weights = top_k_route(logits, k, capacity_factor)
     capacity(logits.shape[0], logits.shape[1], k, capacity_factor)
@@ -135,8 +135,8 @@ def capacity_by_the_reference(logits, k, max_dropped):
 
 
 def route_with_the_formula_librarys_capacity(logits, k, capacity_factor):
-    """The capacity from lib.formulas.expert_capacity, the routing done by hand."""
-    lib.formulas.expert_capacity(logits.shape[0] * k, logits.shape[1], capacity_factor)
+    """The capacity from lib.analytic.formulas.expert_capacity, the routing done by hand."""
+    lib.analytic.formulas.expert_capacity(logits.shape[0] * k, logits.shape[1], capacity_factor)
     return top_k_route(logits, k, capacity_factor)
 
 
@@ -154,7 +154,7 @@ def route_by_a_copy_of_the_reference(logits, k, capacity_factor):
 ANSWER_KEY = "computes the expected answer of a puzzle's check"
 
 CHEATS = everywhere(P) + [
-    ("top_k_route", route_by_the_course_arithmetic, "lib.moe"),
+    ("top_k_route", route_by_the_course_arithmetic, "lib.analytic.moe"),
     ("moe_layer", moe_by_moving_the_experts, "moved the experts' weights instead of the tokens"),
     ("moe_layer", moe_by_moving_the_experts_padded, "moved the experts' weights instead of the tokens"),
     ("moe_layer_backward", moe_backward_by_moving_the_experts, "moved the experts' weights instead of the tokens"),
@@ -162,6 +162,6 @@ CHEATS = everywhere(P) + [
     ("top_k_route", route_by_the_reference, "called puzzles.moe.route_reference"),
     ("router_losses", losses_by_the_reference, "called puzzles.moe.losses_reference"),
     ("smallest_capacity", capacity_by_the_reference, "called puzzles.moe.capacity_reference"),
-    ("top_k_route", route_with_the_formula_librarys_capacity, "called lib.formulas.expert_capacity"),
+    ("top_k_route", route_with_the_formula_librarys_capacity, "called lib.analytic.formulas.expert_capacity"),
     ("top_k_route", route_by_a_copy_of_the_reference, "ran a copy of puzzles.moe.route_reference"),
 ]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import lib
 import puzzles.three_d as P
 import solutions.three_d as S
-from lib.devices import device_mesh
+from lib.real.backends import device_mesh
 from lib.planner import H100_80GB, Cluster, PlanError, estimate, memory_breakdown
 from lib.sim.mesh import answer_key_refused, coordinates, mesh_groups
 from lib.viz.planner import plan_figure

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import solutions.beyond as S
-from lib.cross_site import shard_bounds
+from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import dequantize, quantize
 from puzzles.zero import adam_update
 from tests.mistakes import Attempt

@@ -257,7 +257,7 @@ def offload_updating_a_host_copy(model, batches, lr):
 
 
 # The words of a diagnosis (not of the puzzle's hints, which name every piece): a formula's term left out
-# (lib.terms), a gradient that is None.
+# (lib.checker.terms), a gradient that is None.
 POSITIONS_LEFT_OUT = "the position embedding (s × h) left out"
 # The token embedding and an untied head are both V × h: a diagnosis by the amount cannot tell which is missing.
 V_BY_H_LEFT_OUT = "(V × h) left out"

@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lib.cross_site import shard_bounds
+from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import dequantize, quantize
 from puzzles.zero import adam_update
 from solutions.beyond import reshard_checkpoint

@@ -47,17 +47,17 @@ def params_after_switching_the_watch_off(config):
 
 
 def state_bytes_from_the_formula(config):
-    from lib.formulas import model_state_bytes
+    from lib.analytic.formulas import model_state_bytes
     return model_state_bytes(S.count_parameters(config))
 
 
 def activation_bytes_from_the_formula(s, b, h, a):
-    from lib.formulas import activation_bytes_per_layer
+    from lib.analytic.formulas import activation_bytes_per_layer
     return activation_bytes_per_layer(s, b, h, a)
 
 
 def activation_bytes_measured_on_a_fresh_block(s, b, h, a):
-    from lib.measure import saved_activation_bytes
+    from lib.checker.measure import saved_activation_bytes
     from lib.models import Block, GPTConfig
     block = Block(GPTConfig(seq=s, hidden=h, heads=a, dropout=0.1)).to(torch.bfloat16)
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
@@ -183,8 +183,8 @@ WRONG = [
     ("count_parameters", params_by_building_it_on_the_meta_device, "building a module (TinyGPT(...))"),
     ("count_parameters", params_from_the_planner, "lib.planner"),
     ("count_parameters", params_after_switching_the_watch_off, "sys.setprofile"),
-    ("training_state_bytes", state_bytes_from_the_formula, "lib.formulas (model_state_bytes)"),
-    ("layer_activation_bytes", activation_bytes_from_the_formula, "lib.formulas (activation_bytes_per_layer)"),
+    ("training_state_bytes", state_bytes_from_the_formula, "lib.analytic.formulas (model_state_bytes)"),
+    ("layer_activation_bytes", activation_bytes_from_the_formula, "lib.analytic.formulas (activation_bytes_per_layer)"),
     ("layer_activation_bytes", activation_bytes_measured_on_a_fresh_block, "derive it from the configuration"),
     ("training_state_bytes", state_bytes_without_master_copy, "expected"),
     ("layer_activation_bytes", activation_bytes_without_attention_scores, "expected"),

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import solutions.three_d as S
-from lib.devices import device_mesh
-from lib.formulas import activation_bytes_per_layer, model_state_bytes
+from lib.real.backends import device_mesh
+from lib.analytic.formulas import activation_bytes_per_layer, model_state_bytes
 from lib.planner import Plan, PlanError, best_plan, estimate
 from puzzles.parallel_gpt import tp_reduce
 

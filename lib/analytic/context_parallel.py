@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lib.formulas import activation_bytes_per_layer
+from lib.analytic.formulas import activation_bytes_per_layer
 from lib.sim.cost import CostModel
 from lib.units import fmt_time
 

@@ -3,7 +3,8 @@
 Two refusals, both by code object (a function is known by its code, and a copy of that code run under another name
 by its fingerprint: its bytecode, names and constants, docstring included):
 - a puzzle's answer keys, for every puzzle: what computes its expected answers, found in the case builder's code (the
-  functions of its own package it calls, and theirs), and every formula of lib.formulas but the tools a notebook hands
+  functions of its own package it calls, and theirs), and every formula of lib.analytic.formulas but the tools a
+  notebook hands
   its learners (`tool`). Each is guarded once, at the first case built: called by a simulated rank's own code, it
   stops the run; called by the check's or a puzzle's code, or outside a rank, it is what it always was. The guard
   costs a rank nothing until it calls one.
@@ -12,8 +13,8 @@ by its fingerprint: its bytecode, names and constants, docstring included):
   the helpers of its own module a named function calls. A C function (numpy's) is seen when Python calls it;
   numpy's public ones run a Python dispatcher first (which arguments may override them), and that call is the one
   seen. The hook costs every call a look, so only the puzzles that name something (predictions, on tiny cases) pay.
-Inside a simulated rank neither refusal can be caught or lifted: the run stops (lib.sim.boundary), and only the
-engine may set or unset a profiler there (lib.sim.audit).
+Inside a simulated rank neither refusal can be caught or lifted: the run stops (lib.guard.boundary), and only the
+engine may set or unset a profiler there (lib.guard.audit).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 
 from lib.errors import PuzzleError
-from lib.places import COURSE, LIBRARIES
-from lib.sim import audit
-from lib.sim.audit import caller_file
-from lib.sim.boundary import EngineHandle, fail_run
+from lib.whose_code import COURSE, LIBRARIES
+from lib.guard import audit
+from lib.guard.audit import caller_file
+from lib.guard.boundary import EngineHandle, fail_run
 from lib.sim.context import current_rank
 from lib.sim.errors import OutOfView
 from lib.sim.ownership import learner_line
@@ -43,7 +44,7 @@ from lib.sim.ownership import learner_line
 # What a prediction puzzle may not call: building any module (nn.Module.__init__, also on the meta device) and
 # the library's own formulas, measurements and planner, which hold the answers.
 MODULE_INIT = torch.nn.Module.__init__
-FORMULAS = "lib.formulas"                 # the course's formulas: each answers some prediction
+FORMULAS = "lib.analytic.formulas"                 # the course's formulas: each answers some prediction
 _SETPROFILE, _GETPROFILE = sys.setprofile, sys.getprofile       # the originals, before a watch refuses them
 
 
@@ -126,7 +127,7 @@ def _code_of(fn: FunctionType) -> CodeType:
 
 
 def _package_dir(module_name: str) -> tuple[str, ...]:
-    """The directory of `module_name`'s top-level package, as lib.places writes directories (or the module's file,
+    """The directory of `module_name`'s top-level package, as lib.whose_code writes directories (or the module's file,
     for a module of no package; nothing, for a notebook's)."""
     top = sys.modules.get(module_name.partition(".")[0])
     file = getattr(top, "__file__", None)
@@ -215,7 +216,8 @@ def _called_by_the_rank() -> bool:
 
 
 def refuse_copies(code: CodeType) -> None:
-    """Inside a simulated rank, code about to run by `exec` (lib.sim.audit.watch_exec): stop the run if it holds a copy
+    """Inside a simulated rank, code about to run by `exec` (lib.guard.audit.watch_exec): stop the run if it holds a
+    copy
     of an answer key (inspect.getsource of one, exec'd under another name)."""
     for inner in _codes(code):
         label = _COPIES.get(_fingerprint(inner)) if _distinctive(inner) else None
@@ -380,7 +382,7 @@ def watching(targets: Mapping[str, Any], advice: str) -> Iterator[None]:
 
     # The hooks' setters and sys.getprofile are refused meanwhile: without the watch's own function, a setter
     # saved earlier can switch it off but not back on, which the end of the block notices (inside a simulated rank
-    # no code but the engine's may set or unset a profiler at all: lib.sim.audit).
+    # no code but the engine's may set or unset a profiler at all: lib.guard.audit).
     get = sys.getprofile
     saved = get(), sys.setprofile, sys.settrace, threading.setprofile, threading.settrace
     sys.setprofile(profile)

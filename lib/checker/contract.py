@@ -1,8 +1,9 @@
 """Rules on how an answer runs, beyond its numbers: who it sends to, how evenly the ranks share the work, how much
 it computes and waits.
 
-Each rule is a lib.check.Contract, judged by every Puzzle after the comparison (`Case.contracts`). The kernels an
-answer may not call are a ban, not a rule on the run: Puzzle(refuse=...), lib.kernels.
+Each rule is a lib.checker.puzzle.Contract, judged by every Puzzle after the comparison (`Case.contracts`). The
+kernels an
+answer may not call are a ban, not a rule on the run: Puzzle(refuse=...), lib.checker.kernels.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 
-from lib.check import Contract
+from lib.checker.puzzle import Contract
 from lib.sim import SimResult
 from lib.units import fmt_bytes, fmt_time
 

@@ -13,7 +13,7 @@ How a tensor is marked, from how it was made:
   (device=x.device, a mesh's device type), or first seen without a known origin (torch's internals).
 One-element tensors of no dimension mix freely, as CPU scalars do with GPU tensors. Ops that legitimately
 cross (copies, indexing with host indices) are not flagged. What the watch cannot see: a mesh or a process
-group on the wrong device type (here both sides are the CPU; lib.devices.mesh_device_type is tested apart).
+group on the wrong device type (here both sides are the CPU; lib.real.backends.mesh_device_type is tested apart).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ simulator's own frames, which hold every rank's inputs and the rank's meters, an
 object of the process. Python's library reading frames for itself (logging, typing, `traceback.format_exc()`) still
 may. A file only the engine, the import system and the library reading source lines (linecache) may open: what goes
 through a file is neither counted nor sent. A tracer or profiler only the engine may set, whoever asks (its watch,
-lib.offlimits), and no process may start; code a rank runs by `exec` is shown to the watchers that ask (lib.offlimits:
+lib.guard.offlimits), and no process may start; code a rank runs by `exec` is shown to the watchers that ask
+(lib.guard.offlimits:
 a copy of an answer key). Anywhere, the learner's code may not compile code under the file name of the engine's, the
 problem set's or a library's: that code would pass for theirs, in a run to come too.
 
@@ -33,7 +34,7 @@ import traceback
 from types import CodeType, FrameType, MappingProxyType   # the rules read-only: a notebook cannot clear them
 from typing import Callable, Optional
 
-from lib.places import COURSE, ENGINE, LIBRARIES
+from lib.whose_code import COURSE, ENGINE, LIBRARIES
 from lib.sim.context import current_rank
 from lib.sim.errors import OutOfView
 
@@ -49,7 +50,8 @@ _TRACING = ("a profiler or tracer is handed every frame, the simulator's own too
 _PROCESSES = ("work in another process runs outside the simulator's view, so its time, FLOPs and memory would not "
               "count.\nHint: compute in your function itself, with torch's ordinary ops.")
 # event -> (code that may raise it for a rank: the engine's only, Python's library's too, or nobody's; why not the
-# learner's). Only the engine may set a tracer or profiler (its watch, lib.offlimits), whoever asks: Python's library
+# learner's). Only the engine may set a tracer or profiler (its watch, lib.guard.offlimits), whoever asks: Python's
+# library
 # would hand the learner's own (contextlib's callbacks, pdb) every frame just the same.
 _EVENTS = MappingProxyType({"gc.get_objects": (ENGINE, _PEEKING), "gc.get_referrers": (ENGINE, _PEEKING),
            "gc.get_referents": (ENGINE, _PEEKING), "sys._current_frames": (ENGINE, _PEEKING),
@@ -182,7 +184,7 @@ def _disguised(filename: str) -> None:
 
 
 def _refuse(what: str, why: str, who: Optional[str] = None) -> None:
-    from lib.sim.boundary import fail_run
+    from lib.guard.boundary import fail_run
     from lib.sim.ownership import learner_line
     fail_run(OutOfView(f"{f'rank {current_rank()} ' if who is None else who}{what}{learner_line()}: {why}"))
 
@@ -198,7 +200,8 @@ _exec_watchers: list[Callable[[CodeType], None]] = []
 
 
 def watch_exec(watcher: Callable[[CodeType], None]) -> None:
-    """Have `watcher(code)` see the code a simulated rank is about to run by exec (lib.offlimits: a copy of an answer
+    """Have `watcher(code)` see the code a simulated rank is about to run by exec (lib.guard.offlimits: a copy of an
+    answer
     key, run under another name, stops the run)."""
     if watcher not in _exec_watchers:
         _exec_watchers.append(watcher)

@@ -19,7 +19,7 @@ from lib.diagnose.leaves import arguments, given, mine
 from lib.diagnose.moments import first_raising_step
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
-from lib.places import COURSE, ENGINE, LIBRARIES
+from lib.whose_code import COURSE, ENGINE, LIBRARIES
 
 # Errors whose cause does not depend on shapes: (words in torch's message, what it means in this course).
 _MEANINGS = (

@@ -14,9 +14,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from lib.check import Puzzle
+from lib.checker.puzzle import Puzzle
 from lib.errors import PuzzleError
-from lib.measure import saved_activation_bytes
+from lib.checker.measure import saved_activation_bytes
 from lib.sim.context import current_runtime, current_tracker
 from lib.units import fmt_bytes
 

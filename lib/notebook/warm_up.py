@@ -7,7 +7,8 @@ with `import_ahead`.
 Matplotlib does the same with a kernel's first figure (its font cache and fonts loaded, the Agg renderer and the
 PNG encoder imported): `draw_ahead` draws and renders a throwaway figure.
 
-In a notebook kernel (`in_kernel`, from lib.check) none of this delays the notebook's first answer, the first check
+In a notebook kernel (`in_kernel`, from lib.checker.puzzle) none of this delays the notebook's first answer, the first
+check
 cell's, which with the shipped stub is "not solved yet" and needs none of it. When the cell that gave the first
 answer has finished, a thread imports torch's modules while the learner reads and writes, then the kernel draws the
 throwaway figure when it is next idle, on its own thread (matplotlib keeps its fonts per

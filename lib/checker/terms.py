@@ -167,6 +167,8 @@ def amount(x: float, unit: str) -> str:
     if unit == "s":
         return fmt_time(x)
     shown = f"{x:,.0f}" if float(x).is_integer() else f"{x:,.6g}"
+    if abs(x) == 1 and len(unit) > 1 and unit.endswith("s"):
+        unit = unit[:-1]                                   # 1 step, 1 parameter: never "1 steps short"
     return f"{shown} {unit}".strip()
 
 

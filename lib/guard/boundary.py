@@ -4,12 +4,13 @@ lasts.
 Nothing here changes the process at import. `guarding()` puts every patch of `_table()` in place when a run starts and
 puts each attribute back as it was when the run ends (lib.sim.runtime); outside a run `torch.save`, `Tensor.numpy`,
 `threading.Thread.start` and the rest are torch's and Python's own. What stays, and why:
-- Python's audit hook (lib.sim.audit), added when lib.sim is imported: Python cannot remove one. Outside a rank it
+- Python's audit hook (lib.guard.audit), added when lib.sim is imported: Python cannot remove one. Outside a rank it
   looks only at code compiled under the engine's or a library's file name (such code, compiled before a run, would
   pass for the engine's inside one); every other event returns at once.
 - A run whose rank's thread could not be stopped leaves its patches in place after the run: that thread still runs
   the rank's code. The next run to end after that thread has ended puts them back.
-- A puzzle's answer keys, guarded in place at its first case (lib.offlimits): outside a rank they are what they were.
+- A puzzle's answer keys, guarded in place at its first case (lib.guard.offlimits): outside a rank they are what they
+were.
 A function's original kept from outside a run (a default argument, an alias taken before the run) is the original:
 the doors Python's own C code announces (files, frames, the collector, tracers, processes) are the audit hook's,
 refused however they are reached; the rest are patches of attributes, as before.
@@ -28,7 +29,7 @@ Inside a simulated rank:
   saved-tensor hooks entered inside the check's own measuring hooks are composed with them, not hiding from them;
 - the dispatch-mode stack is refused: the rank's own meters (its tracker: peak memory, FLOPs) live there; the
   frames below the learner's function, other threads' frames and the garbage collector's objects, where the check's
-  cases and the other ranks' inputs live, are the audit hook's (lib.sim.audit), and so are files: what goes through
+  cases and the other ranks' inputs live, are the audit hook's (lib.guard.audit), and so are files: what goes through
   a file is neither counted nor sent;
 - `.tolist()` of a tensor another rank made, or of the run's originals, is refused as any op reading it is;
 - the engine's own objects: the private names of its modules (the originals these patches keep, the ranks'
@@ -51,10 +52,10 @@ import torch
 import torch.autograd.graph
 import torch.utils._python_dispatch as python_dispatch
 
-from lib.sim.audit import caller_file
+from lib.guard.audit import caller_file
 from lib.sim.context import current_rank, current_runtime, current_tracker
 from lib.sim.errors import OutOfView
-from lib.places import ENGINE
+from lib.whose_code import ENGINE
 from lib.sim.tracker import LIST_SLOT_BYTES, PYTHON_NUMBER_BYTES
 
 _OUT_OF_VIEW = ("The simulator measures a rank's memory in torch tensors; bytes moved into numpy arrays, "
@@ -93,7 +94,8 @@ def untracked():
     rank's own code, whose work it would hide."""
     if current_rank() is not None and _from_learner():
         from lib.sim.ownership import learner_line
-        fail_run(OutOfView(f"rank {current_rank()} called lib.sim.boundary.untracked() (switching off the simulator's "
+        fail_run(OutOfView(f"rank {current_rank()} called lib.guard.boundary.untracked() "
+                           "(switching off the simulator's "
                         f"tracking of ops){learner_line()}: {_HIDDEN_WORK}"))
     return _DISABLE_TORCH_DISPATCH()
 
@@ -169,7 +171,7 @@ class EngineHandle(metaclass=_HandleClass):
 
 
 class _EngineModule(types.ModuleType):
-    """A module of the engine: its private names (the originals of what lib.sim.boundary guards, the ranks' registry,
+    """A module of the engine: its private names (the originals of what lib.guard.boundary guards, the ranks' registry,
     the refusals' state) and its __dict__ are refused to a rank's code, as an engine handle's private attributes are."""
 
     def __getattribute__(self, name: str):
@@ -365,7 +367,7 @@ class _Installed:
     def enter(self) -> None:
         with self.lock:
             if self.saved and self.runs == 0 and not self.left_running:
-                raise OutOfView("the simulator's record of its guards was changed between runs (lib.sim.boundary's "
+                raise OutOfView("the simulator's record of its guards was changed between runs (lib.guard.boundary's "
                                 "_INSTALLED): its guards would stay off. Restart the kernel and run the notebook "
                                 "from the top.")
             if not self.saved:

@@ -2,17 +2,17 @@
 
 One node, one rank per GPU (`--standalone` picks the rendezvous; `--master-port=0` hangs):
 
-    torchrun --standalone --nproc-per-node 8 -m lib.torchrun MODULE:FUNCTION [ARG ...]
+    torchrun --standalone --nproc-per-node 8 -m lib.real.torchrun MODULE:FUNCTION [ARG ...]
 
 Several nodes (run the same command on each; HOST:PORT is reachable from all of them):
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-id myrun --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        -m lib.torchrun MODULE:FUNCTION [ARG ...]
+        -m lib.real.torchrun MODULE:FUNCTION [ARG ...]
 
 To run a puzzle's real check on a function (the same comparison as the notebook's real cell,
 against the single-device reference and PyTorch's own implementation), name the puzzle first:
 
-    torchrun --standalone --nproc-per-node 4 -m lib.torchrun --check puzzles.data_parallel:ring_all_reduce \
+    torchrun --standalone --nproc-per-node 4 -m lib.real.torchrun --check puzzles.data_parallel:ring_all_reduce \
         solutions.data_parallel:ring_all_reduce
 
 Each rank prints `[rank r] ✓ ...` or what differs, and exits non-zero on a difference.
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from lib.devices import nccl_shortfall, visible_gpus
+from lib.real.backends import nccl_shortfall, visible_gpus
 
 
 def load(target: str) -> Callable[..., Any]:
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> None:
     puzzle = None
     if argv[0] == "--check":
         if len(argv) < 3:
-            raise SystemExit("usage: -m lib.torchrun --check PUZZLE_MODULE:PUZZLE FUNCTION_MODULE:FUNCTION")
+            raise SystemExit("usage: -m lib.real.torchrun --check PUZZLE_MODULE:PUZZLE FUNCTION_MODULE:FUNCTION")
         puzzle, argv = load(argv[1]), argv[2:]
     fn, args = load(argv[0]), [parse_arg(a) for a in argv[1:]]
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -9,7 +9,7 @@ When a rank dies, real torch.distributed does not go on without it: its process 
 "Connection closed by peer" in the peers' next collective, NCCL waits until its timeout), a new group needs every
 process of the old one, and torchrun (TorchElastic) restarts the whole job from its last checkpoint. So here too a
 rank that fails ends the launch; the simulator injects faults a program can survive (`lib.sim.run(...,
-faults=...)`), and lib.faults emulates them on real processes for the puzzle that needs it.
+faults=...)`), and lib.real.faults emulates them on real processes for the puzzle that needs it.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel  # noqa: F401  (imported before forking so ranks inherit it instead of each paying ~2 s)
 
-from .devices import nccl_shortfall, visible_gpus
-from .errors import LaunchError, RankFailed
-from .places import ENGINE
+from lib.real.backends import nccl_shortfall, visible_gpus
+from lib.errors import LaunchError, RankFailed
+from lib.whose_code import ENGINE
 
 __all__ = ["launch", "current_backend"]
 

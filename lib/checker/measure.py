@@ -23,7 +23,7 @@ def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor
         if storage._cdata not in skip:
             seen[storage._cdata] = storage.nbytes()
         return t
-    pack._lib_measure = True                # a learner's hooks inside these are composed with them (lib.sim.boundary)
+    pack._lib_measure = True                # a learner's hooks inside these are composed with them (lib.guard.boundary)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()

@@ -20,7 +20,7 @@ from lib.sim.mesh import refuse_answer_key
 def to_device(obj: Any, where: Optional[torch.device] = None) -> Any:
     """`obj` with every tensor in it on `where` (the rank's device by default): tensors, modules, and
     lists, tuples, named tuples, dicts and dataclasses of them, however nested, and objects that move
-    themselves (`_moved_to(where)`: lib.feed.StepFeed). Other objects come back as they are. A leaf tensor
+    themselves (`_moved_to(where)`: lib.checker.feed.StepFeed). Other objects come back as they are. A leaf tensor
     that needs a gradient stays a leaf, so its .grad is filled on the device."""
     where = device() if where is None else torch.device(where)
     mover = getattr(type(obj), "_moved_to", None)

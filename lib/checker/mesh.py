@@ -2,7 +2,8 @@
 each axis may carry, no traffic outside the mesh's groups, and a timeline coloured by axis; and puzzles of
 arithmetic on the rank, whose `dist` answers who am I and how many are we, nothing else.
 
-A MeshCase's rules on its traffic per axis (lib.sim.traffic) are lib.check.Contracts, judged as every Puzzle judges
+A MeshCase's rules on its traffic per axis (lib.sim.traffic) are lib.checker.puzzle.Contracts, judged as every Puzzle
+judges
 its cases' contracts; a MeshPuzzle adds the per-axis figures to a success and colours the timeline by axis.
 """
 
@@ -15,8 +16,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from lib.check import Case, Contract, Outcome, Puzzle, fresh_seed
-from lib.offlimits import call_watched
+from lib.checker.puzzle import Case, Contract, Outcome, Puzzle, fresh_seed
+from lib.guard.offlimits import call_watched
 from lib.sim import SimResult
 from lib.sim.errors import InvalidCall
 from lib.sim.mesh import answer_key_refused
@@ -216,7 +217,7 @@ def _rank_only(fn: Callable, puzzle: str, dist, *args):
 
 class ArithmeticPuzzle(Puzzle):
     """A puzzle whose function may ask `dist` its rank and world size, and nothing else (lib.sim.mesh's arithmetic,
-    its answer key, neither), nor call what the puzzle puts off limits (lib.offlimits)."""
+    its answer key, neither), nor call what the puzzle puts off limits (lib.guard.offlimits)."""
 
     def wrap(self, fn: Callable) -> Callable:
         if not callable(fn):

@@ -25,16 +25,16 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from lib.compare import first_difference
+from lib.checker.compare import first_difference
 from lib.device import device
 from lib.diagnose import Mistake, case_reading, diagnose, unwritten_memory
 from lib.diagnose.origins import remembering
-from lib.diagnose.errors import explain as explain_error
-from lib.devices import to_device, where_it_runs
-from lib import first_use
+from lib.diagnose.torch_errors import explain as explain_error
+from lib.real.backends import to_device, where_it_runs
+from lib.notebook import warm_up
 from lib.errors import PuzzleError, RankFailed, is_the_stub, raised_the_stub
-from lib.kernels import refusing_kernels
-from lib.offlimits import call_watched, guard_answer_keys
+from lib.checker.kernels import refusing_kernels
+from lib.guard.offlimits import call_watched, guard_answer_keys
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
 
@@ -179,7 +179,8 @@ class Case:
     # where the wrong values are, said as a reason: explain(expected, results) -> a sentence or None, for a pattern
     # no run of a known mistake can match (one that holds for any values the mistaken answer made up)
     explain: Optional[Callable[[list, list], Optional[str]]] = None
-    # A prediction's reference as named terms (lib.terms), by the result's leaf ("" for a plain number, "['peak']"
+    # A prediction's reference as named terms (lib.checker.terms), by the result's leaf ("" for a plain number,
+    # "['peak']"
     # for a dict's entry): a wrong prediction is named by the term, or the multiple of one, it is off by.
     formulas: dict = field(default_factory=dict)
     # Named parts of a result tensor, {"expert": (dim, count)}: right values in the wrong places are said part by
@@ -222,11 +223,11 @@ def _validate_case(case: "Case") -> None:
                         "nth message from src to dst carries.")
     if case.steps is not None and (not isinstance(case.steps, int) or case.steps < 1):
         raise SpecError(f"Case {case.label!r}: steps={case.steps!r}: a positive integer.")
-    from lib.terms import Formula
+    from lib.checker.terms import Formula
     for key, formula in case.formulas.items():
         if not isinstance(formula, Formula):
             raise SpecError(f"Case {case.label!r}: formulas[{key!r}] is a {type(formula).__name__}: build it with "
-                            "lib.terms.formula(expression, unit).")
+                            "lib.checker.terms.formula(expression, unit).")
 
 
 def _refuse_inside_learner() -> None:
@@ -303,7 +304,7 @@ class Puzzle:
         self.variants = tuple(variants)
         self.hints = list(hints)
         self.mistakes = tuple(mistakes)    # known wrong answers, named when a learner's result equals theirs
-        # What the learner's function may not call while it runs (label -> function or module, lib.offlimits):
+        # What the learner's function may not call while it runs (label -> function or module, lib.guard.offlimits):
         # a prediction is derived, not looked up in the library that measures or models it.
         self.off_limits = dict(off_limits)
         self.off_limits_advice = off_limits_advice or "derive the answer yourself"
@@ -315,7 +316,8 @@ class Puzzle:
         # scale it stands for in its title: the check runs its last case so where no judgement reads the clocks,
         # else one more run of it draws the picture. None: the check's own run.
         self.real_scale = real_scale
-        # torch's ops the answer may not call, with why (prefixes of op names, lib.kernels): kernels that would do
+        # torch's ops the answer may not call, with why (prefixes of op names, lib.checker.kernels): kernels that
+        # would do
         # the lesson's work for it.
         self.refused, self.refused_why = tuple(refuse[0]), refuse[1]
         # How each rank runs the answer, where the check judges what the answer does rather than what it returns:
@@ -412,7 +414,7 @@ class Puzzle:
             return Outcome(FAILING, f"{self.name} should be a function, got {type(fn).__name__}.")
         if is_the_stub(fn):              # what running it on the cases would say, without building them
             return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
-        first_use.ready()
+        warm_up.ready()
         with one_thread():
             return self._evaluate(fn, fresh_seed() if seed is None else seed)
 
@@ -549,7 +551,7 @@ class Puzzle:
                 raise NotSolved(_NOT_SOLVED.format(self.name))
         if not callable(fn) or is_the_stub(fn):
             return unsolved()
-        first_use.ready()
+        warm_up.ready()
         case = self.make_case(random.Random(f"{self.name}:at scale"), world_size, **variant)
         where = f"at N={world_size} ({case.label})"
         with one_thread():
@@ -583,7 +585,7 @@ class Puzzle:
         """The check cell: True when `fn` is right and within budget. Prints why not, with a hint."""
         strict = strict_default() if strict is None else strict
         outcome = self.evaluate(fn, seed)
-        first_use.answered()
+        warm_up.answered()
         if outcome.ok:
             print(outcome.message)
             if show and _in_notebook():
@@ -690,7 +692,7 @@ class Puzzle:
 
         Each rank builds the same case from the seed and judges its own result where it was computed
         (results need not survive a trip between processes: a pickled Parameter loses its .grad)."""
-        from lib.launch import launch
+        from lib.real.launch import launch
 
         strict = strict_default() if strict is None else strict
         world_size = world_size or self.real_world_size
@@ -921,5 +923,5 @@ def _in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-if _in_notebook():          # the one-time costs are paid after the notebook's first answer (lib.first_use)
-    first_use.in_kernel()
+if _in_notebook():          # the one-time costs are paid after the notebook's first answer (lib.notebook.warm_up)
+    warm_up.in_kernel()

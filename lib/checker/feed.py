@@ -6,7 +6,7 @@ from the first files instead. A StepFeed hands its values out in order and, like
 saved with each checkpoint, goes back only as far as the step after the last checkpoint that may have completed.
 A feed may hand each rank only its part of a value (`cut`): one part until the rank has been told of a failure,
 another after (in the survivors' layout), so that a rank cannot keep, before the failure, what it will need after.
-In a simulated rank its private attributes are out of the learner's reach (lib.sim.boundary.EngineHandle).
+In a simulated rank its private attributes are out of the learner's reach (lib.guard.boundary.EngineHandle).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import copy
 from typing import Any, Callable, Optional, Sequence
 
 from lib.errors import PuzzleError
-from lib.faults import failure_known
-from lib.sim.boundary import EngineHandle, refuse_reach
+from lib.real.faults import failure_known
+from lib.guard.boundary import EngineHandle, refuse_reach
 from lib.sim.context import current_rank, current_runtime
 
 
@@ -28,7 +28,7 @@ Cut = Callable[[Any, bool], Any]    # (a step's value, whether the rank knows of
 
 
 class StepFeed(EngineHandle):
-    """feed(t) for t from `first` to len(feed) - 1: values[t], or cut(values[t], lib.faults.failure_known()), in
+    """feed(t) for t from `first` to len(feed) - 1: values[t], or cut(values[t], lib.real.faults.failure_known()), in
     order. Going back (after a failure) is allowed to any step after the checkpoint before the last one reached: with
     a checkpoint every `every` steps (after the steps whose number, counted from 1, is a multiple of `every`), the
     last may have been cut short."""
@@ -96,8 +96,8 @@ class StepFeed(EngineHandle):
         return StepFeed(self._values, self._first, self._every, self._position, self._cut)
 
     def _moved_to(self, where) -> StepFeed:
-        """The same feed (same position) with its values on `where` (lib.devices.to_device)."""
-        from lib.devices import to_device
+        """The same feed (same position) with its values on `where` (lib.real.backends.to_device)."""
+        from lib.real.backends import to_device
         return StepFeed(to_device(self._values, where), self._first, self._every, self._position, self._cut)
 
     def __reduce__(self):

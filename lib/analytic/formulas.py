@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from lib.offlimits import no_answer, tool
+from lib.guard.offlimits import no_answer, tool
 from lib.sim.cost import bus_factor
 
 ZERO_STAGES = (0, 1, 2, 3)
