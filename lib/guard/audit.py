@@ -35,8 +35,9 @@ from types import CodeType, FrameType, MappingProxyType   # the rules read-only:
 from typing import Callable, Optional
 
 from lib.whose_code import COURSE, ENGINE, LIBRARIES
-from lib.sim.context import current_rank
+from lib.sim.context import current_rank, current_runtime, fail_run
 from lib.sim.errors import OutOfView
+from lib.sim.ownership import learner_line
 
 _getframe = sys._getframe
 _get_ident = threading.get_ident
@@ -184,15 +185,12 @@ def _disguised(filename: str) -> None:
 
 
 def _refuse(what: str, why: str, who: Optional[str] = None) -> None:
-    from lib.guard.boundary import fail_run
-    from lib.sim.ownership import learner_line
     fail_run(OutOfView(f"{f'rank {current_rank()} ' if who is None else who}{what}{learner_line()}: {why}"))
 
 
 def _ending() -> bool:
     """Whether the rank's run is ending: CPython unsets a profiler that raised (the engine's watch, stopping the run)
     at the learner's line."""
-    from lib.sim.context import current_runtime
     return current_runtime().ending
 
 

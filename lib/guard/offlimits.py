@@ -36,8 +36,8 @@ from lib.errors import PuzzleError
 from lib.whose_code import COURSE, LIBRARIES
 from lib.guard import audit
 from lib.guard.audit import caller_file
-from lib.guard.boundary import EngineHandle, fail_run
-from lib.sim.context import current_rank
+from lib.guard.boundary import EngineHandle
+from lib.sim.context import current_rank, fail_run
 from lib.sim.errors import OutOfView
 from lib.sim.ownership import learner_line
 

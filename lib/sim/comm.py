@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -21,8 +21,6 @@ from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
 from lib.sim.tracker import in_host_memory
 
-if TYPE_CHECKING:
-    from lib.sim.runtime import Runtime
 
 Deliver = Callable[[], None]
 
@@ -93,7 +91,7 @@ class Work(EngineHandle):
 
     __slots__ = ("_runtime", "_call")
 
-    def __init__(self, runtime: "Runtime", call: Call) -> None:
+    def __init__(self, runtime, call: Call) -> None:
         self._runtime = runtime
         self._call = call
 
@@ -132,7 +130,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> Deliver:
 class Communicator:
     """Posting, matching and completing calls for one simulated run."""
 
-    def __init__(self, runtime: "Runtime") -> None:
+    def __init__(self, runtime) -> None:
         self.rt = runtime
         self.world = Group(0, tuple(range(runtime.world_size)))
         self.groups: list[Group] = [self.world]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as _td
@@ -16,8 +16,6 @@ from lib.guard.boundary import EngineHandle
 from lib.sim.comm import Call, Communicator, Group, Work, _copy, describe_tensor
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 
-if TYPE_CHECKING:
-    from lib.sim.runtime import Runtime
 
 ReduceOp = _td.ReduceOp          # the real enum, so `dist.ReduceOp.SUM` means one thing in both worlds
 
@@ -69,7 +67,7 @@ class RankComm:
     """The engine behind one rank's `dist`: torch.distributed's functions on the simulated runtime. The rank's
     code never holds it (SimDist forwards to it), so its own attribute reads pay no guard."""
 
-    def __init__(self, runtime: "Runtime", rank: int) -> None:
+    def __init__(self, runtime, rank: int) -> None:
         self._rt = runtime
         self._rank = rank
         self._comm: Communicator = runtime.comm
@@ -526,7 +524,7 @@ class SimDist(EngineHandle):
     group = _GroupNamespace
     GroupMember = _GroupNamespace
 
-    def __init__(self, runtime: "Runtime", rank: int) -> None:
+    def __init__(self, runtime, rank: int) -> None:
         self._engine = RankComm(runtime, rank)
 
 

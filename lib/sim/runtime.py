@@ -25,13 +25,13 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from lib.errors import PuzzleError, RankFailed
-from lib.guard import audit, boundary
+from lib import guard
 from lib.sim import context, threads
-from lib.guard.boundary import _DISABLE_TORCH_DISPATCH as _UNTRACKED, tracking_switched_off
 from lib.sim.environ import own_environments
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
 from lib.sim.cost import CostModel
+from lib.sim.dist import SimDist
 from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView, RankDied, SharedMemory,
                             SimTimeout)
 from lib.sim.links import Link
@@ -40,11 +40,10 @@ from lib.units import ordinal
 from lib.whose_code import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult, event
-from lib.sim.tracker import RankTracker
+from lib.sim.tracker import UNTRACKED as _UNTRACKED, RankTracker, tracking_switched_off
 
 _RNG = torch.default_generator
 _JOIN_TIMEOUT = 10.0     # seconds for every rank thread to finish once the run is over
-audit.install()          # the one thing importing the simulator does to the process (lib.guard.boundary's docstring)
 
 
 class _Abort(BaseException):
@@ -155,8 +154,7 @@ class Runtime:
 
     def untracked(self):
         """The runtime's own temporaries (message copies, reductions) are not the rank's memory. torch's own guard,
-        not a generator around it, nor lib.guard.boundary.untracked's look at who asks: a check enters it several
-        times per communication call, and only the engine holds the runtime."""
+        not a generator around it: a check enters it several times per communication call."""
         return _UNTRACKED()
 
     def check_view(self, state: RankState) -> None:
@@ -306,13 +304,12 @@ class Runtime:
             raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
         self.ownership.protect((args, kwargs, protect))
         _dismiss_ended()
-        with boundary.guarding() as guard:
+        with guard.around_run(self):
             try:
                 self._start_and_schedule(fn, args, kwargs, make_dist)
             finally:
-                for state in self.ranks:     # a thread that would not stop stays its rank: its guards stay on
+                for state in self.ranks:     # a thread that would not stop stays its rank
                     if state.thread is not None and state.thread.is_alive():
-                        guard.left_running.append(state.thread)
                         _LEFT_RUNNING.append(state.thread)
                     elif state.thread is not None:
                         context.dismiss(state.thread)
@@ -614,8 +611,6 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
     `read_arguments` measures the bytes each rank's ops read of each positional argument (RankStats.argument_reads;
     a cost on every op, so only when asked).
     """
-    from lib.sim.dist import SimDist
-
     if not isinstance(world_size, int) or world_size < 1:
         raise InvalidCall(f"world_size must be a positive integer, got {world_size!r}.")
     for a in list(args) + list(kwargs.values()):
