@@ -21,3 +21,35 @@ def around_run(runtime) -> Iterator[None]:
         finally:
             guard.left_running.extend(state.thread for state in runtime.ranks
                                       if state.thread is not None and state.thread.is_alive())
+
+
+def handed_to_rank(value):
+    """`value` as a simulated rank's code may hold it: an engine handle (its dist, a work handle, a feed of inputs)
+    behind a guarded stand-in, whose private state the rank's code may not read; anything else as it is."""
+    from lib.guard.handles import handed
+
+    return handed(value)
+
+
+def handed_to_learners(tools) -> None:
+    """The helpers a notebook hands its learners (a Puzzle's `tools`): never answer keys, whichever puzzle's cases
+    call them. Said when the Puzzle is made, before any of its module's cases is built."""
+    from lib.guard.offlimits import tool
+
+    for fn in tools:
+        tool(fn)
+
+
+def guard_answer_keys(builder) -> None:
+    """The answer keys of the puzzle whose cases `builder` makes (what it calls of its package and the formulas),
+    refused to a rank's own code from its first case on (lib.guard.offlimits)."""
+    from lib.guard.offlimits import guard_answer_keys as guard_them
+
+    guard_them(builder)
+
+
+def call_watched(targets, advice: str, fn, *args):
+    """fn(*args), with every call into `targets` (a puzzle's `off_limits`) stopping the run (lib.guard.offlimits)."""
+    from lib.guard.offlimits import call_watched as watched
+
+    return watched(targets, advice, fn, *args)

@@ -15,7 +15,6 @@ from typing import Callable, Optional
 
 import torch
 
-from lib.guard.boundary import EngineHandle
 from lib.sim.cost import bus_factor, ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
@@ -84,10 +83,8 @@ class Call:
     nth: int = 0                     # p2p with a named peer: its place among this rank's calls of its kind to that peer
 
 
-class Work(EngineHandle):
-    """What an async call returns: `wait()` blocks until the transfer is done and shows its results. Its slots are
-    the simulator's, guarded from the rank's code (EngineHandle); its methods read them through the slots'
-    descriptors, which skip the guard (a look at the caller's frame per read)."""
+class Work:
+    """What an async call returns: `wait()` blocks until the transfer is done and shows its results."""
 
     __slots__ = ("_runtime", "_call")
 
@@ -96,21 +93,18 @@ class Work(EngineHandle):
         self._call = call
 
     def wait(self, timeout=None) -> bool:
-        _RUNTIME.__get__(self).wait_call(_CALL.__get__(self))
+        self._runtime.wait_call(self._call)
         return True
 
     def is_completed(self) -> bool:
-        return _CALL.__get__(self).complete
+        return self._call.complete
 
     def is_success(self) -> bool:
-        return _CALL.__get__(self).complete
+        return self._call.complete
 
     def __repr__(self) -> str:
-        call = _CALL.__get__(self)
+        call = self._call
         return f"<Work {call.text} on rank {call.rank}: {'done' if call.complete else 'pending'}>"
-
-
-_RUNTIME, _CALL = Work._runtime, Work._call       # the slots' descriptors
 
 
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled

@@ -12,7 +12,6 @@ import torch
 import torch.distributed as _td
 
 from lib.errors import PuzzleError
-from lib.guard.boundary import EngineHandle
 from lib.sim.comm import Call, Communicator, Group, Work, _copy, describe_tensor
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 
@@ -64,8 +63,7 @@ class _GroupNamespace:
 
 
 class RankComm:
-    """The engine behind one rank's `dist`: torch.distributed's functions on the simulated runtime. The rank's
-    code never holds it (SimDist forwards to it), so its own attribute reads pay no guard."""
+    """The engine behind one rank's `dist`: torch.distributed's functions on the simulated runtime."""
 
     def __init__(self, runtime, rank: int) -> None:
         self._rt = runtime
@@ -512,11 +510,9 @@ class RankComm:
         return works
 
 
-class SimDist(EngineHandle):
-    """The `dist` object one simulated rank receives: torch.distributed's API, each function forwarded to the rank's
-    RankComm. Its one private slot leads to the simulator's state, so the rank's code may not read it (EngineHandle);
-    the forwarders read it through the slot's descriptor, which skips that guard: a check makes thousands of dist
-    calls, and the guard costs each engine read a look at the caller's frame."""
+class SimDist:
+    """The `dist` object one simulated rank receives: torch.distributed's API (its public names only), each function
+    forwarded to the rank's RankComm."""
 
     __slots__ = ("_engine",)
     ReduceOp = ReduceOp
@@ -528,13 +524,10 @@ class SimDist(EngineHandle):
         self._engine = RankComm(runtime, rank)
 
 
-_ENGINE = SimDist._engine          # the slot's descriptor
-
-
 def _forwarding(method: Callable) -> Callable:
     @functools.wraps(method)
     def forward(self: SimDist, *args, **kwargs):
-        return method(_ENGINE.__get__(self), *args, **kwargs)
+        return method(self._engine, *args, **kwargs)
     return forward
 
 

@@ -280,7 +280,9 @@ class Runtime:
                 if self.read_arguments:
                     state.tracker.watch_arguments(mine[0])
                 del memo
-                state.result = fn(make_dist(self, state.rank), *mine[0], **mine[1])
+                mine = ([guard.handed_to_rank(a) for a in mine[0]],
+                        {k: guard.handed_to_rank(v) for k, v in mine[1].items()})
+                state.result = fn(guard.handed_to_rank(make_dist(self, state.rank)), *mine[0], **mine[1])
                 del mine
                 self.check_view(state)
                 self.close_compute(state)
