@@ -104,3 +104,15 @@ def test_a_planted_circle_is_caught(tmp_path):
     (package / "b.py").write_text("def f():\n    from lib.planted import c\n")
     (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import lib.planted.a\n")
     assert _circle(package, tmp_path) == ["lib.planted.a", "lib.planted.b", "lib.planted.c", "lib.planted.a"]
+
+
+def test_the_engines_classes_inherit_nothing_of_the_guard():
+    """A rank gets guarded stand-ins for them (lib.guard.handles): the classes themselves stay plain."""
+    from lib.checker.feed import StepFeed
+    from lib.sim.comm import Work
+    from lib.sim.dist import SimDist
+    from lib.sim.tracker import RankTracker
+
+    for cls in (SimDist, Work, StepFeed, RankTracker):
+        guarded = [c.__module__ for c in (*cls.__mro__, type(cls)) if c.__module__.startswith(SEAM)]
+        assert not guarded, f"{cls.__name__} inherits from {guarded}"

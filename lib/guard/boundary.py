@@ -4,9 +4,9 @@ lasts.
 Nothing here changes the process at import. `guarding()` puts every patch of `_table()` in place when a run starts and
 puts each attribute back as it was when the run ends (lib.sim.runtime); outside a run `torch.save`, `Tensor.numpy`,
 `threading.Thread.start` and the rest are torch's and Python's own. What stays, and why:
-- Python's audit hook (lib.guard.audit), added when lib.sim is imported: Python cannot remove one. Outside a rank it
-  looks only at code compiled under the engine's or a library's file name (such code, compiled before a run, would
-  pass for the engine's inside one); every other event returns at once.
+- Python's audit hook (lib.guard.audit), added by the first run (lib.guard.around_run): Python cannot remove one.
+  While no rank runs it looks only at code compiled under the engine's or a library's file name (such code, compiled
+  before a run, would pass for the engine's inside one); every other event returns at once.
 - A run whose rank's thread could not be stopped leaves its patches in place after the run: that thread still runs
   the rank's code. The next run to end after that thread has ended puts them back.
 - A puzzle's answer keys, guarded in place at its first case (lib.guard.offlimits): outside a rank they are what they
@@ -144,9 +144,10 @@ class _HandleClass(type):
 
 
 class EngineHandle(metaclass=_HandleClass):
-    """An object the learner's code is handed (its dist, a work handle) whose private attributes lead to the
-    simulator's own state: every rank's inputs and the rank's meters (bytes sent, memory, FLOPs, clock). Inside a
-    simulated rank the learner's code may use its public API only; the engine's and torch's code may use it all."""
+    """An object the learner's code is handed (the stand-in for its dist or a work handle, lib.guard.handles; an
+    answer key's guard) whose private attributes lead to the simulator's own state: every rank's inputs and the rank's
+    meters (bytes sent, memory, FLOPs, clock). Inside a simulated rank the learner's code may use its public API only;
+    the engine's and torch's code may use it all."""
 
     __slots__ = ()
 
