@@ -4,6 +4,7 @@ a run; nothing of it is installed before the first run. See docs/TRUST.md for wh
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 
@@ -15,12 +16,26 @@ def around_run(runtime) -> Iterator[None]:
     from lib.guard import audit, boundary         # the wing loads with the first run, not with the simulator
 
     audit.install()
-    with boundary.guarding() as guard:
+    with boundary.guarding() as guard, _no_hooks_for_new_threads():
         try:
             yield
         finally:
             guard.left_running.extend(state.thread for state in runtime.ranks
                                       if state.thread is not None and state.thread.is_alive())
+
+
+@contextlib.contextmanager
+def _no_hooks_for_new_threads() -> Iterator[None]:
+    """threading.settrace's and setprofile's hooks, which every new thread is born with, off while a run lasts (a hook
+    set before the run would be handed every frame of every rank, the engine's included)."""
+    trace, profile = threading.gettrace(), threading.getprofile()
+    threading.settrace(None)
+    threading.setprofile(None)
+    try:
+        yield
+    finally:
+        threading.settrace(trace)
+        threading.setprofile(profile)
 
 
 def handed_to_rank(value):

@@ -13,14 +13,13 @@ every thread is joined before `run` returns.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -330,13 +329,12 @@ class Runtime:
         self._check_waited()
 
     def _start_and_schedule(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
-        with _no_hooks_for_new_threads():
-            for state in self.ranks:
-                state.thread = _RankThread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
-                                           name=f"sim-rank-{state.rank}", daemon=True)
-                state.thread.start()
-                context.admit(state.thread, state.rank, self, state.tracker)
-                state.thread.begun.wait(_JOIN_TIMEOUT)
+        for state in self.ranks:
+            state.thread = _RankThread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
+                                       name=f"sim-rank-{state.rank}", daemon=True)
+            state.thread.start()
+            context.admit(state.thread, state.rank, self, state.tracker)
+            state.thread.begun.wait(_JOIN_TIMEOUT)
         deadline = time.monotonic() + self.timeout
         with labelled_output(current_rank), own_environments():
             try:
@@ -561,20 +559,6 @@ class _RankThread(threading.Thread):
         del self._target, self._args, self._kwargs
         self.begun.set()
         target(*args)
-
-
-@contextlib.contextmanager
-def _no_hooks_for_new_threads() -> Iterator[None]:
-    """threading.settrace's and setprofile's hooks, which every new thread is born with, off while the rank threads
-    start (a hook set before the run would be handed every frame of every rank, the engine's included)."""
-    trace, profile = threading.gettrace(), threading.getprofile()
-    threading.settrace(None)
-    threading.setprofile(None)
-    try:
-        yield
-    finally:
-        threading.settrace(trace)
-        threading.setprofile(profile)
 
 
 def _learner_traceback(e: BaseException) -> str:
