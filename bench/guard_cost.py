@@ -15,8 +15,9 @@ guard on). The guards switched off:
 An op is an add of two 16-float tensors (bench.sim_speed's per-op overhead); a dist call an isend, a recv and a wait
 of 16 floats between 2 ranks. Outside the simulator the add costs about 2 µs here.
 
-Measured 2026-12-07 on the 2-core AMD EPYC machine (shared with other work; medians of 5 fresh processes):
-see bench/results/guard-cost-amd-epyc-2cpu.md.
+Measured 2026-12-07 on the 2-core AMD EPYC machine (shared with other work; 3 fresh processes each):
+bench/results/guard-cost-amd-epyc-2cpu.md (sys._getframe() after a check: ~0.9-1.1 µs on main, ~0.46-0.49 µs
+here; 12 ns before any run; no guard told apart from the noise per op once the audit hook turned builtins.id away).
 """
 
 from __future__ import annotations
@@ -35,23 +36,31 @@ GUARDS = ("none", "audit", "patches", "modules", "stand-ins", "ownership")
 CALLS = 500                  # dist call rounds per run when timing a dist call
 
 
-def _getframe_ns(number: int = 200_000) -> float:
-    return min(timeit.repeat("getframe()", globals={"getframe": sys._getframe}, number=number, repeat=5)) \
+def _ns(statement: str, number: int = 200_000) -> float:
+    return min(timeit.repeat(statement, globals={"getframe": sys._getframe, "x": 1}, number=number, repeat=5)) \
         / number * 1e9
 
 
+_FRAME_LABELS = {"getframe_before_import_ns": "sys._getframe(), before import lib",
+                 "getframe_after_import_ns": "sys._getframe(), after import lib",
+                 "getframe_after_a_check_ns": "sys._getframe(), after a check",
+                 "id_before_import_ns": "id(), before import lib", "id_after_a_check_ns": "id(), after a check"}
+
+
 def frames() -> dict:
-    """sys._getframe()'s cost in this fresh process: before the course, after `import lib`, after one check."""
-    out = {"getframe_before_import_ns": _getframe_ns()}
+    """sys._getframe()'s cost in this fresh process before the course, after `import lib` and after one check; and
+    id()'s (Python raises an audit event for each, and the tracker calls it once per op) before and after."""
+    out = {"getframe_before_import_ns": _ns("getframe()"), "id_before_import_ns": _ns("id(x)")}
     import lib  # noqa: F401
 
-    out["getframe_after_import_ns"] = _getframe_ns()
+    out["getframe_after_import_ns"] = _ns("getframe()")
     import puzzles.data_parallel as P
     import solutions.data_parallel as S
     from bench.sim_speed import _quiet
 
     _quiet(lambda: P.ring_all_reduce.check(S.ring_all_reduce, seed=0, show=False))()
-    out["getframe_after_a_check_ns"] = _getframe_ns()
+    out["getframe_after_a_check_ns"] = _ns("getframe()")
+    out["id_after_a_check_ns"] = _ns("id(x)")
     return out
 
 
@@ -111,9 +120,7 @@ def report(repeats: int) -> str:
     """Markdown: the frames' cost, and each guard's share of an op and of a dist call (median of `repeats`)."""
     runs = [_fresh("--frames") for _ in range(repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    lines = ["| sys._getframe() | ns |", "|---|---|",
-             *(f"| {k.removeprefix('getframe_').removesuffix('_ns').replace('_', ' ')} | {v:.0f} |"
-               for k, v in med.items()), ""]
+    lines = ["| call, when | ns |", "|---|---|", *(f"| {_FRAME_LABELS[k]} | {v:.0f} |" for k, v in med.items()), ""]
     per = {}
     for _ in range(repeats):                   # the guards take turns, so a change of load falls on all of them
         for guard in GUARDS:
