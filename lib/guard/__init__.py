@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 
 @contextlib.contextmanager
-def around_run(runtime) -> Iterator[None]:
+def around_run(runtime) -> Iterator[Callable[[Any], Any]]:
     """The guard in place while `runtime` runs its ranks: Python's audit hook added (once per process, at the first
     run: Python cannot remove one) and every patch of lib.guard.boundary in place; each patch put back on exit, unless
-    a rank's thread that could not be stopped still runs the rank's code (its guards stay on until it ends)."""
-    from lib.guard import audit, boundary         # the wing loads with the first run, not with the simulator
+    a rank's thread that could not be stopped still runs the rank's code (its guards stay on until it ends). Yields
+    what hands a value to a rank's code: an engine handle (its dist, a work handle, a feed of inputs) behind a guarded
+    stand-in whose private state the rank's code may not read (lib.guard.handles), anything else as it is."""
+    from lib.guard import audit, boundary, handles      # the wing loads with the first run, not with the simulator
 
     audit.install()
     with boundary.guarding() as guard, _no_hooks_for_new_threads():
         try:
-            yield
+            yield handles.handed
         finally:
             guard.left_running.extend(state.thread for state in runtime.ranks
                                       if state.thread is not None and state.thread.is_alive())
@@ -36,14 +38,6 @@ def _no_hooks_for_new_threads() -> Iterator[None]:
     finally:
         threading.settrace(trace)
         threading.setprofile(profile)
-
-
-def handed_to_rank(value):
-    """`value` as a simulated rank's code may hold it: an engine handle (its dist, a work handle, a feed of inputs)
-    behind a guarded stand-in, whose private state the rank's code may not read; anything else as it is."""
-    from lib.guard.handles import handed
-
-    return handed(value)
 
 
 def handed_to_learners(tools) -> None:

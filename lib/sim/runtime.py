@@ -135,6 +135,7 @@ class Runtime:
         self._yielded = threading.Semaphore(0)
         self._start_rng = torch.get_rng_state()      # every rank starts from it, as forked processes would
         self._start_threads = torch.get_num_threads()
+        self.hand_to_rank: Callable[[Any], Any] = lambda value: value   # what a rank's code is handed: the guard's
 
     @property
     def ending(self) -> bool:
@@ -279,9 +280,9 @@ class Runtime:
                 if self.read_arguments:
                     state.tracker.watch_arguments(mine[0])
                 del memo
-                mine = ([guard.handed_to_rank(a) for a in mine[0]],
-                        {k: guard.handed_to_rank(v) for k, v in mine[1].items()})
-                state.result = fn(guard.handed_to_rank(make_dist(self, state.rank)), *mine[0], **mine[1])
+                hand = self.hand_to_rank
+                mine = [hand(a) for a in mine[0]], {k: hand(v) for k, v in mine[1].items()}
+                state.result = fn(hand(make_dist(self, state.rank)), *mine[0], **mine[1])
                 del mine
                 self.check_view(state)
                 self.close_compute(state)
@@ -305,7 +306,7 @@ class Runtime:
             raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
         self.ownership.protect((args, kwargs, protect))
         _dismiss_ended()
-        with guard.around_run(self):
+        with guard.around_run(self) as self.hand_to_rank:
             try:
                 self._start_and_schedule(fn, args, kwargs, make_dist)
             finally:
