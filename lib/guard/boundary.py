@@ -134,7 +134,7 @@ def _private_to_a_rank(name: str) -> bool:
 
 class _HandleClass(type):
     """The class of an engine handle: its private names are refused to a rank's code as the handle's own are (a slot's
-    descriptor, `type(dist)._engine`, reads the slot around the handle's guard), and so is its __dict__ (every
+    descriptor, `type(dist)._handle`, reads the slot around the handle's guard), and so is its __dict__ (every
     descriptor). A lookup on an instance does not come here: the guard costs the engine's own calls nothing."""
 
     def __getattribute__(cls, name: str):

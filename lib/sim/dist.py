@@ -40,7 +40,7 @@ def _op_name(op) -> str:
 def _rule(method):
     """Errors the simulator raises inside a dist call end the run: a learner's try/except can't hide them."""
     @functools.wraps(method)
-    def wrapper(self: "RankComm", *args, **kwargs):
+    def wrapper(self: "SimDist", *args, **kwargs):
         self._rt.check_view(self._rt.ranks[self._rank])
         try:
             return method(self, *args, **kwargs)
@@ -62,8 +62,14 @@ class _GroupNamespace:
     WORLD = None
 
 
-class RankComm:
-    """The engine behind one rank's `dist`: torch.distributed's functions on the simulated runtime."""
+class SimDist:
+    """The `dist` object one simulated rank receives: torch.distributed's functions the course uses, same names and
+    arguments, on the simulated runtime."""
+
+    ReduceOp = ReduceOp
+    P2POp = P2POp
+    group = _GroupNamespace
+    GroupMember = _GroupNamespace
 
     def __init__(self, runtime, rank: int) -> None:
         self._rt = runtime
@@ -508,32 +514,6 @@ class RankComm:
             else:
                 works.append(Work(self._rt, self._post_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer, "irecv")))
         return works
-
-
-class SimDist:
-    """The `dist` object one simulated rank receives: torch.distributed's API (its public names only), each function
-    forwarded to the rank's RankComm."""
-
-    __slots__ = ("_engine",)
-    ReduceOp = ReduceOp
-    P2POp = P2POp
-    group = _GroupNamespace
-    GroupMember = _GroupNamespace
-
-    def __init__(self, runtime, rank: int) -> None:
-        self._engine = RankComm(runtime, rank)
-
-
-def _forwarding(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def forward(self: SimDist, *args, **kwargs):
-        return method(self._engine, *args, **kwargs)
-    return forward
-
-
-for _name, _method in list(vars(RankComm).items()):
-    if callable(_method) and (not _name.startswith("_") or _name == "__repr__"):
-        setattr(SimDist, _name, _forwarding(_method))
 
 
 def _concatenated(big: torch.Tensor, part: torch.Tensor, n: int) -> bool:
