@@ -1,7 +1,7 @@
 """The course's engine: simulated ranks, real launches, checkers. Knows nothing of any puzzle."""
 # ruff: noqa: E402  (the torch check comes before the modules that use torch)
 
-from lib.real.compat import require_supported_torch, supply_newer_names
+from lib.real.compat import require_supported_torch
 
 require_supported_torch()  # an older torch is refused here, with what to do, not by an AttributeError in a check
 
@@ -9,7 +9,5 @@ from lib import sim
 from lib.device import device, host
 from lib.errors import LaunchError, PuzzleError, RankFailed
 from lib.real.launch import launch  # binds the function over the submodule's name: lib.launch(fn, n, ...)
-
-supply_newer_names()  # torch.distributed names an older torch lacks, from their older equivalents
 
 __all__ = ["sim", "device", "host", "launch", "PuzzleError", "RankFailed", "LaunchError"]

@@ -27,7 +27,6 @@ from lib.checker.feed import StepFeed
 from lib.notebook.warm_up import import_ahead
 from lib.checker.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
-from lib.guard.offlimits import tool
 from lib.sim import CostModel, RankDied, per_rank
 from lib.sim.cost import bus_factor
 from lib.checker.terms import Formula, Q, ceil, formula, maximum, term
@@ -261,7 +260,6 @@ diloco_train = Puzzle(
 
 
 # ---- 2. compressed all-reduce with error feedback ----------------------------------------------------------
-@tool
 def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """x (1-D, any float dtype) as integers of `bits` bits held in int8, and one float32 scale of shape (1,):
     x ≈ q · scale, rounded to nearest, |q| <= 2**(bits-1) - 1 (127 for int8)."""
@@ -270,7 +268,6 @@ def quantize(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor
     return torch.round(x / scale).to(torch.int8), scale
 
 
-@tool
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """What `quantize` sent, back in float32."""
     return q.float() * scale
@@ -430,7 +427,8 @@ def _compressed_case(rng: random.Random, world: int, bits=None) -> Case:
 
 
 compressed_all_reduce = Puzzle(
-    "compressed_all_reduce", NOTEBOOK, _compressed_case, world_sizes=(2, 3, 4, 8), variants=[{"bits": 8}],
+    "compressed_all_reduce", NOTEBOOK, _compressed_case, tools=(quantize, dequantize), world_sizes=(2, 3, 4, 8),
+    variants=[{"bits": 8}],
     hints=["c = grad + residual. Cut it into N chunks; quantize(chunk j, bits) is what rank j receives from you. "
            "Your new residual is c minus dequantize of what you sent, chunk by chunk (torch.cat them).",
            "Stack the N int8 chunks and all_to_all_single them (and the N scales likewise): slice i of what "

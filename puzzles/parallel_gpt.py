@@ -16,13 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.models import GPTConfig, TinyGPT
-from lib.guard.offlimits import tool
 
 
 # tp_copy and tp_reduce are notebook 04's answers, deliberately written again: the Copy and Reduce of
 # solutions/tensor_parallel.py (whose functions must stand alone in their cells, over the whole world), here over a TP
 # group. Notebook 06 hands them over with the stages they serve; a learner who opens this file early sees 04's f and g.
-@tool
 def tp_copy(dist, x: torch.Tensor, group) -> torch.Tensor:
     """Megatron's f: identity forward; backward, the gradient all-reduced over the tensor-parallel `group`."""
     class Copy(torch.autograd.Function):
@@ -39,7 +37,6 @@ def tp_copy(dist, x: torch.Tensor, group) -> torch.Tensor:
     return Copy.apply(x)
 
 
-@tool
 def tp_reduce(dist, x: torch.Tensor, group) -> torch.Tensor:
     """Megatron's g: forward, the partial sums all-reduced over the tensor-parallel `group`; identity backward."""
     class Reduce(torch.autograd.Function):

@@ -22,7 +22,6 @@ from lib.real.backends import device_mesh
 from lib.notebook.warm_up import import_ahead
 from lib.checker.layer import LayerPuzzle, Upstream, describe_calls
 from lib.checker.measure import counted_flops
-from lib.guard.offlimits import tool
 from lib.sim import per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
@@ -72,7 +71,6 @@ def _shape(rng: random.Random, world: int, heads_per_rank: Optional[int] = None,
     return world * rng.randint(1, 3), rng.randint(1, 2), a * (head_dim or rng.choice([2, 4])), a
 
 
-@tool
 def attention_core(qkv: torch.Tensor, heads: int) -> torch.Tensor:
     """Causal self-attention of [s, b, 3·w] (q, k and v side by side, `heads` heads each) to [s, b, w].
 
@@ -545,6 +543,7 @@ def _attention_oracle(dist, x, qkv_w, qkv_b, proj_w, proj_b, heads, upstream):
 
 parallel_attention = _layer(
     "parallel_attention", _attention_case, ("x", "qkv_w", "qkv_b", "proj_w", "proj_b", "heads"),
+    tools=(attention_core,),
     hints=["Heads are independent: a rank holding heads/N whole heads of q, k and v computes their attention "
            "alone. The qkv projection is column-parallel, the output projection row-parallel.",
            "qkv = column_parallel_linear(dist, x, qkv_w, qkv_b) gives [s, b, 3w] with w = h/N: this rank's q, then "

@@ -44,7 +44,7 @@ from lib.sim.traffic import MeshAxes
 from lib.checker.terms import Expr, Formula, Q, Term, formula, minimum, term
 from lib.units import fmt_bytes, fmt_time
 
-from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
+from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt, tp_copy, tp_reduce
 from puzzles.replicas import drifted
 
 import_ahead("checkpoint", "explicit_gradient")   # plan_memory measures under checkpoint; a stage gets a gradient
@@ -438,7 +438,7 @@ def quiet() -> None:
 
 
 tp_dp_train = MeshPuzzle(
-    "tp_dp_train", NOTEBOOK, _tp_dp_case, world_sizes=(4, 6, 8), rtol=1e-9, atol=1e-12,
+    "tp_dp_train", NOTEBOOK, _tp_dp_case, tools=(tp_copy, tp_reduce), world_sizes=(4, 6, 8), rtol=1e-9, atol=1e-12,
     hints=["Make a 2-D mesh, mesh = device_mesh(dist, (dp, tp), ('dp', 'tp')): this rank's coordinates are "
            "mesh.get_local_rank('dp') and mesh.get_local_rank('tp'), its groups mesh['tp'].get_group() and "
            "mesh['dp'].get_group(). Take rows d of the batch (chunk(dp)[d]) and shard t of each weight "
@@ -626,7 +626,7 @@ ON_DEVICE = nothing_on_the_host("1F1B bounds the activations each stage keeps on
 
 
 train_3d = MeshPuzzle(
-    "train_3d", NOTEBOOK, _three_d_case, world_sizes=(8,), rtol=1e-9, atol=1e-12,
+    "train_3d", NOTEBOOK, _three_d_case, tools=(tp_copy, tp_reduce), world_sizes=(8,), rtol=1e-9, atol=1e-12,
     hints=["mesh = device_mesh(dist, (dp, pp, tp), ('dp', 'pp', 'tp')) gives this rank's coordinates "
            "(mesh.get_local_rank('pp'), ...) and groups (mesh['tp'].get_group(), mesh['dp'].get_group()); the ranks "
            "of its pipeline are dist.get_process_group_ranks(mesh['pp'].get_group()): send to the next of them, "

@@ -24,7 +24,6 @@ from lib.notebook.warm_up import import_ahead
 from lib.analytic.formulas import model_state_bytes
 from lib.checker.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, sharded_batches
-from lib.guard.offlimits import tool
 from lib.sim import CostModel, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes
@@ -55,7 +54,6 @@ SCALE, K = 4, {1: 6, 2: 6, 3: 4}
 
 # ---- the one tool the learner is given: Adam's update, as torch.optim.Adam computes it ---------------
 @hands_gradient("grad")          # a failed check compares the gradients it is handed with the reference's
-@tool
 def adam_update(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
                 lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
     """One Adam step in place on `param`, `m`, `v` (any shard of them; step counts from 1)."""
@@ -331,7 +329,7 @@ def _zero1_case(rng: random.Random, world: int, steps: Optional[int] = None) -> 
 
 
 zero1_train = Puzzle(
-    "zero1_train", NOTEBOOK, _zero1_case, world_sizes=WORLDS,
+    "zero1_train", NOTEBOOK, _zero1_case, tools=(adam_update,), world_sizes=WORLDS,
     hints=["Every rank computes all gradients as in data parallelism, but keeps Adam's m and v only for its "
            "shard of each parameter, updates only that shard, then the ranks exchange the updated shards. "
            + SHARD_HINT,
@@ -356,7 +354,7 @@ def _zero2_case(rng: random.Random, world: int, steps: Optional[int] = None) -> 
 
 
 zero2_train = Puzzle(
-    "zero2_train", NOTEBOOK, _zero2_case, world_sizes=FEWER_WORLDS,
+    "zero2_train", NOTEBOOK, _zero2_case, tools=(adam_update,), world_sizes=FEWER_WORLDS,
     hints=["Like zero1_train, but the full gradients must never all exist at once: reduce-scatter each one during "
            "backward, as soon as it is ready, and free it.",
            "p.register_post_accumulate_grad_hook(hook) calls hook(p) when p.grad is final. In the hook: pad p.grad, "
@@ -384,7 +382,8 @@ def _zero3_case(rng: random.Random, world: int, deep: bool = False, steps: Optio
 
 
 zero3_train = Puzzle(
-    "zero3_train", NOTEBOOK, _zero3_case, world_sizes=FEWER_WORLDS, variants=[{"deep": True}],
+    "zero3_train", NOTEBOOK, _zero3_case, tools=(adam_update,), world_sizes=FEWER_WORLDS,
+    variants=[{"deep": True}],
     hints=["First cut your shards and free the full parameters (p.data = torch.empty(0, dtype=p.dtype)). Then per "
            "step: forward layer by layer under torch.no_grad(), gathering each layer just before it runs and "
            "freeing it after; keep each layer's input. " + SHARD_HINT,
@@ -486,7 +485,8 @@ PREFETCHED = "stage 3, (8+8+16)Ψ/N, with one more layer prefetched"
 
 
 fsdp_prefetch_train = Puzzle(
-    "fsdp_prefetch_train", NOTEBOOK, _prefetch_case, world_sizes=FEWER_WORLDS, variants=[{"deep": True}],
+    "fsdp_prefetch_train", NOTEBOOK, _prefetch_case, tools=(adam_update,), world_sizes=FEWER_WORLDS,
+    variants=[{"deep": True}],
     hints=["Same algorithm as zero3_train. While layer i computes, the network is idle: start layer i+1's "
            "all-gather before computing layer i (in backward, layer i-1's before recomputing layer i).",
            "work = dist.all_gather_single(buf, shard, async_op=True) returns at once. Keep (buf, work) for the next "
@@ -537,7 +537,7 @@ def _host_step(s: _Sizes) -> Budget:
 
 
 zero_offload_train = Puzzle(
-    "zero_offload_train", NOTEBOOK, _offload_case, world_sizes=FEWER_WORLDS,
+    "zero_offload_train", NOTEBOOK, _offload_case, tools=(adam_update,), world_sizes=FEWER_WORLDS,
     hints=["ZeRO-2 with the optimizer on the host: the device keeps the weights and computes forward and "
            "backward; each rank's shard of the gradients goes to host memory, where Adam runs.",
            "Per parameter, once: a host shard of the parameter, m and v "

@@ -127,23 +127,28 @@ def _new_names_only(dist, n):
     return out.tolist(), shard.tolist(), [getattr(dist, new).__name__ for new in NEWER_NAMES]
 
 
-def test_an_older_torch_gets_the_new_names_from_lib(monkeypatch):
-    """torch 2.11 has no all_gather_single / reduce_scatter_single: lib supplies them, and a real run uses them."""
+def test_an_older_torch_gets_the_new_names_in_each_real_rank(monkeypatch):
+    """torch 2.11 has no all_gather_single / reduce_scatter_single: each real rank supplies them (lib.real.launch),
+    and the launching process is left as it was."""
     for new in NEWER_NAMES:
         monkeypatch.delattr(td, new)
-    assert sorted(supply_newer_names()) == sorted(NEWER_NAMES)
-    assert supply_newer_names() == []                         # a name torch has is never replaced
     results = lib.launch(_new_names_only, 2, 3)
     assert results[1] == ([0.0] * 3 + [1.0] * 3, [2.0] * 3, list(NEWER_NAMES.values()))
+    assert not any(hasattr(td, new) for new in NEWER_NAMES)
+    assert sorted(supply_newer_names()) == sorted(NEWER_NAMES)
+    assert supply_newer_names() == []                         # a name torch has is never replaced
 
 
 @pytest.mark.slow
-def test_importing_lib_supplies_the_names_in_a_fresh_interpreter():
-    """What a spawned NCCL rank does: torch first, then lib (the fresh interpreter of an older torch)."""
+def test_importing_lib_supplies_no_names_in_a_fresh_interpreter():
+    """The fresh interpreter of an older torch: `import lib` (torchrun's entry too) leaves torch.distributed as it is,
+    as nothing changes the process at import; the names are supplied where real ranks start."""
     code = ("import torch.distributed as d\n"
             + "".join(f"del d.{new}\n" for new in NEWER_NAMES)
-            + "import lib\n"
-            + "".join(f"assert d.{new} is d.{old}, '{new}'\n" for new, old in NEWER_NAMES.items()))
+            + "import lib, lib.real.torchrun\n"
+            + "".join(f"assert not hasattr(d, '{new}'), '{new}'\n" for new in NEWER_NAMES)
+            + "from lib.real.compat import supply_newer_names\n"
+            + f"assert sorted(supply_newer_names()) == {sorted(NEWER_NAMES)!r}\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr

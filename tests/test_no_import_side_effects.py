@@ -1,5 +1,6 @@
-"""Importing the course changes nothing outside it: `builtins.open`, `torch.save` and every attribute the simulator
-guards are torch's and Python's own until a run starts, and again once it has ended (lib.guard.boundary)."""
+"""Importing the course changes nothing outside it: `builtins.open`, `torch.save`, torch.distributed's names and every
+attribute the simulator guards are torch's and Python's own until a run starts, and again once it has ended
+(lib.guard.boundary); Python's audit hook, which cannot be removed, is added by the first run (lib.guard.around_run)."""
 import json
 import os
 import subprocess
@@ -33,6 +34,9 @@ def changed(before, attributes):
             if now.get((id(owner), name), ABSENT) is not before.get((id(owner), name), ABSENT)]
 
 
+import torch.distributed as td
+NEWER = ("all_gather_single", "reduce_scatter_single")     # lib.real.compat supplies them in a real rank only
+older_torch = {name: vars(td).pop(name) for name in NEWER if name in vars(td)}     # as torch 2.11 lacks them
 before = snapshot()
 imported = []
 for package in ("lib", "puzzles", "tools"):
@@ -44,7 +48,9 @@ from lib.guard import boundary
 import lib.sim
 
 attributes = NAMED + boundary.patched_attributes()
-after_import = changed(before, attributes)
+after_import = changed(before, attributes) + [f"torch.distributed.{name}" for name in NEWER if hasattr(td, name)]
+vars(td).update(older_torch)
+audit_hook_at_import = sys.modules["lib.guard.audit"]._installed if "lib.guard.audit" in sys.modules else False
 
 
 def seen_in_a_rank(dist, x):
@@ -61,7 +67,9 @@ except lib.sim.OutOfView:
     refused = True
 after_refusal = changed(before, attributes)
 engine_modules = sorted({type(m).__name__ for n, m in sys.modules.items() if n == "lib" or n.startswith("lib.")})
-print(json.dumps({"imported": imported, "patched": len(attributes), "after_import": after_import, "during": during,
+print(json.dumps({"audit_hook_at_import": audit_hook_at_import,
+                  "audit_hook_after_run": sys.modules["lib.guard.audit"]._installed,
+                  "imported": imported, "patched": len(attributes), "after_import": after_import, "during": during,
                   "after_run": after_run, "refused": refused, "after_refusal": after_refusal,
                   "engine_modules": engine_modules}))
 """
@@ -76,6 +84,7 @@ def test_importing_the_course_and_running_it_leave_the_process_as_it_was():
     assert {"lib.sim.runtime", "puzzles.data_parallel", "tools.grade", "lib.real.launch"} <= set(seen["imported"])
     assert seen["patched"] > 40
     assert seen["after_import"] == [], "importing the course changed these"
+    assert not seen["audit_hook_at_import"] and seen["audit_hook_after_run"], "the audit hook comes with the first run"
     assert seen["during"] == [True, True, "_EngineModule"], "a run guards them while it lasts"
     assert seen["after_run"] == [], "a run left these patched"
     assert seen["refused"] and seen["after_refusal"] == [], "a refused run left these patched"

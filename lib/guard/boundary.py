@@ -4,9 +4,9 @@ lasts.
 Nothing here changes the process at import. `guarding()` puts every patch of `_table()` in place when a run starts and
 puts each attribute back as it was when the run ends (lib.sim.runtime); outside a run `torch.save`, `Tensor.numpy`,
 `threading.Thread.start` and the rest are torch's and Python's own. What stays, and why:
-- Python's audit hook (lib.guard.audit), added when lib.sim is imported: Python cannot remove one. Outside a rank it
-  looks only at code compiled under the engine's or a library's file name (such code, compiled before a run, would
-  pass for the engine's inside one); every other event returns at once.
+- Python's audit hook (lib.guard.audit), added by the first run (lib.guard.around_run): Python cannot remove one.
+  While no rank runs it looks only at code compiled under the engine's or a library's file name (such code, compiled
+  before a run, would pass for the engine's inside one); every other event returns at once.
 - A run whose rank's thread could not be stopped leaves its patches in place after the run: that thread still runs
   the rank's code. The next run to end after that thread has ended puts them back.
 - A puzzle's answer keys, guarded in place at its first case (lib.guard.offlimits): outside a rank they are what they
@@ -53,10 +53,12 @@ import torch.autograd.graph
 import torch.utils._python_dispatch as python_dispatch
 
 from lib.guard.audit import caller_file
-from lib.sim.context import current_rank, current_runtime, current_tracker
+from lib.sim import tracker as tracker_module
+from lib.sim.context import current_rank, current_tracker, fail_run
 from lib.sim.errors import OutOfView
+from lib.sim.ownership import learner_line
+from lib.sim.tracker import LIST_SLOT_BYTES, PYTHON_NUMBER_BYTES, UNTRACKED
 from lib.whose_code import ENGINE
-from lib.sim.tracker import LIST_SLOT_BYTES, PYTHON_NUMBER_BYTES
 
 _OUT_OF_VIEW = ("The simulator measures a rank's memory in torch tensors; bytes moved into numpy arrays, "
                 "DLPack capsules or pickled bytes would escape its memory budget.\n"
@@ -78,14 +80,13 @@ def _refusing(original: Callable, what: str, gpu_note: str = "") -> Callable:
     def refused(self, *args, **kwargs):
         rank = current_rank()
         if rank is not None:
-            from lib.sim.ownership import learner_line
             fail_run(OutOfView(f"rank {rank} called {what}{learner_line()}. {gpu_note}{_OUT_OF_VIEW}"))
         return original(self, *args, **kwargs)
     refused._lib_sim_patch = True
     return refused
 
 
-_DISABLE_TORCH_DISPATCH = torch._C._DisableTorchDispatch      # the engine's own, unguarded in runs too
+_DISABLE_TORCH_DISPATCH = UNTRACKED      # the engine's own, unguarded in runs too
 
 
 def untracked():
@@ -93,26 +94,13 @@ def untracked():
     so the tracker does not count it. Five times cheaper than telling the tracker to ignore the op. Refused to the
     rank's own code, whose work it would hide."""
     if current_rank() is not None and _from_learner():
-        from lib.sim.ownership import learner_line
-        fail_run(OutOfView(f"rank {current_rank()} called lib.guard.boundary.untracked() "
+            fail_run(OutOfView(f"rank {current_rank()} called lib.guard.boundary.untracked() "
                            "(switching off the simulator's "
                         f"tracking of ops){learner_line()}: {_HIDDEN_WORK}"))
     return _DISABLE_TORCH_DISPATCH()
 
 
-_DISPATCH_STACK_AT = torch._C._get_dispatch_stack_at           # the engine's own, unguarded in runs too
-
-
-def tracking_switched_off(tracker) -> str:
-    """What, if anything, stops `tracker` from seeing the ops of this thread: '' when it sees them all."""
-    if torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
-        return "torch's Python dispatch is switched off"
-    depth = torch._C._len_torch_dispatch_stack()
-    if depth and _DISPATCH_STACK_AT(depth - 1) is tracker:          # where it is at nearly every dist call
-        return ""
-    if not any(_DISPATCH_STACK_AT(i) is tracker for i in range(depth)):
-        return "the simulator's dispatch mode was taken off the stack"
-    return ""
+_DISPATCH_STACK_AT = tracker_module._DISPATCH_STACK_AT       # the engine's own, unguarded in runs too
 
 
 def _from_learner(depth: int = 2) -> bool:
@@ -127,7 +115,6 @@ def _refusing_from_learner(original: Callable, what: str, why: str) -> Callable:
     def guarded(*args, **kwargs):
         rank = current_rank()
         if rank is not None and _from_learner():
-            from lib.sim.ownership import learner_line
             fail_run(OutOfView(f"rank {rank} called {what}{learner_line()}: {why}"))
         return original(*args, **kwargs)
     guarded._lib_sim_patch = True
@@ -147,7 +134,7 @@ def _private_to_a_rank(name: str) -> bool:
 
 class _HandleClass(type):
     """The class of an engine handle: its private names are refused to a rank's code as the handle's own are (a slot's
-    descriptor, `type(dist)._engine`, reads the slot around the handle's guard), and so is its __dict__ (every
+    descriptor, `type(dist)._handle`, reads the slot around the handle's guard), and so is its __dict__ (every
     descriptor). A lookup on an instance does not come here: the guard costs the engine's own calls nothing."""
 
     def __getattribute__(cls, name: str):
@@ -157,9 +144,10 @@ class _HandleClass(type):
 
 
 class EngineHandle(metaclass=_HandleClass):
-    """An object the learner's code is handed (its dist, a work handle) whose private attributes lead to the
-    simulator's own state: every rank's inputs and the rank's meters (bytes sent, memory, FLOPs, clock). Inside a
-    simulated rank the learner's code may use its public API only; the engine's and torch's code may use it all."""
+    """An object the learner's code is handed (the stand-in for its dist or a work handle, lib.guard.handles; an
+    answer key's guard) whose private attributes lead to the simulator's own state: every rank's inputs and the rank's
+    meters (bytes sent, memory, FLOPs, clock). Inside a simulated rank the learner's code may use its public API only;
+    the engine's and torch's code may use it all."""
 
     __slots__ = ()
 
@@ -197,7 +185,6 @@ def _engine_modules() -> list[types.ModuleType]:
 def refuse_reach(handle: object, name: str) -> None:
     """Stop the rank whose code reached `name` of an engine handle (EngineHandle), its class or an engine module,
     naming the learner's line."""
-    from lib.sim.ownership import learner_line
     owner = handle.__name__ if isinstance(handle, (type, types.ModuleType)) else type(handle).__name__
     fail_run(OutOfView(f"rank {current_rank()} reached {owner}.{name}{learner_line()}: {_HANDLES}"))
 
@@ -270,15 +257,6 @@ def _storage_resize(original: Callable) -> Callable:
         return out
     resize._lib_sim_patch = True
     return resize
-
-
-def fail_run(error: Exception) -> None:
-    """Stop the simulated run of this thread's rank with `error` (the rank's code cannot catch it); outside a run,
-    raise it."""
-    runtime = current_runtime()
-    if runtime is None:
-        raise error
-    runtime.fail(error)
 
 
 class _Patch(NamedTuple):

@@ -4,10 +4,9 @@ Two refusals, both by code object (a function is known by its code, and a copy o
 by its fingerprint: its bytecode, names and constants, docstring included):
 - a puzzle's answer keys, for every puzzle: what computes its expected answers, found in the case builder's code (the
   functions of its own package it calls, and theirs), and every formula of lib.analytic.formulas but the tools a
-  notebook hands
-  its learners (`tool`). Each is guarded once, at the first case built: called by a simulated rank's own code, it
-  stops the run; called by the check's or a puzzle's code, or outside a rank, it is what it always was. The guard
-  costs a rank nothing until it calls one.
+  notebook hands its learners (a Puzzle's `tools`, formulas.HANDED_TO_LEARNERS). Each is guarded once, at the first
+  case built: called by a simulated rank's own code, it stops the run; called by the check's or a puzzle's code, or
+  outside a rank, it is what it always was. The guard costs a rank nothing until it calls one.
 - what a puzzle names (`off_limits`: building a module, the formula library, the measuring tools, a C function):
   while the learner's function runs, a profile hook on that thread stops the first call into any of them, and into
   the helpers of its own module a named function calls. A C function (numpy's) is seen when Python calls it;
@@ -36,8 +35,8 @@ from lib.errors import PuzzleError
 from lib.whose_code import COURSE, LIBRARIES
 from lib.guard import audit
 from lib.guard.audit import caller_file
-from lib.guard.boundary import EngineHandle, fail_run
-from lib.sim.context import current_rank
+from lib.guard.boundary import EngineHandle
+from lib.sim.context import current_rank, fail_run
 from lib.sim.errors import OutOfView
 from lib.sim.ownership import learner_line
 
@@ -53,15 +52,10 @@ class OffLimits(PuzzleError):
 
 
 def tool(fn: Callable) -> Callable:
-    """Mark `fn` as handed to the learner (a notebook imports it for them by name): never an answer key."""
+    """Mark `fn` as handed to the learner (a notebook imports it for them by name: a Puzzle's `tools`), or as
+    computing no answer (lib.analytic.formulas.NO_ANSWER): never an answer key."""
     fn._never_an_answer_key = True
     return fn
-
-
-def no_answer(fn: Callable) -> Callable:
-    """Mark `fn` as computing no answer (a check of an argument's range): never guarded, so the course's own calls,
-    which the answer keys make by the hundred thousand in a plan search, pay no guard for it."""
-    return tool(fn)
 
 
 # ---- code: whose it is, what it calls, its fingerprint ------------------------------------------------------------
@@ -166,6 +160,8 @@ def guard_answer_keys(builder: Callable) -> None:
     _GUARDED_BUILDERS.add(builder)
     audit.watch_exec(refuse_copies)
     formulas = importlib.import_module(FORMULAS)
+    for name in formulas.HANDED_TO_LEARNERS + formulas.NO_ANSWER:
+        tool(getattr(formulas, name))
     keys = _reached([inspect.unwrap(builder)], _package_dir(builder.__module__) + (formulas.__file__,))
     keys |= set(_module_functions(formulas))
     for fn in keys - {inspect.unwrap(builder)}:

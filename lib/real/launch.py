@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.nn.parallel  # noqa: F401  (imported before forking so ranks inherit it instead of each paying ~2 s)
 
 from lib.real.backends import nccl_shortfall, visible_gpus
+from lib.real.compat import supply_newer_names
 from lib.errors import LaunchError, RankFailed
 from lib.whose_code import ENGINE
 
@@ -336,6 +337,7 @@ def _rank_main(job: _Job, rank: int, fn: Callable, args: tuple, kwargs: dict) ->
 def _run_rank(job: _Job, rank: int, fn: Callable, args: tuple, kwargs: dict) -> int:
     # First of all: a forked child's first multi-threaded op can hang forever on the caller's thread pool.
     torch.set_num_threads(1)
+    supply_newer_names()  # torch.distributed names an older torch lacks, from their older equivalents, in this rank
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(job.world_size)
     )

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from lib.real.backends import nccl_shortfall, visible_gpus
+from lib.real.compat import supply_newer_names
 
 
 def load(target: str) -> Callable[..., Any]:
@@ -72,6 +73,7 @@ def main(argv: list[str]) -> None:
             raise SystemExit("usage: -m lib.real.torchrun --check PUZZLE_MODULE:PUZZLE FUNCTION_MODULE:FUNCTION")
         puzzle, argv = load(argv[1]), argv[2:]
     fn, args = load(argv[0]), [parse_arg(a) for a in argv[1:]]
+    supply_newer_names()  # torch.distributed names an older torch lacks, from their older equivalents
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     gpus = visible_gpus()
     if gpus:

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
-from lib.guard.boundary import EngineHandle
 from lib.sim.cost import bus_factor, ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
 from lib.sim.tracker import in_host_memory
 
-if TYPE_CHECKING:
-    from lib.sim.runtime import Runtime
 
 Deliver = Callable[[], None]
 
@@ -86,33 +83,28 @@ class Call:
     nth: int = 0                     # p2p with a named peer: its place among this rank's calls of its kind to that peer
 
 
-class Work(EngineHandle):
-    """What an async call returns: `wait()` blocks until the transfer is done and shows its results. Its slots are
-    the simulator's, guarded from the rank's code (EngineHandle); its methods read them through the slots'
-    descriptors, which skip the guard (a look at the caller's frame per read)."""
+class Work:
+    """What an async call returns: `wait()` blocks until the transfer is done and shows its results."""
 
     __slots__ = ("_runtime", "_call")
 
-    def __init__(self, runtime: "Runtime", call: Call) -> None:
+    def __init__(self, runtime, call: Call) -> None:
         self._runtime = runtime
         self._call = call
 
     def wait(self, timeout=None) -> bool:
-        _RUNTIME.__get__(self).wait_call(_CALL.__get__(self))
+        self._runtime.wait_call(self._call)
         return True
 
     def is_completed(self) -> bool:
-        return _CALL.__get__(self).complete
+        return self._call.complete
 
     def is_success(self) -> bool:
-        return _CALL.__get__(self).complete
+        return self._call.complete
 
     def __repr__(self) -> str:
-        call = _CALL.__get__(self)
+        call = self._call
         return f"<Work {call.text} on rank {call.rank}: {'done' if call.complete else 'pending'}>"
-
-
-_RUNTIME, _CALL = Work._runtime, Work._call       # the slots' descriptors
 
 
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
@@ -132,7 +124,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> Deliver:
 class Communicator:
     """Posting, matching and completing calls for one simulated run."""
 
-    def __init__(self, runtime: "Runtime") -> None:
+    def __init__(self, runtime) -> None:
         self.rt = runtime
         self.world = Group(0, tuple(range(runtime.world_size)))
         self.groups: list[Group] = [self.world]

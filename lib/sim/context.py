@@ -13,8 +13,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NamedTuple, Optional
 
-from lib.whose_code import ENGINE
 from lib.sim.errors import OutOfView
+from lib.sim.ownership import learner_line
+from lib.whose_code import ENGINE
 
 if TYPE_CHECKING:
     from lib.sim.tracker import RankTracker
@@ -68,6 +69,15 @@ def current_tracker() -> Optional["RankTracker"]:
     return here.tracker
 
 
+def fail_run(error: Exception) -> None:
+    """Stop the simulated run of this thread's rank with `error` (the rank's code cannot catch it); outside a run,
+    raise it."""
+    runtime = current_runtime()
+    if runtime is None:
+        raise error
+    runtime.fail(error)
+
+
 def clock() -> float:
     """This rank's simulated clock, in seconds: a number to read, not the meter."""
     here = _here()
@@ -94,14 +104,12 @@ _HANDLES = ("the simulator's runtime and the rank's tracker hold every rank's in
 def _refuse_to_the_rank(here: _Rank, what: str) -> None:
     """Stop the rank when the code asking for `what` (two frames up) is not the engine's."""
     if not _getframe(2).f_code.co_filename.startswith(ENGINE):
-        from lib.sim.ownership import learner_line
         here.runtime.fail(OutOfView(f"rank {here.rank} called {what}{learner_line()}: {_HANDLES}"))
 
 
 def _refuse_on_a_rank(what: str) -> None:
     here = _ranks.get(_get_ident())
     if here is not None:
-        from lib.sim.ownership import learner_line
         here.runtime.fail(OutOfView(
             f"rank {here.rank} tried to {what}{learner_line()}: which rank a thread runs is the simulator's to say, "
             "and a rank that left its rank would switch off the rules every rank runs under.\nHint: use only the "

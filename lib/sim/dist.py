@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as _td
 
 from lib.errors import PuzzleError
-from lib.guard.boundary import EngineHandle
 from lib.sim.comm import Call, Communicator, Group, Work, _copy, describe_tensor
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 
-if TYPE_CHECKING:
-    from lib.sim.runtime import Runtime
 
 ReduceOp = _td.ReduceOp          # the real enum, so `dist.ReduceOp.SUM` means one thing in both worlds
 
@@ -43,7 +40,7 @@ def _op_name(op) -> str:
 def _rule(method):
     """Errors the simulator raises inside a dist call end the run: a learner's try/except can't hide them."""
     @functools.wraps(method)
-    def wrapper(self: "RankComm", *args, **kwargs):
+    def wrapper(self: "SimDist", *args, **kwargs):
         self._rt.check_view(self._rt.ranks[self._rank])
         try:
             return method(self, *args, **kwargs)
@@ -65,11 +62,16 @@ class _GroupNamespace:
     WORLD = None
 
 
-class RankComm:
-    """The engine behind one rank's `dist`: torch.distributed's functions on the simulated runtime. The rank's
-    code never holds it (SimDist forwards to it), so its own attribute reads pay no guard."""
+class SimDist:
+    """The `dist` object one simulated rank receives: torch.distributed's functions the course uses, same names and
+    arguments, on the simulated runtime."""
 
-    def __init__(self, runtime: "Runtime", rank: int) -> None:
+    ReduceOp = ReduceOp
+    P2POp = P2POp
+    group = _GroupNamespace
+    GroupMember = _GroupNamespace
+
+    def __init__(self, runtime, rank: int) -> None:
         self._rt = runtime
         self._rank = rank
         self._comm: Communicator = runtime.comm
@@ -512,37 +514,6 @@ class RankComm:
             else:
                 works.append(Work(self._rt, self._post_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer, "irecv")))
         return works
-
-
-class SimDist(EngineHandle):
-    """The `dist` object one simulated rank receives: torch.distributed's API, each function forwarded to the rank's
-    RankComm. Its one private slot leads to the simulator's state, so the rank's code may not read it (EngineHandle);
-    the forwarders read it through the slot's descriptor, which skips that guard: a check makes thousands of dist
-    calls, and the guard costs each engine read a look at the caller's frame."""
-
-    __slots__ = ("_engine",)
-    ReduceOp = ReduceOp
-    P2POp = P2POp
-    group = _GroupNamespace
-    GroupMember = _GroupNamespace
-
-    def __init__(self, runtime: "Runtime", rank: int) -> None:
-        self._engine = RankComm(runtime, rank)
-
-
-_ENGINE = SimDist._engine          # the slot's descriptor
-
-
-def _forwarding(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def forward(self: SimDist, *args, **kwargs):
-        return method(_ENGINE.__get__(self), *args, **kwargs)
-    return forward
-
-
-for _name, _method in list(vars(RankComm).items()):
-    if callable(_method) and (not _name.startswith("_") or _name == "__repr__"):
-        setattr(SimDist, _name, _forwarding(_method))
 
 
 def _concatenated(big: torch.Tensor, part: torch.Tensor, n: int) -> bool:

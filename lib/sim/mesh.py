@@ -23,8 +23,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 
 from lib.whose_code import COURSE
-from lib.guard.boundary import fail_run
-from lib.sim.context import current_rank
+from lib.sim.context import current_rank, fail_run
 from lib.sim.errors import InvalidCall, OutOfView
 from lib.sim.ownership import learner_line
 

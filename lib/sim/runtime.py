@@ -13,25 +13,24 @@ every thread is joined before `run` returns.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from lib.errors import PuzzleError, RankFailed
-from lib.guard import audit, boundary
+from lib import guard
 from lib.sim import context, threads
-from lib.guard.boundary import _DISABLE_TORCH_DISPATCH as _UNTRACKED, tracking_switched_off
 from lib.sim.environ import own_environments
 from lib.sim.comm import Call, Communicator
 from lib.sim.context import current_rank
 from lib.sim.cost import CostModel
+from lib.sim.dist import SimDist
 from lib.sim.errors import (CollectiveMismatch, Deadlock, InvalidCall, OutOfView, RankDied, SharedMemory,
                             SimTimeout)
 from lib.sim.links import Link
@@ -40,11 +39,10 @@ from lib.units import ordinal
 from lib.whose_code import ENGINE
 from lib.sim.ownership import SHARE_NOTHING, Ownership
 from lib.sim.result import Event, RankStats, SimResult, event
-from lib.sim.tracker import RankTracker
+from lib.sim.tracker import UNTRACKED as _UNTRACKED, RankTracker, tracking_switched_off
 
 _RNG = torch.default_generator
 _JOIN_TIMEOUT = 10.0     # seconds for every rank thread to finish once the run is over
-audit.install()          # the one thing importing the simulator does to the process (lib.guard.boundary's docstring)
 
 
 class _Abort(BaseException):
@@ -137,6 +135,7 @@ class Runtime:
         self._yielded = threading.Semaphore(0)
         self._start_rng = torch.get_rng_state()      # every rank starts from it, as forked processes would
         self._start_threads = torch.get_num_threads()
+        self.hand_to_rank: Callable[[Any], Any] = lambda value: value   # what a rank's code is handed: the guard's
 
     @property
     def ending(self) -> bool:
@@ -155,8 +154,7 @@ class Runtime:
 
     def untracked(self):
         """The runtime's own temporaries (message copies, reductions) are not the rank's memory. torch's own guard,
-        not a generator around it, nor lib.guard.boundary.untracked's look at who asks: a check enters it several
-        times per communication call, and only the engine holds the runtime."""
+        not a generator around it: a check enters it several times per communication call."""
         return _UNTRACKED()
 
     def check_view(self, state: RankState) -> None:
@@ -282,7 +280,9 @@ class Runtime:
                 if self.read_arguments:
                     state.tracker.watch_arguments(mine[0])
                 del memo
-                state.result = fn(make_dist(self, state.rank), *mine[0], **mine[1])
+                hand = self.hand_to_rank
+                mine = [hand(a) for a in mine[0]], {k: hand(v) for k, v in mine[1].items()}
+                state.result = fn(hand(make_dist(self, state.rank)), *mine[0], **mine[1])
                 del mine
                 self.check_view(state)
                 self.close_compute(state)
@@ -306,13 +306,12 @@ class Runtime:
             raise InvalidCall("lib.sim.run was called from inside a simulated rank; run it from top-level code.")
         self.ownership.protect((args, kwargs, protect))
         _dismiss_ended()
-        with boundary.guarding() as guard:
+        with guard.around_run(self) as self.hand_to_rank:
             try:
                 self._start_and_schedule(fn, args, kwargs, make_dist)
             finally:
-                for state in self.ranks:     # a thread that would not stop stays its rank: its guards stay on
+                for state in self.ranks:     # a thread that would not stop stays its rank
                     if state.thread is not None and state.thread.is_alive():
-                        guard.left_running.append(state.thread)
                         _LEFT_RUNNING.append(state.thread)
                     elif state.thread is not None:
                         context.dismiss(state.thread)
@@ -331,13 +330,12 @@ class Runtime:
         self._check_waited()
 
     def _start_and_schedule(self, fn: Callable, args: tuple, kwargs: dict, make_dist: Callable) -> None:
-        with _no_hooks_for_new_threads():
-            for state in self.ranks:
-                state.thread = _RankThread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
-                                           name=f"sim-rank-{state.rank}", daemon=True)
-                state.thread.start()
-                context.admit(state.thread, state.rank, self, state.tracker)
-                state.thread.begun.wait(_JOIN_TIMEOUT)
+        for state in self.ranks:
+            state.thread = _RankThread(target=self._rank_main, args=(state, fn, args, kwargs, make_dist),
+                                       name=f"sim-rank-{state.rank}", daemon=True)
+            state.thread.start()
+            context.admit(state.thread, state.rank, self, state.tracker)
+            state.thread.begun.wait(_JOIN_TIMEOUT)
         deadline = time.monotonic() + self.timeout
         with labelled_output(current_rank), own_environments():
             try:
@@ -564,20 +562,6 @@ class _RankThread(threading.Thread):
         target(*args)
 
 
-@contextlib.contextmanager
-def _no_hooks_for_new_threads() -> Iterator[None]:
-    """threading.settrace's and setprofile's hooks, which every new thread is born with, off while the rank threads
-    start (a hook set before the run would be handed every frame of every rank, the engine's included)."""
-    trace, profile = threading.gettrace(), threading.getprofile()
-    threading.settrace(None)
-    threading.setprofile(None)
-    try:
-        yield
-    finally:
-        threading.settrace(trace)
-        threading.setprofile(profile)
-
-
 def _learner_traceback(e: BaseException) -> str:
     """The traceback without the simulator's or torch's frames: what a learner needs to see."""
     frames = [f for f in traceback.extract_tb(e.__traceback__)
@@ -614,8 +598,6 @@ def run(fn: Callable, world_size: int, *args, cost: Optional[CostModel] = None, 
     `read_arguments` measures the bytes each rank's ops read of each positional argument (RankStats.argument_reads;
     a cost on every op, so only when asked).
     """
-    from lib.sim.dist import SimDist
-
     if not isinstance(world_size, int) or world_size < 1:
         raise InvalidCall(f"world_size must be a positive integer, got {world_size!r}.")
     for a in list(args) + list(kwargs.values()):
