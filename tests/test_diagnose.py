@@ -500,7 +500,7 @@ def test_coordinates_in_the_reverse_order_are_read_entry_by_entry():
 def test_a_prediction_rounded_down_is_named():
     from lib.checker.terms import Q, ceil, explain, formula
     steps = formula(ceil(Q("t", 11, "the time") / Q("s", 4, "a step's time")), "steps")
-    assert explain(steps, 2) == ("your answer is 1 steps short: it is what the formula gives with rounded down "
+    assert explain(steps, 2) == ("your answer is 1 step short: it is what the formula gives with rounded down "
                                  "where it must round up (floor for ceil).")
 
 
