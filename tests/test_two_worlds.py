@@ -10,6 +10,7 @@ refuses it with its listed words (or answers otherwise on purpose, where it has 
 from __future__ import annotations
 
 import faulthandler
+import inspect
 import math
 from collections import Counter
 from functools import lru_cache
@@ -20,6 +21,8 @@ import torch
 import lib.sim
 from lib.errors import LaunchError, RankFailed
 from lib.real.launch import launch
+from lib.sim.dist import SimDist
+from tests.differential import programs
 from tests.differential.programs import ALONE, BATCH, DELIBERATE, PROGRAMS, SAME, SIM_ONLY, Program
 
 ALONE_TIMEOUT = 3.0          # seconds for a launch of one program that may hang gloo (fork + init take 0.2 s)
@@ -150,6 +153,13 @@ def test_enough_programs_of_every_kind():
     kinds = Counter(p.label for p in PROGRAMS)
     assert kinds[SAME] > kinds[DELIBERATE] > 10
     assert all(p.gloo in (BATCH, ALONE, SIM_ONLY) for p in PROGRAMS)
+
+
+def test_every_call_of_the_simulated_dist_is_in_a_program():
+    source = inspect.getsource(programs)
+    calls = [n for n, v in vars(SimDist).items() if callable(v) and not n.startswith("_")]
+    assert len(calls) > 30
+    assert not [n for n in calls if f"dist.{n}" not in source]
 
 
 @pytest.mark.parametrize("name", [p.name for p in PROGRAMS])

@@ -87,6 +87,11 @@ def backend_name(dist):
     return dist.get_backend()
 
 
+@program()
+def backend_names(dist):
+    return str(dist.Backend.NCCL), str(dist.Backend.GLOO)
+
+
 @program(world=3)
 def world_group_ranks(dist):
     return dist.get_process_group_ranks(dist.group.WORLD)
@@ -410,6 +415,20 @@ def all_gather_list(dist):
 def all_gather_into_tensor(dist):
     out = torch.empty(8, 3)
     dist.all_gather_into_tensor(out, _x(dist.get_rank(), 61, (2, 3)))
+    return out
+
+
+@program()
+def all_gather_single_2_13(dist):
+    out = torch.empty(4)
+    dist.all_gather_single(out, _x(dist.get_rank(), 65, (2,)))
+    return out
+
+
+@program()
+def reduce_scatter_single_2_13(dist):
+    out = torch.empty(2)
+    dist.reduce_scatter_single(out, _x(dist.get_rank(), 66, (4,)), op=dist.ReduceOp.MAX)
     return out
 
 
