@@ -22,6 +22,7 @@ import lib.sim
 from lib.errors import LaunchError, RankFailed
 from lib.real.launch import launch
 from lib.sim.dist import SimDist
+from lib.sim.objects import OBJECT_CALLS
 from tests.differential import programs
 from tests.differential.programs import ALONE, BATCH, DELIBERATE, PROGRAMS, SAME, SIM_ONLY, Program
 
@@ -212,3 +213,10 @@ def test_unknown_attributes_say_what_to_use_not_the_engines_names(path):
     said = str(caught.value)
     assert "AttributeError" in said
     assert not [name for name in ENGINE_NAMES if name in said], said
+
+
+@pytest.mark.parametrize("name", OBJECT_CALLS)
+def test_object_calls_take_torchs_arguments(name):
+    """A learner may pass any argument torch.distributed takes, by name or position, in the same order."""
+    real = list(inspect.signature(getattr(torch.distributed, name)).parameters)
+    assert list(inspect.signature(getattr(SimDist, name)).parameters)[1:] == real

@@ -87,29 +87,37 @@ class BufferRules:
                  inputs: list) -> Optional[InvalidCall]:
         """The rule op `func` breaks on these tensors, or None (`written`: its written_args; `viewing`: a pure
         view, which reads nothing)."""
-        positions, names = written
-        writes = [args[i] for i in positions if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
+        marks = self.marks
         for t in inputs:
+            if t.untyped_storage()._cdata not in marks:     # nearly every tensor of nearly every op
+                continue
+            positions, names = written
+            writes = [args[i] for i in positions if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
             for m in self._hits(t):
                 into = any(t is w for w in writes)
+                what = f"{func._overloadpacket.__name__}{learner_line()}"
                 if m.kind == SENDING:
                     if into:
-                        return self._written_while_sending(m, func)
+                        return self._written_while_sending(m, what)
                     continue
                 if viewing or func in _SHAPE_ONLY:
                     continue
                 if m.kind == RECEIVING:
-                    return self._touched_while_receiving(m, func)
+                    return self._touched_while_receiving(m, what)
                 if into and (func in _OVERWRITES or any(t is kwargs.get(n) for n in names)):
                     self._clear(t.untyped_storage()._cdata, *_span(t))
                     continue
-                return self.read_unspecified(m, f"{func._overloadpacket.__name__}{learner_line()}")
+                return self.read_unspecified(m, what)
         return None
 
     def check_read(self, t: torch.Tensor, what: str) -> Optional[InvalidCall]:
         """A read outside the dispatcher (tolist) or by a dist call (`what` says which)."""
-        m = next((m for m in self._hits(t) if m.kind == UNSPECIFIED), None)
-        return None if m is None else self.read_unspecified(m, what)
+        for m in self._hits(t):
+            if m.kind == UNSPECIFIED:
+                return self.read_unspecified(m, what)
+            if m.kind == RECEIVING:
+                return self._touched_while_receiving(m, what)
+        return None
 
     def check_result(self, result) -> Optional[InvalidCall]:
         for t in tensors_within(result):
@@ -125,18 +133,18 @@ class BufferRules:
             "in them, and NCCL whatever its ring left there.\nHint: read the result on the destination rank only; "
             "if every rank needs it, use all_reduce (or broadcast it from the destination).")
 
-    def _touched_while_receiving(self, m: Mark, func) -> InvalidCall:
-        return self._before_wait(m, func, "used", "its values are undefined: gloo shows half-reduced or half-received "
+    def _touched_while_receiving(self, m: Mark, what: str) -> InvalidCall:
+        return self._before_wait(m, what, "used", "its values are undefined: gloo shows half-reduced or half-received "
                                  "values there, and NCCL's kernel may still be writing them",
                                  "call .wait() on the work object first")
 
-    def _written_while_sending(self, m: Mark, func) -> InvalidCall:
-        return self._before_wait(m, func, "wrote into", "the tensor belongs to the backend: what arrives is undefined "
+    def _written_while_sending(self, m: Mark, what: str) -> InvalidCall:
+        return self._before_wait(m, what, "wrote into", "the tensor belongs to the backend: what arrives is undefined "
                                  "(gloo sent the old values in some runs and the new ones in others; NCCL reads it "
                                  "while the kernel runs)", "call .wait() on the work isend returned before changing "
                                  "the tensor, or send a copy (.clone())")
 
-    def _before_wait(self, m: Mark, func, did: str, why: str, hint: str) -> InvalidCall:
+    def _before_wait(self, m: Mark, what: str, did: str, why: str, hint: str) -> InvalidCall:
         return InvalidCall(f"rank {self.rank} {did} the tensor of its {m.call} before waiting on it "
-                           f"({func._overloadpacket.__name__}{learner_line()}). Until wait() returns, {why}.\n"
+                           f"({what}). Until wait() returns, {why}.\n"
                            f"Hint: {hint}.")
