@@ -432,7 +432,8 @@ def _what_gloo_does(data: torch.Tensor, buf: torch.Tensor) -> str:
     if data.nbytes == buf.nbytes:
         return ("gloo would copy the bytes and reinterpret them as the buffer's dtype, without a word (NCCL, the "
                 "backend the simulated ranks stand for, hangs or corrupts).")
-    return "gloo refuses it too (\"Message too long\" or a size mismatch); NCCL hangs or corrupts."
+    return ("gloo aborts the receiving process (SIGABRT); NCCL, the backend the simulated ranks stand for, hangs or "
+            "corrupts.")
 
 
 def _tensors_in(payload: object) -> list[torch.Tensor]:

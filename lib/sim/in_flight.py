@@ -145,6 +145,6 @@ class BufferRules:
                                  "the tensor, or send a copy (.clone())")
 
     def _before_wait(self, m: Mark, what: str, did: str, why: str, hint: str) -> InvalidCall:
-        return InvalidCall(f"rank {self.rank} {did} the tensor of its {m.call} before waiting on it "
+        return InvalidCall(f"rank {self.rank} {did} the tensor of its {m.call} before its wait() "
                            f"({what}). Until wait() returns, {why}.\n"
                            f"Hint: {hint}.")

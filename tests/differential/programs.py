@@ -276,7 +276,7 @@ def two_async_then_wait(dist):
     return a, b
 
 
-@program(label=DELIBERATE, words=("before waiting on it", "half-reduced"), runs=2)
+@program(label=DELIBERATE, words=("before its wait()", "half-reduced"), runs=2)
 def read_async_all_reduce_before_wait(dist):
     t = torch.ones(1000) * (dist.get_rank() + 1)
     work = dist.all_reduce(t, async_op=True)
@@ -285,7 +285,7 @@ def read_async_all_reduce_before_wait(dist):
     return early, t[:3]
 
 
-@program(label=DELIBERATE, words=("before waiting on it", "half-received"), runs=2)
+@program(label=DELIBERATE, words=("before its wait()", "half-received"), runs=2)
 def read_irecv_buffer_before_wait(dist):
     buf = torch.zeros(3)
     if dist.get_rank() == 0:
