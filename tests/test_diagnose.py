@@ -480,15 +480,15 @@ def test_a_division_by_a_python_zero_is_named(capsys):
 
 
 def test_values_computed_from_memory_read_before_it_was_written_are_named(capsys):
-    def reads_the_buffer_before_the_wait(dist, x):
+    def reads_the_buffer_before_the_receive(dist, x):
         got = torch.empty_like(x)
-        work = dist.irecv(got, (dist.get_rank() - 1) % dist.get_world_size())
-        early = got * 2 + x                      # read before work.wait(): what torch.empty left there
+        early = got * 2 + x                      # read before anything arrived: what torch.empty left there
+        work = dist.irecv(got, (dist.get_rank() - 1) % dist.get_world_size())   # (read before its wait(): refused)
         send = dist.isend(x, (dist.get_rank() + 1) % dist.get_world_size())
         work.wait()
         send.wait()
         return early
-    out = _failure(puzzle(_sum_case), reads_the_buffer_before_the_wait, capsys)
+    out = _failure(puzzle(_sum_case), reads_the_buffer_before_the_receive, capsys)
     assert "from memory nothing wrote: torch.empty's leftovers read before anything was written" in out, out
 
 

@@ -60,7 +60,7 @@ def device_mesh(dist: Any, shape: Optional[tuple[int, ...]] = None, names: Optio
     if current_rank() is not None:
         from lib.sim.mesh import SimDeviceMesh
 
-        return SimDeviceMesh(dist, shape, names, mesh_device_type(dist))
+        return SimDeviceMesh(dist, shape, names, "cpu")     # its ranks stand for NCCL, but their tensors are the CPU's
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(mesh_device_type(dist), shape, mesh_dim_names=names)

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
+import torch.distributed
 
+from lib.sim.context import current_rank
 from lib.sim.cost import bus_factor, ring_traffic
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.links import earliest
@@ -22,6 +24,7 @@ from lib.sim.tracker import in_host_memory
 
 
 Deliver = Callable[[], None]
+_NON_GROUP_MEMBER = torch.distributed.GroupMember.NON_GROUP_MEMBER
 
 
 class Group:
@@ -43,6 +46,22 @@ class Group:
 
     def __repr__(self) -> str:
         return self._label
+
+    def __eq__(self, other) -> bool:
+        """On a rank outside the group, the group equals dist.GroupMember.NON_GROUP_MEMBER: what torch's new_group
+        returns there."""
+        if isinstance(other, int) and not isinstance(other, bool) and other == _NON_GROUP_MEMBER:
+            rank = current_rank()
+            return rank is not None and rank not in self.ranks
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"a process group has no attribute {name!r}: ask dist about it "
+                             "(dist.get_process_group_ranks(group), dist.get_rank(group), dist.get_world_size(group)).")
 
 
 _DESCRIBED: dict[tuple, str] = {}        # (shape, dtype) -> how it reads: every message's text names its tensor
@@ -183,7 +202,8 @@ class Communicator:
         if me not in group.ranks:
             raise InvalidCall(f"rank {me} called {what} on {group}, which it is not a member of.\n"
                               "Hint: only the members of a group take part in its collectives; "
-                              "guard the call with `if rank in ranks:`.")
+                              "guard the call with `if rank in ranks:` (torch.distributed would skip the call on "
+                              "a non-member with a warning and leave its tensors as they were).")
         return group
 
     # ---- collectives --------------------------------------------------------------
@@ -212,7 +232,9 @@ class Communicator:
                     f"collective #{seq + 1} on {group}: rank {other.rank} called {other.text}, "
                     f"but rank {me} called {text}.\n"
                     "Hint: every rank of a group must call the same collectives, in the same order, "
-                    "with tensors of the same shape and dtype (and the same op and root).")
+                    "with tensors of the same shape and dtype (and the same op and root): on real ranks gloo "
+                    "returns garbage or aborts, and NCCL, the backend the simulated ranks stand for, hangs or "
+                    "corrupts memory.")
             break
         calls[me] = call
         if len(calls) < group.size():
@@ -310,8 +332,8 @@ class Communicator:
         if data.dtype != buf.dtype or data.numel() != buf.numel():
             raise CollectiveMismatch(
                 f"rank {send.rank} sent {describe_tensor(data)} to rank {recv.rank}, but rank {recv.rank} "
-                f"receives into {describe_tensor(buf)} ({recv.text}).\n"
-                "Hint: a recv buffer must have the same number of elements and the same dtype as the send.")
+                f"receives into {describe_tensor(buf)} ({recv.text}). " + _what_gloo_does(data, buf) +
+                "\nHint: a recv buffer must have the same number of elements and the same dtype as the send.")
         with self.rt.untracked():
             copy = data.detach().clone()            # detached: a clone of it records no autograd graph
         recv.peer = send.rank
@@ -392,6 +414,18 @@ class Communicator:
                              f"#{seq + 1} on {g}, but rank(s) {', '.join(map(str, missing))} "
                              "returned without calling it.")
         return "\n".join(lines) or None
+
+
+def _what_gloo_does(data: torch.Tensor, buf: torch.Tensor) -> str:
+    """What a real backend makes of a message that does not fit its buffer, for the refusal to say."""
+    if data.nbytes < buf.nbytes:
+        return ("gloo would fill the first bytes of the buffer and leave the rest as it was (NCCL, the backend the "
+                "simulated ranks stand for, hangs or corrupts).")
+    if data.nbytes == buf.nbytes:
+        return ("gloo would copy the bytes and reinterpret them as the buffer's dtype, without a word (NCCL, the "
+                "backend the simulated ranks stand for, hangs or corrupts).")
+    return ("gloo aborts the receiving process (SIGABRT); NCCL, the backend the simulated ranks stand for, hangs or "
+            "corrupts.")
 
 
 def _tensors_in(payload: object) -> list[torch.Tensor]:

@@ -14,17 +14,14 @@ import torch.distributed as _td
 from lib.errors import PuzzleError
 from lib.sim.comm import Call, Communicator, Group, Work, _copy, describe_tensor
 from lib.sim.errors import CollectiveMismatch, InvalidCall
+from lib.sim.in_flight import RECEIVING, SENDING, UNSPECIFIED
+from lib.sim.objects import OBJECT_CALLS, ObjectCollectives, refuse_unknown
+from lib.sim.reduction import REDUCERS, reduce_tensors
 
 
 ReduceOp = _td.ReduceOp          # the real enum, so `dist.ReduceOp.SUM` means one thing in both worlds
 
-_REDUCERS: dict[object, Callable[[torch.Tensor], torch.Tensor]] = {
-    ReduceOp.SUM: lambda s: s.sum(0),
-    ReduceOp.PRODUCT: lambda s: s.prod(0),
-    ReduceOp.MIN: lambda s: s.amin(0),
-    ReduceOp.MAX: lambda s: s.amax(0),
-    ReduceOp.AVG: lambda s: s.sum(0) / s.shape[0],
-}
+BACKEND = "nccl"       # what get_backend() answers: the backend the simulated ranks stand for (docs/DIFFERENCES.md)
 
 
 _OP_NAMES: dict = {}          # ReduceOp -> its name; str() of the enum costs microseconds, and every reduction asks
@@ -58,16 +55,26 @@ class P2POp:
         self.group, self.tag, self.group_peer = group, tag, group_peer
 
 
-class _GroupNamespace:
+class _Namespace(type):
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"dist.group (and dist.GroupMember) has WORLD and NON_GROUP_MEMBER, not {name!r}: the "
+                             "groups a rank uses are those dist.new_group returns.")
+
+
+class _GroupNamespace(metaclass=_Namespace):
     WORLD = None
+    NON_GROUP_MEMBER = _td.GroupMember.NON_GROUP_MEMBER   # what new_group returns to a non-member on real ranks
 
 
-class SimDist:
+class SimDist(ObjectCollectives):
     """The `dist` object one simulated rank receives: torch.distributed's functions the course uses, same names and
     arguments, on the simulated runtime."""
 
     ReduceOp = ReduceOp
     P2POp = P2POp
+    Backend = _td.Backend
     group = _GroupNamespace
     GroupMember = _GroupNamespace
 
@@ -79,6 +86,9 @@ class SimDist:
     def __repr__(self) -> str:
         return f"<simulated torch.distributed, rank {self._rank} of {self._rt.world_size}>"
 
+    def __getattr__(self, name: str):                  # a name this dist lacks: what to use instead
+        refuse_unknown(name)
+
     # ---- who am I -----------------------------------------------------------------
     def is_available(self) -> bool:
         return True
@@ -87,7 +97,7 @@ class SimDist:
         return True
 
     def get_backend(self, group=None) -> str:
-        return "sim"
+        return BACKEND
 
     @_rule
     def get_rank(self, group: Optional[Group] = None) -> int:
@@ -136,10 +146,24 @@ class SimDist:
         if not t.is_contiguous():
             raise InvalidCall(
                 f"rank {self._rank} called {what} with a non-contiguous {arg} of shape {tuple(t.shape)} "
-                "(a transpose or a strided slice). torch.distributed rejects these.\n"
+                "(a transpose, an expand() or a strided slice). NCCL, the backend the simulated ranks stand for, "
+                "refuses it: \"Tensors must be contiguous\" (gloo accepts it in some calls and copies).\n"
                 "Hint: communicate a contiguous tensor (`.contiguous()` makes a copy; copy the "
                 "result back into the view if you need it there).")
         return t
+
+    def _readable(self, t: torch.Tensor, what: str) -> None:
+        """Refuse a dist call that reads a buffer left unspecified (lib.sim.in_flight)."""
+        rules = self._rt.ranks[self._rank].tracker.buffers
+        if rules.marks:
+            broken = rules.check_read(t, f"passed it to {what}")
+            if broken is not None:
+                raise broken
+
+    def _overwritten(self, t: torch.Tensor) -> None:
+        rules = self._rt.ranks[self._rank].tracker.buffers
+        if rules.marks:
+            rules.overwritten(t)
 
     def _root(self, group: Group, root, group_root, arg: str, what: str) -> int:
         if group_root is not None:
@@ -169,12 +193,22 @@ class SimDist:
         self._rt.close_compute(self._rt.me())
         call = self._comm.post_collective(self._rank, name, g, text=text, signature=signature, payload=payload,
                                           nbytes=nbytes, finish=finish, root=root, traffic=traffic)
+        if async_op and isinstance(payload, torch.Tensor):       # all_reduce, broadcast, reduce: the backend's now
+            kind = SENDING if root == self._rank and name == "broadcast" else RECEIVING
+            self._rt.ranks[self._rank].tracker.buffers.mark(payload, kind, text, key=call)
         return self._finish(call, async_op)
 
     def _check_op(self, op, t: Optional[torch.Tensor] = None) -> None:
-        if op not in _REDUCERS:
-            raise InvalidCall(f"rank {self._rank}: unsupported reduce op {op!r}; use dist.ReduceOp.SUM, AVG, "
-                              "PRODUCT, MIN or MAX.")
+        if op not in REDUCERS:
+            name = _op_name(op) if isinstance(op, (ReduceOp, ReduceOp.RedOpType)) else repr(op)
+            bitwise = name in ("BAND", "BOR", "BXOR")
+            raise InvalidCall(
+                f"rank {self._rank}: ReduceOp.{name} " + (
+                    "is a bitwise reduction, and NCCL, the backend the simulated ranks stand for, has none "
+                    f"(\"Cannot use ReduceOp.{name} with NCCL\"); gloo computes it." if bitwise else
+                    "is not one the simulated ranks support.") +
+                "\nHint: use dist.ReduceOp.SUM, AVG, PRODUCT, MIN or MAX" +
+                (" (a bitwise AND of 0/1 flags is their MIN, an OR their MAX)." if bitwise else "."))
         if op == ReduceOp.AVG and t is not None and not (t.is_floating_point() or t.is_complex()):
             raise InvalidCall(f"rank {self._rank}: ReduceOp.AVG on a {describe_tensor(t)} tensor: an average of "
                               "integers is not an integer, and torch.distributed rejects it. Use SUM and divide "
@@ -182,7 +216,7 @@ class SimDist:
 
     @staticmethod
     def _reduce(tensors: list[torch.Tensor], op) -> torch.Tensor:
-        return _REDUCERS[op](torch.stack([t.detach() for t in tensors]))
+        return reduce_tensors(tensors, op)
 
     @staticmethod
     def _nbytes(t: torch.Tensor) -> int:
@@ -198,6 +232,7 @@ class SimDist:
     def all_reduce(self, tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         t = self._tensor(tensor, "all_reduce")
         self._check_op(op, t)
+        self._readable(t, "all_reduce")
 
         def finish(payloads):
             with self._rt.untracked():
@@ -213,6 +248,10 @@ class SimDist:
         t = self._tensor(tensor, "broadcast")
         g = self._comm.resolve(self._rank, group, "broadcast")
         root = self._root(g, src, group_src, "src", "broadcast")
+        if root == self._rank:
+            self._readable(t, "broadcast")
+        else:
+            self._overwritten(t)
 
         def finish(payloads):
             with self._rt.untracked():
@@ -227,20 +266,25 @@ class SimDist:
                group_dst: Optional[int] = None):
         t = self._tensor(tensor, "reduce")
         self._check_op(op, t)
+        self._readable(t, "reduce")
         g = self._comm.resolve(self._rank, group, "reduce")
         root = self._root(g, dst, group_dst, "dst", "reduce")
+        text = f"reduce({describe_tensor(t)}, dst={root}, {_op_name(op)})"
 
         def finish(payloads):
             with self._rt.untracked():
                 total = self._reduce([payloads[r] for r in sorted(payloads)], op)
-            return {root: _copy(payloads[root], total)}
-        return self._collective("reduce", g, text=f"reduce({describe_tensor(t)}, dst={root}, {_op_name(op)})",
+            return {r: _copy(payloads[r], total) if r == root else _spoil(payloads[r]) for r in payloads}
+        if self._rank != root:        # unspecified from here on, as torch documents it: refused on read
+            self._rt.ranks[self._rank].tracker.buffers.mark(t, UNSPECIFIED, text)
+        return self._collective("reduce", g, text=text,
                                 signature=(tuple(t.shape), t.dtype, root, _op_name(op)), payload=t,
                                 nbytes=self._nbytes(t), finish=finish, async_op=async_op, root=root)
 
     @_rule
     def all_gather(self, tensor_list, tensor, group=None, async_op: bool = False):
         t = self._tensor(tensor, "all_gather")
+        self._readable(t, "all_gather")
         g = self._comm.resolve(self._rank, group, "all_gather")
         outs = self._list(tensor_list, g, "all_gather", "tensor_list", like=t)
 
@@ -462,6 +506,7 @@ class SimDist:
 
     def _post_send(self, tensor, dst, group, tag, group_dst, what):
         t = self._tensor(tensor, what)
+        self._readable(t, what)
         dst = self._peer(group, dst, group_dst, what)
         if self._rt.faults:
             self._rt.communicating((dst,), f"{what}(dst={dst})")
@@ -470,6 +515,7 @@ class SimDist:
 
     def _post_recv(self, tensor, src, group, tag, group_src, what):
         t = self._tensor(tensor, what)
+        self._overwritten(t)
         src = self._peer(group, src, group_src, what)
         if self._rt.faults:
             self._rt.communicating(() if src is None else (src,), f"{what}(src={src})")
@@ -492,12 +538,24 @@ class SimDist:
     @_rule
     def isend(self, tensor, dst: Optional[int] = None, group=None, tag: int = 0,
               group_dst: Optional[int] = None) -> Work:
-        return Work(self._rt, self._post_send(tensor, dst, group, tag, group_dst, "isend"))
+        return self._isend(tensor, dst, group, tag, group_dst)
+
+    def _isend(self, tensor, dst, group, tag, group_dst) -> Work:
+        """Post a send the rank waits on later: its tensor is the backend's until then (writes refused)."""
+        call = self._post_send(tensor, dst, group, tag, group_dst, "isend")
+        self._rt.ranks[self._rank].tracker.buffers.mark(tensor, SENDING, call.text, key=call)
+        return Work(self._rt, call)
 
     @_rule
     def irecv(self, tensor, src: Optional[int] = None, group=None, tag: int = 0,
               group_src: Optional[int] = None) -> Work:
-        return Work(self._rt, self._post_recv(tensor, src, group, tag, group_src, "irecv"))
+        return self._irecv(tensor, src, group, tag, group_src)
+
+    def _irecv(self, tensor, src, group, tag, group_src) -> Work:
+        """Post a receive the rank waits on later: its buffer is the backend's until then (reads refused)."""
+        call = self._post_recv(tensor, src, group, tag, group_src, "irecv")
+        self._rt.ranks[self._rank].tracker.buffers.mark(tensor, RECEIVING, call.text, key=call)
+        return Work(self._rt, call)
 
     @_rule
     def batch_isend_irecv(self, p2p_op_list) -> list[Work]:
@@ -510,10 +568,14 @@ class SimDist:
             if kind not in ("isend", "irecv"):
                 raise InvalidCall(f"rank {self._rank}: a P2POp's op must be dist.isend or dist.irecv, got {p.op!r}.")
             if kind == "isend":
-                works.append(Work(self._rt, self._post_send(p.tensor, p.peer, p.group, p.tag, p.group_peer, "isend")))
+                works.append(self._isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
             else:
-                works.append(Work(self._rt, self._post_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer, "irecv")))
+                works.append(self._irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
         return works
+
+
+for _name in OBJECT_CALLS:
+    setattr(SimDist, _name, _rule(getattr(ObjectCollectives, _name)))
 
 
 def _concatenated(big: torch.Tensor, part: torch.Tensor, n: int) -> bool:
@@ -523,6 +585,17 @@ def _concatenated(big: torch.Tensor, part: torch.Tensor, n: int) -> bool:
     if part.dim() == 0:
         return tuple(big.shape) == (n,)
     return big.dim() == part.dim() and big.shape[0] == n * part.shape[0] and big.shape[1:] == part.shape[1:]
+
+
+def _spoil(buffer: torch.Tensor):
+    """A non-destination rank's reduce buffer: unspecified on real backends, NaN here where its dtype has one (its
+    reads are refused besides: lib.sim.in_flight)."""
+    if not buffer.is_floating_point():
+        return None
+
+    def deliver() -> None:
+        buffer.detach().fill_(float("nan"))
+    return deliver
 
 
 def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]):

@@ -1,11 +1,12 @@
 """Each simulated rank's own environment variables, as each process has its own.
 
 Threads share `os.environ`; processes do not: a variable one rank sets is not there for the others. During a run,
-`os.environ` is a view that gives each rank its own copy, made at its first change from the environment the run
-started with (as a forked process inherits it), so that a program passing data between ranks through environment
-variables fails here as it would on real processes; where it reads one that only another rank set, the KeyError
-says so. Outside the ranks (the scheduler, the kernel's own threads) `os.environ` is the real one, and after the
-run it is the real object again, untouched by the ranks.
+`os.environ` is a view that gives each rank its own copy, made at its first use from the environment the run started
+with (as a forked process inherits it) and the variables torchrun sets for each rank (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: one node, torchrun --standalone's defaults), so that a program passing
+data between ranks through environment variables fails here as it would on real processes; where it reads one that
+only another rank set, the KeyError says so. Outside the ranks (the scheduler, the kernel's own threads) `os.environ`
+is the real one, and after the run it is the real object again, untouched by the ranks.
 """
 
 from __future__ import annotations
@@ -29,18 +30,23 @@ class NotInThisRanksEnvironment(KeyError):
 class RankEnvironments(MutableMapping):
     """`os.environ` while ranks run: the real mapping for other threads, a copy-on-write one for each rank."""
 
-    def __init__(self, real: MutableMapping) -> None:
+    def __init__(self, real: MutableMapping, world_size: int = 1) -> None:
         self.real = real
-        self.own: dict[int, dict[str, str]] = {}        # rank -> its environment, once it changed it
+        self.world_size = world_size
+        self.own: dict[int, dict[str, str]] = {}        # rank -> its environment, made at its first use
         self.set_by: dict[str, int] = {}                # variable -> the first rank that set it
 
     def _mine(self) -> MutableMapping:
         rank = current_rank()
-        return self.real if rank is None else self.own.get(rank, self.real)
+        if rank is None:
+            return self.real
+        mine = self.own.get(rank)
+        if mine is None:
+            mine = self.own[rank] = {**self.real, **torchrun_variables(rank, self.world_size)}
+        return mine
 
     def _writable(self) -> MutableMapping:
-        rank = current_rank()
-        return self.real if rank is None else self.own.setdefault(rank, dict(self.real))
+        return self._mine()
 
     def __getitem__(self, key: str) -> str:
         try:
@@ -78,11 +84,18 @@ class RankEnvironments(MutableMapping):
         return f"environ({dict(self._mine())!r})"
 
 
+def torchrun_variables(rank: int, world_size: int) -> dict[str, str]:
+    """What torchrun puts in the environment of rank `rank` of a one-node job."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500"}
+
+
 @contextmanager
-def own_environments() -> Iterator[RankEnvironments]:
+def own_environments(world_size: int = 1) -> Iterator[RankEnvironments]:
     """`os.environ` per rank for the duration of a run; the real one again afterwards, untouched by the ranks."""
     real = os.environ
-    view = RankEnvironments(real)
+    view = RankEnvironments(real, world_size)
     os.environ = view      # noqa: B003  (a view in front of the real mapping, not a new environment)
     try:
         yield view

@@ -219,6 +219,8 @@ class Runtime:
             state.waiting = call
             self._yield(state)
         state.waiting = None
+        if state.tracker.buffers.marks:
+            state.tracker.buffers.lift(call)              # the tensor of an async call is the rank's again
         if call.name == "recv" and not call.waited and call.failed is None:
             state.p2p_log.append(("waited", call.peer))     # the sender, also of a receive from any source
         call.waited = True
@@ -285,6 +287,10 @@ class Runtime:
                 state.result = fn(hand(make_dist(self, state.rank)), *mine[0], **mine[1])
                 del mine
                 self.check_view(state)
+                if state.tracker.buffers.marks:
+                    broken = state.tracker.buffers.check_result(state.result)
+                    if broken is not None:
+                        self.fail(broken)
                 self.close_compute(state)
         except _Abort:
             pass
@@ -337,7 +343,7 @@ class Runtime:
             context.admit(state.thread, state.rank, self, state.tracker)
             state.thread.begun.wait(_JOIN_TIMEOUT)
         deadline = time.monotonic() + self.timeout
-        with labelled_output(current_rank), own_environments():
+        with labelled_output(current_rank), own_environments(self.world_size):
             try:
                 self._schedule(deadline)
             except BaseException as e:
@@ -433,8 +439,8 @@ class Runtime:
             hint = (f"rank(s) {', '.join(map(str, returned))} returned while others still expected them "
                     "in a communication: every rank must make the same sequence of calls.")
         elif kinds <= {"send"}:
-            hint = ("a blocking send waits until the receiver posts its recv. When every rank sends "
-                    "first, nobody receives. Use dist.isend / dist.irecv (then .wait()), "
+            hint = ("a blocking send waits until the receiver posts its recv (on gloo and NCCL alike). When every "
+                    "rank sends first, nobody receives. Use dist.isend / dist.irecv (then .wait()), "
                     "dist.batch_isend_irecv, or let even ranks send first and odd ranks receive first.")
         else:
             hint = ("ranks wait for each other in a cycle. Every rank of a group must call that group's "
@@ -498,6 +504,13 @@ class Runtime:
     def _check_waited(self) -> None:
         for state in self.ranks:
             for call in state.posted if not state.dead else ():
+                if call.name == "send" and not call.waited:
+                    raise InvalidCall(
+                        f"rank {state.rank} returned without waiting on its {call.text}, "
+                        f"{_place_among(call, state.posted)}. On real ranks a process that returns with a send in "
+                        "flight may close its connection before the data has left: gloo fails now and then with "
+                        "\"Connection closed by peer\", or hangs where the work object was dropped before a barrier."
+                        "\nHint: keep the work object isend returns and call .wait() on it before the rank returns.")
                 if call.receives and not call.waited:
                     raise InvalidCall(
                         f"rank {state.rank} returned without waiting on its {call.text}, "
@@ -572,6 +585,10 @@ def _learner_traceback(e: BaseException) -> str:
 
 def _hint_for(e: BaseException) -> str:
     """Mistakes common enough to deserve a pointer of their own."""
+    if "not compiled with CUDA" in str(e):
+        return ("\nHint: the simulated ranks stand for GPUs on NCCL (dist.get_backend() says 'nccl'), but their "
+                "tensors live on lib.device(): choose a tensor's device with lib.device(), not from the backend's "
+                "name.")
     if "process group has not been initialized" in str(e):
         return ("\nHint: inside a puzzle, call the `dist` your function receives (dist.all_reduce(...)), "
                 "not torch.distributed: the simulator hands each rank its own `dist`.")

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lib.sim.flops import composite, flops_of, formula_of
 from lib.sim.errors import InvalidCall
+from lib.sim.in_flight import BufferRules
 from lib.sim.ownership import Ownership, tensor_inputs, written_args
 from lib.sim.reads import ArgumentReads
 
@@ -164,6 +165,7 @@ class RankTracker(TorchDispatchMode):
         self._owners = ownership.owners if ownership is not None else None
         self._refusals: list[tuple[tuple[str, ...], Callable[[str], Exception]]] = []    # innermost last
         self._verdicts: dict[int, Optional[Callable[[str], Exception]]] = {}   # id(func) -> its refusal, or None
+        self.buffers = BufferRules(rank)    # buffers a dist call made unusable for a while (lib.sim.in_flight)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -182,6 +184,10 @@ class RankTracker(TorchDispatchMode):
         inputs = tensor_inputs(args, kwargs)
         if self._ownership is not None:
             broken = self._ownership.check(self._rank, func, args, kwargs, op.written, inputs)
+            if broken is not None:
+                self._on_violation(broken)
+        if self.buffers.marks:
+            broken = self.buffers.check_op(func, op.written, op.aliases and not op.writes, args, kwargs, inputs)
             if broken is not None:
                 self._on_violation(broken)
         place = self._placement(func, inputs, kwargs) if kwargs or self._hosted else DEVICE
@@ -321,6 +327,10 @@ class RankTracker(TorchDispatchMode):
             owner = self._ownership.owners.get(storage._cdata)
             if owner is not None and owner != self._rank:
                 self._on_violation(self._ownership.read_error(self._rank, owner, what))
+        if self.buffers.marks and isinstance(obj, torch.Tensor):
+            broken = self.buffers.check_read(obj, what)
+            if broken is not None:
+                self._on_violation(broken)
         if self.reads is not None and isinstance(obj, torch.Tensor):
             self.reads.read(obj)
 
@@ -362,6 +372,7 @@ class RankTracker(TorchDispatchMode):
     def _release(self, key: int, _ref=None) -> None:
         """Forget a storage that died (the callback of its weak reference, `_ref`)."""
         self._watch.pop(key, None)
+        self.buffers.marks.pop(key, None)
         known = self._sizes.pop(key, None)
         if known is None:
             return

@@ -434,7 +434,7 @@ MISTAKES = [
     Attempt("ring_attention", ring_keeping_only_the_last_block, ("last block only", "never merged")),
     Attempt("ring_attention", ring_never_attending_to_the_last_block, ("received last", "N-1 of the N blocks")),
     Attempt("ring_attention", ring_passing_k_only, ("V never travels", "its own V")),
-    Attempt("ring_attention_overlap", overlap_waiting_for_everything_at_the_end, ("before its wait", "uninitialised")),
+    Attempt("ring_attention_overlap", overlap_waiting_for_everything_at_the_end, ("before its wait()", "irecv")),
     Attempt("ring_attention_overlap", overlap_attending_to_what_arrived, ("own block", "never attended")),
     Attempt("ring_attention_overlap", overlap_posting_on_the_last_step_too, "N-1 = "),
     Attempt("ring_attention_overlap", overlap_k_and_v_received_crosswise, ("K and V swapped", "holds what")),
