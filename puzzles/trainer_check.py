@@ -1,0 +1,284 @@
+"""Notebook 10's composed check: the learner's pieces, each through its own notebook's check again, then together
+on a simulated (dp, pp, tp) mesh against one device, step by step, with the bytes each mesh axis carries.
+
+A failure names the piece and the seam: the piece's own check where it fails alone, else the first step and rank
+where the composed run leaves the single-device one, and which part of the step that points at.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+import puzzles
+from lib.checker.compare import first_difference
+from lib.checker.puzzle import CheckFailed, NotSolved, strict_default
+from lib.errors import PuzzleError
+from lib.notebook.pieces import Gap, Pieces, learner_pieces
+from lib.sim import per_rank, run
+from lib.sim.cost import bus_factor
+from lib.sim.traffic import OUTSIDE, MeshAxes, traffic_by_axis
+from lib.units import fmt_bytes
+from puzzles import composed as C
+from puzzles.course_text import as_text, batches, byte_tokens, course_text
+from puzzles.trainer import PIECES, SEAMS
+
+RTOL, ATOL = 1e-9, 1e-10          # float64 on both sides; only the order of the sums differs
+
+
+def needed(parts: C.Parts) -> dict[str, str]:
+    """The earlier notebooks' pieces this choice of parts runs."""
+    return {k: v for k, v in PIECES.items() if k != "zero1_train" or parts.zero == 1}
+
+
+def _puzzle(name: str):
+    notebook = PIECES.get(name, "10_your_trainer")
+    return next(p for p in puzzles.of_notebook(notebook).PUZZLES if p.name == name)
+
+
+def numbers() -> dict[str, int]:
+    """Each piece's puzzle number in its notebook."""
+    out = {}
+    for name, notebook in PIECES.items():
+        names = [p.name for p in puzzles.of_notebook(notebook).PUZZLES]
+        out[name] = names.index(name) + 1
+    return out
+
+
+def load(folder: Optional[Path] = None, module: Optional[Path] = None) -> Pieces:
+    """The learner's pieces from their saved notebooks 02 to 06 (or `module`), with what is missing."""
+    return learner_pieces(PIECES, folder=folder, module=module, numbers=numbers())
+
+
+def _gaps(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts) -> list[str]:
+    from lib.errors import is_the_stub
+
+    wanted = needed(parts)
+    gaps = [str(g) for g in pieces.gaps if g.name in wanted]
+    gaps += [str(Gap(name, "10_your_trainer", SEAMS.index(name) + 1, "still the stub")) for name in SEAMS
+             if name not in seams or is_the_stub(seams[name])]
+    return gaps
+
+
+def _own_check(name: str, fn: Callable) -> Optional[str]:
+    """None when the piece passes its notebook's check again; else the first lines of why not."""
+    outcome = _puzzle(name).evaluate(fn)
+    if outcome.ok:
+        return None
+    notebook = PIECES.get(name, "10_your_trainer")
+    number = numbers().get(name) or SEAMS.index(name) + 1
+    lines = outcome.message.splitlines()
+    return (f"✗ {name} (notebook {notebook[:2]}, puzzle {number}) fails its own check, so the trainer would too:\n  "
+            + "\n  ".join(lines[:4]) + f"\nRun P.{name}.check({name}) in notebook {notebook[:2]} to see it whole.")
+
+
+def _functions(pieces: Pieces, seams: dict[str, Callable]) -> dict[str, Callable]:
+    return {**pieces.functions, **{k: seams[k] for k in SEAMS}}
+
+
+def data(parts: C.Parts) -> list:
+    """The steps' batches of the course's own text, byte tokens, seeded."""
+    return batches(byte_tokens(course_text()), parts.steps, parts.rows, C.config().seq, parts.seed)
+
+
+def _where(rank: int, parts: C.Parts) -> str:
+    d, p, t = coordinates(rank, parts)
+    return f"rank {rank} (dp {d}, stage {p}, tp {t})"
+
+
+def coordinates(rank: int, parts: C.Parts) -> tuple[int, int, int]:
+    d, rest = divmod(rank, parts.pp * parts.tp)
+    return (d, *divmod(rest, parts.tp))
+
+
+def _compare(results: list, losses: list[float], expected: list[dict], parts: C.Parts) -> Optional[str]:
+    """The first step where a rank's loss leaves one device's, or the first parameter that differs."""
+    for step, want in enumerate(losses):
+        for rank, out in enumerate(results):
+            got = out["losses"]
+            if got is None:
+                continue
+            if not math.isclose(got[step], want, rel_tol=RTOL, abs_tol=ATOL):
+                seam = ("the forward pass: your TP layers (04), your 1F1B (05) or your mesh coordinates (06)"
+                        if step == 0 else
+                        "the update, as step 1's loss is right: your DP average (02), clipping, ZeRO (03), "
+                        "or the gradients your TP layers and 1F1B leave")
+                return (f"step {step + 1}'s loss on {_where(rank, parts)}: one device's is {want:.10g}, yours "
+                        f"{got[step]:.10g}.\nThat points at {seam}.")
+    for rank, out in enumerate(results):
+        differs = first_difference(expected[rank], out["params"], rtol=1e-7, atol=1e-9, where="parameter")
+        if differs:
+            return (f"after {parts.steps} steps, {_where(rank, parts)}: {differs}\nThe losses agree, so the "
+                    "forward passes were right; the last update was not.")
+    return None
+
+
+def _dp_budget(parts: C.Parts, shard: torch.nn.Module, last: bool) -> tuple[float, str]:
+    """What a rank may send on the DP axis over the run, and the formula."""
+    params = list(shard.parameters())
+    if parts.zero == 1:
+        padded = sum(math.ceil(p.numel() / parts.dp) * parts.dp for p in params) * 8
+        what = "ZeRO-1's reduce-scatter and all-gather of the padded gradients"
+    else:
+        n = sum(p.numel() for p in params)
+        padded = (n + -n % parts.dp) * 8
+        what = "the ring all-reduce of one flat bucket of gradients"
+    per_step = bus_factor("all_reduce", parts.dp) * padded + (bus_factor("all_reduce", parts.dp) * 16 if last else 0)
+    return parts.steps * per_step, f"{parts.steps} steps × {what} ({fmt_bytes(padded)}), 2(dp-1)/dp of it"
+
+
+def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], str]:
+    """(a broken budget, or None; the bytes each axis carried, rank 0's)."""
+    axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
+    traffic = traffic_by_axis(result.trace, axes)
+    for rank, by_axis in enumerate(traffic):
+        limit, why = _dp_budget(parts, shards[rank], coordinates(rank, parts)[1] == parts.pp - 1)
+        if by_axis["dp"].sent > limit * (1 + 1e-9):
+            piece = "zero1_train" if parts.zero == 1 else "ring_all_reduce"
+            return (f"{_where(rank, parts)} sent {fmt_bytes(by_axis['dp'].sent)} on the DP axis, over its budget of "
+                    f"{fmt_bytes(limit)}: {why}. Your {piece} sends more than its lesson's share.", "")
+    rank0 = traffic[0]
+    line = ", ".join(f"{axis.upper()} {fmt_bytes(rank0[axis].sent)}" for axis in C.AXES)
+    line += f", the replica's clipping sum {fmt_bytes(rank0[OUTSIDE].sent)}"
+    return None, f"  sent by rank 0 over the run: {line}"
+
+
+def _not_ready(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, strict: bool) -> bool:
+    """Says what to finish first, where anything is missing (and raises NotSolved in strict mode)."""
+    gaps = _gaps(pieces, seams, parts)
+    if gaps:
+        text = "○ The trainer needs these first:\n  " + "\n  ".join(gaps)
+        print(text)
+        if strict:
+            raise NotSolved(text)
+    return bool(gaps)
+
+
+def check_trainer(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *, own_checks: bool = True,
+                  show: bool = True, strict: Optional[bool] = None) -> bool:
+    """The composed check: True when the learner's trainer equals one device's step by step. Prints why not (and
+    raises in strict mode, as a puzzle's check does)."""
+    strict = strict_default() if strict is None else strict
+    if _not_ready(pieces, seams, parts, strict):
+        return False
+    problem = _composed_problem(pieces, seams, parts, own_checks, show)
+    if problem and strict:
+        raise CheckFailed(problem)
+    return problem is None
+
+
+def _composed_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, own_checks: bool,
+                      show: bool) -> Optional[str]:
+    """None when the composed run passes (its success printed); else the failure, printed."""
+    problem = _first_problem(pieces, seams, parts, own_checks, show)
+    if problem:
+        print(problem)
+    return problem
+
+
+def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, own_checks: bool,
+                   show: bool) -> Optional[str]:
+    fns = _functions(pieces, seams)
+    if own_checks:
+        for name in [*needed(parts), *SEAMS]:
+            failed = _own_check(name, fns[name])
+            if failed:
+                return failed
+    steps = data(parts)
+    losses, model = C.reference_run(parts, steps)
+    shards = C.shards(parts)
+    try:
+        result = run(C.train, parts.world, fns, per_rank(shards), steps, parts)
+    except PuzzleError as e:
+        return f"✗ The composed trainer stopped on {parts.world} simulated ranks:\n{e}"
+    wrong = _compare(result.results, losses, C.expected_shards(model, parts), parts)
+    if wrong:
+        return f"✗ Your trainer leaves one device's run: {wrong}"
+    broken, axes = _axis_report(result, shards, parts)
+    if broken:
+        return f"✗ {broken}"
+    print(f"✓ Your trainer equals one device for {parts.steps} steps on a (dp, pp, tp) = ({parts.dp}, {parts.pp}, "
+          f"{parts.tp}) mesh, ZeRO-{parts.zero}: loss {losses[0]:.4f} → {losses[-1]:.4f}, every rank's "
+          f"parameters within {RTOL:g}.\n{axes}")
+    if show:
+        _show(result, parts)
+    return None
+
+
+def _show(result, parts: C.Parts) -> None:
+    from IPython.display import display
+
+    from lib.sim.traffic import axis_labeller
+    from lib.viz.timeline import draw_timeline
+
+    axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
+    display(draw_timeline(result.trace, parts.world, title="your trainer, one rank per row (simulated time)",
+                          kind_of=axis_labeller(axes)))
+
+
+def simulated_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts) -> Optional[dict]:
+    """A longer run of the learner's trainer on simulated ranks, with one device's losses beside it."""
+    if _not_ready(pieces, seams, parts, strict=False):
+        return None
+    steps = data(parts)
+    losses, _ = C.reference_run(parts, steps)
+    result = run(C.train, parts.world, _functions(pieces, seams), per_rank(C.shards(parts)), steps, parts)
+    last = next(r for r in result.results if r["losses"] is not None)
+    return {"yours": last["losses"], "one_device": losses, "params": [r["params"] for r in result.results]}
+
+
+def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *,
+                  timeout: float = 300) -> Optional[dict]:
+    """The same trainer on parts.world real processes (gloo on this machine), with one device's losses beside it."""
+    from lib.real.launch import launch
+
+    if _not_ready(pieces, seams, parts, strict=False):
+        return None
+    steps = data(parts)
+    losses, _ = C.reference_run(parts, steps)
+    results = launch(C.train_on_real_ranks, parts.world, _functions(pieces, seams), C.shards(parts), steps, parts,
+                     timeout=timeout)
+    last = next(r for r in results if r["losses"] is not None)
+    return {"yours": last["losses"], "one_device": losses, "params": [r["params"] for r in results]}
+
+
+def loss_figure(runs: dict, title: str = ""):
+    """Each run's loss per step, your trainer's as points over one device's line."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
+    for label, run_ in runs.items():
+        if run_ is None:
+            continue
+        steps = range(1, len(run_["one_device"]) + 1)
+        ax.plot(steps, run_["one_device"], color="0.6", lw=3, label=f"one device ({label})")
+        ax.plot(steps, run_["yours"], ".", ms=5, label=f"your trainer, {label}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="small")
+    plt.close(fig)
+    return fig
+
+
+def read_sample(run_: Optional[dict], parts: C.Parts, prompt: str, length: int = 120) -> Optional[str]:
+    """What the model your trainer trained writes after `prompt` (its shards joined back into one model)."""
+    if run_ is None:
+        return None
+    model = C.assemble(run_["params"], parts)
+    return prompt + as_text(C.sample(model, byte_tokens(prompt), length, seed=parts.seed))
+
+
+def train_from_workspace(dist, folder: str = ".", steps: int = 30) -> Optional[list]:
+    """For torchrun: the learner's pieces from their saved notebooks in `folder` (notebook 10's seams included),
+    trained on a (2, 2, 2) mesh for `steps` steps; the last stage returns its losses."""
+    pieces = learner_pieces({**PIECES, **{name: "10_your_trainer" for name in SEAMS}}, folder=Path(folder),
+                            numbers={**numbers(), **{name: i + 1 for i, name in enumerate(SEAMS)}})
+    parts = C.Parts(steps=steps, lr=1e-2, max_norm=1.0)
+    if pieces.gaps:
+        raise SystemExit("\n".join(str(g) for g in pieces.gaps))
+    out = C.train(dist, pieces.functions, C.shards(parts)[dist.get_rank()], data(parts), parts)
+    return None if out["losses"] is None else [round(x, 4) for x in out["losses"]]
