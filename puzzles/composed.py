@@ -11,6 +11,7 @@ returns a zero whose backward adds nothing.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
@@ -78,17 +79,18 @@ def replicated(stage: nn.Module) -> list[bool]:
 
 
 # ---- the single device ------------------------------------------------------------------------------------------
-def reference_run(parts: Parts, data: list) -> tuple[list[float], Any]:
+def reference_run(parts: Parts, data: list) -> tuple[list[float], Any, dict]:
     """One device: the whole batch each step, mean cross-entropy, the gradient clipped as torch's clip_grad_norm_
-    does, Adam. Returns (the loss before each step, the trained model)."""
+    does, Adam. Returns (the loss before each step, the trained model, step 1's gradient by parameter name)."""
     model = tiny_gpt(config(data[0][0].shape[1]), parts.seed)
     params = list(model.parameters())
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
-    losses = []
+    losses, first = [], {}
     for step, (tokens, targets) in enumerate(data, start=1):
         loss = model.loss(tokens, targets)
         losses.append(loss.item())
         loss.backward()
+        first = first or {n: p.grad.clone() for n, p in model.named_parameters()}
         if parts.clips:                                 # torch.nn.utils.clip_grad_norm_'s rule, written out
             coef = parts.max_norm / (torch.stack([p.grad.pow(2).sum() for p in params]).sum().sqrt() + 1e-6)
             for p in params:
@@ -97,7 +99,7 @@ def reference_run(parts: Parts, data: list) -> tuple[list[float], Any]:
             for p, (m, v) in zip(params, moments):
                 adam_update(p, p.grad, m, v, step, parts.lr)
                 p.grad = None
-    return losses, model
+    return losses, model, first
 
 
 def shards(parts: Parts) -> list[GPTStage]:
@@ -106,8 +108,13 @@ def shards(parts: Parts) -> list[GPTStage]:
     return [stages[p][t] for _d in range(parts.dp) for p in range(parts.pp) for t in range(parts.tp)]
 
 
-def expected_shards(model, parts: Parts) -> list[dict[str, torch.Tensor]]:
-    """Rank r's parameters after the reference run."""
+def expected_shards(model, parts: Parts, values: Optional[dict] = None) -> list[dict[str, torch.Tensor]]:
+    """Rank r's parameters after the reference run (or its shards of `values`, one tensor per parameter name)."""
+    if values is not None:
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(values[name])
     stages = shard_gpt(model, parts.pp, parts.tp)
     return [{n: p.detach() for n, p in stages[p][t].named_parameters()}
             for _d in range(parts.dp) for p in range(parts.pp) for t in range(parts.tp)]
@@ -203,17 +210,13 @@ def pipelined_step(pieces: dict, axes: Axes, stage: PipelineStage, tokens, targe
     return float(pieces["mean_loss"](axes.dp, stage.losses, counts))
 
 
-def average_and_clip(pieces: dict, axes: Axes, params: list, flags: list[bool], parts: Parts) -> list:
-    """The DP average of every gradient by the learner's ring, in one flat bucket; then their clipping over the
-    replica's shards."""
+def average(pieces: dict, axes: Axes, params: list, parts: Parts) -> list:
+    """The DP average of every gradient by the learner's ring, in one flat bucket."""
     sizes = [p.numel() for p in params]
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     flat = F.pad(flat, (0, -len(flat) % parts.dp))                  # the ring cuts the bucket into dp equal chunks
     flat = pieces["ring_all_reduce"](axes.dp, flat) / parts.dp
-    grads = [g.view_as(p) for g, p in zip(flat[:sum(sizes)].split(sizes), params)]
-    if parts.clips:
-        grads = list(pieces["clip_grad_norm"](axes.replica, grads, flags, parts.max_norm, parts.tp))
-    return grads
+    return [g.view_as(p) for g, p in zip(flat[:sum(sizes)].split(sizes), params)]
 
 
 class WholeStep(nn.Module):
@@ -241,6 +244,7 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts) -> dict
     stage = PipelineStage(shard, pieces, axes.tp, config().heads)
     params, flags = list(shard.parameters()), replicated(shard)
     losses: list = []
+    first: dict = {}                     # step 1's averaged gradient, what the optimizer is handed (ZeRO-0 only)
     if parts.zero == 1:
         whole = WholeStep(pieces, axes, stage, mine, parts)
         steps = [(torch.zeros(1, dtype=torch.float64, device=where),) * 2 for _ in mine]
@@ -250,12 +254,15 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts) -> dict
         moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
         for step, (tokens, targets) in enumerate(mine, start=1):
             losses.append(pipelined_step(pieces, axes, stage, tokens, targets, parts))
-            grads = average_and_clip(pieces, axes, params, flags, parts)
+            grads = average(pieces, axes, params, parts)
+            first = first or {n: g.detach().clone() for (n, _), g in zip(shard.named_parameters(), grads)}
+            if parts.clips:
+                grads = list(pieces["clip_grad_norm"](axes.replica, grads, flags, parts.max_norm, parts.tp))
             with torch.no_grad():
                 for p, g, (m, v) in zip(params, grads, moments):
                     adam_update(p, g, m, v, step, parts.lr)
                     p.grad = None
-    return {"losses": None if losses[0] is None else losses,
+    return {"losses": None if losses[0] is None else losses, "first_grads": first or None,
             "params": {n: p.detach() for n, p in shard.named_parameters()}}
 
 

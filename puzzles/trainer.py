@@ -47,8 +47,9 @@ def _clipped(grads: list[list[torch.Tensor]], replicated: list[bool], max_norm: 
     return [[g * coef if coef < 1 else g.clone() for g in mine] for mine in grads]
 
 
-def _clip_case(rng: random.Random, world: int) -> Case:
-    tp = rng.choice([t for t in (1, 2, 4) if world % t == 0 and t <= world])
+def _clip_case(rng: random.Random, world: int, tp: int = 0, scale: float = 0.0) -> Case:
+    """A model copy of `world` ranks, TP degree `tp`, clipped to `scale` × its norm (both drawn where 0)."""
+    tp = tp if tp and world % tp == 0 else rng.choice([t for t in (1, 2, 4) if world % t == 0])
     gen = _gen(rng)
     shapes = [(rng.randint(2, 6), rng.randint(2, 6)) for _ in range(rng.randint(3, 5))]
     replicated = [True] + [rng.random() < 0.5 for _ in shapes[1:]]
@@ -60,7 +61,7 @@ def _clip_case(rng: random.Random, world: int) -> Case:
                                                                                           dtype=torch.float64)
     norm = float(sum(g.pow(2).sum() for rank, mine in enumerate(grads) for g, r in zip(mine, replicated)
                      if not r or rank % tp == 0).sqrt())
-    max_norm = norm * rng.choice([0.25, 0.5, 2.0])
+    max_norm = norm * (scale or rng.choice([0.25, 0.5, 2.0]))
     expected = _clipped(grads, replicated, max_norm, tp)
     return Case(world, (per_rank(grads), replicated, max_norm, tp), expected,
                 f"{world} ranks of one model copy, tp={tp}, {len(shapes)} gradients, max_norm = "
@@ -83,6 +84,7 @@ def _clip_counting_every_copy(dist, grads, replicated, max_norm, tp):
 
 clip_grad_norm = Puzzle(
     "clip_grad_norm", NOTEBOOK, _clip_case, world_sizes=(2, 4, 8),
+    variants=({"tp": 2, "scale": 0.5}, {"scale": 2.0}),       # replicas that count, and a norm already small
     hints=["The norm is that of the whole model's gradient as one vector: the square root of the sum of every "
            "gradient's squares, each parameter counted once.",
            "A gradient flagged replicated is the same on every TP rank: add its squares on TP rank 0 only "

@@ -56,8 +56,10 @@ def load(folder: Optional[Path] = None, module: Optional[Path] = None) -> Pieces
 def _gaps(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts) -> list[str]:
     from lib.errors import is_the_stub
 
-    wanted = needed(parts)
+    wanted, named = needed(parts), {g.name for g in pieces.gaps}
     gaps = [str(g) for g in pieces.gaps if g.name in wanted]
+    gaps += [str(Gap(name, notebook, numbers()[name], "not loaded (run the cell with T.load() above)"))
+             for name, notebook in wanted.items() if name not in pieces.functions and name not in named]
     gaps += [str(Gap(name, "10_your_trainer", SEAMS.index(name) + 1, "still the stub")) for name in SEAMS
              if name not in seams or is_the_stub(seams[name])]
     return gaps
@@ -94,7 +96,8 @@ def coordinates(rank: int, parts: C.Parts) -> tuple[int, int, int]:
     return (d, *divmod(rest, parts.tp))
 
 
-def _compare(results: list, losses: list[float], expected: list[dict], parts: C.Parts) -> Optional[str]:
+def _compare(results: list, losses: list[float], expected: list[dict], grads: list[dict],
+             parts: C.Parts) -> Optional[str]:
     """The first step where a rank's loss leaves one device's, or the first parameter that differs."""
     for step, want in enumerate(losses):
         for rank, out in enumerate(results):
@@ -109,11 +112,31 @@ def _compare(results: list, losses: list[float], expected: list[dict], parts: C.
                 return (f"step {step + 1}'s loss on {_where(rank, parts)}: one device's is {want:.10g}, yours "
                         f"{got[step]:.10g}.\nThat points at {seam}.")
     for rank, out in enumerate(results):
+        wrong = out["first_grads"] is not None and _scaled_gradient(grads[rank], out["first_grads"], rank, parts)
+        if wrong:
+            return wrong
+    for rank, out in enumerate(results):
         differs = first_difference(expected[rank], out["params"], rtol=1e-7, atol=1e-9, where="parameter")
         if differs:
             return (f"after {parts.steps} steps, {_where(rank, parts)}: {differs}\nThe losses agree, so the "
                     "forward passes were right; the last update was not.")
     return None
+
+
+def _norm(tensors: dict) -> float:
+    return float(torch.sqrt(sum(t.double().pow(2).sum() for t in tensors.values())))
+
+
+def _scaled_gradient(expected: dict, got: dict, rank: int, parts: C.Parts) -> Optional[str]:
+    """Step 1's averaged gradient against one device's: Adam divides a gradient's scale away, so a gradient k times
+    too large barely moves the losses, and is caught here, before the optimizer."""
+    differs = first_difference(expected, got, rtol=1e-7, atol=1e-12, where="gradient")
+    if differs is None:
+        return None
+    return (f"step 1's gradient, averaged over DP, on {_where(rank, parts)}: {differs}\nYours is "
+            f"{_norm(got) / _norm(expected):.4g} × one device's in norm. Adam divides the scale of a gradient away, "
+            "so the losses barely show it: look at what your 1F1B (05) divides the loss by and what your DP "
+            "average (02) divides the sum by.")
 
 
 def _dp_budget(parts: C.Parts, shard: torch.nn.Module, last: bool) -> tuple[float, str]:
@@ -188,13 +211,14 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
             if failed:
                 return failed
     steps = data(parts)
-    losses, model = C.reference_run(parts, steps)
+    losses, model, grads = C.reference_run(parts, steps)
     shards = C.shards(parts)
     try:
         result = run(C.train, parts.world, fns, per_rank(shards), steps, parts)
     except PuzzleError as e:
         return f"✗ The composed trainer stopped on {parts.world} simulated ranks:\n{e}"
-    wrong = _compare(result.results, losses, C.expected_shards(model, parts), parts)
+    wrong = _compare(result.results, losses, C.expected_shards(model, parts),
+                     C.expected_shards(model, parts, grads), parts)
     if wrong:
         return f"✗ Your trainer leaves one device's run: {wrong}"
     broken, axes = _axis_report(result, shards, parts)
@@ -224,7 +248,7 @@ def simulated_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Part
     if _not_ready(pieces, seams, parts, strict=False):
         return None
     steps = data(parts)
-    losses, _ = C.reference_run(parts, steps)
+    losses, _, _ = C.reference_run(parts, steps)
     result = run(C.train, parts.world, _functions(pieces, seams), per_rank(C.shards(parts)), steps, parts)
     last = next(r for r in result.results if r["losses"] is not None)
     return {"yours": last["losses"], "one_device": losses, "params": [r["params"] for r in result.results]}
@@ -238,7 +262,7 @@ def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *,
     if _not_ready(pieces, seams, parts, strict=False):
         return None
     steps = data(parts)
-    losses, _ = C.reference_run(parts, steps)
+    losses, _, _ = C.reference_run(parts, steps)
     results = launch(C.train_on_real_ranks, parts.world, _functions(pieces, seams), C.shards(parts), steps, parts,
                      timeout=timeout)
     last = next(r for r in results if r["losses"] is not None)

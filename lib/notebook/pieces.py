@@ -104,7 +104,7 @@ def learner_pieces(wanted: Mapping[str, str], *, folder: Optional[Path] = None, 
                 loaded[path] = _from_notebook(path)
             functions, errors = loaded[path]
             if name in errors:
-                pieces.gaps.append(gap(f"its cell raises {errors[name]}"))
+                pieces.gaps.append(gap(f"its cell raises {errors[name].splitlines()[-1]}"))
                 continue
             if name not in functions:
                 pieces.gaps.append(gap("not defined in your copy"))
