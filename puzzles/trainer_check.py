@@ -60,7 +60,7 @@ def _gaps(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts) -> list[st
     gaps = [str(g) for g in pieces.gaps if g.name in wanted]
     gaps += [str(Gap(name, notebook, numbers()[name], "not loaded (run the cell with T.load() above)"))
              for name, notebook in wanted.items() if name not in pieces.functions and name not in named]
-    gaps += [str(Gap(name, "10_your_trainer", SEAMS.index(name) + 1, "still the stub")) for name in SEAMS
+    gaps += [f"{name}: still the stub: solve puzzle {SEAMS.index(name) + 1} above first" for name in SEAMS
              if name not in seams or is_the_stub(seams[name])]
     return gaps
 

@@ -72,7 +72,7 @@ def test_a_module_file_of_the_learners_own_comes_first_and_solutions_is_refused(
 def test_the_trainer_says_what_is_missing_and_does_not_run(capsys):
     assert T.check_trainer(Pieces(), {}, C.Parts(), strict=False, show=False) is False
     out = capsys.readouterr().out
-    assert "ring_all_reduce: not loaded" in out and "clip_grad_norm: still the stub" in out
+    assert "ring_all_reduce: not loaded" in out and "clip_grad_norm: still the stub: solve puzzle 1 above first" in out
     assert "✓" not in out and "✗" not in out
 
 
