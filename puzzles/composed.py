@@ -267,13 +267,12 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts) -> dict
 
 
 def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:
-    """For lib.viz.mesh.mesh_figure: the learner's functions each rank runs."""
+    """For lib.viz.mesh.mesh_figure: the learner's functions each rank runs, in three short lines."""
     def label(rank: int, coords: tuple) -> str:
         _, p, _ = coords
-        ends = ["embeddings"] if p == 0 else []
-        ends += ["head, loss"] if p == parts.pp - 1 else []
-        dp = "zero1_train" if parts.zero == 1 else "ring_all_reduce" + (", clip" if parts.clips else "")
-        return f"stage {p}: {', '.join(ends) or 'blocks'}\nattention, mlp (TP)\none_f_one_b, {dp}"
+        ends = "+ embed" if p == 0 else "+ head" if p == parts.pp - 1 else ""
+        dp = "zero1_train" if parts.zero == 1 else "ring" + (", clip" if parts.clips else "")
+        return f"stage {p} {ends}\nattention, mlp\n1F1B, {dp}"
     return label
 
 

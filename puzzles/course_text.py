@@ -12,11 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def course_text(root: Path = ROOT) -> str:
-    """Every markdown cell of the course's notebooks, then its docs' markdown files, in name order."""
+    """Every markdown cell of the course's notebooks (their hosting badges aside), then its docs' markdown files, in
+    name order."""
     parts = []
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        parts += ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+        parts += ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+                  and "hosted" not in c["metadata"].get("course", {})]          # not the Colab and Binder badges
     parts += [p.read_text(encoding="utf-8") for p in sorted((root / "docs").glob("*.md"))]
     return "\n\n".join(parts)
 
