@@ -156,8 +156,9 @@ def mesh_axes(dist, pieces: dict, parts: Parts) -> Axes:
 def learner_block(pieces: dict, tp, block, x: torch.Tensor, heads: int) -> torch.Tensor:
     """lib.models.Block's forward on a TP shard, by notebook 04's parallel_attention and megatron_mlp (whose layout
     is sequence first: x is (b, s, h) here, so it is transposed around attention)."""
-    attended = pieces["parallel_attention"](tp, block.ln1(x).transpose(0, 1), block.qkv.weight, block.qkv.bias,
-                                            block.proj.weight, block.proj.bias, heads)
+    sequence_first = block.ln1(x).transpose(0, 1).contiguous()
+    attended = pieces["parallel_attention"](tp, sequence_first, block.qkv.weight, block.qkv.bias, block.proj.weight,
+                                            block.proj.bias, heads)
     x = x + attended.transpose(0, 1)
     return x + pieces["megatron_mlp"](tp, block.ln2(x), block.fc1.weight, block.fc1.bias, block.fc2.weight,
                                       block.fc2.bias)

@@ -8,6 +8,7 @@ where the composed run leaves the single-device one, and which part of the step 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -95,6 +96,27 @@ def _where(rank: int, parts: C.Parts) -> str:
 def coordinates(rank: int, parts: C.Parts) -> tuple[int, int, int]:
     d, rest = divmod(rank, parts.pp * parts.tp)
     return (d, *divmod(rest, parts.tp))
+
+
+def _learners_frames(message: str, fns: dict[str, Callable]) -> str:
+    """A rank's error with the course library's frames (lib/, puzzles/) taken out of its traceback, and the piece
+    it came from named: the one whose code the outermost remaining frame runs."""
+    course = tuple(str(Path(__file__).resolve().parents[1] / part) for part in ("lib", "puzzles"))
+    by_code = {getattr(fn, "__code__", None) and fn.__code__.co_name: name for name, fn in fns.items()}
+    kept, skipping, outermost = [], False, None
+    for line in message.splitlines():
+        frame = re.match(r'\s*File "([^"]+)", line \d+, in (\S+)', line)
+        if frame:
+            skipping = frame.group(1).startswith(course)
+            outermost = outermost or (None if skipping else frame.group(2))
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    if outermost in by_code:
+        piece = by_code[outermost]
+        kept.append(f"The error is in your {piece}, from notebook {PIECES.get(piece, '10_your_trainer')[:2]}.")
+    return "\n".join(kept)
 
 
 def _compare(results: list, losses: list[float], expected: list[dict], grads: list[dict],
@@ -218,7 +240,7 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
     try:
         result = run(C.train, parts.world, fns, per_rank(shards), steps, parts)
     except PuzzleError as e:
-        return f"✗ The composed trainer stopped on {parts.world} simulated ranks:\n{e}"
+        return f"✗ The composed trainer stopped on {parts.world} simulated ranks:\n{_learners_frames(str(e), fns)}"
     wrong = _compare(result.results, losses, C.expected_shards(model, parts),
                      C.expected_shards(model, parts, grads), parts)
     if wrong:

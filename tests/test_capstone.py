@@ -101,3 +101,17 @@ def test_the_composed_run_alone_catches_a_wrong_piece_at_its_seam(name, fn, caps
     seams = {**SEAMS, name: fn} if name in SEAMS else SEAMS
     assert T.check_trainer(pieces, seams, C.Parts(), own_checks=False, strict=False, show=False) is False
     assert "✗" in capsys.readouterr().out
+
+
+def _coordinates_failing_on_the_last_rank(dist, shape):
+    if dist.get_rank() == dist.get_world_size() - 1:
+        raise ValueError("no coordinates for the last rank")
+    return solutions.three_d.mesh_coordinates(dist, shape)
+
+
+def test_an_error_inside_a_piece_names_the_piece_without_the_courses_frames(capsys):
+    pieces = Pieces(functions={**SOLVED, "mesh_coordinates": _coordinates_failing_on_the_last_rank})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(), own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "no coordinates for the last rank" in out and "The error is in your mesh_coordinates" in out
+    assert "composed.py" not in out
