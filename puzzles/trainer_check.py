@@ -7,6 +7,7 @@ where the composed run leaves the single-device one, and which part of the step 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -81,6 +82,12 @@ def _own_check(name: str, fn: Callable) -> Optional[str]:
 
 def _functions(pieces: Pieces, seams: dict[str, Callable]) -> dict[str, Callable]:
     return {**pieces.functions, **{k: seams[k] for k in SEAMS}}
+
+
+@functools.lru_cache(maxsize=4)
+def _reference(parts: C.Parts) -> tuple:
+    """One device's run of `parts` on its data (kept: a notebook runs the same parts on simulated and real ranks)."""
+    return C.reference_run(parts, data(parts))
 
 
 def data(parts: C.Parts) -> list:
@@ -235,7 +242,7 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
             if failed:
                 return failed
     steps = data(parts)
-    losses, model, grads = C.reference_run(parts, steps)
+    losses, model, grads = _reference(parts)
     shards = C.shards(parts)
     try:
         result = run(C.train, parts.world, fns, per_rank(shards), steps, parts)
@@ -272,7 +279,7 @@ def simulated_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Part
     if _not_ready(pieces, seams, parts, strict=False):
         return None
     steps = data(parts)
-    losses, _, _ = C.reference_run(parts, steps)
+    losses = _reference(parts)[0]
     result = run(C.train, parts.world, _functions(pieces, seams), per_rank(C.shards(parts)), steps, parts)
     last = next(r for r in result.results if r["losses"] is not None)
     return {"yours": last["losses"], "one_device": losses, "params": [r["params"] for r in result.results]}
@@ -286,7 +293,7 @@ def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *,
     if _not_ready(pieces, seams, parts, strict=False):
         return None
     steps = data(parts)
-    losses, _, _ = C.reference_run(parts, steps)
+    losses = _reference(parts)[0]
     results = launch(C.train_on_real_ranks, parts.world, _functions(pieces, seams), C.shards(parts), steps, parts,
                      timeout=timeout)
     last = next(r for r in results if r["losses"] is not None)
