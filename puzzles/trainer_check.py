@@ -319,10 +319,10 @@ def loss_figure(runs: dict, title: str = ""):
     return fig
 
 
-def read_sample(run_: Optional[dict], parts: C.Parts, prompt: str, length: int = 120) -> Optional[str]:
+def read_sample(run_: Optional[dict], parts: C.Parts, prompt: str, length: int = 120) -> str:
     """What the model your trainer trained writes after `prompt` (its shards joined back into one model)."""
     if run_ is None:
-        return None
+        return "(nothing to read yet: the run above waits for your pieces)"
     model = C.assemble(run_["params"], parts)
     return prompt + as_text(C.sample(model, byte_tokens(prompt), length, seed=parts.seed))
 
