@@ -184,20 +184,48 @@ def _dp_budget(parts: C.Parts, shard: torch.nn.Module, last: bool) -> tuple[floa
     return parts.steps * per_step, f"{parts.steps} steps × {what} ({fmt_bytes(padded)}), 2(dp-1)/dp of it"
 
 
+def _activation_bytes(parts: C.Parts) -> int:
+    """One micro-batch's activations, (b, s, h) in float64."""
+    cfg = C.config()
+    return parts.micro_batch * cfg.seq * cfg.hidden * 8
+
+
+def _tp_budget(parts: C.Parts, shard: torch.nn.Module) -> tuple[float, str]:
+    """f's and g's all-reduces: two forward, two backward per block and micro-batch."""
+    calls = parts.steps * parts.micro_batches * len(shard.blocks) * 4
+    size = _activation_bytes(parts)
+    return (calls * bus_factor("all_reduce", parts.tp) * size,
+            f"{calls} all-reduces of {fmt_bytes(size)} (two g forward, two f backward per block and micro-batch), "
+            "2(tp-1)/tp of each")
+
+
+def _pp_budget(parts: C.Parts, stage: int) -> tuple[float, str]:
+    """Each micro-batch's activation sent forward, its gradient sent back, once."""
+    sends = (stage < parts.pp - 1) + (stage > 0)
+    size = _activation_bytes(parts)
+    return (parts.steps * parts.micro_batches * sends * size,
+            f"{parts.steps} steps × {parts.micro_batches} micro-batches × {sends} message(s) of {fmt_bytes(size)}")
+
+
 def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], str]:
     """(a broken budget, or None; the bytes each axis carried, rank 0's)."""
     axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
     traffic = traffic_by_axis(result.trace, axes)
+    pieces = {"dp": "zero1_train" if parts.zero == 1 else "ring_all_reduce",
+              "tp": "column_parallel_linear and row_parallel_linear (f and g)", "pp": "one_f_one_b"}
     for rank, by_axis in enumerate(traffic):
-        limit, why = _dp_budget(parts, shards[rank], coordinates(rank, parts)[1] == parts.pp - 1)
-        if by_axis["dp"].sent > limit * (1 + 1e-9):
-            piece = "zero1_train" if parts.zero == 1 else "ring_all_reduce"
-            return (f"{_where(rank, parts)} sent {fmt_bytes(by_axis['dp'].sent)} on the DP axis, over its budget of "
-                    f"{fmt_bytes(limit)}: {why}. Your {piece} sends more than its lesson's share.", "")
+        stage = coordinates(rank, parts)[1]
+        budgets = {"dp": _dp_budget(parts, shards[rank], stage == parts.pp - 1),
+                   "tp": _tp_budget(parts, shards[rank]), "pp": _pp_budget(parts, stage)}
+        for axis, (limit, why) in budgets.items():
+            if by_axis[axis].sent > limit * (1 + 1e-9):
+                return (f"{_where(rank, parts)} sent {fmt_bytes(by_axis[axis].sent)} on the {axis.upper()} axis, over "
+                        f"its budget of {fmt_bytes(limit)}: {why}. Your {pieces[axis]} send(s) more than the lesson's "
+                        "share.", "")
     rank0 = traffic[0]
     line = ", ".join(f"{axis.upper()} {fmt_bytes(rank0[axis].sent)}" for axis in C.AXES)
     line += f", the replica's clipping sum {fmt_bytes(rank0[OUTSIDE].sent)}"
-    return None, f"  sent by rank 0 over the run: {line}"
+    return None, f"  sent by rank 0 over the run, each axis within its budget: {line}"
 
 
 def _not_ready(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, strict: bool) -> bool:

@@ -115,3 +115,16 @@ def test_an_error_inside_a_piece_names_the_piece_without_the_courses_frames(caps
     out = capsys.readouterr().out
     assert "no coordinates for the last rank" in out and "The error is in your mesh_coordinates" in out
     assert "composed.py" not in out
+
+
+def _mlp_with_an_extra_all_reduce(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    spare = x.detach().clone()
+    dist.all_reduce(spare)                           # right values, one all-reduce of the activations too many
+    return solutions.tensor_parallel.megatron_mlp(dist, x, fc1_w, fc1_b, fc2_w, fc2_b)
+
+
+def test_a_piece_that_sends_more_than_its_axis_allows_is_named(capsys):
+    pieces = Pieces(functions={**SOLVED, "megatron_mlp": _mlp_with_an_extra_all_reduce})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(), own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "on the TP axis, over its budget" in out and "column_parallel_linear and row_parallel_linear" in out
