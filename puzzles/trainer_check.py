@@ -190,11 +190,17 @@ def _activation_bytes(parts: C.Parts) -> int:
     return parts.micro_batch * cfg.seq * cfg.hidden * 8
 
 
+def _clipping_bytes(parts: C.Parts, axis_is_the_replica: bool) -> float:
+    """The clipping's one all-reduce of a float64 per step, on the axis whose groups are the model replicas (where
+    the other model-parallel axis has size 1; else it travels outside the mesh's axes)."""
+    return parts.steps * bus_factor("all_reduce", parts.pp * parts.tp) * 8 if parts.clips and axis_is_the_replica else 0
+
+
 def _tp_budget(parts: C.Parts, shard: torch.nn.Module) -> tuple[float, str]:
     """f's and g's all-reduces: two forward, two backward per block and micro-batch."""
     calls = parts.steps * parts.micro_batches * len(shard.blocks) * 4
     size = _activation_bytes(parts)
-    return (calls * bus_factor("all_reduce", parts.tp) * size,
+    return (calls * bus_factor("all_reduce", parts.tp) * size + _clipping_bytes(parts, parts.pp == 1),
             f"{calls} all-reduces of {fmt_bytes(size)} (two g forward, two f backward per block and micro-batch), "
             "2(tp-1)/tp of each")
 
@@ -203,7 +209,7 @@ def _pp_budget(parts: C.Parts, stage: int) -> tuple[float, str]:
     """Each micro-batch's activation sent forward, its gradient sent back, once."""
     sends = (stage < parts.pp - 1) + (stage > 0)
     size = _activation_bytes(parts)
-    return (parts.steps * parts.micro_batches * sends * size,
+    return (parts.steps * parts.micro_batches * sends * size + _clipping_bytes(parts, parts.tp == 1),
             f"{parts.steps} steps × {parts.micro_batches} micro-batches × {sends} message(s) of {fmt_bytes(size)}")
 
 
