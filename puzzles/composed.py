@@ -236,8 +236,9 @@ class WholeStep(nn.Module):
         return torch.zeros_like(step) + 0 * tied
 
 
-def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts) -> dict:
-    """One rank of the composed trainer. Returns its losses (on the last stage) and its trained parameters."""
+def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume: Optional[dict] = None) -> dict:
+    """One rank of the composed trainer. Returns its losses (on the last stage), its trained parameters and (ZeRO-0)
+    Adam's moments; `resume` ({"step", "moments"} of an earlier call) continues a run where that call stopped."""
     axes = mesh_axes(dist, pieces, parts)
     d, where = axes.coords[0], lib.device()
     shard = shard.to(where)
@@ -252,11 +253,13 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts) -> dict
         pieces["zero1_train"](axes.dp, whole, steps, parts.lr)
         losses = whole.losses
     else:
-        moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
-        for step, (tokens, targets) in enumerate(mine, start=1):
+        moments = ([(torch.zeros_like(p), torch.zeros_like(p)) for p in params] if resume is None else
+                   [(m.to(where), v.to(where)) for m, v in resume["moments"]])
+        for step, (tokens, targets) in enumerate(mine, start=1 if resume is None else resume["step"] + 1):
             losses.append(pipelined_step(pieces, axes, stage, tokens, targets, parts))
             grads = average(pieces, axes, params, parts)
-            first = first or {n: g.detach().clone() for (n, _), g in zip(shard.named_parameters(), grads)}
+            if step == 1:
+                first = {n: g.detach().clone() for (n, _), g in zip(shard.named_parameters(), grads)}
             if parts.clips:
                 grads = list(pieces["clip_grad_norm"](axes.replica, grads, flags, parts.max_norm, parts.tp))
             with torch.no_grad():
@@ -264,7 +267,8 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts) -> dict
                     adam_update(p, g, m, v, step, parts.lr)
                     p.grad = None
     return {"losses": None if losses[0] is None else losses, "first_grads": first or None,
-            "params": {n: p.detach() for n, p in shard.named_parameters()}}
+            "params": {n: p.detach() for n, p in shard.named_parameters()},
+            "moments": None if parts.zero == 1 else moments}
 
 
 def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:
@@ -312,6 +316,15 @@ def sample(model, prompt: torch.Tensor, length: int, seed: int = 0, temperature:
     return tokens[len(prompt):]
 
 
-def train_on_real_ranks(dist, pieces: dict, shards: list, data: list, parts: Parts) -> dict:
-    """`train` on a real process: each rank takes its own stage from the list."""
-    return train(dist, pieces, shards[dist.get_rank()], data, parts)
+def train_on_real_ranks(dist, pieces: dict, shards: list, data: list, parts: Parts,
+                        resumes: Optional[list] = None) -> dict:
+    """`train` on a real process: each rank takes its own stage (and where it resumes) from the lists."""
+    rank = dist.get_rank()
+    return train(dist, pieces, shards[rank], data, parts, None if resumes is None else resumes[rank])
+
+
+def with_parameters(shard: GPTStage, params: dict) -> GPTStage:
+    """A copy of `shard` holding `params` (a rank's trained parameters), to continue training from."""
+    shard = copy.deepcopy(shard)
+    shard.load_state_dict(params)
+    return shard

@@ -319,19 +319,39 @@ def simulated_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Part
     return {"yours": last["losses"], "one_device": losses, "params": [r["params"] for r in result.results]}
 
 
-def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *,
-                  timeout: float = 300) -> Optional[dict]:
-    """The same trainer on parts.world real processes (gloo on this machine), with one device's losses beside it."""
+def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *, every: int = 5,
+                  timeout: float = 300, show: bool = True) -> Optional[dict]:
+    """The same trainer on parts.world real processes (gloo on this machine), launched `every` steps at a time
+    (each launch resumes the last) so that the loss plot grows live over one device's curve."""
     from lib.real.launch import launch
 
     if _not_ready(pieces, seams, parts, strict=False):
         return None
-    steps = data(parts)
-    losses = _reference(parts)[0]
-    results = launch(C.train_on_real_ranks, parts.world, _functions(pieces, seams), C.shards(parts), steps, parts,
-                     timeout=timeout)
-    last = next(r for r in results if r["losses"] is not None)
-    return {"yours": last["losses"], "one_device": losses, "params": [r["params"] for r in results]}
+    steps, fns = data(parts), _functions(pieces, seams)
+    run_ = {"yours": [], "one_device": _reference(parts)[0], "params": None}
+    shards, resumes, live = C.shards(parts), None, None
+    every = every if parts.zero == 0 else parts.steps        # zero1_train keeps Adam's state to itself: one launch
+    for start in range(0, parts.steps, every):
+        chunk = steps[start:start + every]
+        results = launch(C.train_on_real_ranks, parts.world, fns, shards, chunk, parts, resumes, timeout=timeout)
+        run_["yours"] += next(r for r in results if r["losses"] is not None)["losses"]
+        run_["params"] = [r["params"] for r in results]
+        shards = [C.with_parameters(s, r["params"]) for s, r in zip(shards, results)]
+        resumes = [{"step": start + len(chunk), "moments": r["moments"]} for r in results]
+        if show:
+            live = _show_live(live, run_, f"{parts.world} gloo processes")
+    return run_
+
+
+def _show_live(handle, run_: dict, label: str):
+    """The loss plot so far, drawn where the last one was (a display handle: None the first time)."""
+    from IPython.display import display
+
+    figure = loss_figure({label: run_}, f"the same trainer on real processes: step {len(run_['yours'])}")
+    if handle is None:
+        return display(figure, display_id=True)
+    handle.update(figure)
+    return handle
 
 
 def loss_figure(runs: dict, title: str = ""):
@@ -342,9 +362,8 @@ def loss_figure(runs: dict, title: str = ""):
     for label, run_ in runs.items():
         if run_ is None:
             continue
-        steps = range(1, len(run_["one_device"]) + 1)
-        ax.plot(steps, run_["one_device"], color="0.6", lw=3, label=f"one device ({label})")
-        ax.plot(steps, run_["yours"], ".", ms=5, label=f"your trainer, {label}")
+        ax.plot(range(1, len(run_["one_device"]) + 1), run_["one_device"], color="0.6", lw=3, label="one device")
+        ax.plot(range(1, len(run_["yours"]) + 1), run_["yours"], ".", ms=5, label=f"your trainer, {label}")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats per byte)")
     ax.set_title(title, fontsize="medium")

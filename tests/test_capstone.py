@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import solutions.data_parallel
 import solutions.pipeline
@@ -133,3 +134,18 @@ def test_a_piece_that_sends_more_than_its_axis_allows_is_named(capsys):
     assert T.check_trainer(pieces, SEAMS, C.Parts(), own_checks=False, strict=False, show=False) is False
     out = capsys.readouterr().out
     assert "on the TP axis, over its budget" in out and "column_parallel_linear and row_parallel_linear" in out
+
+
+def test_a_run_resumed_from_its_moments_equals_one_run():
+    """What the real cell's launches do, five steps at a time: two steps, then the third from where they stopped."""
+    from lib.sim import per_rank, run
+
+    parts, fns = C.Parts(), {**SOLVED, **SEAMS}
+    steps = T.data(parts)
+    whole = run(C.train, parts.world, fns, per_rank(C.shards(parts)), steps, parts).results
+    first = run(C.train, parts.world, fns, per_rank(C.shards(parts)), steps[:2], parts).results
+    resumed = run(C.train, parts.world, fns, per_rank([C.with_parameters(s, r["params"])
+                                                       for s, r in zip(C.shards(parts), first)]),
+                  steps[2:], parts, per_rank([{"step": 2, "moments": r["moments"]} for r in first])).results
+    for one, two in zip(whole, resumed):
+        assert all(torch.equal(one["params"][n], two["params"][n]) for n in one["params"])
