@@ -24,6 +24,7 @@ import solutions.zero
 from lib.notebook.pieces import Pieces
 from puzzles import composed as C
 from puzzles import trainer_check as T
+from puzzles import trainer_runs as R
 from puzzles.trainer import PIECES, SEAMS
 
 
@@ -55,9 +56,9 @@ def measure(repeats: int) -> list[tuple[str, float, str]]:
         rows.append((label, t, "passes" if ok else "FAILS"))
     t, _ = _timed(lambda: C.reference_run(run, T.data(run)), repeats)
     rows.append(("30 steps, one device", t, ""))
-    t, sim = _timed(lambda: T.simulated_training(pieces, seams, run), repeats)
+    t, sim = _timed(lambda: R.simulated_training(pieces, seams, run), repeats)
     rows.append(("30 steps, 8 simulated ranks", t, f"loss {sim['yours'][0]:.3f} → {sim['yours'][-1]:.3f}"))
-    t, real = _timed(lambda: T.real_training(pieces, seams, run, show=False), repeats)
+    t, real = _timed(lambda: R.real_training(pieces, seams, run, show=False), repeats)
     gap = max(abs(a - b) for a, b in zip(real["yours"], real["one_device"]))
     rows.append(("30 steps, 8 gloo processes (6 forked launches of 5 steps, each resuming the last)", t,
                  f"largest loss difference from one device {gap:.1e}"))

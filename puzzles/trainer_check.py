@@ -18,14 +18,14 @@ import torch
 import puzzles
 from lib.checker.compare import first_difference
 from lib.checker.puzzle import CheckFailed, NotSolved, strict_default
-from lib.errors import PuzzleError
+from lib.errors import PuzzleError, is_the_stub
 from lib.notebook.pieces import Gap, Pieces, learner_pieces
 from lib.sim import per_rank, run
 from lib.sim.cost import bus_factor
 from lib.sim.traffic import OUTSIDE, MeshAxes, traffic_by_axis
 from lib.units import fmt_bytes
 from puzzles import composed as C
-from puzzles.course_text import as_text, batches, byte_tokens, course_text
+from puzzles.course_text import batches, byte_tokens, course_text
 from puzzles.trainer import PIECES, SEAMS
 
 RTOL, ATOL = 1e-9, 1e-10          # the losses: float64 on both sides; only the order of the sums differs
@@ -57,8 +57,7 @@ def load(folder: Optional[Path] = None, module: Optional[Path] = None) -> Pieces
 
 
 def _gaps(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts) -> list[str]:
-    from lib.errors import is_the_stub
-
+    """What the trainer still needs, each with what to finish first."""
     wanted, named = needed(parts), {g.name for g in pieces.gaps}
     gaps = [str(g) for g in pieces.gaps if g.name in wanted]
     gaps += [str(Gap(name, notebook, numbers()[name], "not loaded (run the cell with T.load() above)"))
@@ -80,19 +79,28 @@ def _own_check(name: str, fn: Callable) -> Optional[str]:
             + "\n  ".join(lines[:4]) + f"\nRun P.{name}.check({name}) in notebook {notebook[:2]} to see it whole.")
 
 
-def _functions(pieces: Pieces, seams: dict[str, Callable]) -> dict[str, Callable]:
+def all_functions(pieces: Pieces, seams: dict[str, Callable]) -> dict[str, Callable]:
     return {**pieces.functions, **{k: seams[k] for k in SEAMS}}
 
 
+def one_device(parts: C.Parts) -> tuple:
+    """One device's run of `parts` on its data: (losses, the trained model, step 1's gradient)."""
+    return _one_device(parts, course_text())
+
+
 @functools.lru_cache(maxsize=4)
-def _reference(parts: C.Parts) -> tuple:
-    """One device's run of `parts` on its data (kept: a notebook runs the same parts on simulated and real ranks)."""
-    return C.reference_run(parts, data(parts))
+def _one_device(parts: C.Parts, text: str) -> tuple:
+    """Kept per parts and text: a notebook runs the same parts on simulated and on real ranks."""
+    return C.reference_run(parts, _batches(parts, text))
 
 
 def data(parts: C.Parts) -> list:
     """The steps' batches of the course's own text, byte tokens, seeded."""
-    return batches(byte_tokens(course_text()), parts.steps, parts.rows, C.config().seq, parts.seed)
+    return _batches(parts, course_text())
+
+
+def _batches(parts: C.Parts, text: str) -> list:
+    return batches(byte_tokens(text), parts.steps, parts.rows, C.config().seq, parts.seed)
 
 
 def _where(rank: int, parts: C.Parts) -> str:
@@ -234,7 +242,7 @@ def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], s
     return None, f"  sent by rank 0 over the run, each axis within its budget: {line}"
 
 
-def _not_ready(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, strict: bool) -> bool:
+def not_ready(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, strict: bool) -> bool:
     """Says what to finish first, where anything is missing (and raises NotSolved in strict mode)."""
     gaps = _gaps(pieces, seams, parts)
     if gaps:
@@ -250,7 +258,7 @@ def check_trainer(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *,
     """The composed check: True when the learner's trainer equals one device's step by step. Prints why not (and
     raises in strict mode, as a puzzle's check does)."""
     strict = strict_default() if strict is None else strict
-    if _not_ready(pieces, seams, parts, strict):
+    if not_ready(pieces, seams, parts, strict):
         return False
     problem = _composed_problem(pieces, seams, parts, own_checks, show)
     if problem and strict:
@@ -269,14 +277,14 @@ def _composed_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts
 
 def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, own_checks: bool,
                    show: bool) -> Optional[str]:
-    fns = _functions(pieces, seams)
+    fns = all_functions(pieces, seams)
     if own_checks:
         for name in [*needed(parts), *SEAMS]:
             failed = _own_check(name, fns[name])
             if failed:
                 return failed
     steps = data(parts)
-    losses, model, grads = _reference(parts)
+    losses, model, grads = one_device(parts)
     shards = C.shards(parts)
     try:
         result = run(C.train, parts.world, fns, per_rank(shards), steps, parts)
@@ -306,87 +314,3 @@ def _show(result, parts: C.Parts) -> None:
     axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
     display(draw_timeline(result.trace, parts.world, title="your trainer, one rank per row (simulated time)",
                           kind_of=axis_labeller(axes)))
-
-
-def simulated_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts) -> Optional[dict]:
-    """A longer run of the learner's trainer on simulated ranks, with one device's losses beside it."""
-    if _not_ready(pieces, seams, parts, strict=False):
-        return None
-    steps = data(parts)
-    losses = _reference(parts)[0]
-    result = run(C.train, parts.world, _functions(pieces, seams), per_rank(C.shards(parts)), steps, parts)
-    last = next(r for r in result.results if r["losses"] is not None)
-    return {"yours": last["losses"], "one_device": losses, "params": [r["params"] for r in result.results]}
-
-
-def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *, every: int = 5,
-                  timeout: float = 300, show: bool = True) -> Optional[dict]:
-    """The same trainer on parts.world real processes (gloo on this machine), launched `every` steps at a time
-    (each launch resumes the last) so that the loss plot grows live over one device's curve."""
-    from lib.real.launch import launch
-
-    if _not_ready(pieces, seams, parts, strict=False):
-        return None
-    steps, fns = data(parts), _functions(pieces, seams)
-    run_ = {"yours": [], "one_device": _reference(parts)[0], "params": None}
-    shards, resumes, live = C.shards(parts), None, None
-    every = every if parts.zero == 0 else parts.steps        # zero1_train keeps Adam's state to itself: one launch
-    for start in range(0, parts.steps, every):
-        chunk = steps[start:start + every]
-        results = launch(C.train_on_real_ranks, parts.world, fns, shards, chunk, parts, resumes, timeout=timeout)
-        run_["yours"] += next(r for r in results if r["losses"] is not None)["losses"]
-        run_["params"] = [r["params"] for r in results]
-        shards = [C.with_parameters(s, r["params"]) for s, r in zip(shards, results)]
-        resumes = [{"step": start + len(chunk), "moments": r["moments"]} for r in results]
-        if show:
-            live = _show_live(live, run_, f"{parts.world} gloo processes")
-    return run_
-
-
-def _show_live(handle, run_: dict, label: str):
-    """The loss plot so far, drawn where the last one was (a display handle: None the first time)."""
-    from IPython.display import display
-
-    figure = loss_figure({label: run_}, f"the same trainer on real processes: step {len(run_['yours'])}")
-    if handle is None:
-        return display(figure, display_id=True)
-    handle.update(figure)
-    return handle
-
-
-def loss_figure(runs: dict, title: str = ""):
-    """Each run's loss per step, your trainer's as points over one device's line."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
-    for label, run_ in runs.items():
-        if run_ is None:
-            continue
-        ax.plot(range(1, len(run_["one_device"]) + 1), run_["one_device"], color="0.6", lw=3, label="one device")
-        ax.plot(range(1, len(run_["yours"]) + 1), run_["yours"], ".", ms=5, label=f"your trainer, {label}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per byte)")
-    ax.set_title(title, fontsize="medium")
-    ax.legend(fontsize="small")
-    plt.close(fig)
-    return fig
-
-
-def read_sample(run_: Optional[dict], parts: C.Parts, prompt: str, length: int = 120) -> str:
-    """What the model your trainer trained writes after `prompt` (its shards joined back into one model)."""
-    if run_ is None:
-        return "(nothing to read yet: the run above waits for your pieces)"
-    model = C.assemble(run_["params"], parts)
-    return prompt + as_text(C.sample(model, byte_tokens(prompt), length, seed=parts.seed))
-
-
-def train_from_workspace(dist, folder: str = ".", steps: int = 30) -> Optional[list]:
-    """For torchrun: the learner's pieces from their saved notebooks in `folder` (notebook 10's seams included),
-    trained on a (2, 2, 2) mesh for `steps` steps; the last stage returns its losses."""
-    pieces = learner_pieces({**PIECES, **{name: "10_your_trainer" for name in SEAMS}}, folder=Path(folder),
-                            numbers={**numbers(), **{name: i + 1 for i, name in enumerate(SEAMS)}})
-    parts = C.Parts(steps=steps, lr=1e-2, max_norm=1.0)
-    if pieces.gaps:
-        raise SystemExit("\n".join(str(g) for g in pieces.gaps))
-    out = C.train(dist, pieces.functions, C.shards(parts)[dist.get_rank()], data(parts), parts)
-    return None if out["losses"] is None else [round(x, 4) for x in out["losses"]]

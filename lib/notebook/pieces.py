@@ -79,11 +79,12 @@ def _from_notebook(path: Path) -> tuple[dict[str, Callable], dict[str, str]]:
 
 
 def learner_pieces(wanted: Mapping[str, str], *, folder: Optional[Path] = None, module: Optional[Path] = None,
-                   numbers: Mapping[str, int] = {}) -> Pieces:
+                   numbers: Optional[Mapping[str, int]] = None) -> Pieces:
     """The learner's function for each name in `wanted` (name -> its notebook, "02_data_parallel"): from `module`
     (a .py file) where it defines it, else from the saved notebook in `folder` (the current folder by default).
     `numbers` gives each puzzle's number in its notebook, for the messages."""
     folder = Path.cwd() if folder is None else Path(folder)
+    numbers = numbers or {}
     pieces, loaded = Pieces(), {}
     found: dict[str, Callable] = {}
     if module is not None:
