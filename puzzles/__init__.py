@@ -10,7 +10,7 @@ from typing import Optional
 
 # The course in order; a module not written yet is simply not there (its notebook is "coming").
 COURSE = ["memory", "data_parallel", "zero", "tensor_parallel", "pipeline", "three_d", "moe", "ring_attention",
-          "beyond"]
+          "beyond", "trainer"]
 
 __all__ = ["ALL", "MODULES", "COURSE", "of_notebook"]
 

@@ -60,11 +60,18 @@ def test_notebook_runs_as_shipped(path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
+def _write_solved(path: Path, folder: Path) -> None:
+    """The instructor's solved copy of notebook `path`, saved in `folder` as a learner's would be."""
+    solutions = importlib.import_module(f"solutions.{MODULE_OF[path.stem].__name__.split('.')[-1]}")
+    nbformat.write(solve(nbformat.read(path, as_version=4), solutions), folder / path.name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_solved_with_every_check_passing(path, tmp_path):
-    solutions = importlib.import_module(f"solutions.{MODULE_OF[path.stem].__name__.split('.')[-1]}")
+    _write_solved(path, tmp_path)
     solved = tmp_path / path.name
-    nbformat.write(solve(nbformat.read(path, as_version=4), solutions), solved)
+    for earlier in getattr(MODULE_OF[path.stem], "BUILDS_ON", ()):    # a notebook that reads the learner's saved copies
+        _write_solved(ROOT / "notebooks" / f"{earlier}.ipynb", tmp_path)
     done = _nbval(solved, strict=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -1,0 +1,93 @@
+"""A process group seen as the whole world: the `dist` a piece written for the world group (a ring over every rank,
+a pipeline over ranks 0..p-1) needs in order to run along one axis of a mesh, unchanged.
+
+Ranks are the group's (0..len(ranks)-1); point-to-point peers are translated to global ranks and every collective
+runs on the group. The same wrapper serves a simulated rank's dist and torch.distributed itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class GroupAsWorld:
+    """`dist` restricted to `group`, whose members are the global `ranks`, in the group's order."""
+
+    def __init__(self, dist: Any, group: Any, ranks: Sequence[int]) -> None:
+        self._dist, self.group, self.ranks = dist, group, tuple(ranks)
+        self.ReduceOp = dist.ReduceOp
+
+    def __repr__(self) -> str:
+        return f"<dist over ranks {list(self.ranks)}>"
+
+    def get_rank(self, group: Any = None) -> int:
+        return self.ranks.index(self._dist.get_rank())
+
+    def get_world_size(self, group: Any = None) -> int:
+        return len(self.ranks)
+
+    def _group(self, group: Any) -> Any:
+        return self.group if group is None else group
+
+    # point to point: peers are this group's ranks
+    def send(self, tensor, dst: int, group: Any = None, tag: int = 0):
+        return self._dist.send(tensor, self.ranks[dst], tag=tag)
+
+    def recv(self, tensor, src: int, group: Any = None, tag: int = 0):
+        return self._dist.recv(tensor, self.ranks[src], tag=tag)
+
+    def isend(self, tensor, dst: int, group: Any = None, tag: int = 0):
+        return self._dist.isend(tensor, self.ranks[dst], tag=tag)
+
+    def irecv(self, tensor, src: int, group: Any = None, tag: int = 0):
+        return self._dist.irecv(tensor, self.ranks[src], tag=tag)
+
+    def P2POp(self, op, tensor, peer: int, group: Any = None, tag: int = 0):
+        real = {self.isend: self._dist.isend, self.irecv: self._dist.irecv}.get(op, op)
+        return self._dist.P2POp(real, tensor, self.ranks[peer], tag=tag)
+
+    def batch_isend_irecv(self, ops):
+        return self._dist.batch_isend_irecv(ops)
+
+    # collectives: on the group
+    def barrier(self, group: Any = None, **kwargs):
+        return self._dist.barrier(group=self._group(group), **kwargs)
+
+    def broadcast(self, tensor, src: int, group: Any = None, async_op: bool = False):
+        return self._dist.broadcast(tensor, self.ranks[src], group=self._group(group), async_op=async_op)
+
+    def reduce(self, tensor, dst: int, op: Any = None, group: Any = None, async_op: bool = False):
+        op = self.ReduceOp.SUM if op is None else op
+        return self._dist.reduce(tensor, self.ranks[dst], op=op, group=self._group(group), async_op=async_op)
+
+    def all_reduce(self, tensor, op: Any = None, group: Any = None, async_op: bool = False):
+        op = self.ReduceOp.SUM if op is None else op
+        return self._dist.all_reduce(tensor, op=op, group=self._group(group), async_op=async_op)
+
+    def all_gather(self, tensor_list, tensor, group: Any = None, async_op: bool = False):
+        return self._dist.all_gather(tensor_list, tensor, group=self._group(group), async_op=async_op)
+
+    def _collective(self, name: str, *args, group: Any = None, **kwargs):
+        return getattr(self._dist, name)(*args, group=self._group(group), **kwargs)
+
+    def all_gather_single(self, output, input, group: Any = None, async_op: bool = False):
+        return self._collective(_newest(self._dist, "all_gather_single", "all_gather_into_tensor"), output, input,
+                                group=group, async_op=async_op)
+
+    def reduce_scatter_single(self, output, input, op: Any = None, group: Any = None, async_op: bool = False):
+        op = self.ReduceOp.SUM if op is None else op
+        return self._collective(_newest(self._dist, "reduce_scatter_single", "reduce_scatter_tensor"), output, input,
+                                op=op, group=group, async_op=async_op)
+
+    all_gather_into_tensor = all_gather_single
+    reduce_scatter_tensor = reduce_scatter_single
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group: Any = None,
+                          async_op: bool = False):
+        return self._collective("all_to_all_single", output, input, output_split_sizes=output_split_sizes,
+                                input_split_sizes=input_split_sizes, group=group, async_op=async_op)
+
+
+def _newest(dist: Any, name: str, older: str) -> str:
+    """torch 2.13's name where this dist has it, else the older one (torch 2.11 on the GPU machines)."""
+    return name if hasattr(dist, name) else older

@@ -1,0 +1,330 @@
+"""Notebook 10's trainer: lib.models' TinyGPT on a (dp, pp, tp) mesh, every part of the step one of the learner's
+own functions, run along its axis of the mesh through lib.group_as_world; and the single-device run it must equal.
+
+Each piece keeps the signature its notebook gave it. Two adapters let a piece written for a toy run a GPT:
+notebook 05's schedules move tensors of the batch's shape and end in `F.mse_loss(out, y) / m`, so the first stage
+takes the tokens in channel 0 of a (b, s, h) carrier, and the last stage returns √(cross-entropy) against a zero
+target (its MSE is the cross-entropy itself, with the same gradient). Notebook 03's zero1_train owns the loop and
+calls `model(x)` then `mse_loss(...).backward()`: the model it gets runs one whole pipelined step in its forward and
+returns a zero whose backward adds nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lib
+from lib.group_as_world import GroupAsWorld
+from lib.models import GPTConfig
+from lib.sim.traffic import MeshAxes
+from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
+from puzzles.zero import adam_update
+
+AXES = ("dp", "pp", "tp")
+# Shards of a block's matrices differ on each TP rank; every other parameter is whole on every TP rank, with the
+# same gradient there (a LayerNorm, the biases added after g, the embeddings, the head).
+SHARDED = ("qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the trainer is made of: the mesh, the ZeRO stage of the optimizer, the micro-batches per step, and the
+    run (Adam's learning rate, the clipping threshold: None leaves gradients unclipped)."""
+
+    dp: int = 2
+    pp: int = 2
+    tp: int = 2
+    zero: int = 0
+    micro_batches: int = 2
+    micro_batch: int = 1
+    steps: int = 3
+    lr: float = 3e-3
+    max_norm: Optional[float] = 0.5
+    seed: int = 0
+
+    @property
+    def clips(self) -> bool:
+        """Whether the step clips: zero1_train owns its optimizer step, so only the replicated optimizer clips."""
+        return self.max_norm is not None and self.zero == 0
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def rows(self) -> int:
+        """Sequences per step, over every DP rank."""
+        return self.dp * self.micro_batches * self.micro_batch
+
+
+def quick(parts: Parts, **changes) -> Parts:
+    """`parts` with some settings changed (a notebook cell's one-liner)."""
+    return replace(parts, **changes)
+
+
+def config(seq: int = 16) -> GPTConfig:
+    """The GPT the trainer trains: bytes in, bytes out, two blocks (one per stage at pp = 2)."""
+    return GPTConfig(vocab=256, seq=seq, hidden=32, heads=4, layers=2, tied=False)
+
+
+def replicated(stage: nn.Module) -> list[bool]:
+    """Per parameter of a stage, in order: whether every TP rank holds it whole (so its gradient is counted once)."""
+    return [not name.endswith(SHARDED) or not name.startswith("blocks.") for name, _ in stage.named_parameters()]
+
+
+# ---- the single device ------------------------------------------------------------------------------------------
+def reference_run(parts: Parts, data: list) -> tuple[list[float], Any, dict]:
+    """One device: the whole batch each step, mean cross-entropy, the gradient clipped as torch's clip_grad_norm_
+    does, Adam. Returns (the loss before each step, the trained model, step 1's gradient by parameter name)."""
+    model = tiny_gpt(config(data[0][0].shape[1]), parts.seed)
+    params = list(model.parameters())
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    losses, first = [], {}
+    for step, (tokens, targets) in enumerate(data, start=1):
+        loss = model.loss(tokens, targets)
+        losses.append(loss.item())
+        loss.backward()
+        first = first or {n: p.grad.clone() for n, p in model.named_parameters()}
+        if parts.clips:                                 # torch.nn.utils.clip_grad_norm_'s rule, written out
+            coef = parts.max_norm / (torch.stack([p.grad.pow(2).sum() for p in params]).sum().sqrt() + 1e-6)
+            for p in params:
+                p.grad.mul_(coef.clamp(max=1.0))
+        with torch.no_grad():
+            for p, (m, v) in zip(params, moments):
+                adam_update(p, p.grad, m, v, step, parts.lr)
+                p.grad = None
+    return losses, model, first
+
+
+def shards(parts: Parts) -> list[GPTStage]:
+    """Rank r's stage of the untrained model, for every rank of the mesh in order."""
+    stages = shard_gpt(tiny_gpt(config(), parts.seed), parts.pp, parts.tp)
+    return [stages[p][t] for _d in range(parts.dp) for p in range(parts.pp) for t in range(parts.tp)]
+
+
+def expected_shards(model, parts: Parts, values: Optional[dict] = None) -> list[dict[str, torch.Tensor]]:
+    """Rank r's parameters after the reference run (or its shards of `values`, one tensor per parameter name)."""
+    if values is not None:
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(values[name])
+    stages = shard_gpt(model, parts.pp, parts.tp)
+    return [{n: p.detach() for n, p in stages[p][t].named_parameters()}
+            for _d in range(parts.dp) for p in range(parts.pp) for t in range(parts.tp)]
+
+
+# ---- one rank of the composed trainer ----------------------------------------------------------------------------
+@dataclass
+class Axes:
+    """This rank's place: its coordinates, and a world-like dist along each axis (and over its model replica)."""
+
+    coords: tuple
+    dp: GroupAsWorld
+    pp: GroupAsWorld
+    tp: GroupAsWorld
+    replica: GroupAsWorld          # every rank of one model copy: its pp × tp ranks, TP innermost
+
+
+def mesh_axes(dist, pieces: dict, parts: Parts) -> Axes:
+    """Every group of the mesh, created by every rank in the same order; this rank's coordinates by the learner's
+    mesh_coordinates."""
+    mesh = MeshAxes((parts.dp, parts.pp, parts.tp), AXES)
+    rank = dist.get_rank()
+    coords = tuple(pieces["mesh_coordinates"](dist, mesh.shape))
+    mine = {}
+    for axis in AXES:
+        for ranks in sorted({mesh.group(r, axis) for r in range(mesh.world_size)}):
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                mine[axis] = GroupAsWorld(dist, group, ranks)
+    size = parts.pp * parts.tp
+    for d in range(parts.dp):
+        ranks = tuple(range(d * size, (d + 1) * size))
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            mine["replica"] = GroupAsWorld(dist, group, ranks)
+    return Axes(coords, **mine)
+
+
+def learner_block(pieces: dict, tp, block, x: torch.Tensor, heads: int) -> torch.Tensor:
+    """lib.models.Block's forward on a TP shard, by notebook 04's parallel_attention and megatron_mlp (whose layout
+    is sequence first: x is (b, s, h) here, so it is transposed around attention)."""
+    sequence_first = block.ln1(x).transpose(0, 1).contiguous()
+    attended = pieces["parallel_attention"](tp, sequence_first, block.qkv.weight, block.qkv.bias, block.proj.weight,
+                                            block.proj.bias, heads)
+    x = x + attended.transpose(0, 1)
+    return x + pieces["megatron_mlp"](tp, block.ln2(x), block.fc1.weight, block.fc1.bias, block.fc2.weight,
+                                      block.fc2.bias)
+
+
+class PipelineStage(nn.Module):
+    """A GPTStage as notebook 05's schedules call a stage, `stage(x)`: tokens in channel 0 of the first stage's
+    input; the last stage's output √(cross-entropy) of the next micro-batch, whose MSE against 0 is the loss."""
+
+    def __init__(self, shard: GPTStage, pieces: dict, tp, heads: int) -> None:
+        super().__init__()
+        self.shard, self.pieces, self.tp, self.heads = shard, pieces, tp, heads
+        self.first, self.last = hasattr(shard, "tok"), hasattr(shard, "head")
+        self.targets: list = []
+        self.losses: list = []
+
+    def begin_step(self, targets: list) -> None:
+        self.targets, self.losses = targets, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.shard
+        if self.first:
+            x = s.tok(x[..., 0].long()) + s.pos.weight[: x.shape[1]]
+        for block in s.blocks:
+            x = learner_block(self.pieces, self.tp, block, x, self.heads)
+        if not self.last:
+            return x
+        loss = s.loss(x, self.targets[len(self.losses)])
+        self.losses.append(loss.detach())
+        return loss.sqrt().reshape(1, 1)
+
+
+def carrier(tokens: torch.Tensor, hidden: int) -> torch.Tensor:
+    """(b, s) tokens as the (b, s, h) float tensor a schedule moves: the tokens in channel 0."""
+    out = torch.zeros(*tokens.shape, hidden, dtype=torch.float64, device=tokens.device)
+    out[..., 0] = tokens.to(out.dtype)
+    return out
+
+
+def pipelined_step(pieces: dict, axes: Axes, stage: PipelineStage, tokens, targets, parts: Parts) -> Optional[Any]:
+    """Forward and backward of this DP rank's rows by the learner's 1F1B; on the last stage, the step's loss by
+    their mean_loss over the DP group (None elsewhere)."""
+    m = parts.micro_batches
+    stage.begin_step(list(targets.chunk(m)))
+    zero = torch.zeros(m, 1, dtype=torch.float64, device=tokens.device)
+    pieces["one_f_one_b"](axes.pp, stage, carrier(tokens, stage.shard.hidden), zero, m)
+    if not stage.last:
+        return None
+    counts = [t.numel() for t in stage.targets]
+    return float(pieces["mean_loss"](axes.dp, stage.losses, counts))
+
+
+def average(pieces: dict, axes: Axes, params: list, parts: Parts) -> list:
+    """The DP average of every gradient by the learner's ring, in one flat bucket."""
+    sizes = [p.numel() for p in params]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = F.pad(flat, (0, -len(flat) % parts.dp))                  # the ring cuts the bucket into dp equal chunks
+    flat = pieces["ring_all_reduce"](axes.dp, flat) / parts.dp
+    return [g.view_as(p) for g, p in zip(flat[:sum(sizes)].split(sizes), params)]
+
+
+class WholeStep(nn.Module):
+    """The model notebook 03's zero1_train trains: its forward runs one pipelined step (the gradients accumulate in
+    the stage's parameters) and returns a zero tied to them, whose backward adds nothing."""
+
+    def __init__(self, pieces: dict, axes: Axes, stage: PipelineStage, data: list, parts: Parts) -> None:
+        super().__init__()
+        self.stage, self.pieces, self.axes, self.data, self.parts = stage, pieces, axes, data, parts
+        self.losses: list = []
+
+    def forward(self, step: torch.Tensor) -> torch.Tensor:
+        tokens, targets = self.data[len(self.losses)]
+        self.losses.append(pipelined_step(self.pieces, self.axes, self.stage, tokens, targets, self.parts))
+        tied = sum(p.sum() for p in self.stage.parameters())
+        return torch.zeros_like(step) + 0 * tied
+
+
+def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume: Optional[dict] = None) -> dict:
+    """One rank of the composed trainer. Returns its losses (on the last stage), its trained parameters and (ZeRO-0)
+    Adam's moments; `resume` ({"step", "moments"} of an earlier call) continues a run where that call stopped."""
+    axes = mesh_axes(dist, pieces, parts)
+    d, where = axes.coords[0], lib.device()
+    shard = shard.to(where)
+    mine = [(tokens.chunk(parts.dp)[d].to(where), targets.chunk(parts.dp)[d].to(where)) for tokens, targets in data]
+    stage = PipelineStage(shard, pieces, axes.tp, config().heads)
+    params, flags = list(shard.parameters()), replicated(shard)
+    losses: list = []
+    first: dict = {}                     # step 1's averaged gradient, what the optimizer is handed (ZeRO-0 only)
+    if parts.zero == 1:
+        whole = WholeStep(pieces, axes, stage, mine, parts)
+        steps = [(torch.zeros(1, dtype=torch.float64, device=where),) * 2 for _ in mine]
+        pieces["zero1_train"](axes.dp, whole, steps, parts.lr)
+        losses = whole.losses
+    else:
+        moments = ([(torch.zeros_like(p), torch.zeros_like(p)) for p in params] if resume is None else
+                   [(m.to(where), v.to(where)) for m, v in resume["moments"]])
+        for step, (tokens, targets) in enumerate(mine, start=1 if resume is None else resume["step"] + 1):
+            losses.append(pipelined_step(pieces, axes, stage, tokens, targets, parts))
+            grads = average(pieces, axes, params, parts)
+            if step == 1:
+                first = {n: g.detach().clone() for (n, _), g in zip(shard.named_parameters(), grads)}
+            if parts.clips:
+                grads = list(pieces["clip_grad_norm"](axes.replica, grads, flags, parts.max_norm, parts.tp))
+            with torch.no_grad():
+                for p, g, (m, v) in zip(params, grads, moments):
+                    adam_update(p, g, m, v, step, parts.lr)
+                    p.grad = None
+    return {"losses": None if losses[0] is None else losses, "first_grads": first or None,
+            "params": {n: p.detach() for n, p in shard.named_parameters()},
+            "moments": None if parts.zero == 1 else moments}
+
+
+def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:
+    """For lib.viz.mesh.mesh_figure: the learner's functions each rank runs, in three short lines."""
+    def label(rank: int, coords: tuple) -> str:
+        _, p, _ = coords
+        ends = "+ embed" if p == 0 else "+ head" if p == parts.pp - 1 else ""
+        dp = "zero1_train" if parts.zero == 1 else "ring" + (", clip" if parts.clips else "")
+        return f"stage {p} {ends}\nattention, mlp\n1F1B, {dp}"
+    return label
+
+
+# ---- reading the trained model ------------------------------------------------------------------------------------
+def assemble(params: list[dict], parts: Parts):
+    """One TinyGPT from the DP-rank-0 shards of a trained mesh (the inverse of parallel_gpt.shard_gpt)."""
+    model = tiny_gpt(config(), parts.seed)
+    per = model.cfg.layers // parts.pp
+    with torch.no_grad():
+        for p in range(parts.pp):
+            shards = [params[p * parts.tp + t] for t in range(parts.tp)]
+            for i in range(per):
+                pre, block = f"blocks.{i}.", model.blocks[p * per + i]
+                for name in ("qkv.weight", "qkv.bias"):        # q, k, v each cut by heads: join each, then stack
+                    block.get_parameter(name).copy_(torch.cat([torch.cat([s[pre + name].chunk(3)[k] for s in shards])
+                                                               for k in range(3)]))
+                for name, dim in (("proj.weight", 1), ("fc1.weight", 0), ("fc1.bias", 0), ("fc2.weight", 1)):
+                    block.get_parameter(name).copy_(torch.cat([s[pre + name] for s in shards], dim))
+                for name, _ in block.named_parameters():
+                    if not name.endswith(SHARDED):
+                        block.get_parameter(name).copy_(shards[0][pre + name])
+            for name, value in shards[0].items():
+                if not name.startswith("blocks."):
+                    model.get_parameter(name).copy_(value)
+    return model
+
+
+def sample(model, prompt: torch.Tensor, length: int, seed: int = 0, temperature: float = 0.8) -> torch.Tensor:
+    """`length` tokens drawn after `prompt` from the model, each seeing at most the last cfg.seq tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = prompt.clone()
+    with torch.no_grad():
+        for _ in range(length):
+            logits = model(tokens[-model.cfg.seq:].unsqueeze(0))[0, -1] / temperature
+            tokens = torch.cat([tokens, torch.multinomial(logits.softmax(-1), 1, generator=gen)])
+    return tokens[len(prompt):]
+
+
+def train_on_real_ranks(dist, pieces: dict, shards: list, data: list, parts: Parts,
+                        resumes: Optional[list] = None) -> dict:
+    """`train` on a real process: each rank takes its own stage (and where it resumes) from the lists."""
+    rank = dist.get_rank()
+    return train(dist, pieces, shards[rank], data, parts, None if resumes is None else resumes[rank])
+
+
+def with_parameters(shard: GPTStage, params: dict) -> GPTStage:
+    """A copy of `shard` holding `params` (a rank's trained parameters), to continue training from."""
+    shard = copy.deepcopy(shard)
+    shard.load_state_dict(params)
+    return shard

@@ -1,0 +1,151 @@
+"""Notebook 10: the learner's pieces read from their saved notebooks, and the trainer composed of them checked against
+one device, naming the piece that is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import solutions.data_parallel
+import solutions.pipeline
+import solutions.tensor_parallel
+import solutions.three_d
+import solutions.trainer
+import solutions.zero
+import tests.wrong.data_parallel
+import tests.wrong.pipeline
+import tests.wrong.tensor_parallel
+import tests.wrong.three_d
+import tests.wrong.trainer
+import tests.wrong.zero
+from lib.notebook.cells import STUB
+from lib.notebook.pieces import Pieces, learner_pieces
+from puzzles import composed as C
+from puzzles import trainer_check as T
+from puzzles.trainer import PIECES
+
+SOLVED = {name: getattr(module, name) for module in (solutions.data_parallel, solutions.zero,
+                                                       solutions.tensor_parallel, solutions.pipeline,
+                                                       solutions.three_d)
+          for name in PIECES if hasattr(module, name)}
+SEAMS = {"clip_grad_norm": solutions.trainer.clip_grad_norm, "mean_loss": solutions.trainer.mean_loss}
+WRONG = [w for m in (tests.wrong.data_parallel, tests.wrong.zero, tests.wrong.tensor_parallel, tests.wrong.pipeline,
+                     tests.wrong.three_d) for w in m.WRONG if w[0] in PIECES]
+
+
+def _cell(source: str, tag: str, puzzle: str | None = None) -> dict:
+    meta = {"tags": [tag], **({"course": {"puzzle": puzzle}} if puzzle else {})}
+    return {"cell_type": "code", "metadata": meta, "source": source, "outputs": [], "execution_count": None}
+
+
+def _save(folder, notebook: str, cells: list[dict]) -> None:
+    (folder / f"{notebook}.ipynb").write_text(json.dumps({"cells": [_cell("import torch", "setup"), *cells],
+                                                          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+
+
+def test_pieces_name_what_to_finish_first(tmp_path):
+    _save(tmp_path, "02_data_parallel", [_cell("def ring_all_reduce(dist, x):\n    dist.all_reduce(x)\n    return x",
+                                               "puzzle", "ring_all_reduce")])
+    _save(tmp_path, "05_pipeline", [_cell(f"def one_f_one_b(dist, stage, batch, targets, m):\n    {STUB}", "puzzle",
+                                          "one_f_one_b")])
+    _save(tmp_path, "06_3d_parallelism", [_cell("def mesh_coordinates(dist, shape):\n    return (", "puzzle",
+                                                "mesh_coordinates")])
+    pieces = T.load(folder=tmp_path)
+    gaps = {g.name: str(g) for g in pieces.gaps}
+    assert pieces.origin == {"ring_all_reduce": "02_data_parallel.ipynb"}
+    assert gaps["one_f_one_b"] == "one_f_one_b: still the stub: finish notebook 05, puzzle 3 (05_pipeline) first"
+    assert "its cell raises SyntaxError: '(' was never closed" in gaps["mesh_coordinates"]
+    assert "no saved copy of notebook 03" in gaps["zero1_train"]
+    assert "○ one_f_one_b: still the stub" in pieces.report()
+
+
+def test_a_module_file_of_the_learners_own_comes_first_and_solutions_is_refused(tmp_path):
+    mine = tmp_path / "my_pieces.py"
+    mine.write_text("def ring_all_reduce(dist, x):\n    return x\n")
+    pieces = learner_pieces({"ring_all_reduce": "02_data_parallel"}, folder=tmp_path, module=mine)
+    assert pieces.complete and pieces.origin["ring_all_reduce"] == str(mine)
+    with pytest.raises(ValueError, match="solutions/"):
+        learner_pieces({"ring_all_reduce": "02_data_parallel"}, module=tmp_path / "solutions" / "data_parallel.py")
+
+
+def test_the_trainer_says_what_is_missing_and_does_not_run(capsys):
+    assert T.check_trainer(Pieces(), {}, C.Parts(), strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "ring_all_reduce: not loaded" in out and "clip_grad_norm: still the stub: solve puzzle 1 above first" in out
+    assert "✓" not in out and "✗" not in out
+
+
+@pytest.mark.parametrize("zero,mesh", [(0, (2, 2, 2)), (1, (2, 2, 2)), (0, (4, 2, 1)), (0, (2, 1, 4))])
+def test_reference_pieces_train_as_one_device(zero, mesh, capsys):
+    """On the notebook's mesh at both ZeRO stages, and on meshes where a model replica is one axis's group (the
+    clipping's sum then travels on that axis, within its budget)."""
+    pieces = Pieces(functions=dict(SOLVED))
+    dp, pp, tp = mesh
+    parts = C.Parts(dp=dp, pp=pp, tp=tp, zero=zero)
+    assert T.check_trainer(pieces, SEAMS, parts, own_checks=mesh == (2, 2, 2), strict=False, show=False), \
+        capsys.readouterr().out
+    assert "✓ Your trainer equals one device for 3 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,fn", [(w[0], w[1]) for w in WRONG], ids=[w[1].__name__ for w in WRONG])
+def test_a_wrong_piece_is_named(name, fn, capsys):
+    parts = C.Parts(zero=1 if name == "zero1_train" else 0)
+    pieces = Pieces(functions={**SOLVED, name: fn})
+    assert T.check_trainer(pieces, SEAMS, parts, strict=False, show=False) is False
+    assert f"✗ {name} (notebook {PIECES[name][:2]}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,fn", [("ring_all_reduce", tests.wrong.data_parallel.all_reduce_hard_coded),
+                                     ("clip_grad_norm", tests.wrong.trainer.clip_without_all_reduce),
+                                     ("one_f_one_b", tests.wrong.pipeline.gpipe_forgets_one_over_m)],
+                         ids=["ring", "clip", "pipeline"])
+def test_the_composed_run_alone_catches_a_wrong_piece_at_its_seam(name, fn, capsys):
+    """Without the pieces' own checks, the composed run still fails where a piece's values are wrong."""
+    pieces = Pieces(functions={**SOLVED, name: fn} if name in PIECES else dict(SOLVED))
+    seams = {**SEAMS, name: fn} if name in SEAMS else SEAMS
+    assert T.check_trainer(pieces, seams, C.Parts(), own_checks=False, strict=False, show=False) is False
+    assert "✗" in capsys.readouterr().out
+
+
+def _coordinates_failing_on_the_last_rank(dist, shape):
+    if dist.get_rank() == dist.get_world_size() - 1:
+        raise ValueError("no coordinates for the last rank")
+    return solutions.three_d.mesh_coordinates(dist, shape)
+
+
+def test_an_error_inside_a_piece_names_the_piece_without_the_courses_frames(capsys):
+    pieces = Pieces(functions={**SOLVED, "mesh_coordinates": _coordinates_failing_on_the_last_rank})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(), own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "no coordinates for the last rank" in out and "The error is in your mesh_coordinates" in out
+    assert "composed.py" not in out
+
+
+def _mlp_with_an_extra_all_reduce(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    spare = x.detach().clone()
+    dist.all_reduce(spare)                           # right values, one all-reduce of the activations too many
+    return solutions.tensor_parallel.megatron_mlp(dist, x, fc1_w, fc1_b, fc2_w, fc2_b)
+
+
+def test_a_piece_that_sends_more_than_its_axis_allows_is_named(capsys):
+    pieces = Pieces(functions={**SOLVED, "megatron_mlp": _mlp_with_an_extra_all_reduce})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(), own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "on the TP axis, over its budget" in out and "column_parallel_linear and row_parallel_linear" in out
+
+
+def test_a_run_resumed_from_its_moments_equals_one_run():
+    """What the real cell's launches do, five steps at a time: two steps, then the third from where they stopped."""
+    from lib.sim import per_rank, run
+
+    parts, fns = C.Parts(), {**SOLVED, **SEAMS}
+    steps = T.data(parts)
+    whole = run(C.train, parts.world, fns, per_rank(C.shards(parts)), steps, parts).results
+    first = run(C.train, parts.world, fns, per_rank(C.shards(parts)), steps[:2], parts).results
+    resumed = run(C.train, parts.world, fns, per_rank([C.with_parameters(s, r["params"])
+                                                       for s, r in zip(C.shards(parts), first)]),
+                  steps[2:], parts, per_rank([{"step": 2, "moments": r["moments"]} for r in first])).results
+    for one, two in zip(whole, resumed):
+        assert all(torch.equal(one["params"][n], two["params"][n]) for n in one["params"])
