@@ -1,4 +1,4 @@
-"""Compare a rank's result with the reference and describe the first difference in words."""
+"""Stage 2 of a check, the comparison: each rank's result against the reference, the first difference in words."""
 
 from __future__ import annotations
 
@@ -58,6 +58,15 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
         return None
     if expected != got:
         return f"{where}: expected {expected!r}, got {got!r}"
+    return None
+
+
+def first_wrong_rank(expected: list, got: list, rtol: float, atol: float) -> Optional[tuple[int, str]]:
+    """(the first rank whose result differs from its expected one, the difference in words), or None."""
+    for rank, (want, have) in enumerate(zip(expected, got)):
+        diff = first_difference(want, have, rtol, atol, where="the result")
+        if diff:
+            return rank, diff
     return None
 
 

@@ -26,7 +26,7 @@ from lib.diagnose import factors, layouts, moments, origins, values
 from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
 from lib.sim import run
 
-__all__ = ["Mistake", "case_reading", "diagnose", "hands_gradient", "unwritten_memory"]
+__all__ = ["Mistake", "case_reading", "diagnose", "diagnosis", "hands_gradient", "unwritten_memory"]
 case_reading = moments.case_reading
 hands_gradient = moments.hands_gradient
 
@@ -41,6 +41,24 @@ class Mistake:
     fn: Callable
     message: str
     alone: bool = False
+
+
+def diagnosis(case: Any, got: Sequence[Any], *, mistakes: Sequence[Mistake], wrap: Callable[[Callable], Callable],
+              rtol: float, atol: float, outputs: Optional[dict[str, str]], fn: Optional[Callable] = None,
+              others: Sequence[Any] = (), names: Sequence[str] = ()) -> str:
+    """Stage 2b of a check, why the results differ: the case's own reading (Case.explain), or memory read before
+    anything wrote it, or the engine's readings (`diagnose`); "" if nothing fits. Each replay runs once."""
+    with origins.remembering():
+        explained = moments.case_reading(case, got)
+        # A reading of values that torch.empty's leftovers made (a stale block, NaN) would name a cause that changes
+        # from run to run: memory read before anything wrote it is said instead.
+        found = explained and unwritten_memory(case.expected, got, case, fn, rtol, atol, outputs)
+        if not found:
+            found = diagnose(case.expected, got, case.args, mistakes=tuple(mistakes) + tuple(case.mistakes), wrap=wrap,
+                             factors=case.factors, rtol=rtol, atol=atol, case=case, fn=fn, outputs=outputs,
+                             others=others, names=names, explained=bool(explained))
+            found = "\n".join(filter(None, (explained, found)))
+    return found or ""
 
 
 def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistakes: Sequence[Mistake] = (),
