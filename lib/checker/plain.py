@@ -28,7 +28,7 @@ class Opaque:
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        return f"a {self.kind}"
+        return f"an object of its own class {self.kind}"
 
 
 class PlainModule(torch.nn.Module):
@@ -40,9 +40,7 @@ class PlainModule(torch.nn.Module):
         self.kind = kind
         self._named = []
         for name, data, grad in named:
-            p = torch.nn.Parameter(data, requires_grad=data.requires_grad)
-            p.grad = grad
-            self._named.append((name, p))
+            self._named.append((name, _parameter(data, grad)))
 
     def named_parameters(self, *args, **kwargs) -> Iterator[tuple[str, torch.nn.Parameter]]:
         return iter(self._named)
@@ -78,6 +76,23 @@ def plain(x: Any, depth: int = 0) -> Any:
     if kind.__module__.split(".")[0] in _TRUSTED:
         return x
     return Opaque(kind.__name__)
+
+
+def _parameter(data: Any, grad: Any) -> Any:
+    """A Parameter holding `data` with `grad` as its gradient, as the learner's module held them, even where the two
+    disagree in shape or dtype (a .data replaced after backward): the gradient set first, the data after it."""
+    if not isinstance(data, torch.Tensor):
+        return data
+    p = torch.nn.Parameter(data, requires_grad=data.requires_grad)
+    if not isinstance(grad, torch.Tensor):
+        return p
+    try:
+        p.grad = grad
+    except RuntimeError:
+        p = torch.nn.Parameter(torch.empty_like(grad), requires_grad=data.requires_grad)
+        p.grad = grad
+        p.data = data
+    return p
 
 
 def _plain_tensor(t: torch.Tensor) -> Any:

@@ -213,8 +213,10 @@ def _shapes(expected: Sequence[Any], got: Sequence[Any], named: dict[str, float]
             if mine_ is None or mine_.shape == want.shape or not want.numel():
                 continue
             where = on_rank(rank, world, key, outputs)
-            ratio = mine_.numel() / want.numel()
             shapes = f"{tuple(mine_.shape)} where {tuple(want.shape)} belongs"
+            if not mine_.numel():
+                return f"{where} is empty ({shapes}): nothing was put in it."
+            ratio = mine_.numel() / want.numel()
             if ratio == 1:
                 return (f"{where} has the right number of elements in another shape ({shapes}): transposed, or "
                         "reshaped along the wrong dimensions?")
