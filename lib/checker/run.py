@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
 from lib.checker.case import Case
-from lib.checker.compare import kind_of
 from lib.checker.kernels import kernels_refused
 from lib.checker.meters import check_meters
 from lib.checker.plain import plain
 from lib.guard.offlimits import call_watched, watching
-from lib.errors import PuzzleError
 from lib.sim import CostModel, SimResult, run
-from lib.whose_code import COURSE, LIBRARIES
-
-
-class ResultUnusable(PuzzleError):
-    """The answer returned a value the check cannot use as the statement's result (the wrong kind of value)."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -48,44 +40,11 @@ def answer_on_rank(how: Answer, fn: Callable, dist, *args) -> Any:
     """What one rank runs: the learner's `fn` on `args`, as `how` says (Puzzle.wrap binds the two)."""
     with kernels_refused(how.refused, how.refused_why) if how.refused else contextlib.nullcontext():
         if how.harness is not None:
-            return _harnessed(how, fn, dist, args)
+            answer = fn if not how.off_limits else \
+                (lambda *a: call_watched(how.off_limits, how.off_limits_advice, fn, *a))
+            return how.harness(answer, dist, *args)
         with watching(how.off_limits or {}, how.off_limits_advice):
             return fn(dist, *args) if how.takes_dist else fn(*args)
-
-
-def _harnessed(how: Answer, fn: Callable, dist, args: tuple) -> Any:
-    """The harness around the answer. Where the harness's own code fails on what the answer returned (a None where it
-    unpacks two losses, a float where it calls backward), the learner is told what they returned, not shown the
-    harness's traceback (ResultUnusable); an error raised in the learner's code stays theirs."""
-    returned: list = []
-
-    def answer(*a: Any) -> Any:
-        out = call_watched(how.off_limits, how.off_limits_advice, fn, *a) if how.off_limits else fn(*a)
-        returned.append(out)
-        return out
-    try:
-        return how.harness(answer, dist, *args)
-    except Exception as e:
-        if not returned or isinstance(e, PuzzleError) or _learners_code_in(e):
-            raise
-        raise ResultUnusable(f"your function returned {_returned(returned[-1])}, which the check cannot use as the "
-                             f"statement's result ({type(e).__name__}: {e}).\nHint: return exactly what the statement "
-                             "asks for: its types, shapes and order.") from None
-
-
-def _returned(x: Any) -> str:
-    """What an answer returned, in a few words: a container by its items' kinds, not its values."""
-    if isinstance(x, (list, tuple)) and 0 < len(x) <= 4:
-        return f"a {type(x).__name__} of {len(x)}: " + ", ".join(kind_of(v) for v in x)
-    if isinstance(x, (list, tuple, dict)):
-        return f"a {type(x).__name__} of {len(x)} items"
-    return kind_of(x)
-
-
-def _learners_code_in(e: BaseException) -> bool:
-    """Whether any frame of `e`'s traceback runs the learner's code (neither the course's, nor a library's)."""
-    frames = traceback.extract_tb(e.__traceback__)
-    return any(not f.filename.startswith(COURSE + LIBRARIES) for f in frames)
 
 
 def run_case(answer: Callable, case: Case, cost: Optional[CostModel]) -> SimResult:
