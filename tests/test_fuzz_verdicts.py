@@ -9,6 +9,7 @@ whole sweep (every mangling on every puzzle) runs with `python -m tests.test_fuz
 from __future__ import annotations
 
 import importlib
+import inspect
 import random
 import sys
 from typing import Any, Callable
@@ -85,9 +86,18 @@ def mangled(puzzle, how: str) -> Callable:
     return answer
 
 
+VALUES = ("NaN", "wrong dtype", "huge")     # wrong values of the right kind: diagnoses replay the answer to read them
+NEVER_RIGHT = ("None", "string", "nested", "empty tensor")    # no puzzle's result is one of these
+
+
 def chosen(puzzle) -> list[str]:
-    """The manglings a puzzle meets in CI: PER_PUZZLE of them, drawn from its name at seed 0."""
-    return sorted(random.Random(f"{puzzle.name}:0").sample(sorted(MANGLINGS), PER_PUZZLE))
+    """The manglings a puzzle meets in CI, drawn from its name at seed 0: PER_PUZZLE of the wrong kinds of result,
+    one of them wrong values instead where a wrong value's diagnosis is quick (not a training run, whose diagnosis
+    replays it step by step: seconds each; the whole sweep covers those)."""
+    rng = random.Random(f"{puzzle.name}:0")
+    kinds = rng.sample(sorted(set(MANGLINGS) - set(VALUES)), PER_PUZZLE)
+    training = "steps" in inspect.signature(puzzle.make_case).parameters
+    return sorted(kinds if training else kinds[:-1] + [rng.choice(VALUES)])
 
 
 def verdict(puzzle, how: str):
@@ -102,8 +112,10 @@ CASES = [(p, how) for p in puzzles.ALL for how in chosen(p)]
 
 @pytest.mark.parametrize("puzzle, how", CASES, ids=[f"{p.name}-{how}" for p, how in CASES])
 def test_a_mangled_result_gets_a_verdict_in_words(puzzle, how):
+    """A verdict, never an exception; a mangling that leaves the values right (a tensor for a scalar where the result
+    holds none, a count as a float) may pass, one that no result can be must fail."""
     outcome = verdict(puzzle, how)
-    assert outcome.status == FAILING, outcome.message
+    assert outcome.status == FAILING or how not in NEVER_RIGHT, outcome.message
 
 
 def test_every_mangling_meets_some_puzzle():
@@ -125,8 +137,8 @@ if __name__ == "__main__":                      # the whole sweep: every manglin
         for how in MANGLINGS:
             start = time.perf_counter()
             try:
-                verdict(p, how)
-                print(f"{p.name:32s} {how:22s} {time.perf_counter() - start:6.2f} s", flush=True)
+                status = verdict(p, how).status
+                print(f"{p.name:32s} {how:22s} {status:8s} {time.perf_counter() - start:6.2f} s", flush=True)
             except BaseException as e:           # noqa: BLE001 - a sweep reports every crash
                 crashed.append((p.name, how, f"{type(e).__name__}: {e}"[:300]))
                 print(crashed[-1], flush=True)

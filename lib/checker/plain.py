@@ -8,7 +8,9 @@ from typing import Any, Iterator
 
 import torch
 
-_COURSE = ("lib", "puzzles", "solutions")         # a value of the course's own class (a harness's Gradients) is kept
+# A value of the course's own class (a harness's Gradients, the grader's ReceivedModule) is kept, or read through its
+# class's own methods.
+_COURSE = ("lib", "puzzles", "solutions", "tools")
 _TRUSTED = ("builtins", "torch", "numpy", *_COURSE)    # where a kept object's class may come from
 
 
@@ -113,7 +115,11 @@ def _grad(p: torch.Tensor) -> Any:
 
 def _parameters(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """named_parameters() as nn.Module's own walk gives them (pre-order, each parameter and module once), read from
-    the modules' dictionaries rather than through methods a subclass or an instance may replace."""
+    the modules' dictionaries rather than through methods a subclass or an instance may replace; a course's class
+    that keeps its parameters its own way (the grader's ReceivedModule) is asked through its class's method."""
+    kind = type(module)
+    if kind.__module__.split(".")[0] in _COURSE and kind.named_parameters is not torch.nn.Module.named_parameters:
+        return list(kind.named_parameters(module))
     found: list[tuple[str, torch.Tensor]] = []
     seen_modules, seen_params = set(), set()
 
