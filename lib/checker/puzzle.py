@@ -119,6 +119,13 @@ class Puzzle:
         self.real_world_size = 1 if max(self.world_sizes) == 1 else 4
         self._hints_shown = 0
         self._validate(make_case)
+        # How each rank runs the answer (lib.checker.run.Answer), validated here: the one wrapping of Puzzle.wrap.
+        try:
+            self.how = Answer(takes_dist=takes_dist, harness=harness, refused=self.refused,
+                              refused_why=self.refused_why, off_limits=self.off_limits,
+                              off_limits_advice=self.off_limits_advice)
+        except SpecError as e:
+            raise SpecError(f"Puzzle {name!r}: {e}") from None
 
     def _validate(self, make_case: Callable) -> None:
         """A spec that is wrong fails here, at import, with the offending values (as torchtitan's
@@ -145,6 +152,12 @@ class Puzzle:
             raise SpecError(f"{where}: hints must be non-empty strings.")
         if self.rtol < 0 or self.atol < 0:
             raise SpecError(f"{where}: rtol={self.rtol}, atol={self.atol}: tolerances are not negative.")
+        for keyword in ("oracle", "real_scale"):
+            if getattr(self, keyword) is not None and not callable(getattr(self, keyword)):
+                raise SpecError(f"{where}: {keyword}={getattr(self, keyword)!r}: a function, or None.")
+        strays = [m for m in self.mistakes if not isinstance(m, Mistake)]
+        if strays:
+            raise SpecError(f"{where}: mistakes {strays!r}: each a lib.diagnose.Mistake(fn, message).")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.outputs.items()):
             raise SpecError(f"{where}: outputs={self.outputs!r}: maps a result's leaf ('[2]', \"['w']\") to words.")
 
@@ -157,9 +170,7 @@ class Puzzle:
         backward after the learner's forward; the simulated and the real checks both run what this returns."""
         if not callable(fn):
             return fn
-        how = Answer(takes_dist=self.takes_dist, harness=self.harness, refused=self.refused,
-                     refused_why=self.refused_why, off_limits=self.off_limits, off_limits_advice=self.off_limits_advice)
-        return functools.partial(answer_on_rank, how, fn)
+        return functools.partial(answer_on_rank, self.how, fn)
 
     def cases(self, seed: int = 0) -> list[Case]:
         rng = random.Random(f"{self.name}:{seed}")

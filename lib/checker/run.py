@@ -15,6 +15,7 @@ from lib.checker.case import Case
 from lib.checker.kernels import kernels_refused
 from lib.checker.meters import check_meters
 from lib.checker.plain import plain
+from lib.checker.spec import SpecError
 from lib.guard.offlimits import call_watched, watching
 from lib.sim import CostModel, SimResult, run
 
@@ -34,6 +35,16 @@ class Answer:
 
     def __hash__(self) -> int:
         return id(self)
+
+    def __post_init__(self) -> None:
+        if self.harness is not None and not callable(self.harness):
+            raise SpecError(f"harness={self.harness!r}: a function (answer, dist, *args) -> the result compared.")
+        if not all(isinstance(p, str) and p for p in self.refused) or (self.refused and not self.refused_why):
+            raise SpecError(f"refuse=({list(self.refused)!r}, {self.refused_why!r}): prefixes of torch op names, and "
+                            "why the answer may not call them.")
+        if not all(isinstance(k, str) for k in (self.off_limits or {})):
+            raise SpecError(f"off_limits keys {sorted(map(repr, self.off_limits))}: labels (str) for what is kept "
+                            "from the answer.")
 
 
 def answer_on_rank(how: Answer, fn: Callable, dist, *args) -> Any:
