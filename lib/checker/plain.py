@@ -51,7 +51,7 @@ class PlainModule(torch.nn.Module):
         return iter(p for _, p in self._named)
 
 
-def plain(x: Any, depth: int = 0) -> Any:
+def as_plain(x: Any, depth: int = 0) -> Any:
     """`x` as exact plain types (tensor, bool, int, float, str, None, list, tuple, dict, PlainModule), read through the
     base types' own methods; a value of the course's own classes is kept, one of an unknown class becomes an Opaque."""
     kind = type(x)
@@ -70,11 +70,11 @@ def plain(x: Any, depth: int = 0) -> Any:
     if isinstance(x, str):
         return str.__str__(x)
     if isinstance(x, dict):
-        return {plain(k, depth + 1): plain(v, depth + 1) for k, v in dict.items(x)}
+        return {as_plain(k, depth + 1): as_plain(v, depth + 1) for k, v in dict.items(x)}
     if isinstance(x, list):
-        return [plain(v, depth + 1) for v in list.__iter__(x)]
+        return [as_plain(v, depth + 1) for v in list.__iter__(x)]
     if isinstance(x, tuple):
-        return tuple(plain(v, depth + 1) for v in tuple.__iter__(x))
+        return tuple(as_plain(v, depth + 1) for v in tuple.__iter__(x))
     if kind.__module__.split(".")[0] in _TRUSTED:
         return x
     return Opaque(kind.__name__)

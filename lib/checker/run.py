@@ -14,7 +14,7 @@ import torch
 from lib.checker.case import Case
 from lib.checker.kernels import kernels_refused
 from lib.checker.meters import check_meters
-from lib.checker.plain import plain
+from lib.checker.plain import as_plain
 from lib.checker.spec import SpecError
 from lib.guard.offlimits import call_watched, watching
 from lib.sim import CostModel, SimResult, run
@@ -64,7 +64,7 @@ def run_case(answer: Callable, case: Case, cost: Optional[CostModel]) -> SimResu
     result = run(answer, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults,
                  read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
     check_meters(result)
-    result.results = [plain(r) for r in result.results]
+    result.results = [as_plain(r) for r in result.results]
     return result
 
 

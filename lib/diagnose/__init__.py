@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from lib.checker.compare import first_difference
+from lib.checker.plain import as_plain
 from lib.diagnose import factors, layouts, moments, origins, values
 from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
 from lib.sim import run
@@ -175,7 +176,7 @@ def _formulas(case: Any, got: Sequence[Any], fn: Optional[Callable] = None, othe
 def _answer(fn: Callable, case: Any, key: str) -> Optional[float]:
     """The learner's number for leaf `key` on another case (a prediction: one rank), or None if it fails there."""
     try:
-        results = run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected).results
+        results = as_plain(run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected).results)
     except Exception:
         return None
     leaf = dict(leaves(results[0])).get(key)
@@ -341,8 +342,8 @@ def _resolver(fn: Optional[Callable], others: Sequence[Any], rank: int, key: str
             if len(found) < 2:
                 break
             try:
-                results = run(fn, other.world_size, *other.args, timeout=10.0, protect=other.expected,
-                              faults=other.faults).results
+                results = as_plain(run(fn, other.world_size, *other.args, timeout=10.0, protect=other.expected,
+                                    faults=other.faults).results)
             except Exception:
                 continue
             r = min(rank, other.world_size - 1)
