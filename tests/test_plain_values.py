@@ -213,6 +213,8 @@ BREAKS = [
     ("clock back in an op", lambda r: _event(r, lambda e: e.rank == 1 and e.op == "send", end=-1.0),
      "rank 1's clock went back in its send"),
     ("clock before its last op", lambda r: _stat(r, 0, clock=0.0), "rank 0's clock reads 0 s at its return"),
+    ("bytes lost", lambda r: _stat(r, 1, bytes_received=r.stats[1].bytes_received - 4),
+     "rank 1 16 B / 12 B"),
     ("message bytes unequal", lambda r: _event(r, lambda e: e.op == "recv" and e.rank == 1, bytes=1.0),
      "and rank 1 received 1 B of that message"),
 ]

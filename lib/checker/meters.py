@@ -44,7 +44,7 @@ def meter_problem(result: SimResult) -> Optional[str]:
         if e.end > result.stats[e.rank].clock * (1 + 1e-9) + 1e-15:
             return (f"rank {e.rank}'s clock reads {result.stats[e.rank].clock:.6g} s at its return, before the end of "
                     f"its {e.op} at {e.end:.6g} s")
-    return _unmatched_message(result)
+    return _unmatched_message(result) or _bytes_lost(result)
 
 
 def _unmatched_message(result: SimResult) -> Optional[str]:
@@ -60,6 +60,18 @@ def _unmatched_message(result: SimResult) -> Optional[str]:
             src, dst, start, _ = key
             return (f"rank {src} sent {fmt_bytes(sent[key])} to rank {dst} at {start:.6g} s, and rank {dst} received "
                     f"{fmt_bytes(received[key])} of that message")
+    return None
+
+
+def _bytes_lost(result: SimResult) -> Optional[str]:
+    """Every byte a rank sends, in a message or a collective, some rank receives: the totals over ranks are equal."""
+    sent = sum(s.bytes_sent for s in result.stats)
+    received = sum(s.bytes_received for s in result.stats)
+    if abs(sent - received) > 1e-9 * max(sent, received, 1.0):
+        by_rank = ", ".join(f"rank {s.rank} {fmt_bytes(s.bytes_sent)} / {fmt_bytes(s.bytes_received)}"
+                            for s in result.stats)
+        return (f"the ranks sent {fmt_bytes(sent)} in all and received {fmt_bytes(received)}, where every byte sent is "
+                f"received (sent / received: {by_rank})")
     return None
 
 
