@@ -20,7 +20,7 @@ from lib.guard.offlimits import call_watched, watching
 from lib.sim import CostModel, SimResult, run
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True)
 class Answer:
     """How each rank runs the learner's function: with `dist` first or without it, inside `harness` where the check
     judges what the answer does rather than what it returns, with the kernels in `refused` refused around it all and
@@ -30,11 +30,8 @@ class Answer:
     harness: Optional[Callable] = None      # harness(answer, dist, *args) -> the result compared
     refused: tuple = ()                     # prefixes of torch op names (lib.checker.kernels)
     refused_why: str = ""
-    off_limits: Mapping[str, Any] = None    # label -> function or module (lib.guard.offlimits)
+    off_limits: Optional[Mapping[str, Any]] = None    # label -> function or module (lib.guard.offlimits)
     off_limits_advice: str = ""
-
-    def __hash__(self) -> int:
-        return id(self)
 
     def __post_init__(self) -> None:
         if self.harness is not None and not callable(self.harness):
