@@ -235,3 +235,12 @@ def test_a_run_whose_meters_break_their_rules_is_refused_naming_the_meter_and_th
     outcome = puzzle.evaluate(ring, seed=0)
     assert outcome.status == FAILING and "MeterBroken" in outcome.message and words in outcome.message, \
         outcome.message
+
+
+def test_a_real_run_judges_the_plain_value_too(capsys):
+    """A real cell's rank compares in its own process: with the same plain copy (a list whose __iter__ lies)."""
+    lying = _puzzle("a_list").real(lambda model: LyingList([torch.zeros(2), torch.zeros(2)]), world_size=1, seed=0,
+                                   strict=False)
+    assert lying is False and "the result[0]" in capsys.readouterr().out
+    assert _puzzle("a_list").real(lambda model: LyingList([torch.ones(2), torch.zeros(2)]), world_size=1, seed=0,
+                                  strict=False) is True

@@ -31,6 +31,7 @@ from lib.checker.budgets import METRICS, Budget, Floor, budget_lines, flops_budg
     nothing_on_the_host
 from lib.checker.case import Case, guarded_builder
 from lib.checker.compare import first_difference, first_wrong_rank
+from lib.checker.plain import as_plain
 from lib.checker.contract import Contract, judge_contracts, ops_outside
 from lib.checker.run import Answer, answer_on_rank, fresh_seed, one_thread, run_case
 from lib.checker.spec import SpecError
@@ -491,6 +492,7 @@ class Puzzle:
             return refusal, "", ""
         args = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size()).args
         mine, theirs = _real_rank(dist, self.wrap(fn), self.oracle, args)
+        mine = as_plain(mine)                   # compared as its plain values, as the simulated check does
         # Rebuilt from the seed only now: while the learner's function ran, no case (expected results included)
         # was in this process to be found.
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
