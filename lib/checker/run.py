@@ -16,7 +16,7 @@ from lib.checker.kernels import kernels_refused
 from lib.checker.meters import check_meters
 from lib.checker.plain import as_plain
 from lib.checker.spec import SpecError
-from lib.guard.offlimits import call_watched, watching
+from lib.guard.offlimits import call_watched
 from lib.sim import CostModel, SimResult, run
 
 
@@ -51,8 +51,8 @@ def answer_on_rank(how: Answer, fn: Callable, dist, *args) -> Any:
             answer = fn if not how.off_limits else \
                 (lambda *a: call_watched(how.off_limits, how.off_limits_advice, fn, *a))
             return how.harness(answer, dist, *args)
-        with watching(how.off_limits or {}, how.off_limits_advice):
-            return fn(dist, *args) if how.takes_dist else fn(*args)
+        given = (dist, *args) if how.takes_dist else args
+        return call_watched(how.off_limits, how.off_limits_advice, fn, *given) if how.off_limits else fn(*given)
 
 
 def run_case(answer: Callable, case: Case, cost: Optional[CostModel]) -> SimResult:
