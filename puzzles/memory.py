@@ -322,12 +322,15 @@ ADAM_PASSES = 16    # an Adam update reads and writes each parameter about a doz
 
 
 def _adam_reference(model, batches, lr: float):
+    """The trained model, its gradients let go: only the parameters are compared, so every loop order real training
+    code uses (zero_grad before backward, or after step, or set_to_none=False) is right."""
     model = copy.deepcopy(model)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for tokens, targets in batches:
         opt.zero_grad()
         model.loss(tokens, targets).backward()
         opt.step()
+    opt.zero_grad(set_to_none=True)
     return model
 
 

@@ -463,7 +463,7 @@ def test_the_answer_key_cannot_be_reached_from_inside(cheat, words):
 
 
 def test_a_real_rank_cannot_build_the_case_while_the_learners_function_runs():
-    import lib.checker.puzzle as check
+    import lib.checker.case as check
     check._learner_running = True
     try:
         with pytest.raises(lib.sim.OutOfView):
@@ -548,11 +548,12 @@ def test_a_formula_must_be_a_lib_terms_formula():
 
 
 def test_a_budget_missed_by_less_than_its_rounding_says_by_how_much():
+    from lib.checker.budgets import over
     """504.33 KiB over a budget of 504.33 KiB reads as no excess: the message adds what rounding hid."""
     budget = Budget("bytes_sent", 516_432, "what the algorithm sends")
-    text = Puzzle._over(budget, "rank 0", 516_436, 516_432)
+    text = over(budget, "rank 0", 516_436, 516_432)
     assert f"is {fmt_bytes(516_436)}, over the budget of {fmt_bytes(516_432)} by 4 B (what" in text, text
-    assert " by " not in Puzzle._over(budget, "rank 0", 600_000, 516_432)
+    assert " by " not in over(budget, "rank 0", 600_000, 516_432)
 
 
 def test_a_long_failure_at_scale_keeps_its_first_lines_and_its_hints():

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import lib
 import puzzles.beyond
+import puzzles.memory
 import puzzles.moe
 import puzzles.ring_attention
 import puzzles.three_d
@@ -259,7 +261,44 @@ def diloco_foreach_outer_step(dist, model, batches, inner_steps, inner_lr, outer
         outer.step()
     return model
 
-RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
+# ---- offloaded_adam_train(model, batches, lr): the statement compares the parameters only ----------------------
+def _host_adam(model, batches, lr, *, clear, betas=(0.9, 0.999), eps=1e-8):
+    """Adam with m and v on the host; `clear(model, p)` lets a parameter's gradient go once its update is taken, in
+    the loop order of each answer below."""
+    host = lib.host()
+    params = list(model.parameters())
+    m = [torch.zeros_like(p, device=host) for p in params]
+    v = [torch.zeros_like(p, device=host) for p in params]
+    for step, (tokens, targets) in enumerate(batches, start=1):
+        model.loss(tokens, targets).backward()
+        for p, m_i, v_i in zip(params, m, v):
+            g = p.grad.to(host)
+            m_i.mul_(betas[0]).add_(g, alpha=1 - betas[0])
+            v_i.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
+            update = lr * (m_i / (1 - betas[0] ** step)) / ((v_i / (1 - betas[1] ** step)).sqrt() + eps)
+            with torch.no_grad():
+                p.sub_(update.to(lib.device()))
+            clear(model, p)
+        clear(model, None)
+    return model
+
+
+def adam_backward_step_zero_grad(model, batches, lr):
+    """backward(); step(); zero_grad(): the usual loop order, every gradient None when the model is returned."""
+    return _host_adam(model, batches, lr, clear=lambda m, p: m.zero_grad() if p is None else None)
+
+
+def adam_freeing_each_gradient(model, batches, lr):
+    """Each gradient set to None as soon as its parameter is updated, to free it early (as ZeRO-Offload does)."""
+    def clear(_, p):
+        if p is not None:
+            p.grad = None
+    return _host_adam(model, batches, lr, clear=clear)
+
+
+RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
+    adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
+    [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
     [(puzzles.ring_attention.ring_attention, answer) for answer in (

@@ -1,4 +1,4 @@
-"""Compare a rank's result with the reference and describe the first difference in words."""
+"""Stage 2 of a check, the comparison: each rank's result against the reference, the first difference in words."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import numbers
 from typing import Any, Optional
 
 import torch
+
+from lib.checker.plain import Opaque
 
 # Bound at import, before a learner's code runs (the grader's fingerprint covers these names): a check compares
 # with these whatever math.isclose or torch.isclose become later; and only tensors of exactly these types, since
@@ -23,13 +25,13 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
     """
     if isinstance(expected, torch.nn.Module):
         if not isinstance(got, torch.nn.Module):
-            return f"{where} should be the model (an nn.Module), got {_kind(got)}"
+            return f"{where} should be the model (an nn.Module), got {kind_of(got)}"
         return _module_difference(expected, got, rtol, atol, where)
     if isinstance(expected, torch.Tensor):
         return _tensor_difference(expected, got, rtol, atol, where)
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)):
-            return f"{where} should be a {type(expected).__name__} of {len(expected)} items, got {_kind(got)}"
+            return f"{where} should be a {type(expected).__name__} of {len(expected)} items, got {kind_of(got)}"
         if len(got) != len(expected):
             return f"{where} should hold {len(expected)} items, got {len(got)}"
         for i, (e, g) in enumerate(zip(expected, got)):
@@ -39,7 +41,7 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
         return None
     if isinstance(expected, dict):
         if not isinstance(got, dict):
-            return f"{where} should be a dict with keys {sorted(expected)}, got {_kind(got)}"
+            return f"{where} should be a dict with keys {sorted(expected)}, got {kind_of(got)}"
         if set(got) != set(expected):
             missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
             return f"{where} keys differ: missing {missing}, unexpected {extra}"
@@ -54,10 +56,19 @@ def first_difference(expected: Any, got: Any, rtol: float = 1e-5, atol: float = 
         if isinstance(got, numbers.Real) and not isinstance(got, bool):
             got = got.item() if hasattr(got, "item") else got     # numpy's integers and floats count as numbers
         if not isinstance(got, (int, float)) or not _isclose(got, expected, rel_tol=rtol, abs_tol=atol):
-            return f"{where}: expected {expected!r}, got {_kind(got)}"
+            return f"{where}: expected {expected!r}, got {kind_of(got)}"
         return None
     if expected != got:
         return f"{where}: expected {expected!r}, got {got!r}"
+    return None
+
+
+def first_wrong_rank(expected: list, got: list, rtol: float, atol: float) -> Optional[tuple[int, str]]:
+    """(the first rank whose result differs from its expected one, the difference in words), or None."""
+    for rank, (want, have) in enumerate(zip(expected, got)):
+        diff = first_difference(want, have, rtol, atol, where="the result")
+        if diff:
+            return rank, diff
     return None
 
 
@@ -82,7 +93,7 @@ def _module_difference(expected: torch.nn.Module, got: torch.nn.Module, rtol: fl
 
 def _tensor_difference(expected: torch.Tensor, got: Any, rtol: float, atol: float, where: str) -> Optional[str]:
     if not isinstance(got, torch.Tensor):
-        return f"{where} should be a tensor of shape {tuple(expected.shape)}, got {_kind(got)}"
+        return f"{where} should be a tensor of shape {tuple(expected.shape)}, got {kind_of(got)}"
     if type(got) not in PLAIN_TENSORS:
         return f"{where} should be a plain torch.Tensor, got a {type(got).__name__} (a subclass: compares as it likes)"
     if got.shape != expected.shape:
@@ -116,7 +127,10 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _kind(x: Any) -> str:
+def kind_of(x: Any) -> str:
+    """What a value is, in a few words: a tensor's shape and dtype, else its type and repr."""
+    if isinstance(x, Opaque):
+        return f"an object of its own class {x.kind}"
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {tuple(x.shape)} {_dtype(x)}"
     if x is None:

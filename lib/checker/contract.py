@@ -1,19 +1,57 @@
-"""Rules on how an answer runs, beyond its numbers: who it sends to, how evenly the ranks share the work, how much
-it computes and waits.
+"""Stage 3 of a check, the contracts: rules on how an answer runs, beyond its numbers (which ops it may call, who it
+sends to, how evenly the ranks share the work, how much it computes and waits).
 
-Each rule is a lib.checker.puzzle.Contract, judged by every Puzzle after the comparison (`Case.contracts`). The
-kernels an
-answer may not call are a ban, not a rule on the run: Puzzle(refuse=...), lib.checker.kernels.
+Each rule is a Contract, judged by every Puzzle after the comparison (`Case.contracts`, `judge_contracts`). The
+kernels an answer may not call are a ban, not a rule on the run: Puzzle(refuse=...), lib.checker.kernels.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence, Union
 
-
-from lib.checker.puzzle import Contract
 from lib.sim import SimResult
 from lib.units import fmt_bytes, fmt_time
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A rule of the algorithm the statement asks for, checked on the run (who sent to whom, how many
+    collectives of what size): a right answer reached by another algorithm breaks it."""
+
+    rule: str                                  # what the statement asks, e.g. "a ring sends only to a neighbour"
+    broken: Callable[[SimResult], Optional[str]]       # what the run did instead, or None when it kept the rule
+    hint: str = ""
+    timed: bool = False                        # it reads the simulated clocks (so depends on the cost model)
+
+    def judge(self, result: SimResult) -> Optional[str]:
+        found = self.broken(result)
+        if not found:
+            return None
+        return f"the answer is right, but {found}: {self.rule}." + (f"\nHint: {self.hint}" if self.hint else "")
+
+
+
+def ops_outside(case, result: SimResult) -> Optional[str]:
+    """The communication a rank used that the case does not allow (`Case.allowed_ops`), said, or None: judged before
+    the results, since an answer built from other calls is not the lesson's whatever it returns."""
+    if case.allowed_ops is not None:
+        for s in result.stats:
+            extra = sorted(set(s.calls) - case.allowed_ops)
+            if extra:
+                return (f"rank {s.rank} used {', '.join(extra)}; this puzzle is to be built from "
+                        f"{', '.join(sorted(case.allowed_ops))} only.")
+    return None
+
+
+def judge_contracts(case, result: SimResult) -> Optional[str]:
+    """The first of the case's contracts the run broke, said, or None (judged once its results are right)."""
+    for contract in case.contracts:
+        problem = contract.judge(result)
+        if problem:
+            return problem
+    return None
+
 
 Peers = Callable[[int, int, int], "int | Iterable[int]"]
 

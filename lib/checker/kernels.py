@@ -4,8 +4,9 @@ and on real ranks alike."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -53,18 +54,25 @@ class _RefusingFunctions(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def refusing_kernels(fn: Callable, prefixes: Iterable[str], why: str) -> Callable:
-    """`fn` run so that any torch function or op named with one of `prefixes` raises KernelRefused (in simulation
-    and on real ranks): by the function's name before dispatch, and by the op's name after it."""
+@contextlib.contextmanager
+def kernels_refused(prefixes: Iterable[str], why: str) -> Iterator[None]:
+    """Any torch function or op named with one of `prefixes` raises KernelRefused inside (in simulation and on real
+    ranks): by the function's name before dispatch, and by the op's name after it."""
     prefixes = tuple(prefixes)
 
     def refused(name: str) -> KernelRefused:
         return KernelRefused(f"the answer called torch's {name}: {why}")
 
+    tracker = current_tracker()
+    with _RefusingFunctions(prefixes, refused), \
+            _Refusing(prefixes, refused) if tracker is None else tracker.refusing(prefixes, refused):
+        yield
+
+
+def refusing_kernels(fn: Callable, prefixes: Iterable[str], why: str) -> Callable:
+    """`fn` run under kernels_refused(prefixes, why)."""
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
-        tracker = current_tracker()
-        with _RefusingFunctions(prefixes, refused), \
-                _Refusing(prefixes, refused) if tracker is None else tracker.refusing(prefixes, refused):
+        with kernels_refused(prefixes, why):
             return fn(*args, **kwargs)
     return guarded

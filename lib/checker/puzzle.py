@@ -4,6 +4,11 @@ A puzzle module binds a `Puzzle` to its inputs, reference and budgets; this modu
 nothing of any particular puzzle. A check runs several randomised cases (world sizes,
 shapes, values) so that only the algorithm can pass, and explains the first failure.
 
+A check is a pipeline of stages, each in its own module, followed from `Puzzle.check` down:
+`run` (lib.checker.run: the answer on a case's ranks, meters checked, results plain), `compare`
+(lib.checker.compare), `diagnose` (lib.diagnose.diagnosis), `contracts` (lib.checker.contract),
+`budgets` (lib.checker.budgets), then the `verdict` (lib.checker.verdict: one message, in a fixed order).
+
 The answer key stays out of the learner's reach: every check draws a fresh seed (printed with a failure, so
 that `check(fn, seed=...)` replays it), a `Case` cannot be built while the learner's code runs, and no rank
 may read the originals of the case's arguments or its expected results (lib.sim's ownership rules).
@@ -11,32 +16,39 @@ may read the originals of the case's arguments or its expected results (lib.sim'
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import importlib
 import inspect
-import os
 import random
-import secrets
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from lib.checker.compare import first_difference
+import lib.checker.case as case_module
+from lib.checker.budgets import METRICS, Budget, Floor, budget_lines, flops_budgets, judge_budgets, \
+    nothing_on_the_host
+from lib.checker.case import Case, guarded_builder
+from lib.checker.compare import first_difference, first_wrong_rank
+from lib.checker.plain import as_plain
+from lib.checker.contract import Contract, judge_contracts, ops_outside
+from lib.checker.run import Answer, answer_on_rank, fresh_seed, one_thread, run_case
+from lib.checker.spec import SpecError
+from lib.checker.verdict import FAILING, NOT_SOLVED, PASSED, UNATTEMPTED, CheckFailed, NotSolved, Outcome, failing, \
+    not_refused, refused_as_asked, strict_default
 from lib.device import device
-from lib.diagnose import Mistake, case_reading, diagnose, unwritten_memory
-from lib.diagnose.origins import remembering
+from lib.diagnose import Mistake, diagnosis
 from lib.diagnose.torch_errors import explain as explain_error
-from lib.real.backends import to_device, where_it_runs
-from lib.notebook import warm_up
 from lib.errors import PuzzleError, RankFailed, is_the_stub, raised_the_stub
-from lib.checker.kernels import refusing_kernels
-from lib.guard import call_watched, guard_answer_keys, handed_to_learners
-from lib.sim import CostModel, OutOfView, PerRank, SimResult, current_rank, run
-from lib.units import fmt_bytes, fmt_time
+from lib.guard import handed_to_learners
+from lib.notebook import warm_up
+from lib.real.backends import to_device, where_it_runs
+from lib.sim import CostModel, PerRank, SimResult, run
+
+__all__ = ["METRICS", "Budget", "Floor", "flops_budgets", "nothing_on_the_host", "Case", "Contract", "SpecError",
+           "Outcome", "PASSED", "FAILING", "UNATTEMPTED", "CheckFailed", "NotSolved", "strict_default", "fresh_seed",
+           "one_thread", "Puzzle", "GPU_TOLERANCE"]
 
 # Which tolerance a comparison uses, and why.
 # - A simulated check, and a real run on the CPU (gloo): the puzzle's own rtol and atol, as strict as the puzzle
@@ -49,234 +61,6 @@ from lib.units import fmt_bytes, fmt_time
 #   tests/test_devices.py checks that each still fails under them. Integers are always compared exactly.
 GPU_TOLERANCE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
                  torch.float64: (1e-7, 1e-7)}
-
-METRICS = {"bytes_sent": "sent", "bytes_received": "received", "peak_memory": "peak memory",
-           "host_peak_memory": "peak host memory", "host_flops": "FLOPs computed in host memory",
-           "flops": "FLOPs counted", "time": "simulated time", "largest_tensor": "largest tensor",
-           "argument_reads": "bytes read of its arguments"}
-
-
-class SpecError(ValueError):
-    """A puzzle's spec is wrong (a misspelt metric, a variant no world size runs): raised when it is written, at
-    import, with the offending values, never in the middle of a learner's check."""
-
-
-class CheckFailed(PuzzleError):
-    """Strict mode: the learner's function gave a wrong answer or broke a budget."""
-
-
-class NotSolved(PuzzleError):
-    """Strict mode: the function is still the stub (it raises NotImplementedError)."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A ceiling on one measurement (or a floor: made by Floor), with the formula it comes from (said to
-    the learner). A floor on FLOPs is the conservation check: the work a rank's share of the algorithm needs
-    cannot vanish, whatever hides it from the simulator."""
-
-    metric: str                          # bytes_sent, bytes_received, peak_memory, flops... (per rank), time (the run)
-    limit: float | Sequence[float]       # one value for every rank, or one per rank
-    why: str                             # e.g. "2(N-1)/N × 4.00 KiB, what a ring all-reduce sends"
-    hint: str = ""
-    least: bool = False                  # a floor: the measurement may not fall below the limit
-    argument: Optional[int] = None       # argument_reads: the bytes read of this positional argument only
-    label: str = ""                      # what the measurement is called in messages, if not METRICS's name
-
-    def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise SpecError(f"Budget(metric={self.metric!r}): not a measurement the simulator takes; one of "
-                            f"{', '.join(sorted(METRICS))}.")
-        limits = self.limit if isinstance(self.limit, (list, tuple)) else [self.limit]
-        if not limits or not all(isinstance(x, (int, float)) and x == x for x in limits):
-            raise SpecError(f"Budget({self.metric!r}, limit={self.limit!r}): a number, or one number per rank.")
-        if self.metric == "time" and isinstance(self.limit, (list, tuple)):
-            raise SpecError("Budget('time', ...) bounds the run, not a rank: give one number.")
-        if (self.metric == "argument_reads") != (self.argument is not None):
-            raise SpecError(f"Budget({self.metric!r}, argument={self.argument!r}): argument= names the positional "
-                            "argument whose reads are bounded, for argument_reads only (and always there).")
-
-    def value(self, stats) -> float:
-        """This budget's measurement of one rank (RankStats)."""
-        found = getattr(stats, self.metric)
-        return found if self.argument is None else found[self.argument]
-
-    @property
-    def name(self) -> str:
-        return self.label or METRICS[self.metric]
-
-    def broken(self, value: float, limit: float) -> bool:
-        if self.least:
-            return value < limit * (1 - 1e-9)
-        return value > limit * (1 + 1e-9) + 1e-12
-
-    def limit_for(self, rank: int) -> float:
-        return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
-
-    def fmt(self, value: float) -> str:
-        if self.metric == "time":
-            return fmt_time(value)
-        return f"{value:,.0f}" if self.metric in ("host_flops", "flops") else fmt_bytes(value)
-
-
-def Floor(metric: str, limit: float | Sequence[float], why: str, hint: str = "") -> Budget:
-    """A floor: the least a right answer measures (what the algorithm must send, compute or keep), so that work
-    hidden from the meters, or an answer that skips the lesson's step, cannot pass. A Budget that says it is one."""
-    return Budget(metric, limit, why, hint=hint, least=True)
-
-
-def flops_budgets(share: float, why: str, over: float = 0.15, under: float = 0.5) -> list[Budget]:
-    """A rank's share of the reference's FLOPs, as a ceiling (work done twice: recomputation, every rank
-    computing everything) and as a floor (conservation: work the simulator did not see cannot count)."""
-    return [Budget("flops", share * (1 + over), f"{why}, + {over:.0%}",
-                   hint="compute each piece once, on the rank that owns it: no recomputation, no replicated work."),
-            Floor("flops", share * under, f"{under:.0%} of {why}",
-                  hint="the work must run on the rank, in torch ops the simulator sees.")]
-
-
-def nothing_on_the_host(lesson: str) -> Budget:
-    """No host memory at all, for a lesson about where state lives on the device: moving the model to
-    lib.host() would meet a device budget without the lesson's algorithm."""
-    return Budget("host_peak_memory", 0, f"{lesson}: none of it belongs in host memory",
-                  hint="keep the model, its gradients and the optimizer state on the device (the arguments are "
-                       "there already); lib.host() hides memory from the device's budget, not from the check.")
-
-
-@dataclass(frozen=True)
-class Contract:
-    """A rule of the algorithm the statement asks for, checked on the run (who sent to whom, how many
-    collectives of what size): a right answer reached by another algorithm breaks it."""
-
-    rule: str                                  # what the statement asks, e.g. "a ring sends only to a neighbour"
-    broken: Callable[[SimResult], Optional[str]]       # what the run did instead, or None when it kept the rule
-    hint: str = ""
-    timed: bool = False                        # it reads the simulated clocks (so depends on the cost model)
-
-    def judge(self, result: SimResult) -> Optional[str]:
-        found = self.broken(result)
-        if not found:
-            return None
-        return f"the answer is right, but {found}: {self.rule}." + (f"\nHint: {self.hint}" if self.hint else "")
-
-
-@dataclass
-class Case:
-    """One configuration to run: arguments (wrap per-rank ones in lib.sim.per_rank), expected results."""
-
-    world_size: int
-    args: tuple
-    expected: list                       # rank r's expected return value
-    label: str                           # how the case reads in messages
-    budgets: list[Budget] = field(default_factory=list)
-    cost: Optional[CostModel] = None
-    allowed_ops: Optional[frozenset] = None   # the communication this puzzle is about, if restricted
-    factors: dict = field(default_factory=dict)   # numbers a wrong factor may equal: {"k, the micro-batches": 4}
-    contracts: list[Contract] = field(default_factory=list)
-    raises: Optional[type] = None        # the exception the statement asks for on these arguments (then no expected)
-    faults: dict = field(default_factory=dict)   # {rank: k}: rank dies at its k-th communication call (lib.sim.run)
-    mistakes: tuple = ()                 # known wrong answers of this case alone (their answer drawn with it), named
-                                         # as the puzzle's are
-    # where the wrong values are, said as a reason: explain(expected, results) -> a sentence or None, for a pattern
-    # no run of a known mistake can match (one that holds for any values the mistaken answer made up)
-    explain: Optional[Callable[[list, list], Optional[str]]] = None
-    # A prediction's reference as named terms (lib.checker.terms), by the result's leaf ("" for a plain number,
-    # "['peak']"
-    # for a dict's entry): a wrong prediction is named by the term, or the multiple of one, it is off by.
-    formulas: dict = field(default_factory=dict)
-    # Named parts of a result tensor, {"expert": (dim, count)}: right values in the wrong places are said part by
-    # part ("expert 1 holds what expert 2 should"). N chunks along each dimension are always tried.
-    parts: dict = field(default_factory=dict)
-    # A training run's number of steps, where its builder takes steps= (the same draws otherwise): a wrong run is
-    # replayed on fewer steps to find the first step that leaves the reference.
-    steps: Optional[int] = None
-    # What the nth point-to-point message from rank src to rank dst carries (src, dst, nth) -> words in the lesson's
-    # terms ("2nd activation"; "activation of virtual stage 3 ..." where the schedule tells which): a deadlock is read
-    # as which message each rank waited for, and which one its peer still needed.
-    messages: Optional[Callable[[int, int, int], str]] = field(default=None, repr=False)
-    rebuild: Optional[Callable[..., "Case"]] = field(default=None, repr=False)   # set by Puzzle.cases
-
-    def __post_init__(self) -> None:
-        _refuse_inside_learner()
-        _validate_case(self)
-
-
-def _validate_case(case: "Case") -> None:
-    """The checks a case's fields allow at construction (the offending values in the message)."""
-    n = case.world_size
-    if not isinstance(n, int) or n < 1:
-        raise SpecError(f"Case(world_size={n!r}): a positive integer.")
-    if case.raises is None and len(case.expected) != n:
-        raise SpecError(f"Case {case.label!r}: {len(case.expected)} expected results for world_size={n}.")
-    for b in case.budgets:
-        if isinstance(b.limit, (list, tuple)) and len(b.limit) != n:
-            raise SpecError(f"Case {case.label!r}: Budget({b.metric!r}) has {len(b.limit)} per-rank limits for "
-                            f"world_size={n}.")
-    bad = {k: v for k, v in case.factors.items() if not isinstance(v, (int, float)) or not k.split(",")[0].strip()}
-    if bad:
-        raise SpecError(f"Case {case.label!r}: factors={bad!r}: each maps 'symbol, what it is' to a number.")
-    for part, spec in case.parts.items():
-        if not (isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(x, int) for x in spec)
-                and spec[1] >= 2):
-            raise SpecError(f"Case {case.label!r}: parts[{part!r}]={spec!r}: (dimension, number of parts >= 2).")
-    if case.messages is not None and not callable(case.messages):
-        raise SpecError(f"Case {case.label!r}: messages={case.messages!r}: a function (src, dst, nth) -> what the "
-                        "nth message from src to dst carries.")
-    if case.steps is not None and (not isinstance(case.steps, int) or case.steps < 1):
-        raise SpecError(f"Case {case.label!r}: steps={case.steps!r}: a positive integer.")
-    from lib.checker.terms import Formula
-    for key, formula in case.formulas.items():
-        if not isinstance(formula, Formula):
-            raise SpecError(f"Case {case.label!r}: formulas[{key!r}] is a {type(formula).__name__}: build it with "
-                            "lib.checker.terms.formula(expression, unit).")
-
-
-def _refuse_inside_learner() -> None:
-    """Stop a learner's function that builds a case (its expected results are the answer key)."""
-    if current_rank() is not None or _learner_running:
-        raise OutOfView("a check's case was being built inside the function under check. The cases are the "
-                        "check's own: a fresh seed each time, and the answer is not yours to build.\n"
-                        "Hint: compute your answer from the arguments your function receives.")
-
-
-def _guarded_builder(make_case: Callable[..., Case]) -> Callable[..., Case]:
-    """`make_case`, refused at its first line inside the learner's function: before the builder's own reference
-    runs (which a puzzle may forbid the learner, e.g. a refused kernel) and says something else."""
-    @functools.wraps(make_case)
-    def build(*args, **kwargs) -> Case:
-        _refuse_inside_learner()
-        guard_answer_keys(make_case)        # what computes its answers, off limits to a rank from the first case on
-        return make_case(*args, **kwargs)
-    return build
-
-
-PASSED, FAILING, UNATTEMPTED = "passed", "failing", "unattempted"
-_NOT_SOLVED = "{} is not solved yet: write its body, then run this cell again."
-
-
-@dataclass
-class Outcome:
-    """What one check found: passed, failing (with why), or unattempted (the stub is still there); the last run."""
-
-    status: str                        # PASSED, FAILING or UNATTEMPTED
-    message: str
-    result: Optional[SimResult] = None
-    case: Optional[Case] = None
-    hinted: bool = False               # the message already ends with this puzzle's hint (a budget's)
-    seed: Optional[int] = None
-    scale: Optional[str] = None        # the real run the result's clocks stand for (Puzzle.real_scale), if any
-
-    @property
-    def ok(self) -> bool:
-        return self.status == PASSED
-
-
-def strict_default() -> bool:
-    """Strict (a failing check raises) where grades are made: with COURSE_STRICT=1 (tests, grading), and
-    always while nbgrader autogrades or validates (it sets NBGRADER_EXECUTION), whatever COURSE_STRICT says."""
-    if os.environ.get("NBGRADER_EXECUTION"):
-        return True
-    return os.environ.get("COURSE_STRICT", "") not in ("", "0")
-
 
 class Puzzle:
     """One puzzle: the function `name` a learner writes in notebook `notebook`."""
@@ -299,7 +83,7 @@ class Puzzle:
         self.notebook = notebook
         # The problem-set module that builds the cases; solutions/ has a module of the same name.
         self.module = make_case.__module__.rsplit(".", 1)[-1]
-        self.make_case = _guarded_builder(make_case)
+        self.make_case = guarded_builder(make_case)
         self.world_sizes = tuple(world_sizes)
         # Keyword arguments of make_case for the first cases, so that every seed covers what the statement does
         # (tied and untied embeddings, an m that must be refused): the rest of each case stays random.
@@ -339,6 +123,13 @@ class Puzzle:
         self.real_world_size = 1 if max(self.world_sizes) == 1 else 4
         self._hints_shown = 0
         self._validate(make_case)
+        # How each rank runs the answer (lib.checker.run.Answer), validated here: the one wrapping of Puzzle.wrap.
+        try:
+            self.how = Answer(takes_dist=takes_dist, harness=harness, refused=self.refused,
+                              refused_why=self.refused_why, off_limits=self.off_limits,
+                              off_limits_advice=self.off_limits_advice)
+        except SpecError as e:
+            raise SpecError(f"Puzzle {name!r}: {e}") from None
 
     def _validate(self, make_case: Callable) -> None:
         """A spec that is wrong fails here, at import, with the offending values (as torchtitan's
@@ -365,6 +156,12 @@ class Puzzle:
             raise SpecError(f"{where}: hints must be non-empty strings.")
         if self.rtol < 0 or self.atol < 0:
             raise SpecError(f"{where}: rtol={self.rtol}, atol={self.atol}: tolerances are not negative.")
+        for keyword in ("oracle", "real_scale"):
+            if getattr(self, keyword) is not None and not callable(getattr(self, keyword)):
+                raise SpecError(f"{where}: {keyword}={getattr(self, keyword)!r}: a function, or None.")
+        strays = [m for m in self.mistakes if not isinstance(m, Mistake)]
+        if strays:
+            raise SpecError(f"{where}: mistakes {strays!r}: each a lib.diagnose.Mistake(fn, message).")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.outputs.items()):
             raise SpecError(f"{where}: outputs={self.outputs!r}: maps a result's leaf ('[2]', \"['w']\") to words.")
 
@@ -372,23 +169,12 @@ class Puzzle:
         return f"<puzzle {self.notebook}/{self.name}>"
 
     def wrap(self, fn: Callable) -> Callable:
-        """The function each rank runs, made from the learner's: it takes `dist` first (a plain puzzle
-        function is wrapped to ignore it). Subclasses may wrap further, e.g. to run backward after the
-        learner's forward; the simulated and the real checks both run what this returns."""
+        """The function each rank runs, made from the learner's in one wrapping (lib.checker.run.Answer): it takes
+        `dist` first (a plain puzzle function is run without it). Subclasses may wrap otherwise, e.g. to run
+        backward after the learner's forward; the simulated and the real checks both run what this returns."""
         if not callable(fn):
             return fn
-        inner = self._runnable(fn)
-        return refusing_kernels(inner, self.refused, self.refused_why) if self.refused else inner
-
-    def _runnable(self, fn: Callable) -> Callable:
-        if self.harness is not None:
-            watched = functools.partial(call_watched, self.off_limits, self.off_limits_advice, fn) if self.off_limits \
-                else fn
-            return functools.partial(self.harness, watched)
-        inner = fn if self.takes_dist else functools.partial(_without_dist, fn)
-        if self.off_limits:
-            return functools.partial(call_watched, self.off_limits, self.off_limits_advice, inner)
-        return inner
+        return functools.partial(answer_on_rank, self.how, fn)
 
     def cases(self, seed: int = 0) -> list[Case]:
         rng = random.Random(f"{self.name}:{seed}")
@@ -415,12 +201,14 @@ class Puzzle:
         if not callable(fn):
             return Outcome(FAILING, f"{self.name} should be a function, got {type(fn).__name__}.")
         if is_the_stub(fn):              # what running it on the cases would say, without building them
-            return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
+            return Outcome(UNATTEMPTED, NOT_SOLVED.format(self.name))
         warm_up.ready()
         with one_thread():
             return self._evaluate(fn, fresh_seed() if seed is None else seed)
 
     def _evaluate(self, fn: Callable, seed: int) -> Outcome:
+        """The check's pipeline, case by case: run, then judge (ops, results and their diagnosis, contracts,
+        budgets); the first failure is the verdict, said once (lib.checker.verdict.failing)."""
         call = f"P.{self.name}.check({getattr(fn, '__name__', 'fn')}, seed={seed})"
         names = _parameter_names(fn, self.takes_dist)
         replay = f"\n(Cases from seed {seed}: {call} replays them.)"
@@ -433,18 +221,18 @@ class Puzzle:
             if case is cases[-1] and self._timed_at_scale(case):
                 cost, scale = self.real_scale(case)
             try:
-                result = _run_case(fn, case, cost)
+                result = run_case(fn, case, cost)
             except RankFailed as e:
                 if raised_the_stub(e):
-                    return Outcome(UNATTEMPTED, _NOT_SOLVED.format(self.name))
-                if _refused_as_asked(case, e):
+                    return Outcome(UNATTEMPTED, NOT_SOLVED.format(self.name))
+                if refused_as_asked(case, e):
                     continue
-                return _failing(case, f"{e}", explain_error(fn, case, e, names), replay)
+                return failing(case, f"{e}", explain_error(fn, case, e, names), replay)
             except PuzzleError as e:
-                return _failing(case, f"{type(e).__name__}: {e}", explain_error(fn, case, e, names), replay)
-            problem = _not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case], names)
+                return failing(case, f"{type(e).__name__}: {e}", explain_error(fn, case, e, names), replay)
+            problem = not_refused(case) or self._judge(case, result, fn, [c for c in cases if c is not case], names)
             if problem:
-                return _failing(case, problem, None, replay, result)
+                return failing(case, problem, None, replay, result)
             last = result
         return Outcome(PASSED, self._success(last, case), last, case, seed=seed, scale=scale)
 
@@ -456,87 +244,29 @@ class Puzzle:
 
     def _judge(self, case: Case, result: SimResult, fn: Optional[Callable] = None, others: Sequence[Case] = (),
                names: Sequence[str] = (), diagnosing: bool = True) -> Optional[str]:
-        return self._judge_answer(case, result, fn, others, names, diagnosing) or self._judge_budgets(case, result)
+        """What is wrong with a run, or None: the stages after the run, in order. `fn` and the check's `others` cases
+        let the diagnosis replay the answer; without `diagnosing`, a wrong result is said without its cause."""
+        return (ops_outside(case, result)
+                or self._compare(case, result, fn, others, names, diagnosing)
+                or judge_contracts(case, result)
+                or judge_budgets(case, result))
 
-    def _judge_answer(self, case: Case, result: SimResult, fn: Optional[Callable] = None,
-                      others: Sequence[Case] = (), names: Sequence[str] = (), diagnosing: bool = True,
-                      ) -> Optional[str]:
-        """What is wrong with the ops used, the results or the case's contracts, or None. `fn` and the check's
-        `others` cases let the diagnosis replay the answer (a NaN's origin, a factor the case cannot pin down);
-        without `diagnosing`, a wrong result is said without looking for its cause."""
-        if case.allowed_ops is not None:
-            for s in result.stats:
-                extra = sorted(set(s.calls) - case.allowed_ops)
-                if extra:
-                    return (f"rank {s.rank} used {', '.join(extra)}; this puzzle is to be built from "
-                            f"{', '.join(sorted(case.allowed_ops))} only.")
-        for rank, (want, got) in enumerate(zip(case.expected, result.results)):
-            diff = first_difference(want, got, self.rtol, self.atol, where="the result")
-            if diff and not diagnosing:
-                return f"rank {rank}: {diff}."
-            if diff:
-                with remembering():           # the replays asked for below run once
-                    explained = case_reading(case, result.results)
-                    # A reading of values that torch.empty's leftovers made (a stale block, NaN) would name a cause
-                    # that changes from run to run: memory read before anything wrote it is said instead.
-                    found = explained and unwritten_memory(case.expected, result.results, case, fn, self.rtol,
-                                                           self.atol, self.outputs)
-                    if not found:
-                        found = diagnose(case.expected, result.results, case.args,
-                                         mistakes=self.mistakes + case.mistakes, wrap=self.wrap, factors=case.factors,
-                                         rtol=self.rtol, atol=self.atol, case=case, fn=fn, outputs=self.outputs,
-                                         others=others, names=names, explained=bool(explained))
-                        found = "\n".join(filter(None, (explained, found)))
-                return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
-        for contract in case.contracts:
-            problem = contract.judge(result)
-            if problem:
-                return problem
-        return None
-
-    def _judge_budgets(self, case: Case, result: SimResult) -> Optional[str]:
-        """The first budget (time, memory, FLOPs, ...) the run breaks, said with its formula, or None."""
-        for b in case.budgets:
-            if b.metric == "time":
-                if b.broken(result.time, b.limit_for(0)):
-                    return self._over(b, "the run", result.time, b.limit_for(0))
-                continue
-            for s in result.stats:
-                value = b.value(s)
-                if b.broken(value, b.limit_for(s.rank)):
-                    outside = s.outside_bytes if b.metric == "peak_memory" else 0
-                    return self._over(b, f"rank {s.rank}", value, b.limit_for(s.rank), outside)
-        return None
-
-    @staticmethod
-    def _over(b: Budget, who: str, value: float, limit: float, outside: float = 0) -> str:
-        side = "under the floor" if b.least else "over the budget"
-        shown, bound = b.fmt(value), b.fmt(limit)
-        by = f" by {b.fmt(abs(value - limit))}" if shown == bound else ""   # "504.33 KiB over 504.33 KiB": by what?
-        text = f"the answer is right, but {who}'s {b.name} is {shown}, {side} of {bound}{by} ({b.why})."
-        if outside:
-            text += (f" Of that, {b.fmt(outside)} are Python numbers taken out of tensors (.tolist(), .item()), which "
-                     "count until the run ends: the simulator cannot see when Python frees them.")
-        return text + (f"\nHint: {b.hint}" if b.hint else "")
+    def _compare(self, case: Case, result: SimResult, fn: Optional[Callable], others: Sequence[Case],
+                 names: Sequence[str], diagnosing: bool) -> Optional[str]:
+        """The first rank whose result differs from the reference, and why (lib.diagnose.diagnosis), or None."""
+        wrong = first_wrong_rank(case.expected, result.results, self.rtol, self.atol)
+        if wrong is None:
+            return None
+        rank, diff = wrong
+        found = diagnosis(case, result.results, mistakes=self.mistakes, wrap=self.wrap, rtol=self.rtol, atol=self.atol,
+                          outputs=self.outputs, fn=fn, others=others, names=names) if diagnosing else ""
+        return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
 
     def _success(self, result: SimResult, case: Case, heading: str = "") -> str:
         sizes = ", ".join(str(n) for n in self.world_sizes)
         where = f" (world sizes {sizes})" if self.takes_dist else ""
         text = heading or f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
-        for b in case.budgets:
-            who = ""
-            if b.metric == "time":
-                value, limit = result.time, b.limit_for(0)
-            else:
-                ratio = lambda s, b=b: b.value(s) / max(b.limit_for(s.rank), 1e-30)     # noqa: E731
-                worst = (min if b.least else max)(result.stats, key=ratio)
-                value, limit = b.value(worst), b.limit_for(worst.rank)
-                nearest = "floor" if b.least else "budget"
-                who = f" (rank {worst.rank}, nearest its {nearest})" if case.world_size > 1 else ""
-            at = f" at N={case.world_size}{who}" if self.takes_dist else ""
-            kind = "floor" if b.least else "budget"
-            text += f"\n  {b.name}{at}: {b.fmt(value)} of a {b.fmt(limit)} {kind} ({b.why})."
-        return text
+        return text + budget_lines(case, result, self.takes_dist)
 
     def at_scale(self, fn: Callable, world_size: int, show: bool = True, strict: Optional[bool] = None,
                  **variant) -> Optional[SimResult]:
@@ -548,9 +278,9 @@ class Puzzle:
         strict = strict_default() if strict is None else strict
 
         def unsolved() -> None:
-            print(f"○ {_NOT_SOLVED.format(self.name)}")
+            print(f"○ {NOT_SOLVED.format(self.name)}")
             if strict:
-                raise NotSolved(_NOT_SOLVED.format(self.name))
+                raise NotSolved(NOT_SOLVED.format(self.name))
         if not callable(fn) or is_the_stub(fn):
             return unsolved()
         warm_up.ready()
@@ -558,8 +288,8 @@ class Puzzle:
         where = f"at N={world_size} ({case.label})"
         with one_thread():
             try:
-                result = _run_case(self.wrap(fn), case, case.cost)
-                problem = _not_refused(case) or self._judge(case, result, diagnosing=False)
+                result = run_case(self.wrap(fn), case, case.cost)
+                problem = not_refused(case) or self._judge(case, result, diagnosing=False)
             except PuzzleError as e:
                 if isinstance(e, RankFailed) and raised_the_stub(e):        # a helper of theirs still the stub
                     return unsolved()
@@ -765,6 +495,7 @@ class Puzzle:
             return refusal, "", ""
         args = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size()).args
         mine, theirs = _real_rank(dist, self.wrap(fn), self.oracle, args)
+        mine = as_plain(mine)                   # compared as its plain values, as the simulated check does
         # Rebuilt from the seed only now: while the learner's function ran, no case (expected results included)
         # was in this process to be found.
         case = self.make_case(random.Random(f"{self.name}:{seed}"), dist.get_world_size())
@@ -790,12 +521,6 @@ class Puzzle:
         return False
 
 
-def _run_case(fn: Callable, case: Case, cost: Optional[CostModel]) -> SimResult:
-    """`fn` (wrapped already) on `case`'s simulated ranks, under `cost`: a check's run of one case."""
-    return run(fn, case.world_size, *case.args, cost=cost, protect=case.expected, faults=case.faults,
-               read_arguments=any(b.metric == "argument_reads" for b in case.budgets))
-
-
 def _abridged(text: str, head: int = 20, tail: int = 4) -> str:
     """`text` with its middle lines left out when it has too many to read: a report of every rank's wait has a line per
     rank, hundreds at a cluster's size (Puzzle.at_scale); its first lines and its last (the hints) are kept."""
@@ -815,67 +540,9 @@ def _parameter_names(fn: Callable, takes_dist: bool) -> tuple[str, ...]:
     return tuple(names[1:] if takes_dist else names)
 
 
-def _failing(case: Case, problem: str, meaning: Optional[str], replay: str,
-             result: Optional[SimResult] = None) -> Outcome:
-    """The one place a failure's message is made, in the order a learner reads it: the case and what differs, the
-    diagnosis (or what an error means), the seed that replays it, then one hint: the most specific the run gave
-    (a budget's, the simulator's), else the puzzle's own (added by Puzzle.check, which knows the tiers)."""
-    text, hints, in_hint = [], [], False
-    for line in f"on {case.label}: {problem}".split("\n"):
-        starts = line.startswith("Hint: ")
-        in_hint = starts or (in_hint and line.strip() != "")
-        if starts:
-            hints.append([])
-        (hints[-1] if in_hint else text).append(line)
-    if meaning:
-        text.append(meaning)
-    hint = "".join("\n" + line for line in hints[0]) if hints else ""
-    message = "\n".join(text).rstrip("\n") + replay + hint
-    return Outcome(FAILING, message, result, case, hinted=bool(hints))
-
-
-def _refused_as_asked(case: Case, e: RankFailed) -> bool:
-    """The learner's function raised the exception the statement asks for on this case's arguments."""
-    return case.raises is not None and isinstance(getattr(e, "exception", None), case.raises)
-
-
-def _not_refused(case: Case) -> Optional[str]:
-    """What is wrong when a case whose arguments the statement says to refuse ran to the end."""
-    if case.raises is None:
-        return None
-    name = case.raises.__name__
-    return (f"the statement asks for a {name} on these arguments, and your function returned without raising "
-            f"one: check the arguments first, and raise {name}(\"...\") saying what is wrong, so that a run that "
-            "cannot work stops before it starts.")
-
-
 def _judge_rank(dist, puzzle: Puzzle, fn: Callable, seed: int) -> tuple[Optional[str], str, str]:
     """What each process of a real cell runs: Puzzle._judge_in_group on this rank."""
     return puzzle._judge_in_group(fn, dist, seed)
-
-
-_learner_running = False      # a real rank is running the learner's function: no Case may be built meanwhile
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Torch's intra-op parallelism off while a check runs: on the course's tiny tensors a second thread only
-    adds hand-offs, and on a busy 2-core machine its spinning costs 10-30× the work itself."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def fresh_seed() -> int:
-    """A seed no learner's function can predict."""
-    return secrets.randbelow(2**31)
-
-
-def _without_dist(fn: Callable, dist, *args):
-    return fn(*args)
 
 
 def _real_rank(dist, fn: Callable, oracle: Optional[Callable], args: tuple):
@@ -886,13 +553,12 @@ def _real_rank(dist, fn: Callable, oracle: Optional[Callable], args: tuple):
     def mine_of(a):
         return to_device(copy.deepcopy(a.values[rank] if isinstance(a, PerRank) else a), where)
 
-    global _learner_running
     inputs = list(map(mine_of, args))
-    _learner_running = True
+    case_module._learner_running = True
     try:
         mine = fn(dist, *inputs)
     finally:
-        _learner_running = False
+        case_module._learner_running = False
     theirs = oracle(dist, *map(mine_of, args)) if oracle is not None else None
     return mine, theirs
 

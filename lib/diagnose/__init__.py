@@ -22,11 +22,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from lib.checker.compare import first_difference
+from lib.checker.plain import as_plain
 from lib.diagnose import factors, layouts, moments, origins, values
 from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
 from lib.sim import run
 
-__all__ = ["Mistake", "case_reading", "diagnose", "hands_gradient", "unwritten_memory"]
+__all__ = ["Mistake", "case_reading", "diagnose", "diagnosis", "hands_gradient", "unwritten_memory"]
 case_reading = moments.case_reading
 hands_gradient = moments.hands_gradient
 
@@ -41,6 +42,24 @@ class Mistake:
     fn: Callable
     message: str
     alone: bool = False
+
+
+def diagnosis(case: Any, got: Sequence[Any], *, mistakes: Sequence[Mistake], wrap: Callable[[Callable], Callable],
+              rtol: float, atol: float, outputs: Optional[dict[str, str]], fn: Optional[Callable] = None,
+              others: Sequence[Any] = (), names: Sequence[str] = ()) -> str:
+    """Stage 2b of a check, why the results differ: the case's own reading (Case.explain), or memory read before
+    anything wrote it, or the engine's readings (`diagnose`); "" if nothing fits. Each replay runs once."""
+    with origins.remembering():
+        explained = moments.case_reading(case, got)
+        # A reading of values that torch.empty's leftovers made (a stale block, NaN) would name a cause that changes
+        # from run to run: memory read before anything wrote it is said instead.
+        found = explained and unwritten_memory(case.expected, got, case, fn, rtol, atol, outputs)
+        if not found:
+            found = diagnose(case.expected, got, case.args, mistakes=tuple(mistakes) + tuple(case.mistakes), wrap=wrap,
+                             factors=case.factors, rtol=rtol, atol=atol, case=case, fn=fn, outputs=outputs,
+                             others=others, names=names, explained=bool(explained))
+            found = "\n".join(filter(None, (explained, found)))
+    return found or ""
 
 
 def diagnose(expected: Sequence[Any], got: Sequence[Any], args: tuple, *, mistakes: Sequence[Mistake] = (),
@@ -157,7 +176,7 @@ def _formulas(case: Any, got: Sequence[Any], fn: Optional[Callable] = None, othe
 def _answer(fn: Callable, case: Any, key: str) -> Optional[float]:
     """The learner's number for leaf `key` on another case (a prediction: one rank), or None if it fails there."""
     try:
-        results = run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected).results
+        results = as_plain(run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected).results)
     except Exception:
         return None
     leaf = dict(leaves(results[0])).get(key)
@@ -195,8 +214,10 @@ def _shapes(expected: Sequence[Any], got: Sequence[Any], named: dict[str, float]
             if mine_ is None or mine_.shape == want.shape or not want.numel():
                 continue
             where = on_rank(rank, world, key, outputs)
-            ratio = mine_.numel() / want.numel()
             shapes = f"{tuple(mine_.shape)} where {tuple(want.shape)} belongs"
+            if not mine_.numel():
+                return f"{where} is empty ({shapes}): nothing was put in it."
+            ratio = mine_.numel() / want.numel()
             if ratio == 1:
                 return (f"{where} has the right number of elements in another shape ({shapes}): transposed, or "
                         "reshaped along the wrong dimensions?")
@@ -321,8 +342,8 @@ def _resolver(fn: Optional[Callable], others: Sequence[Any], rank: int, key: str
             if len(found) < 2:
                 break
             try:
-                results = run(fn, other.world_size, *other.args, timeout=10.0, protect=other.expected,
-                              faults=other.faults).results
+                results = as_plain(run(fn, other.world_size, *other.args, timeout=10.0, protect=other.expected,
+                                    faults=other.faults).results)
             except Exception:
                 continue
             r = min(rank, other.world_size - 1)

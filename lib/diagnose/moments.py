@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from lib.checker.compare import first_difference
+from lib.checker.plain import as_plain
 from lib.diagnose import factors
 from lib.diagnose.leaves import close, differing, given, leaves, listing, mine, name, on_rank, plain
 from lib.sim import current_rank, run
@@ -69,7 +70,8 @@ def recording() -> Iterator[dict]:
 
 def _run(fn: Callable, case) -> Optional[list]:
     try:
-        return run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected, faults=case.faults).results
+        return as_plain(run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected,
+                            faults=case.faults).results)
     except Exception:
         return None
 

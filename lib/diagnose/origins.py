@@ -21,6 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from lib.checker.plain import as_plain
 from lib.whose_code import COURSE, ENGINE
 
 MARKER = 3e-39           # what the replay's torch.empty returns: a denormal (float32) no computation here makes
@@ -178,7 +179,7 @@ def _replay(fn: Callable, case, fill: float) -> tuple[Optional[list], dict[int, 
                      faults=case.faults)
     except Exception as e:           # the replay fails as the check's run did: its tracers still say where
         return None, tracers, e
-    return result.results, tracers, None
+    return as_plain(result.results), tracers, None
 
 
 def non_finite_origin(fn: Callable, case, rank: int) -> Optional[str]:

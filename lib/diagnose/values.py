@@ -158,8 +158,8 @@ def contributions(where: str, key: str, e: torch.Tensor, g: torch.Tensor, inputs
     if world < 2 or slices is None or not g.is_floating_point():
         return None
     parts = torch.stack([f64(t).reshape(-1) for t in slices])          # (N, elements)
-    if parts.shape[1] <= world:
-        return None                  # too few values to tell N shares apart
+    if parts.shape[1] <= world or not bool(torch.isfinite(f64(g)).all()) or not bool(torch.isfinite(parts).all()):
+        return None                  # too few values to tell N shares apart, or a NaN or inf no sum of shares makes
     weights = torch.linalg.lstsq(parts.T, f64(g).reshape(-1, 1)).solution.reshape(-1)
     rounded = weights.round()
     if not close(rounded @ parts, f64(g).reshape(-1), rtol, atol) or bool((rounded == 1).all()):

@@ -20,10 +20,10 @@ def _not_inside_a_check(name: str) -> None:
     """The search is a puzzle's answer key: a function under check (a simulated rank, or a real rank running the
     learner's code) must do its own. OutOfView, as for a Case built there: a PlanError would be swallowed by the
     `except PlanError` that skips plans which do not split (the course's own case builder's, or a learner's)."""
-    from lib.checker import puzzle
+    from lib.checker import case
     from lib.sim import OutOfView, current_rank
 
-    if current_rank() is not None or puzzle._learner_running:
+    if current_rank() is not None or case._learner_running:
         raise OutOfView(f"{name} searches the plans for you, and this check asks you to write that search: loop over "
                         "the plans yourself and ask estimate() about each.")
 
