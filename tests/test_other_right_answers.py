@@ -11,6 +11,7 @@ import torch
 
 import puzzles.beyond
 import puzzles.moe
+import puzzles.pipeline
 import puzzles.ring_attention
 import puzzles.three_d
 from lib.analytic.cross_site import shard_bounds
@@ -259,6 +260,51 @@ def diloco_foreach_outer_step(dist, model, batches, inner_steps, inner_lr, outer
         outer.step()
     return model
 
+def interleaved_untagged_receiving_in_order(dist, chunks, batch, targets, m):
+    """Interleaved 1F1B without message tags, each message received by a blocking recv when the schedule needs it:
+    at p = 2 rank 1 sends rank 0 activations and gradients, and a receive takes the first message sent, but both
+    ranks follow Megatron's order, in which rank 0 needs them in the order rank 1 sends them. Tags are needed by
+    receives posted ahead (the reference's), not by these."""
+    rank, p, v = dist.get_rank(), dist.get_world_size(), len(chunks)
+    if m % p:
+        raise ValueError(f"m={m} is not a multiple of p={p}")
+    xs, ys, last, total = batch.chunk(m), targets.chunk(m), p * v - 1, m * v
+    work = [(k // p % v, k // (p * v) * p + k % p) for k in range(total)]      # this rank's k-th (chunk, micro-batch)
+    stash, sends = {}, []
+
+    def forward(c, j):
+        x = xs[j].clone() if c * p + rank == 0 else torch.empty_like(xs[j])
+        if c * p + rank > 0:
+            dist.recv(x, (rank - 1) % p)
+        out = chunks[c](x.requires_grad_())
+        if c * p + rank == last:
+            out = torch.nn.functional.mse_loss(out, ys[j]) / m
+        else:
+            sends.append(dist.isend(out.detach(), (rank + 1) % p))
+        stash[c, j] = x, out
+
+    def backward(c, j):
+        c = v - 1 - c                                    # backwards run the chunks last first
+        x, out = stash.pop((c, j))
+        grad = None
+        if c * p + rank < last:
+            grad = torch.empty_like(out)
+            dist.recv(grad, (rank + 1) % p)
+        out.backward(grad)
+        if c * p + rank > 0:
+            sends.append(dist.isend(x.grad, (rank - 1) % p))
+
+    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    for k in range(total + warm):
+        if k < total:
+            forward(*work[k])
+        if k >= warm:
+            backward(*work[k - warm])
+    for s in sends:
+        s.wait()
+    return chunks
+
+
 RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
@@ -266,7 +312,8 @@ RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
         ring_key_blocks_only, ring_even_odd, ring_head_by_head, ring_attention_overlap)] + \
     [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)] + \
     [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
-     (puzzles.beyond.diloco_train, diloco_foreach_outer_step)]
+     (puzzles.beyond.diloco_train, diloco_foreach_outer_step),
+     (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])
