@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import puzzles.beyond
+import puzzles.data_parallel
 import puzzles.moe
 import puzzles.pipeline
 import puzzles.ring_attention
@@ -305,6 +306,27 @@ def interleaved_untagged_receiving_in_order(dist, chunks, batch, targets, m):
     return chunks
 
 
+def ring_all_reduce_tensor_split(dist, x):
+    """Chunks of unequal lengths (x.tensor_split(N)) where N does not divide x's length, instead of padding."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = x.clone()
+    parts = list(x.tensor_split(n))
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        send, recv = parts[(r - s) % n], parts[(r - s - 1) % n]
+        buf = torch.empty_like(recv)
+        req = dist.isend(send.clone(), right)
+        dist.recv(buf, left)
+        req.wait()
+        recv += buf
+    for s in range(n - 1):
+        send, recv = parts[(r - s + 1) % n], parts[(r - s) % n]
+        req = dist.isend(send.clone(), right)
+        dist.recv(recv, left)
+        req.wait()
+    return x
+
+
 RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
@@ -313,7 +335,8 @@ RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)] + \
     [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
      (puzzles.beyond.diloco_train, diloco_foreach_outer_step),
-     (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order)]
+     (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order),
+     (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])
