@@ -203,5 +203,5 @@ WRONG = [
     ("zero3_train", zero3_gathers_all_layers_at_once, ("under the floor", "while training")),
     ("zero3_train", zero3_never_frees, ("peak memory", "while training")),
     ("fsdp_prefetch_train", fsdp_without_prefetch, "simulated time"),
-    ("zero_offload_train", offload_keeps_adam_on_the_device, "peak memory"),
+    ("zero_offload_train", offload_keeps_adam_on_the_device, "Adam's step on the device"),
 ]
