@@ -6,6 +6,8 @@ Each answer's docstring says what a learner did differently from the reference.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ import puzzles.data_parallel
 import puzzles.moe
 import puzzles.pipeline
 import puzzles.ring_attention
+import puzzles.tensor_parallel
 import puzzles.three_d
 from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
@@ -327,6 +330,37 @@ def ring_all_reduce_tensor_split(dist, x):
     return x
 
 
+def coordinates_from_itertools_product(dist, shape):
+    """The rank's coordinates as the rank-th tuple of itertools.product over the axes (row-major, as the mesh)."""
+    return next(itertools.islice(itertools.product(*map(range, shape)), dist.get_rank(), None))
+
+
+def groups_read_off_an_arange_grid(dist, dp, pp, tp):
+    """Every group read off torch.arange(N).reshape(dp, pp, tp): the ranks along one axis, the others fixed."""
+    grid = torch.arange(dist.get_world_size()).reshape(dp, pp, tp)
+    groups = {}
+    for axis, dim in (("tp", 2), ("pp", 1), ("dp", 0)):
+        for line in grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist():
+            group = dist.new_group(line)
+            if dist.get_rank() in line:
+                groups[axis] = group
+    return groups
+
+
+def megatron_mlp_with_hooks(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """f and g without autograd Functions: f a hook on a view of x that all-reduces its gradient, g an all-reduce of
+    a detached copy added to the partial sum as a constant (the forward's value, the backward's identity)."""
+    def summed(t):
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    h = x.view_as(x)
+    h.register_hook(summed)
+    partial = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(h, fc1_w, fc1_b)), fc2_w)
+    return partial + (summed(partial.detach()) - partial.detach()) + fc2_b
+
+
 RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
@@ -336,7 +370,10 @@ RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
      (puzzles.beyond.diloco_train, diloco_foreach_outer_step),
      (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order),
-     (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split)]
+     (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split),
+     (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
+     (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
+     (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])
