@@ -211,11 +211,13 @@ DEEP, DEEP_WIDTHS = 12, (40, 44)              # 1600 and 1936 leave remainders a
 
 
 # What opens and closes ZeRO-3's training phase, in order of preference (lib.checker.contract.peak_memory_between):
-# parameters gathered (by all-gathers, all-to-alls or messages from each shard's owner, whichever a rank calls
-# first: an all-to-all gather while training stays judged where the final gather is an all-gather; else by
-# broadcasts from each shard's owner, which a DDP-style broadcast of the weights before training must not open),
-# gradients reduced (reduce-scattered, else reduced to their owner, else all-reduced and cut: its bytes are over).
-GATHERS, REDUCES = (("all_gather", "all_to_all", "recv"), "broadcast"), ("reduce_scatter", "reduce", "all_reduce")
+# parameters gathered (by all-gathers, all-to-alls, all-reduces of zeros around a shard or messages from each shard's
+# owner, whichever a rank calls first: a gather by another collective while training stays judged where the final
+# gather is an all-gather; else by broadcasts from each shard's owner, which a DDP-style broadcast of the weights
+# before training must not open), gradients reduced (reduce-scattered, else reduced to their owner, else all-reduced
+# and cut: its bytes are over).
+GATHERS = (("all_gather", "all_to_all", "all_reduce", "recv"), "broadcast")
+REDUCES = ("reduce_scatter", "reduce", "all_reduce")
 
 
 def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Contract:
