@@ -7,9 +7,11 @@ Each answer's docstring says what a learner did differently from the reference.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import puzzles.beyond
 import puzzles.data_parallel
@@ -17,6 +19,7 @@ import puzzles.moe
 import puzzles.pipeline
 import puzzles.ring_attention
 import puzzles.tensor_parallel
+import puzzles.zero
 import puzzles.three_d
 from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
@@ -361,6 +364,32 @@ def megatron_mlp_with_hooks(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
     return partial + (summed(partial.detach()) - partial.detach()) + fc2_b
 
 
+def zero1_with_torchs_adam(dist, model, batches, lr):
+    """ZeRO-1 with torch.optim.Adam over this rank's shards (leaf tensors whose .grad is the reduced shard) in
+    place of a hand-written update."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    params = list(model.parameters())
+    sizes = [math.ceil(p.numel() / world) for p in params]
+    shards = [F.pad(p.detach().reshape(-1), (0, world * c - p.numel()))[rank * c:(rank + 1) * c].clone()
+              for p, c in zip(params, sizes)]
+    opt = torch.optim.Adam(shards, lr=lr)
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        for p, shard, c in zip(params, shards, sizes):
+            shard.grad = torch.empty_like(shard)
+            dist.reduce_scatter_single(shard.grad, F.pad(p.grad.reshape(-1), (0, world * c - p.numel())))
+            shard.grad /= world
+            p.grad = None
+        opt.step()
+        for p, shard, c in zip(params, shards, sizes):
+            full = torch.empty(world * c, dtype=p.dtype, device=p.device)
+            dist.all_gather_single(full, shard)
+            with torch.no_grad():
+                p.copy_(full[:p.numel()].view_as(p))
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
 RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
@@ -373,7 +402,8 @@ RIGHT = [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
      (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split),
      (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
-     (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks)]
+     (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
+     (puzzles.zero.zero1_train, zero1_with_torchs_adam)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])
