@@ -679,7 +679,9 @@ def _step_explained(expected: list, got: list) -> Optional[str]:
 def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Case:
     saved_on = rng.choice([n for n in (2, 3, 4, 5, 8) if n != world])
     total = rng.randint(3 * max(world, saved_on), 60)
-    if uneven and total % world == 0:              # a shorter last shard: the layout's rounding matters
+    # uneven: a shorter last shard in the new layout (its rounding matters), and a shorter last file, short enough
+    # that a total taken as the first file's length times the files moves the new shards' bounds
+    while uneven and (total % world == 0 or -(-total // world) == -(-(saved_on * -(-total // saved_on)) // world)):
         total += 1
     before, after = rng.randint(1, 3), rng.randint(1, 3)
     state, gen = _adam_state(rng, total, before)
@@ -692,8 +694,9 @@ def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
         lo, hi = shard_bounds(total, world, r)
         expected.append(((*(at_checkpoint[k][lo:hi].clone() for k in STATE), before),
                          tuple(state[k][lo:hi].clone() for k in STATE)))
+    unequal = " in files of unequal lengths" if total % saved_on else ""
     return Case(world, (files, grads), expected,
-                f"{total} parameters saved by {saved_on} ranks after {before} Adam steps, loaded on {world}, "
+                f"{total} parameters saved by {saved_on} ranks{unequal} after {before} Adam steps, loaded on {world}, "
                 f"{after} more steps", budgets=[_files_read(total, world)], allowed_ops=frozenset(),
                 explain=_step_explained)
 

@@ -258,17 +258,32 @@ ring_all_gather = Puzzle(
     describe="Every rank returns the concatenation of all ranks' chunks, in rank order, built from send/recv.")
 
 
-def _all_reduce_case(rng: random.Random, world: int) -> Case:
-    xs = _ring_input(rng, world)
-    return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
-                      "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N",
-                      _shares(xs, "all_reduce"))
+def _all_reduce_case(rng: random.Random, world: int, uneven: bool = False) -> Case:
+    """uneven: x's length is not a multiple of N (an all-reduce takes any tensor): the ring pads it to one, and sends
+    2(N-1)/N of the padded length; chunks of unequal lengths (tensor_split) send a little less, the floor's share."""
+    if not uneven:
+        xs = _ring_input(rng, world)
+        return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
+                          "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N",
+                          _shares(xs, "all_reduce"))
+    xs = _vectors(rng, world, world * rng.randint(1, 9) + rng.randint(1, world - 1))
+    n = xs[0].numel()
+    chunk = -(-n // world)
+    case = _ring_case(world, (per_rank(xs),), [_total(xs)] * world,
+                      f"N={world}, x of {n} float32 per rank, not a multiple of N", 4 * world * chunk, "all_reduce",
+                      bus_factor("all_reduce", world), "2(N-1)/N, x padded to N chunks of " + str(chunk) + ",")
+    least = 2 * 4 * (n - chunk)
+    case.budgets = [b if not b.least else Floor("bytes_sent", least, f"2 × (N-1) chunks of x's {n} elements, the "
+                                                f"largest ({chunk}) left out: {fmt_bytes(least)}", hint=b.hint)
+                    for b in case.budgets]
+    return case
 
 
 ring_all_reduce = Puzzle(
-    "ring_all_reduce", NOTEBOOK, _all_reduce_case,
+    "ring_all_reduce", NOTEBOOK, _all_reduce_case, variants=[{}, {"uneven": True}],
     hints=["All-reduce = reduce-scatter, then all-gather of the reduced chunks.",
-           "Call your ring_reduce_scatter, then your ring_all_gather on its result.",
+           "Call your ring_reduce_scatter, then your ring_all_gather on its result. x's length need not be a "
+           "multiple of N: pad it to one first (F.pad(x, (0, -len(x) % N))) and cut the padding off the result.",
            "Each phase sends (N-1)/N of the data per rank, 2(N-1)/N in all: independent of N for large N."],
     oracle=_all_reduce_oracle, oracle_name="dist.all_reduce", atol=1e-5, real_scale=_bucket_scale,
     describe="Every rank returns the sum over ranks of x, using 2(N-1)/N of the data per rank.")

@@ -15,10 +15,10 @@ from typing import Optional
 
 import torch
 
-from lib.checker.puzzle import Budget, Case, Puzzle, nothing_on_the_host
+from lib.checker.puzzle import Budget, Case, Floor, Puzzle, nothing_on_the_host
 from lib.notebook.warm_up import import_ahead
 from lib.analytic.formulas import model_state_bytes
-from lib.checker.measure import allocated, saved_activation_bytes
+from lib.checker.measure import allocated, counted_flops, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
 from lib.guard.offlimits import MODULE_INIT
 from lib.checker.terms import Expr, Q, formula, term
@@ -302,8 +302,31 @@ def _accumulation_case(rng: random.Random, _world: int) -> Case:
                 f"batch {len(tokens)} in k={k} micro-batches",
                 budgets=[ON_DEVICE, Budget("peak_memory", budget, why,
                                 hint="run forward and backward on one micro-batch at a time; "
-                                     "gradients add up in p.grad.")],
+                                     "gradients add up in p.grad."),
+                         *_accumulation_work(cfg, model, tokens, targets, k)],
                 factors={"k, the number of micro-batches": k}, explain=_accumulation_explain(model, tokens, targets, k))
+
+
+ACCUMULATION_OVER = 0.1     # of the whole batch's FLOPs: a forward recomputed (checkpointing) costs about a third
+
+
+def _accumulation_work(cfg: GPTConfig, model, tokens, targets, k: int) -> list[Budget]:
+    """Accumulation's own cost, not only its memory: the FLOPs of one big batch (checkpointing the whole batch meets
+    the memory budget by computing the forward twice), and micro-batches of b/k samples (one sample at a time meets
+    it with more, smaller pieces than asked): the floor is one micro-batch's attention scores, (b/k)·a·s² values."""
+    micro_tokens, micro_targets = tokens.chunk(k)[0], targets.chunk(k)[0]
+    probe = copy.deepcopy(model)
+    _, flops = counted_flops(lambda: (probe.loss(micro_tokens, micro_targets) / k).backward())
+    scores = len(micro_tokens) * cfg.heads * cfg.seq ** 2 * torch.finfo(torch.float64).bits // 8
+    return [Budget("flops", k * flops * (1 + ACCUMULATION_OVER),
+                   f"k = {k} micro-batches' forward and backward, {k * flops:,.0f} FLOPs (one big batch's), "
+                   f"+ {ACCUMULATION_OVER:.0%}",
+                   hint="accumulate: forward and backward each micro-batch once; checkpointing the whole batch "
+                        "computes its forward twice."),
+            Floor("largest_tensor", scores,
+                  f"one micro-batch's attention scores, (b/k)·a·s² = {len(micro_tokens)}·{cfg.heads}·{cfg.seq}² "
+                  "float64s: micro-batches of b/k samples, as k asks",
+                  hint="cut the batch into the k micro-batches asked (tokens.chunk(k)), not into smaller ones.")]
 
 
 accumulated_step = Puzzle(

@@ -831,10 +831,36 @@ def capacity_reference(logits: torch.Tensor, k: int, max_dropped: float) -> tupl
         for e in row:
             load[e] += 1
     cap = 1
-    while sum(max(0, n - cap) for n in load) > max_dropped * t_count * k:
+    while sum(max(0, n - cap) for n in load) > allowed_drops(max_dropped, t_count * k):
         cap += 1
     kept = sum(min(n, cap) for n in load)
     return cap, cap * experts - kept
+
+
+def allowed_drops(max_dropped: float, choices: int) -> int:
+    """The whole choices a budget of max_dropped of `choices` allows: its product's floor, within round-off (0.29 of
+    100 choices is 28.999999999999996 in floating point, and 29 choices)."""
+    return math.floor(max_dropped * choices + ROUND_OFF)
+
+
+ROUND_OFF = 1e-9        # far above a product's round-off at these counts, far below a whole choice
+
+
+# T·k for a budget whose product falls short of its whole number of choices in floating point: 0.29 × 100, 0.47 × 140
+SHORT_CHOICES = (100, 112, 140, 200, 224)
+
+
+def _short_of_a_whole(rng: random.Random, experts: int, k: int) -> tuple[torch.Tensor, float]:
+    """Logits and a budget some capacity meets exactly, whose product max_dropped·T·k falls just short of that whole
+    number of choices in floating point: a count truncated (int()) is one choice short, and the capacity one more."""
+    while True:
+        choices = rng.choice(SHORT_CHOICES)
+        logits = _logits(rng, choices // k, experts, rng.choice([1.0, 2.0]))
+        load = torch.tensor(_loads(logits, k))
+        drops = {int((load - c).clamp(min=0).sum()) for c in range(1, int(load.max()))}
+        short = sorted(d for d in drops if d > 0 and d / choices * choices < d)
+        if short:
+            return logits, rng.choice(short) / choices
 
 
 def _exactly_met(rng: random.Random, logits: torch.Tensor, k: int) -> float:
@@ -847,17 +873,23 @@ def _exactly_met(rng: random.Random, logits: torch.Tensor, k: int) -> float:
 
 
 def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
-                   max_dropped: Optional[float] = None, exact: bool = False) -> Case:
+                   max_dropped: Optional[float] = None, exact: bool = False, short: bool = False) -> Case:
+    """exact: a budget some capacity meets exactly; short: and whose product falls short of it in floating point."""
     k = k or rng.choice([1, 2])
     experts = rng.randint(4, 16)
-    t_count = rng.choice([64, 128]) if exact else experts * rng.randint(4, 16)
-    logits = _logits(rng, t_count, experts, rng.choice([1.0, 2.0]))
+    if short:
+        logits, max_dropped = _short_of_a_whole(rng, experts, k)
+        t_count = logits.shape[0]
+    else:
+        t_count = rng.choice([64, 128]) if exact else experts * rng.randint(4, 16)
+        logits = _logits(rng, t_count, experts, rng.choice([1.0, 2.0]))
     if exact:
         max_dropped = _exactly_met(rng, logits, k)
     elif max_dropped is None:
         max_dropped = rng.choice([0.0, 0.01, 0.05, 0.1, 0.25])
     cap, padded = capacity_reference(logits, k, max_dropped)
-    share = f"{max_dropped:.4g} ({round(max_dropped * t_count * k)} choices)" if exact else f"{max_dropped:.0%}"
+    share = f"{max_dropped:.4g} ({allowed_drops(max_dropped, t_count * k)} choices)" if exact or short else \
+        f"{max_dropped:.0%}"
     return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
                 f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped",
                 formulas={"[1]": _padding_formula(logits, k, cap, padded)},
@@ -883,7 +915,7 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
         return None
     mine, second = answer
     load, (t_count, experts) = _loads(logits, k), logits.shape
-    allowed = max_dropped * t_count * k
+    allowed = allowed_drops(max_dropped, t_count * k)
     said = []
     if mine != cap and mine >= 1:
         drops = _drops(load, mine)
@@ -898,7 +930,11 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
                   "E, the experts": (experts, "the experts, not the choices")}
         fits = [c for c, (n, _) in counts.items()
                 if _drops(load, mine) <= max_dropped * n < (_drops(load, mine - 1) if mine > 1 else math.inf)]
-        if drops == 0 and mine == max(load) and allowed > 0:
+        product = max_dropped * t_count * k
+        if int(product) < allowed and _drops(load, mine) <= int(product) < _drops(load, mine - 1):
+            said.append(f"It is the smallest capacity for {int(product)} choices, max_dropped × T·k truncated: the "
+                        f"product is {product!r} in floating point, round-off short of {allowed} whole choices.")
+        elif drops == 0 and mine == max(load) and allowed > 0:
             said.append("It is the busiest expert's load, which drops nothing: the budget never used.")
         elif max_dropped > 0 and len(fits) == 1:
             n, meaning = counts[fits[0]]
@@ -950,12 +986,15 @@ def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> For
 
 
 smallest_capacity = Puzzle(
-    "smallest_capacity", NOTEBOOK, _capacity_case, world_sizes=(1, 1, 1, 1), takes_dist=False, rtol=1e-12,
+    "smallest_capacity", NOTEBOOK, _capacity_case, world_sizes=(1, 1, 1, 1, 1), takes_dist=False, rtol=1e-12,
     harness=_capacity_harness,
-    variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}, {"exact": True}],
+    variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}, {"exact": True},
+              {"short": True}],
     atol=0, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["Count each expert's load L_e (how many top-k choices pick it). A capacity C drops Σ_e max(0, L_e - C) "
-           "choices; find the smallest C that drops at most max_dropped · T · k.",
+           "choices; find the smallest C that drops at most max_dropped · T · k, a whole number of choices: "
+           "0.29 × 100 is 28.999999999999996 in floating point and 29 choices, so allow for round-off "
+           "(math.floor(x + 1e-9)) rather than truncate (int(x)).",
            "Padded slots: the C · E slots minus the kept choices, Σ_e min(L_e, C).",
            "Return two Python ints: (C, C * E - kept). No capacity is smaller than 1; torch.bincount counts "
            "the loads, (load - C).clamp(min=0).sum() the drops."],

@@ -670,9 +670,11 @@ interleaved_1f1b = Puzzle(
            "Warm-up: min((p-rank-1)·2 + (v-1)·p, m·v) forwards; then one forward and one backward until the forwards "
            "are done; then the remaining backwards. Stage 0 reads the batch, stage p·v-1 computes the loss / m; "
            "keep the stash in a dict by (chunk, micro-batch).",
-           "With p = 2 the same pair of ranks carries activations one way and gradients the other, both ways: give "
-           "activations and gradients different tags (dist.isend(t, peer, tag=0) / dist.recv(t, peer, tag=0) for "
-           "activations, tag=1 for gradients) so a recv cannot take the other kind. Raise ValueError when m % p."],
+           "With p = 2 the same pair of ranks carries activations and gradients both ways, and a receive takes the "
+           "first message its peer sent with its tag. Receiving each one (blocking) when you need it gets them in "
+           "the right order; if you post receives ahead (dist.irecv before you need them), give activations and "
+           "gradients different tags (tag=0 and tag=1) so a receive cannot take the other kind. Raise ValueError "
+           "when m % p."],
     oracle=_torch_interleaved, oracle_name="torch.distributed.pipelining.ScheduleInterleaved1F1B",
     rtol=1e-9, atol=1e-12, **AT_LEAST,
     # m % p must be refused; then p=2 with m > p: the pair of ranks carries both kinds of message both ways

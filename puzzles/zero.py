@@ -24,9 +24,9 @@ from lib.notebook.warm_up import import_ahead
 from lib.analytic.formulas import model_state_bytes
 from lib.checker.measure import counted_flops, counted_time, once_per_shape, saved_activation_bytes
 from lib.models import mlp, sharded_batches
-from lib.sim import CostModel, per_rank
+from lib.sim import CostModel, SimResult, per_rank
 from lib.sim.cost import bus_factor
-from lib.units import fmt_bytes
+from lib.units import fmt_bytes, fmt_time
 from lib.viz.timeline import training_scale
 
 import_ahead("optimizer", "explicit_gradient")      # every check builds Adam; ZeRO-3 back-propagates a gradient
@@ -209,10 +209,13 @@ DEEP, DEEP_WIDTHS = 12, (40, 44)              # 1600 and 1936 leave remainders a
 
 
 # What opens and closes ZeRO-3's training phase, in order of preference (lib.checker.contract.peak_memory_between):
-# parameters
-# gathered (by all-gathers, else broadcasts from each shard's owner, else received from it message by message),
-# gradients reduced (reduce-scattered, else reduced to their owner, else all-reduced and cut: its bytes are over).
-GATHERS, REDUCES = ("all_gather", "broadcast", "recv"), ("reduce_scatter", "reduce", "all_reduce")
+# parameters gathered (by all-gathers, all-to-alls, all-reduces of zeros around a shard or messages from each shard's
+# owner, whichever a rank calls first: a gather by another collective while training stays judged where the final
+# gather is an all-gather; else by broadcasts from each shard's owner, which a DDP-style broadcast of the weights
+# before training must not open), gradients reduced (reduce-scattered, else reduced to their owner, else all-reduced
+# and cut: its bytes are over).
+GATHERS = (("all_gather", "all_to_all", "all_reduce", "recv"), "broadcast")
+REDUCES = ("reduce_scatter", "reduce", "all_reduce")
 
 
 def _while_training(s: _Sizes, layers_at_once: int, label: str, hint: str) -> Contract:
@@ -350,7 +353,45 @@ def _zero2_case(rng: random.Random, world: int, steps: Optional[int] = None) -> 
         _memory_budget(s, 2, 2, "stage 2, 8Ψ + (8+24)Ψ/N",
                        "reduce-scatter each gradient from a hook as soon as backward produces it, keep the shard, "
                        "and drop the full gradient (p.grad = None)."),
-        *_gradient_traffic(s)], steps=steps)
+        *_gradient_traffic(s)], steps=steps, contracts=lambda s: [_reduced_during_backward()])
+
+
+OVERLAPPED = 0.25    # of a step's compute before its first reduce-scatter: the least that must run among them
+
+
+def _reduced_during_backward() -> Contract:
+    """ZeRO-2 reduce-scatters each gradient as backward produces it, so the full gradients never exist at once.
+    ZeRO-1's order (backward to the end, then every reduce-scatter) meets stage 2's peak on some cases, as the
+    activations freed make room for the gradients kept: the order tells them apart on every case. A step is what
+    runs up to its all-gathers of the updated parameters; its backward's compute after its first reduce-scatter
+    is at least OVERLAPPED of what came before it (the forward, and the last layer's backward)."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        for rank in range(result.world_size):
+            before = between = pending = 0.0
+            seen = step = 0
+            for e in sorted((e for e in result.trace if e.rank == rank), key=lambda e: (e.start, e.end)):
+                if e.op == "all_gather":
+                    if seen and between < OVERLAPPED * before:
+                        return (f"rank {rank} began reduce-scattering step {step + 1}'s gradients after its "
+                                f"backward was over ({fmt_time(between)} of compute among its reduce-scatters, "
+                                f"{fmt_time(before)} before them): every full gradient was held at once, ZeRO-1's "
+                                "order")
+                    step += bool(seen)
+                    before = between = pending = 0.0
+                    seen = 0
+                elif e.op == "reduce_scatter":
+                    seen += 1
+                    between, pending = between + pending, 0.0         # the update after the last one is not counted
+                elif e.op == "compute":
+                    if seen:
+                        pending += e.end - e.start
+                    else:
+                        before += e.end - e.start
+        return None
+    return Contract("ZeRO-2 reduce-scatters each gradient during backward, as soon as it is ready", broken,
+                    hint="register_post_accumulate_grad_hook on each parameter: reduce-scatter p.grad in the hook and "
+                         "free it (p.grad = None), so that backward never holds every gradient.")
 
 
 zero2_train = Puzzle(
@@ -512,7 +553,9 @@ def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -
                        hint="keep one copy of each shard on the host; free per-step temporaries."),
                 _host_step(s),
                 *_gradient_traffic(s)]
-    return _case(rng, world, budgets, host=True, steps=steps)
+    model = mlp(_sizes(rng), seed=rng.randrange(2**31))          # the draw _case would make, kept for the contract
+    return _case(rng, world, budgets, host=True, model=model, steps=steps,
+                 contracts=lambda s: [_adam_on_the_host(s, model)])
 
 
 HOST_STEP = 0.5       # of Adam's FLOPs on this rank's shards: the floor on what the host computes
@@ -534,6 +577,34 @@ def _host_step(s: _Sizes) -> Budget:
                  f"{adam:,.0f} FLOPs: the step runs where the state lives",
                  hint="run adam_update on the host shards themselves (device=lib.host()); carrying m and v to the "
                       "device to update them there leaves the device's memory and compute doing the host's work.")
+
+
+@once_per_shape
+def _step_flops(model, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One step's forward and backward on a rank's batch (x, y), as a rank counts them: what the device computes."""
+    probe = copy.deepcopy(model)
+    return counted_flops(lambda: F.mse_loss(probe(x), y).backward())[1]
+
+
+def _adam_on_the_host(s: _Sizes, model) -> Contract:
+    """The device computes forward and backward, the host Adam's step: a floor on the host's FLOPs alone is met by
+    busywork there while the step runs on the device. Beside its forward and backward, the device may touch every
+    parameter twice a step (padding its gradient, copying the gathered weights in) and compute half of Adam's step."""
+    own, adam = s.steps * _step_flops(model, *s.first_batch), s.steps * _adam_flops(s.psi // s.world)
+    limit = own + s.steps * 2 * s.psi + HOST_STEP * adam
+
+    def broken(result) -> Optional[str]:
+        for st in result.stats:
+            device = st.flops - st.host_flops
+            if device > limit * (1 + 1e-9):
+                return (f"rank {st.rank} computed {device:,.0f} FLOPs on the device, {device - own:,.0f} more than "
+                        f"its {s.steps} steps' forward and backward ({own:,.0f}), where Adam's {adam:,.0f} on its "
+                        "shards belong to the host: Adam's step on the device, whatever the host computes beside it")
+        return None
+    return Contract("ZeRO-Offload runs Adam's step on the host, where its state lives; the device computes forward "
+                    "and backward", broken,
+                    hint="run adam_update on the host shards themselves (device=lib.host()); work the host does "
+                         "beside a step taken on the device is not the step.")
 
 
 zero_offload_train = Puzzle(

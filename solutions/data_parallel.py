@@ -47,7 +47,9 @@ def ring_all_gather(dist, chunk):
 
 
 def ring_all_reduce(dist, x):
-    return ring_all_gather(dist, ring_reduce_scatter(dist, x))
+    n = x.numel()
+    padded = F.pad(x, (0, -n % dist.get_world_size()))       # N equal chunks, whatever x's length
+    return ring_all_gather(dist, ring_reduce_scatter(dist, padded))[:n]
 
 
 def data_parallel_train(dist, model, batches, lr):

@@ -98,7 +98,7 @@ def moe_train(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
 def smallest_capacity(logits, k, max_dropped):
     t_count, experts = logits.shape
     load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)      # (E,)
-    allowed = max_dropped * t_count * k
+    allowed = math.floor(max_dropped * t_count * k + 1e-9)      # whole choices, within round-off
     cap = next(c for c in range(1, int(load.max()) + 2) if (load - c).clamp(min=0).sum() <= allowed)
     kept = int(load.clamp(max=cap).sum())
     return cap, cap * experts - kept

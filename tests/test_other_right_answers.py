@@ -6,14 +6,22 @@ Each answer's docstring says what a learner did differently from the reference.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import lib
 import puzzles.beyond
+import puzzles.data_parallel
 import puzzles.memory
 import puzzles.moe
+import puzzles.pipeline
 import puzzles.ring_attention
+import puzzles.tensor_parallel
+import puzzles.zero
 import puzzles.three_d
 from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
@@ -296,6 +304,130 @@ def adam_freeing_each_gradient(model, batches, lr):
     return _host_adam(model, batches, lr, clear=clear)
 
 
+
+def interleaved_untagged_receiving_in_order(dist, chunks, batch, targets, m):
+    """Interleaved 1F1B without message tags, each message received by a blocking recv when the schedule needs it:
+    at p = 2 rank 1 sends rank 0 activations and gradients, and a receive takes the first message sent, but both
+    ranks follow Megatron's order, in which rank 0 needs them in the order rank 1 sends them. Tags are needed by
+    receives posted ahead (the reference's), not by these."""
+    rank, p, v = dist.get_rank(), dist.get_world_size(), len(chunks)
+    if m % p:
+        raise ValueError(f"m={m} is not a multiple of p={p}")
+    xs, ys, last, total = batch.chunk(m), targets.chunk(m), p * v - 1, m * v
+    work = [(k // p % v, k // (p * v) * p + k % p) for k in range(total)]      # this rank's k-th (chunk, micro-batch)
+    stash, sends = {}, []
+
+    def forward(c, j):
+        x = xs[j].clone() if c * p + rank == 0 else torch.empty_like(xs[j])
+        if c * p + rank > 0:
+            dist.recv(x, (rank - 1) % p)
+        out = chunks[c](x.requires_grad_())
+        if c * p + rank == last:
+            out = torch.nn.functional.mse_loss(out, ys[j]) / m
+        else:
+            sends.append(dist.isend(out.detach(), (rank + 1) % p))
+        stash[c, j] = x, out
+
+    def backward(c, j):
+        c = v - 1 - c                                    # backwards run the chunks last first
+        x, out = stash.pop((c, j))
+        grad = None
+        if c * p + rank < last:
+            grad = torch.empty_like(out)
+            dist.recv(grad, (rank + 1) % p)
+        out.backward(grad)
+        if c * p + rank > 0:
+            sends.append(dist.isend(x.grad, (rank - 1) % p))
+
+    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    for k in range(total + warm):
+        if k < total:
+            forward(*work[k])
+        if k >= warm:
+            backward(*work[k - warm])
+    for s in sends:
+        s.wait()
+    return chunks
+
+
+def ring_all_reduce_tensor_split(dist, x):
+    """Chunks of unequal lengths (x.tensor_split(N)) where N does not divide x's length, instead of padding."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = x.clone()
+    parts = list(x.tensor_split(n))
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        send, recv = parts[(r - s) % n], parts[(r - s - 1) % n]
+        buf = torch.empty_like(recv)
+        req = dist.isend(send.clone(), right)
+        dist.recv(buf, left)
+        req.wait()
+        recv += buf
+    for s in range(n - 1):
+        send, recv = parts[(r - s + 1) % n], parts[(r - s) % n]
+        req = dist.isend(send.clone(), right)
+        dist.recv(recv, left)
+        req.wait()
+    return x
+
+
+def coordinates_from_itertools_product(dist, shape):
+    """The rank's coordinates as the rank-th tuple of itertools.product over the axes (row-major, as the mesh)."""
+    return next(itertools.islice(itertools.product(*map(range, shape)), dist.get_rank(), None))
+
+
+def groups_read_off_an_arange_grid(dist, dp, pp, tp):
+    """Every group read off torch.arange(N).reshape(dp, pp, tp): the ranks along one axis, the others fixed."""
+    grid = torch.arange(dist.get_world_size()).reshape(dp, pp, tp)
+    groups = {}
+    for axis, dim in (("tp", 2), ("pp", 1), ("dp", 0)):
+        for line in grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist():
+            group = dist.new_group(line)
+            if dist.get_rank() in line:
+                groups[axis] = group
+    return groups
+
+
+def megatron_mlp_with_hooks(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """f and g without autograd Functions: f a hook on a view of x that all-reduces its gradient, g an all-reduce of
+    a detached copy added to the partial sum as a constant (the forward's value, the backward's identity)."""
+    def summed(t):
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    h = x.view_as(x)
+    h.register_hook(summed)
+    partial = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(h, fc1_w, fc1_b)), fc2_w)
+    return partial + (summed(partial.detach()) - partial.detach()) + fc2_b
+
+
+def zero1_with_torchs_adam(dist, model, batches, lr):
+    """ZeRO-1 with torch.optim.Adam over this rank's shards (leaf tensors whose .grad is the reduced shard) in
+    place of a hand-written update."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    params = list(model.parameters())
+    sizes = [math.ceil(p.numel() / world) for p in params]
+    shards = [F.pad(p.detach().reshape(-1), (0, world * c - p.numel()))[rank * c:(rank + 1) * c].clone()
+              for p, c in zip(params, sizes)]
+    opt = torch.optim.Adam(shards, lr=lr)
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        for p, shard, c in zip(params, shards, sizes):
+            shard.grad = torch.empty_like(shard)
+            dist.reduce_scatter_single(shard.grad, F.pad(p.grad.reshape(-1), (0, world * c - p.numel())))
+            shard.grad /= world
+            p.grad = None
+        opt.step()
+        for p, shard, c in zip(params, shards, sizes):
+            full = torch.empty(world * c, dtype=p.dtype, device=p.device)
+            dist.all_gather_single(full, shard)
+            with torch.no_grad():
+                p.copy_(full[:p.numel()].view_as(p))
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
@@ -305,7 +437,13 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
         ring_key_blocks_only, ring_even_odd, ring_head_by_head, ring_attention_overlap)] + \
     [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)] + \
     [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
-     (puzzles.beyond.diloco_train, diloco_foreach_outer_step)]
+     (puzzles.beyond.diloco_train, diloco_foreach_outer_step),
+     (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order),
+     (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split),
+     (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
+     (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
+     (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
+     (puzzles.zero.zero1_train, zero1_with_torchs_adam)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])

@@ -167,6 +167,15 @@ CALLS = {
     "fft.fft": (torch.fft.fft, (_r(B, 64, dtype=torch.complex128),), 5 * B * 64 * 6),
     "fft.rfft": (torch.fft.rfft, (_r(B, 64),), 2.5 * B * 64 * 6),
     "fft.irfft": (lambda x: torch.fft.irfft(x, n=64), (_r(B, 33, dtype=torch.complex128),), 2.5 * B * 64 * 6),
+    # A matrix product written as an embedding bag: row i of the output adds the K rows of b, weighted by a's row i.
+    "F.embedding_bag, per-sample weights": (
+        lambda a, b: F.embedding_bag(torch.arange(K).repeat(M, 1), b, mode="sum", per_sample_weights=a),
+        (_r(M, K), _r(K, N)), _mm(M, K, N)),
+    "F.embedding_bag, its backward": (
+        lambda a, b: F.embedding_bag(torch.arange(K).repeat(M, 1), b.requires_grad_(), mode="sum",
+                                     per_sample_weights=a.requires_grad_()).sum().backward(),
+        (_r(M, K), _r(K, N)), 3 * _mm(M, K, N)),
+    "cdist, its matmul path": (torch.cdist, (_r(30, K), _r(N, K)), _mm(30, K, N)),
 }
 
 

@@ -148,7 +148,7 @@ def flops_at_most(limit: float, why: str, hint: str = "") -> Contract:
     return Contract(why, broken, hint)
 
 
-def peak_memory_between(first: Union[str, tuple[str, ...]], last: Union[str, tuple[str, ...]], limit: float,
+def peak_memory_between(first: Union[str, tuple], last: Union[str, tuple], limit: float,
                         phase: str, rule: str, hint: str = "",
                         excess: Optional[Callable[[float], str]] = None) -> Contract:
     """No rank holds more than `limit` bytes of device memory from the end of its first `first` op to the end of its
@@ -158,16 +158,19 @@ def peak_memory_between(first: Union[str, tuple[str, ...]], last: Union[str, tup
     simulated time (freeing what came before) share its start's timestamp. `first` and `last` may each name several
     ops in order of preference: the first of them a rank calls at all opens (closes) its phase (parameters gathered
     by broadcasts where a rank never all-gathers; a DDP-style broadcast of the weights before training opens nothing
-    for a rank that all-gathers). `phase` names it in messages; `excess`, if given, says what the bytes over the limit
-    are worth in the puzzle's terms (", 2.1 layers' worth")."""
+    for a rank that all-gathers); a tuple among them is one choice, opened by whichever of its ops comes first (the
+    parameters gathered by all-to-alls while training, the final gather an all-gather). `phase` names it in messages;
+    `excess`, if given, says what the bytes over the limit are worth in the puzzle's terms (", 2.1 layers' worth")."""
     openers, closers = ((ops,) if isinstance(ops, str) else tuple(ops) for ops in (first, last))
 
-    def first_called(ops: tuple[str, ...], rank: int, trace) -> tuple[str, list[float]]:
-        """The first kind among `ops` that the rank calls at all, and the ends of its calls of that kind."""
+    def first_called(ops: tuple, rank: int, trace) -> tuple[str, list[float]]:
+        """The first kind among `ops` that the rank calls at all (a tuple of kinds counts as one: whichever of them
+        comes first), and the ends of its calls of that kind."""
         for op in ops:
-            ends = [e.end for e in trace if e.rank == rank and e.op == op]
-            if ends:
-                return op, ends
+            kinds = (op,) if isinstance(op, str) else op
+            calls = sorted((e.end, e.op) for e in trace if e.rank == rank and e.op in kinds)
+            if calls:
+                return calls[0][1], [end for end, _ in calls]
         return "", []
 
     def broken(result: SimResult) -> Optional[str]:

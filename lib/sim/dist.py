@@ -165,6 +165,20 @@ class SimDist(ObjectCollectives):
         if rules.marks:
             rules.overwritten(t)
 
+    def _written(self, t, what: str) -> torch.Tensor:
+        """A tensor a collective overwrites in place: not one autograd is tracking, whose backward would then pass the
+        gradient through the collective as if it were not there (real torch warns it silently misleads)."""
+        t = self._tensor(t, what)
+        if t.grad_fn is not None:
+            raise InvalidCall(
+                f"rank {self._rank} called {what} in place on a tensor autograd is tracking: autograd does not see "
+                "a collective, so backward passes the gradient straight through it, right only by accident (torch "
+                "warns: 'silently incorrect behavior', deprecated).\n"
+                "Hint: put the collective inside a torch.autograd.Function whose backward says what "
+                "the gradient is (Megatron's g: all-reduce in forward, identity in backward), or communicate a "
+                "detached copy.")
+        return t
+
     def _root(self, group: Group, root, group_root, arg: str, what: str) -> int:
         if group_root is not None:
             if not 0 <= group_root < group.size():
@@ -230,7 +244,7 @@ class SimDist(ObjectCollectives):
 
     @_rule
     def all_reduce(self, tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
-        t = self._tensor(tensor, "all_reduce")
+        t = self._written(tensor, "all_reduce")
         self._check_op(op, t)
         self._readable(t, "all_reduce")
 
@@ -245,7 +259,7 @@ class SimDist(ObjectCollectives):
     @_rule
     def broadcast(self, tensor, src: Optional[int] = None, group=None, async_op: bool = False,
                   group_src: Optional[int] = None):
-        t = self._tensor(tensor, "broadcast")
+        t = self._written(tensor, "broadcast")
         g = self._comm.resolve(self._rank, group, "broadcast")
         root = self._root(g, src, group_src, "src", "broadcast")
         if root == self._rank:
@@ -264,7 +278,7 @@ class SimDist(ObjectCollectives):
     @_rule
     def reduce(self, tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
                group_dst: Optional[int] = None):
-        t = self._tensor(tensor, "reduce")
+        t = self._written(tensor, "reduce")
         self._check_op(op, t)
         self._readable(t, "reduce")
         g = self._comm.resolve(self._rank, group, "reduce")

@@ -91,3 +91,20 @@ CHEATS = [c for c in everywhere(P) if c[0] in TRAINING] + [
     ("training_state_bytes", training_state_by_a_copy_made_before,
      "this puzzle puts lib.analytic.formulas (state_bytes)"),
 ]
+
+
+# ---- gradient accumulation met by another technique ------------------------------------------------------------
+def accumulation_by_checkpointing(model, tokens, targets, k):
+    """The whole batch at once, each block checkpointed: one big batch's gradients under the accumulation budget,
+    with no micro-batch at all (and a forward computed twice)."""
+    return S.checkpointed_step(model, tokens, targets)
+
+
+def accumulation_sample_by_sample(model, tokens, targets, k):
+    """One sample per micro-batch, whatever k asks: the same gradients with smaller pieces, under any budget the
+    asked-for micro-batches meet."""
+    return S.accumulated_step(model, tokens, targets, len(tokens))
+
+
+CHEATS += [("accumulated_step", accumulation_by_checkpointing, ("FLOPs counted", "peak memory")),
+           ("accumulated_step", accumulation_sample_by_sample, "largest tensor")]

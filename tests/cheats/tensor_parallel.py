@@ -267,3 +267,15 @@ def sp_norm_on_the_whole_sequence_recomputed_in_backward(dist, x, fc1_w, fc1_b, 
 
 CHEATS += [("sequence_parallel_mlp", sp_norm_on_the_whole_sequence_recomputed_in_backward,
             ("FLOPs counted", "activations for backward"))]
+
+
+def row_parallel_by_a_bare_all_reduce(dist, x, weight, bias):
+    """Megatron's g as a bare in-place all-reduce on the layer's output: autograd does not see it, and its backward
+    passes the gradient through as identity, which is g's backward by accident (torch warns that this is silently
+    incorrect and deprecated)."""
+    out = F.linear(x, weight)
+    dist.all_reduce(out)
+    return out + bias
+
+
+CHEATS += [("row_parallel_linear", row_parallel_by_a_bare_all_reduce, "in place on a tensor autograd is tracking")]

@@ -100,6 +100,37 @@ def zero3_kept_full_gathering_by_messages(dist, model, batches, lr):
     return zero3_frugal_with_dummy_regathers(_GatheringByMessages(dist), model, batches, lr)
 
 
+class _GatheringByAllToAll(_GatheringByBroadcasts):
+    """dist, its all-gathers made of all-to-alls (synchronous or not): each rank sends its shard to every rank, the
+    bytes an all-gather sends."""
+
+    def all_gather_single(self, full, shard, group=None, async_op=False):
+        n = self._dist.get_world_size()
+        return self._dist.all_to_all_single(full, shard.repeat(n), group=group, async_op=async_op)
+
+
+class _GatheringByAllReduce(_GatheringByBroadcasts):
+    """dist, its all-gathers made of all-reduces: zeros around the rank's shard, summed over the ranks (twice an
+    all-gather's bytes)."""
+
+    def all_gather_single(self, full, shard, group=None, async_op=False):
+        full.zero_()
+        full.chunk(self._dist.get_world_size())[self._dist.get_rank()].copy_(shard)
+        return self._dist.all_reduce(full, group=group, async_op=async_op)
+
+
+def zero3_kept_full_gathering_by_all_to_all(dist, model, batches, lr):
+    """As zero3_kept_full_gathering_by_broadcasts, its all-gathers made of all-to-alls: passed while only an
+    all-gather, a broadcast or a receive opened ZeRO-3's training phase."""
+    return zero3_frugal_with_dummy_regathers(_GatheringByAllToAll(dist), model, batches, lr)
+
+
+def fsdp_gathering_every_layer_ahead_by_all_to_all(dist, model, batches, lr):
+    """fsdp_gathering_every_layer_ahead (below), every gather an asynchronous all-to-all: every full parameter held
+    at once while training, and the prefetch's overlap kept."""
+    return fsdp_gathering_every_layer_ahead(_GatheringByAllToAll(dist), model, batches, lr)
+
+
 def _on_the_host(solution):
     """The reference solution with the model moved to host memory, where the device's budget does not look."""
     def cheat(dist, model, batches, lr):
@@ -242,8 +273,26 @@ def offload_step_on_the_device(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+class _BusyHost(_GatheringByBroadcasts):
+    """dist, its all-gathers preceded by busywork in host memory: as many additions on a throwaway host tensor as
+    Adam's step on the shard would compute there."""
+
+    def all_gather_single(self, full, shard, group=None, async_op=False):
+        busy = torch.zeros(shard.numel(), dtype=shard.dtype, device=lib.host())
+        for _ in range(8):                      # adam_update's FLOPs per element
+            busy.add_(1.0)
+        return self._dist.all_gather_single(full, shard, group=group, async_op=async_op)
+
+
+def offload_step_on_the_device_busy_host(dist, model, batches, lr):
+    """offload_step_on_the_device, the host-FLOPs floor paid with busywork: additions on a throwaway host tensor, as
+    many as Adam's step on the shard, while the step itself runs on the device."""
+    return offload_step_on_the_device(_BusyHost(dist), model, batches, lr)
+
+
 # Moved to the host, a model is over the host's budget, or its first collective is refused (NCCL takes no CPU tensor).
 HOST = ("peak host memory", "in host memory")
+ADAM_ON_THE_DEVICE = "Adam's step on the device"
 TRAINING = "while training"            # ZeRO-3's memory from the first all-gather to the last reduce-scatter
 CHEATS = everywhere(P) + [
     ("zero3_train", zero3_keeping_full_parameters, ("under the floor", TRAINING)),
@@ -254,7 +303,7 @@ CHEATS = everywhere(P) + [
     ("zero1_train", zero1_gathering_the_data, "the gradients travel, not the data"),   # ZeRO-2's memory stops it
     ("zero3_train", zero3_frugal_with_dummy_regathers, ("peak memory", TRAINING)),
     ("fsdp_prefetch_train", fsdp_prefetching_in_forward_only, "simulated time"),
-    ("zero_offload_train", offload_step_on_the_device, ("FLOPs computed in host memory", "peak memory")),
+    ("zero_offload_train", offload_step_on_the_device, ADAM_ON_THE_DEVICE),
     *[(name, ddp_adam_on_the_host, HOST) for name in ("zero1_train", "zero2_train", "zero3_train",
                                                        "fsdp_prefetch_train")],
     *[(name, _on_the_host(getattr(S, name)), HOST) for name in ("zero1_train", "zero2_train", "zero3_train",
@@ -333,8 +382,25 @@ def fsdp_gathering_every_layer_ahead(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-CHEATS += [(name, fsdp_gathering_every_layer_ahead, TRAINING)
-           for name in ("zero3_train", "fsdp_prefetch_train")]
+def fsdp_gathering_every_layer_ahead_by_all_reduce(dist, model, batches, lr):
+    """fsdp_gathering_every_layer_ahead, every gather an asynchronous all-reduce of zeros around the shard."""
+    return fsdp_gathering_every_layer_ahead(_GatheringByAllReduce(dist), model, batches, lr)
+
+
+def zero3_kept_full_gathering_by_all_reduce(dist, model, batches, lr):
+    """As zero3_kept_full_gathering_by_all_to_all, its gathers all-reduces: rejected by the whole run's peak only,
+    in words that did not say it kept every parameter while training."""
+    return zero3_frugal_with_dummy_regathers(_GatheringByAllReduce(dist), model, batches, lr)
+
+
+# The message names the op that opened the phase: the collective that gathered while training.
+BY_ALL_TO_ALL, BY_ALL_REDUCE = "from its first all_to_all", "from its first all_reduce"
+CHEATS += [(name, fn, words) for name in ("zero3_train", "fsdp_prefetch_train")
+           for fn, words in ((fsdp_gathering_every_layer_ahead, TRAINING),
+                             (fsdp_gathering_every_layer_ahead_by_all_to_all, BY_ALL_TO_ALL),
+                             (fsdp_gathering_every_layer_ahead_by_all_reduce, BY_ALL_REDUCE))]
+CHEATS += [("zero3_train", zero3_kept_full_gathering_by_all_to_all, BY_ALL_TO_ALL),
+           ("zero3_train", zero3_kept_full_gathering_by_all_reduce, BY_ALL_REDUCE)]
 
 
 class _DeviceIsTheHost:
@@ -349,4 +415,5 @@ offload_all_gathering_from_the_host = types.FunctionType(
 offload_all_gathering_from_the_host.__doc__ = (
     "ZeRO-Offload whose updated shards are all-gathered straight from host memory, never brought to the device: "
     "the simulator accepted it, NCCL refuses a CPU tensor.")
-CHEATS += [("zero_offload_train", offload_all_gathering_from_the_host, "in host memory")]
+CHEATS += [("zero_offload_train", offload_all_gathering_from_the_host, "in host memory"),
+           ("zero_offload_train", offload_step_on_the_device_busy_host, ADAM_ON_THE_DEVICE)]
