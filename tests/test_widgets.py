@@ -101,3 +101,20 @@ def test_bytes_per_rank_bars():
     assert "MiB" in ax.get_ylabel() and heights[0] == pytest.approx((n - 1) * 4)     # 28 MiB
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(results)
     assert fig.number not in plt.get_fignums()
+
+
+def test_the_mesh_explorer_redraws_each_choice_and_says_where_each_axis_runs():
+    from lib.viz.mesh import mesh_explorer
+
+    asked = []
+
+    def label_for(shape, zero):
+        asked.append((shape, zero))
+        return lambda rank, coords: f"zero {zero}"
+    box = mesh_explorer([(2, 2, 2), (2, 1, 4)], ("dp", "pp", "tp"), label_for, ranks_per_node=4)
+    assert "TP group of rank 0: ranks [0, 1], inside node 0" in box.state.readout
+    assert "DP group of rank 0: ranks [0, 4], across nodes 0, 1" in box.state.readout
+    box.controls["mesh"].value = (2, 1, 4)
+    box.controls["zero"].value = 1
+    assert "TP group of rank 0: ranks [0, 1, 2, 3], inside node 0" in box.state.readout
+    assert asked[-1] == ((2, 1, 4), 1) and box.state.fig is not None

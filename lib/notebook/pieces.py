@@ -1,6 +1,6 @@
 """The learner's own answers to earlier notebooks, for a notebook that builds on them: read from their saved copies
 (NN_topic.ipynb in the notebook's own folder: work/ under ./course lab, the notebook's folder on Colab or Binder) or
-from a module file they name; never from solutions/, which learners do not have.
+from a module file they name; never out of solutions/, which learners do not have.
 
 A piece that cannot be had is named with what to do first ("ring_all_reduce: still the stub: finish notebook 02,
 puzzle 4 first"), never raised as a traceback.

@@ -98,3 +98,48 @@ def axis_traffic_figure(rows: Sequence[tuple[str, float, float, str, float]], ti
         ax.set_title(title, fontsize="medium")
     plt.close(fig)
     return fig
+
+
+def axis_groups(shape: Sequence[int], names: Sequence[str], ranks_per_node: int) -> list[str]:
+    """Per axis, rank 0's group and whether it stays inside one node (where the fast links are) or crosses nodes."""
+    world = math.prod(shape)
+    lines = []
+    for dim, name in enumerate(names):
+        group = [r for r in range(world) if all(c == 0 for i, c in enumerate(coordinates(r, shape)) if i != dim)]
+        nodes = sorted({r // ranks_per_node for r in group})
+        where = "inside node 0" if len(nodes) == 1 else f"across nodes {', '.join(map(str, nodes))}"
+        lines.append(f"{name.upper()} group of rank 0: ranks {group}, {where}")
+    return lines
+
+
+class MeshState:
+    """The last redraw of mesh_explorer: its figure and readout."""
+
+    fig = None
+    readout = ""
+
+
+def mesh_explorer(shapes: Sequence[Sequence[int]], names: Sequence[str],
+                  label_for: Callable[[tuple[int, ...], int], Callable[[int, tuple], str]], *,
+                  stages: Sequence[int] = (0, 1), ranks_per_node: int = 4, colour_by: Sequence[str] = ()):
+    """A mesh shape and a ZeRO stage to choose; redraws `mesh_figure` with `label_for(shape, stage)` on each rank and
+    says which axis's groups stay inside a node."""
+    import ipywidgets as widgets
+
+    from lib.viz.widgets import live_box, slider_options
+
+    shapes = [tuple(s) for s in shapes]
+    controls = {"mesh": widgets.Dropdown(options=[(" × ".join(map(str, s)), s) for s in shapes], value=shapes[0],
+                                         description=f"({', '.join(names)})", **slider_options()),
+                "zero": widgets.Dropdown(options=list(stages), value=stages[0], description="ZeRO stage",
+                                         **slider_options())}
+    state = MeshState()
+
+    def update() -> None:
+        shape, stage = controls["mesh"].value, controls["zero"].value
+        state.fig = mesh_figure(shape, names, colour_by=colour_by, label=label_for(shape, stage),
+                                ranks_per_node=ranks_per_node,
+                                title=f"({', '.join(names)}) = {shape}, {ranks_per_node} GPUs a node")
+        state.readout = "\n".join(axis_groups(shape, names, ranks_per_node))
+
+    return live_box(list(controls.values()), controls, state, update)

@@ -265,7 +265,7 @@ V_BY_H_LEFT_OUT = "(V × h) left out"
 MISTAKES = [
     Attempt("count_parameters", params_without_the_position_embedding, named=POSITIONS_LEFT_OUT),
     Attempt("count_parameters", params_without_the_final_norm, named="the final LayerNorm left out"),
-    Attempt("count_parameters", params_ignoring_grouped_query, named="a (the attention heads) where g belongs"),
+    Attempt("count_parameters", params_ignoring_grouped_query, named="a (the attention heads) where kv_heads belongs"),
     Attempt("count_parameters", params_kv_width_without_the_head_size, named="a (the attention heads) left out"),
     Attempt("count_parameters", params_head_always_tied, named=V_BY_H_LEFT_OUT),
     Attempt("count_parameters", params_norms_always_with_bias,
