@@ -216,5 +216,5 @@ def test_the_feed_pickles_for_real_processes_but_not_inside_a_simulated_rank():
     feed = StepFeed([torch.full((4,), float(t)) for t in range(5)], 1, every=2, cut=ShardOfTheLiving(2, 1, 0))
     copy = pickle.loads(pickle.dumps(feed))
     assert torch.equal(copy(1), torch.full((2,), 1.0)) and len(copy) == 5
-    with pytest.raises(OutOfView, match=r"reached StepFeed.__reduce_ex__"):
+    with pytest.raises(OutOfView, match=r"reached feed.__reduce_ex__"):
         lib.sim.run(_pickling_the_feed, 2, feed)

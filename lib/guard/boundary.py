@@ -185,14 +185,24 @@ def _engine_modules() -> list[types.ModuleType]:
 def refuse_reach(handle: object, name: str) -> None:
     """Stop the rank whose code reached `name` of an engine handle (EngineHandle), its class or an engine module,
     naming the learner's line."""
-    owner = handle.__name__ if isinstance(handle, (type, types.ModuleType)) else type(handle).__name__
+    if isinstance(handle, types.ModuleType):
+        owner = handle.__name__
+    elif isinstance(handle, type):
+        owner = f"type({_AS_HANDED.get(handle.__name__, handle.__name__)})"
+    else:
+        owner = _AS_HANDED.get(type(handle).__name__, type(handle).__name__)
     fail_run(OutOfView(f"rank {current_rank()} reached {owner}.{name}{learner_line()}: {_HANDLES}"))
+
+
+# The engine's handles by the names a learner's code knows them (never the engine's class names)
+_AS_HANDED = {"SimDist": "dist", "Work": "work", "StepFeed": "feed"}
 
 
 # What hands out an object's private state whole: its __dict__, and pickling's view of it (a feed's __reduce__ returns
 # its values and its position; object.__getstate__ its slots)
 _UNPACKERS = frozenset({"__dict__", "__reduce__", "__reduce_ex__", "__getstate__"})
-_HANDLES = ("behind the objects a check hands your function (dist, its work handles, a feed of inputs) and the "
+_HANDLES = ("behind the objects a check hands your function (dist; work, a handle async_op=True returns; feed, a "
+            "feed of inputs) and the "
             "simulator's private names lie its own state (every rank's inputs, the rank's meters, what is yet to "
             "come), not the rank's to read or change.\nHint: use their public calls only (dist's as "
             "torch.distributed has them).")

@@ -145,7 +145,7 @@ def state_of_its_thread(solution):
 LEFT_THE_RANK = "dismiss a rank's thread"
 HANDLES = ("current_tracker()", "current_runtime()")
 WATCH = ("lib.guard.offlimits._SETPROFILE", "sys.setprofile")
-SLOT = ("SimDist._engine", "no attribute '_engine'")      # dist itself, or a check's wrapper around it
+SLOT = ("dist._engine", "type(dist)._engine", "no attribute '_engine'")   # dist, or a wrapper around it
 
 
 def everywhere(module) -> list[tuple]:
