@@ -835,3 +835,32 @@ def test_every_notebook_solved_scores_full_marks_through_the_answers_process(tmp
     rows = grade([tmp_path / "ada"], tmp_path / "out", timeout=600, memory_gb=4, isolation="folder", notebooks="all")
     assert [r for r in rows if r["status"] != "solved"] == []
     assert len(rows) == sum(len(m.PUZZLES) for m in puzzles.MODULES)
+
+
+# Ways a program reaches into the checker from inside its own process (issue 45 §3; the red team's list of 2026-12-07):
+# a graded notebook that writes any of them is flagged for its instructor, whatever the verdict.
+REACHING = {
+    "a private object through object.__getattribute__": 'engine = object.__getattribute__(dist, "_rt")',
+    "a public function's __globals__": "keys = P.ring_all_reduce.cases.__globals__",
+    "a class's __dict__": 'slot = type.__dict__["__subclasses__"]',
+    "a frame from logging": "frame = logging.currentframe().f_back",
+    "a frame from bdb": "stack = bdb.Bdb().get_stack(None, None)",
+    "a frame from traceback": "frames = list(traceback.walk_stack(None))",
+    "the tracker through a weakref callback": "weakref.finalize(x.untyped_storage(), grab)",
+    "an original out of a closure": "original = fn.__closure__[0].cell_contents",
+    "an answer key out of __kwdefaults__": "key = fn.__kwdefaults__['_lib_answer_key']",
+    "gc called through torch's own frames": "found = torch.utils._pytree.tree_map(lambda _: gc.get_objects(), [0])",
+    "refused kernels lifted by emptying a list": "lib.checker.kernels.REFUSED.clear()",
+    "the engine's modules by name": 'guard = sys.modules["lib.guard"]',
+    "a library's function replaced": "torch.Tensor.tolist = lambda self: []",
+}
+
+
+@pytest.mark.parametrize("line", REACHING.values(), ids=REACHING.keys())
+def test_every_way_of_reaching_into_the_checker_is_flagged_in_a_graded_notebook(line):
+    course = _cells(NB02.read_bytes())["cells"]
+    mine = [dict(c) for c in course]
+    puzzle = next(c for c in mine if c["metadata"].get("course", {}).get("puzzle") == "ring_all_reduce")
+    puzzle["source"] = f"def ring_all_reduce(dist, x):\n    {line}\n    return x"
+    found = traces(mine, course)
+    assert [(t.cell, t.line) for t in found] == [("ring_all_reduce", 2)], (line, found)

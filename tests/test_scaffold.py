@@ -87,6 +87,7 @@ def test_a_realistic_puzzle_scaffolded_beside_the_ring_passes_its_own_tests_and_
                    "--world-sizes", "2,4,8")
     assert made.returncode == 0, made.stderr
     assert f"python -m tools.sweep {NAME}" in made.stdout, made.stdout          # the guide's commands
+    assert "read again the prose that names them by number" in made.stdout, made.stdout   # "as puzzle 5" moved
     spec = (copy / "puzzles" / "data_parallel.py").read_text()
     listed = re.search(r"^PUZZLES = \[([^\]]*)\]", spec, re.M).group(1).replace("\n", " ").split(",")
     order = [n.strip() for n in listed]

@@ -72,7 +72,11 @@ NEEDS = {"random": "import random", "torch": "import torch", "Budget": "from lib
          "Case": "from lib.checker.puzzle import Case", "Puzzle": "from lib.checker.puzzle import Puzzle",
          "per_rank": "from lib.sim import per_rank"}
 PUZZLES_LIST = re.compile(r"^PUZZLES = \[(?P<names>[^\]]*)\]\n", re.M)
-HEADING = re.compile(r"^## Puzzle \d+:", re.M)
+HEADING = re.compile(r"^## Puzzle (\d+):", re.M)
+MENTION = re.compile(r"\b[Pp]uzzle (\d+)\b")              # prose that names a puzzle by its number
+CHECK_TEXT = "**Check** on simulated ranks (several world sizes and shapes):"
+REAL_TEXT = ("**Real run**: the same function on {n} real processes (gloo on this CPU; NCCL when there are {n} GPUs), "
+             "compared with the reference.")
 
 
 def next_commands(name: str, notebook: str) -> list[str]:
@@ -87,9 +91,9 @@ class ScaffoldError(ValueError):
 
 
 def scaffold(module: str, name: str, root: Path = ROOT, *, after: str | None = None,
-             world_sizes: tuple[int, ...] = (2, 4)) -> list[Path]:
+             world_sizes: tuple[int, ...] = (2, 4)) -> tuple[list[Path], list[str]]:
     """Write puzzle `name` into the notebook of puzzles/<module>.py, after puzzle `after` (default: last);
-    returns the files changed."""
+    returns the files changed and the notebook's prose lines that name a puzzle by a number that moved."""
     spec_path = root / "puzzles" / f"{module}.py"
     if not spec_path.exists():
         raise ScaffoldError(f"no puzzles/{module}.py: the modules are {', '.join(_modules(root))}.")
@@ -117,8 +121,8 @@ def scaffold(module: str, name: str, root: Path = ROOT, *, after: str | None = N
     reference.write_text(reference.read_text() + REFERENCE.format(name=name))
     wrong = root / "tests" / "wrong" / f"{module}.py"
     wrong.write_text(wrong.read_text() + WRONG.format(name=name))
-    _add_cells(notebook, name, after)
-    return [spec_path, reference, wrong, notebook]
+    stale = _add_cells(notebook, name, after, 4 if 4 in world_sizes else max(world_sizes))
+    return [spec_path, reference, wrong, notebook], stale
 
 
 def _puzzles_list(names: list[str]) -> str:
@@ -152,9 +156,10 @@ def _with_imports(spec: str, block: str) -> str:
     return "\n".join(lines[:last + 1] + missing + lines[last + 1:])
 
 
-def _add_cells(path: Path, name: str, after: str | None) -> None:
+def _add_cells(path: Path, name: str, after: str | None, real_world: int) -> list[str]:
     """Statement, stub, check and real cells after puzzle `after`'s last cell (default: the last puzzle's), the
-    puzzles' headings numbered again in order; then stamped."""
+    puzzles' headings numbered again in order; then stamped. Returns the prose lines that name a puzzle by a number
+    the insertion changed (for the contributor to read again)."""
     nb = nbformat.read(path, as_version=4)
     if after is None:
         at = max((i for i, c in enumerate(nb.cells) if c.cell_type == "code"
@@ -162,19 +167,28 @@ def _add_cells(path: Path, name: str, after: str | None) -> None:
     else:
         at = max(i for i, c in enumerate(nb.cells) if c.metadata.get("course", {}).get("puzzle") == after)
     cells = [nbformat.v4.new_markdown_cell(STATEMENT.format(name=name, number=0))]
-    for tag, source in (("puzzle", STUB.format(name=name)), ("check", f"P.{name}.check({name});"),
-                        ("real", f"P.{name}.real({name}, world_size=2);")):
+    for tag, source, before in (
+            ("puzzle", STUB.format(name=name), None),
+            ("check", f"P.{name}.check({name});", CHECK_TEXT),
+            ("real", f"P.{name}.real({name}, world_size={real_world});", REAL_TEXT.format(n=real_world))):
+        if before:
+            cells.append(nbformat.v4.new_markdown_cell(before))
         cell = nbformat.v4.new_code_cell(source)
         cell.metadata["tags"] = [tag]
         cell.metadata["course"] = {"puzzle": name}
         cells.append(cell)
     nb.cells[at + 1:at + 1] = cells
-    number = 0
+    number, renumbered = 0, {}
     for cell in nb.cells:
-        if cell.cell_type == "markdown" and HEADING.search(cell.source):
+        found = HEADING.search(cell.source) if cell.cell_type == "markdown" else None
+        if found:
             number += 1
+            renumbered[int(found.group(1))] = number
             cell.source = HEADING.sub(f"## Puzzle {number}:", cell.source, count=1)
     nbformat.write(stamped(nb, path.stem), path)
+    return [f"{path.name}: {line.strip()}" for c in nb.cells if c.cell_type == "markdown"
+            for line in c.source.splitlines() if MENTION.search(line) and not HEADING.search(line)
+            and any(int(n) != renumbered.get(int(n), int(n)) for n in MENTION.findall(line))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,12 +202,15 @@ def main(argv: list[str] | None = None) -> int:
         sizes = tuple(int(s) for s in args.world_sizes.split(",") if s.strip().isdigit())
         if len(sizes) != len(args.world_sizes.split(",")):
             raise ScaffoldError(f"--world-sizes {args.world_sizes!r}: whole numbers and commas, e.g. 2,4,8")
-        changed = scaffold(args.module, args.name, after=args.after, world_sizes=sizes)
+        changed, stale = scaffold(args.module, args.name, after=args.after, world_sizes=sizes)
     except ValueError as e:
         print(f"scaffold: {e}", file=sys.stderr)
         return 2
     for path in changed:
         print(f"wrote {path.relative_to(ROOT)}")
+    if stale:
+        print("the puzzles after it moved down one: read again the prose that names them by number:\n"
+              + "\n".join(f"  {line}" for line in stale))
     importlib.invalidate_caches()
     print("next, after each edit:\n" + "\n".join(f"  {c}" for c in next_commands(args.name, changed[-1].stem)))
     return 0

@@ -21,7 +21,9 @@ from typing import NamedTuple
 CHECKER = r"(sim|guard|checker|diagnose|notebook|errors|whose_code|real)"
 TRACES = [(re.compile(pattern), what) for pattern, what in [
     (r"\b(_getframe|f_back|f_locals|f_globals|f_code|tb_frame|currentframe|_current_frames|settrace|setprofile)\b"
-     r"|\binspect\s*\.\s*(stack|trace|getouterframes|getinnerframes)\b", "the checker's frames"),
+     r"|\binspect\s*\.\s*(stack|trace|getouterframes|getinnerframes)\b|\b(bdb|pdb)\b"
+     r"|\b(walk_stack|walk_tb|extract_stack|get_stack)\b", "the checker's frames"),
+    (r"\bweakref\b|\bfinalize\s*\(", "weak references and their callbacks (which run wherever the collector is)"),
     (r"\bgc\b", "the garbage collector (every object, the checker's included)"),
     (r"\bctypes\b|/proc\b|\bprocess_vm_|\bmmap\b|\bptrace\b", "raw memory or another process"),
     (r"\bos\s*\.\s*(_exit|write|writev|pwrite|dup|dup2|fdopen|pread|read|open|kill|killpg|fork|setsid|closerange)\b"
