@@ -116,3 +116,12 @@ def test_the_engines_classes_inherit_nothing_of_the_guard():
     for cls in (SimDist, Work, StepFeed, RankTracker):
         guarded = [c.__module__ for c in (*cls.__mro__, type(cls)) if c.__module__.startswith(SEAM)]
         assert not guarded, f"{cls.__name__} inherits from {guarded}"
+
+
+def test_the_readme_serves_the_learner_and_the_map_names_every_room():
+    """Issue 44: a README of at most 250 lines (the rest in docs/), and docs/ARCHITECTURE.md's picture naming every
+    folder of lib/, so that a room added without its place on the map fails here."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    rooms = sorted(p.name for p in (ROOT / "lib").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert rooms and not [r for r in rooms if f"{r}/" not in page], rooms
