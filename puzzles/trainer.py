@@ -52,7 +52,9 @@ def _clip_case(rng: random.Random, world: int, tp: int = 0, scale: float = 0.0) 
     tp = tp if tp and world % tp == 0 else rng.choice([t for t in (1, 2, 4) if world % t == 0])
     gen = _gen(rng)
     shapes = [(rng.randint(2, 6), rng.randint(2, 6)) for _ in range(rng.randint(3, 5))]
-    replicated = [True] + [rng.random() < 0.5 for _ in shapes[1:]]
+    # One replicated gradient and one sharded at least: with every gradient replicated, each rank's own norm is the
+    # whole one, and a clip that never all-reduces would pass.
+    replicated = [True, False] + [rng.random() < 0.5 for _ in shapes[2:]]
     grads = [[None] * len(shapes) for _ in range(world)]
     for i, (shape, r) in enumerate(zip(shapes, replicated)):
         for rank in range(world):
@@ -66,7 +68,8 @@ def _clip_case(rng: random.Random, world: int, tp: int = 0, scale: float = 0.0) 
     return Case(world, (per_rank(grads), replicated, max_norm, tp), expected,
                 f"{world} ranks of one model copy, tp={tp}, {len(shapes)} gradients, max_norm = "
                 f"{max_norm / norm:.2f} × the norm", budgets=[_one_all_reduce(world, 1, "one sum of squares")],
-                factors={"tp, the TP degree": tp} if tp > 1 else {},
+                factors={"the norm of the whole gradient": norm,
+                         **({"tp, the TP degree": tp} if tp > 1 else {})},
                 mistakes=(Mistake(_clip_counting_every_copy, REPLICAS_COUNTED),))
 
 
