@@ -13,8 +13,10 @@ import argparse
 import logging
 import os
 import platform
+import subprocess
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -34,6 +36,7 @@ from puzzles import composed as C
 from puzzles import trainer_check as T
 from puzzles.parallel_gpt import tiny_gpt
 
+ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-9        # the largest difference from one device's loss a run may have, at any step (float64 both)
 TIMEOUT = 600.0         # seconds for one launch, past which its ranks are stopped
 
@@ -66,14 +69,14 @@ class _IndexedSteps(Steps):
         return self.items[i]
 
 
-def one_device(parts: C.Parts, repeats: int = 1) -> Trained:
+def one_device(parts: C.Parts, data: list, repeats: int = 1) -> Trained:
     """The course's single-device reference run, what the composed check compares with; on one thread, as each
     launched rank runs."""
     threads, runs = torch.get_num_threads(), []
     torch.set_num_threads(1)
     try:
         for _ in range(repeats):
-            steps = _IndexedSteps(T.data(parts))
+            steps = _IndexedSteps(data)
             losses = C.reference_run(parts, steps)[0]
             runs.append([steps.durations()[1:]])
     finally:
@@ -88,12 +91,12 @@ def _composed_rank(dist, fns: dict, shards: list, data: list, parts: C.Parts) ->
     return {"losses": out["losses"], "times": steps.durations()}
 
 
-def composed(parts: C.Parts, repeats: int = 1) -> Trained:
+def composed(parts: C.Parts, data: list, repeats: int = 1) -> Trained:
     """notebook 10's trainer with the answer keys' pieces, as CI's solved notebook runs it, on gloo processes."""
     pieces, seams = reference_pieces()
     return _launched("the course's composed trainer (reference pieces)",
                      _mesh_name(parts), _composed_rank, parts.world,
-                     T.all_functions(pieces, seams), C.shards(parts), T.data(parts), parts, repeats=repeats)
+                     T.all_functions(pieces, seams), C.shards(parts), data, parts, repeats=repeats)
 
 
 # ---- torch's own ---------------------------------------------------------------------------------------------------
@@ -170,7 +173,8 @@ class Stage(nn.Module):
 def parallelize(model: TinyGPT, mesh, parts: C.Parts) -> Stage:
     """This rank's part of `model` on a (dp, pp, tp) DeviceMesh, as torchtitan composes torch's own: its pipeline
     stage, each block's layers parallelize_module'd by block_plan over "tp", then each block and the stage
-    fully_shard'ed over "dp" (an axis of size 1 is left out)."""
+    fully_shard'ed over "dp" (an axis of size 1 is left out), kept gathered between forward and backward under a
+    pipeline (torchtitan's default there: else each micro-batch gathers the parameters again)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -180,8 +184,8 @@ def parallelize(model: TinyGPT, mesh, parts: C.Parts) -> Stage:
             parallelize_module(block, mesh["tp"], block_plan())
     if parts.dp > 1:
         for block in stage.blocks:
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(stage, mesh=mesh["dp"])
+            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=parts.pp == 1)
+        fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=parts.pp == 1)
     return stage
 
 
@@ -283,12 +287,12 @@ def _mesh_name(parts: C.Parts) -> str:
     return f"(dp, pp, tp) = ({parts.dp}, {parts.pp}, {parts.tp}), {parts.micro_batches} micro-batch(es)"
 
 
-def torch_own(parts: C.Parts, repeats: int = 1) -> Trained:
+def torch_own(parts: C.Parts, data: list, repeats: int = 1) -> Trained:
     """torch's own trainer on parts' mesh."""
     used = [name for size, name in ((parts.dp, "FSDP2 fully_shard"), (parts.tp, "DTensor parallelize_module"),
                                     (parts.pp, "pipelining Schedule1F1B")) if size > 1]
     return _launched(" + ".join(used) or "torch, one rank", _mesh_name(parts), _torch_rank, parts.world,
-                     T.data(parts), parts, repeats=repeats)
+                     data, parts, repeats=repeats)
 
 
 @dataclass(frozen=True)
@@ -302,11 +306,13 @@ class Pair:
 
 def compare(base: C.Parts, *, whole: bool = True, with_course: bool = True,
             repeats: int = 1) -> tuple[Trained, list[Pair]]:
-    """One device, then on each of `meshes(base)` the course's trainer (if asked) and torch's own, on the same data,
-    each launched `repeats` times."""
-    pairs = [Pair(parts, composed(parts, repeats) if with_course else None, torch_own(parts, repeats))
+    """One device, then on each of `meshes(base)` the course's trainer (if asked) and torch's own, each launched
+    `repeats` times, all on one copy of the data: the course's text is its notebooks and docs as they are on disk,
+    so an edit to them during a run would otherwise hand later runs other batches."""
+    data = T.data(base)
+    pairs = [Pair(parts, composed(parts, data, repeats) if with_course else None, torch_own(parts, data, repeats))
              for parts in meshes(base, whole=whole)]
-    return one_device(base, repeats), pairs
+    return one_device(base, data, repeats), pairs
 
 
 # ---- the report ----------------------------------------------------------------------------------------------------
@@ -327,6 +333,13 @@ def _ratio(pair: Pair) -> str:
     return f"{pair.course.timing.median / pair.torch.timing.median:.2f}×"
 
 
+def _commit() -> str:
+    """This checkout's commit, short, with "+" if files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if git("status", "--porcelain") else "")
+
+
 def report(single: Trained, pairs: list[Pair], base: C.Parts, seconds: float, load: tuple[float, float],
            repeats: int) -> str:
     """The results as markdown: per mesh, each trainer's time per step and its distance from one device; then the
@@ -338,7 +351,8 @@ def report(single: Trained, pairs: list[Pair], base: C.Parts, seconds: float, lo
              f"--repeats {repeats}`: torch "
              f"{torch.__version__}, gloo, float64; lib.models' TinyGPT ({cfg.layers} blocks, hidden {cfg.hidden}, "
              f"{cfg.heads} heads, {cfg.vocab} byte tokens), puzzles.parallel_gpt's initialisation, seed {base.seed}; "
-             f"{base.steps} steps of {base.rows} windows of {cfg.seq} bytes of the course's own text; gradients "
+             f"{base.steps} steps of {base.rows} windows of {cfg.seq} bytes of the course's own text (its notebooks' "
+             f"and docs' markdown at commit {_commit()}: the losses move when they change); gradients "
              f"clipped to norm {base.max_norm}, Adam lr {base.lr}. A step's time is the slowest rank's in ms, median "
              f"(min-max) over steps 2-{base.steps} of {repeats} launches; a loss difference is the largest over the "
              f"steps, against one device's loss ({single.timing.median * 1e3:.1f} ms a step); a run agrees when it is "
