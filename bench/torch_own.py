@@ -37,6 +37,7 @@ from puzzles import trainer_check as T
 from puzzles.parallel_gpt import tiny_gpt
 
 ROOT = Path(__file__).resolve().parents[1]
+NOTES = "## Notes"         # a results file's hand-written part, from this heading on: kept when it is measured again
 TOLERANCE = 1e-9        # the largest difference from one device's loss a run may have, at any step (float64 both)
 TIMEOUT = 600.0         # seconds for one launch, past which its ranks are stopped
 
@@ -340,8 +341,8 @@ def _commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if git("status", "--porcelain") else "")
 
 
-def report(single: Trained, pairs: list[Pair], base: C.Parts, seconds: float, load: tuple[float, float],
-           repeats: int) -> str:
+def report(single: Trained, pairs: list[Pair], base: C.Parts, *, seconds: float, load: tuple[float, float],
+           repeats: int, commit: str) -> str:
     """The results as markdown: per mesh, each trainer's time per step and its distance from one device; then the
     losses step by step."""
     ref, cfg = single.losses, C.config()
@@ -352,7 +353,7 @@ def report(single: Trained, pairs: list[Pair], base: C.Parts, seconds: float, lo
              f"{torch.__version__}, gloo, float64; lib.models' TinyGPT ({cfg.layers} blocks, hidden {cfg.hidden}, "
              f"{cfg.heads} heads, {cfg.vocab} byte tokens), puzzles.parallel_gpt's initialisation, seed {base.seed}; "
              f"{base.steps} steps of {base.rows} windows of {cfg.seq} bytes of the course's own text (its notebooks' "
-             f"and docs' markdown at commit {_commit()}: the losses move when they change); gradients "
+             f"and docs' markdown at commit {commit}: the losses move when they change); gradients "
              f"clipped to norm {base.max_norm}, Adam lr {base.lr}. A step's time is the slowest rank's in ms, median "
              f"(min-max) over steps 2-{base.steps} of {repeats} launches; a loss difference is the largest over the "
              f"steps, against one device's loss ({single.timing.median * 1e3:.1f} ms a step); a run agrees when it is "
@@ -380,17 +381,18 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out")
+    ap.add_argument("--out", help=f"the results file to write (its part from '{NOTES}' on is kept)")
     args = ap.parse_args()
     base = replace(C.Parts(), dp=args.dp, pp=args.pp, tp=args.tp, steps=args.steps, lr=1e-2, max_norm=1.0)
-    start = time.perf_counter()
-    load = os.getloadavg()[0]
+    start, load, commit = time.perf_counter(), os.getloadavg()[0], _commit()
     single, pairs = compare(base, repeats=args.repeats)
-    text = report(single, pairs, base, time.perf_counter() - start, (load, os.getloadavg()[0]), args.repeats)
+    text = report(single, pairs, base, seconds=time.perf_counter() - start, load=(load, os.getloadavg()[0]),
+                  repeats=args.repeats, commit=commit)
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        out = Path(args.out)
+        kept = out.read_text().partition(NOTES)[1:] if out.exists() else ()
+        out.write_text(text + "\n\n" + "".join(kept) if any(kept) else text + "\n")
 
 
 if __name__ == "__main__":
