@@ -10,9 +10,11 @@ time per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import platform
+import re
 import subprocess
 import time
 from dataclasses import dataclass, replace
@@ -49,8 +51,19 @@ class Trained:
     name: str
     world: str
     losses: Optional[list[float]] = None
-    timing: Optional[Timing] = None
+    runs: tuple = ()                # per launch, each rank's step times (seconds) after its first step
     error: Optional[str] = None
+
+    @property
+    def timing(self) -> Optional[Timing]:
+        """The slowest rank's time per step over every launch (None when it did not run)."""
+        return Timing.slowest_rank(self.runs) if self.runs else None
+
+    def then(self, later: "Trained") -> "Trained":
+        """This run's launches and a later one's of the same training, pooled (an error in either wins)."""
+        if self.error or later.error:
+            return self if self.error else later
+        return replace(self, runs=self.runs + later.runs)
 
     def gap(self, reference: list[float]) -> Optional[float]:
         """The largest difference from `reference`'s loss over the steps (None when it did not run)."""
@@ -82,7 +95,7 @@ def one_device(parts: C.Parts, data: list, repeats: int = 1) -> Trained:
             runs.append([steps.durations()[1:]])
     finally:
         torch.set_num_threads(threads)
-    return Trained("one device (the composed check's reference)", "1 process", losses, Timing.slowest_rank(runs))
+    return Trained("one device (the composed check's reference)", "1 process", losses, tuple(runs))
 
 
 # ---- the course's composed trainer, the reference pieces ---------------------------------------------------------
@@ -92,12 +105,12 @@ def _composed_rank(dist, fns: dict, shards: list, data: list, parts: C.Parts) ->
     return {"losses": out["losses"], "times": steps.durations()}
 
 
-def composed(parts: C.Parts, data: list, repeats: int = 1) -> Trained:
+def composed(parts: C.Parts, data: list) -> Trained:
     """notebook 10's trainer with the answer keys' pieces, as CI's solved notebook runs it, on gloo processes."""
     pieces, seams = reference_pieces()
     return _launched("the course's composed trainer (reference pieces)",
                      _mesh_name(parts), _composed_rank, parts.world,
-                     T.all_functions(pieces, seams), C.shards(parts), data, parts, repeats=repeats)
+                     T.all_functions(pieces, seams), C.shards(parts), data, parts)
 
 
 # ---- torch's own ---------------------------------------------------------------------------------------------------
@@ -190,10 +203,10 @@ def parallelize(model: TinyGPT, mesh, parts: C.Parts) -> Stage:
     return stage
 
 
-def _torch_rank(dist, data: list, parts: C.Parts) -> dict:
+def _torch_rank(dist, data: list, parts: C.Parts, count_step: Optional[int] = None) -> dict:
     """One rank of torch's own trainer: its DP rank's rows of each batch, through Schedule1F1B over
     parts.micro_batches micro-batches where pp > 1 (gradients divided by their number, as the losses are means);
-    torch's clipping and Adam."""
+    torch's clipping and Adam. With `count_step`, the collectives that step issues, counted by CommDebugMode."""
     # DTensor says once per rank that a norm over the 2-D (dp, tp) mesh is made whole by two all-reduces, one per
     # dimension; they are in the measured time, and the results say so.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -205,14 +218,25 @@ def _torch_rank(dist, data: list, parts: C.Parts) -> dict:
                                  group=mesh["pp"].get_group()),
         n_microbatches=parts.micro_batches, loss_fn=cross_entropy)
     params = list(stage.parameters())
-    optimizer, losses, steps = _adam(params, parts), [], Steps(data)
-    for tokens, targets in steps:
-        tokens, targets = tokens.chunk(parts.dp)[d], targets.chunk(parts.dp)[d]
-        losses.append(_forward_backward(stage, schedule, tokens, targets))
-        _clip(params, parts, lambda: _whole_norm(dist, mesh, [p.grad for p in params]))
-        optimizer.step()
-        optimizer.zero_grad()
-    return {"losses": losses, "times": steps.durations()}
+    optimizer, losses, steps, counted = _adam(params, parts), [], Steps(data), {}
+    for i, (tokens, targets) in enumerate(steps):
+        with _counting(counted) if i == count_step else contextlib.nullcontext():
+            tokens, targets = tokens.chunk(parts.dp)[d], targets.chunk(parts.dp)[d]
+            losses.append(_forward_backward(stage, schedule, tokens, targets))
+            _clip(params, parts, lambda: _whole_norm(dist, mesh, [p.grad for p in params]))
+            optimizer.step()
+            optimizer.zero_grad()
+    return {"losses": losses, "times": steps.durations(), "collectives": counted}
+
+
+@contextlib.contextmanager
+def _counting(into: dict):
+    """CommDebugMode around the block; its count of each collective put `into` the dict, by the op's short name."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as comm:
+        yield
+    into.update({str(op).rsplit(".", 1)[-1].strip("_"): n for op, n in comm.get_comm_counts().items()})
 
 
 def _forward_backward(stage: Stage, schedule, tokens: torch.Tensor, targets: torch.Tensor) -> Optional[float]:
@@ -248,25 +272,23 @@ def _whole_norm(dist, mesh, grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 # ---- running them --------------------------------------------------------------------------------------------------
-def _launched(name: str, world: str, rank_fn: Callable, size: int, *args, repeats: int = 1) -> Trained:
-    """`rank_fn` on `size` gloo processes, `repeats` launches: the steps' losses (the mean over the ranks that report
-    one) and the slowest rank's step times after each launch's first step (which pays for set-up: groups, shapes
-    sent between stages, FSDP's plan)."""
-    runs = []
-    for _ in range(repeats):
-        try:
-            results = launch(rank_fn, size, *args, backend="gloo", timeout=TIMEOUT)
-        except PuzzleError as e:
-            return Trained(name, world, error=_first_line(str(e)))
-        runs.append([r["times"][1:] for r in results])
+def _launched(name: str, world: str, rank_fn: Callable, size: int, *args) -> Trained:
+    """`rank_fn` on `size` gloo processes, launched once: the steps' losses (the mean over the ranks that report one)
+    and each rank's step times after its first step (which pays for set-up: groups, shapes sent between stages,
+    FSDP's plan)."""
+    try:
+        results = launch(rank_fn, size, *args, backend="gloo", timeout=TIMEOUT)
+    except PuzzleError as e:
+        return Trained(name, world, error=_what_raised(str(e)))
     reported = [r["losses"] for r in results if r["losses"] is not None and r["losses"][0] is not None]
     losses = [sum(step) / len(step) for step in zip(*reported)]
-    return Trained(name, world, losses, Timing.slowest_rank(runs))
+    return Trained(name, world, losses, ([r["times"][1:] for r in results],))
 
 
-def _first_line(message: str) -> str:
-    """What a rank raised (RankFailed's message starts with it; its traceback follows)."""
-    return message.strip().splitlines()[0] if message.strip() else message
+def _what_raised(message: str) -> str:
+    """A failed launch's exceptions, each on its line ("IndexError: ..."), innermost last; else its first line."""
+    raised = re.findall(r"^\s*(\w+(?:Error|Exception): \S.*)$", message, re.MULTILINE)
+    return "; ".join(dict.fromkeys(raised)) if raised else message.strip().partition("\n")[0]
 
 
 def on_mesh(base: C.Parts, dp: int, pp: int, tp: int) -> C.Parts:
@@ -288,30 +310,48 @@ def _mesh_name(parts: C.Parts) -> str:
     return f"(dp, pp, tp) = ({parts.dp}, {parts.pp}, {parts.tp}), {parts.micro_batches} micro-batch(es)"
 
 
-def torch_own(parts: C.Parts, data: list, repeats: int = 1) -> Trained:
+def torch_own(parts: C.Parts, data: list) -> Trained:
     """torch's own trainer on parts' mesh."""
     used = [name for size, name in ((parts.dp, "FSDP2 fully_shard"), (parts.tp, "DTensor parallelize_module"),
                                     (parts.pp, "pipelining Schedule1F1B")) if size > 1]
     return _launched(" + ".join(used) or "torch, one rank", _mesh_name(parts), _torch_rank, parts.world,
-                     data, parts, repeats=repeats)
+                     data, parts)
+
+
+def collectives(parts: C.Parts, data: list) -> str:
+    """The collectives rank 0 of torch's own trainer issues in its second step (the first sets up), by name; a
+    launch of its own, so that counting slows no timed step."""
+    try:
+        counted = launch(_torch_rank, parts.world, data[:2], parts, 1, backend="gloo", timeout=TIMEOUT)[0]
+    except PuzzleError as e:
+        return f"not counted: `{_what_raised(str(e))}`"
+    return ", ".join(f"{n} {op}" for op, n in sorted(counted["collectives"].items())) or "none"
 
 
 @dataclass(frozen=True)
 class Pair:
-    """The course's trainer and torch's own on one mesh."""
+    """The course's trainer and torch's own on one mesh, and the collectives a step of torch's issues."""
 
     parts: C.Parts
     course: Optional[Trained]
     torch: Trained
+    torch_collectives: str
 
 
 def compare(base: C.Parts, *, whole: bool = True, with_course: bool = True,
             repeats: int = 1) -> tuple[Trained, list[Pair]]:
-    """One device, then on each of `meshes(base)` the course's trainer (if asked) and torch's own, each launched
-    `repeats` times, all on one copy of the data: the course's text is its notebooks and docs as they are on disk,
-    so an edit to them during a run would otherwise hand later runs other batches."""
-    data = T.data(base)
-    pairs = [Pair(parts, composed(parts, data, repeats) if with_course else None, torch_own(parts, data, repeats))
+    """One device, then on each of `meshes(base)` the course's trainer (if asked) and torch's own, launched in turn
+    `repeats` times (so that both sides meet the same changes of load), all on one copy of the data: the course's
+    text is its notebooks and docs as they are on disk, so an edit to them during a run would otherwise hand later
+    runs other batches."""
+    data, runs = T.data(base), {}
+    sides = {"torch": torch_own, **({"course": composed} if with_course else {})}
+    for _ in range(repeats):
+        for parts in meshes(base, whole=whole):
+            for side, train in sides.items():
+                run = train(parts, data)
+                runs[parts, side] = runs[parts, side].then(run) if (parts, side) in runs else run
+    pairs = [Pair(parts, runs.get((parts, "course")), runs[parts, "torch"], collectives(parts, data))
              for parts in meshes(base, whole=whole)]
     return one_device(base, data, repeats), pairs
 
@@ -364,6 +404,10 @@ def report(single: Trained, pairs: list[Pair], base: C.Parts, *, seconds: float,
     for pair in pairs:
         lines.append(f"| {_mesh_name(pair.parts)} | {_cell(pair.course, ref)} | {pair.torch.name} | "
                      f"{_cell(pair.torch, ref)} | {_ratio(pair)} |")
+    lines += ["", "The collectives a step of torch's own issues, rank 0's, counted by CommDebugMode in a launch of "
+              "their own (its second step; point-to-point sends are not among what CommDebugMode counts):", "",
+              "| mesh | torch's collectives in a step |", "|---|---|"]
+    lines += [f"| {_mesh_name(p.parts)} | {p.torch_collectives} |" for p in pairs]
     columns = [("one device", single)] + [(f"{side} ({p.parts.dp}, {p.parts.pp}, {p.parts.tp})", run)
                                           for p in pairs for side, run in (("course", p.course), ("torch", p.torch))
                                           if run is not None and run.losses]
