@@ -375,10 +375,11 @@ def _ratio(pair: Pair) -> str:
 
 
 def _commit() -> str:
-    """This checkout's commit, short, with "+" if files differ from it."""
+    """This checkout's commit, short, with "+" if tracked files differ from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if git("status", "--porcelain") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if changed else "")
 
 
 def report(single: Trained, pairs: list[Pair], base: C.Parts, *, seconds: float, load: tuple[float, float],
