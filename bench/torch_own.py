@@ -187,8 +187,9 @@ class Stage(nn.Module):
 def parallelize(model: TinyGPT, mesh, parts: C.Parts) -> Stage:
     """This rank's part of `model` on a (dp, pp, tp) DeviceMesh, as torchtitan composes torch's own: its pipeline
     stage, each block's layers parallelize_module'd by block_plan over "tp", then each block and the stage
-    fully_shard'ed over "dp" (an axis of size 1 is left out), kept gathered between forward and backward under a
-    pipeline (torchtitan's default there: else each micro-batch gathers the parameters again)."""
+    fully_shard'ed over "dp" (an axis of size 1 is left out): resharded after forward as torch does by default (every
+    unit but the root), none of them under a pipeline (torchtitan's default there: else each micro-batch gathers the
+    parameters again)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -197,9 +198,10 @@ def parallelize(model: TinyGPT, mesh, parts: C.Parts) -> Stage:
         for block in stage.blocks:
             parallelize_module(block, mesh["tp"], block_plan())
     if parts.dp > 1:
+        reshard = None if parts.pp == 1 else False
         for block in stage.blocks:
-            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=parts.pp == 1)
-        fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=parts.pp == 1)
+            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard)
+        fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=reshard)
     return stage
 
 
