@@ -17,6 +17,7 @@ import platform
 import re
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -210,8 +211,11 @@ def _torch_rank(dist, data: list, parts: C.Parts, count_step: Optional[int] = No
     parts.micro_batches micro-batches where pp > 1 (gradients divided by their number, as the losses are means);
     torch's clipping and Adam. With `count_step`, the collectives that step issues, counted by CommDebugMode."""
     # DTensor says once per rank that a norm over the 2-D (dp, tp) mesh is made whole by two all-reduces, one per
-    # dimension; they are in the measured time, and the results say so.
+    # dimension; they are in the measured time, and the results say so. FSDP2 warns that the batch needs no grad
+    # (its full backward hook) and that the root returns a view (the logits; nothing here changes them in place).
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mesh = device_mesh(dist, (parts.dp, parts.pp, parts.tp), C.AXES)
     d = mesh["dp"].get_local_rank()
     stage = parallelize(tiny_gpt(C.config(), parts.seed), mesh, parts)
