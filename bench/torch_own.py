@@ -1,10 +1,10 @@
 """Notebook 10's trainer against PyTorch's own: lib.models' TinyGPT, the same initialisation, byte-level course text,
-clipping and Adam, trained on one device, by the course's composed trainer (the reference pieces) on gloo ranks, and
-by torch's FSDP2 (`fully_shard`), DTensor tensor parallelism (`parallelize_module`) and
-`torch.distributed.pipelining` (Schedule1F1B) on gloo ranks; each loss curve against one device's, and each one's
-time per step.
+clipping and Adam, trained on one device, then on each axis of a (dp, pp, tp) mesh alone and on all three, by the
+course's composed trainer (the reference pieces) and by torch's FSDP2 (`fully_shard`), DTensor tensor parallelism
+(`parallelize_module`) and `torch.distributed.pipelining` (Schedule1F1B), all on gloo ranks: each loss curve against
+one device's, each one's time per step, and the collectives a step of torch's issues.
 
-    python -m bench.torch_own [--steps N] [--dp D --pp P --tp T] [--out bench/results/torch-own-NAME.md]
+    python -m bench.torch_own [--steps N] [--dp D --pp P --tp T] [--repeats K] [--out bench/results/torch-own-NAME.md]
 """
 
 from __future__ import annotations
@@ -132,6 +132,8 @@ class SplitQKVBlock(Block):
     give TP rank 0 all of q and none of v."""
 
     def __init__(self, cfg: GPTConfig, block: Block) -> None:
+        if cfg.kv_heads not in (0, cfg.heads):
+            raise ValueError(f"SplitQKVBlock splits q, k and v evenly: kv_heads must be heads, got {cfg.kv_heads}")
         super().__init__(cfg)
         del self.qkv
         h, dtype = cfg.hidden, block.qkv.weight.dtype
@@ -172,14 +174,14 @@ class Stage(nn.Module):
         super().__init__()
         per = len(model.blocks) // stages
         self.first, self.last = index == 0, index == stages - 1
-        self.model_parts = nn.ModuleDict({"tok": model.tok, "pos": model.pos} if self.first else {})
+        self.embeddings = nn.ModuleDict({"tok": model.tok, "pos": model.pos} if self.first else {})
         self.blocks = nn.ModuleList(model.blocks[index * per:(index + 1) * per])
         if self.last:
             self.ln_f, self.head = model.ln_f, model.head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            x = self.model_parts["tok"](x) + self.model_parts["pos"].weight[: x.shape[1]]   # (b, s) -> (b, s, h)
+            x = self.embeddings["tok"](x) + self.embeddings["pos"].weight[: x.shape[1]]   # (b, s) -> (b, s, h)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x)) if self.last else x                                    # (b, s, vocab)
