@@ -42,3 +42,16 @@ def test_the_course_trainer_and_torchs_own_follow_one_devices_loss_on_each_axis(
             assert run.error is None, f"{run.name} on {pair.parts}: {run.error}"
             assert len(run.losses) == 2
             assert run.gap(single.losses) <= B.TOLERANCE, (run.name, run.losses, single.losses)
+
+
+@pytest.mark.slow
+def test_a_clipping_norm_that_misses_the_other_stage_leaves_one_devices_curve(monkeypatch):
+    """The comparison can fail: torch's pipeline with each stage clipping by its own gradients' norm (no sum over the
+    stages) is more than the tolerance away from one device by step 2 (measured: 1.4e-5)."""
+    monkeypatch.setattr(B, "TIMEOUT", 120.0)
+    monkeypatch.setattr(B, "_whole_norm", lambda dist, mesh, grads: torch.nn.utils.get_total_norm(grads))
+    base = replace(C.Parts(), steps=2, lr=1e-2, max_norm=1.0)
+    parts, data = B.on_mesh(base, 1, 2, 1), B.T.data(base)
+    run = B.torch_own(parts, data)
+    assert run.error is None, run.error
+    assert run.gap(B.one_device(base, data).losses) > B.TOLERANCE
