@@ -22,6 +22,7 @@ from torch import nn
 import lib
 from lib.group_as_world import GroupAsWorld
 from lib.models import GPTConfig
+from lib.sim.mesh import coordinates as mesh_coordinates
 from lib.sim.traffic import MeshAxes
 from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
 from puzzles.zero import adam_update
@@ -61,6 +62,11 @@ class Parts:
     def rows(self) -> int:
         """Sequences per step, over every DP rank."""
         return self.dp * self.micro_batches * self.micro_batch
+
+
+def coordinates(rank: int, parts: Parts) -> tuple[int, int, int]:
+    """(dp, pp, tp) of a rank, TP innermost."""
+    return mesh_coordinates(rank, (parts.dp, parts.pp, parts.tp))
 
 
 def quick(parts: Parts, **changes) -> Parts:

@@ -27,6 +27,7 @@ from lib.units import fmt_bytes
 from puzzles import composed as C
 from puzzles.course_text import batches, byte_tokens, course_text
 from puzzles.trainer import PIECES, SEAMS
+from puzzles.trainer_schedule import schedule_problem
 
 RTOL, ATOL = 1e-9, 1e-10          # the losses: float64 on both sides; only the order of the sums differs
 PARAMS_RTOL, PARAMS_ATOL = 1e-7, 1e-9   # the parameters after Adam, whose 1/√v amplifies those rounding differences
@@ -104,13 +105,8 @@ def _batches(parts: C.Parts, text: str) -> list:
 
 
 def _where(rank: int, parts: C.Parts) -> str:
-    d, p, t = coordinates(rank, parts)
+    d, p, t = C.coordinates(rank, parts)
     return f"rank {rank} (dp {d}, stage {p}, tp {t})"
-
-
-def coordinates(rank: int, parts: C.Parts) -> tuple[int, int, int]:
-    d, rest = divmod(rank, parts.pp * parts.tp)
-    return (d, *divmod(rest, parts.tp))
 
 
 def _learners_frames(message: str, fns: dict[str, Callable]) -> str:
@@ -228,7 +224,7 @@ def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], s
     pieces = {"dp": "zero1_train" if parts.zero == 1 else "ring_all_reduce",
               "tp": "column_parallel_linear and row_parallel_linear (f and g)", "pp": "one_f_one_b"}
     for rank, by_axis in enumerate(traffic):
-        stage = coordinates(rank, parts)[1]
+        stage = C.coordinates(rank, parts)[1]
         budgets = {"dp": _dp_budget(parts, shards[rank], stage == parts.pp - 1),
                    "tp": _tp_budget(parts, shards[rank]), "pp": _pp_budget(parts, stage)}
         for axis, (limit, why) in budgets.items():
@@ -297,9 +293,13 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
     broken, axes = _axis_report(result, shards, parts)
     if broken:
         return f"✗ {broken}"
+    broken, pipeline = schedule_problem([s.p2p_log for s in result.stats], parts, fns.get("plan_memory"))
+    if broken:
+        return f"✗ {broken}"
     print(f"✓ Your trainer equals one device for {parts.steps} steps on a (dp, pp, tp) = ({parts.dp}, {parts.pp}, "
           f"{parts.tp}) mesh, ZeRO-{parts.zero}: loss {losses[0]:.4f} → {losses[-1]:.4f}, each step's "
-          f"loss within {RTOL:g} and every rank's parameters within {PARAMS_RTOL:g} (relative).\n{axes}")
+          f"loss within {RTOL:g} and every rank's parameters within {PARAMS_RTOL:g} (relative).\n{axes}"
+          + (f"\n{pipeline}" if pipeline else ""))
     if show:
         _show(result, parts)
     return None

@@ -149,3 +149,34 @@ def test_a_run_resumed_from_its_moments_equals_one_run():
                   steps[2:], parts, per_rank([{"step": 2, "moments": r["moments"]} for r in first])).results
     for one, two in zip(whole, resumed):
         assert all(torch.equal(one["params"][n], two["params"][n]) for n in one["params"])
+
+
+def _warm_up_of_p_on_every_stage(dist, stage, batch, targets, m):
+    """A 1F1B whose warm-up forgets the stage: p-1 forwards on every rank (right on stage 0 only)."""
+    return tests.wrong.pipeline._one_f_one_b(dist, stage, batch, targets, m, lambda p, r: p - 1)
+
+
+@pytest.mark.parametrize("fn,words", [
+    (tests.wrong.pipeline.one_f_one_b_is_gpipe, ["stage 0 holds 4 micro-batches", "your plan_memory (notebook 06) "
+                                                 "counts 2", "runs 4 forward(s) before its first backward"]),
+    (tests.wrong.pipeline.gpipe_one_micro_batch_at_a_time, ["a bubble of 1 of the ideal time, where 1F1B's is 0.25",
+                                                            "runs 1 forward(s)", "too few"]),
+    (_warm_up_of_p_on_every_stage, ["stage 1 holds 2 micro-batches", "1F1B holds p - r = 1", "too many"]),
+], ids=["gpipe", "one-at-a-time", "warm-up-of-p"])
+def test_a_schedule_over_its_bubble_or_memory_names_your_one_f_one_b(fn, words, capsys):
+    """Right losses, a schedule that breaks the budgets: the order each stage ran, against 1F1B's and plan_memory's."""
+    pieces = Pieces(functions={**SOLVED, "one_f_one_b": fn})
+    parts = C.Parts(micro_batches=4)
+    assert T.check_trainer(pieces, SEAMS, parts, own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "✗ the pipeline of ranks 0, 2, step 1" in out and "Your one_f_one_b (notebook 05)" in out, out
+    assert all(w in out for w in words), out
+
+
+@pytest.mark.parametrize("pp,m", [(2, 2), (2, 4), (2, 3)])
+def test_the_micro_batches_plan_memory_keeps_in_flight_are_read_from_its_answer(pp, m):
+    from puzzles.trainer_schedule import planned_in_flight
+
+    parts = C.Parts(dp=2, pp=pp, micro_batches=m)
+    assert planned_in_flight(solutions.three_d.plan_memory, parts) == pytest.approx(min(pp, m))
+    assert planned_in_flight(tests.wrong.three_d.memory_of_every_micro_batch, parts) == pytest.approx(m)
