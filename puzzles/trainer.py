@@ -17,7 +17,8 @@ NOTEBOOK = "10_your_trainer"
 PUZZLES: list[Puzzle] = []
 
 # The learner's answers the trainer is made of: puzzle name -> its notebook.
-PIECES = {"ring_all_reduce": "02_data_parallel", "zero1_train": "03_zero",
+PIECES = {"ring_all_reduce": "02_data_parallel", "zero1_train": "03_zero", "zero2_train": "03_zero",
+          "zero3_train": "03_zero",
           "column_parallel_linear": "04_tensor_parallel", "row_parallel_linear": "04_tensor_parallel",
           "megatron_mlp": "04_tensor_parallel", "parallel_attention": "04_tensor_parallel",
           "one_f_one_b": "05_pipeline", "mesh_coordinates": "06_3d_parallelism",

@@ -35,7 +35,13 @@ PARAMS_RTOL, PARAMS_ATOL = 1e-7, 1e-9   # the parameters after Adam, whose 1/√
 
 def needed(parts: C.Parts) -> dict[str, str]:
     """The earlier notebooks' pieces this choice of parts runs."""
-    return {k: v for k, v in PIECES.items() if k != "zero1_train" or parts.zero == 1}
+    return {k: v for k, v in PIECES.items() if k not in C.ZERO_PIECES.values() or k == C.ZERO_PIECES.get(parts.zero)}
+
+
+def _runs_per_step(parts: C.Parts) -> int:
+    """Pipelined steps per training step: ZeRO-3 runs the stage again in backward (notebook 03's zero3_train
+    recomputes each layer's forward there, and the stage is its one layer)."""
+    return 2 if parts.zero == 3 else 1
 
 
 def _puzzle(name: str):
@@ -139,10 +145,12 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
             if got is None:
                 continue
             if not math.isclose(got[step], want, rel_tol=RTOL, abs_tol=ATOL):
+                update = (f"your {C.ZERO_PIECES[parts.zero]} (03), which runs the update here" if parts.zero else
+                          "your DP average (02) or your clipping")
                 seam = ("the forward pass: your TP layers (04), your 1F1B (05) or your mesh coordinates (06)"
                         if step == 0 else
-                        "the update, as step 1's loss is right: your DP average (02), clipping, ZeRO (03), "
-                        "or the gradients your TP layers and 1F1B leave")
+                        f"the update, as step 1's loss is right: {update}, or the gradients your TP layers and 1F1B "
+                        "leave")
                 return (f"step {step + 1}'s loss on {_where(rank, parts)}: one device's is {want:.10g}, yours "
                         f"{got[step]:.10g}.\nThat points at {seam}.")
     for rank, out in enumerate(results):
@@ -177,15 +185,22 @@ def _scaled_gradient(expected: dict, got: dict, rank: int, parts: C.Parts) -> Op
 def _dp_budget(parts: C.Parts, shard: torch.nn.Module, last: bool) -> tuple[float, str]:
     """What a rank may send on the DP axis over the run, and the formula."""
     params = list(shard.parameters())
-    if parts.zero == 1:
+    runs = _runs_per_step(parts)
+    if parts.zero:
         padded = sum(math.ceil(p.numel() / parts.dp) * parts.dp for p in params) * 8
-        what = "ZeRO-1's reduce-scatter and all-gather of the padded gradients"
+        gathers = 2 if parts.zero == 3 else 1
+        what = f"ZeRO-{parts.zero}'s reduce-scatter and {gathers} all-gather(s) of the padded weights"
+        per_step = (1 + gathers) * bus_factor("all_gather", parts.dp) * padded
+        once = bus_factor("all_gather", parts.dp) * padded if parts.zero == 3 else 0    # the weights it returns
     else:
         n = sum(p.numel() for p in params)
         padded = (n + -n % parts.dp) * 8
         what = "the ring all-reduce of one flat bucket of gradients"
-    per_step = bus_factor("all_reduce", parts.dp) * padded + (bus_factor("all_reduce", parts.dp) * 16 if last else 0)
-    return parts.steps * per_step, f"{parts.steps} steps × {what} ({fmt_bytes(padded)}), 2(dp-1)/dp of it"
+        per_step, once = bus_factor("all_reduce", parts.dp) * padded, 0
+    per_step += bus_factor("all_reduce", parts.dp) * 16 * runs if last else 0      # mean_loss's two numbers
+    return (parts.steps * per_step + once,
+            f"{parts.steps} steps × {what} ({fmt_bytes(padded)}), (dp-1)/dp of each"
+            + (", and one all-gather of the weights returned" if once else ""))
 
 
 def _activation_bytes(parts: C.Parts) -> int:
@@ -202,26 +217,28 @@ def _clipping_bytes(parts: C.Parts, axis_is_the_replica: bool) -> float:
 
 def _tp_budget(parts: C.Parts, shard: torch.nn.Module) -> tuple[float, str]:
     """f's and g's all-reduces: two forward, two backward per block and micro-batch."""
-    calls = parts.steps * parts.micro_batches * len(shard.blocks) * 4
+    runs = _runs_per_step(parts)
+    calls = parts.steps * runs * parts.micro_batches * len(shard.blocks) * 4
     size = _activation_bytes(parts)
     return (calls * bus_factor("all_reduce", parts.tp) * size + _clipping_bytes(parts, parts.pp == 1),
-            f"{calls} all-reduces of {fmt_bytes(size)} (two g forward, two f backward per block and micro-batch), "
-            "2(tp-1)/tp of each")
+            f"{calls} all-reduces of {fmt_bytes(size)} (two g forward, two f backward per block and micro-batch"
+            + (", each step run twice by ZeRO-3" if runs > 1 else "") + "), 2(tp-1)/tp of each")
 
 
 def _pp_budget(parts: C.Parts, stage: int) -> tuple[float, str]:
     """Each micro-batch's activation sent forward, its gradient sent back, once."""
     sends = (stage < parts.pp - 1) + (stage > 0)
-    size = _activation_bytes(parts)
-    return (parts.steps * parts.micro_batches * sends * size + _clipping_bytes(parts, parts.tp == 1),
-            f"{parts.steps} steps × {parts.micro_batches} micro-batches × {sends} message(s) of {fmt_bytes(size)}")
+    size, runs = _activation_bytes(parts), _runs_per_step(parts)
+    return (parts.steps * runs * parts.micro_batches * sends * size + _clipping_bytes(parts, parts.tp == 1),
+            f"{parts.steps} steps{' × 2 runs (ZeRO-3)' if runs > 1 else ''} × {parts.micro_batches} micro-batches × "
+            f"{sends} message(s) of {fmt_bytes(size)}")
 
 
 def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], str]:
     """(a broken budget, or None; the bytes each axis carried, rank 0's)."""
     axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
     traffic = traffic_by_axis(result.trace, axes)
-    pieces = {"dp": "zero1_train" if parts.zero == 1 else "ring_all_reduce",
+    pieces = {"dp": C.ZERO_PIECES.get(parts.zero, "ring_all_reduce"),
               "tp": "column_parallel_linear and row_parallel_linear (f and g)", "pp": "one_f_one_b"}
     for rank, by_axis in enumerate(traffic):
         stage = C.coordinates(rank, parts)[1]

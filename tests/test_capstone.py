@@ -77,9 +77,10 @@ def test_the_trainer_says_what_is_missing_and_does_not_run(capsys):
     assert "✓" not in out and "✗" not in out
 
 
-@pytest.mark.parametrize("zero,mesh", [(0, (2, 2, 2)), (1, (2, 2, 2)), (0, (4, 2, 1)), (0, (2, 1, 4))])
+@pytest.mark.parametrize("zero,mesh", [(0, (2, 2, 2)), (1, (2, 2, 2)), (2, (2, 2, 2)), (3, (2, 2, 2)), (0, (4, 2, 1)),
+                                       (0, (2, 1, 4)), (3, (4, 2, 1)), (2, (2, 1, 4))])
 def test_reference_pieces_train_as_one_device(zero, mesh, capsys):
-    """On the notebook's mesh at both ZeRO stages, and on meshes where a model replica is one axis's group (the
+    """On the notebook's mesh at every ZeRO stage, and on meshes where a model replica is one axis's group (the
     clipping's sum then travels on that axis, within its budget)."""
     pieces = Pieces(functions=dict(SOLVED))
     dp, pp, tp = mesh
@@ -91,7 +92,7 @@ def test_reference_pieces_train_as_one_device(zero, mesh, capsys):
 
 @pytest.mark.parametrize("name,fn", [(w[0], w[1]) for w in WRONG], ids=[w[1].__name__ for w in WRONG])
 def test_a_wrong_piece_is_named(name, fn, capsys):
-    parts = C.Parts(zero=1 if name == "zero1_train" else 0)
+    parts = C.Parts(zero=next((k for k, piece in C.ZERO_PIECES.items() if piece == name), 0))
     pieces = Pieces(functions={**SOLVED, name: fn})
     assert T.check_trainer(pieces, SEAMS, parts, strict=False, show=False) is False
     assert f"✗ {name} (notebook {PIECES[name][:2]}" in capsys.readouterr().out
@@ -180,3 +181,28 @@ def test_the_micro_batches_plan_memory_keeps_in_flight_are_read_from_its_answer(
     parts = C.Parts(dp=2, pp=pp, micro_batches=m)
     assert planned_in_flight(solutions.three_d.plan_memory, parts) == pytest.approx(min(pp, m))
     assert planned_in_flight(tests.wrong.three_d.memory_of_every_micro_batch, parts) == pytest.approx(m)
+
+
+def _zero2_new_moments_every_step(dist, model, batches, lr):
+    """ZeRO-2 run one batch at a time, so Adam's moments and step count start again at every step."""
+    for batch in batches:
+        trained = solutions.zero.zero2_train(dist, model, [batch], lr)
+    return trained
+
+
+def test_a_zero_stage_that_updates_wrongly_is_named_as_the_update(capsys):
+    """A ZeRO-2 whose Adam starts again every step: the composed run alone names the update it runs."""
+    pieces = Pieces(functions={**SOLVED, "zero2_train": _zero2_new_moments_every_step})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(zero=2), own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "step 3's loss" in out and "your zero2_train (03), which runs the update here" in out, out
+    assert "clipping" not in out
+
+
+def test_the_zero_stage_chosen_is_the_one_asked_for():
+    """ZeRO-3 needs zero3_train and not the others; ZeRO-0 needs none of them."""
+    without = Pieces(functions={k: f for k, f in SOLVED.items() if k != "zero3_train"})
+    gaps = T._gaps(without, SEAMS, C.Parts(zero=3))
+    assert gaps == ["zero3_train: not loaded (run the cell with T.load() above): finish notebook 03, puzzle 3 "
+                    "(03_zero) first"]
+    assert T._gaps(without, SEAMS, C.Parts(zero=0)) == []
