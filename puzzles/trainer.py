@@ -22,7 +22,7 @@ PIECES = {"ring_all_reduce": "02_data_parallel", "zero1_train": "03_zero", "zero
           "column_parallel_linear": "04_tensor_parallel", "row_parallel_linear": "04_tensor_parallel",
           "megatron_mlp": "04_tensor_parallel", "parallel_attention": "04_tensor_parallel",
           "one_f_one_b": "05_pipeline", "mesh_coordinates": "06_3d_parallelism",
-          "plan_memory": "06_3d_parallelism"}
+          "plan_memory": "06_3d_parallelism", "reshard_checkpoint": "09_beyond_one_cluster"}
 BUILDS_ON = sorted(set(PIECES.values()))        # the notebooks whose saved copies this one reads
 SEAMS = ("clip_grad_norm", "mean_loss")          # this notebook's own puzzles, which the trainer also runs
 

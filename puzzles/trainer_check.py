@@ -29,13 +29,15 @@ from puzzles.course_text import batches, byte_tokens, course_text
 from puzzles.trainer import PIECES, SEAMS
 from puzzles.trainer_schedule import schedule_problem
 
+LATER = ("reshard_checkpoint",)   # pieces only a later cell runs (the checkpoint resumed on another mesh)
 RTOL, ATOL = 1e-9, 1e-10          # the losses: float64 on both sides; only the order of the sums differs
 PARAMS_RTOL, PARAMS_ATOL = 1e-7, 1e-9   # the parameters after Adam, whose 1/√v amplifies those rounding differences
 
 
 def needed(parts: C.Parts) -> dict[str, str]:
     """The earlier notebooks' pieces this choice of parts runs."""
-    return {k: v for k, v in PIECES.items() if k not in C.ZERO_PIECES.values() or k == C.ZERO_PIECES.get(parts.zero)}
+    return {k: v for k, v in PIECES.items() if k not in (*C.ZERO_PIECES.values(), *LATER)
+            or k == C.ZERO_PIECES.get(parts.zero)}
 
 
 def _runs_per_step(parts: C.Parts) -> int:

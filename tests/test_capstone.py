@@ -8,12 +8,14 @@ import json
 import pytest
 import torch
 
+import solutions.beyond
 import solutions.data_parallel
 import solutions.pipeline
 import solutions.tensor_parallel
 import solutions.three_d
 import solutions.trainer
 import solutions.zero
+import tests.wrong.beyond
 import tests.wrong.data_parallel
 import tests.wrong.pipeline
 import tests.wrong.tensor_parallel
@@ -28,7 +30,7 @@ from puzzles.trainer import PIECES
 
 SOLVED = {name: getattr(module, name) for module in (solutions.data_parallel, solutions.zero,
                                                        solutions.tensor_parallel, solutions.pipeline,
-                                                       solutions.three_d)
+                                                       solutions.three_d, solutions.beyond)
           for name in PIECES if hasattr(module, name)}
 SEAMS = {"clip_grad_norm": solutions.trainer.clip_grad_norm, "mean_loss": solutions.trainer.mean_loss}
 WRONG = [w for m in (tests.wrong.data_parallel, tests.wrong.zero, tests.wrong.tensor_parallel, tests.wrong.pipeline,
@@ -206,3 +208,46 @@ def test_the_zero_stage_chosen_is_the_one_asked_for():
     assert gaps == ["zero3_train: not loaded (run the cell with T.load() above): finish notebook 03, puzzle 3 "
                     "(03_zero) first"]
     assert T._gaps(without, SEAMS, C.Parts(zero=0)) == []
+
+
+# Saved by 2 DP ranks after step 2, resumed on 3: stage 1's 20,960 values do not split evenly in 3, where a shard's
+# bounds tell.
+SAVED = C.Parts(dp=2, pp=2, tp=1, micro_batch=3, steps=4)
+
+
+def test_a_checkpoint_saved_on_one_mesh_resumes_on_another_as_one_device(capsys):
+    from puzzles.trainer_resume import check_checkpoint
+
+    assert check_checkpoint(Pieces(functions=dict(SOLVED)), SEAMS, SAVED, resume_dp=3, after=2), \
+        capsys.readouterr().out
+    assert "✓ Saved after step 2 by 2 DP ranks, resumed on 3" in capsys.readouterr().out
+
+
+def _reshard_restarting_the_step_count(files, world, rank):
+    """The right shards, but step 0: Adam's bias correction starts again after the resume."""
+    *state, _ = solutions.beyond.reshard_checkpoint(files, world, rank)
+    return (*state, 0)
+
+
+RESHARD_WRONG = [w for w in tests.wrong.beyond.WRONG if w[0] == "reshard_checkpoint"] + [
+    ("reshard_checkpoint", _reshard_restarting_the_step_count)]
+
+
+@pytest.mark.parametrize("fn", [w[1] for w in RESHARD_WRONG], ids=[w[1].__name__ for w in RESHARD_WRONG])
+def test_a_wrong_reshard_checkpoint_is_named(fn, capsys):
+    from puzzles.trainer_resume import check_checkpoint
+
+    pieces = Pieces(functions={**SOLVED, "reshard_checkpoint": fn})
+    assert check_checkpoint(pieces, SEAMS, SAVED, resume_dp=3, after=2) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ ") and "your reshard_checkpoint (notebook 09)" in out, out
+    assert "Traceback" not in out
+
+
+def test_the_checkpoint_says_to_finish_notebook_09_first(capsys):
+    from puzzles.trainer_resume import check_checkpoint
+
+    without = Pieces(functions={k: f for k, f in SOLVED.items() if k != "reshard_checkpoint"})
+    assert check_checkpoint(without, SEAMS, SAVED, resume_dp=3, after=2) is False
+    assert "○ The checkpoint needs this first:\n  reshard_checkpoint: not loaded" in capsys.readouterr().out
+    assert T._gaps(without, SEAMS, C.Parts()) == []        # the trainer's own check does not need it
