@@ -100,20 +100,27 @@ def _resume_problem(pieces: Pieces, seams: dict[str, Callable], saved: C.Parts, 
     return None
 
 
-def check_checkpoint(pieces: Pieces, seams: dict[str, Callable], saved: C.Parts, resume_dp: int,
-                     after: int) -> bool:
-    """The checkpoint cell: says what to finish first, or runs the save and the resume and prints the verdict."""
+def check_checkpoint(pieces: Pieces, seams: dict[str, Callable], saved: C.Parts, resume_dp: int, after: int, *,
+                     strict: Optional[bool] = None) -> bool:
+    """The checkpoint cell: says what to finish first, or runs the save and the resume and prints the verdict (and
+    raises in strict mode, as a puzzle's check does)."""
+    from lib.checker.puzzle import CheckFailed, NotSolved, strict_default
     from puzzles.trainer_check import not_ready
 
+    strict = strict_default() if strict is None else strict
     if saved.zero or saved.dp * saved.micro_batch % resume_dp:
         raise ValueError(f"the checkpoint cell resumes a ZeRO-0 run whose {saved.dp} × {saved.micro_batch} sequences "
                          f"per micro-batch split over {resume_dp} DP ranks: got zero={saved.zero}")
-    if not_ready(pieces, seams, saved, strict=False) or not_ready_to_reshard(pieces):
+    if not_ready(pieces, seams, saved, strict) or not_ready_to_reshard(pieces):
+        if strict:
+            raise NotSolved("reshard_checkpoint is missing")
         return False
     problem = _resume_problem(pieces, seams, saved, resume_dp, after)
     print(f"✗ {problem}" if problem else
           f"✓ Saved after step {after} by {saved.dp} DP ranks, resumed on {resume_dp} by your reshard_checkpoint: "
           f"after {saved.steps} steps every rank's parameters equal one device's (within the check's tolerance).")
+    if problem and strict:
+        raise CheckFailed(problem)
     return problem is None
 
 

@@ -218,7 +218,7 @@ SAVED = C.Parts(dp=2, pp=2, tp=1, micro_batch=3, steps=4)
 def test_a_checkpoint_saved_on_one_mesh_resumes_on_another_as_one_device(capsys):
     from puzzles.trainer_resume import check_checkpoint
 
-    assert check_checkpoint(Pieces(functions=dict(SOLVED)), SEAMS, SAVED, resume_dp=3, after=2), \
+    assert check_checkpoint(Pieces(functions=dict(SOLVED)), SEAMS, SAVED, resume_dp=3, after=2, strict=False), \
         capsys.readouterr().out
     assert "✓ Saved after step 2 by 2 DP ranks, resumed on 3" in capsys.readouterr().out
 
@@ -238,7 +238,7 @@ def test_a_wrong_reshard_checkpoint_is_named(fn, capsys):
     from puzzles.trainer_resume import check_checkpoint
 
     pieces = Pieces(functions={**SOLVED, "reshard_checkpoint": fn})
-    assert check_checkpoint(pieces, SEAMS, SAVED, resume_dp=3, after=2) is False
+    assert check_checkpoint(pieces, SEAMS, SAVED, resume_dp=3, after=2, strict=False) is False
     out = capsys.readouterr().out
     assert out.startswith("✗ ") and "your reshard_checkpoint (notebook 09)" in out, out
     assert "Traceback" not in out
@@ -248,6 +248,6 @@ def test_the_checkpoint_says_to_finish_notebook_09_first(capsys):
     from puzzles.trainer_resume import check_checkpoint
 
     without = Pieces(functions={k: f for k, f in SOLVED.items() if k != "reshard_checkpoint"})
-    assert check_checkpoint(without, SEAMS, SAVED, resume_dp=3, after=2) is False
+    assert check_checkpoint(without, SEAMS, SAVED, resume_dp=3, after=2, strict=False) is False
     assert "○ The checkpoint needs this first:\n  reshard_checkpoint: not loaded" in capsys.readouterr().out
     assert T._gaps(without, SEAMS, C.Parts()) == []        # the trainer's own check does not need it
