@@ -51,7 +51,10 @@ def measure(repeats: int) -> list[tuple[str, float, str]]:
     _timed(lambda: T.check_trainer(pieces, seams, check, strict=False, show=False), 1)   # warm: imports, first runs
     rows = []
     for label, parts in (("composed check, ZeRO-0 (own checks, 3 steps, float64)", check),
-                         ("composed check, ZeRO-1", C.quick(check, zero=1))):
+                         ("composed check, ZeRO-1", C.quick(check, zero=1)),
+                         ("composed check, ZeRO-2", C.quick(check, zero=2)),
+                         ("composed check, ZeRO-3 (the pipeline run twice a step: its recompute)",
+                          C.quick(check, zero=3))):
         t, ok = _timed(lambda p=parts: T.check_trainer(pieces, seams, p, strict=False, show=False), repeats)
         rows.append((label, t, "passes" if ok else "FAILS"))
     t, _ = _timed(lambda: C.reference_run(run, T.data(run)), repeats)

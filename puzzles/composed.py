@@ -4,9 +4,11 @@ own functions, run along its axis of the mesh through lib.group_as_world; and th
 Each piece keeps the signature its notebook gave it. Two adapters let a piece written for a toy run a GPT:
 notebook 05's schedules move tensors of the batch's shape and end in `F.mse_loss(out, y) / m`, so the first stage
 takes the tokens in channel 0 of a (b, s, h) carrier, and the last stage returns √(cross-entropy) against a zero
-target (its MSE is the cross-entropy itself, with the same gradient). Notebook 03's zero1_train owns the loop and
-calls `model(x)` then `mse_loss(...).backward()`: the model it gets runs one whole pipelined step in its forward and
-returns a zero whose backward adds nothing.
+target (its MSE is the cross-entropy itself, with the same gradient). Notebook 03's zeroK_train owns the loop and
+calls `model(x)` then `mse_loss(...).backward()` (ZeRO-3 gathering each layer's weights around its forward and its
+recomputed backward): the model it gets is one layer, the whole pipeline stage, whose forward runs one pipelined step
+on a working copy of the weights and returns a number whose MSE against 0 has that step's gradient, handed to the
+weights by the one backward the learner's loop runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 import lib
 from lib.group_as_world import GroupAsWorld
 from lib.models import GPTConfig
+from lib.sim.mesh import coordinates as mesh_coordinates
 from lib.sim.traffic import MeshAxes
 from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
 from puzzles.zero import adam_update
@@ -50,7 +53,7 @@ class Parts:
 
     @property
     def clips(self) -> bool:
-        """Whether the step clips: zero1_train owns its optimizer step, so only the replicated optimizer clips."""
+        """Whether the step clips: zeroK_train owns its optimizer step, so only the replicated optimizer clips."""
         return self.max_norm is not None and self.zero == 0
 
     @property
@@ -61,6 +64,11 @@ class Parts:
     def rows(self) -> int:
         """Sequences per step, over every DP rank."""
         return self.dp * self.micro_batches * self.micro_batch
+
+
+def coordinates(rank: int, parts: Parts) -> tuple[int, int, int]:
+    """(dp, pp, tp) of a rank, TP innermost."""
+    return mesh_coordinates(rank, (parts.dp, parts.pp, parts.tp))
 
 
 def quick(parts: Parts, **changes) -> Parts:
@@ -220,20 +228,44 @@ def average(pieces: dict, axes: Axes, params: list, parts: Parts) -> list:
     return [g.view_as(p) for g, p in zip(flat[:sum(sizes)].split(sizes), params)]
 
 
+ZERO_PIECES = {1: "zero1_train", 2: "zero2_train", 3: "zero3_train"}     # the learner's optimizer, by ZeRO stage
+
+
 class WholeStep(nn.Module):
-    """The model notebook 03's zero1_train trains: its forward runs one pipelined step (the gradients accumulate in
-    the stage's parameters) and returns a zero tied to them, whose backward adds nothing."""
+    """The one layer notebook 03's zeroK_train trains: its forward runs one pipelined step of the stage on a working
+    copy of the weights (x is the step's number) and returns √(1 + Σ (w - w₀)·g), g the gradient that step left on
+    the copy and w₀ the weights' values now. Its MSE against 0 is 1 + Σ (w - w₀)·g, whose gradient is g: the learner's
+    one backward hands each weight its gradient once (ZeRO-2's hooks fire once per parameter)."""
 
     def __init__(self, pieces: dict, axes: Axes, stage: PipelineStage, data: list, parts: Parts) -> None:
         super().__init__()
         self.stage, self.pieces, self.axes, self.data, self.parts = stage, pieces, axes, data, parts
-        self.losses: list = []
+        self.work = [PipelineStage(copy.deepcopy(stage.shard), pieces, stage.tp, stage.heads)]  # a list: not a module
+        self.losses: dict[int, Any] = {}
 
-    def forward(self, step: torch.Tensor) -> torch.Tensor:
-        tokens, targets = self.data[len(self.losses)]
-        self.losses.append(pipelined_step(self.pieces, self.axes, self.stage, tokens, targets, self.parts))
-        tied = sum(p.sum() for p in self.stage.parameters())
-        return torch.zeros_like(step) + 0 * tied
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        step, work = int(x.reshape(-1)[0]), self.work[0]
+        weights, copies = list(self.stage.parameters()), list(work.parameters())
+        with torch.no_grad():
+            for w, c in zip(weights, copies):
+                c.copy_(w)
+                c.grad = None
+        with torch.enable_grad():                       # ZeRO-3 runs its forward under no_grad
+            tokens, targets = self.data[step]
+            self.losses[step] = pipelined_step(self.pieces, self.axes, work, tokens, targets, self.parts)
+        moved = sum(((w - w.detach()) * c.grad).sum() for w, c in zip(weights, copies))
+        return (1 + moved).sqrt().reshape(x.shape)
+
+
+def optimizer_steps(pieces: dict, axes: Axes, stage: PipelineStage, data: list, parts: Parts) -> tuple[list, list]:
+    """The learner's zeroK_train over the DP group, each step one pipelined step: (the losses, the trained weights in
+    the stage's order, as zeroK_train returns them)."""
+    where = data[0][0].device
+    whole = WholeStep(pieces, axes, stage, data, parts)
+    steps = [(torch.full((1,), float(i), dtype=torch.float64, device=where),
+              torch.zeros(1, dtype=torch.float64, device=where)) for i in range(len(data))]
+    trained = pieces[ZERO_PIECES[parts.zero]](axes.dp, nn.Sequential(whole), steps, parts.lr)
+    return [whole.losses[i] for i in range(len(data))], list(trained.values())
 
 
 def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume: Optional[dict] = None) -> dict:
@@ -247,11 +279,11 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
     params, flags = list(shard.parameters()), replicated(shard)
     losses: list = []
     first: dict = {}                     # step 1's averaged gradient, what the optimizer is handed (ZeRO-0 only)
-    if parts.zero == 1:
-        whole = WholeStep(pieces, axes, stage, mine, parts)
-        steps = [(torch.zeros(1, dtype=torch.float64, device=where),) * 2 for _ in mine]
-        pieces["zero1_train"](axes.dp, whole, steps, parts.lr)
-        losses = whole.losses
+    if parts.zero:
+        losses, trained = optimizer_steps(pieces, axes, stage, mine, parts)
+        with torch.no_grad():
+            for p, w in zip(params, trained):
+                p.data = w.detach().reshape(p.shape).clone()
     else:
         moments = ([(torch.zeros_like(p), torch.zeros_like(p)) for p in params] if resume is None else
                    [(m.to(where), v.to(where)) for m, v in resume["moments"]])
@@ -268,7 +300,7 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
                     p.grad = None
     return {"losses": None if losses[0] is None else losses, "first_grads": first or None,
             "params": {n: p.detach() for n, p in shard.named_parameters()},
-            "moments": None if parts.zero == 1 else moments}
+            "moments": None if parts.zero else moments}
 
 
 def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:
@@ -276,7 +308,7 @@ def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:
     def label(rank: int, coords: tuple) -> str:
         _, p, _ = coords
         ends = "+ embed" if p == 0 else "+ head" if p == parts.pp - 1 else ""
-        dp = "zero1_train" if parts.zero == 1 else "ring" + (", clip" if parts.clips else "")
+        dp = ZERO_PIECES[parts.zero] if parts.zero else "ring" + (", clip" if parts.clips else "")
         return f"stage {p} {ends}\nattention, mlp\n1F1B, {dp}"
     return label
 

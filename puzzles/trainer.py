@@ -17,10 +17,12 @@ NOTEBOOK = "10_your_trainer"
 PUZZLES: list[Puzzle] = []
 
 # The learner's answers the trainer is made of: puzzle name -> its notebook.
-PIECES = {"ring_all_reduce": "02_data_parallel", "zero1_train": "03_zero",
+PIECES = {"ring_all_reduce": "02_data_parallel", "zero1_train": "03_zero", "zero2_train": "03_zero",
+          "zero3_train": "03_zero",
           "column_parallel_linear": "04_tensor_parallel", "row_parallel_linear": "04_tensor_parallel",
           "megatron_mlp": "04_tensor_parallel", "parallel_attention": "04_tensor_parallel",
-          "one_f_one_b": "05_pipeline", "mesh_coordinates": "06_3d_parallelism"}
+          "one_f_one_b": "05_pipeline", "mesh_coordinates": "06_3d_parallelism",
+          "plan_memory": "06_3d_parallelism", "reshard_checkpoint": "09_beyond_one_cluster"}
 BUILDS_ON = sorted(set(PIECES.values()))        # the notebooks whose saved copies this one reads
 SEAMS = ("clip_grad_norm", "mean_loss")          # this notebook's own puzzles, which the trainer also runs
 

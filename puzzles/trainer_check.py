@@ -27,14 +27,23 @@ from lib.units import fmt_bytes
 from puzzles import composed as C
 from puzzles.course_text import batches, byte_tokens, course_text
 from puzzles.trainer import PIECES, SEAMS
+from puzzles.trainer_schedule import schedule_problem
 
+LATER = ("reshard_checkpoint",)   # pieces only a later cell runs (the checkpoint resumed on another mesh)
 RTOL, ATOL = 1e-9, 1e-10          # the losses: float64 on both sides; only the order of the sums differs
 PARAMS_RTOL, PARAMS_ATOL = 1e-7, 1e-9   # the parameters after Adam, whose 1/√v amplifies those rounding differences
 
 
 def needed(parts: C.Parts) -> dict[str, str]:
     """The earlier notebooks' pieces this choice of parts runs."""
-    return {k: v for k, v in PIECES.items() if k != "zero1_train" or parts.zero == 1}
+    return {k: v for k, v in PIECES.items() if k not in (*C.ZERO_PIECES.values(), *LATER)
+            or k == C.ZERO_PIECES.get(parts.zero)}
+
+
+def _runs_per_step(parts: C.Parts) -> int:
+    """Pipelined steps per training step: ZeRO-3 runs the stage again in backward (notebook 03's zero3_train
+    recomputes each layer's forward there, and the stage is its one layer)."""
+    return 2 if parts.zero == 3 else 1
 
 
 def _puzzle(name: str):
@@ -104,13 +113,8 @@ def _batches(parts: C.Parts, text: str) -> list:
 
 
 def _where(rank: int, parts: C.Parts) -> str:
-    d, p, t = coordinates(rank, parts)
+    d, p, t = C.coordinates(rank, parts)
     return f"rank {rank} (dp {d}, stage {p}, tp {t})"
-
-
-def coordinates(rank: int, parts: C.Parts) -> tuple[int, int, int]:
-    d, rest = divmod(rank, parts.pp * parts.tp)
-    return (d, *divmod(rest, parts.tp))
 
 
 def _learners_frames(message: str, fns: dict[str, Callable]) -> str:
@@ -143,10 +147,12 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
             if got is None:
                 continue
             if not math.isclose(got[step], want, rel_tol=RTOL, abs_tol=ATOL):
+                update = (f"your {C.ZERO_PIECES[parts.zero]} (03), which runs the update here" if parts.zero else
+                          "your DP average (02) or your clipping")
                 seam = ("the forward pass: your TP layers (04), your 1F1B (05) or your mesh coordinates (06)"
                         if step == 0 else
-                        "the update, as step 1's loss is right: your DP average (02), clipping, ZeRO (03), "
-                        "or the gradients your TP layers and 1F1B leave")
+                        f"the update, as step 1's loss is right: {update}, or the gradients your TP layers and 1F1B "
+                        "leave")
                 return (f"step {step + 1}'s loss on {_where(rank, parts)}: one device's is {want:.10g}, yours "
                         f"{got[step]:.10g}.\nThat points at {seam}.")
     for rank, out in enumerate(results):
@@ -181,15 +187,22 @@ def _scaled_gradient(expected: dict, got: dict, rank: int, parts: C.Parts) -> Op
 def _dp_budget(parts: C.Parts, shard: torch.nn.Module, last: bool) -> tuple[float, str]:
     """What a rank may send on the DP axis over the run, and the formula."""
     params = list(shard.parameters())
-    if parts.zero == 1:
+    runs = _runs_per_step(parts)
+    if parts.zero:
         padded = sum(math.ceil(p.numel() / parts.dp) * parts.dp for p in params) * 8
-        what = "ZeRO-1's reduce-scatter and all-gather of the padded gradients"
+        gathers = 2 if parts.zero == 3 else 1
+        what = f"ZeRO-{parts.zero}'s reduce-scatter and {gathers} all-gather(s) of the padded weights"
+        per_step = (1 + gathers) * bus_factor("all_gather", parts.dp) * padded
+        once = bus_factor("all_gather", parts.dp) * padded if parts.zero == 3 else 0    # the weights it returns
     else:
         n = sum(p.numel() for p in params)
         padded = (n + -n % parts.dp) * 8
         what = "the ring all-reduce of one flat bucket of gradients"
-    per_step = bus_factor("all_reduce", parts.dp) * padded + (bus_factor("all_reduce", parts.dp) * 16 if last else 0)
-    return parts.steps * per_step, f"{parts.steps} steps × {what} ({fmt_bytes(padded)}), 2(dp-1)/dp of it"
+        per_step, once = bus_factor("all_reduce", parts.dp) * padded, 0
+    per_step += bus_factor("all_reduce", parts.dp) * 16 * runs if last else 0      # mean_loss's two numbers
+    return (parts.steps * per_step + once,
+            f"{parts.steps} steps × {what} ({fmt_bytes(padded)}), (dp-1)/dp of each"
+            + (", and one all-gather of the weights returned" if once else ""))
 
 
 def _activation_bytes(parts: C.Parts) -> int:
@@ -206,29 +219,31 @@ def _clipping_bytes(parts: C.Parts, axis_is_the_replica: bool) -> float:
 
 def _tp_budget(parts: C.Parts, shard: torch.nn.Module) -> tuple[float, str]:
     """f's and g's all-reduces: two forward, two backward per block and micro-batch."""
-    calls = parts.steps * parts.micro_batches * len(shard.blocks) * 4
+    runs = _runs_per_step(parts)
+    calls = parts.steps * runs * parts.micro_batches * len(shard.blocks) * 4
     size = _activation_bytes(parts)
     return (calls * bus_factor("all_reduce", parts.tp) * size + _clipping_bytes(parts, parts.pp == 1),
-            f"{calls} all-reduces of {fmt_bytes(size)} (two g forward, two f backward per block and micro-batch), "
-            "2(tp-1)/tp of each")
+            f"{calls} all-reduces of {fmt_bytes(size)} (two g forward, two f backward per block and micro-batch"
+            + (", each step run twice by ZeRO-3" if runs > 1 else "") + "), 2(tp-1)/tp of each")
 
 
 def _pp_budget(parts: C.Parts, stage: int) -> tuple[float, str]:
     """Each micro-batch's activation sent forward, its gradient sent back, once."""
     sends = (stage < parts.pp - 1) + (stage > 0)
-    size = _activation_bytes(parts)
-    return (parts.steps * parts.micro_batches * sends * size + _clipping_bytes(parts, parts.tp == 1),
-            f"{parts.steps} steps × {parts.micro_batches} micro-batches × {sends} message(s) of {fmt_bytes(size)}")
+    size, runs = _activation_bytes(parts), _runs_per_step(parts)
+    return (parts.steps * runs * parts.micro_batches * sends * size + _clipping_bytes(parts, parts.tp == 1),
+            f"{parts.steps} steps{' × 2 runs (ZeRO-3)' if runs > 1 else ''} × {parts.micro_batches} micro-batches × "
+            f"{sends} message(s) of {fmt_bytes(size)}")
 
 
 def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], str]:
     """(a broken budget, or None; the bytes each axis carried, rank 0's)."""
     axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
     traffic = traffic_by_axis(result.trace, axes)
-    pieces = {"dp": "zero1_train" if parts.zero == 1 else "ring_all_reduce",
+    pieces = {"dp": C.ZERO_PIECES.get(parts.zero, "ring_all_reduce"),
               "tp": "column_parallel_linear and row_parallel_linear (f and g)", "pp": "one_f_one_b"}
     for rank, by_axis in enumerate(traffic):
-        stage = coordinates(rank, parts)[1]
+        stage = C.coordinates(rank, parts)[1]
         budgets = {"dp": _dp_budget(parts, shards[rank], stage == parts.pp - 1),
                    "tp": _tp_budget(parts, shards[rank]), "pp": _pp_budget(parts, stage)}
         for axis, (limit, why) in budgets.items():
@@ -297,9 +312,13 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
     broken, axes = _axis_report(result, shards, parts)
     if broken:
         return f"✗ {broken}"
+    broken, pipeline = schedule_problem([s.p2p_log for s in result.stats], parts, fns.get("plan_memory"))
+    if broken:
+        return f"✗ {broken}"
     print(f"✓ Your trainer equals one device for {parts.steps} steps on a (dp, pp, tp) = ({parts.dp}, {parts.pp}, "
           f"{parts.tp}) mesh, ZeRO-{parts.zero}: loss {losses[0]:.4f} → {losses[-1]:.4f}, each step's "
-          f"loss within {RTOL:g} and every rank's parameters within {PARAMS_RTOL:g} (relative).\n{axes}")
+          f"loss within {RTOL:g} and every rank's parameters within {PARAMS_RTOL:g} (relative).\n{axes}"
+          + (f"\n{pipeline}" if pipeline else ""))
     if show:
         _show(result, parts)
     return None

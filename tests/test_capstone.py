@@ -8,12 +8,14 @@ import json
 import pytest
 import torch
 
+import solutions.beyond
 import solutions.data_parallel
 import solutions.pipeline
 import solutions.tensor_parallel
 import solutions.three_d
 import solutions.trainer
 import solutions.zero
+import tests.wrong.beyond
 import tests.wrong.data_parallel
 import tests.wrong.pipeline
 import tests.wrong.tensor_parallel
@@ -28,7 +30,7 @@ from puzzles.trainer import PIECES
 
 SOLVED = {name: getattr(module, name) for module in (solutions.data_parallel, solutions.zero,
                                                        solutions.tensor_parallel, solutions.pipeline,
-                                                       solutions.three_d)
+                                                       solutions.three_d, solutions.beyond)
           for name in PIECES if hasattr(module, name)}
 SEAMS = {"clip_grad_norm": solutions.trainer.clip_grad_norm, "mean_loss": solutions.trainer.mean_loss}
 WRONG = [w for m in (tests.wrong.data_parallel, tests.wrong.zero, tests.wrong.tensor_parallel, tests.wrong.pipeline,
@@ -77,9 +79,10 @@ def test_the_trainer_says_what_is_missing_and_does_not_run(capsys):
     assert "✓" not in out and "✗" not in out
 
 
-@pytest.mark.parametrize("zero,mesh", [(0, (2, 2, 2)), (1, (2, 2, 2)), (0, (4, 2, 1)), (0, (2, 1, 4))])
+@pytest.mark.parametrize("zero,mesh", [(0, (2, 2, 2)), (1, (2, 2, 2)), (2, (2, 2, 2)), (3, (2, 2, 2)), (0, (4, 2, 1)),
+                                       (0, (2, 1, 4)), (3, (4, 2, 1)), (2, (2, 1, 4))])
 def test_reference_pieces_train_as_one_device(zero, mesh, capsys):
-    """On the notebook's mesh at both ZeRO stages, and on meshes where a model replica is one axis's group (the
+    """On the notebook's mesh at every ZeRO stage, and on meshes where a model replica is one axis's group (the
     clipping's sum then travels on that axis, within its budget)."""
     pieces = Pieces(functions=dict(SOLVED))
     dp, pp, tp = mesh
@@ -91,7 +94,7 @@ def test_reference_pieces_train_as_one_device(zero, mesh, capsys):
 
 @pytest.mark.parametrize("name,fn", [(w[0], w[1]) for w in WRONG], ids=[w[1].__name__ for w in WRONG])
 def test_a_wrong_piece_is_named(name, fn, capsys):
-    parts = C.Parts(zero=1 if name == "zero1_train" else 0)
+    parts = C.Parts(zero=next((k for k, piece in C.ZERO_PIECES.items() if piece == name), 0))
     pieces = Pieces(functions={**SOLVED, name: fn})
     assert T.check_trainer(pieces, SEAMS, parts, strict=False, show=False) is False
     assert f"✗ {name} (notebook {PIECES[name][:2]}" in capsys.readouterr().out
@@ -149,3 +152,102 @@ def test_a_run_resumed_from_its_moments_equals_one_run():
                   steps[2:], parts, per_rank([{"step": 2, "moments": r["moments"]} for r in first])).results
     for one, two in zip(whole, resumed):
         assert all(torch.equal(one["params"][n], two["params"][n]) for n in one["params"])
+
+
+def _warm_up_of_p_on_every_stage(dist, stage, batch, targets, m):
+    """A 1F1B whose warm-up forgets the stage: p-1 forwards on every rank (right on stage 0 only)."""
+    return tests.wrong.pipeline._one_f_one_b(dist, stage, batch, targets, m, lambda p, r: p - 1)
+
+
+@pytest.mark.parametrize("fn,words", [
+    (tests.wrong.pipeline.one_f_one_b_is_gpipe, ["stage 0 holds 4 micro-batches", "your plan_memory (notebook 06) "
+                                                 "counts 2", "runs 4 forward(s) before its first backward"]),
+    (tests.wrong.pipeline.gpipe_one_micro_batch_at_a_time, ["a bubble of 1 of the ideal time, where 1F1B's is 0.25",
+                                                            "runs 1 forward(s)", "too few"]),
+    (_warm_up_of_p_on_every_stage, ["stage 1 holds 2 micro-batches", "1F1B holds p - r = 1", "too many"]),
+], ids=["gpipe", "one-at-a-time", "warm-up-of-p"])
+def test_a_schedule_over_its_bubble_or_memory_names_your_one_f_one_b(fn, words, capsys):
+    """Right losses, a schedule that breaks the budgets: the order each stage ran, against 1F1B's and plan_memory's."""
+    pieces = Pieces(functions={**SOLVED, "one_f_one_b": fn})
+    parts = C.Parts(micro_batches=4)
+    assert T.check_trainer(pieces, SEAMS, parts, own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "✗ the pipeline of ranks 0, 2, step 1" in out and "Your one_f_one_b (notebook 05)" in out, out
+    assert all(w in out for w in words), out
+
+
+@pytest.mark.parametrize("pp,m", [(2, 2), (2, 4), (2, 3)])
+def test_the_micro_batches_plan_memory_keeps_in_flight_are_read_from_its_answer(pp, m):
+    from puzzles.trainer_schedule import planned_in_flight
+
+    parts = C.Parts(dp=2, pp=pp, micro_batches=m)
+    assert planned_in_flight(solutions.three_d.plan_memory, parts) == pytest.approx(min(pp, m))
+    assert planned_in_flight(tests.wrong.three_d.memory_of_every_micro_batch, parts) == pytest.approx(m)
+
+
+def _zero2_new_moments_every_step(dist, model, batches, lr):
+    """ZeRO-2 run one batch at a time, so Adam's moments and step count start again at every step."""
+    for batch in batches:
+        trained = solutions.zero.zero2_train(dist, model, [batch], lr)
+    return trained
+
+
+def test_a_zero_stage_that_updates_wrongly_is_named_as_the_update(capsys):
+    """A ZeRO-2 whose Adam starts again every step: the composed run alone names the update it runs."""
+    pieces = Pieces(functions={**SOLVED, "zero2_train": _zero2_new_moments_every_step})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(zero=2), own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "step 3's loss" in out and "your zero2_train (03), which runs the update here" in out, out
+    assert "clipping" not in out
+
+
+def test_the_zero_stage_chosen_is_the_one_asked_for():
+    """ZeRO-3 needs zero3_train and not the others; ZeRO-0 needs none of them."""
+    without = Pieces(functions={k: f for k, f in SOLVED.items() if k != "zero3_train"})
+    gaps = T._gaps(without, SEAMS, C.Parts(zero=3))
+    assert gaps == ["zero3_train: not loaded (run the cell with T.load() above): finish notebook 03, puzzle 3 "
+                    "(03_zero) first"]
+    assert T._gaps(without, SEAMS, C.Parts(zero=0)) == []
+
+
+# Saved by 2 DP ranks after step 2, resumed on 3: stage 1's 20,960 values do not split evenly in 3, where a shard's
+# bounds tell.
+SAVED = C.Parts(dp=2, pp=2, tp=1, micro_batch=3, steps=4)
+
+
+def test_a_checkpoint_saved_on_one_mesh_resumes_on_another_as_one_device(capsys):
+    from puzzles.trainer_resume import check_checkpoint
+
+    assert check_checkpoint(Pieces(functions=dict(SOLVED)), SEAMS, SAVED, resume_dp=3, after=2, strict=False), \
+        capsys.readouterr().out
+    assert "✓ Saved after step 2 by 2 DP ranks, resumed on 3" in capsys.readouterr().out
+
+
+def _reshard_restarting_the_step_count(files, world, rank):
+    """The right shards, but step 0: Adam's bias correction starts again after the resume."""
+    *state, _ = solutions.beyond.reshard_checkpoint(files, world, rank)
+    return (*state, 0)
+
+
+RESHARD_WRONG = [w for w in tests.wrong.beyond.WRONG if w[0] == "reshard_checkpoint"] + [
+    ("reshard_checkpoint", _reshard_restarting_the_step_count)]
+
+
+@pytest.mark.parametrize("fn", [w[1] for w in RESHARD_WRONG], ids=[w[1].__name__ for w in RESHARD_WRONG])
+def test_a_wrong_reshard_checkpoint_is_named(fn, capsys):
+    from puzzles.trainer_resume import check_checkpoint
+
+    pieces = Pieces(functions={**SOLVED, "reshard_checkpoint": fn})
+    assert check_checkpoint(pieces, SEAMS, SAVED, resume_dp=3, after=2, strict=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ ") and "your reshard_checkpoint (notebook 09)" in out, out
+    assert "Traceback" not in out
+
+
+def test_the_checkpoint_says_to_finish_notebook_09_first(capsys):
+    from puzzles.trainer_resume import check_checkpoint
+
+    without = Pieces(functions={k: f for k, f in SOLVED.items() if k != "reshard_checkpoint"})
+    assert check_checkpoint(without, SEAMS, SAVED, resume_dp=3, after=2, strict=False) is False
+    assert "○ The checkpoint needs this first:\n  reshard_checkpoint: not loaded" in capsys.readouterr().out
+    assert T._gaps(without, SEAMS, C.Parts()) == []        # the trainer's own check does not need it

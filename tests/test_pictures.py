@@ -140,3 +140,23 @@ def test_the_setup_cells_throwaway_figure_renders_and_leaves_no_figure_open():
     draw_ahead()
     assert plt.get_fignums() == before
     assert matplotlib.rcParams["text.hinting"] == matplotlib.rcParamsDefault["text.hinting"]   # scoped to the render
+
+
+@pytest.mark.parametrize("pp, tp", [(2, 2), (1, 4), (3, 1)])
+def test_clip_picture_fills_each_parameter_once_per_model_copy(pp, tp):
+    from lib.viz.diagram import WHOLE
+    from lib.viz.seams import clip_norm_picture
+
+    fig = clip_norm_picture(pp=pp, tp=tp, sharded=2, whole=3)
+    colours = _colours(fig)
+    assert colours.count(WHOLE.lower()) == 3 * pp                 # a replicated gradient counted on TP rank 0 only
+    assert sum(c in [x.lower() for x in RANK_COLOURS] for c in colours) == 2 * pp * tp
+    assert fig.number not in plt.get_fignums()
+
+
+def test_mean_loss_picture_draws_each_micro_batch_as_long_as_its_tokens():
+    from lib.viz.seams import mean_loss_picture
+
+    fig = mean_loss_picture(tokens=((32, 16), (8, 8, 8)))
+    widths = [p.get_width() for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    assert widths[:5] == pytest.approx([w * widths[0] / 32 for w in (32, 16, 8, 8, 8)])
