@@ -257,12 +257,17 @@ def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], s
     return None, f"  sent by rank 0 over the run, each axis within its budget: {line}"
 
 
+_listed: list[list[str]] = [[]]       # the gaps printed last: each later cell names them once, not again in full
+
+
 def not_ready(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, strict: bool) -> bool:
     """Says what to finish first, where anything is missing (and raises NotSolved in strict mode)."""
     gaps = _gaps(pieces, seams, parts)
     if gaps:
         text = "○ The trainer needs these first:\n  " + "\n  ".join(gaps)
-        print(text)
+        print(text if gaps != _listed[0] else f"○ The trainer still waits for the {len(gaps)} piece"
+              f"{'s' * (len(gaps) > 1)} listed above, the first: {gaps[0]}")
+        _listed[0] = gaps
         if strict:
             raise NotSolved(text)
     return bool(gaps)

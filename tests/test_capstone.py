@@ -23,6 +23,7 @@ import tests.wrong.three_d
 import tests.wrong.trainer
 import tests.wrong.zero
 from lib.notebook.cells import STUB
+from lib.checker.puzzle import NotSolved
 from lib.notebook.pieces import Pieces, learner_pieces
 from puzzles import composed as C
 from puzzles import trainer_check as T
@@ -208,6 +209,19 @@ def test_the_zero_stage_chosen_is_the_one_asked_for():
     assert gaps == ["zero3_train: not loaded (run the cell with T.load() above): finish notebook 03, puzzle 3 "
                     "(03_zero) first"]
     assert T._gaps(without, SEAMS, C.Parts(zero=0)) == []
+
+
+def test_the_cells_after_the_first_name_the_same_gaps_in_one_line(capsys):
+    """Seven cells wait for the same pieces: the list is printed in full once, then named in a line."""
+    without = Pieces(functions={k: f for k, f in SOLVED.items() if k not in ("one_f_one_b", "plan_memory")})
+    T._listed[0] = []                      # as in a fresh kernel
+    for _ in range(2):
+        assert T.not_ready(without, SEAMS, C.Parts(), strict=False)
+    first, again = capsys.readouterr().out.strip().split("\n○ ")
+    assert first.startswith("○ The trainer needs these first:") and first.count("\n  ") == 2, first
+    assert again.startswith("The trainer still waits for the 2 pieces listed above, the first: one_f_one_b"), again
+    with pytest.raises(NotSolved, match="needs these first:\n  one_f_one_b"):     # strict mode: the whole list
+        T.not_ready(without, SEAMS, C.Parts(), strict=True)
 
 
 # Saved by 2 DP ranks after step 2, resumed on 3: stage 1's 20,960 values do not split evenly in 3, where a shard's
