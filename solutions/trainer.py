@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from lib.real.backends import device_mesh
+
 
 def clip_grad_norm(dist, grads, replicated, max_norm, tp):
     rank = dist.get_rank()
@@ -26,8 +28,6 @@ def mean_loss(dist, losses, tokens):
 
 
 def hsdp_gradients(dist, grads, nodes):
-    from lib.real.backends import device_mesh
-
     s = dist.get_world_size() // nodes
     mesh = device_mesh(dist, (nodes, s), ("replicate", "shard"))
     i = mesh.get_local_rank("shard")
