@@ -170,8 +170,8 @@ def _hsdp_case(rng: random.Random, world: int) -> MeshCase:
     axes = MeshAxes((nodes, s), HSDP_AXES)
     budgets = [
         AxisBudget("shard", bus_factor("reduce_scatter", s) * s * shard,
-                   f"one reduce-scatter inside the node of the gradients padded to s={s} shards of {fmt_bytes(shard)}"
-                   f": (s-1)/s of s × {fmt_bytes(shard)}",
+                   f"one reduce-scatter inside the node of the padded gradient (s={s} shards of {fmt_bytes(shard)}): "
+                   f"(s-1)/s of its {fmt_bytes(s * shard)}",
                    hint="reduce-scatter the whole padded gradient inside the node once; nothing else travels there."),
         AxisBudget("replicate", bus_factor("all_reduce", nodes) * shard,
                    f"one all-reduce across {nodes} nodes of this rank's shard ({fmt_bytes(shard)}, 1/s of the "
