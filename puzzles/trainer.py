@@ -207,6 +207,32 @@ def _hsdp_explained(nodes: int, s: int, rows: list[int], expected: list, results
             f"gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
 
 
+class _GradientsAsWeights(torch.nn.Module):
+    """A module whose parameters' gradients are the given tensors: loss = Σ p · g, so ∂loss/∂p = g."""
+
+    def __init__(self, grads: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros_like(g)) for g in grads])
+
+    def forward(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        return sum((p * g).sum() for p, g in zip(self.weights, grads))
+
+
+def _fsdp2_hsdp(dist, grads: list[torch.Tensor], nodes: int) -> list[torch.Tensor]:
+    """PyTorch's own HSDP: fully_shard on a 2-D (replicate, shard) mesh, one backward whose gradients are `grads`;
+    each parameter's gradient shard (its local DTensor) is this rank's answer."""
+    from torch.distributed.fsdp import fully_shard
+
+    from lib.real.backends import device_mesh
+    from puzzles.three_d import quiet
+
+    quiet()
+    model = _GradientsAsWeights(grads)
+    fully_shard(model, mesh=device_mesh(dist, (nodes, dist.get_world_size() // nodes), HSDP_AXES))
+    model(grads).backward()
+    return [p.grad.to_local() for p in model.weights]
+
+
 hsdp_gradients = MeshPuzzle(
     "hsdp_gradients", NOTEBOOK, _hsdp_case, world_sizes=(6, 8),
     hints=["mesh = device_mesh(dist, (nodes, dist.get_world_size() // nodes), ('replicate', 'shard')): "
@@ -214,11 +240,13 @@ hsdp_gradients = MeshPuzzle(
            "holding the same shard; i = mesh.get_local_rank('shard').",
            "Pad each gradient to a multiple of s rows (F.pad on its flattened rows), flatten, and lay the padded "
            "gradients out shard by shard: row block k of every gradient together, then k+1. One "
-           "dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.AVG, group=shard_group) leaves shard i averaged "
+           "dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.AVG, group=shard_group) leaves shard i averaged "
            "over the node.",
            "dist.all_reduce(out, op=dist.ReduceOp.AVG, group=replicate_group) averages it over the nodes too; then "
            "cut `out` back into each gradient's shard i, dropping the padding rows."],
-    rtol=1e-9, atol=1e-12,
+    rtol=1e-9, atol=1e-12, oracle=_fsdp2_hsdp,
+    oracle_name="FSDP2 (fully_shard on a 2-D (replicate, shard) DeviceMesh)",
+    preload=("torch._dynamo", "torch.distributed.fsdp"),
     describe="HSDP: reduce-scatter the gradients inside each node, all-reduce the shard across nodes; "
              "return this rank's shard of the mean gradient.")
 PUZZLES.append(hsdp_gradients)

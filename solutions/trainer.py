@@ -38,7 +38,7 @@ def hsdp_gradients(dist, grads, nodes):
               for g, c in zip(grads, rows)]                                  # (s, c · the rest) each
     flat = torch.cat(blocks, dim=1).reshape(-1)
     shard = flat.new_empty(flat.numel() // s)
-    dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG, group=mesh["shard"].get_group())
+    dist.reduce_scatter_single(shard, flat, op=dist.ReduceOp.AVG, group=mesh["shard"].get_group())
     dist.all_reduce(shard, op=dist.ReduceOp.AVG, group=mesh["replicate"].get_group())
     parts = shard.split([b.shape[1] for b in blocks])
     # Shard i holds rows i·c up to the gradient's end: fewer than c in the last, none past it (padding only).

@@ -65,7 +65,7 @@ def _hsdp(dist, grads, nodes, *, shard="shard", replicate="replicate", op="AVG",
               for g, c in zip(grads, rows)]
     flat = torch.cat(blocks, dim=1).reshape(-1)
     out = flat.new_empty(flat.numel() // k)
-    dist.reduce_scatter_tensor(out, flat, op=getattr(dist.ReduceOp, op), group=inside)
+    dist.reduce_scatter_single(out, flat, op=getattr(dist.ReduceOp, op), group=inside)
     if not whole_across_first:
         dist.all_reduce(out, op=getattr(dist.ReduceOp, across_op), group=across)
     parts = out.split([b.shape[1] for b in blocks])
