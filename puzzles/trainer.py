@@ -1,17 +1,24 @@
 """Notebook 10, your own trainer: the seams only a composed trainer has (gradient clipping over every shard, the
-loss averaged once over ranks and micro-batches), as puzzles; the composed trainer's pieces are the learner's answers
-to notebooks 02 to 06 (puzzles.composed), checked by puzzles.trainer_check."""
+loss averaged once over ranks and micro-batches, hybrid sharding as the DP axis), as puzzles; the composed trainer's
+pieces are the learner's answers to notebooks 02 to 06 (puzzles.composed), checked by puzzles.trainer_check."""
 
 from __future__ import annotations
 
 import random
 
+import functools
+import math
+from typing import Optional
+
 import torch
 
+from lib.checker.mesh import AxisBudget, MeshCase, MeshPuzzle
 from lib.checker.puzzle import Budget, Case, Puzzle
 from lib.diagnose import Mistake
 from lib.sim import per_rank
 from lib.sim.cost import bus_factor
+from lib.sim.traffic import MeshAxes
+from lib.units import fmt_bytes
 
 NOTEBOOK = "10_your_trainer"
 PUZZLES: list[Puzzle] = []
@@ -133,3 +140,113 @@ mean_loss = Puzzle(
     rtol=1e-9, atol=1e-12,
     describe="The mean loss per token over every rank and micro-batch, on every rank, by one all-reduce.")
 PUZZLES.append(mean_loss)
+
+
+# ---- 3. hsdp_gradients ------------------------------------------------------------------------------------------
+HSDP_AXES = ("replicate", "shard")       # FSDP2's HSDP mesh: (replicate across nodes, shard inside a node)
+
+
+def hsdp_shards(grad: torch.Tensor, s: int) -> list[torch.Tensor]:
+    """A gradient's s shards as FSDP2 cuts a parameter (_chunk_with_empty): torch.chunk along dim 0, empty shards
+    (0 rows) where chunk gives fewer than s."""
+    chunks = list(torch.chunk(grad, s))
+    return chunks + [grad[:0]] * (s - len(chunks))
+
+
+def _hsdp_case(rng: random.Random, world: int) -> MeshCase:
+    """`nodes` nodes of s ranks each (nodes != s where the world allows, so that a wrong factor names one of them);
+    gradients whose first dimension s rarely divides, one of them longer than s rows."""
+    pairs = [(r, world // r) for r in range(2, world) if world % r == 0]
+    nodes, s = rng.choice([p for p in pairs if p[0] != p[1]] or pairs)
+    gen = _gen(rng)
+    shapes = [(rng.randint(s + 1, 3 * s),) + ((rng.randint(1, 4),) if rng.random() < 0.7 else ())]
+    shapes += [(rng.randint(1, 3 * s),) + ((rng.randint(1, 4),) if rng.random() < 0.7 else ())
+               for _ in range(rng.randint(1, 3))]
+    grads = [[torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes] for _ in range(world)]
+    mean = [sum(g[j] for g in grads) / world for j in range(len(shapes))]
+    expected = [[hsdp_shards(m, s)[rank % s] for m in mean] for rank in range(world)]
+    shard = sum(math.ceil(shape[0] / s) * math.prod(shape[1:]) for shape in shapes) * 8     # padded, float64
+    whole = sum(math.prod(shape) for shape in shapes) * 8
+    axes = MeshAxes((nodes, s), HSDP_AXES)
+    budgets = [
+        AxisBudget("shard", bus_factor("reduce_scatter", s) * s * shard,
+                   f"one reduce-scatter inside the node of the padded gradient (s={s} shards of {fmt_bytes(shard)}): "
+                   f"(s-1)/s of its {fmt_bytes(s * shard)}",
+                   hint="reduce-scatter the whole padded gradient inside the node once; nothing else travels there."),
+        AxisBudget("replicate", bus_factor("all_reduce", nodes) * shard,
+                   f"one all-reduce across {nodes} nodes of this rank's shard ({fmt_bytes(shard)}, 1/s of the "
+                   f"padded gradient), 2(n-1)/n of it",
+                   hint="reduce-scatter inside the node first: across nodes only the shard travels.")]
+    return MeshCase(world, (per_rank(grads), nodes), expected,
+                    f"{nodes} nodes × {s} ranks, {len(shapes)} gradients of {fmt_bytes(whole)} on each rank",
+                    axes=axes, axis_budgets=budgets, factors={"n, the nodes": nodes, "s, the ranks per node": s},
+                    explain=functools.partial(_hsdp_explained, nodes, s, [shape[0] for shape in shapes]),
+                    within="across nodes a rank talks only to the ranks with its shard index (its replicate group), "
+                           "inside a node only to its node (its shard group)")
+
+
+def _hsdp_explained(nodes: int, s: int, rows: list[int], expected: list, results: list) -> Optional[str]:
+    """Where each rank's shards came from, read from their row counts: cut n ways (the groups swapped), the padded
+    c rows kept everywhere, or as many rows as another shard index holds; None when the rows are right."""
+    got = [[tuple(t.shape)[0] for t in mine] for mine in results]
+    want = [[len(hsdp_shards(torch.empty(d), s)[r % s]) for d in rows] for r in range(len(results))]
+    if got == want:
+        return None
+    if got == [[len(hsdp_shards(torch.empty(d), nodes)[r // s]) for d in rows] for r in range(len(results))]:
+        return (f"Diagnosis: your shards are each gradient cut {nodes} ways, one per node: the reduce-scatter ran over "
+                f"the replicate group. It belongs inside the node, over the shard group of its s={s} ranks; only the "
+                f"all-reduce of the shard crosses the nodes.")
+    c = [math.ceil(d / s) for d in rows]
+    if all(g == c for g in got):
+        return (f"Diagnosis: every rank returned c = ⌈rows / s⌉ rows of each gradient ({c}), the padding included: "
+                f"drop the rows past the gradient's end (shard i holds rows i·c up to min((i+1)·c, rows); FSDP2 keeps "
+                f"each shard's own size beside its padded one).")
+    rank = next(r for r in range(len(got)) if got[r] != want[r])
+    return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: its shard index is "
+            f"its place inside its node, rank % s = {rank % s} (mesh.get_local_rank('shard')), and shard i of a "
+            f"gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
+
+
+class _GradientsAsWeights(torch.nn.Module):
+    """A module whose parameters' gradients are the given tensors: loss = Σ p · g, so ∂loss/∂p = g."""
+
+    def __init__(self, grads: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros_like(g)) for g in grads])
+
+    def forward(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        return sum((p * g).sum() for p, g in zip(self.weights, grads))
+
+
+def _fsdp2_hsdp(dist, grads: list[torch.Tensor], nodes: int) -> list[torch.Tensor]:
+    """PyTorch's own HSDP: fully_shard on a 2-D (replicate, shard) mesh, one backward whose gradients are `grads`;
+    each parameter's gradient shard (its local DTensor) is this rank's answer."""
+    from torch.distributed.fsdp import fully_shard
+
+    from lib.real.backends import device_mesh
+    from puzzles.three_d import quiet
+
+    quiet()
+    model = _GradientsAsWeights(grads)
+    fully_shard(model, mesh=device_mesh(dist, (nodes, dist.get_world_size() // nodes), HSDP_AXES))
+    model(grads).backward()
+    return [p.grad.to_local() for p in model.weights]
+
+
+hsdp_gradients = MeshPuzzle(
+    "hsdp_gradients", NOTEBOOK, _hsdp_case, world_sizes=(6, 8),
+    hints=["mesh = device_mesh(dist, (nodes, dist.get_world_size() // nodes), ('replicate', 'shard')): "
+           "mesh['shard'].get_group() is this rank's node, mesh['replicate'].get_group() the ranks of other nodes "
+           "holding the same shard; i = mesh.get_local_rank('shard').",
+           "Pad each gradient to a multiple of s rows (F.pad on its flattened rows), flatten, and lay the padded "
+           "gradients out shard by shard: row block k of every gradient together, then k+1. One "
+           "dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.AVG, group=shard_group) leaves shard i averaged "
+           "over the node.",
+           "dist.all_reduce(out, op=dist.ReduceOp.AVG, group=replicate_group) averages it over the nodes too; then "
+           "cut `out` back into each gradient's shard i, dropping the padding rows."],
+    rtol=1e-9, atol=1e-12, oracle=_fsdp2_hsdp,
+    oracle_name="FSDP2 (fully_shard on a 2-D (replicate, shard) DeviceMesh)",
+    preload=("torch._dynamo", "torch.distributed.fsdp"),
+    describe="HSDP: reduce-scatter the gradients inside each node, all-reduce the shard across nodes; "
+             "return this rank's shard of the mean gradient.")
+PUZZLES.append(hsdp_gradients)

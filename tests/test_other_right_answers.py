@@ -23,6 +23,7 @@ import puzzles.ring_attention
 import puzzles.tensor_parallel
 import puzzles.zero
 import puzzles.three_d
+import puzzles.trainer
 from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
 from solutions.moe import moe_layer
@@ -428,6 +429,25 @@ def zero1_with_torchs_adam(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+# ---- hsdp_gradients(dist, grads, nodes): this rank's shard of each gradient averaged over every rank ---------------
+def hsdp_groups_by_hand_one_reduce_scatter_per_gradient(dist, grads, nodes):
+    """Groups made with dist.new_group, a list reduce-scatter per gradient of its padded rows, sums divided once."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    s = world // nodes
+    node_groups = [dist.new_group(list(range(k * s, (k + 1) * s))) for k in range(nodes)]
+    index_groups = [dist.new_group(list(range(i, world, s))) for i in range(s)]
+    inside, across, i = node_groups[rank // s], index_groups[rank % s], rank % s
+    out = []
+    for g in grads:
+        c = math.ceil(g.shape[0] / s)
+        padded = torch.cat([g, g.new_zeros(c * s - g.shape[0], *g.shape[1:])])
+        mine = g.new_empty(c, *g.shape[1:])
+        dist.reduce_scatter(mine, list(padded.split(c)), group=inside)
+        dist.all_reduce(mine, group=across)
+        out.append(mine[:max(0, min(c, g.shape[0] - i * c))] / world)
+    return out
+
+
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
@@ -443,7 +463,8 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
      (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
-     (puzzles.zero.zero1_train, zero1_with_torchs_adam)]
+     (puzzles.zero.zero1_train, zero1_with_torchs_adam),
+     (puzzles.trainer.hsdp_gradients, hsdp_groups_by_hand_one_reduce_scatter_per_gradient)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])

@@ -160,3 +160,17 @@ def test_mean_loss_picture_draws_each_micro_batch_as_long_as_its_tokens():
     fig = mean_loss_picture(tokens=((32, 16), (8, 8, 8)))
     widths = [p.get_width() for p in fig.axes[0].patches if isinstance(p, Rectangle)]
     assert widths[:5] == pytest.approx([w * widths[0] / 32 for w in (32, 16, 8, 8, 8)])
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 4), (3, 2)])
+def test_hsdp_picture_colours_each_rank_by_the_shard_it_keeps(nodes, per_node):
+    from lib.viz.seams import hsdp_picture
+
+    fig = hsdp_picture(nodes=nodes, per_node=per_node)
+    ranks = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    assert len(ranks) == nodes * per_node
+    colours = [matplotlib.colors.to_hex(p.get_facecolor()) for p in ranks]
+    for rank, colour in enumerate(colours):            # one colour per shard index: the rank's place in its node
+        assert colour == matplotlib.colors.to_hex(RANK_COLOURS[rank % per_node])
+    assert len(fig.axes[0].lines) == per_node         # one replicate group per shard index, across the nodes
+    assert fig.number not in plt.get_fignums()

@@ -54,11 +54,12 @@ class MeshCase(Case):
     axes: Optional[MeshAxes] = None
     axis_budgets: list[AxisBudget] = field(default_factory=list)
     scale: str = ""                       # what the timeline's proportions stand for, said in its title
+    within: str = ""                      # who may talk to whom on this mesh, in its axes' words (default: 3D's)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.axes is not None:
-            self.contracts = [*self.contracts, within_mesh(self.axes),
+            self.contracts = [*self.contracts, within_mesh(self.axes, self.within),
                               *(b.contract(self.axes) for b in self.axis_budgets)]
 
 
@@ -74,8 +75,9 @@ def _label(axis: str) -> str:
     return "outside the mesh's groups" if axis == OUTSIDE else f"the {axis.upper()} axis"
 
 
-def within_mesh(axes: MeshAxes) -> Contract:
-    """No communication outside the mesh's groups: each travels along one axis."""
+def within_mesh(axes: MeshAxes, rule: str = "") -> Contract:
+    """No communication outside the mesh's groups: each travels along one axis (`rule` says so in the mesh's
+    words)."""
 
     def broken(result: SimResult) -> Optional[str]:
         for rank, per_axis in enumerate(_traffic(result, axes)):
@@ -86,8 +88,9 @@ def within_mesh(axes: MeshAxes) -> Contract:
                 return (f"rank {rank} called {event.op} {where}, which is none of its mesh groups "
                         f"({', '.join(f'{a.upper()} {list(axes.group(rank, a))}' for a in axes.names)})")
         return None
-    return Contract("every communication of a composed step travels along one axis: the TP group, the PP neighbours "
-                    "or the DP group", broken, hint="pass group= to collectives, and send to a rank of your PP group.")
+    return Contract(rule or "every communication of a composed step travels along one axis: the TP group, the PP "
+                    "neighbours or the DP group", broken,
+                    hint="pass group= to collectives" + ("." if rule else ", and send to a rank of your PP group."))
 
 
 def _over_axis_budget(b: AxisBudget, axes: MeshAxes, result: SimResult) -> Optional[str]:
