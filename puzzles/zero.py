@@ -539,12 +539,39 @@ fsdp_prefetch_train = Puzzle(
 
 
 # ---- 5. ZeRO-Offload ---------------------------------------------------------------------------------------
+OFFLOAD_LABEL, OFFLOAD_HINT = "device memory keeps the weights only", (
+    "keep m, v, the shard's gradients and its master parameters in host memory (device=lib.host()); send the device "
+    "only updated shards.")
+
+
+def _offload_training(s: _Sizes) -> tuple[float, str]:
+    """(bytes, why): what a ZeRO-Offload rank's device holds while training: the weights, not their state."""
+    return _training_memory(s, 2, 2, OFFLOAD_LABEL, states=SCALE * 2 * s.psi, formula="the float64 weights, 4 × 2Ψ")
+
+
+def _offload_device(s: _Sizes) -> Budget:
+    """The device's peak over the whole run: training's, or at the end the weights and a copy of them returned
+    (`{n: p.detach().clone()}`, as ordinary code returns parameters); training itself is judged on its own
+    (_offload_while_training), so that the room for the returned copy is no room for state kept on the device."""
+    limit, why = _offload_training(s)
+    end = 2 * ITEM * s.psi + s.inputs + 3 * s.shard
+    if end > limit:
+        why += (f"; after training, the weights and a copy of them returned, the batches and shard temporaries "
+                f"({fmt_bytes(end)})")
+    return Budget("peak_memory", max(limit, end), why, hint=OFFLOAD_HINT)
+
+
+def _offload_while_training(s: _Sizes) -> Contract:
+    """ZeRO-Offload's device memory from its first reduce-scatter of gradients to its last all-gather of updated
+    shards: the weights, a step's activations and what is in flight, never the optimizer's state or its gradients."""
+    limit, why = _offload_training(s)
+    return peak_memory_between("reduce_scatter", "all_gather", limit, "while training",
+                               f"while training, {why}", hint=OFFLOAD_HINT)
+
+
 def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     def budgets(s, m):
-        device = _memory_budget(s, 2, 2, "device memory keeps the weights only",
-                                "keep m, v, the shard's gradients and its master parameters in host memory "
-                                "(device=lib.host()); send the device only updated shards.",
-                                states=SCALE * 2 * s.psi, formula="the float64 weights, 4 × 2Ψ")
+        device = _offload_device(s)
         host = SCALE * model_state_bytes(s.psi, s.world, 3, k=K[3])
         return [device,
                 Budget("host_peak_memory", host + 3 * s.shard,
@@ -555,7 +582,8 @@ def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -
                 *_gradient_traffic(s)]
     model = mlp(_sizes(rng), seed=rng.randrange(2**31))          # the draw _case would make, kept for the contract
     return _case(rng, world, budgets, host=True, model=model, steps=steps,
-                 contracts=lambda s: [_adam_on_the_host(s, model)])
+                 contracts=lambda s: [_adam_on_the_host(s, model), _reduced_during_backward(),
+                                      _offload_while_training(s)])
 
 
 HOST_STEP = 0.5       # of Adam's FLOPs on this rank's shards: the floor on what the host computes
