@@ -27,6 +27,7 @@ from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
 from solutions.moe import moe_layer
 from solutions.three_d import train_3d
+from solutions.zero import zero_offload_train
 from solutions.ring_attention import blockwise_attention, merge_attention, ring_attention_overlap
 from tests.cheats.ring_attention import _pass_right
 from tests.wrong.three_d import DPAverageReplaced
@@ -428,6 +429,12 @@ def zero1_with_torchs_adam(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+def offload_returning_copies(dist, model, batches, lr):
+    """ZeRO-Offload returning copies of its parameters ({n: p.detach().clone()}), as ordinary code returns them:
+    the device holds the weights twice for a moment, after training."""
+    return {name: p.clone() for name, p in zero_offload_train(dist, model, batches, lr).items()}
+
+
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
@@ -443,7 +450,7 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
      (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
-     (puzzles.zero.zero1_train, zero1_with_torchs_adam)]
+     (puzzles.zero.zero1_train, zero1_with_torchs_adam), (puzzles.zero.zero_offload_train, offload_returning_copies)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])

@@ -346,7 +346,7 @@ def prefetch_forward_direction_in_backward(dist, model, batches, lr):
 
 # ---- zero_offload_train -------------------------------------------------------------------------------------
 def _offload(dist, model, batches, lr, *, divide=True, back_to_device=True, accumulate=False, fixed_step=None,
-             grad_to_host_first=False):
+             grad_to_host_first=False, after_backward=False):
     """ZeRO-Offload as the hints lay it out, with the knob of one mistake turned."""
     rank, world = dist.get_rank(), dist.get_world_size()
     host = lib.host()
@@ -369,9 +369,11 @@ def _offload(dist, model, batches, lr, *, divide=True, back_to_device=True, accu
         else:
             grads[i] = shard.to(host)
 
-    hooks = [p.register_post_accumulate_grad_hook(reduce_scatter) for p in params]
+    hooks = [] if after_backward else [p.register_post_accumulate_grad_hook(reduce_scatter) for p in params]
     for step, (x, y) in enumerate(batches, start=1):
         F.mse_loss(model(x), y).backward()
+        for p in params if after_backward else ():
+            reduce_scatter(p)
         for i, (p, c) in enumerate(zip(params, sizes)):
             adam_update(shards[i], grads[i] / world if divide else grads[i], m[i], v[i], fixed_step or step, lr)
             full = torch.empty(world * c, dtype=p.dtype, device=p.device)
@@ -408,6 +410,11 @@ def offload_reduce_scatters_on_the_host(dist, model, batches, lr):
     return _offload(dist, model, batches, lr, grad_to_host_first=True)
 
 
+def offload_reducing_after_backward(dist, model, batches, lr):
+    """Backward to the end, then every gradient reduce-scattered and sent to the host in one loop, as in ZeRO-1."""
+    return _offload(dist, model, batches, lr, after_backward=True)
+
+
 MISTAKES = [
     Attempt("zero1_train", zero1_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero1_train", zero1_rebinding_the_parameter, named=("unchanged", "the update itself is wrong")),
@@ -437,6 +444,7 @@ MISTAKES = [
     Attempt("zero_offload_train", offload_accumulating_host_gradients, named="at step 2"),
     Attempt("zero_offload_train", offload_step_stuck_at_one, named="at step 2"),
     Attempt("zero_offload_train", offload_reduce_scatters_on_the_host, named="host memory"),
+    Attempt("zero_offload_train", offload_reducing_after_backward, named="after its backward was over"),
     # Passed while the simulator let a collective read a host tensor, which NCCL refuses (issue 32 §4).
     Attempt("zero_offload_train", offload_gathers_from_the_host, named=("host memory", "device memory")),
 ]
