@@ -189,12 +189,13 @@ def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint:
     limit, why = _training_memory(s, stage, layers_at_once, label, states, formula)
     if stage == 3:
         # The full parameters are handed in (held while their shards and the optimizer state are made) and come back
-        # at the end to be returned (the optimizer state dropped first): training is judged apart (_while_training).
+        # at the end to be returned, beside the optimizer state (nothing asks to drop it first): training is judged
+        # apart (_while_training).
         start = ITEM * s.psi + s.states(3) + s.inputs + 3 * s.shard
-        final = ITEM * s.psi * (1 + 1 / s.world) + s.inputs + 2 * s.layer + 3 * s.shard
+        final = start + 2 * s.layer
         if max(start, final) > limit:
             why += (f"; here the start or the end is larger: the full parameters handed in with the sharded state "
-                    f"({fmt_bytes(start)}), or gathered to be returned with the shards, the batches and two layers' "
+                    f"({fmt_bytes(start)}), or gathered to be returned beside it, with the batches and two layers' "
                     f"buffers ({fmt_bytes(final)})")
             limit = max(start, final)
     return Budget("peak_memory", limit, why, hint=hint)
@@ -324,11 +325,38 @@ FEWER_WORLDS = (2, 3)
 
 
 # ---- 1. ZeRO-1 ------------------------------------------------------------------------------------------
+ZERO1_LABEL = "stage 1, (8+8)Ψ + 24Ψ/N"
+
+
 def _zero1_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     return _case(rng, world, lambda s, m: [
-        _memory_budget(s, 1, 2, "stage 1, (8+8)Ψ + 24Ψ/N",
+        _memory_budget(s, 1, 2, ZERO1_LABEL,
                        "keep Adam's m and v for your shard only (c elements per parameter), not for the whole model."),
-        *_gradient_traffic(s)], steps=steps)
+        *_gradient_traffic(s)], steps=steps, contracts=lambda s: [_no_flat_gradient_copy(s)])
+
+
+def _no_flat_gradient_copy(s: _Sizes) -> Contract:
+    """A flat buffer of every gradient, reduce-scattered at once, copied beside p.grad (torch.cat, then a padded
+    copy): the full gradients exist two or three times over at that moment, which stage 1's memory does not hold.
+    Said where the run both breaks the memory budget and reduce-scatters the whole model in one call, the evidence
+    that the excess is that copy rather than optimizer state kept whole."""
+    limit, why = _training_memory(s, 1, 2, ZERO1_LABEL)
+    whole = 0.9 * s.traffic(0, 1)                      # one reduce-scatter's bytes for every padded parameter
+
+    def broken(result: SimResult) -> Optional[str]:
+        for st in result.stats:
+            flat = any(e.rank == st.rank and e.op == "reduce_scatter" and e.bytes >= whole for e in result.trace)
+            if flat and st.peak_memory > limit * (1 + 1e-9):
+                over = st.peak_memory - limit
+                return (f"rank {st.rank}'s peak memory is {fmt_bytes(st.peak_memory)}, over the budget of "
+                        f"{fmt_bytes(limit)} by {fmt_bytes(over)}, {over / (ITEM * s.psi):.1f}× the model's "
+                        f"gradients ({fmt_bytes(ITEM * s.psi)}), and it reduce-scattered every gradient in one "
+                        "call: a flat copy of the whole model's gradients (torch.cat, then a padded buffer) made "
+                        f"beside p.grad, so that the full gradients existed more than once ({why})")
+        return None
+    return Contract("a flat gradient buffer is the gradients themselves, not a copy of them", broken,
+                    hint="reduce-scatter each parameter's padded gradient in turn (a copy of one parameter at a "
+                         "time), or make the flat buffer first and let each p.grad be a view into it.")
 
 
 zero1_train = Puzzle(
@@ -569,6 +597,34 @@ def _offload_while_training(s: _Sizes) -> Contract:
                                f"while training, {why}", hint=OFFLOAD_HINT)
 
 
+SHARDS_LEFT = 0.75    # of a rank's gradient shards (8Ψ/N): held on the device at the step, they were never offloaded
+
+
+def _gradients_offloaded(s: _Sizes) -> Contract:
+    """Between a step's last reduce-scatter and its first all-gather Adam runs: the device then holds the weights and
+    the batches, the gradient shards having gone to the host as they were reduced. Shards kept on the device for the
+    step (and handed to Adam there) show as most of 8Ψ/N more."""
+    base, shards = ITEM * s.psi + s.inputs, ITEM * s.psi / s.world
+
+    def broken(result: SimResult) -> Optional[str]:
+        for st in result.stats:
+            calls = sorted((e for e in result.trace if e.rank == st.rank and e.op in ("reduce_scatter", "all_gather")),
+                           key=lambda e: e.end)
+            for step, (a, b) in enumerate(((a, b) for a, b in zip(calls, calls[1:])
+                                           if a.op == "reduce_scatter" and b.op == "all_gather"), start=1):
+                held = max((h for t, h in st.memory if a.end <= t <= b.start), default=0)
+                if held > base + SHARDS_LEFT * shards:
+                    return (f"rank {st.rank}'s device held {fmt_bytes(held)} at step {step}'s update (between its "
+                            f"last reduce-scatter and its first all-gather), {fmt_bytes(held - base)} over the "
+                            f"weights and the batches ({fmt_bytes(base)}): {(held - base) / shards:.1f}× its gradient "
+                            f"shards ({fmt_bytes(shards)}), which stayed in device memory for Adam's step")
+        return None
+    return Contract("ZeRO-Offload sends each gradient shard to host memory as soon as it is reduced, and Adam reads "
+                    "it there", broken,
+                    hint="in the hook, after the reduce-scatter: grads[i] = shard.to(lib.host()), so that adam_update "
+                         "gets host tensors only.")
+
+
 def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     def budgets(s, m):
         device = _offload_device(s)
@@ -583,7 +639,7 @@ def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -
     model = mlp(_sizes(rng), seed=rng.randrange(2**31))          # the draw _case would make, kept for the contract
     return _case(rng, world, budgets, host=True, model=model, steps=steps,
                  contracts=lambda s: [_adam_on_the_host(s, model), _reduced_during_backward(),
-                                      _offload_while_training(s)])
+                                      _gradients_offloaded(s), _offload_while_training(s)])
 
 
 HOST_STEP = 0.5       # of Adam's FLOPs on this rank's shards: the floor on what the host computes
