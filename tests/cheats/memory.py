@@ -108,3 +108,27 @@ def accumulation_sample_by_sample(model, tokens, targets, k):
 
 CHEATS += [("accumulated_step", accumulation_by_checkpointing, ("FLOPs counted", "peak memory")),
            ("accumulated_step", accumulation_sample_by_sample, "largest tensor")]
+
+
+# ---- the offloaded optimizer's step taken on the device ----------------------------------------------------------
+def offload_state_stepped_on_the_device(model, batches, lr, betas=(0.9, 0.999), eps=1e-8):
+    """m and v stored in host memory, each brought to the device for its parameter's update and sent back: the
+    device's peak meets the budget one parameter at a time, while the device computes Adam's step."""
+    host, device = lib.host(), lib.device()
+    params = list(model.parameters())
+    m = [torch.zeros_like(p, device=host) for p in params]
+    v = [torch.zeros_like(p, device=host) for p in params]
+    for t, (tokens, targets) in enumerate(batches, start=1):
+        model.zero_grad()
+        model.loss(tokens, targets).backward()
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                m_i, v_i = m[i].to(device), v[i].to(device)
+                m_i.mul_(betas[0]).add_(p.grad, alpha=1 - betas[0])
+                v_i.mul_(betas[1]).addcmul_(p.grad, p.grad, value=1 - betas[1])
+                p.addcdiv_(m_i / (1 - betas[0] ** t), (v_i / (1 - betas[1] ** t)).sqrt_().add_(eps), value=-lr)
+                m[i], v[i] = m_i.to(host), v_i.to(host)
+    return model
+
+
+CHEATS += [("offloaded_adam_train", offload_state_stepped_on_the_device, "the step runs where the state lives")]
