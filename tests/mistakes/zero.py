@@ -370,7 +370,7 @@ def prefetch_forward_direction_in_backward(dist, model, batches, lr):
 
 # ---- zero_offload_train -------------------------------------------------------------------------------------
 def _offload(dist, model, batches, lr, *, divide=True, back_to_device=True, accumulate=False, fixed_step=None,
-             grad_to_host_first=False, after_backward=False, late_to_host=False):
+             grad_to_host_first=False, after_backward=False, late_to_host=False, hooks_each_step=False):
     """ZeRO-Offload as the hints lay it out, with the knob of one mistake turned."""
     rank, world = dist.get_rank(), dist.get_world_size()
     host = lib.host()
@@ -393,8 +393,11 @@ def _offload(dist, model, batches, lr, *, divide=True, back_to_device=True, accu
         else:
             grads[i] = shard if late_to_host else shard.to(host)
 
-    hooks = [] if after_backward else [p.register_post_accumulate_grad_hook(reduce_scatter) for p in params]
+    hooks = [] if after_backward or hooks_each_step else [p.register_post_accumulate_grad_hook(reduce_scatter)
+                                                          for p in params]
     for step, (x, y) in enumerate(batches, start=1):
+        if hooks_each_step:
+            hooks += [p.register_post_accumulate_grad_hook(reduce_scatter) for p in params]
         F.mse_loss(model(x), y).backward()
         for p in params if after_backward else ():
             reduce_scatter(p)
@@ -445,6 +448,11 @@ def offload_moving_gradients_at_the_step(dist, model, batches, lr):
     return _offload(dist, model, batches, lr, late_to_host=True)
 
 
+def offload_hooking_every_step(dist, model, batches, lr):
+    """The gradient hooks registered at the top of the step loop, beside the forward they serve."""
+    return _offload(dist, model, batches, lr, hooks_each_step=True)
+
+
 MISTAKES = [
     Attempt("zero1_train", zero1_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero1_train", zero1_rebinding_the_parameter, named=("unchanged", "the update itself is wrong")),
@@ -459,7 +467,7 @@ MISTAKES = [
     Attempt("zero2_train", zero2_counting_steps_from_zero, named="division by zero"),
     Attempt("zero2_train", zero2_accumulating_shards, named="at step 2"),
     Attempt("zero2_train", zero2_gathers_before_the_update, named=FIRST_STEP),
-    Attempt("zero2_train", zero2_hooks_registered_every_step, named="at step 2"),
+    Attempt("zero2_train", zero2_hooks_registered_every_step, named="the hook ran twice for one parameter"),
     Attempt("zero3_train", zero3_no_gather_for_backward, named=("Gather it first", "before it was gathered")),
     Attempt("zero3_train", zero3_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero3_train", zero3_returns_its_shards, named=A_SHARD_FOR_THE_WHOLE),
@@ -477,6 +485,7 @@ MISTAKES = [
     Attempt("zero_offload_train", offload_reduce_scatters_on_the_host, named="host memory"),
     Attempt("zero_offload_train", offload_reducing_after_backward, named="after its backward was over"),
     Attempt("zero_offload_train", offload_moving_gradients_at_the_step, named="stayed in device memory"),
+    Attempt("zero_offload_train", offload_hooking_every_step, named="the hook ran twice for one parameter"),
     # Passed while the simulator let a collective read a host tensor, which NCCL refuses (issue 32 §4).
     Attempt("zero_offload_train", offload_gathers_from_the_host, named=("host memory", "device memory")),
 ]
