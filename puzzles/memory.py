@@ -59,7 +59,9 @@ def _describe(cfg: GPTConfig) -> str:
 # while the learner's function runs (lib.guard.offlimits).
 DERIVE = {"building a module": MODULE_INIT, "lib.analytic.formulas": "lib.analytic.formulas",
           "lib.checker.measure": "lib.checker.measure", "lib.planner": "lib.planner",
-          "lib.viz.memory": "lib.viz.memory"}
+          "lib.viz.memory": "lib.viz.memory",
+          # a prediction measured on a block written in torch ops: autograd's saved tensors counted by a hook
+          "saved-tensor hooks (measuring what autograd keeps)": "torch.autograd.graph"}
 DERIVE_ADVICE = "derive it from the configuration (and from lib/models.py, read, not run)"
 PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, off_limits_advice=DERIVE_ADVICE,
                   real_cell=False)

@@ -4,6 +4,7 @@ puzzles have their own guards, with their own messages.)"""
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import lib
@@ -132,3 +133,30 @@ def offload_state_stepped_on_the_device(model, batches, lr, betas=(0.9, 0.999), 
 
 
 CHEATS += [("offloaded_adam_train", offload_state_stepped_on_the_device, "the step runs where the state lives")]
+
+
+# ---- a prediction measured rather than derived ---------------------------------------------------------------
+def activations_measured_by_a_hook(s, b, h, a):
+    """One block written in torch ops with random bf16 weights (no module built), the tensors autograd saves added
+    up by a saved-tensors hook: the number measured, not derived from the block's code. (This one counts 5-7% over
+    the check's measurement, outside its 2%; the measuring, not its care, is what the puzzle refuses.)"""
+    def weight(rows, cols):
+        return torch.randn(rows, cols, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    kept = []
+
+    def pack(t):
+        base = t if t._base is None else t._base
+        if not (base.requires_grad and base.is_leaf and base is not x) and not any(base is k for k in kept):
+            kept.append(base)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        q, k, v = (F.layer_norm(x, (h,)) @ weight(h, 3 * h)).split(h, -1)
+        q, k, v = (t.view(b, s, a, h // a).transpose(1, 2) for t in (q, k, v))
+        scores = F.dropout(torch.softmax(q @ k.transpose(-1, -2) / (h // a) ** 0.5, -1), 0.1)
+        y = x + F.dropout((scores @ v).transpose(1, 2).reshape(b, s, h) @ weight(h, h), 0.1)
+        F.dropout(F.gelu(F.layer_norm(y, (h,)) @ weight(h, 4 * h)) @ weight(4 * h, h), 0.1)
+    return sum(t.untyped_storage().nbytes() for t in kept)
+
+
+CHEATS += [("layer_activation_bytes", activations_measured_by_a_hook, "saved-tensor hooks")]
