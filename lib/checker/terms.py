@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
@@ -279,12 +280,30 @@ def explain(f: Formula, got: float, rel: float = 1e-9,
     found = matches(f, got, rel)
     if len(found) > 1 and resolve is not None:
         found = resolve(found) or found
+    found = _one_way(found)
     if not found:
         return None
     diff = got - f.value
     side = f"{f.amount(abs(diff))} {'short' if diff < 0 else 'over'}"
     said = found[0] if len(found) == 1 else " or with ".join(found[:3]) + " (the same number on this case)"
     return f"your answer is {side}: it is what the formula gives with {said}."
+
+
+_SWAP = re.compile(r"^(?P<a>\S+)(?: \(.*\))? where (?P<b>\S+) belongs$")
+
+
+def _one_way(found: list[str]) -> list[str]:
+    """A swap said both ways ("a where kv_heads belongs", "kv_heads where a belongs") said the first way only: where
+    both give the learner's number, one quantity stands for the other, whichever way round it is read."""
+    kept, seen = [], set()
+    for x in found:
+        m = _SWAP.match(x)
+        if m and (m["b"], m["a"]) in seen:
+            continue
+        if m:
+            seen.add((m["a"], m["b"]))
+        kept.append(x)
+    return kept
 
 
 def _gives(expr: Expr, m: Mutation, got: float, rel: float) -> bool:
