@@ -11,7 +11,7 @@ import copy
 import functools
 import math
 import random
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -270,7 +270,43 @@ def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False
                 f"N={world}, {steps} Adam steps, {len(_layers(model))} layers" + (
                     f", {what}" if what else f", {LOCAL} samples per rank, {s.psi} padded parameters"),
                 budgets=([] if host else [ON_DEVICE]) + budgets(s, model) + work, cost=cost, steps=steps,
-                contracts=contracts(s))
+                contracts=contracts(s), explain=_strided_reading(world, steps))
+
+
+def _strided(t: torch.Tensor, world: int) -> torch.Tensor:
+    """`t` with its padded flat elements put as a strided shard leaves them: shard r held p[r::N], and gathered as
+    block r, so position r·c + j holds element r + j·N."""
+    n, c = t.numel(), math.ceil(t.numel() / world)
+    flat = F.pad(t.detach().double().reshape(-1), (0, world * c - n))
+    return flat.view(c, world).t().reshape(-1)[:n].view_as(t)
+
+
+def _strided_reading(world: int, steps: int) -> Callable:
+    """The ZeRO cases' explain: parameters that come back with their elements in a strided shard's order, to within
+    what Adam's steps move them (about lr each): shards cut as p[r::N] where the collectives hand out and collect
+    contiguous blocks."""
+    moved = 3 * LR * steps
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        want, have = expected[0], got[0]
+        if world < 2 or not isinstance(want, dict) or not isinstance(have, dict):
+            return None
+        shuffled = False
+        for name, e in want.items():
+            g = have.get(name)
+            if not isinstance(g, torch.Tensor) or g.shape != e.shape or not g.is_floating_point():
+                return None
+            order = _strided(e, world)
+            if float((g.double() - order).abs().max()) > moved:
+                return None
+            shuffled |= float((order - e.double()).abs().max()) > 2 * moved
+        if not shuffled:
+            return None
+        return ("Diagnosis: every parameter comes back with its elements reordered (to within what Adam's steps "
+                "move them): position r·c + j holds the element at r + j·N. Your shard was strided, p[r::N], where "
+                "reduce_scatter_single hands each rank a contiguous block of the padded flat tensor and "
+                "all_gather_single puts block r back at r·c: keep the slice [r·c:(r+1)·c].")
+    return explain
 
 
 def _params_of(model) -> dict[str, torch.Tensor]:

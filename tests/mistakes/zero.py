@@ -370,12 +370,16 @@ def prefetch_forward_direction_in_backward(dist, model, batches, lr):
 
 # ---- zero_offload_train -------------------------------------------------------------------------------------
 def _offload(dist, model, batches, lr, *, divide=True, back_to_device=True, accumulate=False, fixed_step=None,
-             grad_to_host_first=False, after_backward=False, late_to_host=False, hooks_each_step=False):
+             grad_to_host_first=False, after_backward=False, late_to_host=False, hooks_each_step=False,
+             strided=False):
     """ZeRO-Offload as the hints lay it out, with the knob of one mistake turned."""
     rank, world = dist.get_rank(), dist.get_world_size()
     host = lib.host()
     params = list(model.parameters())
     sizes, shards = _shards(params, rank, world)
+    if strided:                     # every N-th element from the rank's own: p[r::N] of the padded flat tensor
+        shards = [F.pad(p.detach().reshape(-1), (0, world * c - p.numel()))[rank::world].clone()
+                  for p, c in zip(params, sizes)]
     shards = [s.to(host) for s in shards]
     m = [torch.zeros(c, dtype=p.dtype, device=host) for p, c in zip(params, sizes)]
     v = [torch.zeros(c, dtype=p.dtype, device=host) for p, c in zip(params, sizes)]
@@ -453,6 +457,11 @@ def offload_hooking_every_step(dist, model, batches, lr):
     return _offload(dist, model, batches, lr, hooks_each_step=True)
 
 
+def offload_strided_host_shards(dist, model, batches, lr):
+    """Host shards cut as every N-th element from the rank's own (p[r::N]), 'to spread each row over the ranks'."""
+    return _offload(dist, model, batches, lr, strided=True)
+
+
 MISTAKES = [
     Attempt("zero1_train", zero1_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero1_train", zero1_rebinding_the_parameter, named=("unchanged", "the update itself is wrong")),
@@ -486,6 +495,7 @@ MISTAKES = [
     Attempt("zero_offload_train", offload_reducing_after_backward, named="after its backward was over"),
     Attempt("zero_offload_train", offload_moving_gradients_at_the_step, named="stayed in device memory"),
     Attempt("zero_offload_train", offload_hooking_every_step, named="the hook ran twice for one parameter"),
+    Attempt("zero_offload_train", offload_strided_host_shards, named="Your shard was strided"),
     # Passed while the simulator let a collective read a host tensor, which NCCL refuses (issue 32 §4).
     Attempt("zero_offload_train", offload_gathers_from_the_host, named=("host memory", "device memory")),
 ]
