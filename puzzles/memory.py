@@ -9,9 +9,10 @@ never from a run of the answer.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -23,6 +24,7 @@ from lib.models import Block, GPTConfig, TinyGPT
 from lib.guard.offlimits import MODULE_INIT
 from lib.checker.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
+from puzzles import _adam_variants
 from puzzles._sample_weights import fit, module_grads, said, vjp
 
 import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
@@ -38,7 +40,10 @@ def _config(rng: random.Random, tied: Optional[bool] = None, bias: Optional[bool
     gqa = rng.random() < 0.5 if gqa is None else gqa
     heads = rng.choice([a for a in (2, 4, 8) if a > least_kv] if gqa else [1, 2, 4])
     kv_heads = rng.choice([k for k in (1, 2, 4) if least_kv <= k < heads and heads % k == 0]) if gqa else 0
-    return GPTConfig(vocab=rng.randint(16, 100), seq=rng.choice([8, 16, 32]), hidden=heads * rng.choice([4, 8, 16]),
+    # K's width with the head size h/a forgotten (kv_heads·h) equals the sequence put for kv_heads (s·h/a) where
+    # s = kv_heads·a: a grouped case avoids that coincidence, so that the count tells the two apart.
+    seq = rng.choice([s for s in (8, 16, 32) if s != kv_heads * heads])
+    return GPTConfig(vocab=rng.randint(16, 100), seq=seq, hidden=heads * rng.choice([4, 8, 16]),
                      heads=heads, layers=rng.randint(1, 4), kv_heads=kv_heads,
                      tied=rng.random() < 0.5 if tied is None else tied,
                      bias=rng.random() < 0.5 if bias is None else bias)
@@ -54,7 +59,9 @@ def _describe(cfg: GPTConfig) -> str:
 # while the learner's function runs (lib.guard.offlimits).
 DERIVE = {"building a module": MODULE_INIT, "lib.analytic.formulas": "lib.analytic.formulas",
           "lib.checker.measure": "lib.checker.measure", "lib.planner": "lib.planner",
-          "lib.viz.memory": "lib.viz.memory"}
+          "lib.viz.memory": "lib.viz.memory",
+          # a prediction measured on a block written in torch ops: autograd's saved tensors counted by a hook
+          "saved-tensor hooks (measuring what autograd keeps)": "torch.autograd.graph"}
 DERIVE_ADVICE = "derive it from the configuration (and from lib/models.py, read, not run)"
 PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, off_limits_advice=DERIVE_ADVICE,
                   real_cell=False)
@@ -141,7 +148,46 @@ def _adam_case(rng: random.Random, _world: int, **kind) -> Case:
         + term("Adam's variance (4 B each)", 4))
     assert expr.value == kept
     # The label names the configuration only: a replayed seed must not print the answer.
-    return Case(1, (cfg,), [kept], _describe(cfg), formulas={"": formula(expr, "B")})
+    return Case(1, (cfg,), [kept], _describe(cfg), formulas={"": formula(expr, "B")},
+                explain=_bytes_per_parameter(n))
+
+
+STATE_PIECES = "2 (bf16 weights) + 2 (bf16 gradients) + 4 (fp32 master weights) + 4 (Adam's m) + 4 (Adam's v)"
+# Bytes a parameter over (+) or short (-) of the 16, and the mistakes of precision or of a piece that give them,
+# the likelier first. Weights and gradients are both 2 B, the master copy, m and v all 4 B: a number alone cannot
+# tell one of each kind from another, and the reading says so.
+PER_PARAMETER = {
+    2: ["a bf16 piece (the weights or their gradients) counted at fp32's 4 B: in mixed precision both are bf16, "
+        "2 B", "a bf16 piece counted twice"],
+    4: ["the bf16 weights and gradients both counted at fp32's 4 B (4 + 4 where 2 + 2 belong): only the master "
+        "copy and Adam's m and v are fp32", "one of the fp32 pieces (the master weights, m or v) counted twice"],
+    -2: ["a bf16 piece (the weights or their gradients) left out", "an fp32 piece (the master weights, m or v) "
+         "counted at bf16's 2 B"],
+    -4: ["one of the fp32 pieces (the master weights, m or v) left out", "the bf16 weights and gradients both "
+         "left out (only the optimizer's 12 B)", "Adam's m and v counted at bf16's 2 B"],
+    -8: ["two of the fp32 pieces (the master weights, m and v) left out"],
+    -12: ["the fp32 master weights, m and v all left out (the bf16 weights and gradients only)"],
+}
+
+
+def _bytes_per_parameter(count: int) -> Callable:
+    """training_state_bytes's explain: an answer that is a whole number of bytes per parameter said per parameter,
+    against the 16 of mixed-precision Adam, with the pieces that make up the difference."""
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        answer = got[0]
+        if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+            return None
+        per = answer / count
+        if per == 16 or not float(per).is_integer() or int(per) - 16 not in PER_PARAMETER:
+            return None
+        readings = PER_PARAMETER[int(per) - 16]
+        said_ = readings[0] if len(readings) == 1 else (
+            "; or ".join(readings) + " (the same bytes a parameter: the number cannot tell which, so count your "
+            "five pieces against these)")
+        return (f"Diagnosis: your answer is {per:g} B per parameter (Ψ = {count:,} parameters) where mixed-precision "
+                f"Adam keeps 16 = {STATE_PIECES}: {said_}.")
+    return explain
 
 
 training_state_bytes = Puzzle(
@@ -167,7 +213,37 @@ def _activation_case(rng: random.Random, _world: int) -> Case:
     expr = activation_terms(s, b, h, heads)
     assert abs(expr.value - saved) <= ACTIVATION_RTOL * saved, "Korthikanti's terms should match"
     return Case(1, (s, b, h, heads), [saved], f"s={s}, b={b}, h={h}, a={heads}, one bf16 block with dropout",
-                formulas={"": formula(expr, "B")})
+                formulas={"": formula(expr, "B")}, explain=_activation_reading(s, b, h, heads))
+
+
+BF16 = 2             # bytes of a bf16 activation: already inside Korthikanti's 34 and 5
+
+
+def _activation_reading(s: int, b: int, h: int, heads: int) -> Callable:
+    """layer_activation_bytes's explain: an answer off by bf16's 2 bytes as a whole (34sbh + 5as²b is already in
+    bytes), or whose attention part keeps s values per head and sample where the s × s scores belong."""
+    formula_ = 34 * s * b * h + 5 * heads * s * s * b
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        answer = got[0]
+        if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+            return None
+        for size, kind in ((BF16, "bf16"), (4, "fp32")):
+            if math.isclose(answer, size * formula_, rel_tol=1e-9):
+                return (f"Diagnosis: your answer is {size}× the bytes, multiplied by {kind}'s {size} B a value: "
+                        "34sbh + 5as²b is already in bytes, bf16's 2 B inside the 34 and the 5 (and the dropout "
+                        "masks' 1 B): do not multiply it by bytes again.")
+        if math.isclose(answer, formula_ / BF16, rel_tol=1e-9):
+            return ("Diagnosis: your answer is half the bytes: values counted where bytes belong (bf16 keeps 2 B a "
+                    "value, a dropout mask 1 B).")
+        rows = (answer - 34 * s * b * h) / (heads * s * b)
+        if s > 1 and float(rows).is_integer() and 0 < rows <= 5:
+            return (f"Diagnosis: the attention part of your answer is {rows:g}·asb bytes, s values per head and "
+                    "sample, where the scores are s × s per head: the softmax output (2as²b), its dropout mask "
+                    "(as²b) and the dropped-out scores (2as²b), 5as²b. Flash attention keeps one statistic per row "
+                    "and recomputes the scores; this block's plain attention keeps them all.")
+        return None
+    return explain
 
 
 def activation_terms(s: int, b: int, h: int, heads: int) -> Expr:
@@ -273,7 +349,7 @@ def _accumulation_explain(model, tokens: torch.Tensor, targets: torch.Tensor, k:
                              for i in range(batch)])
         weights = fit(basis, mine)
         if weights is not None:
-            found = said(weights, k, unit="sample")
+            found = said(weights, k, unit="sample") or _pieces_counted(weights, batch, k)
             return f"Diagnosis: {found}" if found else None
         cut = sum(vjp(lambda t=t, y=y: ref.loss(t, y) / k, params)
                   for t, y in zip(tokens.chunk(k, 1), targets.chunk(k, 1)))
@@ -288,6 +364,22 @@ def _accumulation_explain(model, tokens: torch.Tensor, targets: torch.Tensor, k:
                     "tokens.chunk(k), dim 0.")
         return None
     return explain
+
+
+def _pieces_counted(weights: torch.Tensor, batch: int, k: int) -> Optional[str]:
+    """Every sample at one weight w other than 1, where w·k is the number of pieces tensor.split(k) makes (batch/k
+    pieces of k rows): the gradients of those pieces, each loss divided by k."""
+    w = float(weights.mean())
+    pieces = w * k
+    if math.isclose(w, 1, rel_tol=1e-6) or not math.isclose(pieces, round(pieces), rel_tol=1e-6) or round(pieces) < 1:
+        return None
+    pieces = round(pieces)
+    if pieces != batch // k or pieces == k:
+        return None                   # a factor of its own (a loss divided twice): lib.diagnose names it
+    text = (f"every sample counts {w:.4g}× where it should count once: the gradients of {pieces} micro-batch"
+            f"{'es' if pieces > 1 else ''}, each loss divided by k = {k}, where k micro-batches belong")
+    return (f"{text}: tensor.split(k) cuts pieces of k = {k} rows ({pieces} of them from a batch of {batch}); "
+            "tensor.chunk(k) cuts k pieces.")
 
 
 def _accumulation_case(rng: random.Random, _world: int) -> Case:
@@ -385,8 +477,45 @@ def _offload_case(rng: random.Random, _world: int, steps: Optional[int] = None) 
                                 f"{ADAM_PASSES} elementwise passes over the {param_count:,} parameters per Adam step; "
                                 f"forward and backward belong on the device (on the host they would cost about "
                                 f"6 · parameters · tokens = {6 * param_count * tokens.numel() * len(batches):,})",
-                                hint="keep the model where it is; move gradients to the host, not the model.")],
-                steps=len(batches))
+                                hint="keep the model where it is; move gradients to the host, not the model."),
+                         _host_step(param_count, len(batches), lr)],
+                steps=len(batches), explain=_adam_reading(model, batches, lr))
+
+
+HOST_STEP = 0.5      # of Adam's FLOPs on every parameter: the floor on what the host computes
+
+
+@functools.lru_cache(maxsize=16)
+def _adam_step_flops(elements: int, lr: float) -> float:
+    """One Adam update of `elements` float64 parameters as the hints write it, counted as a rank counts it."""
+    p, g, m, v = (torch.ones(elements, dtype=torch.float64) for _ in range(4))
+
+    def step():
+        m.mul_(0.9).add_(g, alpha=0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.addcdiv_(m / (1 - 0.9), (v / (1 - 0.999)).sqrt().add_(1e-8), value=-lr)
+    return counted_flops(step)[1]
+
+
+def _host_step(param_count: int, steps: int, lr: float) -> Budget:
+    """ZeRO-Offload runs the optimizer's step where its state lives: state kept in host memory but brought to the
+    device for each update (and back) meets the device's budget, one parameter at a time, while the device computes
+    the step and the link carries the state both ways."""
+    adam = steps * _adam_step_flops(param_count, lr)
+    return Floor("host_flops", HOST_STEP * adam,
+                 f"{HOST_STEP:.0%} of {steps} Adam steps on the {param_count:,} parameters, {adam:,.0f} FLOPs: the "
+                 "step runs where the state lives",
+                 hint="update m and v and compute the step on the host tensors themselves; bring only the update "
+                      "back to the device (m and v carried to the device for the update leave its compute and the "
+                      "link doing the host's work).")
+
+
+def _adam_reading(model, batches, lr: float) -> Callable:
+    """offloaded_adam_train's explain: the one setting of Adam whose run gives the learner's parameters."""
+    def explain(expected: list, got: list) -> Optional[str]:
+        found = _adam_variants.which(model, batches, lr, lambda m, batch: m.loss(*batch), expected[0], got[0])
+        return f"Diagnosis: {found}" if found else None
+    return explain
 
 
 offloaded_adam_train = Puzzle(

@@ -11,7 +11,7 @@ import copy
 import functools
 import math
 import random
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -189,12 +189,13 @@ def _memory_budget(s: _Sizes, stage: int, layers_at_once: int, label: str, hint:
     limit, why = _training_memory(s, stage, layers_at_once, label, states, formula)
     if stage == 3:
         # The full parameters are handed in (held while their shards and the optimizer state are made) and come back
-        # at the end to be returned (the optimizer state dropped first): training is judged apart (_while_training).
+        # at the end to be returned, beside the optimizer state (nothing asks to drop it first): training is judged
+        # apart (_while_training).
         start = ITEM * s.psi + s.states(3) + s.inputs + 3 * s.shard
-        final = ITEM * s.psi * (1 + 1 / s.world) + s.inputs + 2 * s.layer + 3 * s.shard
+        final = start + 2 * s.layer
         if max(start, final) > limit:
             why += (f"; here the start or the end is larger: the full parameters handed in with the sharded state "
-                    f"({fmt_bytes(start)}), or gathered to be returned with the shards, the batches and two layers' "
+                    f"({fmt_bytes(start)}), or gathered to be returned beside it, with the batches and two layers' "
                     f"buffers ({fmt_bytes(final)})")
             limit = max(start, final)
     return Budget("peak_memory", limit, why, hint=hint)
@@ -269,7 +270,43 @@ def _case(rng: random.Random, world: int, budgets, cost=None, host: bool = False
                 f"N={world}, {steps} Adam steps, {len(_layers(model))} layers" + (
                     f", {what}" if what else f", {LOCAL} samples per rank, {s.psi} padded parameters"),
                 budgets=([] if host else [ON_DEVICE]) + budgets(s, model) + work, cost=cost, steps=steps,
-                contracts=contracts(s))
+                contracts=contracts(s), explain=_strided_reading(world, steps))
+
+
+def _strided(t: torch.Tensor, world: int) -> torch.Tensor:
+    """`t` with its padded flat elements put as a strided shard leaves them: shard r held p[r::N], and gathered as
+    block r, so position r·c + j holds element r + j·N."""
+    n, c = t.numel(), math.ceil(t.numel() / world)
+    flat = F.pad(t.detach().double().reshape(-1), (0, world * c - n))
+    return flat.view(c, world).t().reshape(-1)[:n].view_as(t)
+
+
+def _strided_reading(world: int, steps: int) -> Callable:
+    """The ZeRO cases' explain: parameters that come back with their elements in a strided shard's order, to within
+    what Adam's steps move them (about lr each): shards cut as p[r::N] where the collectives hand out and collect
+    contiguous blocks."""
+    moved = 3 * LR * steps
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        want, have = expected[0], got[0]
+        if world < 2 or not isinstance(want, dict) or not isinstance(have, dict):
+            return None
+        shuffled = False
+        for name, e in want.items():
+            g = have.get(name)
+            if not isinstance(g, torch.Tensor) or g.shape != e.shape or not g.is_floating_point():
+                return None
+            order = _strided(e, world)
+            if float((g.double() - order).abs().max()) > moved:
+                return None
+            shuffled |= float((order - e.double()).abs().max()) > 2 * moved
+        if not shuffled:
+            return None
+        return ("Diagnosis: every parameter comes back with its elements reordered (to within what Adam's steps "
+                "move them): position r·c + j holds the element at r + j·N. Your shard was strided, p[r::N], where "
+                "reduce_scatter_single hands each rank a contiguous block of the padded flat tensor and "
+                "all_gather_single puts block r back at r·c: keep the slice [r·c:(r+1)·c].")
+    return explain
 
 
 def _params_of(model) -> dict[str, torch.Tensor]:
@@ -324,11 +361,38 @@ FEWER_WORLDS = (2, 3)
 
 
 # ---- 1. ZeRO-1 ------------------------------------------------------------------------------------------
+ZERO1_LABEL = "stage 1, (8+8)Ψ + 24Ψ/N"
+
+
 def _zero1_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     return _case(rng, world, lambda s, m: [
-        _memory_budget(s, 1, 2, "stage 1, (8+8)Ψ + 24Ψ/N",
+        _memory_budget(s, 1, 2, ZERO1_LABEL,
                        "keep Adam's m and v for your shard only (c elements per parameter), not for the whole model."),
-        *_gradient_traffic(s)], steps=steps)
+        *_gradient_traffic(s)], steps=steps, contracts=lambda s: [_no_flat_gradient_copy(s)])
+
+
+def _no_flat_gradient_copy(s: _Sizes) -> Contract:
+    """A flat buffer of every gradient, reduce-scattered at once, copied beside p.grad (torch.cat, then a padded
+    copy): the full gradients exist two or three times over at that moment, which stage 1's memory does not hold.
+    Said where the run both breaks the memory budget and reduce-scatters the whole model in one call, the evidence
+    that the excess is that copy rather than optimizer state kept whole."""
+    limit, why = _training_memory(s, 1, 2, ZERO1_LABEL)
+    whole = 0.9 * s.traffic(0, 1)                      # one reduce-scatter's bytes for every padded parameter
+
+    def broken(result: SimResult) -> Optional[str]:
+        for st in result.stats:
+            flat = any(e.rank == st.rank and e.op == "reduce_scatter" and e.bytes >= whole for e in result.trace)
+            if flat and st.peak_memory > limit * (1 + 1e-9):
+                over = st.peak_memory - limit
+                return (f"rank {st.rank}'s peak memory is {fmt_bytes(st.peak_memory)}, over the budget of "
+                        f"{fmt_bytes(limit)} by {fmt_bytes(over)}, {over / (ITEM * s.psi):.1f}× the model's "
+                        f"gradients ({fmt_bytes(ITEM * s.psi)}), and it reduce-scattered every gradient in one "
+                        "call: a flat copy of the whole model's gradients (torch.cat, then a padded buffer) made "
+                        f"beside p.grad, so that the full gradients existed more than once ({why})")
+        return None
+    return Contract("a flat gradient buffer is the gradients themselves, not a copy of them", broken,
+                    hint="reduce-scatter each parameter's padded gradient in turn (a copy of one parameter at a "
+                         "time), or make the flat buffer first and let each p.grad be a view into it.")
 
 
 zero1_train = Puzzle(
@@ -539,12 +603,67 @@ fsdp_prefetch_train = Puzzle(
 
 
 # ---- 5. ZeRO-Offload ---------------------------------------------------------------------------------------
+OFFLOAD_LABEL, OFFLOAD_HINT = "device memory keeps the weights only", (
+    "keep m, v, the shard's gradients and its master parameters in host memory (device=lib.host()); send the device "
+    "only updated shards.")
+
+
+def _offload_training(s: _Sizes) -> tuple[float, str]:
+    """(bytes, why): what a ZeRO-Offload rank's device holds while training: the weights, not their state."""
+    return _training_memory(s, 2, 2, OFFLOAD_LABEL, states=SCALE * 2 * s.psi, formula="the float64 weights, 4 × 2Ψ")
+
+
+def _offload_device(s: _Sizes) -> Budget:
+    """The device's peak over the whole run: training's, or at the end the weights and a copy of them returned
+    (`{n: p.detach().clone()}`, as ordinary code returns parameters); training itself is judged on its own
+    (_offload_while_training), so that the room for the returned copy is no room for state kept on the device."""
+    limit, why = _offload_training(s)
+    end = 2 * ITEM * s.psi + s.inputs + 3 * s.shard
+    if end > limit:
+        why += (f"; after training, the weights and a copy of them returned, the batches and shard temporaries "
+                f"({fmt_bytes(end)})")
+    return Budget("peak_memory", max(limit, end), why, hint=OFFLOAD_HINT)
+
+
+def _offload_while_training(s: _Sizes) -> Contract:
+    """ZeRO-Offload's device memory from its first reduce-scatter of gradients to its last all-gather of updated
+    shards: the weights, a step's activations and what is in flight, never the optimizer's state or its gradients."""
+    limit, why = _offload_training(s)
+    return peak_memory_between("reduce_scatter", "all_gather", limit, "while training",
+                               f"while training, {why}", hint=OFFLOAD_HINT)
+
+
+SHARDS_LEFT = 0.75    # of a rank's gradient shards (8Ψ/N): held on the device at the step, they were never offloaded
+
+
+def _gradients_offloaded(s: _Sizes) -> Contract:
+    """Between a step's last reduce-scatter and its first all-gather Adam runs: the device then holds the weights and
+    the batches, the gradient shards having gone to the host as they were reduced. Shards kept on the device for the
+    step (and handed to Adam there) show as most of 8Ψ/N more."""
+    base, shards = ITEM * s.psi + s.inputs, ITEM * s.psi / s.world
+
+    def broken(result: SimResult) -> Optional[str]:
+        for st in result.stats:
+            calls = sorted((e for e in result.trace if e.rank == st.rank and e.op in ("reduce_scatter", "all_gather")),
+                           key=lambda e: e.end)
+            for step, (a, b) in enumerate(((a, b) for a, b in zip(calls, calls[1:])
+                                           if a.op == "reduce_scatter" and b.op == "all_gather"), start=1):
+                held = max((h for t, h in st.memory if a.end <= t <= b.start), default=0)
+                if held > base + SHARDS_LEFT * shards:
+                    return (f"rank {st.rank}'s device held {fmt_bytes(held)} at step {step}'s update (between its "
+                            f"last reduce-scatter and its first all-gather), {fmt_bytes(held - base)} over the "
+                            f"weights and the batches ({fmt_bytes(base)}): {(held - base) / shards:.1f}× its gradient "
+                            f"shards ({fmt_bytes(shards)}), which stayed in device memory for Adam's step")
+        return None
+    return Contract("ZeRO-Offload sends each gradient shard to host memory as soon as it is reduced, and Adam reads "
+                    "it there", broken,
+                    hint="in the hook, after the reduce-scatter: grads[i] = shard.to(lib.host()), so that adam_update "
+                         "gets host tensors only.")
+
+
 def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Case:
     def budgets(s, m):
-        device = _memory_budget(s, 2, 2, "device memory keeps the weights only",
-                                "keep m, v, the shard's gradients and its master parameters in host memory "
-                                "(device=lib.host()); send the device only updated shards.",
-                                states=SCALE * 2 * s.psi, formula="the float64 weights, 4 × 2Ψ")
+        device = _offload_device(s)
         host = SCALE * model_state_bytes(s.psi, s.world, 3, k=K[3])
         return [device,
                 Budget("host_peak_memory", host + 3 * s.shard,
@@ -555,7 +674,8 @@ def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -
                 *_gradient_traffic(s)]
     model = mlp(_sizes(rng), seed=rng.randrange(2**31))          # the draw _case would make, kept for the contract
     return _case(rng, world, budgets, host=True, model=model, steps=steps,
-                 contracts=lambda s: [_adam_on_the_host(s, model)])
+                 contracts=lambda s: [_adam_on_the_host(s, model), _reduced_during_backward(),
+                                      _gradients_offloaded(s), _offload_while_training(s)])
 
 
 HOST_STEP = 0.5       # of Adam's FLOPs on this rank's shards: the floor on what the host computes

@@ -28,6 +28,7 @@ from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
 from solutions.moe import moe_layer
 from solutions.three_d import train_3d
+from solutions.zero import zero_offload_train
 from solutions.ring_attention import blockwise_attention, merge_attention, ring_attention_overlap
 from tests.cheats.ring_attention import _pass_right
 from tests.wrong.three_d import DPAverageReplaced
@@ -448,8 +449,34 @@ def hsdp_groups_by_hand_one_reduce_scatter_per_gradient(dist, grads, nodes):
     return out
 
 
+def offload_returning_copies(dist, model, batches, lr):
+    """ZeRO-Offload returning copies of its parameters ({n: p.detach().clone()}), as ordinary code returns them:
+    the device holds the weights twice for a moment, after training."""
+    return {name: p.clone() for name, p in zero_offload_train(dist, model, batches, lr).items()}
+
+
+def checkpoint_by_hand(model, tokens, targets):
+    """Checkpointing written out: forward under no_grad keeping each block's input, then backward block by block,
+    each block run again with autograd on and its gradient pushed through with backward(grad)."""
+    with torch.no_grad():
+        inputs, x = [], model.embed(tokens)
+        for block in model.blocks:
+            inputs.append(x)
+            x = block(x)
+    x = x.detach().requires_grad_()
+    model.head_loss(x, targets).backward()
+    grad = x.grad
+    for block, inp in zip(reversed(model.blocks), reversed(inputs)):
+        inp = inp.detach().requires_grad_()
+        block(inp).backward(grad)
+        grad = inp.grad
+    model.embed(tokens).backward(grad)
+    return model
+
+
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
+    [(puzzles.memory.checkpointed_step, checkpoint_by_hand)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
@@ -463,7 +490,7 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
      (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
-     (puzzles.zero.zero1_train, zero1_with_torchs_adam),
+     (puzzles.zero.zero1_train, zero1_with_torchs_adam), (puzzles.zero.zero_offload_train, offload_returning_copies),
      (puzzles.trainer.hsdp_gradients, hsdp_groups_by_hand_one_reduce_scatter_per_gradient)]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
@@ -200,7 +201,7 @@ def mutations(expr: Expr) -> list[Mutation]:
         for value, words in nodes[0].alternatives:
             out.append(Mutation(f"{words} where {said} belongs", every(lambda v, w=float(value): w)))
         for other, theirs in quantities.items():
-            if other != symbol and theirs[0].number != nodes[0].number:
+            if other != symbol and theirs[0].number not in (nodes[0].number, 1):     # 1: "left out" says it
                 out.append(Mutation(f"{theirs[0].said} where {symbol} belongs",
                                     every(lambda v, w=float(theirs[0].number): w)))
         if float(nodes[0].number).is_integer():
@@ -239,6 +240,38 @@ def matches(f: Formula, got: float, rel: float = 1e-9) -> list[str]:
     return [first.said] if first else []
 
 
+def value_with(f: Formula, said: str) -> Optional[float]:
+    """What the mistake `said` (as `matches` says it on another case) gives on this formula; None where it has no
+    place here (the key/value heads where there are none, an untied head on a tied model)."""
+    singles = mutations(f.expr)
+    pairs = (Mutation(f"{a.said}, and {b.said}", {**a.change, **b.change})
+             for a, b in itertools.combinations(singles, 2) if not set(a.change) & set(b.change))
+    for m in itertools.chain(singles, pairs):
+        if m.said == said:
+            try:
+                return f.expr.eval(m.change)
+            except (ArithmeticError, ValueError, OverflowError):
+                return None
+    return None
+
+
+def narrowed(found: list[str], answers: list[tuple[Formula, float]]) -> list[str]:
+    """Of mistakes that give the learner's number on one case, those its answers to other cases (formula, answer)
+    bear out: first those that give its wrong answers there, most often; then, of those, the ones that leave its
+    right answers right (a mistake that has its place there and would change the number is not the learner's,
+    unless every one would)."""
+    def fitted(said: str) -> int:
+        return sum(1 for f, got in answers if not _same(got, f.value, 1e-9)
+                   and (v := value_with(f, said)) is not None and _same(v, got, 1e-9))
+
+    def spoils(said: str) -> bool:
+        return any(_same(got, f.value, 1e-9) and (v := value_with(f, said)) is not None and not _same(v, got, 1e-9)
+                   for f, got in answers)
+    best = max((fitted(x) for x in found), default=0)
+    found = [x for x in found if fitted(x) == best]
+    return [x for x in found if not spoils(x)] or found
+
+
 def explain(f: Formula, got: float, rel: float = 1e-9,
             resolve: Optional[Callable[[list[str]], list[str]]] = None) -> Optional[str]:
     """The mistake whose formula gives `got`, said with the difference; None if none does. Where several fit this
@@ -247,12 +280,30 @@ def explain(f: Formula, got: float, rel: float = 1e-9,
     found = matches(f, got, rel)
     if len(found) > 1 and resolve is not None:
         found = resolve(found) or found
+    found = _one_way(found)
     if not found:
         return None
     diff = got - f.value
     side = f"{f.amount(abs(diff))} {'short' if diff < 0 else 'over'}"
     said = found[0] if len(found) == 1 else " or with ".join(found[:3]) + " (the same number on this case)"
     return f"your answer is {side}: it is what the formula gives with {said}."
+
+
+_SWAP = re.compile(r"^(?P<a>\S+)(?: \(.*\))? where (?P<b>\S+) belongs$")
+
+
+def _one_way(found: list[str]) -> list[str]:
+    """A swap said both ways ("a where kv_heads belongs", "kv_heads where a belongs") said the first way only: where
+    both give the learner's number, one quantity stands for the other, whichever way round it is read."""
+    kept, seen = [], set()
+    for x in found:
+        m = _SWAP.match(x)
+        if m and (m["b"], m["a"]) in seen:
+            continue
+        if m:
+            seen.add((m["a"], m["b"]))
+        kept.append(x)
+    return kept
 
 
 def _gives(expr: Expr, m: Mutation, got: float, rel: float) -> bool:

@@ -152,7 +152,7 @@ def _formulas(case: Any, got: Sequence[Any], fn: Optional[Callable] = None, othe
     """A prediction off by one of its reference's named terms (lib.checker.terms), said with the amount; terms of the
     same
     size on this case told apart by the learner's answers to the check's other cases."""
-    from lib.checker.terms import explain, matches
+    from lib.checker.terms import explain, narrowed
 
     for key, formula in (getattr(case, "formulas", None) or {}).items():
         leaf = dict(leaves(got[0])).get(key)
@@ -160,13 +160,13 @@ def _formulas(case: Any, got: Sequence[Any], fn: Optional[Callable] = None, othe
             continue
 
         def resolve(found: list[str], key=key) -> list[str]:
+            answers = []
             for other in others:
                 theirs = (getattr(other, "formulas", None) or {}).get(key)
                 answer = _answer(fn, other, key) if theirs is not None else None
                 if answer is not None:
-                    there = set(matches(theirs, answer))
-                    found = [f for f in found if f in there] or found
-            return found
+                    answers.append((theirs, answer))
+            return narrowed(found, answers)
         found = explain(formula, float(leaf.item()), resolve=resolve if fn is not None else None)
         if found:
             return found if not key else f"{name(key)}: {found}"

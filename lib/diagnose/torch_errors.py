@@ -8,6 +8,7 @@ own tensors say what those shapes are: a tensor with 1/N of a parameter's elemen
 
 from __future__ import annotations
 
+import linecache
 import math
 import re
 from typing import Callable, Optional, Sequence
@@ -71,6 +72,11 @@ def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ())
     step = first_raising_step(fn, case)
     if step is None or step < 2:
         return said
+    if "'NoneType' object has no attribute" in str(getattr(error, "exception", None) or error) and _in_a_hook(error):
+        return (f"What it means: a gradient hook found its parameter's .grad None at step {step}, where step 1 ran "
+                "the same hook: the hook ran twice for one parameter, and the first run's p.grad = None left None to "
+                "the second. A hook registered again every step adds one more each step: register the hooks once, "
+                "before the loop (or remove them, handle.remove(), at the end of each step).")
     later = (f"Step {step - 1 if step > 2 else 1}{' and the ones before it' if step > 2 else ''} ran without it; the "
              f"error comes at step {step}: what one step leaves for the next is at fault (a hook registered again "
              "every step, something freed at the end of a step and used in the next, an optimizer or a buffer made "
@@ -113,6 +119,21 @@ def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> 
     found = _freed(shapes) or _whole_meets_shard(shapes, case.world_size) or _shard(shapes, case, rank) \
         or _transposed(op, shapes)
     return f"{said}. {found}" if found else said + "."
+
+
+def _in_a_hook(error: BaseException) -> bool:
+    """Whether the error was raised in a function backward called (a tensor hook): the first frame of the learner's
+    code below a line that calls .backward(, with only torch's frames between."""
+    tb = getattr(getattr(error, "exception", None), "__traceback__", None)
+    called_backward = False
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if called_backward and not code.co_filename.startswith(ENGINE):
+            return True
+        if not code.co_filename.startswith(ENGINE):
+            called_backward = ".backward(" in linecache.getline(code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return False
 
 
 def _in_the_checks_own_code(error: BaseException) -> bool:

@@ -4,6 +4,7 @@ puzzles have their own guards, with their own messages.)"""
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import lib
@@ -108,3 +109,54 @@ def accumulation_sample_by_sample(model, tokens, targets, k):
 
 CHEATS += [("accumulated_step", accumulation_by_checkpointing, ("FLOPs counted", "peak memory")),
            ("accumulated_step", accumulation_sample_by_sample, "largest tensor")]
+
+
+# ---- the offloaded optimizer's step taken on the device ----------------------------------------------------------
+def offload_state_stepped_on_the_device(model, batches, lr, betas=(0.9, 0.999), eps=1e-8):
+    """m and v stored in host memory, each brought to the device for its parameter's update and sent back: the
+    device's peak meets the budget one parameter at a time, while the device computes Adam's step."""
+    host, device = lib.host(), lib.device()
+    params = list(model.parameters())
+    m = [torch.zeros_like(p, device=host) for p in params]
+    v = [torch.zeros_like(p, device=host) for p in params]
+    for t, (tokens, targets) in enumerate(batches, start=1):
+        model.zero_grad()
+        model.loss(tokens, targets).backward()
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                m_i, v_i = m[i].to(device), v[i].to(device)
+                m_i.mul_(betas[0]).add_(p.grad, alpha=1 - betas[0])
+                v_i.mul_(betas[1]).addcmul_(p.grad, p.grad, value=1 - betas[1])
+                p.addcdiv_(m_i / (1 - betas[0] ** t), (v_i / (1 - betas[1] ** t)).sqrt_().add_(eps), value=-lr)
+                m[i], v[i] = m_i.to(host), v_i.to(host)
+    return model
+
+
+CHEATS += [("offloaded_adam_train", offload_state_stepped_on_the_device, "the step runs where the state lives")]
+
+
+# ---- a prediction measured rather than derived ---------------------------------------------------------------
+def activations_measured_by_a_hook(s, b, h, a):
+    """One block written in torch ops with random bf16 weights (no module built), the tensors autograd saves added
+    up by a saved-tensors hook: the number measured, not derived from the block's code. (This one counts 5-7% over
+    the check's measurement, outside its 2%; the measuring, not its care, is what the puzzle refuses.)"""
+    def weight(rows, cols):
+        return torch.randn(rows, cols, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    kept = []
+
+    def pack(t):
+        base = t if t._base is None else t._base
+        if not (base.requires_grad and base.is_leaf and base is not x) and not any(base is k for k in kept):
+            kept.append(base)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        q, k, v = (F.layer_norm(x, (h,)) @ weight(h, 3 * h)).split(h, -1)
+        q, k, v = (t.view(b, s, a, h // a).transpose(1, 2) for t in (q, k, v))
+        scores = F.dropout(torch.softmax(q @ k.transpose(-1, -2) / (h // a) ** 0.5, -1), 0.1)
+        y = x + F.dropout((scores @ v).transpose(1, 2).reshape(b, s, h) @ weight(h, h), 0.1)
+        F.dropout(F.gelu(F.layer_norm(y, (h,)) @ weight(h, 4 * h)) @ weight(4 * h, h), 0.1)
+    return sum(t.untyped_storage().nbytes() for t in kept)
+
+
+CHEATS += [("layer_activation_bytes", activations_measured_by_a_hook, "saved-tensor hooks")]

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import lib
-from tests.mistakes import Attempt, FIRST_STEP, NO_GRADIENT
+from tests.mistakes import Attempt, NO_GRADIENT
 
 
 # ---- count_parameters ---------------------------------------------------------------------------------------
@@ -81,6 +81,11 @@ def state_bytes_from_a_count_without_the_head(config):
     return 16 * params_head_always_tied(config)
 
 
+def state_bytes_with_bf16_moments(config):
+    """Adam's m and v kept in bf16 to save memory (as 8-bit optimizers do): 2 + 2 + 4 + 2 + 2 bytes a parameter."""
+    return (2 + 2 + 4 + 2 + 2) * _params(config)
+
+
 # ---- layer_activation_bytes ---------------------------------------------------------------------------------
 def activations_without_dropout_masks(s, b, h, a):
     """Korthikanti's terms without the three dropout masks (1 byte per element: as²b + sbh + sbh)."""
@@ -105,6 +110,16 @@ def activations_without_the_gelu_input(s, b, h, a):
 def activations_softmax_kept_once(s, b, h, a):
     """The softmax output counted, but not the dropped-out scores that multiply V (another 2as²b)."""
     return 34 * s * b * h + 3 * a * s * s * b
+
+
+def activations_times_fp32_bytes(s, b, h, a):
+    """Korthikanti's 34sbh + 5as²b taken for a count of values, times 4 bytes 'to be safe' (fp32)."""
+    return 4 * (34 * s * b * h + 5 * a * s * s * b)
+
+
+def activations_scores_per_row(s, b, h, a):
+    """The softmax kept as one value per row of each head (2asb), as if its scores were a vector, not s × s."""
+    return 34 * s * b * h + 2 * a * s * b
 
 
 # ---- checkpointed_step --------------------------------------------------------------------------------------
@@ -187,6 +202,15 @@ def accumulation_over_the_sequence(model, tokens, targets, k):
     return model
 
 
+def accumulation_over_split_pieces(model, tokens, targets, k):
+    """Pieces of tokens.split(k), each loss backward as it is, the accumulated gradients divided by k at the end."""
+    for micro_tokens, micro_targets in zip(tokens.split(k), targets.split(k)):
+        model.loss(micro_tokens, micro_targets).backward()
+    for p in model.parameters():
+        p.grad /= k
+    return model
+
+
 def accumulation_cleaning_up(model, tokens, targets, k):
     """Right accumulation, then model.zero_grad() at the end, where a training loop puts it after the step."""
     for micro_tokens, micro_targets in zip(tokens.chunk(k), targets.chunk(k)):
@@ -197,7 +221,7 @@ def accumulation_cleaning_up(model, tokens, targets, k):
 
 # ---- offloaded_adam_train -----------------------------------------------------------------------------------
 def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fresh_state=False, eps_inside=False,
-                    write_back=True, betas=(0.9, 0.999), eps=1e-8):
+                    write_back=True, betas=(0.9, 0.999), eps=1e-8, m_corrected=True):
     """Adam with m and v on the host, written as a learner would, with the knob of one mistake turned."""
     host = lib.host()
     params = list(model.parameters())
@@ -214,7 +238,7 @@ def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fre
             g = p.grad.to(host)
             m_i.mul_(betas[0]).add_(g, alpha=1 - betas[0])
             v_i.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
-            m_hat = m_i / (1 - betas[0] ** step) if correct else m_i
+            m_hat = m_i / (1 - betas[0] ** step) if correct and m_corrected else m_i
             v_hat = v_i / (1 - betas[1] ** step) if correct else v_i
             denom = (v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps
             update = lr * m_hat / denom
@@ -224,6 +248,11 @@ def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fre
                 else:
                     p.detach().to(host).sub_(update)
     return model
+
+
+def offload_momentum_uncorrected(model, batches, lr):
+    """v̂ = v / (1 - β₂ᵗ) written, m̂ forgotten: the update divides m itself by √v̂ + ε."""
+    return _offloaded_adam(model, batches, lr, m_corrected=False)
 
 
 def offload_without_bias_correction(model, batches, lr):
@@ -270,14 +299,18 @@ MISTAKES = [
     Attempt("count_parameters", params_head_always_tied, named=V_BY_H_LEFT_OUT),
     Attempt("count_parameters", params_norms_always_with_bias,
             named=("LayerNorms counted twice", "no bias in this model) counted twice")),
-    Attempt("training_state_bytes", state_bytes_with_fp32_gradients, named="(2 B each) counted twice"),
-    Attempt("training_state_bytes", state_bytes_master_copy_is_the_weights, named="(2 B each) left out"),
+    Attempt("training_state_bytes", state_bytes_with_fp32_gradients, named="counted at fp32's 4 B"),
+    Attempt("training_state_bytes", state_bytes_master_copy_is_the_weights,
+            named="a bf16 piece (the weights or their gradients) left out"),
+    Attempt("training_state_bytes", state_bytes_with_bf16_moments, named="Adam's m and v counted at bf16's 2 B"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_the_final_norm,
             named="the final LayerNorm left out"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_positions, named=POSITIONS_LEFT_OUT),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_the_head, named=V_BY_H_LEFT_OUT),
     Attempt("layer_activation_bytes", activations_without_dropout_masks,
             named="the dropout masks (as²b + sbh + sbh, 1 B each) left out"),
+    Attempt("layer_activation_bytes", activations_times_fp32_bytes, named="is already in bytes"),
+    Attempt("layer_activation_bytes", activations_scores_per_row, named="where the scores are s × s per head"),
     Attempt("layer_activation_bytes", activations_without_layernorm_inputs, named="(4sbh) left out"),
     Attempt("layer_activation_bytes", activations_scores_without_heads, named="a (the attention heads) left out"),
     Attempt("layer_activation_bytes", activations_without_the_gelu_input, named="(8sbh) left out"),
@@ -291,11 +324,13 @@ MISTAKES = [
     Attempt("accumulated_step", accumulation_dividing_twice, named="k, the number of micro-batches"),
     Attempt("accumulated_step", accumulation_of_the_losses, named="peak memory"),
     Attempt("accumulated_step", accumulation_over_the_sequence, named="along the sequence"),
+    Attempt("accumulated_step", accumulation_over_split_pieces, named="tensor.split(k) cuts pieces of k"),
     Attempt("accumulated_step", accumulation_cleaning_up, named=NO_GRADIENT),
-    Attempt("offloaded_adam_train", offload_without_bias_correction, named=FIRST_STEP),
-    Attempt("offloaded_adam_train", offload_without_zero_grad, named="at step 2"),
+    Attempt("offloaded_adam_train", offload_without_bias_correction, named="without their bias corrections"),
+    Attempt("offloaded_adam_train", offload_momentum_uncorrected, named="m used without its bias correction"),
+    Attempt("offloaded_adam_train", offload_without_zero_grad, named="gradients never zeroed between steps"),
     Attempt("offloaded_adam_train", offload_counting_steps_from_zero, named="division by zero"),
-    Attempt("offloaded_adam_train", offload_fresh_state_each_step, named="at step 2"),
-    Attempt("offloaded_adam_train", offload_eps_inside_the_root, named=FIRST_STEP),
+    Attempt("offloaded_adam_train", offload_fresh_state_each_step, named="m and v made anew at every step"),
+    Attempt("offloaded_adam_train", offload_eps_inside_the_root, named="ε inside the square root"),
     Attempt("offloaded_adam_train", offload_updating_a_host_copy, named="unchanged"),
 ]

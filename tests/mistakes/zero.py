@@ -95,6 +95,30 @@ def zero1_unpadded_chunks(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+def zero1_one_flat_gradient_copy(dist, model, batches, lr):
+    """The whole model as one flat vector, sharded once: each step F.pad(torch.cat(every p.grad)) reduce-scattered in
+    one call, the updated shard all-gathered and split back with torch.split; p.grad kept until the next zero_grad."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    c = math.ceil(total / world)
+    shard = F.pad(torch.cat([p.detach().reshape(-1) for p in params]), (0, world * c - total))[rank * c:(rank + 1) * c]
+    shard = shard.clone()
+    m, v = torch.zeros_like(shard), torch.zeros_like(shard)
+    for step, (x, y) in enumerate(batches, start=1):
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        grad = torch.empty_like(shard)
+        dist.reduce_scatter_single(grad, F.pad(torch.cat([p.grad.reshape(-1) for p in params]), (0, world * c - total)))
+        adam_update(shard, grad / world, m, v, step, lr)
+        full = torch.empty(world * c, dtype=shard.dtype, device=shard.device)
+        dist.all_gather_single(full, shard)
+        with torch.no_grad():
+            for p, piece in zip(params, full[:total].split([p.numel() for p in params])):
+                p.copy_(piece.view_as(p))
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
 def zero1_state_as_big_as_the_parameter(dist, model, batches, lr):
     """m and v made with torch.zeros_like(p), the whole parameter, then handed to adam_update with the shard."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -346,12 +370,16 @@ def prefetch_forward_direction_in_backward(dist, model, batches, lr):
 
 # ---- zero_offload_train -------------------------------------------------------------------------------------
 def _offload(dist, model, batches, lr, *, divide=True, back_to_device=True, accumulate=False, fixed_step=None,
-             grad_to_host_first=False):
+             grad_to_host_first=False, after_backward=False, late_to_host=False, hooks_each_step=False,
+             strided=False):
     """ZeRO-Offload as the hints lay it out, with the knob of one mistake turned."""
     rank, world = dist.get_rank(), dist.get_world_size()
     host = lib.host()
     params = list(model.parameters())
     sizes, shards = _shards(params, rank, world)
+    if strided:                     # every N-th element from the rank's own: p[r::N] of the padded flat tensor
+        shards = [F.pad(p.detach().reshape(-1), (0, world * c - p.numel()))[rank::world].clone()
+                  for p, c in zip(params, sizes)]
     shards = [s.to(host) for s in shards]
     m = [torch.zeros(c, dtype=p.dtype, device=host) for p, c in zip(params, sizes)]
     v = [torch.zeros(c, dtype=p.dtype, device=host) for p, c in zip(params, sizes)]
@@ -367,13 +395,19 @@ def _offload(dist, model, batches, lr, *, divide=True, back_to_device=True, accu
         if accumulate:
             grads[i] += shard.to(host)
         else:
-            grads[i] = shard.to(host)
+            grads[i] = shard if late_to_host else shard.to(host)
 
-    hooks = [p.register_post_accumulate_grad_hook(reduce_scatter) for p in params]
+    hooks = [] if after_backward or hooks_each_step else [p.register_post_accumulate_grad_hook(reduce_scatter)
+                                                          for p in params]
     for step, (x, y) in enumerate(batches, start=1):
+        if hooks_each_step:
+            hooks += [p.register_post_accumulate_grad_hook(reduce_scatter) for p in params]
         F.mse_loss(model(x), y).backward()
+        for p in params if after_backward else ():
+            reduce_scatter(p)
         for i, (p, c) in enumerate(zip(params, sizes)):
-            adam_update(shards[i], grads[i] / world if divide else grads[i], m[i], v[i], fixed_step or step, lr)
+            grad = grads[i].to(host) if late_to_host else grads[i]
+            adam_update(shards[i], grad / world if divide else grad, m[i], v[i], fixed_step or step, lr)
             full = torch.empty(world * c, dtype=p.dtype, device=p.device)
             dist.all_gather_single(full, shards[i].to(lib.device()) if back_to_device else shards[i])
             with torch.no_grad():
@@ -408,6 +442,26 @@ def offload_reduce_scatters_on_the_host(dist, model, batches, lr):
     return _offload(dist, model, batches, lr, grad_to_host_first=True)
 
 
+def offload_reducing_after_backward(dist, model, batches, lr):
+    """Backward to the end, then every gradient reduce-scattered and sent to the host in one loop, as in ZeRO-1."""
+    return _offload(dist, model, batches, lr, after_backward=True)
+
+
+def offload_moving_gradients_at_the_step(dist, model, batches, lr):
+    """The reduced shards kept on the device through backward, each moved to the host only when Adam needs it."""
+    return _offload(dist, model, batches, lr, late_to_host=True)
+
+
+def offload_hooking_every_step(dist, model, batches, lr):
+    """The gradient hooks registered at the top of the step loop, beside the forward they serve."""
+    return _offload(dist, model, batches, lr, hooks_each_step=True)
+
+
+def offload_strided_host_shards(dist, model, batches, lr):
+    """Host shards cut as every N-th element from the rank's own (p[r::N]), 'to spread each row over the ranks'."""
+    return _offload(dist, model, batches, lr, strided=True)
+
+
 MISTAKES = [
     Attempt("zero1_train", zero1_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero1_train", zero1_rebinding_the_parameter, named=("unchanged", "the update itself is wrong")),
@@ -416,12 +470,13 @@ MISTAKES = [
     Attempt("zero1_train", zero1_unpadded_chunks, named=("not a multiple of N", "pad it to")),
     Attempt("zero1_train", zero1_state_as_big_as_the_parameter, named=("the whole tensor where a shard belongs",
                                                                          "kept whole where the rank holds 1/N")),
+    Attempt("zero1_train", zero1_one_flat_gradient_copy, named="a flat copy of the whole model's gradients"),
     Attempt("zero2_train", zero2_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero2_train", zero2_keeps_each_gradient, named="at step 2"),
     Attempt("zero2_train", zero2_counting_steps_from_zero, named="division by zero"),
     Attempt("zero2_train", zero2_accumulating_shards, named="at step 2"),
     Attempt("zero2_train", zero2_gathers_before_the_update, named=FIRST_STEP),
-    Attempt("zero2_train", zero2_hooks_registered_every_step, named="at step 2"),
+    Attempt("zero2_train", zero2_hooks_registered_every_step, named="the hook ran twice for one parameter"),
     Attempt("zero3_train", zero3_no_gather_for_backward, named=("Gather it first", "before it was gathered")),
     Attempt("zero3_train", zero3_without_dividing, named=HANDED_TO_ADAM),
     Attempt("zero3_train", zero3_returns_its_shards, named=A_SHARD_FOR_THE_WHOLE),
@@ -437,6 +492,10 @@ MISTAKES = [
     Attempt("zero_offload_train", offload_accumulating_host_gradients, named="at step 2"),
     Attempt("zero_offload_train", offload_step_stuck_at_one, named="at step 2"),
     Attempt("zero_offload_train", offload_reduce_scatters_on_the_host, named="host memory"),
+    Attempt("zero_offload_train", offload_reducing_after_backward, named="after its backward was over"),
+    Attempt("zero_offload_train", offload_moving_gradients_at_the_step, named="stayed in device memory"),
+    Attempt("zero_offload_train", offload_hooking_every_step, named="the hook ran twice for one parameter"),
+    Attempt("zero_offload_train", offload_strided_host_shards, named="Your shard was strided"),
     # Passed while the simulator let a collective read a host tensor, which NCCL refuses (issue 32 §4).
     Attempt("zero_offload_train", offload_gathers_from_the_host, named=("host memory", "device memory")),
 ]
