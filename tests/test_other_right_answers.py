@@ -428,6 +428,46 @@ def zero1_with_torchs_adam(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+# ---- data_parallel_train(dist, model, batches, lr) and the bucketed one: the trained model -----------------------
+def ddp_zero_grad_after_the_update(dist, model, batches, lr):
+    """The usual loop order backward(); all-reduce; update; zero_grad(set_to_none=True): no .grad is left after the
+    last step. The check compares the parameters, as the statement says (it refused this for a None .grad)."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p -= lr * p.grad / world
+        model.zero_grad(set_to_none=True)
+    return model
+
+
+def ddp_averaging_the_parameters_after_each_step(dist, model, batches, lr):
+    """Each rank steps with its own gradient, then the ranks average their parameters: for plain SGD from equal
+    weights, mean(w - lr g_r) = w - lr mean(g_r), the same update with the same bytes on the link (with momentum or
+    Adam the two part ways; this puzzle's SGD has neither)."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+                dist.all_reduce(p)
+                p /= world
+    return model
+
+
+def bucketed_freeing_each_gradient(dist, model, batches, lr, bucket_size):
+    """The reference's buckets, each gradient let go (p.grad = None) as soon as its update is made."""
+    from solutions.data_parallel import bucketed_data_parallel_train
+    model = bucketed_data_parallel_train(dist, model, batches, lr, bucket_size)
+    for p in model.parameters():
+        p.grad = None
+    return model
+
+
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
@@ -443,7 +483,10 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
      (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
-     (puzzles.zero.zero1_train, zero1_with_torchs_adam)]
+     (puzzles.zero.zero1_train, zero1_with_torchs_adam),
+     (puzzles.data_parallel.data_parallel_train, ddp_zero_grad_after_the_update),
+     (puzzles.data_parallel.data_parallel_train, ddp_averaging_the_parameters_after_each_step),
+     (puzzles.data_parallel.bucketed_data_parallel_train, bucketed_freeing_each_gradient)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])

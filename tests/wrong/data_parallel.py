@@ -133,10 +133,6 @@ def ddp_ignores_bucket_size(dist, model, batches, lr, bucket_size):
     return bucketed_data_parallel_train(dist, model, batches, lr, 1000)
 
 
-def ddp_averages_the_parameters_after_each_step(dist, model, batches, lr):
-    """Each rank steps with its own gradient, then the ranks average the weights: the right weights for plain SGD,
-    but every p.grad is still the rank's own."""
-    return _sgd(model, batches, lr, after_update=lambda p: (dist.all_reduce(p.data), p.div_(dist.get_world_size())))
 
 WRONG = [
     ("data_parallel_train", ddp_never_communicates, "rank 0: the result", "training alone"),
@@ -145,7 +141,6 @@ WRONG = [
      "the parameters instead of their gradients"),
     ("bucketed_data_parallel_train", ddp_without_overlap, "simulated time"),
     ("bucketed_data_parallel_train", ddp_ignores_bucket_size, "bucket_size ="),
-    ("data_parallel_train", ddp_averages_the_parameters_after_each_step, ".grad", "averaging the parameters after"),
     ("ring_all_reduce", ring_sends_whole_tensor, "over the budget"),
     ("ring_reduce_scatter", reduce_scatter_off_by_one, "expected"),
     ("ring_all_gather", all_gather_everyone_sends_first, "Deadlock"),
