@@ -282,6 +282,17 @@ def all_reduce_gathers_the_input(dist, x):
                             lambda r, s, n: (r - s - 1) % n)
 
 
+def all_reduce_chunk_as_floor_plus_one(dist, x):
+    """The chunk length as len(x) // N + 1 ('rounded up'): one element more than needed when N divides len(x), so x
+    is padded by N zeros that travel round the ring."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunk = x.numel() // world + 1
+    padded = torch.cat([x, x.new_zeros(chunk * world - x.numel())])
+    chunks = _ring_steps(dist, padded, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
+    return _all_gather_into(dist, chunks[rank], lambda r, n: r, lambda n: n - 1,
+                            lambda r, s, n: (r - s - 1) % n)[:x.numel()]
+
+
 def all_reduce_forgets_the_gather(dist, x):
     """Only the reduce-scatter: each rank returns its reduced chunk, 1/N of the tensor."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -483,6 +494,7 @@ MISTAKES = [
     Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy")),
     Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=A_SHARD_FOR_THE_WHOLE),
     Attempt("ring_all_reduce", all_reduce_gathers_the_input, named="before the reduce-scatter summed it"),
+    Attempt("ring_all_reduce", all_reduce_chunk_as_floor_plus_one, named="is padded only up to the next multiple"),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
     Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
     Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),
