@@ -67,7 +67,13 @@ RING_CHUNKS = 10
 # s/N rows is in RING_CHUNKS. (With 8, a rank keeping every K/V block passed at N = 6 once s/N grew to 3d or more.)
 RING_BLOCK_ROWS = 4
 BALANCE = 0.10                 # zigzag: the busiest rank may compute 10% more than the least busy
-CAUSAL_SLACK = 0.5             # zigzag: FLOPs over the 2N+1 tiles a rank must compute (its inner blocks, merges)
+# zigzag: FLOPs over the 2N+1 tiles a rank must compute (chunk x chunk each), and MERGE_WORK elementwise FLOPs per
+# element of (out, lse) for each key block merged into a running output. The merges are priced on their own: with
+# chunks of 3 tokens and blocks of 2 they cost half as much as the tiles (a slack of 0.5 on the tiles alone refused a
+# right answer 1.9% over), while with chunks of 49 they cost 1%; a rank that computes the tiles it should skip
+# computes 1.5 to 2.6 times the tiles and merges.
+CAUSAL_SLACK = 0.2
+MERGE_WORK = 6
 # Over the largest tensor a ring rank needs (K and V stacked, or a tile of its queries × block keys). The ring's
 # chunks hold at least 3d tokens (s/N ≥ 3d), so that a whole s/N × s/N tile is 1.2 times this budget or more.
 TILE_SLACK = 0.25
@@ -514,6 +520,8 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
     tile = counted_flops(lambda: _tile(q, k, v))[1]
     diagonal = counted_flops(lambda: _tile(q, k, v, causal=True))[1]
     work = (2 * n - 1) * tile + 2 * diagonal
+    merged = (2 * n + 1) * -(-chunk // block)                 # key blocks merged: 2N+1 pairs of ceil(c/block) each
+    merging = MERGE_WORK * merged * b * h * chunk * (d + 1)
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                 f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*_kv_budget(b, h, 2 * chunk, d, n),
@@ -524,9 +532,11 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
                     flops_balanced(BALANCE, "zigzag gives every rank 2N+1 of the causal tiles",
                                    hint="skip the tiles entirely in the future of your queries; compute "
                                         "the others, masking only the two on the diagonal."),
-                    flops_at_most((1 + CAUSAL_SLACK) * work,
+                    flops_at_most((1 + CAUSAL_SLACK) * work + merging,
                                   f"the 2N-1 = {2 * n - 1} tiles of chunk × chunk keys and 2 diagonal tiles "
-                                  f"a rank must compute, and {CAUSAL_SLACK:g} more for blocks and merges",
+                                  f"a rank must compute, + {CAUSAL_SLACK:.0%}, and {MERGE_WORK} passes over its "
+                                  f"(out, lse) for each of the {merged} key blocks it merges ((2N+1) pairs × "
+                                  "ceil(chunk / block))",
                                   hint="a key chunk after a query chunk is entirely masked: skip it instead "
                                        "of computing it under a mask.")],
                 parts={"zigzag chunk": (2, 2)},

@@ -428,6 +428,35 @@ def zero1_with_torchs_adam(dist, model, batches, lr):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+# ---- zigzag_attention(dist, q, k, v, block): this rank's (out, lse) of causal attention on the zigzag split ------
+def zigzag_merging_by_max(dist, q, k, v, block):
+    """The reference's schedule, each merge written the textbook way, m = max(lse_a, lse_b), weights e^(lse - m),
+    out = (w_a o_a + w_b o_b) / (w_a + w_b): twice the elementwise work of a sigmoid merge, on every key block. On
+    chunks of 3 tokens and blocks of 2, the merges alone cost half as much as the tiles."""
+    def by_max(out, lse, block_out, block_lse):
+        m = torch.maximum(lse, block_lse)
+        wa, wb = torch.exp(lse - m), torch.exp(block_lse - m)
+        total = wa + wb
+        return (wa.unsqueeze(-1) * out + wb.unsqueeze(-1) * block_out) / total.unsqueeze(-1), m + torch.log(total)
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = q.shape[-2] // 2
+    mine = (rank, 2 * world - 1 - rank)
+    outs, lses = [None, None], [None, None]
+    for step in range(world):
+        if step:
+            k, v = (_pass_right(dist, t) for t in (k, v))
+        src = (rank - step) % world
+        for a, qa in enumerate(mine):
+            for b, kb in enumerate((src, 2 * world - 1 - src)):
+                if kb <= qa:
+                    rows, cols = slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c)
+                    bo, bl = blockwise_attention(q[..., rows, :], k[..., cols, :], v[..., cols, :], block,
+                                                 causal=kb == qa)
+                    outs[a], lses[a] = (bo, bl) if outs[a] is None else by_max(outs[a], lses[a], bo, bl)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
 # ---- data_parallel_train(dist, model, batches, lr) and the bucketed one: the trained model -----------------------
 def ddp_zero_grad_after_the_update(dist, model, batches, lr):
     """The usual loop order backward(); all-reduce; update; zero_grad(set_to_none=True): no .grad is left after the
@@ -484,6 +513,7 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
      (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
      (puzzles.zero.zero1_train, zero1_with_torchs_adam),
+     (puzzles.ring_attention.zigzag_attention, zigzag_merging_by_max),
      (puzzles.data_parallel.data_parallel_train, ddp_zero_grad_after_the_update),
      (puzzles.data_parallel.data_parallel_train, ddp_averaging_the_parameters_after_each_step),
      (puzzles.data_parallel.bucketed_data_parallel_train, bucketed_freeing_each_gradient)]
