@@ -185,6 +185,9 @@ def _merge_explained(o1, l1, o2, l2, expected: list, got: list) -> Optional[str]
             and answer[0].shape == o1.shape and answer[1].shape == l1.shape):
         return None
     out, lse = (a.detach().cpu().double() for a in answer)
+    overflowed = _merge_overflowed(l1, l2, out, lse)
+    if overflowed:
+        return overflowed
     said = []
     readings = {"the larger of the two (max)": torch.maximum(l1, l2), "the sum of the two": l1 + l2,
                 "their mean": (l1 + l2) / 2, "the first block's alone": l1, "the second block's alone": l2}
@@ -212,7 +215,50 @@ def _merge_explained(o1, l1, o2, l2, expected: list, got: list) -> Optional[str]
                           if torch.allclose(w[rows], value[rows], rtol=1e-7, atol=1e-9)), None)
             if found:
                 said.append(f"your output is {found}")
-    return f"Diagnosis: {'; '.join(said)}." if said else None
+    return f"Diagnosis: {'; '.join(said)}." if said else _merge_unnormalised(o1, l1, o2, l2, out)
+
+
+# exp() of a number above this is inf in float64, and of one below -EXP_RANGE is 0 (so is its log's -inf)
+EXP_RANGE = 709.78
+
+
+def _merge_overflowed(l1, l2, out, lse) -> Optional[str]:
+    """A merge that formed e^lse: the union's log-sum-exp is inf or -inf, with no NaN to trace (the engine's origin of
+    a NaN says the rest), exactly where the two inputs' log-sum-exps are beyond exp's range, though the right one is
+    finite: the output's weights e^(lse - inf) are then 0, which reads as memory never written."""
+    lost = ~torch.isfinite(lse)
+    if not bool(lost.any()) or bool(torch.isnan(lse).any() or torch.isnan(out).any()):
+        return None
+    top = torch.maximum(l1.abs(), l2.abs())
+    if not bool((top[lost] > EXP_RANGE).all()):
+        return None
+    return (f"Diagnosis: your log-sum-exp is inf or -inf on {int(lost.sum())} of {lost.numel()} rows, every one where "
+            f"the blocks' log-sum-exps reach ±{float(top[lost].max()):.4g}: e^lse was formed, and exp() overflows to "
+            f"inf above {EXP_RANGE} (and underflows to 0 below -{EXP_RANGE}, whose log is -inf); the output's weights "
+            "e^(lse - inf) are then 0. Never exponentiate a log-sum-exp itself: torch.logaddexp(lse, block_lse), or "
+            "the larger one plus log1p(exp(-gap)); then weigh by exp(lse - lse_new), which is at most 1.")
+
+
+def _merge_unnormalised(o1, l1, o2, l2, out) -> Optional[str]:
+    """Each row of the output the right one times a factor of its own: the two weights in the right ratio,
+    e^lse : e^block_lse, not divided by their sum."""
+    if not bool(torch.isfinite(out).all()):
+        return None
+    right = o1 * torch.sigmoid(l1 - l2).unsqueeze(-1) + o2 * torch.sigmoid(l2 - l1).unsqueeze(-1)
+    norm = (right ** 2).sum(-1)
+    rows = norm > 1e-12
+    factor = (out * right).sum(-1) / norm.clamp_min(1e-300)
+    if not bool(rows.any()) or not torch.allclose(out[rows], (factor.unsqueeze(-1) * right)[rows], rtol=1e-7,
+                                                   atol=1e-9):
+        return None
+    apart = (factor[rows] - 1).abs() > 1e-6
+    if not bool(apart.any()):
+        return None
+    low, high = float(factor[rows].min()), float(factor[rows].max())
+    return (f"Diagnosis: each row of your output is the right one times a factor of its own (from {low:.4g} to "
+            f"{high:.4g}): the two outputs are weighed in the right ratio, e^lse : e^block_lse, but the weights do "
+            "not sum to 1. Divide them by their sum, e^lse_new: the weights are exp(lse - lse_new) and "
+            "exp(block_lse - lse_new).")
 
 
 merge_attention = _attention_puzzle(

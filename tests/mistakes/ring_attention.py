@@ -24,6 +24,38 @@ def merge_keeping_the_larger_lse(out, lse, block_out, block_lse):
     return out - w * (out - block_out), torch.maximum(lse, block_lse)
 
 
+def merge_by_the_ratio_of_sums(out, lse, block_out, block_lse):
+    """lse_new = lse + log1p(e^block_lse / e^lse), "log1p for accuracy", with the ratio formed from the two sums
+    themselves: inf / inf is NaN at logits of 1e4."""
+    new = lse + torch.log1p(torch.exp(block_lse) / torch.exp(lse))
+    return out * torch.exp(lse - new).unsqueeze(-1) + block_out * torch.exp(block_lse - new).unsqueeze(-1), new
+
+
+def merge_by_exponentials_of_the_sums(out, lse, block_out, block_lse):
+    """The sums themselves, s = e^lse, merged as counts are (the weighted mean of the two outputs by their sums),
+    their log taken at the end: e^1e4 is inf, and inf / inf leaves the weights 0 or NaN."""
+    sa, sb = torch.exp(lse), torch.exp(block_lse)
+    total = sa + sb
+    wa, wb = torch.where(total > 0, sa / total, 0.0), torch.where(total > 0, sb / total, 0.0)
+    return torch.nan_to_num(wa).unsqueeze(-1) * out + torch.nan_to_num(wb).unsqueeze(-1) * block_out, torch.log(total)
+
+
+def merge_weighing_against_the_smaller(out, lse, block_out, block_lse):
+    """Weights e^(lse - m) with m the smaller of the two log-sum-exps, "so that neither underflows": the ratio is right
+    and the division by their sum is forgotten."""
+    m = torch.minimum(lse, block_lse)
+    wa, wb = torch.exp(lse - m), torch.exp(block_lse - m)
+    return out * wa.unsqueeze(-1) + block_out * wb.unsqueeze(-1), torch.logaddexp(lse, block_lse)
+
+
+def merge_softmax_of_the_pair_unnormalised(out, lse, block_out, block_lse):
+    """The pair's weights as a stable softmax over the two log-sum-exps, its last step (the division by the sum)
+    left out: w = exp(lses - lses.max(0))."""
+    lses = torch.stack([lse, block_lse])                              # (2, b, h, s)
+    w = torch.exp(lses - lses.max(0).values)
+    return w[0].unsqueeze(-1) * out + w[1].unsqueeze(-1) * block_out, torch.logsumexp(lses, 0)
+
+
 def merge_adding_the_lses(out, lse, block_out, block_lse):
     """lse + block_lse: logs add when the sums multiply, and the union's sum is a sum of the two."""
     w = torch.sigmoid(block_lse - lse).unsqueeze(-1)
@@ -418,6 +450,10 @@ MISTAKES = [
     Attempt("merge_attention", merge_giving_the_running_output_the_blocks_weight, ("weights swapped", "reversed")),
     Attempt("merge_attention", merge_keeping_the_larger_lse, ("log of a sum", "logaddexp")),
     Attempt("merge_attention", merge_adding_the_lses, ("log of a sum", "logaddexp")),
+    Attempt("merge_attention", merge_by_the_ratio_of_sums, "exp overflowed"),
+    Attempt("merge_attention", merge_by_exponentials_of_the_sums, "e^lse was formed"),
+    Attempt("merge_attention", merge_weighing_against_the_smaller, "exp overflowed"),
+    Attempt("merge_attention", merge_softmax_of_the_pair_unnormalised, "do not sum to 1"),
     Attempt("merge_attention", merge_by_averaging_the_outputs, ("alike", "equal weights")),
     Attempt("merge_attention", merge_weights_of_shape_b_h_s, ("unsqueeze", "lines shapes up")),
     Attempt("merge_attention", merge_subtracting_one_global_max, ("division by zero", "0 / 0", "underflow")),
