@@ -758,9 +758,45 @@ def _ulysses_oracle(dist, q, k, v, block):
     return _ring_oracle(dist, q, k, v, block)[0]
 
 
+def _ulysses_variant(dist, q, k, v, _block, *, heads_in: bool = True, heads_out: bool = True):
+    """Ulysses with one layout step left out: heads_in=False sends (b, h, s/N, d) as it is (its dim 0, the batch, is
+    what all_to_all_single splits); heads_out=False reshapes the returned (N, b, h/N, s/N, d) straight to
+    (b, h, s/N, d), the head groups left in front of the batch."""
+    n = dist.get_world_size()
+    b, h, c, d = q.shape
+
+    def exchange(x):
+        x = x.contiguous()
+        got = torch.empty_like(x)
+        dist.all_to_all_single(got, x)
+        return got
+
+    def to_heads(t):                                                    # (b, h, s/N, d) -> (b, h/N, s, d)
+        if not heads_in:
+            return exchange(t).reshape(b, h // n, n * c, d)
+        return exchange(t.reshape(b, n, h // n, c, d).transpose(0, 1)).permute(1, 2, 0, 3, 4).reshape(
+            b, h // n, n * c, d)
+    qh, kh, vh = to_heads(q), to_heads(k), to_heads(v)
+    o = torch.softmax(qh @ kh.transpose(-2, -1) * d ** -0.5, -1) @ vh                  # (b, h/N, s, d)
+    got = exchange(o.reshape(b, h // n, n, c, d).permute(2, 0, 1, 3, 4))              # (N, b, h/N, s/N, d)
+    return got.transpose(0, 1).reshape(b, h, c, d) if heads_out else got.reshape(b, h, c, d)
+
+
+ULYSSES_MISTAKES = [
+    Mistake(functools.partial(_ulysses_variant, heads_in=False),
+            "an all-to-all of q, k and v laid out (b, h, s/N, d) as they come gives: all_to_all_single splits dim 0, "
+            "here the batch, so each rank received other ranks' samples, not its h/N heads of every sequence chunk. "
+            "Lay each out as (N, b, h/N, s/N, d) first: x.reshape(b, N, h // N, c, d).transpose(0, 1)."),
+    Mistake(functools.partial(_ulysses_variant, heads_out=False),
+            "the way back reshaped straight to (b, h, s/N, d) gives: what the all-to-all returns is laid out "
+            "(N, b, h/N, s/N, d), the head groups in front of the batch, so the heads landed in other samples' "
+            "places. Move the head groups behind the batch first: got.transpose(0, 1).reshape(b, h, c, d)."),
+]
+
+
 ulysses_attention = _attention_puzzle(
     "ulysses_attention", NOTEBOOK, _ulysses_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    oracle=_ulysses_oracle, oracle_name=GATHERED,
+    oracle=_ulysses_oracle, oracle_name=GATHERED, mistakes=ULYSSES_MISTAKES,
     hints=["dist.all_to_all_single(out, inp) sends the i-th slice of inp along dim 0 to rank i and puts what rank i "
            "sent in the i-th slice of out. Lay q out as (N, b, h/N, s/N, d): slice i holds the heads rank i will own.",
            "x.reshape(b, N, h // N, c, d).transpose(0, 1).contiguous() makes that layout; after the all-to-all, slice "

@@ -494,7 +494,9 @@ MISTAKES = [
     Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy")),
     Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=A_SHARD_FOR_THE_WHOLE),
     Attempt("ring_all_reduce", all_reduce_gathers_the_input, named="before the reduce-scatter summed it"),
-    Attempt("ring_all_reduce", all_reduce_chunk_as_floor_plus_one, named="is padded only up to the next multiple"),
+    # x of 2 at N = 2 pads to 4, the bytes of a ring that sends the whole x: there only the budget can say it
+    Attempt("ring_all_reduce", all_reduce_chunk_as_floor_plus_one, named=("is padded only up to the next multiple",
+                                                                         "over the budget of 8 B")),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
     Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
     Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),

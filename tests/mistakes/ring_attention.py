@@ -379,6 +379,8 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
     b, h, c, d = q.shape
 
     def split(x):                                                   # (b, h, c, d) -> (N, b, h/N, c, d)
+        if heads == "flat":
+            return x.reshape(-1)
         if heads == "round-robin":
             x = x.reshape(b, h // world, world, c, d).transpose(1, 2)      # head j·N + i to rank i
         else:
@@ -391,6 +393,8 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
         got = torch.empty_like(x) if buffer_like_the_input else torch.empty(send.shape, dtype=x.dtype, device=x.device)
         dist.all_to_all_single(got, send)
         got = got.flip(0) if sources_reversed else got
+        if heads == "flat":
+            return got.view(b, h // world, world * c, d)
         return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
 
     if attend == "before":                 # the local chunk attended first, then the layout exchanged anyway
@@ -403,7 +407,21 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
     send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
     got = torch.empty_like(send)
     dist.all_to_all_single(got, send)
+    if back == "flattened":
+        return got.flatten(0, 2).view(b, h, c, d)
     return got.transpose(0, 1).reshape(b, h, c, d)
+
+
+def ulysses_flat_exchange(dist, q, k, v, block):
+    """Each input exchanged as it comes, reshaped to one long vector, "all_to_all_single cuts it into N equal parts":
+    the parts are the batch's samples, not groups of heads."""
+    return _ulysses(dist, q, k, v, block, heads="flat")
+
+
+def ulysses_output_flattened_back(dist, q, k, v, block):
+    """The way back read with .flatten(0, 2).view(b, h, c, d), "the slices were already in head order": the head
+    groups stay in front of the batch."""
+    return _ulysses(dist, q, k, v, block, back="flattened")
 
 
 def ulysses_the_same_all_to_all_back(dist, q, k, v, block):
@@ -488,6 +506,8 @@ MISTAKES = [
     Attempt("ring_attention_backward", backward_gradients_home_leftwards, ("holds what rank", "right neighbour")),
     Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dS·Q", "transpose of dS",
                                                                    "first matrix, (1, 60, 31), fits only transposed")),
+    Attempt("ulysses_attention", ulysses_flat_exchange, "splits dim 0, here the batch"),
+    Attempt("ulysses_attention", ulysses_output_flattened_back, "the head groups in front of the batch"),
     Attempt("ulysses_attention", ulysses_the_same_all_to_all_back, ("splits heads again", "sequence split")),
     Attempt("ulysses_attention", ulysses_attending_before_the_exchange, ("other chunks' keys", "before the exchange")),
     Attempt("ulysses_attention", ulysses_reading_the_sources_backwards, ("holds what rank", "wrong rank index")),
