@@ -919,6 +919,20 @@ def _backward_mistake(message: str, tiles: str = "", **turned) -> Mistake:
     return Mistake(mistaken, message)
 
 
+def _backward_misplaced(where: str, message: str) -> Mistake:
+    """The right dQ, and dK, dV put in the wrong place: `where` "next" returns rank r + 1's (the block a rank holds
+    after N-1 steps, the hop home left out), "own queries" only what rank r's own queries give its own block."""
+    def mistaken(dist, q, k, v, out, lse, dout, block):
+        n, rank = dist.get_world_size(), dist.get_rank()
+        whole = [torch.cat(_gathered(dist, t.contiguous()), -2 if t.dim() == 4 else -1)
+                 for t in (q, k, v, out, lse, dout)]
+        dq, dk, dv = (g.chunk(n, -2) for g in backward_by_terms(*whole, None))
+        if where == "next":
+            return dq[rank], dk[(rank + 1) % n], dv[(rank + 1) % n]
+        return (dq[rank], *backward_by_terms(q, k, v, out, lse, dout, None)[1:])
+    return Mistake(mistaken, message)
+
+
 PER_BLOCK_SOFTMAX = ("P recomputed as each key block's own softmax, exp(S - the block's log-sum-exp), gives: P is "
                      "exp(S - lse) with the forward's lse, the log-sum-exp over every key of the row, so that a "
                      "block's probabilities are its share of the whole row (FlashAttention-2, Dao 2023, Algorithm 2).")
@@ -930,7 +944,14 @@ BACKWARD_MISTAKES = (
                       "D = rowsum(dO ∘ O): the softmax's Jacobian subtracts from each row of dO·Vᵀ its mean under P "
                       "(FlashAttention-2, Dao 2023, Algorithm 2).", row_term="none"),
     _backward_mistake(PER_BLOCK_SOFTMAX, tiles="block", normaliser="block"),
-    _backward_mistake(PER_BLOCK_SOFTMAX, tiles="chunk", normaliser="block"))
+    _backward_mistake(PER_BLOCK_SOFTMAX, tiles="chunk", normaliser="block"),
+    _backward_misplaced("next", "dK and dV returned where the ring left them after its N-1 steps gives: each rank "
+                        "then holds the block of rank r + 1 (with its gradients), not its own. dK and dV need one "
+                        "more hop round the ring, to the right, to come home to the rank that owns the block."),
+    _backward_misplaced("own queries", "dK and dV of each rank's own block from its own queries alone give: every "
+                        "rank's queries attend every block, and each adds its share to dK, dV where the block is "
+                        "when it visits. Let dK and dV travel with their K/V block round the ring (accumulating "
+                        "each rank's share) and bring them home with one last hop."))
 
 
 def _backward_oracle(dist, q, k, v, out, lse, dout, block):

@@ -312,7 +312,7 @@ def zigzag_returning_the_late_chunk_first(dist, q, k, v, block):
 
 # ---- ring_attention_backward ---------------------------------------------------------------------------------
 def _grads(dist, q, k, v, out, lse, dout, block, *, scaled=True, delta_of="dO∘O", normaliser="lse", home="right",
-           dk_transposed=True):
+           dk_transposed=True, own_block_only=False):
     """Ring attention's backward as a learner writes it, with the knob of one mistake turned."""
     rank, world = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -324,10 +324,18 @@ def _grads(dist, q, k, v, out, lse, dout, block, *, scaled=True, delta_of="dO∘
             kj, vj = k[..., j:j + block, :], v[..., j:j + block, :]
             s = q @ kj.transpose(-2, -1) * scale
             p = torch.exp(s - (lse if normaliser == "lse" else s.logsumexp(-1)).unsqueeze(-1))
-            dv[..., j:j + block, :] += p.transpose(-2, -1) @ dout
             ds = p * (dout @ vj.transpose(-2, -1) - delta) * (scale if scaled else 1.0)
             dq += ds @ kj
+            if own_block_only and step:
+                continue
+            dv[..., j:j + block, :] += p.transpose(-2, -1) @ dout
             dk[..., j:j + block, :] += (ds.transpose(-2, -1) if dk_transposed else ds) @ q
+        if own_block_only and step < world - 1:              # K and V travel; dK and dV stay
+            k, v = _pass_right(dist, torch.stack([k, v]))
+        if home == "none" and step < world - 1:              # all four travel, and no hop after the last step
+            k, v, dk, dv = _pass_right(dist, torch.stack([k, v, dk, dv]))
+        if own_block_only or home == "none":
+            continue
         to, frm = (right, left) if home == "right" else (left, right)
         moving = torch.stack([k, v, dk, dv]) if step < world - 1 else torch.stack([dk, dv])
         got = torch.empty_like(moving)
@@ -364,6 +372,18 @@ def backward_normalising_each_block_alone(dist, q, k, v, out, lse, dout, block):
 def backward_gradients_home_leftwards(dist, q, k, v, out, lse, dout, block):
     """The last hop of dK and dV sent to the left, "back where the block came from": the ring only goes right."""
     return _grads(dist, q, k, v, out, lse, dout, block, home="left")
+
+
+def backward_home_hop_forgotten(dist, q, k, v, out, lse, dout, block):
+    """K, V, dK and dV travel stacked for N-1 steps, and the loop ends there: dK and dV returned where the ring left
+    them, one hop short of home."""
+    return _grads(dist, q, k, v, out, lse, dout, block, home="none")
+
+
+def backward_gradients_of_the_own_block(dist, q, k, v, out, lse, dout, block):
+    """K and V travel, and dK, dV are made only while the rank holds its own block ("the visitors' gradients belong
+    to their owners"): the other ranks' queries never add their share."""
+    return _grads(dist, q, k, v, out, lse, dout, block, own_block_only=True)
 
 
 def backward_dk_as_ds_times_q(dist, q, k, v, out, lse, dout, block):
@@ -504,6 +524,8 @@ MISTAKES = [
     Attempt("ring_attention_backward", backward_without_the_row_term, "the row term D left out"),
     Attempt("ring_attention_backward", backward_normalising_each_block_alone, ("forward's lse", "log-sum-exp")),
     Attempt("ring_attention_backward", backward_gradients_home_leftwards, ("holds what rank", "right neighbour")),
+    Attempt("ring_attention_backward", backward_home_hop_forgotten, "one more hop"),
+    Attempt("ring_attention_backward", backward_gradients_of_the_own_block, "from its own queries alone"),
     Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dS·Q", "transpose of dS",
                                                                    "first matrix, (1, 60, 31), fits only transposed")),
     Attempt("ulysses_attention", ulysses_flat_exchange, "splits dim 0, here the batch"),
