@@ -318,7 +318,43 @@ def _all_gather_case(rng: random.Random, world: int) -> Case:
     chunks = _vectors(rng, world, rng.randint(1, 9))
     out = torch.cat(chunks)
     return _ring_case(world, (per_rank(chunks),), [out] * world, f"N={world}, chunk of {chunks[0].numel()} float32 "
-                      "per rank", _nbytes(out), "all_gather", bus_factor("all_gather", world), "(N-1)/N")
+                      "per rank", _nbytes(out), "all_gather", bus_factor("all_gather", world), "(N-1)/N",
+                      _gathered_slots(chunks))
+
+
+def _gathered_slots(chunks: list[torch.Tensor]):
+    """An all-gather case's explain: each slot of each rank's result read as the rank whose chunk it holds, and the
+    pattern named: every rank's chunks in arrival order (slot i holds chunk (r + i) % N: rank 0 right, the others
+    rotated by their rank), or every wrong slot the left neighbour's chunk (each rank sent its own chunk at every
+    step instead of forwarding what it received)."""
+    world = len(chunks)
+
+    def whose(slot: torch.Tensor) -> Optional[int]:
+        found = [c for c, chunk in enumerate(chunks) if torch.equal(slot, chunk)]
+        return found[0] if len(found) == 1 else None
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        held = []
+        for g in got:
+            if not isinstance(g, torch.Tensor) or g.shape != expected[0].shape:
+                return None
+            held.append([whose(slot) for slot in g.chunk(world)])
+        if held == [list(range(world))] * world:
+            return None
+        for sign in (1, -1):
+            if all(h == [(r + sign * i) % world for i in range(world)] for r, h in enumerate(held)):
+                order = "r + i" if sign == 1 else "r - i"
+                return (f"Diagnosis: each rank's result holds the chunks in the order they arrived, its own first "
+                        f"(rank order rotated by its rank): rank r's slot i holds chunk ({order}) % N, where slot i "
+                        "is rank i's. Put the chunk that "
+                        "came from rank i at slot i (out.chunk(N)[i]), whatever step it arrived at.")
+        left = [(r, i) for r, h in enumerate(held) for i, c in enumerate(h) if c != i]
+        if left and all(held[r][i] == (r - 1) % world for r, i in left):
+            return ("Diagnosis: every wrong slot holds what rank r - 1 holds, the left neighbour's own chunk: each "
+                    "step received it again, because each rank sent its own chunk at every step. A ring all-gather "
+                    "forwards at step s the chunk it received at step s - 1 (chunk (r - s) % N).")
+        return None
+    return explain
 
 
 def _all_gather_oracle(dist, chunk):

@@ -227,7 +227,9 @@ def _merge_overflowed(l1, l2, out, lse) -> Optional[str]:
     a NaN says the rest), exactly where the two inputs' log-sum-exps are beyond exp's range, though the right one is
     finite: the output's weights e^(lse - inf) are then 0, which reads as memory never written."""
     lost = ~torch.isfinite(lse)
-    if not bool(lost.any()) or bool(torch.isnan(lse).any() or torch.isnan(out).any()):
+    if not bool(lost.any()):
+        return _weight_overflowed(l1, l2, out, lse)
+    if bool(torch.isnan(lse).any() or torch.isnan(out).any()):
         return None
     top = torch.maximum(l1.abs(), l2.abs())
     if not bool((top[lost] > EXP_RANGE).all()):
@@ -237,6 +239,21 @@ def _merge_overflowed(l1, l2, out, lse) -> Optional[str]:
             f"inf above {EXP_RANGE} (and underflows to 0 below -{EXP_RANGE}, whose log is -inf); the output's weights "
             "e^(lse - inf) are then 0. Never exponentiate a log-sum-exp itself: torch.logaddexp(lse, block_lse), or "
             "the larger one plus log1p(exp(-gap)); then weigh by exp(lse - lse_new), which is at most 1.")
+
+
+def _weight_overflowed(l1, l2, out, lse) -> Optional[str]:
+    """A right log-sum-exp and an output of inf, no NaN, exactly on rows whose two log-sum-exps are more than exp's
+    range apart: a weight e^(gap), against the smaller of the two, overflowed."""
+    lost = torch.isinf(out).any(-1)
+    if not bool(lost.any()) or bool(torch.isnan(out).any()) or not torch.allclose(lse, torch.logaddexp(l1, l2)):
+        return None
+    gap = (l1 - l2).abs()
+    if not bool((gap[lost] > EXP_RANGE).all()):
+        return None
+    return (f"Diagnosis: your log-sum-exp is right, and your output is inf on {int(lost.sum())} of {lost.numel()} "
+            f"rows, every one where the two log-sum-exps are more than {EXP_RANGE} apart (up to "
+            f"{float(gap[lost].max()):.4g}): a weight e^(the gap), as exp(lse - the smaller) makes, overflowed. "
+            "Weigh each output against the union, exp(lse - lse_new) and exp(block_lse - lse_new), each at most 1.")
 
 
 def _merge_unnormalised(o1, l1, o2, l2, out) -> Optional[str]:

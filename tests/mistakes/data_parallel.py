@@ -234,6 +234,32 @@ def all_gather_received_ahead(dist, chunk):
     return _all_gather_into(dist, chunk, lambda r, n: r, lambda n: n - 1, lambda r, s, n: (r + s + 1) % n)
 
 
+def all_gather_sends_the_slot_it_fills(dist, chunk):
+    """parts = [None] * N with its own chunk at r; at step s it sends parts[(r - s - 1) % N], the slot it is about to
+    receive into, where the chunk to forward is (r - s) % N."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    parts = [chunk if i == rank else None for i in range(world)]
+    for slot in [(rank - step - 1) % world for step in range(world - 1)]:
+        received = torch.empty_like(chunk)
+        for req in [dist.isend(parts[slot], (rank + 1) % world), dist.irecv(received, (rank - 1) % world)]:
+            req.wait()
+        parts[slot] = received
+    return torch.cat(parts)
+
+
+def all_gather_slot_by_arrival(dist, chunk):
+    """Each chunk's slot in the output counted by when it arrived: its own at slot 0, step s's at slot s + 1."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(world * chunk.numel(), dtype=chunk.dtype, device=chunk.device)
+    parts = out.chunk(world)
+    parts[0].copy_(chunk)
+    for step in range(world - 1):
+        send = dist.isend(parts[step], (rank + 1) % world)
+        dist.recv(parts[step + 1], (rank - 1) % world)
+        send.wait()
+    return out
+
+
 def all_gather_always_sends_its_own(dist, chunk):
     """Sends its own chunk at every step instead of forwarding the one it just received."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -489,6 +515,8 @@ MISTAKES = [
     Attempt("ring_all_gather", all_gather_one_step_short, named="uninitialised"),
     Attempt("ring_all_gather", all_gather_received_ahead, named=LAYOUT + ("no step wrote that part",)),
     Attempt("ring_all_gather", all_gather_always_sends_its_own, named=LAYOUT),
+    Attempt("ring_all_gather", all_gather_sends_the_slot_it_fills, named="no earlier step wrote that slot"),
+    Attempt("ring_all_gather", all_gather_slot_by_arrival, named="in the order they arrived"),
     Attempt("ring_all_reduce", all_reduce_phases_disagree, named=LAYOUT),
     Attempt("ring_all_reduce", all_reduce_averaging, named="N, the world size"),
     Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy")),

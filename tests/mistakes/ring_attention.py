@@ -399,8 +399,6 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
     b, h, c, d = q.shape
 
     def split(x):                                                   # (b, h, c, d) -> (N, b, h/N, c, d)
-        if heads == "flat":
-            return x.reshape(-1)
         if heads == "round-robin":
             x = x.reshape(b, h // world, world, c, d).transpose(1, 2)      # head j·N + i to rank i
         else:
@@ -413,8 +411,6 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
         got = torch.empty_like(x) if buffer_like_the_input else torch.empty(send.shape, dtype=x.dtype, device=x.device)
         dist.all_to_all_single(got, send)
         got = got.flip(0) if sources_reversed else got
-        if heads == "flat":
-            return got.view(b, h // world, world * c, d)
         return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * c, d)
 
     if attend == "before":                 # the local chunk attended first, then the layout exchanged anyway
@@ -430,12 +426,6 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
     if back == "flattened":
         return got.flatten(0, 2).view(b, h, c, d)
     return got.transpose(0, 1).reshape(b, h, c, d)
-
-
-def ulysses_flat_exchange(dist, q, k, v, block):
-    """Each input exchanged as it comes, reshaped to one long vector, "all_to_all_single cuts it into N equal parts":
-    the parts are the batch's samples, not groups of heads."""
-    return _ulysses(dist, q, k, v, block, heads="flat")
 
 
 def ulysses_output_flattened_back(dist, q, k, v, block):
@@ -490,7 +480,7 @@ MISTAKES = [
     Attempt("merge_attention", merge_adding_the_lses, ("log of a sum", "logaddexp")),
     Attempt("merge_attention", merge_by_the_ratio_of_sums, "exp overflowed"),
     Attempt("merge_attention", merge_by_exponentials_of_the_sums, "e^lse was formed"),
-    Attempt("merge_attention", merge_weighing_against_the_smaller, "exp overflowed"),
+    Attempt("merge_attention", merge_weighing_against_the_smaller, ("exp overflowed", "a weight e^(the gap)")),
     Attempt("merge_attention", merge_softmax_of_the_pair_unnormalised, "do not sum to 1"),
     Attempt("merge_attention", merge_by_averaging_the_outputs, ("alike", "equal weights")),
     Attempt("merge_attention", merge_weights_of_shape_b_h_s, ("unsqueeze", "lines shapes up")),
@@ -528,7 +518,6 @@ MISTAKES = [
     Attempt("ring_attention_backward", backward_gradients_of_the_own_block, "from its own queries alone"),
     Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dS·Q", "transpose of dS",
                                                                    "first matrix, (1, 60, 31), fits only transposed")),
-    Attempt("ulysses_attention", ulysses_flat_exchange, "splits dim 0, here the batch"),
     Attempt("ulysses_attention", ulysses_output_flattened_back, "the head groups in front of the batch"),
     Attempt("ulysses_attention", ulysses_the_same_all_to_all_back, ("splits heads again", "sequence split")),
     Attempt("ulysses_attention", ulysses_attending_before_the_exchange, ("other chunks' keys", "before the exchange")),
