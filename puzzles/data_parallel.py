@@ -495,7 +495,11 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
     size = param_bytes(model)
     total = steps * bus_factor("all_reduce", world) * size
     why = f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)"
-    return [Budget("bytes_sent", total, why,
+    # The gradients flattened into one buffer and padded to N equal chunks (a reduce-scatter and an all-gather, as
+    # ZeRO does) send up to N-1 zeros more: the ceiling allows that padding, the floor does not ask for it.
+    word = next(model.parameters()).element_size()
+    padded = steps * bus_factor("all_reduce", world) * word * world * -(-size // word // world)
+    return [Budget("bytes_sent", padded, why + (", padded to N chunks" if padded > total else ""),
                    hint="all-reduce each gradient once per step: nothing else needs to travel."),
             Floor("bytes_sent", total, why,
                   hint="each rank trains on its own shard of the batch and the gradients travel, not the data.")]
