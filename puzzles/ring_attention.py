@@ -938,14 +938,16 @@ def _backward_mistake(message: str, tiles: str = "", **turned) -> Mistake:
 
 def _backward_misplaced(where: str, message: str) -> Mistake:
     """The right dQ, and dK, dV put in the wrong place: `where` "next" returns rank r + 1's (the block a rank holds
-    after N-1 steps, the hop home left out), "own queries" only what rank r's own queries give its own block."""
+    after N-1 steps, the hop home left out), "left home" rank r + 2's (that block's last hop sent to the left, to
+    rank r - 1), "own queries" only what rank r's own queries give its own block."""
     def mistaken(dist, q, k, v, out, lse, dout, block):
         n, rank = dist.get_world_size(), dist.get_rank()
         whole = [torch.cat(_gathered(dist, t.contiguous()), -2 if t.dim() == 4 else -1)
                  for t in (q, k, v, out, lse, dout)]
         dq, dk, dv = (g.chunk(n, -2) for g in backward_by_terms(*whole, None))
-        if where == "next":
-            return dq[rank], dk[(rank + 1) % n], dv[(rank + 1) % n]
+        ahead = {"next": 1, "left home": 2}.get(where)
+        if ahead:
+            return dq[rank], dk[(rank + ahead) % n], dv[(rank + ahead) % n]
         return (dq[rank], *backward_by_terms(q, k, v, out, lse, dout, None)[1:])
     return Mistake(mistaken, message)
 
@@ -965,6 +967,10 @@ BACKWARD_MISTAKES = (
     _backward_misplaced("next", "dK and dV returned where the ring left them after its N-1 steps gives: each rank "
                         "then holds the block of rank r + 1 (with its gradients), not its own. dK and dV need one "
                         "more hop round the ring, to the right, to come home to the rank that owns the block."),
+    _backward_misplaced("left home", "dK and dV sent home to the left gives: after N-1 steps rank r holds rank "
+                        "r + 1's block, and a last hop to the left (to rank r - 1) lands it two ranks from its owner "
+                        "(at N = 2 the two directions agree). The ring runs to the right: send the last hop to rank "
+                        "r + 1 too."),
     _backward_misplaced("own queries", "dK and dV of each rank's own block from its own queries alone give: every "
                         "rank's queries attend every block, and each adds its share to dK, dV where the block is "
                         "when it visits. Let dK and dV travel with their K/V block round the ring (accumulating "
