@@ -333,8 +333,23 @@ def _blockwise_meaning(_rank: int, blocks: list, units: list) -> Optional[str]:
 
 
 def _blockwise_explained(q, k, v, block: int, causal: bool, expected: list, got: list) -> Optional[str]:
+    short = _tail_dropped(q.shape[-2], block, got[0])
+    if short:
+        return short
     return explain_attention(functools.partial(_blockwise_setup, q, k, v, block, causal), 1, got,
                              _blockwise_meaning)
+
+
+def _tail_dropped(s: int, block: int, answer) -> Optional[str]:
+    """An output whose rows stop at the last whole block: the shorter last block (s % block rows) never processed."""
+    if not (isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], torch.Tensor)):
+        return None
+    rows = answer[0].shape[-2] if answer[0].dim() >= 2 else None
+    if s % block == 0 or rows != s // block * block:
+        return None
+    return (f"Diagnosis: your output has {rows} rows of the {s} queries: {s // block} whole blocks of {block}, the "
+            f"last, shorter block of {s % block} rows (s is not a multiple of block) never processed. Loop "
+            "range(0, s, block) and slice to the end, q[..., i:i + block, :] (a slice past the end stops there).")
 
 
 def _blockwise_flops(q, k, v, block: int, causal: bool) -> Contract:

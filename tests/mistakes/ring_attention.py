@@ -310,6 +310,13 @@ def zigzag_returning_the_late_chunk_first(dist, q, k, v, block):
     return _zigzag(dist, q, k, v, block, order=(1, 0))
 
 
+def blockwise_trimmed_to_whole_blocks(q, k, v, block, causal=False):
+    """The sequence trimmed to a multiple of block first, "so that the blocks divide it": the last queries and keys
+    are dropped."""
+    whole = q.shape[-2] // block * block
+    return S.blockwise_attention(q[..., :whole, :], k[..., :whole, :], v[..., :whole, :], block, causal=causal)
+
+
 # ---- ring_attention_backward ---------------------------------------------------------------------------------
 def _grads(dist, q, k, v, out, lse, dout, block, *, scaled=True, delta_of="dO∘O", normaliser="lse", home="right",
            dk_transposed=True, own_block_only=False):
@@ -485,6 +492,7 @@ MISTAKES = [
     Attempt("merge_attention", merge_by_averaging_the_outputs, ("alike", "equal weights")),
     Attempt("merge_attention", merge_weights_of_shape_b_h_s, ("unsqueeze", "lines shapes up")),
     Attempt("merge_attention", merge_subtracting_one_global_max, ("division by zero", "0 / 0", "underflow")),
+    Attempt("blockwise_attention", blockwise_trimmed_to_whole_blocks, "never processed"),
     Attempt("blockwise_attention", blockwise_masking_the_diagonal_too,
             (*NAN_FROM_A_MASKED_ROW, "hides the diagonal too")),
     Attempt("blockwise_attention", blockwise_without_the_scale, "√d"),
