@@ -285,6 +285,8 @@ def _reduce_scatter_left(dist, x):
     """The ring run to the left (send to rank - 1, receive from rank + 1) with the chunk indices of a ring that runs
     to the right: each rank adds what arrives into a chunk of another index than the one sent to it."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 2:                            # left and right are one neighbour: the reference itself
+        raise ValueError("at N = 2 a ring to the left is the ring to the right")
     chunks = [c.clone() for c in x.chunk(world)]
     for step in range(world - 1):
         got = torch.empty_like(chunks[(rank - step - 2) % world])

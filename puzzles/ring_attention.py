@@ -961,6 +961,8 @@ def _backward_misplaced(where: str, message: str) -> Mistake:
                  for t in (q, k, v, out, lse, dout)]
         dq, dk, dv = (g.chunk(n, -2) for g in backward_by_terms(*whole, None))
         ahead = {"next": 1, "left home": 2}.get(where)
+        if ahead and ahead % n == 0:         # the owner's own place: the reference itself, no mistake to match
+            raise ValueError(f"{where} is home at N = {n}")
         if ahead:
             return dq[rank], dk[(rank + ahead) % n], dv[(rank + ahead) % n]
         return (dq[rank], *backward_by_terms(q, k, v, out, lse, dout, None)[1:])
