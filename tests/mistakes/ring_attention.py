@@ -492,7 +492,7 @@ MISTAKES = [
     Attempt("merge_attention", merge_by_averaging_the_outputs, ("alike", "equal weights")),
     Attempt("merge_attention", merge_weights_of_shape_b_h_s, ("unsqueeze", "lines shapes up")),
     Attempt("merge_attention", merge_subtracting_one_global_max, ("division by zero", "0 / 0", "underflow")),
-    Attempt("blockwise_attention", blockwise_trimmed_to_whole_blocks, "never processed"),
+    Attempt("blockwise_attention", blockwise_trimmed_to_whole_blocks, ("never processed", "never attended key block")),
     Attempt("blockwise_attention", blockwise_masking_the_diagonal_too,
             (*NAN_FROM_A_MASKED_ROW, "hides the diagonal too")),
     Attempt("blockwise_attention", blockwise_without_the_scale, "√d"),
