@@ -219,7 +219,7 @@ WRONG = [
     ("merge_attention", merge_with_plain_exponentials, "rank 0"),
     ("merge_attention", merge_without_rescaling_the_running_output, "rank 0"),
     ("blockwise_attention", blockwise_with_all_scores, "peak memory"),
-    ("blockwise_attention", blockwise_tiled_over_queries_only, "peak memory"),
+    ("blockwise_attention", blockwise_tiled_over_queries_only, ("peak memory", "FLOPs")),   # causal: masked keys too
     ("blockwise_attention", blockwise_softmax_over_each_block_alone, "rank 0"),
     ("blockwise_attention", blockwise_with_torch_kernel, "_scaled_dot_product_flash_attention_for_cpu"),
     ("ring_attention", ring_passing_to_the_left, "to rank"),
