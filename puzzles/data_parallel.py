@@ -144,40 +144,90 @@ def _ring_step_count(op: str, world: int, size: int) -> Contract:
                     "the ring", broken, hint="each phase of a ring loops for step in range(N - 1).")
 
 
+def _ring_padding(world: int, numel: int, word: int) -> Contract:
+    """An all-reduce's chunk: x padded to the next multiple of N, ceil(n/N) elements a message. A rank whose messages
+    are all of one larger size padded x by more than it needed, and sends that padding round the ring twice."""
+    chunk = -(-numel // world)
+
+    def broken(result: SimResult) -> Optional[str]:
+        for rank in range(world):
+            sizes = {e.bytes / word for e in result.trace if e.rank == rank and e.op == "send"}
+            if len(sizes) != 1 or min(sizes) <= chunk + 0.5 or min(sizes) % 1:
+                continue
+            padded = int(min(sizes)) * world
+            if padded - numel > world or padded >= 2 * numel:       # not padding: a whole tensor sent, say
+                continue
+            said = (" (N - n % N is N when N divides n; (-n) % N is 0 then)" if padded - numel == world
+                    and numel % world == 0 else "")
+            return (f"rank {rank} sent chunks of {int(min(sizes))} elements: x of {numel} padded to {padded}, "
+                    f"{padded - numel} zeros, where {(-numel) % world} make N = {world} chunks of {chunk}{said}")
+        return None
+    return Contract("x is padded only up to the next multiple of N, by (-n) % N zeros", broken,
+                    hint="pad by (-len(x)) % N: none when N already divides x's length.")
+
+
 def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _shares(xs: list[torch.Tensor], op: str):
-    """A ring case's explain (lib.checker.puzzle.Case): each wrong chunk read as the ranks' parts of that chunk, each
-    taken
-    0, 1 or 2 times (3^N candidates, told apart even by a chunk of one value): a part left out of the sum (a step
-    that copies where it adds, a step too few, the chunk the schedule did not complete) or counted twice (a phase
-    that adds where it copies, a step too many). Said for the first wrong chunk, when every wrong chunk is such a sum.
-    """
+    """A ring case's explain (lib.checker.puzzle.Case): each wrong chunk read as the ranks' parts of one chunk index of
+    x, each taken 0, 1 or 2 times (3^N candidates per index, told apart even by a chunk of one value), and the
+    pattern named from the evidence: one neighbour's part alone (a step copied where it adds), the rank's own part
+    alone (nothing received was ever added into the chunk it returns), some parts but not all (fewer additions than
+    N-1), a part twice (a phase that adds where it copies, or a step too many), another index's chunk (the schedule
+    completes a chunk other than the one returned), every chunk its owner's part alone (an all-gather of chunks the
+    reduce-scatter had not summed)."""
     world = len(xs)
     parts = [torch.stack([x.double().chunk(world)[c] for x in xs]) for c in range(world)]     # chunk c: (N, ...)
     weights = torch.cartesian_prod(*[torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)] * world).reshape(-1, world)
 
     def counts(c: int, wrong: torch.Tensor) -> Optional[list[int]]:
+        if parts[c].shape[1:] != wrong.shape:
+            return None
         sums = torch.einsum("kn,n...->k...", weights, parts[c]).reshape(len(weights), -1)
         close = ((sums - wrong.reshape(1, -1)).abs() <= 1e-4 + 1e-4 * wrong.abs().reshape(1, -1)).all(1)
         found = [weights[k] for k in close.nonzero().reshape(-1).tolist()]
         return [int(w) for w in found[0].tolist()] if len(found) == 1 else None
 
-    def said(where: str, times: list[int]) -> str:
+    def reading(c: int, wrong: torch.Tensor) -> Optional[tuple[int, list[int]]]:
+        """(the chunk index whose parts the wrong chunk sums, how many times each rank's part), own index first."""
+        for index in [c] + [i for i in range(world) if i != c]:
+            times = counts(index, wrong)
+            if times is not None and any(times):
+                return index, times
+        return None
+
+    def said(where: str, owner: int, c: int, index: int, times: list[int]) -> str:
         held = [r for r, t in enumerate(times) if t]
         missing, twice = [r for r, t in enumerate(times) if t == 0], [r for r, t in enumerate(times) if t == 2]
-        whose = f"{_ranks(held)}'s part{'s' if len(held) > 1 else ''} of the sum" if held else "no part of the sum"
-        text = f"Diagnosis: {where} holds {whose}"
-        if missing:
-            text += (f", {_ranks(missing)}'s left out of the sum: a step copied where it should add, the ring stopped "
-                     "a step early, or this is not the chunk the schedule completed on this rank")
+        whose = f"{_ranks(held)}'s part{'s' if len(held) > 1 else ''} of the sum"
+        if index != c and times == [1] * world:
+            return (f"Diagnosis: {where} holds what rank {index} should return, the whole sum of chunk {index} of x: "
+                    f"the schedule completes chunk {index} on this rank, and it returned that one. With sends of "
+                    "chunk (r - s - 1) % N and receives into chunk (r - s - 2) % N at step s, rank r's last step "
+                    "completes chunk r (sends of r - s complete chunk r + 1).")
+        if index != c:
+            return (f"Diagnosis: {where} holds {whose} of chunk {index} of x, where it should hold chunk {c}'s: the "
+                    "chunk indices of the schedule do not match the neighbours it sends to and receives from.")
         if twice:
-            text += (f"{';' if missing else ','} {_ranks(twice)}'s counted twice: a phase adds what it receives where "
-                     "it should copy it (only the reduce-scatter adds; the all-gather copies), or the ring went one "
-                     "step too many")
-        return text + "."
+            text = (f"Diagnosis: {where} holds {whose}, {_ranks(twice)}'s counted twice: a phase adds what it "
+                    "receives where it should copy it (only the reduce-scatter adds; the all-gather copies), or the "
+                    "ring went one step too many")
+            return text + (f"; {_ranks(missing)}'s left out of the sum." if missing else ".")
+        if held == [owner]:
+            return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
+                    "sum: nothing received was ever added into this chunk. Either the steps added what arrived into "
+                    "other chunks, so the schedule completes another one on this rank (at step s rank r sends chunk "
+                    "(r - s - 1) % N and adds what it receives into chunk (r - s - 2) % N, so its last step "
+                    f"completes chunk r), or no step ran at all (range(N - 1) runs N-1 = {world - 1} here).")
+        if len(held) == 1:
+            return (f"Diagnosis: {where} holds only {_ranks(held)}'s part, the rest left out of the sum (the owner's "
+                    "own part too): a step replaced the chunk with what it received instead of adding into it. Each "
+                    "step adds (chunk += received); only the all-gather copies.")
+        return (f"Diagnosis: {where} holds {whose}, {_ranks(missing)}'s left out of the sum: {len(held)} of the N = "
+                f"{world} parts, where each of the N-1 steps adds one more: this chunk went only part of the way "
+                "round the ring (too few steps, or a chunk its schedule completes later returned early).")
 
     def explain(expected: list, got: list) -> Optional[str]:
         found = []
@@ -189,14 +239,21 @@ def _shares(xs: list[torch.Tensor], op: str):
             for c, a, b in pairs:
                 if torch.allclose(a, b, atol=1e-5):
                     continue
-                times = counts(c, b)
-                if times is None:
+                read = reading(c, b)
+                if read is None or (op == "all_reduce" and read[0] != c):     # another chunk's: said by its layout
                     return None
-                found.append((rank, c, times))
+                found.append((rank, c, *read))
         if not found:
             return None
-        rank, c, times = found[0]
-        return said(f"rank {rank}'s chunk" if op == "reduce_scatter" else f"chunk {c} of rank {rank}'s result", times)
+        if op == "all_reduce" and all(index == c and times == [int(r == c) for r in range(world)]
+                                      for _, c, index, times in found):
+            rank, c = found[0][:2]
+            return (f"Diagnosis: chunk {c} of rank {rank}'s result holds only rank {c}'s own part of it, every other "
+                    "rank's left out of the sum, and so does every wrong chunk: the all-gather passed on each rank's "
+                    "chunk of x as it was before the reduce-scatter summed it. Gather the reduce-scatter's result.")
+        rank, c, index, times = found[0]
+        where = f"rank {rank}'s chunk" if op == "reduce_scatter" else f"chunk {c} of rank {rank}'s result"
+        return said(where, rank if op == "reduce_scatter" else c, c, index, times)
     return explain
 
 
@@ -204,8 +261,10 @@ def _ring_case(world: int, args: tuple, expected: list, label: str, size: int, o
                formula: str, explain=None) -> Case:
     cost = CostModel()
     sent = _ring_budget(factor, formula, size, f"a ring {op.replace('_', '-')}")
+    x = args[0].values[0]
+    padding = [_ring_padding(world, x.numel(), x.element_size())] if op == "all_reduce" else []
     return Case(world, args, expected, label, cost=cost, allowed_ops=P2P,
-                contracts=[RING, _ring_step_count(op, world, size)], explain=explain,
+                contracts=[RING, _ring_step_count(op, world, size), *padding], explain=explain,
                 budgets=[sent, *_travels(sent), _ring_time(cost, op, size, world)])
 
 
@@ -222,6 +281,28 @@ def _reduce_scatter_oracle(dist, x):
     return out
 
 
+def _reduce_scatter_left(dist, x):
+    """The ring run to the left (send to rank - 1, receive from rank + 1) with the chunk indices of a ring that runs
+    to the right: each rank adds what arrives into a chunk of another index than the one sent to it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 2:                            # left and right are one neighbour: the reference itself
+        raise ValueError("at N = 2 a ring to the left is the ring to the right")
+    chunks = [c.clone() for c in x.chunk(world)]
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[(rank - step - 2) % world])
+        work = dist.isend(chunks[(rank - step - 1) % world], (rank - 1) % world)
+        dist.recv(got, (rank + 1) % world)
+        work.wait()
+        chunks[(rank - step - 2) % world] += got
+    return chunks[rank]
+
+
+RING_MISTAKES = [Mistake(_reduce_scatter_left, "a ring run to the left (isend to rank - 1, recv from rank + 1) with "
+                         "the chunk indices of a ring run to the right gives: what arrives is added into a chunk of "
+                         "another index than the one the neighbour sent. Send to rank + 1 and receive from rank - 1, "
+                         "as the indices (r - s - 1) % N and (r - s - 2) % N assume, or mirror the indices too.")]
+
+
 ring_reduce_scatter = Puzzle(
     "ring_reduce_scatter", NOTEBOOK, _reduce_scatter_case,
     hints=["Cut x into N chunks (x.chunk(N)). In N-1 steps, every rank sends one chunk to its right "
@@ -231,6 +312,7 @@ ring_reduce_scatter = Puzzle(
            "Send without blocking (req = dist.isend(...)), then dist.recv(buf, left), then req.wait(): "
            "if every rank does a blocking send first, nobody is receiving."],
     oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5, real_scale=_bucket_scale,
+    mistakes=RING_MISTAKES,
     describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring.")
 
 
@@ -238,7 +320,43 @@ def _all_gather_case(rng: random.Random, world: int) -> Case:
     chunks = _vectors(rng, world, rng.randint(1, 9))
     out = torch.cat(chunks)
     return _ring_case(world, (per_rank(chunks),), [out] * world, f"N={world}, chunk of {chunks[0].numel()} float32 "
-                      "per rank", _nbytes(out), "all_gather", bus_factor("all_gather", world), "(N-1)/N")
+                      "per rank", _nbytes(out), "all_gather", bus_factor("all_gather", world), "(N-1)/N",
+                      _gathered_slots(chunks))
+
+
+def _gathered_slots(chunks: list[torch.Tensor]):
+    """An all-gather case's explain: each slot of each rank's result read as the rank whose chunk it holds, and the
+    pattern named: every rank's chunks in arrival order (slot i holds chunk (r + i) % N: rank 0 right, the others
+    rotated by their rank), or every wrong slot the left neighbour's chunk (each rank sent its own chunk at every
+    step instead of forwarding what it received)."""
+    world = len(chunks)
+
+    def whose(slot: torch.Tensor) -> Optional[int]:
+        found = [c for c, chunk in enumerate(chunks) if torch.equal(slot, chunk)]
+        return found[0] if len(found) == 1 else None
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        held = []
+        for g in got:
+            if not isinstance(g, torch.Tensor) or g.shape != expected[0].shape:
+                return None
+            held.append([whose(slot) for slot in g.chunk(world)])
+        if held == [list(range(world))] * world:
+            return None
+        for sign in (1, -1):
+            if all(h == [(r + sign * i) % world for i in range(world)] for r, h in enumerate(held)):
+                order = "r + i" if sign == 1 else "r - i"
+                return (f"Diagnosis: each rank's result holds the chunks in the order they arrived, its own first "
+                        f"(rank order rotated by its rank): rank r's slot i holds chunk ({order}) % N, where slot i "
+                        "is rank i's. Put the chunk that "
+                        "came from rank i at slot i (out.chunk(N)[i]), whatever step it arrived at.")
+        left = [(r, i) for r, h in enumerate(held) for i, c in enumerate(h) if c != i]
+        if left and all(held[r][i] == (r - 1) % world for r, i in left):
+            return ("Diagnosis: every wrong slot holds what rank r - 1 holds, the left neighbour's own chunk: each "
+                    "step received it again, because each rank sent its own chunk at every step. A ring all-gather "
+                    "forwards at step s the chunk it received at step s - 1 (chunk (r - s) % N).")
+        return None
+    return explain
 
 
 def _all_gather_oracle(dist, chunk):
@@ -300,12 +418,14 @@ def _model_sizes(rng: random.Random) -> tuple[int, ...]:
     return (rng.randint(4, 12), *[width] * rng.randint(4, 6), rng.randint(2, 6))
 
 
-def train_single(model, batches, lr: float, before_update=None):
+def train_single(model, batches, lr: float, before_update=None, zero: bool = True):
     """The single-device reference: plain SGD on the whole batch, mean squared error. (A known mistake passes
-    `before_update`, what it does to each parameter between backward and the update.)"""
+    `before_update`, what it does to each parameter between backward and the update, or zero=False: gradients
+    never zeroed, so each step's backward adds to the last one's.)"""
     model = copy.deepcopy(model)
     for x, y in batches:
-        model.zero_grad()
+        if zero:
+            model.zero_grad()
         F.mse_loss(model(x), y).backward()
         for p in model.parameters() if before_update else ():
             before_update(p)
@@ -315,15 +435,23 @@ def train_single(model, batches, lr: float, before_update=None):
     return model
 
 
+def _trained(model, batches, lr: float):
+    """The expected model: single-device training, its gradients let go. The statement compares the parameters, so
+    every loop order real training code uses (zero_grad before backward, or after the update, .grad = None) is right."""
+    model = train_single(model, batches, lr)
+    model.zero_grad(set_to_none=True)
+    return model
+
+
 def _scale_grad(p: torch.Tensor, c: float) -> None:
     p.grad.mul_(c)
 
 
 def _alone_explain(model, shards: list, lr: float):
     """A data-parallel case's explain (lib.checker.puzzle.Case): every rank's parameters are those of training alone
-    on its own
-    shard, with its gradient as backward made it or scaled by N either way (a loss divided by N instead of an
-    all-reduce): whatever the scale, no gradient travelled."""
+    on its own shard, with its gradient as backward made it or scaled by N either way (a loss divided by N instead of
+    an all-reduce): whatever the scale, no gradient travelled. Or those of whole-batch training whose gradients are
+    never zeroed: each step's gradient carried into the next."""
     world = len(shards)
     scales = {1.0: "", 1 / world: f", each gradient divided by N = {world}",
               float(world): f", each gradient × N = {world}"}
@@ -338,14 +466,29 @@ def _alone_explain(model, shards: list, lr: float):
         for c, scaled in scales.items():
             alone = [params(train_single(model, shards[r], lr, functools.partial(_scale_grad, c=c)))
                      for r in range(world)]
-            if all(len(a) == len(b) and all(x.shape == y.shape and torch.allclose(x.double(), y.double(), rtol=1e-7,
-                                                                                   atol=1e-9) for x, y in zip(a, b))
-                   for a, b in zip(alone, mine)):
+            if all(_equal(a, b) for a, b in zip(alone, mine)):
                 return (f"Diagnosis: each rank's parameters are those of training alone on its own shard{scaled}: the "
                         "gradients were never all-reduced, so no rank's update saw the other ranks' samples. "
                         "All-reduce each p.grad and divide it by N before the update.")
+        carried = params(train_single(model, [_whole(shards, step) for step in range(len(shards[0]))], lr,
+                                      zero=False))
+        if len(shards[0]) > 1 and all(_equal(carried, m) for m in mine):
+            return ("Diagnosis: your parameters are those of single-device training whose gradients are never zeroed: "
+                    "step 1 is right, and at step 2 and after, backward added each step's gradient to the last "
+                    "step's still in p.grad (backward accumulates), so every update used the sum of all steps so "
+                    "far. Zero the gradients each step (model.zero_grad(), or p.grad = None after the update).")
         return None
     return explain
+
+
+def _whole(shards: list, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole batch of one step: every rank's shard of it, in rank order."""
+    return tuple(torch.cat([rank[step][i] for rank in shards]) for i in range(2))
+
+
+def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and torch.allclose(x.double(), y.double(), rtol=1e-7, atol=1e-9)
+                                    for x, y in zip(a, b))
 
 
 def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
@@ -354,7 +497,11 @@ def _all_reduce_grads_budgets(model, world: int, steps: int) -> list[Budget]:
     size = param_bytes(model)
     total = steps * bus_factor("all_reduce", world) * size
     why = f"{steps} steps × 2(N-1)/N × {fmt_bytes(size)} of gradients (one ring all-reduce of them per step)"
-    return [Budget("bytes_sent", total, why,
+    # The gradients flattened into one buffer and padded to N equal chunks (a reduce-scatter and an all-gather, as
+    # ZeRO does) send up to N-1 zeros more: the ceiling allows that padding, the floor does not ask for it.
+    word = next(model.parameters()).element_size()
+    padded = steps * bus_factor("all_reduce", world) * word * world * -(-size // word // world)
+    return [Budget("bytes_sent", padded, why + (", padded to N chunks" if padded > total else ""),
                    hint="all-reduce each gradient once per step: nothing else needs to travel."),
             Floor("bytes_sent", total, why,
                   hint="each rank trains on its own shard of the batch and the gradients travel, not the data.")]
@@ -386,7 +533,7 @@ def _ddp_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Ca
     steps = steps or STEPS
     shards, full = sharded_batches(rng.randrange(2**31), sizes, world, local, steps)
     lr = 0.1
-    expected, flops = counted_flops(lambda: train_single(model, full, lr))
+    expected, flops = counted_flops(lambda: _trained(model, full, lr))
     floor = flops_budgets(flops / world, f"1/N of single-device training's {flops:,.0f} FLOPs")[1]
     return Case(world, (model, per_rank(shards), lr), [expected] * world,
                 f"N={world}, {steps} steps of {len(shards[0][0][0])} samples per rank",
@@ -404,23 +551,7 @@ def _ddp_mistake(what: str, message: str) -> Mistake:
     return Mistake(mistaken, message)
 
 
-def _averaging_after_the_step(dist, model, batches, lr, *_):
-    """Each rank steps with its own gradient, then the ranks average their parameters."""
-    world = dist.get_world_size()
-
-    def average(p):
-        with torch.no_grad():
-            p -= lr * p.grad
-            dist.all_reduce(p.data)
-            p /= world
-            p += lr * p.grad           # train_single's update comes next: leave it the averaged result
-    return train_single(model, batches, lr, average)
-
-
 DDP_MISTAKES = [           # each rank training alone, at any scale, is the cases' explain (_alone_explain)
-    Mistake(_averaging_after_the_step, "averaging the parameters after each rank's own step gives: for plain SGD the "
-                                       "weights agree, but each p.grad is still this rank's shard gradient, not the "
-                                       "whole batch's. All-reduce the gradients before the update instead."),
     _ddp_mistake("sum", "summing the gradients without dividing by N gives: the sum of N shard gradients is N × the "
                         "whole batch's gradient (off by a factor of N = world size). Average them."),
     _ddp_mistake("average the parameters", "all-reducing the parameters instead of their gradients gives: p.data "
@@ -535,7 +666,7 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several", step
                                  hint="launch each bucket's all_reduce with async_op=True from a gradient hook as "
                                       "soon as its last gradient is ready, and wait only after backward."))
     largest = max(p.numel() for p in model.parameters())
-    return Case(world, (model, per_rank(shards), lr, bucket_size), [train_single(model, full, lr)] * world,
+    return Case(world, (model, per_rank(shards), lr, bucket_size), [_trained(model, full, lr)] * world,
                 f"N={world}, {steps} steps, bucket_size={bucket_size}, all-reduce of the gradients as long as the "
                 "backward pass", budgets=budgets, cost=cost,
                 contracts=[_bucket_contract(bucket_size, largest, steps, world, word)], steps=steps,

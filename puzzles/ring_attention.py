@@ -67,7 +67,13 @@ RING_CHUNKS = 10
 # s/N rows is in RING_CHUNKS. (With 8, a rank keeping every K/V block passed at N = 6 once s/N grew to 3d or more.)
 RING_BLOCK_ROWS = 4
 BALANCE = 0.10                 # zigzag: the busiest rank may compute 10% more than the least busy
-CAUSAL_SLACK = 0.5             # zigzag: FLOPs over the 2N+1 tiles a rank must compute (its inner blocks, merges)
+# zigzag: FLOPs over the 2N+1 tiles a rank must compute (chunk x chunk each), and MERGE_WORK elementwise FLOPs per
+# element of (out, lse) for each key block merged into a running output. The merges are priced on their own: with
+# chunks of 3 tokens and blocks of 2 they cost half as much as the tiles (a slack of 0.5 on the tiles alone refused a
+# right answer 1.9% over), while with chunks of 49 they cost 1%; a rank that computes the tiles it should skip
+# computes 1.5 to 2.6 times the tiles and merges.
+CAUSAL_SLACK = 0.2
+MERGE_WORK = 6
 # Over the largest tensor a ring rank needs (K and V stacked, or a tile of its queries × block keys). The ring's
 # chunks hold at least 3d tokens (s/N ≥ 3d), so that a whole s/N × s/N tile is 1.2 times this budget or more.
 TILE_SLACK = 0.25
@@ -179,6 +185,9 @@ def _merge_explained(o1, l1, o2, l2, expected: list, got: list) -> Optional[str]
             and answer[0].shape == o1.shape and answer[1].shape == l1.shape):
         return None
     out, lse = (a.detach().cpu().double() for a in answer)
+    overflowed = _merge_overflowed(l1, l2, out, lse)
+    if overflowed:
+        return overflowed
     said = []
     readings = {"the larger of the two (max)": torch.maximum(l1, l2), "the sum of the two": l1 + l2,
                 "their mean": (l1 + l2) / 2, "the first block's alone": l1, "the second block's alone": l2}
@@ -206,7 +215,67 @@ def _merge_explained(o1, l1, o2, l2, expected: list, got: list) -> Optional[str]
                           if torch.allclose(w[rows], value[rows], rtol=1e-7, atol=1e-9)), None)
             if found:
                 said.append(f"your output is {found}")
-    return f"Diagnosis: {'; '.join(said)}." if said else None
+    return f"Diagnosis: {'; '.join(said)}." if said else _merge_unnormalised(o1, l1, o2, l2, out)
+
+
+# exp() of a number above this is inf in float64, and of one below -EXP_RANGE is 0 (so is its log's -inf)
+EXP_RANGE = 709.78
+
+
+def _merge_overflowed(l1, l2, out, lse) -> Optional[str]:
+    """A merge that formed e^lse: the union's log-sum-exp is inf or -inf, with no NaN to trace (the engine's origin of
+    a NaN says the rest), exactly where the two inputs' log-sum-exps are beyond exp's range, though the right one is
+    finite: the output's weights e^(lse - inf) are then 0, which reads as memory never written."""
+    lost = ~torch.isfinite(lse)
+    if not bool(lost.any()):
+        return _weight_overflowed(l1, l2, out, lse)
+    if bool(torch.isnan(lse).any() or torch.isnan(out).any()):
+        return None
+    top = torch.maximum(l1.abs(), l2.abs())
+    if not bool((top[lost] > EXP_RANGE).all()):
+        return None
+    return (f"Diagnosis: your log-sum-exp is inf or -inf on {int(lost.sum())} of {lost.numel()} rows, every one where "
+            f"the blocks' log-sum-exps reach ±{float(top[lost].max()):.4g}: e^lse was formed, and exp() overflows to "
+            f"inf above {EXP_RANGE} (and underflows to 0 below -{EXP_RANGE}, whose log is -inf); the output's weights "
+            "e^(lse - inf) are then 0. Never exponentiate a log-sum-exp itself: torch.logaddexp(lse, block_lse), or "
+            "the larger one plus log1p(exp(-gap)); then weigh by exp(lse - lse_new), which is at most 1.")
+
+
+def _weight_overflowed(l1, l2, out, lse) -> Optional[str]:
+    """A right log-sum-exp and an output of inf, no NaN, exactly on rows whose two log-sum-exps are more than exp's
+    range apart: a weight e^(gap), against the smaller of the two, overflowed."""
+    lost = torch.isinf(out).any(-1)
+    if not bool(lost.any()) or bool(torch.isnan(out).any()) or not torch.allclose(lse, torch.logaddexp(l1, l2)):
+        return None
+    gap = (l1 - l2).abs()
+    if not bool((gap[lost] > EXP_RANGE).all()):
+        return None
+    return (f"Diagnosis: your log-sum-exp is right, and your output is inf on {int(lost.sum())} of {lost.numel()} "
+            f"rows, every one where the two log-sum-exps are more than {EXP_RANGE} apart (up to "
+            f"{float(gap[lost].max()):.4g}): a weight e^(the gap), as exp(lse - the smaller) makes, overflowed. "
+            "Weigh each output against the union, exp(lse - lse_new) and exp(block_lse - lse_new), each at most 1.")
+
+
+def _merge_unnormalised(o1, l1, o2, l2, out) -> Optional[str]:
+    """Each row of the output the right one times a factor of its own: the two weights in the right ratio,
+    e^lse : e^block_lse, not divided by their sum."""
+    if not bool(torch.isfinite(out).all()):
+        return None
+    right = o1 * torch.sigmoid(l1 - l2).unsqueeze(-1) + o2 * torch.sigmoid(l2 - l1).unsqueeze(-1)
+    norm = (right ** 2).sum(-1)
+    rows = norm > 1e-12
+    factor = (out * right).sum(-1) / norm.clamp_min(1e-300)
+    if not bool(rows.any()) or not torch.allclose(out[rows], (factor.unsqueeze(-1) * right)[rows], rtol=1e-7,
+                                                   atol=1e-9):
+        return None
+    apart = (factor[rows] - 1).abs() > 1e-6
+    if not bool(apart.any()):
+        return None
+    low, high = float(factor[rows].min()), float(factor[rows].max())
+    return (f"Diagnosis: each row of your output is the right one times a factor of its own (from {low:.4g} to "
+            f"{high:.4g}): the two outputs are weighed in the right ratio, e^lse : e^block_lse, but the weights do "
+            "not sum to 1. Divide them by their sum, e^lse_new: the weights are exp(lse - lse_new) and "
+            "exp(block_lse - lse_new).")
 
 
 merge_attention = _attention_puzzle(
@@ -226,12 +295,15 @@ merge_attention = _attention_puzzle(
 
 # ---- 2. blockwise attention -----------------------------------------------------------------------------
 def _blockwise_case(rng: random.Random, _world: int, causal: Optional[bool] = None,
-                    scale: Optional[float] = None) -> Case:
+                    scale: Optional[float] = None, remainder: bool = False) -> Case:
+    """`remainder`: s is never a multiple of block (elsewhere it is, two times in three), so that every check has a
+    shorter last block: a loop over whole blocks only passed every case of 1 seed in 5."""
     b, h, d = _shape(rng)
     causal = rng.random() < 0.5 if causal is None else causal
     scale = _scale(rng, scale)
     block = rng.choice([6, 8])
-    s = block * rng.randint(4, 6) + rng.choice([0, 0, rng.randint(1, block - 1)])     # a remainder, sometimes
+    whole, extra = rng.randint(4, 6), rng.randint(1, block - 1)
+    s = block * whole + (extra if remainder else rng.choice([0, 0, extra]))     # a remainder, sometimes or always
     sk = s if causal else rng.choice([s, s + rng.randint(1, 2 * block)])
     q, k, v = _qkv(rng, b, h, s, sk, d, scale, blocks=sk / block)
     expected = _on_device(*attention(q, k, v, causal))
@@ -264,8 +336,23 @@ def _blockwise_meaning(_rank: int, blocks: list, units: list) -> Optional[str]:
 
 
 def _blockwise_explained(q, k, v, block: int, causal: bool, expected: list, got: list) -> Optional[str]:
+    short = _tail_dropped(q.shape[-2], block, got[0])
+    if short:
+        return short
     return explain_attention(functools.partial(_blockwise_setup, q, k, v, block, causal), 1, got,
                              _blockwise_meaning)
+
+
+def _tail_dropped(s: int, block: int, answer) -> Optional[str]:
+    """An output whose rows stop at the last whole block: the shorter last block (s % block rows) never processed."""
+    if not (isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], torch.Tensor)):
+        return None
+    rows = answer[0].shape[-2] if answer[0].dim() >= 2 else None
+    if s % block == 0 or rows != s // block * block:
+        return None
+    return (f"Diagnosis: your output has {rows} rows of the {s} queries: {s // block} whole blocks of {block}, the "
+            f"last, shorter block of {s % block} rows (s is not a multiple of block) never processed. Loop "
+            "range(0, s, block) and slice to the end, q[..., i:i + block, :] (a slice past the end stops there).")
 
 
 def _blockwise_flops(q, k, v, block: int, causal: bool) -> Contract:
@@ -291,8 +378,8 @@ def _blockwise_oracle(q, k, v, block, causal):
 
 blockwise_attention = _attention_puzzle(
     "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False, outputs=OUT_AND_LSE,
-    variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE}, {"causal": True, "scale": 1.0},
-              {"causal": True, "scale": NEAR}],
+    variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE},
+              {"causal": True, "scale": 1.0, "remainder": True}, {"causal": True, "scale": NEAR}],
     oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention",
     hints=["Loop over blocks of `block` queries; for each, loop over blocks of `block` keys: scores of the tile, "
            "its log-sum-exp, its output exp(scores - lse) @ v, merged into the running (out, lse) with "
@@ -514,6 +601,8 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
     tile = counted_flops(lambda: _tile(q, k, v))[1]
     diagonal = counted_flops(lambda: _tile(q, k, v, causal=True))[1]
     work = (2 * n - 1) * tile + 2 * diagonal
+    merged = (2 * n + 1) * -(-chunk // block)                 # key blocks merged: 2N+1 pairs of ceil(c/block) each
+    merging = MERGE_WORK * merged * b * h * chunk * (d + 1)
     return Case(n, (per_rank(qs), per_rank(ks), per_rank(vs), block), expected,
                 f"N={n}, causal, chunks of {chunk} tokens, block {block}, {_describe(b, h, d, scale)}",
                 budgets=[*_kv_budget(b, h, 2 * chunk, d, n),
@@ -524,9 +613,11 @@ def _zigzag_case(rng: random.Random, n: int, scale: Optional[float] = None) -> C
                     flops_balanced(BALANCE, "zigzag gives every rank 2N+1 of the causal tiles",
                                    hint="skip the tiles entirely in the future of your queries; compute "
                                         "the others, masking only the two on the diagonal."),
-                    flops_at_most((1 + CAUSAL_SLACK) * work,
+                    flops_at_most((1 + CAUSAL_SLACK) * work + merging,
                                   f"the 2N-1 = {2 * n - 1} tiles of chunk × chunk keys and 2 diagonal tiles "
-                                  f"a rank must compute, and {CAUSAL_SLACK:g} more for blocks and merges",
+                                  f"a rank must compute, + {CAUSAL_SLACK:.0%}, and {MERGE_WORK} passes over its "
+                                  f"(out, lse) for each of the {merged} key blocks it merges ((2N+1) pairs × "
+                                  "ceil(chunk / block))",
                                   hint="a key chunk after a query chunk is entirely masked: skip it instead "
                                        "of computing it under a mask.")],
                 parts={"zigzag chunk": (2, 2)},
@@ -702,9 +793,45 @@ def _ulysses_oracle(dist, q, k, v, block):
     return _ring_oracle(dist, q, k, v, block)[0]
 
 
+def _ulysses_variant(dist, q, k, v, _block, *, heads_in: bool = True, heads_out: bool = True):
+    """Ulysses with one layout step left out: heads_in=False sends (b, h, s/N, d) as it is (its dim 0, the batch, is
+    what all_to_all_single splits); heads_out=False reshapes the returned (N, b, h/N, s/N, d) straight to
+    (b, h, s/N, d), the head groups left in front of the batch."""
+    n = dist.get_world_size()
+    b, h, c, d = q.shape
+
+    def exchange(x):
+        x = x.contiguous()
+        got = torch.empty_like(x)
+        dist.all_to_all_single(got, x)
+        return got
+
+    def to_heads(t):                                                    # (b, h, s/N, d) -> (b, h/N, s, d)
+        if not heads_in:
+            return exchange(t).reshape(b, h // n, n * c, d)
+        return exchange(t.reshape(b, n, h // n, c, d).transpose(0, 1)).permute(1, 2, 0, 3, 4).reshape(
+            b, h // n, n * c, d)
+    qh, kh, vh = to_heads(q), to_heads(k), to_heads(v)
+    o = torch.softmax(qh @ kh.transpose(-2, -1) * d ** -0.5, -1) @ vh                  # (b, h/N, s, d)
+    got = exchange(o.reshape(b, h // n, n, c, d).permute(2, 0, 1, 3, 4))              # (N, b, h/N, s/N, d)
+    return got.transpose(0, 1).reshape(b, h, c, d) if heads_out else got.reshape(b, h, c, d)
+
+
+ULYSSES_MISTAKES = [
+    Mistake(functools.partial(_ulysses_variant, heads_in=False),
+            "an all-to-all of q, k and v laid out (b, h, s/N, d) as they come gives: all_to_all_single splits dim 0, "
+            "here the batch, so each rank received other ranks' samples, not its h/N heads of every sequence chunk. "
+            "Lay each out as (N, b, h/N, s/N, d) first: x.reshape(b, N, h // N, c, d).transpose(0, 1)."),
+    Mistake(functools.partial(_ulysses_variant, heads_out=False),
+            "the way back reshaped straight to (b, h, s/N, d) gives: what the all-to-all returns is laid out "
+            "(N, b, h/N, s/N, d), the head groups in front of the batch, so the heads landed in other samples' "
+            "places. Move the head groups behind the batch first: got.transpose(0, 1).reshape(b, h, c, d)."),
+]
+
+
 ulysses_attention = _attention_puzzle(
     "ulysses_attention", NOTEBOOK, _ulysses_case, world_sizes=(2, 3, 4), variants=[{"scale": LARGE}],
-    oracle=_ulysses_oracle, oracle_name=GATHERED,
+    oracle=_ulysses_oracle, oracle_name=GATHERED, mistakes=ULYSSES_MISTAKES,
     hints=["dist.all_to_all_single(out, inp) sends the i-th slice of inp along dim 0 to rank i and puts what rank i "
            "sent in the i-th slice of out. Lay q out as (N, b, h/N, s/N, d): slice i holds the heads rank i will own.",
            "x.reshape(b, N, h // N, c, d).transpose(0, 1).contiguous() makes that layout; after the all-to-all, slice "
@@ -827,6 +954,24 @@ def _backward_mistake(message: str, tiles: str = "", **turned) -> Mistake:
     return Mistake(mistaken, message)
 
 
+def _backward_misplaced(where: str, message: str) -> Mistake:
+    """The right dQ, and dK, dV put in the wrong place: `where` "next" returns rank r + 1's (the block a rank holds
+    after N-1 steps, the hop home left out), "left home" rank r + 2's (that block's last hop sent to the left, to
+    rank r - 1), "own queries" only what rank r's own queries give its own block."""
+    def mistaken(dist, q, k, v, out, lse, dout, block):
+        n, rank = dist.get_world_size(), dist.get_rank()
+        whole = [torch.cat(_gathered(dist, t.contiguous()), -2 if t.dim() == 4 else -1)
+                 for t in (q, k, v, out, lse, dout)]
+        dq, dk, dv = (g.chunk(n, -2) for g in backward_by_terms(*whole, None))
+        ahead = {"next": 1, "left home": 2}.get(where)
+        if ahead and ahead % n == 0:         # the owner's own place: the reference itself, no mistake to match
+            raise ValueError(f"{where} is home at N = {n}")
+        if ahead:
+            return dq[rank], dk[(rank + ahead) % n], dv[(rank + ahead) % n]
+        return (dq[rank], *backward_by_terms(q, k, v, out, lse, dout, None)[1:])
+    return Mistake(mistaken, message)
+
+
 PER_BLOCK_SOFTMAX = ("P recomputed as each key block's own softmax, exp(S - the block's log-sum-exp), gives: P is "
                      "exp(S - lse) with the forward's lse, the log-sum-exp over every key of the row, so that a "
                      "block's probabilities are its share of the whole row (FlashAttention-2, Dao 2023, Algorithm 2).")
@@ -838,7 +983,18 @@ BACKWARD_MISTAKES = (
                       "D = rowsum(dO ∘ O): the softmax's Jacobian subtracts from each row of dO·Vᵀ its mean under P "
                       "(FlashAttention-2, Dao 2023, Algorithm 2).", row_term="none"),
     _backward_mistake(PER_BLOCK_SOFTMAX, tiles="block", normaliser="block"),
-    _backward_mistake(PER_BLOCK_SOFTMAX, tiles="chunk", normaliser="block"))
+    _backward_mistake(PER_BLOCK_SOFTMAX, tiles="chunk", normaliser="block"),
+    _backward_misplaced("next", "dK and dV returned where the ring left them after its N-1 steps gives: each rank "
+                        "then holds the block of rank r + 1 (with its gradients), not its own. dK and dV need one "
+                        "more hop round the ring, to the right, to come home to the rank that owns the block."),
+    _backward_misplaced("left home", "dK and dV sent home to the left gives: after N-1 steps rank r holds rank "
+                        "r + 1's block, and a last hop to the left (to rank r - 1) lands it two ranks from its owner "
+                        "(at N = 2 the two directions agree). The ring runs to the right: send the last hop to rank "
+                        "r + 1 too."),
+    _backward_misplaced("own queries", "dK and dV of each rank's own block from its own queries alone give: every "
+                        "rank's queries attend every block, and each adds its share to dK, dV where the block is "
+                        "when it visits. Let dK and dV travel with their K/V block round the ring (accumulating "
+                        "each rank's share) and bring them home with one last hop."))
 
 
 def _backward_oracle(dist, q, k, v, out, lse, dout, block):

@@ -471,6 +471,94 @@ def checkpoint_by_hand(model, tokens, targets):
         block(inp).backward(grad)
         grad = inp.grad
     model.embed(tokens).backward(grad)
+
+
+# ---- zigzag_attention(dist, q, k, v, block): this rank's (out, lse) of causal attention on the zigzag split ------
+def zigzag_merging_by_max(dist, q, k, v, block):
+    """The reference's schedule, each merge written the textbook way, m = max(lse_a, lse_b), weights e^(lse - m),
+    out = (w_a o_a + w_b o_b) / (w_a + w_b): twice the elementwise work of a sigmoid merge, on every key block. On
+    chunks of 3 tokens and blocks of 2, the merges alone cost half as much as the tiles."""
+    def by_max(out, lse, block_out, block_lse):
+        m = torch.maximum(lse, block_lse)
+        wa, wb = torch.exp(lse - m), torch.exp(block_lse - m)
+        total = wa + wb
+        return (wa.unsqueeze(-1) * out + wb.unsqueeze(-1) * block_out) / total.unsqueeze(-1), m + torch.log(total)
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = q.shape[-2] // 2
+    mine = (rank, 2 * world - 1 - rank)
+    outs, lses = [None, None], [None, None]
+    for step in range(world):
+        if step:
+            k, v = (_pass_right(dist, t) for t in (k, v))
+        src = (rank - step) % world
+        for a, qa in enumerate(mine):
+            for b, kb in enumerate((src, 2 * world - 1 - src)):
+                if kb <= qa:
+                    rows, cols = slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c)
+                    bo, bl = blockwise_attention(q[..., rows, :], k[..., cols, :], v[..., cols, :], block,
+                                                 causal=kb == qa)
+                    outs[a], lses[a] = (bo, bl) if outs[a] is None else by_max(outs[a], lses[a], bo, bl)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+# ---- data_parallel_train(dist, model, batches, lr) and the bucketed one: the trained model -----------------------
+def ddp_zero_grad_after_the_update(dist, model, batches, lr):
+    """The usual loop order backward(); all-reduce; update; zero_grad(set_to_none=True): no .grad is left after the
+    last step. The check compares the parameters, as the statement says (it refused this for a None .grad)."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p -= lr * p.grad / world
+        model.zero_grad(set_to_none=True)
+    return model
+
+
+def ddp_averaging_the_parameters_after_each_step(dist, model, batches, lr):
+    """Each rank steps with its own gradient, then the ranks average their parameters: for plain SGD from equal
+    weights, mean(w - lr g_r) = w - lr mean(g_r), the same update with the same bytes on the link (with momentum or
+    Adam the two part ways; this puzzle's SGD has neither)."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+                dist.all_reduce(p)
+                p /= world
+    return model
+
+
+def ddp_reduce_scatter_then_all_gather(dist, model, batches, lr):
+    """The gradients flattened, padded to N chunks, reduce-scattered and all-gathered (a ring all-reduce in its two
+    halves, as ZeRO runs it): it was refused for the padding's few bytes over an exact all-reduce budget."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        pad = (-flat.numel()) % world
+        flat = F.pad(flat, (0, pad))
+        shard = torch.empty(flat.numel() // world, dtype=flat.dtype)
+        dist.reduce_scatter_single(shard, flat)
+        dist.all_gather_single(flat, shard)
+        sizes = [p.numel() for p in model.parameters()]
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), flat[:flat.numel() - pad].split(sizes)):
+                p -= lr * g.view_as(p) / world
+    return model
+
+
+def bucketed_freeing_each_gradient(dist, model, batches, lr, bucket_size):
+    """The reference's buckets, each gradient let go (p.grad = None) as soon as its update is made."""
+    from solutions.data_parallel import bucketed_data_parallel_train
+    model = bucketed_data_parallel_train(dist, model, batches, lr, bucket_size)
+    for p in model.parameters():
+        p.grad = None
     return model
 
 
@@ -491,7 +579,12 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
      (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),
      (puzzles.zero.zero1_train, zero1_with_torchs_adam), (puzzles.zero.zero_offload_train, offload_returning_copies),
-     (puzzles.trainer.hsdp_gradients, hsdp_groups_by_hand_one_reduce_scatter_per_gradient)]
+     (puzzles.trainer.hsdp_gradients, hsdp_groups_by_hand_one_reduce_scatter_per_gradient),
+     (puzzles.ring_attention.zigzag_attention, zigzag_merging_by_max),
+     (puzzles.data_parallel.data_parallel_train, ddp_zero_grad_after_the_update),
+     (puzzles.data_parallel.data_parallel_train, ddp_averaging_the_parameters_after_each_step),
+     (puzzles.data_parallel.data_parallel_train, ddp_reduce_scatter_then_all_gather),
+     (puzzles.data_parallel.bucketed_data_parallel_train, bucketed_freeing_each_gradient)]
 
 
 @pytest.mark.parametrize("puzzle,answer", RIGHT, ids=[f"{p.name}-{a.__name__}" for p, a in RIGHT])

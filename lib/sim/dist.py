@@ -16,6 +16,7 @@ from lib.sim.comm import Call, Communicator, Group, Work, _copy, describe_tensor
 from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.in_flight import RECEIVING, SENDING, UNSPECIFIED
 from lib.sim.objects import OBJECT_CALLS, ObjectCollectives, refuse_unknown
+from lib.sim.ownership import learner_line
 from lib.sim.reduction import REDUCERS, reduce_tensors
 
 
@@ -136,10 +137,8 @@ class SimDist(ObjectCollectives):
     # ---- helpers ------------------------------------------------------------------
     def _tensor(self, t, what: str, arg: str = "tensor") -> torch.Tensor:
         if t is None:
-            raise InvalidCall(f"rank {self._rank} called {what} with {arg}=None: it takes a torch.Tensor. A None is "
-                              "most often a .grad backward never reached: the tensor was detached, or never made to "
-                              "require grad (a tensor received from another rank needs .requires_grad_() before the "
-                              "forward uses it), or .grad was read before backward ran.")
+            raise InvalidCall(f"rank {self._rank} called {what} with {arg}=None{learner_line()}: it takes a "
+                              f"torch.Tensor. {_none_reading(learner_line())}")
         if not isinstance(t, torch.Tensor):
             raise InvalidCall(f"rank {self._rank} called {what} with {arg}={type(t).__name__}: "
                               "it takes a torch.Tensor.")
@@ -619,3 +618,14 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]):
         for c in copies:
             c()
     return deliver
+
+
+def _none_reading(line: str) -> str:
+    """What a None handed to dist most likely is, read from the learner's call: a .grad backward never made, or an
+    entry of a list (or a name) that no step had filled yet."""
+    if ".grad" in line or "grad" not in line and "[" not in line:
+        return ("A None is most often a .grad backward never reached: the tensor was detached, or never made to "
+                "require grad (a tensor received from another rank needs .requires_grad_() before the forward uses "
+                "it), or .grad was read before backward ran.")
+    return ("The entry it names holds None: no earlier step wrote that slot (a list made as [None] * N is filled "
+            "only where a step stores into it), so the index sent is not one already received or owned.")

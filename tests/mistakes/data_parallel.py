@@ -134,6 +134,35 @@ def reduce_scatter_copies_instead_of_adding(dist, x):
                        accumulate=False)[rank]
 
 
+def reduce_scatter_loop_from_one(dist, x):
+    """range(1, N - 1): the loop starts at step 1, as if step 0 were the chunk each rank already holds: one step
+    short, so each chunk lacks one rank's part (at N = 2, nothing is ever received)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in x.chunk(world)]
+    for step in range(1, world - 1):
+        got = torch.empty_like(chunks[0])
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(got, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world] = chunks[(rank - step - 2) % world] + got
+    return chunks[rank]
+
+
+def reduce_scatter_mirrored_neighbours(dist, x):
+    """The neighbours mirrored (send to the left, receive from the right), 'since a ring works either way', the chunk
+    indices kept as the hints give them for a ring to the right."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.clone().chunk(world))
+    for step in range(world - 1):
+        incoming = torch.zeros_like(chunks[0])
+        reqs = [dist.isend(chunks[(rank - step - 1) % world], (rank - 1) % world),
+                dist.irecv(incoming, (rank + 1) % world)]
+        for req in reqs:
+            req.wait()
+        chunks[(rank - step - 2) % world] += incoming
+    return chunks[rank]
+
+
 def reduce_scatter_n_steps(dist, x):
     """range(world) steps instead of world - 1: one more lap adds a rank's contribution twice."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -205,6 +234,32 @@ def all_gather_received_ahead(dist, chunk):
     return _all_gather_into(dist, chunk, lambda r, n: r, lambda n: n - 1, lambda r, s, n: (r + s + 1) % n)
 
 
+def all_gather_sends_the_slot_it_fills(dist, chunk):
+    """parts = [None] * N with its own chunk at r; at step s it sends parts[(r - s - 1) % N], the slot it is about to
+    receive into, where the chunk to forward is (r - s) % N."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    parts = [chunk if i == rank else None for i in range(world)]
+    for slot in [(rank - step - 1) % world for step in range(world - 1)]:
+        received = torch.empty_like(chunk)
+        for req in [dist.isend(parts[slot], (rank + 1) % world), dist.irecv(received, (rank - 1) % world)]:
+            req.wait()
+        parts[slot] = received
+    return torch.cat(parts)
+
+
+def all_gather_slot_by_arrival(dist, chunk):
+    """Each chunk's slot in the output counted by when it arrived: its own at slot 0, step s's at slot s + 1."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(world * chunk.numel(), dtype=chunk.dtype, device=chunk.device)
+    parts = out.chunk(world)
+    parts[0].copy_(chunk)
+    for step in range(world - 1):
+        send = dist.isend(parts[step], (rank + 1) % world)
+        dist.recv(parts[step + 1], (rank - 1) % world)
+        send.wait()
+    return out
+
+
 def all_gather_always_sends_its_own(dist, chunk):
     """Sends its own chunk at every step instead of forwarding the one it just received."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -242,6 +297,26 @@ def all_reduce_gather_adds(dist, x):
     _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
     _ring_steps(dist, x, world - 1, lambda r, s, n: (r - s) % n, lambda r, s, n: (r - s - 1) % n)
     return x
+
+
+def all_reduce_gathers_the_input(dist, x):
+    """The reduce-scatter summed clones of x's chunks, and the all-gather then sent x.chunk(N)[rank], the input's own
+    chunk, whose values the reduce-scatter never touched."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _ring_steps(dist, x.clone(), world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
+    return _all_gather_into(dist, x.chunk(world)[rank], lambda r, n: r, lambda n: n - 1,
+                            lambda r, s, n: (r - s - 1) % n)
+
+
+def all_reduce_chunk_as_floor_plus_one(dist, x):
+    """The chunk length as len(x) // N + 1 ('rounded up'): one element more than needed when N divides len(x), so x
+    is padded by N zeros that travel round the ring."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunk = x.numel() // world + 1
+    padded = torch.cat([x, x.new_zeros(chunk * world - x.numel())])
+    chunks = _ring_steps(dist, padded, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
+    return _all_gather_into(dist, chunks[rank], lambda r, n: r, lambda n: n - 1,
+                            lambda r, s, n: (r - s - 1) % n)[:x.numel()]
 
 
 def all_reduce_forgets_the_gather(dist, x):
@@ -286,6 +361,20 @@ def ddp_without_zero_grad(dist, model, batches, lr):
     return _ddp(dist, model, batches, lr, zero=False)
 
 
+def ddp_average_op_then_divide(dist, model, batches, lr):
+    """ReduceOp.AVG already averages, and the learner divides by the world size again; the gradients let go with
+    zero_grad(set_to_none=True) after each update, the usual loop order."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+                p -= lr * p.grad / world
+        model.zero_grad(set_to_none=True)
+    return model
+
+
 def ddp_dividing_twice(dist, model, batches, lr):
     """Gradients averaged after the all-reduce, and the learning rate divided by the world size as well ('linear
     scaling rule' read backwards)."""
@@ -324,7 +413,8 @@ def ddp_loss_divided_instead(dist, model, batches, lr):
 
 # ---- bucketed_data_parallel_train ---------------------------------------------------------------------------
 def _bucketed(dist, model, batches, lr, bucket_size, *, order=reversed, reset=True, write_back=True,
-              wait_in_hook=False, divide=True, register=lambda p, hook: p.register_post_accumulate_grad_hook(hook)):
+              wait_in_hook=False, divide=True, register=lambda p, hook: p.register_post_accumulate_grad_hook(hook),
+              zero=True):
     """Bucketed DDP as the hints lay it out, with one step changed."""
     world = dist.get_world_size()
     params = list(model.parameters())
@@ -351,7 +441,8 @@ def _bucketed(dist, model, batches, lr, bucket_size, *, order=reversed, reset=Tr
 
     hooks = [register(p, on_grad) for p in params]
     for x, y in batches:
-        model.zero_grad()
+        if zero:
+            model.zero_grad()
         pending.clear()
         if reset:
             ready[:] = [0] * len(buckets)
@@ -394,6 +485,12 @@ def bucketed_waiting_in_the_hook(dist, model, batches, lr, bucket_size):
     return _bucketed(dist, model, batches, lr, bucket_size, wait_in_hook=True)
 
 
+def bucketed_zero_grad_forgotten(dist, model, batches, lr, bucket_size):
+    """The hooks' buckets right, and no model.zero_grad() in the loop: a hook fires on the accumulated .grad, so from
+    the second step each bucket carries the previous steps' gradients as well."""
+    return _bucketed(dist, model, batches, lr, bucket_size, zero=False)
+
+
 def bucketed_without_averaging(dist, model, batches, lr, bucket_size):
     """Buckets all-reduced and copied back, but the division by the world size forgotten."""
     return _bucketed(dist, model, batches, lr, bucket_size, divide=False)
@@ -410,19 +507,28 @@ MISTAKES = [
     Attempt("ring_reduce_scatter", reduce_scatter_copies_instead_of_adding, named=PART_OF_THE_SUM),
     Attempt("ring_reduce_scatter", reduce_scatter_n_steps, named=("N steps where N-1", "one step too many")),
     Attempt("ring_reduce_scatter", reduce_scatter_averaging, named="N, the world size"),
+    Attempt("ring_reduce_scatter", reduce_scatter_loop_from_one, named=("left out of the sum", "nothing received")),
+    Attempt("ring_reduce_scatter", reduce_scatter_mirrored_neighbours, named="a ring run to the left"),
     Attempt("ring_reduce_scatter", reduce_scatter_sending_left, named=("wrong peer", "Deadlock")),
     Attempt("ring_all_gather", all_gather_in_arrival_order, named=LAYOUT),
     Attempt("ring_all_gather", all_gather_own_chunk_first, named=LAYOUT),
     Attempt("ring_all_gather", all_gather_one_step_short, named="uninitialised"),
     Attempt("ring_all_gather", all_gather_received_ahead, named=LAYOUT + ("no step wrote that part",)),
     Attempt("ring_all_gather", all_gather_always_sends_its_own, named=LAYOUT),
+    Attempt("ring_all_gather", all_gather_sends_the_slot_it_fills, named="no earlier step wrote that slot"),
+    Attempt("ring_all_gather", all_gather_slot_by_arrival, named="in the order they arrived"),
     Attempt("ring_all_reduce", all_reduce_phases_disagree, named=LAYOUT),
     Attempt("ring_all_reduce", all_reduce_averaging, named="N, the world size"),
     Attempt("ring_all_reduce", all_reduce_gather_adds, named=("adds what it receives", "added where it should copy")),
     Attempt("ring_all_reduce", all_reduce_forgets_the_gather, named=A_SHARD_FOR_THE_WHOLE),
+    Attempt("ring_all_reduce", all_reduce_gathers_the_input, named="before the reduce-scatter summed it"),
+    # x of 2 at N = 2 pads to 4, the bytes of a ring that sends the whole x: there only the budget can say it
+    Attempt("ring_all_reduce", all_reduce_chunk_as_floor_plus_one, named=("is padded only up to the next multiple",
+                                                                         "over the budget of 8 B")),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
     Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
     Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),
+    Attempt("data_parallel_train", ddp_average_op_then_divide, named="N, the world size"),
     Attempt("data_parallel_train", ddp_weights_only, named="gradient was not averaged across ranks"),
     Attempt("data_parallel_train", ddp_async_never_waited, named="wait"),
     Attempt("data_parallel_train", ddp_loss_divided_instead, named=("never all-reduced", "training alone")),
@@ -431,6 +537,7 @@ MISTAKES = [
             named=("never all-reduced", "training alone")),
     Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT),
     Attempt("bucketed_data_parallel_train", bucketed_waiting_in_the_hook, named="simulated time"),
+    Attempt("bucketed_data_parallel_train", bucketed_zero_grad_forgotten, named=("never zeroed", "at step 2")),
     Attempt("bucketed_data_parallel_train", bucketed_without_averaging,
             named=("N, the world size", "without dividing by N")),
 ]

@@ -24,6 +24,38 @@ def merge_keeping_the_larger_lse(out, lse, block_out, block_lse):
     return out - w * (out - block_out), torch.maximum(lse, block_lse)
 
 
+def merge_by_the_ratio_of_sums(out, lse, block_out, block_lse):
+    """lse_new = lse + log1p(e^block_lse / e^lse), "log1p for accuracy", with the ratio formed from the two sums
+    themselves: inf / inf is NaN at logits of 1e4."""
+    new = lse + torch.log1p(torch.exp(block_lse) / torch.exp(lse))
+    return out * torch.exp(lse - new).unsqueeze(-1) + block_out * torch.exp(block_lse - new).unsqueeze(-1), new
+
+
+def merge_by_exponentials_of_the_sums(out, lse, block_out, block_lse):
+    """The sums themselves, s = e^lse, merged as counts are (the weighted mean of the two outputs by their sums),
+    their log taken at the end: e^1e4 is inf, and inf / inf leaves the weights 0 or NaN."""
+    sa, sb = torch.exp(lse), torch.exp(block_lse)
+    total = sa + sb
+    wa, wb = torch.where(total > 0, sa / total, 0.0), torch.where(total > 0, sb / total, 0.0)
+    return torch.nan_to_num(wa).unsqueeze(-1) * out + torch.nan_to_num(wb).unsqueeze(-1) * block_out, torch.log(total)
+
+
+def merge_weighing_against_the_smaller(out, lse, block_out, block_lse):
+    """Weights e^(lse - m) with m the smaller of the two log-sum-exps, "so that neither underflows": the ratio is right
+    and the division by their sum is forgotten."""
+    m = torch.minimum(lse, block_lse)
+    wa, wb = torch.exp(lse - m), torch.exp(block_lse - m)
+    return out * wa.unsqueeze(-1) + block_out * wb.unsqueeze(-1), torch.logaddexp(lse, block_lse)
+
+
+def merge_softmax_of_the_pair_unnormalised(out, lse, block_out, block_lse):
+    """The pair's weights as a stable softmax over the two log-sum-exps, its last step (the division by the sum)
+    left out: w = exp(lses - lses.max(0))."""
+    lses = torch.stack([lse, block_lse])                              # (2, b, h, s)
+    w = torch.exp(lses - lses.max(0).values)
+    return w[0].unsqueeze(-1) * out + w[1].unsqueeze(-1) * block_out, torch.logsumexp(lses, 0)
+
+
 def merge_adding_the_lses(out, lse, block_out, block_lse):
     """lse + block_lse: logs add when the sums multiply, and the union's sum is a sum of the two."""
     w = torch.sigmoid(block_lse - lse).unsqueeze(-1)
@@ -278,9 +310,16 @@ def zigzag_returning_the_late_chunk_first(dist, q, k, v, block):
     return _zigzag(dist, q, k, v, block, order=(1, 0))
 
 
+def blockwise_trimmed_to_whole_blocks(q, k, v, block, causal=False):
+    """The sequence trimmed to a multiple of block first, "so that the blocks divide it": the last queries and keys
+    are dropped."""
+    whole = q.shape[-2] // block * block
+    return S.blockwise_attention(q[..., :whole, :], k[..., :whole, :], v[..., :whole, :], block, causal=causal)
+
+
 # ---- ring_attention_backward ---------------------------------------------------------------------------------
 def _grads(dist, q, k, v, out, lse, dout, block, *, scaled=True, delta_of="dO∘O", normaliser="lse", home="right",
-           dk_transposed=True):
+           dk_transposed=True, own_block_only=False):
     """Ring attention's backward as a learner writes it, with the knob of one mistake turned."""
     rank, world = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -292,10 +331,18 @@ def _grads(dist, q, k, v, out, lse, dout, block, *, scaled=True, delta_of="dO∘
             kj, vj = k[..., j:j + block, :], v[..., j:j + block, :]
             s = q @ kj.transpose(-2, -1) * scale
             p = torch.exp(s - (lse if normaliser == "lse" else s.logsumexp(-1)).unsqueeze(-1))
-            dv[..., j:j + block, :] += p.transpose(-2, -1) @ dout
             ds = p * (dout @ vj.transpose(-2, -1) - delta) * (scale if scaled else 1.0)
             dq += ds @ kj
+            if own_block_only and step:
+                continue
+            dv[..., j:j + block, :] += p.transpose(-2, -1) @ dout
             dk[..., j:j + block, :] += (ds.transpose(-2, -1) if dk_transposed else ds) @ q
+        if own_block_only and step < world - 1:              # K and V travel; dK and dV stay
+            k, v = _pass_right(dist, torch.stack([k, v]))
+        if home == "none" and step < world - 1:              # all four travel, and no hop after the last step
+            k, v, dk, dv = _pass_right(dist, torch.stack([k, v, dk, dv]))
+        if own_block_only or home == "none":
+            continue
         to, frm = (right, left) if home == "right" else (left, right)
         moving = torch.stack([k, v, dk, dv]) if step < world - 1 else torch.stack([dk, dv])
         got = torch.empty_like(moving)
@@ -332,6 +379,18 @@ def backward_normalising_each_block_alone(dist, q, k, v, out, lse, dout, block):
 def backward_gradients_home_leftwards(dist, q, k, v, out, lse, dout, block):
     """The last hop of dK and dV sent to the left, "back where the block came from": the ring only goes right."""
     return _grads(dist, q, k, v, out, lse, dout, block, home="left")
+
+
+def backward_home_hop_forgotten(dist, q, k, v, out, lse, dout, block):
+    """K, V, dK and dV travel stacked for N-1 steps, and the loop ends there: dK and dV returned where the ring left
+    them, one hop short of home."""
+    return _grads(dist, q, k, v, out, lse, dout, block, home="none")
+
+
+def backward_gradients_of_the_own_block(dist, q, k, v, out, lse, dout, block):
+    """K and V travel, and dK, dV are made only while the rank holds its own block ("the visitors' gradients belong
+    to their owners"): the other ranks' queries never add their share."""
+    return _grads(dist, q, k, v, out, lse, dout, block, own_block_only=True)
 
 
 def backward_dk_as_ds_times_q(dist, q, k, v, out, lse, dout, block):
@@ -371,7 +430,15 @@ def _ulysses(dist, q, k, v, block, *, heads="contiguous", contiguous=True, sourc
     send = o.reshape(b, h // world, world, c, d).permute(2, 0, 1, 3, 4).contiguous()
     got = torch.empty_like(send)
     dist.all_to_all_single(got, send)
+    if back == "flattened":
+        return got.flatten(0, 2).view(b, h, c, d)
     return got.transpose(0, 1).reshape(b, h, c, d)
+
+
+def ulysses_output_flattened_back(dist, q, k, v, block):
+    """The way back read with .flatten(0, 2).view(b, h, c, d), "the slices were already in head order": the head
+    groups stay in front of the batch."""
+    return _ulysses(dist, q, k, v, block, back="flattened")
 
 
 def ulysses_the_same_all_to_all_back(dist, q, k, v, block):
@@ -418,9 +485,14 @@ MISTAKES = [
     Attempt("merge_attention", merge_giving_the_running_output_the_blocks_weight, ("weights swapped", "reversed")),
     Attempt("merge_attention", merge_keeping_the_larger_lse, ("log of a sum", "logaddexp")),
     Attempt("merge_attention", merge_adding_the_lses, ("log of a sum", "logaddexp")),
+    Attempt("merge_attention", merge_by_the_ratio_of_sums, "exp overflowed"),
+    Attempt("merge_attention", merge_by_exponentials_of_the_sums, "e^lse was formed"),
+    Attempt("merge_attention", merge_weighing_against_the_smaller, ("exp overflowed", "a weight e^(the gap)")),
+    Attempt("merge_attention", merge_softmax_of_the_pair_unnormalised, "do not sum to 1"),
     Attempt("merge_attention", merge_by_averaging_the_outputs, ("alike", "equal weights")),
     Attempt("merge_attention", merge_weights_of_shape_b_h_s, ("unsqueeze", "lines shapes up")),
     Attempt("merge_attention", merge_subtracting_one_global_max, ("division by zero", "0 / 0", "underflow")),
+    Attempt("blockwise_attention", blockwise_trimmed_to_whole_blocks, ("never processed", "never attended key block")),
     Attempt("blockwise_attention", blockwise_masking_the_diagonal_too,
             (*NAN_FROM_A_MASKED_ROW, "hides the diagonal too")),
     Attempt("blockwise_attention", blockwise_without_the_scale, "√d"),
@@ -449,9 +521,13 @@ MISTAKES = [
     Attempt("ring_attention_backward", backward_row_term_from_do_alone, ("the row term", "O left out")),
     Attempt("ring_attention_backward", backward_without_the_row_term, "the row term D left out"),
     Attempt("ring_attention_backward", backward_normalising_each_block_alone, ("forward's lse", "log-sum-exp")),
-    Attempt("ring_attention_backward", backward_gradients_home_leftwards, ("holds what rank", "right neighbour")),
+    Attempt("ring_attention_backward", backward_gradients_home_leftwards, ("holds what rank", "right neighbour",
+                                                                           "sent home to the left")),
+    Attempt("ring_attention_backward", backward_home_hop_forgotten, "one more hop"),
+    Attempt("ring_attention_backward", backward_gradients_of_the_own_block, "from its own queries alone"),
     Attempt("ring_attention_backward", backward_dk_as_ds_times_q, ("dS·Q", "transpose of dS",
-                                                                   "first matrix, (1, 60, 31), fits only transposed")),
+                                                                   "fits only transposed")),
+    Attempt("ulysses_attention", ulysses_output_flattened_back, "the head groups in front of the batch"),
     Attempt("ulysses_attention", ulysses_the_same_all_to_all_back, ("splits heads again", "sequence split")),
     Attempt("ulysses_attention", ulysses_attending_before_the_exchange, ("other chunks' keys", "before the exchange")),
     Attempt("ulysses_attention", ulysses_reading_the_sources_backwards, ("holds what rank", "wrong rank index")),
