@@ -26,6 +26,11 @@ _MEANINGS = (
     ("does not require grad and does not have a grad_fn",
      "backward was called on a value cut off from the graph: a .detach(), a torch.no_grad() block, or a tensor that "
      "came through dist (communication carries values, not gradients: an autograd.Function must carry them)"),
+    ("One of the differentiated Tensors does not require grad",
+     "torch.autograd.grad was asked for the gradient of a tensor that does not require one: an input no gradient "
+     "flows to, such as the first stage's micro-batch of the batch (data, not a parameter or a received activation). "
+     "Ask only for what requires grad: the stage's parameters, and its input only on a stage that received it "
+     "(x.requires_grad_())"),
     ("backward through the graph a second time",
      "backward ran twice through the same graph: each forward's graph is freed by its backward (recompute the "
      "forward, or keep what the second backward needs)"),
@@ -110,8 +115,10 @@ def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> 
     op, shapes, line = tracer.failed or tracer.last        # the op that raised, where it raised under the tracer
     said = f"What it means: {op} failed on inputs of shapes {', '.join(map(str, shapes))}"
     said += f" at {line}" if line else ""
-    found = _freed(shapes) or _whole_meets_shard(shapes, case.world_size) or _shard(shapes, case, rank) \
-        or _transposed(op, shapes)
+    # A product that fits only transposed says so by its shapes alone: before an element count, which N can match
+    # by chance (x of (s·b, in/N) against a weight of (out, in/N) with out = N·s·b).
+    found = _freed(shapes) or _transposed(op, shapes) or _whole_meets_shard(shapes, case.world_size) \
+        or _shard(shapes, case, rank)
     return f"{said}. {found}" if found else said + "."
 
 
@@ -216,9 +223,9 @@ def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str
     k = big // small
     symbol = quantity[0].symbol if len(quantity) == 1 else str(k)
     said += f" ({big} = {k} × {small}; {k} = {' = '.join(c.said for c in quantity)})"
-    if features < takes:
-        return None
     held = arguments(mine(case.args, rank if rank is not None else 0), names)
+    if features < takes:
+        return _cut_along_features(said, held, features, takes, out, k, symbol)
     # The weight as the learner held it: (out, in) as F.linear takes it, or (in, out) multiplied as stored (unless
     # it fits only transposed: then _transposed says so). Its input features are dim 1 or dim 0.
     layouts = [((out, takes), 1)] + ([((takes, out), 0)] if out != features else [])
@@ -237,6 +244,26 @@ def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str
                         f"{tuple(t.shape)}, cut along dim {d_in} into {symbol} parts. A shard that takes 1/{symbol} "
                         "of x's features needs x cut the same way; to keep x whole, cut the weight along its output "
                         "features instead, as column-parallel does.")
+    return None
+
+
+def _cut_along_features(said: str, held: list, features: int, takes: int, out: int, k: int, symbol: str
+                        ) -> Optional[str]:
+    """x with 1/k of the features the weight takes: a weight cut along its output features where its input
+    features belong cut (its shard kept every input feature), or an input the learner was handed with all `takes`
+    features cut along its last dimension (the features, where micro-batches and sequence shards cut rows)."""
+    for called, t in held:
+        if t.dim() == 2 and tuple(t.shape) == (out * k, takes):
+            return (f"{said}: the weight has all {takes} input features of {called} {tuple(t.shape)} and 1/{symbol} "
+                    f"of its {out * k} output features: it was cut along dim 0 (its rows) where this layer cuts it "
+                    f"along dim 1 (its input features), to match x's {features}: .chunk({symbol}, dim=1), as "
+                    "row-parallel does.")
+    for called, t in held:
+        if t.dim() >= 2 and t.shape[-1] == takes and tuple(t.shape) not in ((out, takes), (takes, out)):
+            return (f"{said}: {called} {tuple(t.shape)} already has the {takes} features the weight takes, and x has "
+                    f"1/{symbol} of them: it was cut along its last dimension (the features) into {symbol} parts. "
+                    "Keep each row's features whole: micro-batches and sequence shards cut the rows (dim 0, "
+                    ".chunk(m, dim=0)), and a shard you were handed is already this rank's part.")
     return None
 
 

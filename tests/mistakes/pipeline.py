@@ -135,6 +135,12 @@ def gpipe_stash_of_detached_inputs(dist, stage, batch, targets, m):
     return _gpipe(dist, stage, batch, targets, m, stash_input=torch.Tensor.detach)
 
 
+def gpipe_chunks_the_features(dist, stage, batch, targets, m):
+    """batch.chunk(m, dim=-1), 'the last dimension is the batch' as in a column-major sketch: each micro-batch gets
+    every row and 1/m of the features."""
+    return _gpipe(dist, stage, batch, targets, m, split=lambda t: t.chunk(m, dim=-1))
+
+
 def gpipe_split_instead_of_chunk(dist, stage, batch, targets, m):
     """batch.split(m): pieces of m rows each, not m pieces; the first m of them are used."""
     return _gpipe(dist, stage, batch, targets, m, split=lambda t: t.split(m))
@@ -317,7 +323,7 @@ def interleaved_depth_first(dist, chunks, batch, targets, m):
 
 # ---- zero_bubble --------------------------------------------------------------------------------------------
 def _zero_bubble(dist, stage, batch, targets, m, *, bias_grad=lambda dy: dy.sum(0), flush=True, ask_x_on_rank0=False,
-                 send_index=-1):
+                 send_index=-1, weight_grad_of=lambda inp, dy: dy.T @ inp):
     """ZB-H1 as the hints lay it out, with the knob of one mistake turned."""
     rank, p = dist.get_rank(), dist.get_world_size()
     if m < p:
@@ -358,7 +364,9 @@ def _zero_bubble(dist, stage, batch, targets, m, *, bias_grad=lambda dy: dy.sum(
 
     def weight_grad():
         for layer, inp, dy in waiting.pop(0):
-            for prm, g in ((layer.weight, dy.T @ inp), (layer.bias, bias_grad(dy))):
+            for prm, g in ((layer.weight, weight_grad_of(inp, dy)), (layer.bias, bias_grad and bias_grad(dy))):
+                if g is None:
+                    continue
                 if prm.grad is None:
                     prm.grad = g
                 else:
@@ -390,6 +398,17 @@ def zero_bubble_bias_grad_mean(dist, stage, batch, targets, m):
     return _zero_bubble(dist, stage, batch, targets, m, bias_grad=lambda dy: dy.mean(0))
 
 
+def zero_bubble_weight_grad_by_einsum(dist, stage, batch, targets, m):
+    """dW = einsum('bi,bo->io', X, dY), the indices in the order x @ W would take them: nn.Linear's W is (out, in)."""
+    return _zero_bubble(dist, stage, batch, targets, m,
+                        weight_grad_of=lambda inp, dy: torch.einsum("bi,bo->io", inp, dy))
+
+
+def zero_bubble_weights_only(dist, stage, batch, targets, m):
+    """W computed for layer.weight alone, 'the matmul is all W delays': the biases get no gradient."""
+    return _zero_bubble(dist, stage, batch, targets, m, bias_grad=None)
+
+
 def zero_bubble_without_the_final_flush(dist, stage, batch, targets, m):
     """No loop over the W still waiting after the last B: up to `rank` micro-batches' weight gradients never added."""
     return _zero_bubble(dist, stage, batch, targets, m, flush=False)
@@ -416,6 +435,7 @@ MISTAKES = [
     Attempt("gpipe", gpipe_targets_whole, named=("the whole targets", "targets of the micro-batch",
                                                   "the whole batch or targets met one m-th")),
     Attempt("gpipe", gpipe_stash_of_detached_inputs, named=NO_GRADIENT),
+    Attempt("gpipe", gpipe_chunks_the_features, named="cut along its last dimension"),
     Attempt("gpipe", gpipe_split_instead_of_chunk, named=("split(m)", "pieces of m rows")),
     Attempt("one_f_one_b", one_f_one_b_newest_first,
             named=("newest first", "pairs the gradient of one micro-batch with the activations of another")),
@@ -431,6 +451,8 @@ MISTAKES = [
     Attempt("interleaved_1f1b", interleaved_depth_first, named="simulated time"),
     Attempt("zero_bubble", zero_bubble_bias_grad_over_features, named=("over the features", "sum over dim 0")),
     Attempt("zero_bubble", zero_bubble_bias_grad_mean, named="b, the rows of a micro-batch"),
+    Attempt("zero_bubble", zero_bubble_weight_grad_by_einsum, named="the transpose of the right gradient"),
+    Attempt("zero_bubble", zero_bubble_weights_only, named="A bias needs its gradient too"),
     Attempt("zero_bubble", zero_bubble_without_the_final_flush, named=("never added", "still waiting")),
     Attempt("zero_bubble", zero_bubble_asks_for_the_batch_gradient, named="does not require grad"),
     Attempt("zero_bubble", zero_bubble_sends_the_first_layers_gradient, named=("holds what", "wrong tensor")),
