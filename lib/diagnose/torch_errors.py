@@ -98,7 +98,7 @@ def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> 
         or _not_multiplied(message, case, getattr(error, "rank", None), names)
     if viewed:
         return f"What it means: {viewed}"
-    waited = _off_axis(error, case) or _waited(error, case)
+    waited = _off_axis(error, case) or _waited(error, case) or _world_across_axes(str(error), case)
     if waited:
         return f"What it means: {waited}"
     if _in_the_checks_own_code(error):
@@ -218,11 +218,15 @@ def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str
     small, big = sorted((features, takes))
     named = {"N, the world size": float(case.world_size), **case.factors}
     quantity = factors.simplest(factors.matching(big / small, named)) if small and big % small == 0 else []
+    if not quantity and 0 < features < takes:        # cut unevenly: .chunk(k) makes its first pieces ⌈takes/k⌉
+        quantity = [c for c in factors.simplest([c for c in factors.candidates(named) if float(c.value).is_integer()])
+                    if math.ceil(takes / c.value) == features][:1]
     if not quantity:
         return None
-    k = big // small
+    k = big // small if big % small == 0 else int(quantity[0].value)
     symbol = quantity[0].symbol if len(quantity) == 1 else str(k)
-    said += f" ({big} = {k} × {small}; {k} = {' = '.join(c.said for c in quantity)})"
+    said += (f" ({big} = {k} × {small}; {k} = {' = '.join(c.said for c in quantity)})" if big % small == 0 else
+             f" ({small} = ⌈{big}/{k}⌉, the first of {k} pieces; {k} = {quantity[0].said})")
     held = arguments(mine(case.args, rank if rank is not None else 0), names)
     if features < takes:
         return _cut_along_features(said, held, features, takes, out, k, symbol)
@@ -291,6 +295,39 @@ def _off_axis(error: BaseException, case) -> Optional[str]:
                      "stage: take the neighbours from the group's ranks (dist.get_process_group_ranks).")
         return said
     return None
+
+
+def _world_across_axes(message: str, case) -> Optional[str]:
+    """A collective on WORLD whose ranks brought tensors of different shapes, on a device mesh: the mesh axes the two
+    ranks differ along say why (another pipeline stage holds other layers, another TP rank another shard), and the
+    axes whose budgets carry that op say which group it belongs on."""
+    from lib.sim.mesh import coordinates
+
+    found = re.search(r"collective #\d+ on WORLD: rank (\d+) called (\w+)\(\(([\d, ]*)\).*, but rank (\d+) called",
+                      message)
+    axes = getattr(case, "axes", None)
+    if not found or axes is None:
+        return None
+    a, op, b = int(found.group(1)), found.group(2), int(found.group(4))
+    numel = math.prod(int(d) for d in found.group(3).split(",") if d.strip())
+    differ = [n for n, x, y in zip(axes.names, coordinates(a, axes.shape), coordinates(b, axes.shape)) if x != y]
+    carriers = [bud.axis for bud in getattr(case, "axis_budgets", ()) if op in bud.ops and bud.axis not in differ]
+    if not differ or not carriers:
+        return None
+    # A tensor the size of one of the rank's parameters, or of all of them, is a gradient: its group is the one whose
+    # ranks hold the same parameters, the data-parallel axis where the mesh has one.
+    params = [t.numel() for key, t in given(mine(case.args, a)).items() if key and t.is_floating_point()]
+    if "dp" in carriers and (numel in params or numel == sum(params)):
+        carriers, what = ["dp"], "gradients (the size of this rank's parameters) "
+    else:
+        what = ""
+    said = " and ".join(n.upper() for n in differ)
+    return (f"the {op} {'of ' + what if what else ''}ran on WORLD, every rank of the mesh, where ranks {a} and {b} "
+            f"differ in their {said} "
+            f"coordinate{'s' if len(differ) > 1 else ''}: they hold different tensors (another stage's layers, "
+            f"another shard), so their shapes cannot meet. An {op} belongs on the group of the ranks that hold the "
+            f"same tensor: {' or '.join(f'the {c.upper()} group' for c in carriers)} here "
+            f"(group=mesh['{carriers[0]}'].get_group()), never WORLD.")
 
 
 def _waited(error: BaseException, case) -> Optional[str]:
