@@ -227,7 +227,7 @@ def one_f_one_b_cool_down_one_short(dist, stage, batch, targets, m):
 
 # ---- interleaved_1f1b ---------------------------------------------------------------------------------------
 def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, last_by_rank=False,
-                 first_by_rank=False, depth_first=False):
+                 first_by_rank=False, depth_first=False, wait_at_once=False):
     """Interleaved 1F1B as the hints lay it out (solutions/pipeline.py's order), with the knob of one mistake."""
     rank, p = dist.get_rank(), dist.get_world_size()
     v = len(chunks)
@@ -268,6 +268,8 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
             out = F.mse_loss(out, ys[j]) / (scale or m)
         else:
             sends.append(dist.isend(out.detach(), ahead, tag=0))
+            if wait_at_once:
+                sends.pop().wait()
         stash[c, j] = (x, out)
 
     def backward(k):
@@ -279,6 +281,8 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
             out.backward(take("B", k))
         if not is_first(c):
             sends.append(dist.isend(x.grad, behind, tag=1))
+            if wait_at_once:
+                sends.pop().wait()
 
     warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
     for k in range(warm):
@@ -291,6 +295,12 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
     for s in sends:
         s.wait()
     return chunks
+
+
+def interleaved_isend_waited_at_once(dist, chunks, batch, targets, m):
+    """dist.isend(...).wait() on every send, 'to be safe with the buffer': each send then blocks until the peer
+    receives, and in the steady state both ranks send first."""
+    return _interleaved(dist, chunks, batch, targets, m, wait_at_once=True)
 
 
 def interleaved_loss_over_m_times_v(dist, chunks, batch, targets, m):
@@ -443,6 +453,7 @@ MISTAKES = [
     Attempt("one_f_one_b", one_f_one_b_same_warm_up_everywhere, named=("the same warm-up", "p - 1 forwards on")),
     Attempt("one_f_one_b", one_f_one_b_warm_up_by_rank, named=("gradient from rank", "before any forward")),
     Attempt("one_f_one_b", one_f_one_b_cool_down_one_short, named="which has already returned"),
+    Attempt("interleaved_1f1b", interleaved_isend_waited_at_once, named="before waiting on a send"),
     Attempt("interleaved_1f1b", interleaved_loss_over_m_times_v, named="v, the virtual stages"),
     Attempt("interleaved_1f1b", interleaved_accepts_any_m, named="asks for a ValueError"),
     Attempt("interleaved_1f1b", interleaved_loss_on_the_last_rank, named="not the last stage: that is p·v - 1"),
