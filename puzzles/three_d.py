@@ -621,7 +621,11 @@ def _three_d_case(rng: random.Random, n: int, steps: Optional[int] = None,
         AxisBudget("tp", steps * m * blocks * 4 * _ring("all_reduce", act, tp),
                    f"{steps} steps × m={m} micro-batches × {blocks} blocks × 4 all-reduces (g and g forward, f and f "
                    f"backward: notebook 04) of a micro-batch's activations ({fmt_bytes(act)}), 2(tp-1)/tp each",
-                   WORLD_OPS, hint="the blocks' f and g all-reduce over the TP group, and nothing else does."),
+                   WORLD_OPS, hint="the blocks' f and g all-reduce over the TP group, and nothing else does.",
+                   multiples=((dp, steps * m * blocks * 4,
+                               f"dp = {dp}, in as many all-reduces as the budget's: each carried dp times a "
+                               "micro-batch's activations, so the micro-batches were cut from the whole batch, where "
+                               "each DP replica cuts its own rows (tokens.chunk(dp)[d], then .chunk(m))"),)),
         AxisBudget("pp", [steps * m * ((p < pp - 1) + (p > 0)) * act for _, p, _ in where],
                    f"{steps} steps × m={m} micro-batches × one activation forward and one gradient back per boundary "
                    f"({fmt_bytes(act)} each: notebook 05)", PP_OPS,

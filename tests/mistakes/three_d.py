@@ -268,6 +268,13 @@ def train_3d_gradient_average_without_its_group(dist, stage, tokens, targets, dp
     return stage
 
 
+def train_3d_every_replica_on_the_whole_batch(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """The micro-batches cut from the tokens as given, tokens.chunk(m), 'the batch is already this rank's': every
+    DP replica trains on every row (run here as the reference on dp copies of the batch, of which it takes one)."""
+    S.train_3d(dist, stage, torch.cat([tokens] * dp), torch.cat([targets] * dp), dp, pp, tp, m, steps, lr)
+    return stage
+
+
 def train_3d_gradients_never_cleared(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
     """The update without prm.grad = None: the next step's backward adds to the last step's averaged gradient."""
     params = len(list(stage.parameters()))
@@ -426,6 +433,7 @@ MISTAKES = [
     Attempt("train_3d", train_3d_warm_up_of_p_minus_r, "micro-batches in flight"),
     Attempt("train_3d", train_3d_summing_over_dp, "dp, the data-parallel degree"),
     Attempt("train_3d", train_3d_gradient_average_without_its_group, "ran on WORLD"),
+    Attempt("train_3d", train_3d_every_replica_on_the_whole_batch, "cut from the whole batch"),
     Attempt("train_3d", train_3d_gradients_never_cleared, "at step 2"),
     Attempt("train_3d", train_3d_next_stage_is_rank_plus_one, ("wrong peer", "not in its PP group")),
     Attempt("train_3d", train_3d_received_activations_without_grad, "requires_grad"),
