@@ -477,7 +477,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     if schedule == "one batch":
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
                     budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch),
-                    explain=_schedule_explain(model, batch, targets, p, 1), messages=_carried)
+                    explain=_schedule_explain(model, batch, targets, p, 1), messages=_carried(1))
     inputs = batch.nbytes + targets.nbytes
     time = _time_budget(schedule, stages, micro, micro_y, m)
     budgets = [ON_DEVICE, time, _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
@@ -485,12 +485,18 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m, **_factors(batch)},
                 contracts=contracts.get(schedule, []),
-                explain=_schedule_explain(model, batch, targets, p, m), messages=_carried)
+                explain=_schedule_explain(model, batch, targets, p, m), messages=_carried(m))
 
 
-def _carried(src: int, dst: int, nth: int) -> str:
-    """What the nth message between two stages carries: forward toward the last stage, backward toward the first."""
-    return f"{ordinal(nth)} {'activation' if src < dst else 'gradient'}"
+def _carried(m: int) -> Callable[[int, int, int], str]:
+    """What the nth message between two stages carries: forward toward the last stage, backward toward the first,
+    m of each way between neighbours (`carried.count`, which tells a wait for a message never sent)."""
+    def carried(src: int, dst: int, nth: int) -> str:
+        return f"{ordinal(nth)} {'activation' if src < dst else 'gradient'}"
+    carried.count = lambda src, dst: m if abs(src - dst) == 1 else 0
+    carried.from_where = ("A stage receives its activations from the previous stage, r - 1, and its gradients from "
+                          "the next, r + 1")
+    return carried
 
 
 def _interleaved_messages(p: int, m: int, v: int) -> Callable[[int, int, int], str]:

@@ -19,6 +19,7 @@ from lib.diagnose.leaves import arguments, given, mine
 from lib.diagnose.moments import first_raising_step
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
+from lib.units import ordinal
 from lib.whose_code import COURSE, ENGINE, LIBRARIES
 
 # Errors whose cause does not depend on shapes: (words in torch's message, what it means in this course).
@@ -336,6 +337,9 @@ def _waited(error: BaseException, case) -> Optional[str]:
     waits = getattr(error, "waits", ())
     if not waits or case.messages is None:
         return None
+    said = _never_sent(waits, case.messages)
+    if said:
+        return said
     by_rank = {w[0]: w for w in waits}
     said, paired = [], set()
     for rank, peer, nth, _, _ in waits:
@@ -354,6 +358,23 @@ def _waited(error: BaseException, case) -> Optional[str]:
             said.append(f"rank {rank} waits for the {case.messages(peer, rank, nth)} from rank {peer}, which has sent "
                         f"it {they_sent}.")
     return " ".join(said)
+
+
+def _never_sent(waits: tuple, messages) -> Optional[str]:
+    """A rank waiting for a message its peer's part of the schedule never sends that way (more than `messages.count`
+    says): it waits on the wrong peer, whatever else the others wait for."""
+    count = getattr(messages, "count", None)
+    if count is None:
+        return None
+    for rank, peer, nth, _, _ in waits:
+        k = count(peer, rank)
+        if nth > k:
+            what = f"only {k} message{'s' if k != 1 else ''}" if k else "no message"
+            return (f"rank {rank} waits for a {ordinal(nth)} message from rank {peer}, where the schedule sends "
+                    f"{what} from rank {peer} to rank {rank}: it waits on the wrong peer. "
+                    + getattr(messages, "from_where", "Receive each message from the rank that sends it.")
+                    .rstrip(".") + ".")
+    return None
 
 
 def _assigned(message: str, case) -> Optional[str]:

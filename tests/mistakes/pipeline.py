@@ -8,7 +8,8 @@ from tests.mistakes import Attempt, NO_GRADIENT
 
 
 # ---- pipeline_stages ----------------------------------------------------------------------------------------
-def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_loss, grad_to=-1, seed_ones=False):
+def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_loss, grad_to=-1, seed_ones=False,
+            grad_from=1):
     """One batch through the stages as the hints lay it out, with the knob of one mistake turned."""
     rank, p = dist.get_rank(), dist.get_world_size()
     if rank == 0:
@@ -26,7 +27,7 @@ def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_
     else:
         dist.send(out.detach(), rank + 1)
         grad = torch.empty_like(out)
-        dist.recv(grad, rank + 1)
+        dist.recv(grad, (rank + grad_from) % p)
         out.backward(grad)
     if rank > 0:
         dist.send(x.grad, rank + grad_to)
@@ -41,6 +42,12 @@ def stages_float32_buffers(dist, stage, batch, targets):
 def stages_gradient_sent_forward(dist, stage, batch, targets):
     """x.grad sent to rank + 1, where the activation came from, instead of rank - 1."""
     return _stages(dist, stage, batch, targets, grad_to=+1)
+
+
+def stages_gradient_from_the_previous_rank(dist, stage, batch, targets):
+    """The output's gradient received from (rank - 1) % p, 'the ring the activations came round': the first rank then
+    waits on the last, the others on the rank that sent them their input."""
+    return _stages(dist, stage, batch, targets, grad_from=-1)
 
 
 def stages_summed_loss(dist, stage, batch, targets):
@@ -437,6 +444,7 @@ def zero_bubble_sends_the_first_layers_gradient(dist, stage, batch, targets, m):
 MISTAKES = [
     Attempt("pipeline_stages", stages_float32_buffers, named="receives into ("),
     Attempt("pipeline_stages", stages_gradient_sent_forward, named="called send with peer"),
+    Attempt("pipeline_stages", stages_gradient_from_the_previous_rank, named="waits on the wrong peer"),
     Attempt("pipeline_stages", stages_summed_loss, named="the values of the batch (rows × width)"),
     Attempt("pipeline_stages", stages_backward_from_ones, named="which has already returned"),
     Attempt("pipeline_stages", stages_gradient_received_into_the_output, named="modified by an inplace operation"),
