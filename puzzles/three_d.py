@@ -377,9 +377,11 @@ def _one_update_everywhere(got: list, weights: dict, axes: MeshAxes) -> Optional
     gradients were reduced together, over the whole world, where only the DP group holds the same shard."""
     tp = axes.shape[axes.names.index("tp")]
     start = [mlp_shard(weights, tp, coordinates(r, axes.shape)[axes.names.index("tp")]) for r in range(len(got))]
+    if not all(isinstance(g, dict) and all(isinstance(g.get(k), torch.Tensor) for k in MLP_SPLIT) for g in got):
+        return None
     try:
         moved = [{k: got[r][k].detach().double() - start[r][k] for k in MLP_SPLIT} for r in range(len(got))]
-    except (KeyError, TypeError, RuntimeError, AttributeError):
+    except RuntimeError:                  # a shard of another shape
         return None
     if tp < 2 or not all(torch.allclose(m[k], moved[0][k], rtol=1e-9, atol=1e-12) and bool(m[k].abs().max() > 0)
                          for m in moved for k in MLP_SPLIT):
