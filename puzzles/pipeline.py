@@ -375,6 +375,9 @@ def _schedule_explain(model, batch: torch.Tensor, targets: torch.Tensor, p: int,
     tensor of the next stage came back in place of the gradient of that stage's input."""
 
     def explain(expected: list, got: list) -> Optional[str]:
+        by_parameter = _parameter_by_parameter(expected, got)
+        if by_parameter:
+            return f"Diagnosis: {by_parameter}"
         mine = [module_grads(g) for g in got]
         want = [module_grads(e) for e in expected]
         if any(g is None or g.shape != w.shape for g, w in zip(mine, want)):
@@ -387,6 +390,37 @@ def _schedule_explain(model, batch: torch.Tensor, targets: torch.Tensor, p: int,
         found = _rows_held(ref, r, mine[r], m) or _pairs(ref, r, mine[r], m) or _sent_back(ref, r, mine[r], m)
         return f"Diagnosis: on rank {r}, {found}" if found else None
     return explain
+
+
+def _parameter_by_parameter(expected: list, got: list) -> Optional[str]:
+    """A weight gradient written by hand (zero-bubble's W, or any manual backward), read parameter by parameter: the
+    gradients missing (None) while every other one is right, or each wrong one the transpose of the right one."""
+    if not all(isinstance(g, torch.nn.Module) and isinstance(e, torch.nn.Module) for g, e in zip(got, expected)):
+        return None
+    pairs = [(f"rank {r}'s {name}", dict(g.named_parameters()).get(name), p)
+             for r, (g, e) in enumerate(zip(got, expected)) for name, p in e.named_parameters()]
+    if any(mine is None for _, mine, _ in pairs):
+        return None
+    missing = [what for what, mine, want in pairs if mine.grad is None and want.grad is not None]
+    wrong = [(what, mine.grad, want.grad) for what, mine, want in pairs if mine.grad is not None
+             and want.grad is not None and not _close(mine.grad, want.grad)]
+    # autograd fills a layer's weight and bias together: a bias left None beside its weight's right gradient was
+    # left out by a backward written by hand, not cut off from the loss
+    beside_weight = all(w.endswith(".bias") and w.removesuffix(".bias") + ".weight" not in missing for w in missing)
+    if missing and not wrong and beside_weight:
+        return (f"{', '.join(w + '.grad' for w in missing)} {'is' if len(missing) == 1 else 'are'} None, and every "
+                "other gradient is right, each weight's beside them: the backward that fills the gradients by hand "
+                "never set the biases'. A bias needs its gradient too: db = dY summed over the rows (dY.sum(0)), "
+                "accumulated like dW.")
+    if wrong and not missing and all(g.dim() == 2 and _close(g, w.t()) for _, g, w in wrong):
+        return (f"{', '.join(w + '.grad' for w, _, _ in wrong)} {'is' if len(wrong) == 1 else 'are'} the transpose "
+                "of the right gradient: for y = x Wᵀ (nn.Linear keeps W as (out, in)), dW = dYᵀ X, of shape (out, in); "
+                "Xᵀ dY is its transpose (the shapes agree only because the layers are square).")
+    return None
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a.detach().double(), b.detach().double(), rtol=1e-6, atol=1e-9)
 
 
 def _rows_held(ref: _Reference, r: int, got: torch.Tensor, m: int) -> Optional[str]:
@@ -443,7 +477,7 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     if schedule == "one batch":
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
                     budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch),
-                    explain=_schedule_explain(model, batch, targets, p, 1), messages=_carried)
+                    explain=_schedule_explain(model, batch, targets, p, 1), messages=_carried(1))
     inputs = batch.nbytes + targets.nbytes
     time = _time_budget(schedule, stages, micro, micro_y, m)
     budgets = [ON_DEVICE, time, _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
@@ -451,12 +485,18 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m, **_factors(batch)},
                 contracts=contracts.get(schedule, []),
-                explain=_schedule_explain(model, batch, targets, p, m), messages=_carried)
+                explain=_schedule_explain(model, batch, targets, p, m), messages=_carried(m))
 
 
-def _carried(src: int, dst: int, nth: int) -> str:
-    """What the nth message between two stages carries: forward toward the last stage, backward toward the first."""
-    return f"{ordinal(nth)} {'activation' if src < dst else 'gradient'}"
+def _carried(m: int) -> Callable[[int, int, int], str]:
+    """What the nth message between two stages carries: forward toward the last stage, backward toward the first,
+    m of each way between neighbours (`carried.count`, which tells a wait for a message never sent)."""
+    def carried(src: int, dst: int, nth: int) -> str:
+        return f"{ordinal(nth)} {'activation' if src < dst else 'gradient'}"
+    carried.count = lambda src, dst: m if abs(src - dst) == 1 else 0
+    carried.from_where = ("A stage receives its activations from the previous stage, r - 1, and its gradients from "
+                          "the next, r + 1")
+    return carried
 
 
 def _interleaved_messages(p: int, m: int, v: int) -> Callable[[int, int, int], str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -213,18 +213,35 @@ def _attention_settings(heads: int, world: int, h: int) -> list[tuple[dict, str]
 
 def _settings_explain(x: torch.Tensor, output: Callable[..., torch.Tensor], settings: list[tuple[dict, str]],
                       what: str):
-    """The setting whose layer (`output(**setting)`, the whole output) gives the learner's output on rank 0."""
+    """The setting whose layer (`output(**setting)`: rank 0's output) gives the learner's output on rank 0; a
+    setting the case's shapes do not allow (a weight that multiplies only one way round) is passed over."""
 
     def explain(expected: list, got: list) -> Optional[str]:
         mine = got[0].get("output") if isinstance(got[0], dict) else None
-        if not isinstance(mine, torch.Tensor) or mine.shape != x.shape:
+        if not isinstance(mine, torch.Tensor):
             return None
         with torch.no_grad():
             for setting, meaning in settings:
-                if _same(mine, output(**setting)):
+                try:
+                    theirs = output(**setting)
+                except RuntimeError:
+                    continue
+                if _same(mine, theirs):
                     return f"Diagnosis: your output is {what} with one setting changed: {meaning}."
         return None
     return explain
+
+
+def _weight_settings(called: str) -> list[tuple[dict, str]]:
+    """A weight multiplied as stored: x @ w where nn.Linear's (out, in) weight needs x @ w.T (the same shapes only
+    where this rank's shard is square, so no error told it)."""
+    return [({"transposed": True}, f"x @ {called} where {called} is stored as (out_features, in_features), as "
+                                   f"nn.Linear keeps it: multiply by its transpose, x @ {called}.T, or "
+                                   f"F.linear(x, {called})")]
+
+
+def _times(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> torch.Tensor:
+    return x @ w if transposed else F.linear(x, w)
 
 
 def _attention_explain(x, qkv_ws, qkv_bs, proj_ws, proj_b, heads: int, world: int):
@@ -254,14 +271,21 @@ def _attention_explain(x, qkv_ws, qkv_bs, proj_ws, proj_b, heads: int, world: in
 
 
 def _mlp_explain(x, w1s, b1s, w2s, b2, world: int):
-    """megatron_mlp's explain: the activation whose MLP gives the learner's output."""
-    def output(act: Callable) -> torch.Tensor:
-        return sum(F.linear(act(F.linear(x, w1s[r], b1s[r])), w2s[r]) for r in range(world)) + b2
+    """megatron_mlp's explain: the activation, and the place of it, whose MLP gives the learner's output."""
+    def output(act: Callable = F.gelu, place: str = "between") -> torch.Tensor:
+        inner = (lambda t: t) if place != "between" else act
+        out = sum(F.linear(inner(F.linear(x, w1s[r], b1s[r])), w2s[r]) for r in range(world))
+        return act(out + b2) if place == "after" else act(out) + b2 if place == "before the bias" else out + b2
     settings = [({"act": functools.partial(F.gelu, approximate="tanh")},
                  "GeLU's tanh approximation (F.gelu(x, approximate='tanh'), GPT-2's) where this MLP uses the exact "
                  "erf form, F.gelu(x)"),
                 ({"act": F.relu}, "ReLU where this MLP uses GeLU (F.gelu)"),
-                ({"act": F.silu}, "SiLU where this MLP uses GeLU (F.gelu)")]
+                ({"act": F.silu}, "SiLU where this MLP uses GeLU (F.gelu)"),
+                *(({"place": place}, f"{said}, where GeLU belongs between fc1 and fc2, on each rank's 4h/N "
+                                     "hidden units (fc1's output)")
+                  for place, said in (("after", "GeLU applied to fc2's output (after the sum and the bias)"),
+                                      ("before the bias", "GeLU applied to fc2's summed output, before its bias"),
+                                      ("nowhere", "no GeLU at all")))]
     return _settings_explain(x, output, settings, "the MLP's")
 
 
@@ -288,7 +312,9 @@ def _column_case(rng: random.Random, world: int) -> Case:
     args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*ws)), per_rank(_req(*bs)),
             per_rank([Upstream(d, pattern) for d in dys]))
     return Case(world, args, expected, _label(world, s, b, h, f", {out_f} output features"),
-                budgets=_bytes_budgets(pattern, world, "f's backward"), allowed_ops=frozenset({"all_reduce"}))
+                budgets=_bytes_budgets(pattern, world, "f's backward"), allowed_ops=frozenset({"all_reduce"}),
+                explain=_settings_explain(x, lambda transposed=False: _times(x, ws[0], transposed) + bs[0],
+                                          _weight_settings("weight"), "the column-parallel layer's"))
 
 
 def _gather_full(dist, shard: torch.Tensor, dim: int) -> torch.Tensor:
@@ -355,7 +381,10 @@ def _row_case(rng: random.Random, world: int) -> Case:
     args = (per_rank(_req(*xs)), per_rank(_req(*ws)), per_rank([_req(bias)[0] for _ in range(world)]),
             per_rank([Upstream(dy, pattern) for _ in range(world)]))
     return Case(world, args, expected, _label(world, s, b, h, f", {in_f} input features"),
-                budgets=_bytes_budgets(pattern, world, "g's forward"), allowed_ops=frozenset({"all_reduce"}))
+                budgets=_bytes_budgets(pattern, world, "g's forward"), allowed_ops=frozenset({"all_reduce"}),
+                explain=_settings_explain(x, lambda transposed=False: sum(
+                    _times(xs[r], ws[r], transposed) for r in range(world)) + bias, _weight_settings("weight"),
+                    "the row-parallel layer's"))
 
 
 def _row_oracle(dist, x, weight, bias, upstream):
@@ -596,12 +625,26 @@ def _sp_case(rng: random.Random, world: int, narrow: bool = False) -> Case:
             per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
             per_rank([Upstream(d, pattern, activations) for d in dy.chunk(world, 0)]))
     return Case(world, args, expected, _label(world, s, b, h, f", {s // world} tokens of the sequence per rank"),
+                explain=_sp_explain(x, w1, b1, w2, world),
                 budgets=_bytes_budgets(pattern, world, "the all-gather before and the reduce-scatter after the "
                                                        "tensor-parallel region, and their conjugates")
                 + flops_budgets(flops / world, f"1/N of the single-device layer's forward and backward, "
                                                f"{flops:,.0f} FLOPs", over=0.05),
                 allowed_ops=frozenset({"all_gather", "reduce_scatter", "all_gather_into_tensor",
                                        "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single"}))
+
+
+def _sp_explain(x, w1, b1, w2, world: int):
+    """sequence_parallel_mlp's explain: the residual whose block gives the learner's output (rank 0's tokens)."""
+    def output(residual: str = "x") -> torch.Tensor:
+        normed = F.layer_norm(x, x.shape[-1:])
+        added = {"x": x, "none": 0, "normed": normed}[residual]
+        return (added + _mlp(normed, w1, b1, w2, None)).chunk(world, 0)[0]
+    settings = [({"residual": "none"}, "no residual: the block returns MLP(LayerNorm(x)), where it returns x + "
+                                       "MLP(LayerNorm(x)): add this rank's x after the reduce-scatter"),
+                ({"residual": "normed"}, "the residual adds LayerNorm(x), the normed input, where it adds x itself, "
+                                         "the block's input: x + MLP(LayerNorm(x))")]
+    return _settings_explain(x, output, settings, "the block's")
 
 
 class _SPMLP(torch.nn.Module):
@@ -714,7 +757,7 @@ LANDINGS = {"its local row 0, where torch.where(mine, ids - first, 0) sends them
 
 def _vocab_loss_parallel(tokens, targets, emb_ws, head_ws, *, embedding_masked: bool = True,
                          target_masked: bool = True, land: Callable = LANDINGS[next(iter(LANDINGS))],
-                         shifted: bool = True) -> torch.Tensor:
+                         shifted: Union[bool, str] = True) -> torch.Tensor:
     """The vocabulary-parallel loss computed rank by rank, with the ownership test of the embedding's lookup or of
     the target's logit left out if asked (each rank then uses the row an id it does not own lands on). Unmasked, the
     target's logit keeps N - 1 times the maximum subtracted (`shifted`), where the mask would cancel it."""
@@ -727,7 +770,9 @@ def _vocab_loss_parallel(tokens, targets, emb_ws, head_ws, *, embedding_masked: 
     x = sum(F.embedding(land(tokens, f, part), e) * (own(tokens, f) if embedding_masked else 1)
             for f, e in zip(firsts, emb_ws))
     logits = [F.linear(x, w) for w in head_ws]
-    if shifted:         # as the hints lay it out: the maximum over the whole vocabulary subtracted on every rank
+    if shifted == "local":      # each rank's own maximum, never all-reduced: the shards' exponentials disagree
+        logits = [z - z.amax(-1, keepdim=True) for z in logits]
+    elif shifted:       # as the hints lay it out: the maximum over the whole vocabulary subtracted on every rank
         top = torch.cat(logits, -1).amax(-1, keepdim=True)
         logits = [z - top for z in logits]
     target = sum(z.gather(-1, land(targets, f, part).unsqueeze(-1)) * (own(targets, f) if target_masked else 1)
@@ -746,6 +791,9 @@ def _vocab_explain(tokens, targets, emb_ws, head_ws):
                   f"every rank adds its logit at the target's row even for targets it does not own (they land on "
                   f"{where}): only the owner's logit may enter the target's sum; the others add 0")
                  for where, land in LANDINGS.items() for shifted in (True, False)]
+    settings += [({"shifted": "local"}, "each rank subtracts its own shard's maximum, so the shards' exponentials "
+                                        "are scaled by different factors before they are summed: all-reduce the "
+                                        "maximum (ReduceOp.MAX) first, and subtract that one on every rank")]
 
     def explain(expected: list, got: list) -> Optional[str]:
         mine = got[0].get("output") if isinstance(got[0], dict) else None
@@ -755,8 +803,31 @@ def _vocab_explain(tokens, targets, emb_ws, head_ws):
             for setting, meaning in settings:
                 if _same(mine.reshape(()), _vocab_loss_parallel(tokens, targets, emb_ws, head_ws, **setting)):
                     return f"Diagnosis: your loss is the vocabulary-parallel loss with one setting changed: {meaning}."
+        if _same(mine.reshape(()), expected[0]["output"].reshape(())) and all(
+                isinstance(g, dict) and _same(g.get("emb_w.grad"), own)
+                for g, own in zip(got, _embedding_grads_through_own_head(tokens, targets, emb_ws, head_ws))):
+            return ("Diagnosis: the loss is right, and each rank's emb_w.grad holds only the gradient that flows back "
+                    "through its own head shard's logits: the embedding's output reaches every rank's head, so its "
+                    "gradient is the sum over the ranks. Put f (identity forward, all-reduce backward) between the "
+                    "embedding and the head.")
         return None
     return explain
+
+
+def _embedding_grads_through_own_head(tokens, targets, emb_ws, head_ws) -> list[torch.Tensor]:
+    """Each rank's embedding gradient when the head input's gradient is not summed over the ranks (no f between the
+    embedding and the head): rank r's rows get only what its own logits send back."""
+    part, land = len(emb_ws[0]), LANDINGS[next(iter(LANDINGS))]
+    with torch.enable_grad():
+        embs = [e.detach().clone().requires_grad_() for e in emb_ws]
+        rows = [F.embedding(land(tokens, r * part, part), e)
+                * ((tokens >= r * part) & (tokens < (r + 1) * part)).unsqueeze(-1) for r, e in enumerate(embs)]
+        x = sum(t.detach() for t in rows).requires_grad_()
+        logits = [F.linear(x, w.detach()) for w in head_ws]
+        flat = torch.cat(logits, -1)
+        loss = F.cross_entropy(flat.flatten(0, 1), targets.flatten())
+        pulled = torch.autograd.grad(loss, logits)
+        return [torch.autograd.grad(rows[r], embs[r], pulled[r] @ head_ws[r].detach())[0] for r in range(len(embs))]
 
 
 def _vocab_floor(tokens: torch.Tensor, h: int, sb: int) -> Budget:

@@ -404,6 +404,34 @@ def megatron_mlp_with_hooks(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
     return partial + (summed(partial.detach()) - partial.detach()) + fc2_b
 
 
+def tp_dp_train_one_flat_bucket(dist, weights, batch, targets, dp, tp, steps, lr):
+    """The gradient shards flattened into one bucket, summed over the DP group by one all-reduce and divided by dp
+    once, then applied through views of the bucket (as DDP buckets them), where the reference averages each
+    gradient by its own ReduceOp.AVG."""
+    from lib.real.backends import device_mesh
+    from puzzles.parallel_gpt import tp_reduce
+
+    mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
+    d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    split = {"fc1_w": 0, "fc1_b": 0, "fc2_w": 1}
+    params = {k: (v.chunk(tp, split[k])[t] if k in split else v).clone().requires_grad_() for k, v in weights.items()}
+    x, y = batch.chunk(dp)[d], targets.chunk(dp)[d]
+    for _ in range(steps):
+        out = tp_reduce(dist, F.linear(F.gelu(F.linear(x, params["fc1_w"], params["fc1_b"])), params["fc2_w"]),
+                        mesh["tp"].get_group()) + params["fc2_b"]
+        F.mse_loss(out, y).backward()
+        with torch.no_grad():
+            flat = torch.cat([p.grad.reshape(-1) for p in params.values()])
+            dist.all_reduce(flat, group=mesh["dp"].get_group())
+            flat /= dp
+            offset = 0
+            for p in params.values():
+                p -= lr * flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+                p.grad = None
+    return {k: v.detach() for k, v in params.items()}
+
+
 def zero1_with_torchs_adam(dist, model, batches, lr):
     """ZeRO-1 with torch.optim.Adam over this rank's shards (leaf tensors whose .grad is the reduced shard) in
     place of a hand-written update."""
@@ -575,6 +603,7 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.beyond.diloco_train, diloco_foreach_outer_step),
      (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order),
      (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split),
+     (puzzles.three_d.tp_dp_train, tp_dp_train_one_flat_bucket),
      (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),
      (puzzles.tensor_parallel.megatron_mlp, megatron_mlp_with_hooks),

@@ -37,6 +37,9 @@ class AxisBudget:
     why: str
     ops: frozenset = frozenset()
     hint: str = ""
+    # (k, calls, what it means): sending exactly k times the budget in `calls` calls (None: any number) is a known
+    # mistake's trace, e.g. as many collectives as the budget's, each k times too large
+    multiples: tuple = ()
 
     def limit_for(self, rank: int) -> float:
         return self.limit[rank] if isinstance(self.limit, (list, tuple)) else self.limit
@@ -103,7 +106,10 @@ def _over_axis_budget(b: AxisBudget, axes: MeshAxes, result: SimResult) -> Optio
                     f"{', '.join(sorted(b.ops))} only here")
         limit = b.limit_for(rank)
         if t.sent > limit * (1 + SLACK) + 1e-9:
-            return f"rank {rank} sent {fmt_bytes(t.sent)} on {_label(b.axis)}, over the budget of {fmt_bytes(limit)}"
+            said = f"rank {rank} sent {fmt_bytes(t.sent)} on {_label(b.axis)}, over the budget of {fmt_bytes(limit)}"
+            meaning = next((m for k, calls, m in b.multiples if limit and abs(t.sent / limit - k) < 1e-6
+                            and calls in (None, sum(t.ops.values()))), None)
+            return f"{said}: exactly {t.sent / limit:g} times it, {meaning}" if meaning else said
     return None
 
 

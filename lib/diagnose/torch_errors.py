@@ -20,6 +20,7 @@ from lib.diagnose.leaves import arguments, given, mine
 from lib.diagnose.moments import first_raising_step
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
+from lib.units import ordinal
 from lib.whose_code import COURSE, ENGINE, LIBRARIES
 
 # Errors whose cause does not depend on shapes: (words in torch's message, what it means in this course).
@@ -27,6 +28,11 @@ _MEANINGS = (
     ("does not require grad and does not have a grad_fn",
      "backward was called on a value cut off from the graph: a .detach(), a torch.no_grad() block, or a tensor that "
      "came through dist (communication carries values, not gradients: an autograd.Function must carry them)"),
+    ("One of the differentiated Tensors does not require grad",
+     "torch.autograd.grad was asked for the gradient of a tensor that does not require one: an input no gradient "
+     "flows to, such as the first stage's micro-batch of the batch (data, not a parameter or a received activation). "
+     "Ask only for what requires grad: the stage's parameters, and its input only on a stage that received it "
+     "(x.requires_grad_())"),
     ("backward through the graph a second time",
      "backward ran twice through the same graph: each forward's graph is freed by its backward (recompute the "
      "forward, or keep what the second backward needs)"),
@@ -99,7 +105,7 @@ def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> 
         or _not_multiplied(message, case, getattr(error, "rank", None), names)
     if viewed:
         return f"What it means: {viewed}"
-    waited = _off_axis(error, case) or _waited(error, case)
+    waited = _off_axis(error, case) or _waited(error, case) or _world_across_axes(str(error), case)
     if waited:
         return f"What it means: {waited}"
     if _in_the_checks_own_code(error):
@@ -116,8 +122,10 @@ def _meaning(fn: Callable, case, error: BaseException, names: Sequence[str]) -> 
     op, shapes, line = tracer.failed or tracer.last        # the op that raised, where it raised under the tracer
     said = f"What it means: {op} failed on inputs of shapes {', '.join(map(str, shapes))}"
     said += f" at {line}" if line else ""
-    found = _freed(shapes) or _whole_meets_shard(shapes, case.world_size) or _shard(shapes, case, rank) \
-        or _transposed(op, shapes)
+    # A product that fits only transposed says so by its shapes alone: before an element count, which N can match
+    # by chance (x of (s·b, in/N) against a weight of (out, in/N) with out = N·s·b).
+    found = _freed(shapes) or _transposed(op, shapes) or _whole_meets_shard(shapes, case.world_size) \
+        or _shard(shapes, case, rank)
     return f"{said}. {found}" if found else said + "."
 
 
@@ -232,14 +240,18 @@ def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str
     small, big = sorted((features, takes))
     named = {"N, the world size": float(case.world_size), **case.factors}
     quantity = factors.simplest(factors.matching(big / small, named)) if small and big % small == 0 else []
+    if not quantity and 0 < features < takes:        # cut unevenly: .chunk(k) makes its first pieces ⌈takes/k⌉
+        quantity = [c for c in factors.simplest([c for c in factors.candidates(named) if float(c.value).is_integer()])
+                    if math.ceil(takes / c.value) == features][:1]
     if not quantity:
         return None
-    k = big // small
+    k = big // small if big % small == 0 else int(quantity[0].value)
     symbol = quantity[0].symbol if len(quantity) == 1 else str(k)
-    said += f" ({big} = {k} × {small}; {k} = {' = '.join(c.said for c in quantity)})"
-    if features < takes:
-        return None
+    said += (f" ({big} = {k} × {small}; {k} = {' = '.join(c.said for c in quantity)})" if big % small == 0 else
+             f" ({small} = ⌈{big}/{k}⌉, the first of {k} pieces; {k} = {quantity[0].said})")
     held = arguments(mine(case.args, rank if rank is not None else 0), names)
+    if features < takes:
+        return _cut_along_features(said, held, features, takes, out, k, symbol)
     # The weight as the learner held it: (out, in) as F.linear takes it, or (in, out) multiplied as stored (unless
     # it fits only transposed: then _transposed says so). Its input features are dim 1 or dim 0.
     layouts = [((out, takes), 1)] + ([((takes, out), 0)] if out != features else [])
@@ -258,6 +270,26 @@ def _not_multiplied(message: str, case, rank: Optional[int], names: Sequence[str
                         f"{tuple(t.shape)}, cut along dim {d_in} into {symbol} parts. A shard that takes 1/{symbol} "
                         "of x's features needs x cut the same way; to keep x whole, cut the weight along its output "
                         "features instead, as column-parallel does.")
+    return None
+
+
+def _cut_along_features(said: str, held: list, features: int, takes: int, out: int, k: int, symbol: str
+                        ) -> Optional[str]:
+    """x with 1/k of the features the weight takes: a weight cut along its output features where its input
+    features belong cut (its shard kept every input feature), or an input the learner was handed with all `takes`
+    features cut along its last dimension (the features, where micro-batches and sequence shards cut rows)."""
+    for called, t in held:
+        if t.dim() == 2 and tuple(t.shape) == (out * k, takes):
+            return (f"{said}: the weight has all {takes} input features of {called} {tuple(t.shape)} and 1/{symbol} "
+                    f"of its {out * k} output features: it was cut along dim 0 (its rows) where this layer cuts it "
+                    f"along dim 1 (its input features), to match x's {features}: .chunk({symbol}, dim=1), as "
+                    "row-parallel does.")
+    for called, t in held:
+        if t.dim() >= 2 and t.shape[-1] == takes and tuple(t.shape) not in ((out, takes), (takes, out)):
+            return (f"{said}: {called} {tuple(t.shape)} already has the {takes} features the weight takes, and x has "
+                    f"1/{symbol} of them: it was cut along its last dimension (the features) into {symbol} parts. "
+                    "Keep each row's features whole: micro-batches and sequence shards cut the rows (dim 0, "
+                    ".chunk(m, dim=0)), and a shard you were handed is already this rank's part.")
     return None
 
 
@@ -287,12 +319,48 @@ def _off_axis(error: BaseException, case) -> Optional[str]:
     return None
 
 
+def _world_across_axes(message: str, case) -> Optional[str]:
+    """A collective on WORLD whose ranks brought tensors of different shapes, on a device mesh: the mesh axes the two
+    ranks differ along say why (another pipeline stage holds other layers, another TP rank another shard), and the
+    axes whose budgets carry that op say which group it belongs on."""
+    from lib.sim.mesh import coordinates
+
+    found = re.search(r"collective #\d+ on WORLD: rank (\d+) called (\w+)\(\(([\d, ]*)\).*, but rank (\d+) called",
+                      message)
+    axes = getattr(case, "axes", None)
+    if not found or axes is None:
+        return None
+    a, op, b = int(found.group(1)), found.group(2), int(found.group(4))
+    numel = math.prod(int(d) for d in found.group(3).split(",") if d.strip())
+    differ = [n for n, x, y in zip(axes.names, coordinates(a, axes.shape), coordinates(b, axes.shape)) if x != y]
+    carriers = [bud.axis for bud in getattr(case, "axis_budgets", ()) if op in bud.ops and bud.axis not in differ]
+    if not differ or not carriers:
+        return None
+    # A tensor the size of one of the rank's parameters, or of all of them, is a gradient: its group is the one whose
+    # ranks hold the same parameters, the data-parallel axis where the mesh has one.
+    params = [t.numel() for key, t in given(mine(case.args, a)).items() if key and t.is_floating_point()]
+    if "dp" in carriers and (numel in params or numel == sum(params)):
+        carriers, what = ["dp"], "gradients (the size of this rank's parameters) "
+    else:
+        what = ""
+    said = " and ".join(n.upper() for n in differ)
+    return (f"the {op} {'of ' + what if what else ''}ran on WORLD, every rank of the mesh, where ranks {a} and {b} "
+            f"differ in their {said} "
+            f"coordinate{'s' if len(differ) > 1 else ''}: they hold different tensors (another stage's layers, "
+            f"another shard), so their shapes cannot meet. An {op} belongs on the group of the ranks that hold the "
+            f"same tensor: {' or '.join(f'the {c.upper()} group' for c in carriers)} here "
+            f"(group=mesh['{carriers[0]}'].get_group()), never WORLD.")
+
+
 def _waited(error: BaseException, case) -> Optional[str]:
     """A deadlock read in the case's words for its messages: which message each rank waits for, how many of them its
     peer has sent, and, where two ranks wait on each other, which message each owes the other."""
     waits = getattr(error, "waits", ())
     if not waits or case.messages is None:
         return None
+    said = _never_sent(waits, case.messages)
+    if said:
+        return said
     by_rank = {w[0]: w for w in waits}
     said, paired = [], set()
     for rank, peer, nth, _, _ in waits:
@@ -311,6 +379,23 @@ def _waited(error: BaseException, case) -> Optional[str]:
             said.append(f"rank {rank} waits for the {case.messages(peer, rank, nth)} from rank {peer}, which has sent "
                         f"it {they_sent}.")
     return " ".join(said)
+
+
+def _never_sent(waits: tuple, messages) -> Optional[str]:
+    """A rank waiting for a message its peer's part of the schedule never sends that way (more than `messages.count`
+    says): it waits on the wrong peer, whatever else the others wait for."""
+    count = getattr(messages, "count", None)
+    if count is None:
+        return None
+    for rank, peer, nth, _, _ in waits:
+        k = count(peer, rank)
+        if nth > k:
+            what = f"only {k} message{'s' if k != 1 else ''}" if k else "no message"
+            return (f"rank {rank} waits for a {ordinal(nth)} message from rank {peer}, where the schedule sends "
+                    f"{what} from rank {peer} to rank {rank}: it waits on the wrong peer. "
+                    + getattr(messages, "from_where", "Receive each message from the rank that sends it.")
+                    .rstrip(".") + ".")
+    return None
 
 
 def _assigned(message: str, case) -> Optional[str]:

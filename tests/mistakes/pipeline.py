@@ -8,7 +8,8 @@ from tests.mistakes import Attempt, NO_GRADIENT
 
 
 # ---- pipeline_stages ----------------------------------------------------------------------------------------
-def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_loss, grad_to=-1, seed_ones=False):
+def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_loss, grad_to=-1, seed_ones=False,
+            grad_from=1):
     """One batch through the stages as the hints lay it out, with the knob of one mistake turned."""
     rank, p = dist.get_rank(), dist.get_world_size()
     if rank == 0:
@@ -26,7 +27,7 @@ def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_
     else:
         dist.send(out.detach(), rank + 1)
         grad = torch.empty_like(out)
-        dist.recv(grad, rank + 1)
+        dist.recv(grad, (rank + grad_from) % p)
         out.backward(grad)
     if rank > 0:
         dist.send(x.grad, rank + grad_to)
@@ -41,6 +42,12 @@ def stages_float32_buffers(dist, stage, batch, targets):
 def stages_gradient_sent_forward(dist, stage, batch, targets):
     """x.grad sent to rank + 1, where the activation came from, instead of rank - 1."""
     return _stages(dist, stage, batch, targets, grad_to=+1)
+
+
+def stages_gradient_from_the_previous_rank(dist, stage, batch, targets):
+    """The output's gradient received from (rank - 1) % p, 'the ring the activations came round': the first rank then
+    waits on the last, the others on the rank that sent them their input."""
+    return _stages(dist, stage, batch, targets, grad_from=-1)
 
 
 def stages_summed_loss(dist, stage, batch, targets):
@@ -135,6 +142,12 @@ def gpipe_stash_of_detached_inputs(dist, stage, batch, targets, m):
     return _gpipe(dist, stage, batch, targets, m, stash_input=torch.Tensor.detach)
 
 
+def gpipe_chunks_the_features(dist, stage, batch, targets, m):
+    """batch.chunk(m, dim=-1), 'the last dimension is the batch' as in a column-major sketch: each micro-batch gets
+    every row and 1/m of the features."""
+    return _gpipe(dist, stage, batch, targets, m, split=lambda t: t.chunk(m, dim=-1))
+
+
 def gpipe_split_instead_of_chunk(dist, stage, batch, targets, m):
     """batch.split(m): pieces of m rows each, not m pieces; the first m of them are used."""
     return _gpipe(dist, stage, batch, targets, m, split=lambda t: t.split(m))
@@ -221,7 +234,7 @@ def one_f_one_b_cool_down_one_short(dist, stage, batch, targets, m):
 
 # ---- interleaved_1f1b ---------------------------------------------------------------------------------------
 def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, last_by_rank=False,
-                 first_by_rank=False, depth_first=False):
+                 first_by_rank=False, depth_first=False, wait_at_once=False):
     """Interleaved 1F1B as the hints lay it out (solutions/pipeline.py's order), with the knob of one mistake."""
     rank, p = dist.get_rank(), dist.get_world_size()
     v = len(chunks)
@@ -262,6 +275,8 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
             out = F.mse_loss(out, ys[j]) / (scale or m)
         else:
             sends.append(dist.isend(out.detach(), ahead, tag=0))
+            if wait_at_once:
+                sends.pop().wait()
         stash[c, j] = (x, out)
 
     def backward(k):
@@ -273,6 +288,8 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
             out.backward(take("B", k))
         if not is_first(c):
             sends.append(dist.isend(x.grad, behind, tag=1))
+            if wait_at_once:
+                sends.pop().wait()
 
     warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
     for k in range(warm):
@@ -285,6 +302,12 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
     for s in sends:
         s.wait()
     return chunks
+
+
+def interleaved_isend_waited_at_once(dist, chunks, batch, targets, m):
+    """dist.isend(...).wait() on every send, 'to be safe with the buffer': each send then blocks until the peer
+    receives, and in the steady state both ranks send first."""
+    return _interleaved(dist, chunks, batch, targets, m, wait_at_once=True)
 
 
 def interleaved_loss_over_m_times_v(dist, chunks, batch, targets, m):
@@ -317,7 +340,7 @@ def interleaved_depth_first(dist, chunks, batch, targets, m):
 
 # ---- zero_bubble --------------------------------------------------------------------------------------------
 def _zero_bubble(dist, stage, batch, targets, m, *, bias_grad=lambda dy: dy.sum(0), flush=True, ask_x_on_rank0=False,
-                 send_index=-1):
+                 send_index=-1, weight_grad_of=lambda inp, dy: dy.T @ inp):
     """ZB-H1 as the hints lay it out, with the knob of one mistake turned."""
     rank, p = dist.get_rank(), dist.get_world_size()
     if m < p:
@@ -358,7 +381,9 @@ def _zero_bubble(dist, stage, batch, targets, m, *, bias_grad=lambda dy: dy.sum(
 
     def weight_grad():
         for layer, inp, dy in waiting.pop(0):
-            for prm, g in ((layer.weight, dy.T @ inp), (layer.bias, bias_grad(dy))):
+            for prm, g in ((layer.weight, weight_grad_of(inp, dy)), (layer.bias, bias_grad and bias_grad(dy))):
+                if g is None:
+                    continue
                 if prm.grad is None:
                     prm.grad = g
                 else:
@@ -390,6 +415,17 @@ def zero_bubble_bias_grad_mean(dist, stage, batch, targets, m):
     return _zero_bubble(dist, stage, batch, targets, m, bias_grad=lambda dy: dy.mean(0))
 
 
+def zero_bubble_weight_grad_by_einsum(dist, stage, batch, targets, m):
+    """dW = einsum('bi,bo->io', X, dY), the indices in the order x @ W would take them: nn.Linear's W is (out, in)."""
+    return _zero_bubble(dist, stage, batch, targets, m,
+                        weight_grad_of=lambda inp, dy: torch.einsum("bi,bo->io", inp, dy))
+
+
+def zero_bubble_weights_only(dist, stage, batch, targets, m):
+    """W computed for layer.weight alone, 'the matmul is all W delays': the biases get no gradient."""
+    return _zero_bubble(dist, stage, batch, targets, m, bias_grad=None)
+
+
 def zero_bubble_without_the_final_flush(dist, stage, batch, targets, m):
     """No loop over the W still waiting after the last B: up to `rank` micro-batches' weight gradients never added."""
     return _zero_bubble(dist, stage, batch, targets, m, flush=False)
@@ -408,6 +444,7 @@ def zero_bubble_sends_the_first_layers_gradient(dist, stage, batch, targets, m):
 MISTAKES = [
     Attempt("pipeline_stages", stages_float32_buffers, named="receives into ("),
     Attempt("pipeline_stages", stages_gradient_sent_forward, named="called send with peer"),
+    Attempt("pipeline_stages", stages_gradient_from_the_previous_rank, named="waits on the wrong peer"),
     Attempt("pipeline_stages", stages_summed_loss, named="the values of the batch (rows × width)"),
     Attempt("pipeline_stages", stages_backward_from_ones, named="which has already returned"),
     Attempt("pipeline_stages", stages_gradient_received_into_the_output, named="modified by an inplace operation"),
@@ -416,6 +453,7 @@ MISTAKES = [
     Attempt("gpipe", gpipe_targets_whole, named=("the whole targets", "targets of the micro-batch",
                                                   "the whole batch or targets met one m-th")),
     Attempt("gpipe", gpipe_stash_of_detached_inputs, named=NO_GRADIENT),
+    Attempt("gpipe", gpipe_chunks_the_features, named="cut along its last dimension"),
     Attempt("gpipe", gpipe_split_instead_of_chunk, named=("split(m)", "pieces of m rows")),
     Attempt("one_f_one_b", one_f_one_b_newest_first,
             named=("newest first", "pairs the gradient of one micro-batch with the activations of another")),
@@ -423,6 +461,7 @@ MISTAKES = [
     Attempt("one_f_one_b", one_f_one_b_same_warm_up_everywhere, named=("the same warm-up", "p - 1 forwards on")),
     Attempt("one_f_one_b", one_f_one_b_warm_up_by_rank, named=("gradient from rank", "before any forward")),
     Attempt("one_f_one_b", one_f_one_b_cool_down_one_short, named="which has already returned"),
+    Attempt("interleaved_1f1b", interleaved_isend_waited_at_once, named="before waiting on a send"),
     Attempt("interleaved_1f1b", interleaved_loss_over_m_times_v, named="v, the virtual stages"),
     Attempt("interleaved_1f1b", interleaved_accepts_any_m, named="asks for a ValueError"),
     Attempt("interleaved_1f1b", interleaved_loss_on_the_last_rank, named="not the last stage: that is p·v - 1"),
@@ -431,6 +470,8 @@ MISTAKES = [
     Attempt("interleaved_1f1b", interleaved_depth_first, named="simulated time"),
     Attempt("zero_bubble", zero_bubble_bias_grad_over_features, named=("over the features", "sum over dim 0")),
     Attempt("zero_bubble", zero_bubble_bias_grad_mean, named="b, the rows of a micro-batch"),
+    Attempt("zero_bubble", zero_bubble_weight_grad_by_einsum, named="the transpose of the right gradient"),
+    Attempt("zero_bubble", zero_bubble_weights_only, named="A bias needs its gradient too"),
     Attempt("zero_bubble", zero_bubble_without_the_final_flush, named=("never added", "still waiting")),
     Attempt("zero_bubble", zero_bubble_asks_for_the_batch_gradient, named="does not require grad"),
     Attempt("zero_bubble", zero_bubble_sends_the_first_layers_gradient, named=("holds what", "wrong tensor")),

@@ -69,6 +69,11 @@ def column_reduces_both_ways(dist, x, weight, bias):
     return _g(dist)(F.linear(_f(dist)(x), weight, bias))
 
 
+def column_weight_as_stored(dist, x, weight, bias):
+    """x @ weight + bias, as a NumPy sketch writes a layer: nn.Linear's weight is (out, in), so it is x @ weight.T."""
+    return _f(dist)(x) @ weight + bias
+
+
 def column_without_bias(dist, x, weight, bias):
     """F.linear(x, weight): the bias shard forgotten, as Megatron's skip_bias_add leaves it for a later fusion."""
     return F.linear(_f(dist)(x), weight)
@@ -113,6 +118,12 @@ def mlp_tanh_gelu(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
     """GPT-2's GeLU, F.gelu(approximate='tanh'), where the layer uses the exact one."""
     hidden = F.gelu(F.linear(_f(dist)(x), fc1_w, fc1_b), approximate="tanh")
     return _g(dist)(F.linear(hidden, fc2_w)) + fc2_b
+
+
+def mlp_gelu_on_the_sum(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """GeLU moved after g 'so that it sees the whole hidden layer at once': it then acts on fc2's summed output."""
+    hidden = F.linear(_f(dist)(x), fc1_w, fc1_b)
+    return F.gelu(_g(dist)(F.linear(hidden, fc2_w))) + fc2_b
 
 
 def mlp_f_and_g_swapped(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
@@ -256,6 +267,13 @@ def sp_layer_norm_by_hand(dist, x, fc1_w, fc1_b, fc2_w):
                norm=lambda t: (t - t.mean(-1, keepdim=True)) / t.std(-1, keepdim=True))
 
 
+def sp_norm_reassigns_x(dist, x, fc1_w, fc1_b, fc2_w):
+    """x = F.layer_norm(x, ...) at the top, as a pre-norm block is often sketched: the residual then adds the normed
+    x, not the block's input."""
+    x = F.layer_norm(x, x.shape[-1:])
+    return _sp(dist, x, fc1_w, fc1_b, fc2_w, norm=lambda t: t)
+
+
 def sp_all_reduce_and_slice(dist, x, fc1_w, fc1_b, fc2_w):
     """After fc2, the sum taken by all-reduce and this rank's tokens sliced out, instead of a reduce-scatter."""
     return _sp(dist, x, fc1_w, fc1_b, fc2_w, scatter="all_reduce")
@@ -275,7 +293,7 @@ def sp_gathers_the_hidden_dimension(dist, x, fc1_w, fc1_b, fc2_w):
 
 # ---- vocab_parallel_loss ------------------------------------------------------------------------------------
 def _vocab(dist, tokens, targets, emb_w, head_w, *, shift=True, mask_embedding=True, mask_target=True,
-           reduce="mean"):
+           reduce="mean", f_keeps_own=False):
     """The vocabulary-parallel loss as the hints lay it out, with the knob of one mistake turned."""
     part = emb_w.shape[0]
     first = dist.get_rank() * part
@@ -287,7 +305,7 @@ def _vocab(dist, tokens, targets, emb_w, head_w, *, shift=True, mask_embedding=T
     rows, mine = local(tokens)
     looked_up = F.embedding(rows, emb_w)
     x = _g(dist)(looked_up * mine.unsqueeze(-1) if mask_embedding else looked_up)
-    logits = F.linear(_f(dist)(x), head_w)
+    logits = F.linear(_f(dist, keep_own=f_keeps_own)(x), head_w)
     if shift:
         top = logits.detach().amax(-1)
         dist.all_reduce(top, op=dist.ReduceOp.MAX)
@@ -321,6 +339,12 @@ def vocab_loss_summed(dist, tokens, targets, emb_w, head_w):
     return _vocab(dist, tokens, targets, emb_w, head_w, reduce="sum")
 
 
+def vocab_loss_f_keeps_its_own_gradient(dist, tokens, targets, emb_w, head_w):
+    """f before the head all-reduces a clone of the head input's gradient and returns the rank's own: the embedding
+    gets only what this rank's logits send back."""
+    return _vocab(dist, tokens, targets, emb_w, head_w, f_keeps_own=True)
+
+
 def vocab_loss_cross_entropy_per_rank(dist, tokens, targets, emb_w, head_w):
     """F.cross_entropy on this rank's logits slice with targets shifted into it: ids owned by other ranks fall
     outside its V/N classes."""
@@ -342,9 +366,11 @@ MISTAKES = [
     Attempt("row_parallel_linear", row_bias_divided_by_n, named="N, the world size"),
     Attempt("row_parallel_linear", row_g_reduces_backward_too, named="backward pass should issue"),
     Attempt("row_parallel_linear", row_g_averages, named="N, the world size"),
+    Attempt("column_parallel_linear", column_weight_as_stored, named=("(out, in)", "weight.T", "fits only transposed")),
     Attempt("row_parallel_linear", row_weight_transposed, named=("(out, in)", "weight.T", "fits only transposed")),
     Attempt("megatron_mlp", mlp_reduces_the_hidden_layer, named="forward pass should issue"),
     Attempt("megatron_mlp", mlp_tanh_gelu, named=("approximate='tanh'", "tanh approximation")),
+    Attempt("megatron_mlp", mlp_gelu_on_the_sum, named="GeLU applied to fc2's summed output"),
     Attempt("megatron_mlp", mlp_f_and_g_swapped, named=("g before fc1", "f and g in each other's place")),
     Attempt("megatron_mlp", mlp_g_averages, named="N, the world size"),
     Attempt("megatron_mlp", mlp_fc2_bias_divided_by_n, named="N, the world size"),
@@ -357,11 +383,13 @@ MISTAKES = [
     Attempt("sequence_parallel_mlp", sp_residual_before_the_scatter, named="2 × all_gather"),
     Attempt("sequence_parallel_mlp", sp_gather_backward_slices, named="one reduce_scatter"),
     Attempt("sequence_parallel_mlp", sp_layer_norm_by_hand, named=("of activations for backward", "unbiased std")),
+    Attempt("sequence_parallel_mlp", sp_norm_reassigns_x, named="the residual adds LayerNorm(x)"),
     Attempt("sequence_parallel_mlp", sp_all_reduce_and_slice, named="one all_reduce of"),
     Attempt("sequence_parallel_mlp", sp_gathers_the_hidden_dimension, named=("hidden dimension", "along dim -1")),
     Attempt("vocab_parallel_loss", vocab_loss_without_the_max, named="overflow"),
     Attempt("vocab_parallel_loss", vocab_loss_embedding_unmasked, named=NOT_ITS_OWN),
     Attempt("vocab_parallel_loss", vocab_loss_target_unmasked, named=NOT_ITS_OWN),
     Attempt("vocab_parallel_loss", vocab_loss_summed, named="s·b, the tokens"),
+    Attempt("vocab_parallel_loss", vocab_loss_f_keeps_its_own_gradient, named="through its own head shard"),
     Attempt("vocab_parallel_loss", vocab_loss_cross_entropy_per_rank, named=NOT_ITS_OWN),
 ]

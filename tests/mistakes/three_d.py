@@ -116,12 +116,12 @@ def groups_as_rank_lists(dist, dp, pp, tp):
 
 # ---- tp_dp_train ----------------------------------------------------------------------------------------------
 def _tp_dp(dist, weights, batch, targets, dp, tp, steps, lr, *, bias_before_g=False, g=True, clear=True,
-           average_over="dp", fc1_dim=0, rows_of="d"):
+           average_over="dp", fc1_dim=0, rows_of="d", fc2_dim=1):
     """tp_dp_train as a learner writes it, with the knob of one mistake turned."""
     mesh = device_mesh(dist, (dp, tp), ("dp", "tp"))
     d, t = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
-    groups = {"tp": mesh["tp"].get_group(), "dp": mesh["dp"].get_group()}
-    dims = {"fc1_w": fc1_dim, "fc1_b": 0, "fc2_w": 1}
+    groups = {"tp": mesh["tp"].get_group(), "dp": mesh["dp"].get_group(), "world": None}
+    dims = {"fc1_w": fc1_dim, "fc1_b": 0, "fc2_w": fc2_dim}
     w = {name: (value.chunk(tp, dims[name])[t] if name in dims else value).clone().requires_grad_()
          for name, value in weights.items()}
     mine = {"d": d, "t": t}[rows_of]
@@ -169,6 +169,16 @@ def tp_dp_fc1_split_by_columns(dist, weights, batch, targets, dp, tp, steps, lr)
     return _tp_dp(dist, weights, batch, targets, dp, tp, steps, lr, fc1_dim=1)
 
 
+def tp_dp_average_over_everyone(dist, weights, batch, targets, dp, tp, steps, lr):
+    """Each gradient averaged over every rank, 'all the replicas', where TP peers hold different shards."""
+    return _tp_dp(dist, weights, batch, targets, dp, tp, steps, lr, average_over="world")
+
+
+def tp_dp_fc2_chunked_like_fc1(dist, weights, batch, targets, dp, tp, steps, lr):
+    """Every weight chunked along dim 0 ('the output features'), fc2 too, where fc2 is cut by its input features."""
+    return _tp_dp(dist, weights, batch, targets, dp, tp, steps, lr, fc2_dim=0)
+
+
 def tp_dp_rows_by_the_tp_coordinate(dist, weights, batch, targets, dp, tp, steps, lr):
     """The batch's rows chosen by the TP coordinate: TP peers train on different rows, replicas on the same."""
     return _tp_dp(dist, weights, batch, targets, dp, tp, steps, lr, rows_of="t")
@@ -195,8 +205,9 @@ class _Dist:
     """The learner's dist as the reference calls it, with one thing done differently. keep_grads=P: the P gradients
     averaged each step are never cleared, so each step's gradient adds to the last one's before it is averaged."""
 
-    def __init__(self, real, *, avg_as_sum=False, keep_grads=0, pp_peers_adjacent=False):
+    def __init__(self, real, *, avg_as_sum=False, keep_grads=0, pp_peers_adjacent=False, avg_on_world=False):
         self.real, self.avg_as_sum, self.adjacent = real, avg_as_sum, pp_peers_adjacent
+        self.avg_on_world = avg_on_world
         self.params, self.kept, self.calls = keep_grads, {}, 0
 
     def __getattr__(self, name):
@@ -210,7 +221,8 @@ class _Dist:
         self.calls += 1
         if i in self.kept:
             tensor += self.kept[i]
-        self.real.all_reduce(tensor, op=self.real.ReduceOp.SUM if self.avg_as_sum else op, group=group)
+        self.real.all_reduce(tensor, op=self.real.ReduceOp.SUM if self.avg_as_sum else op,
+                             group=None if self.avg_on_world else group)
         if self.params:
             self.kept[i] = tensor.clone()
 
@@ -249,6 +261,20 @@ def train_3d_summing_over_dp(dist, stage, tokens, targets, dp, pp, tp, m, steps,
     return S.train_3d(_Dist(dist, avg_as_sum=True), stage, tokens, targets, dp, pp, tp, m, steps, lr)
 
 
+def train_3d_gradient_average_without_its_group(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """dist.all_reduce(p.grad, op=ReduceOp.AVG) with the group= left out, as in plain data parallelism: on a mesh that
+    is every rank, every stage and shard."""
+    S.train_3d(_Dist(dist, avg_on_world=True), stage, tokens, targets, dp, pp, tp, m, steps, lr)
+    return stage
+
+
+def train_3d_every_replica_on_the_whole_batch(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
+    """The micro-batches cut from the tokens as given, tokens.chunk(m), 'the batch is already this rank's': every
+    DP replica trains on every row (run here as the reference on dp copies of the batch, of which it takes one)."""
+    S.train_3d(dist, stage, torch.cat([tokens] * dp), torch.cat([targets] * dp), dp, pp, tp, m, steps, lr)
+    return stage
+
+
 def train_3d_gradients_never_cleared(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr):
     """The update without prm.grad = None: the next step's backward adds to the last step's averaged gradient."""
     params = len(list(stage.parameters()))
@@ -270,12 +296,14 @@ def train_3d_received_activations_without_grad(dist, stage, tokens, targets, dp,
 
 # ---- plan_memory ----------------------------------------------------------------------------------------------
 def _plan_bytes(model, plan, *, embedding=True, states_over_tp=True, gathered=3, gradient_bytes=2, master=True,
-                full_keeps_nothing=False):
+                full_keeps_nothing=False, head_always=False, embedding_over_tp=True):
     """plan_memory as a learner writes it from the hints, with the knob of one mistake turned."""
     blocks = model.layers // plan.pp
-    first = blocks * model.layer_params + (model.embedding_params if embedding else 0) \
-        + (model.head_params if plan.pp == 1 else 0)
+    ends = (model.embedding_params if embedding else 0) + (model.head_params if plan.pp == 1 or head_always else 0)
+    first = blocks * model.layer_params + ends
     shard = first / plan.tp if states_over_tp else first
+    if not embedding_over_tp:
+        shard += ends - ends / plan.tp
     # 16 bytes a parameter, less what the learner forgot, the ZeRO sharding as the hint's model_state_bytes does
     states = model_state_bytes(shard, dp=plan.dp, zero_stage=plan.zero)
     shards = {"gradients": plan.dp if plan.zero >= 2 else 1, "optimizer": plan.dp if plan.zero >= 1 else 1}
@@ -292,6 +320,16 @@ def _plan_bytes(model, plan, *, embedding=True, states_over_tp=True, gathered=3,
 def memory_without_the_embedding(model, plan):
     """The first stage's blocks (and the head when pp = 1), the token and position embeddings forgotten."""
     return _plan_bytes(model, plan, embedding=False)
+
+
+def memory_both_ends_on_the_first_stage(model, plan):
+    """The embedding and the output head both counted, 'the model's two ends sit outside the blocks', whatever pp."""
+    return _plan_bytes(model, plan, head_always=True)
+
+
+def memory_vocabulary_replicated(model, plan):
+    """The embedding (and head) kept whole on every TP rank, 'TP splits the blocks' matmuls': only blocks over tp."""
+    return _plan_bytes(model, plan, embedding_over_tp=False)
 
 
 def memory_states_not_over_tp(model, plan):
@@ -388,14 +426,20 @@ MISTAKES = [
     Attempt("tp_dp_train", tp_dp_gradients_never_cleared, "at step 2"),
     Attempt("tp_dp_train", tp_dp_averaging_over_tp, ("TP group", "TP axis")),
     Attempt("tp_dp_train", tp_dp_fc1_split_by_columns, ("of fc1_w's", "input features of weights['fc1_w']")),
+    Attempt("tp_dp_train", tp_dp_average_over_everyone, "reduced together, over the whole world"),
+    Attempt("tp_dp_train", tp_dp_fc2_chunked_like_fc1, "cut along dim 0 (its rows)"),
     Attempt("tp_dp_train", tp_dp_rows_by_the_tp_coordinate, ("rows of", "TP coordinate")),
     Attempt("train_3d", train_3d_loss_not_over_m, "m, the number of micro-batches"),
     Attempt("train_3d", train_3d_warm_up_of_p_minus_r, "micro-batches in flight"),
     Attempt("train_3d", train_3d_summing_over_dp, "dp, the data-parallel degree"),
+    Attempt("train_3d", train_3d_gradient_average_without_its_group, "ran on WORLD"),
+    Attempt("train_3d", train_3d_every_replica_on_the_whole_batch, "cut from the whole batch"),
     Attempt("train_3d", train_3d_gradients_never_cleared, "at step 2"),
     Attempt("train_3d", train_3d_next_stage_is_rank_plus_one, ("wrong peer", "not in its PP group")),
     Attempt("train_3d", train_3d_received_activations_without_grad, "requires_grad"),
     Attempt("plan_memory", memory_without_the_embedding, "the embedding's parameters left out"),
+    Attempt("plan_memory", memory_both_ends_on_the_first_stage, "counting the output head on the first stage"),
+    Attempt("plan_memory", memory_vocabulary_replicated, "dividing only the blocks by tp"),
     Attempt("plan_memory", memory_states_not_over_tp, ("tp (the tensor-parallel degree) left out",
                                                        "tp left out of the model states")),
     Attempt("plan_memory", memory_zero3_two_gathered_blocks, "one block of 16-bit gradients (until reduce-scattered) "

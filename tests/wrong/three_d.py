@@ -128,8 +128,8 @@ def train_3d_without_data_parallel(dist, stage, tokens, targets, dp, pp, tp, m, 
                       steps, lr)
 
 
-def _search(model, cluster, global_batch, score, fits):
-    """The reference search with another score or another test of fitting."""
+def _search(model, cluster, global_batch, score, fits, skip_unsplittable=True):
+    """The reference search with another score or another test of fitting (or PlanError not caught)."""
     best, top = None, -1.0
     for tp in (1, 2, 4, 8):
         for pp in [p for p in range(1, model.layers + 1) if model.layers % p == 0]:
@@ -143,7 +143,9 @@ def _search(model, cluster, global_batch, score, fits):
                     try:
                         e = estimate(model, cluster, plan)
                     except PlanError:
-                        continue
+                        if skip_unsplittable:
+                            continue
+                        raise
                     if fits(e, cluster) and score(e) > top:
                         best, top = plan, score(e)
     return best
@@ -159,6 +161,12 @@ def plan_by_mfu_counting_recomputation(model, cluster, global_batch):
     """MFU with recomputation's FLOPs counted, which is HFU: full recomputation wins where its FLOPs hide the
     data-parallel traffic, though it trains fewer tokens per second."""
     return _search(model, cluster, global_batch, lambda e: e.hardware_flops / e.step_time, lambda e, c: e.fits)
+
+
+def plan_without_skipping_what_does_not_split(model, cluster, global_batch):
+    """estimate() called on every plan with no try: a model whose heads tp does not divide raises PlanError."""
+    return _search(model, cluster, global_batch, lambda e: e.tokens_per_second, lambda e, c: e.fits,
+                   skip_unsplittable=False)
 
 
 def plan_from_best_plan(model, cluster, global_batch):
@@ -249,4 +257,5 @@ WRONG = [
     ("choose_plan", plan_ignoring_activation_memory, "result['fits']: expected True"),
     ("choose_plan", plan_by_mfu_counting_recomputation, "result['tokens per second']", "ranking the plans by HFU"),
     ("choose_plan", plan_from_best_plan, "write that search"),
+    ("choose_plan", plan_without_skipping_what_does_not_split, "PlanError: tp=8 must divide"),
 ]
