@@ -217,14 +217,14 @@ def ulysses_stacked_freeing(dist, q, k, v, block):
 
 
 # ---- moe_layer(dist, x, router, experts, k, capacity_factor): this rank's output rows -----------------------------
-def moe_layer_by_list_all_to_all(dist, x, router, experts, k, capacity_factor):
+def moe_layer_by_list_all_to_all(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
     """Rows dispatched and combined with the list form, dist.all_to_all: one tensor per rank, its own included (it
     was charged (N-1)/N of every slot, its own too, and put under the byte floor)."""
-    def exchange(dist, rows, output_split_sizes, input_split_sizes):
+    def by_list(dist, rows, output_split_sizes, input_split_sizes):
         outs = [rows.new_empty(n, *rows.shape[1:]) for n in output_split_sizes]
-        dist.all_to_all(outs, list(rows.split(input_split_sizes)))
+        dist.all_to_all(outs, list(rows.split(input_split_sizes)), group=group)
         return torch.cat(outs)
-    return moe_layer(dist, x, router, experts, k, capacity_factor, exchange=exchange)
+    return moe_layer(dist, x, router, experts, k, capacity_factor, exchange=by_list, group=group)
 
 
 # ---- smallest_capacity(logits, k, max_dropped): (C, padded slots) ----------------------------------------------
