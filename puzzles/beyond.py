@@ -30,7 +30,7 @@ from lib.checker.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, RankDied, per_rank
 from lib.sim.cost import bus_factor
-from lib.checker.terms import Formula, Q, ceil, formula, maximum, term
+from lib.checker.terms import Formula, Q, ceil, formula, matches, maximum, term
 from lib.units import fmt_bytes, fmt_rate, fmt_time
 from lib.viz.timeline import training_scale
 
@@ -219,7 +219,10 @@ DILOCO_VARIANTS = {"heavy-ball momentum (torch.optim.SGD without nesterov=True),
                "plain SGD, no momentum, where DiLoCo's outer optimizer is Nesterov's SGD with momentum": {
                    "momentum": 0.0},
                "the inner gradients not zeroed between inner steps, each adding onto the ones before (call "
-               "inner.zero_grad() before each backward)": {"zero_grad": False}}
+               "inner.zero_grad() before each backward)": {"zero_grad": False},
+               "the workers' parameters averaged (local SGD: an outer step of learning rate 1 without momentum), "
+               "where DiLoCo averages the pseudo-gradients and takes Nesterov's SGD step with outer_lr and momentum "
+               "on them": {"outer_lr": 1.0, "momentum": 0.0}}
 REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters: from the round's start "
                     "(p.copy_(start) before it), with the pseudo-gradient averaged over all workers. Something of a "
                     "worker's own inner steps survived it: the outer step taken from the worker's own weights, or "
@@ -246,8 +249,8 @@ def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr
         if apart:
             return apart
         for what, how in DILOCO_VARIANTS.items():
-            other = dict(leaves(diloco_reference(model, shards, inner_steps, inner_lr, outer_lr,
-                                                 **{"momentum": momentum, **how})))
+            other = dict(leaves(diloco_reference(model, shards, inner_steps, inner_lr,
+                                                 **{"outer_lr": outer_lr, "momentum": momentum, **how})))
             if all(key in m and close(t, m[key], max(rtol, 1e-6), max(atol, 1e-9)) for m in mine
                    for key, t in other.items() if not key.endswith(".grad")):
                 return f"Diagnosis: every worker's parameters are what DiLoCo gives with {what}."
@@ -1201,7 +1204,8 @@ def _budget_case(rng: random.Random, _world: int, size: Optional[float] = None) 
                 f"{params / 1e9:.3g}B parameters, {tokens} tokens per GPU and step, {world} GPUs in 2 datacenters, "
                 f"{fmt_rate(bandwidth)} and {fmt_time(latency)} between them, {flops / 1e12:.0f} TFLOP/s achieved, "
                 f"communication at most {share:.0%} of compute",
-                formulas={"": _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, h)})
+                formulas={"": _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, h)},
+                mistakes=(_sites_mistake((params, tokens, world, bandwidth, latency, flops, share)),))
 
 
 def _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, expected: int) -> Formula:
@@ -1235,15 +1239,19 @@ def _ring_over_the_sites(params, tokens, world, bandwidth, latency, flops, share
     return int(_inner_steps_terms(params, tokens, 2, bandwidth, latency, flops, share).value)
 
 
-INNER_STEPS_MISTAKES = [Mistake(_ring_over_the_sites, "a ring over the 2 datacenters gives: DiLoCo's all-reduce "
-                                "runs over all N GPUs (a ring of N: 2(N-1) messages and 2(N-1)/N of the bytes), every "
-                                "message that crosses between them paying the wide-area link, not over 2 sites.")]
+def _sites_mistake(args: tuple) -> Mistake:
+    """A ring over the 2 datacenters, said with the slip of the formula that gives the same number on this case, if
+    one does (the case cannot tell them apart)."""
+    same = matches(_inner_steps_terms(*args), _ring_over_the_sites(*args))
+    also = f" (on this case also what the formula gives with {same[0]})" if same else ""
+    return Mistake(_ring_over_the_sites, f"a ring over the 2 datacenters gives{also}: DiLoCo's all-reduce runs over "
+                   "all N GPUs (a ring of N: 2(N-1) messages and 2(N-1)/N of the bytes), every message that crosses "
+                   "between them paying the wide-area link, not over 2 sites.")
 
 
 inner_steps_for = Puzzle(
     "inner_steps_for", NOTEBOOK, _budget_case, world_sizes=(1,) * 6, takes_dist=False, real_cell=False,
     variants=[{"size": 0.15e9}, {"size": 70e9}],         # one where latency rules, one where bandwidth does
-    mistakes=INNER_STEPS_MISTAKES,
     off_limits=DERIVE, off_limits_advice="derive it from the ring all-reduce's cost and 6 · params · tokens",
     hints=["A step computes 6 · params · tokens FLOPs (forward and backward) at `flops` FLOP/s. DiLoCo all-reduces "
            "the float32 pseudo-gradient (4 bytes per parameter) once every H steps.",
