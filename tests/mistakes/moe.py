@@ -6,6 +6,7 @@ import torch
 
 import solutions.moe as S
 from tests.mistakes import Attempt
+from tests.wrong.moe import searching_capacity_factors
 
 
 # ---- top_k_route ----------------------------------------------------------------------------------------------
@@ -373,14 +374,7 @@ def capacity_search_stopping_before_the_largest_load(logits, k, max_dropped):
 def capacity_by_factors_of_a_tenth(logits, k, max_dropped):
     """Tries capacity factors 0.1, 0.2, ... through C = ceil(k·T·factor / E), as the notebook's capacity formula
     suggests, and keeps the first that meets the budget: on a large batch a tenth of factor is several slots."""
-    t_count, experts = logits.shape
-    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
-    tenths = 1
-    while True:
-        cap = math.ceil(k * t_count * tenths / 10 / experts)
-        if int((load - cap).clamp(min=0).sum()) <= max_dropped * t_count * k:
-            return cap, cap * experts - int(load.clamp(max=cap).sum())
-        tenths += 1
+    return searching_capacity_factors(logits, k, max_dropped, 10)
 
 
 def capacity_loads_by_argmax(logits, k, max_dropped):

@@ -320,17 +320,22 @@ def backward_on_the_whole_world(dist, x, router, experts, k, capacity_factor, gr
     return moe_layer_backward(dist, x, router, experts, k, capacity_factor)
 
 
-def capacity_by_factor_steps(logits, k, max_dropped):
-    """Capacity factors tried in steps of 0.05 through C = ceil(k·T·factor / E): right while a step of factor moves C
-    by at most one slot."""
+def searching_capacity_factors(logits, k, max_dropped, parts: int):
+    """The first capacity factor of 1/parts, 2/parts, ... whose C = ceil(k·T·factor / E) meets the budget: right while
+    a step of factor moves C by at most one slot."""
     t_count, experts = logits.shape
     load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
-    twentieths = 1
+    step = 1
     while True:
-        cap = math.ceil(k * t_count * twentieths / 20 / experts)
+        cap = math.ceil(k * t_count * step / parts / experts)
         if int((load - cap).clamp(min=0).sum()) <= max_dropped * t_count * k:
             return cap, cap * experts - int(load.clamp(max=cap).sum())
-        twentieths += 1
+        step += 1
+
+
+def capacity_by_factor_steps(logits, k, max_dropped):
+    """Capacity factors tried in steps of 0.05."""
+    return searching_capacity_factors(logits, k, max_dropped, 20)
 
 
 WRONG = [
@@ -361,7 +366,7 @@ WRONG = [
     ("moe_train", train_without_reducing_the_router, "rank"),
     ("smallest_capacity", capacity_padding_as_if_nothing_dropped, "rank 0"),
     ("smallest_capacity", capacity_from_first_choices, "rank 0"),
-    ("moe_layer", moe_on_the_whole_world, "rank", "group is not the whole world"),
-    ("moe_layer_backward", backward_on_the_whole_world, "rank", "group is not the whole world"),
+    ("moe_layer", moe_on_the_whole_world, "group is not the whole world"),
+    ("moe_layer_backward", backward_on_the_whole_world, "group is not the whole world"),
     ("smallest_capacity", capacity_by_factor_steps, "rank 0", "capacity factors"),
 ]
