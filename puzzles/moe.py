@@ -675,9 +675,13 @@ def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1)
             # Blocks arrive source-major, block i = source·(E/N) + local expert; read expert-major, block i runs
             # through local expert i // N.
             transposed = all(f == e // per * per + (rank * per + e % per) // n for e, f in moved.items())
+            round_robin = all(f == e % n * per + e // n for e, f in moved.items())
             how = (" Here the arriving blocks were read expert-major, [local expert][source rank], where they arrive "
                    "source-major, [source rank][local expert]: block i is source i // (E/N)'s rows for local expert "
-                   "i % (E/N)." if transposed else " Rows arrive as [source rank][its local expert].")
+                   "i % (E/N)." if transposed else
+                   " Here each expert e went to rank e % N as its local expert e // N (round-robin), where rank r "
+                   "holds the contiguous experts r·E/N ... (r+1)·E/N - 1: expert e's owner is e // (E/N)."
+                   if round_robin else " Rows arrive as [source rank][its local expert].")
             return (f"Diagnosis: on rank {rank}, {listing(pairs, 3)}: each block of rows that arrives must run "
                     f"through the expert it was sent to. Rank r holds experts r·E/N to (r+1)·E/N - 1 (E/N = {per}), "
                     f"as its experts[0 ...].{how}")
@@ -780,8 +784,9 @@ moe_layer = Puzzle(
     "moe_layer", NOTEBOOK, _moe_case, world_sizes=(2, 4, 2, 4, 4),
     # The shifted gate's splits differ each way (rank r sends its even tokens to rank r+1): the way back cannot
     # reuse the way there's splits. A check whose every case routed alike both ways passed that answer (1 seed).
-    variants=[{"experts_kind": "identity", "k": 2}, {"gate": "round_robin", "experts_kind": "scaled"},
-              {"gate": "lopsided", "per_rank_experts": 2}, {"gate": "shifted"}, {"grouped": True}],
+    # Random experts first: a wrong placement of experts shows in the values before the identity experts' bytes.
+    variants=[{"gate": "lopsided", "per_rank_experts": 2}, {"gate": "round_robin", "experts_kind": "scaled"},
+              {"experts_kind": "identity", "k": 2}, {"gate": "shifted"}, {"grouped": True}],
     harness=_layer_harness, oracle=padded_dispatch,
     oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
     rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, real_scale=_layer_scale,
@@ -1070,13 +1075,15 @@ FACTOR_STEP = Fraction(1, 20)         # the finest step of a search over capacit
 FACTOR_STEPS = (Fraction(1, 4), Fraction(1, 10), FACTOR_STEP)
 
 
-def _on_factor_grid(cap: int, t_count: int, experts: int, k: int, step: Fraction = FACTOR_STEP) -> Optional[Fraction]:
-    """The capacity factor, a multiple of `step`, whose capacity ceil(k·T·factor / E) is `cap`, or one more where
-    k·T·factor / E is whole (factors summed step by step in floating point land a hair above it); None if none."""
+def _on_factor_grid(cap: int, t_count: int, experts: int, k: int, step: Fraction = FACTOR_STEP,
+                    round_off: bool = True) -> Optional[Fraction]:
+    """The capacity factor, a multiple of `step`, whose capacity ceil(k·T·factor / E) is `cap`, or (with round_off)
+    one more where k·T·factor / E is whole (factors summed step by step in floating point land a hair above it);
+    None if none."""
     j = 1
     while math.ceil(k * t_count * step * j / experts) <= cap:
         slots = k * t_count * step * j / experts
-        if cap in (math.ceil(slots), slots + 1):
+        if cap in (math.ceil(slots), slots + 1 if round_off else None):
             return step * j
         j += 1
     return None
@@ -1088,7 +1095,7 @@ def _factor_searched(mine: int, cap: int, t_count: int, experts: int, k: int) ->
     for step in FACTOR_STEPS:
         slots = k * t_count * step / experts
         found = _on_factor_grid(mine, t_count, experts, k, step) if mine > cap and slots > 1 else None
-        if found is not None and _on_factor_grid(cap, t_count, experts, k, step) is None:
+        if found is not None and _on_factor_grid(cap, t_count, experts, k, step, round_off=False) is None:
             return (f"It is the capacity of the factor {float(found):g}, ceil(k·T·factor / E): a search over capacity "
                     f"factors in steps of {float(step):g} moves C by k·T·{float(step):g}/E = {float(slots):.3g} "
                     f"slots a step here and skips {cap}. Search the capacity C itself, one slot at a time (or "
@@ -1184,17 +1191,17 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
         if int(product) < allowed and _drops(load, mine) <= int(product) < _drops(load, mine - 1):
             said.append(f"It is the smallest capacity for {int(product)} choices, max_dropped × T·k truncated: the "
                         f"product is {product!r} in floating point, round-off short of {allowed} whole choices.")
-        elif k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
-                           for budget in (allowed, allowed_drops(max_dropped, t_count))):
-            said.append(f"It is the smallest capacity for the loads of the first choices alone: each token makes "
-                        f"k = {k} choices and every one claims a slot, so an expert's load L_e counts all the T·k "
-                        "choices that pick it (bincount of all of topk(k).indices).")
         elif drops == 0 and mine == max(load) and allowed > 0:
             said.append("It is the busiest expert's load, which drops nothing: the budget never used.")
         elif max_dropped > 0 and len(fits) == 1:
             n, meaning = counts[fits[0]]
             said.append(f"It is the smallest capacity for a budget of max_dropped × {fits[0]} = "
                         f"{max_dropped * n:g} choices ({meaning}): the choices that claim slots number T·k.")
+        elif k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
+                           for budget in (allowed, allowed_drops(max_dropped, t_count))):
+            said.append(f"It is the smallest capacity for the loads of the first choices alone: each token makes "
+                        f"k = {k} choices and every one claims a slot, so an expert's load L_e counts all the T·k "
+                        "choices that pick it (bincount of all of topk(k).indices).")
         elif searched:
             said.append(searched)
         signed = next((c for c in range(1, max(load) + 2) if sum(n - c for n in load) <= allowed), None)

@@ -402,7 +402,7 @@ MISTAKES = [
     Attempt("router_losses", losses_z_over_the_tokens, ("over the tokens (dim 0)", "dim=0")),
     Attempt("router_losses", losses_z_summed, "T, the tokens"),
     Attempt("router_losses", losses_f_from_detached_probabilities, "(f = P)"),
-    Attempt("moe_layer", moe_experts_placed_round_robin, ("e % N", "round-robin (e"), named_yet=False),
+    Attempt("moe_layer", moe_experts_placed_round_robin, ("e % N", "round-robin (e")),
     Attempt("moe_layer", moe_blocks_read_expert_major, ("[source][", "source-major")),
     Attempt("moe_layer", moe_blocks_by_global_expert_index, ("local index", "E/N experts",
                                                              "must be shifted by the shard's offset")),
