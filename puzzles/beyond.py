@@ -388,7 +388,7 @@ def _compressed_mean(expected: list, got: list, n: int, readings: Callable) -> O
         for one in ("by the senders' mean scale", "by the senders' largest scale"):
             if all(one in f for f in fits) and not all("unquantised" in f for f in fits):
                 return (f"Diagnosis: rank {rank}'s mean is, chunk by chunk, the int8 values that arrived added as "
-                        f"integers and multiplied {one[3:]}: each sender's integers have a scale of their own, so "
+                        f"integers and multiplied {one}: each sender's integers have a scale of their own, so "
                         "dequantize each sender's values with its scale, then add.")
         scaled = [sorted(int(w.split()[1]) for w in f if w.startswith("scale")) for f in fits]
         if all(scaled):
