@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import math
 import random
+import re
 from typing import Callable, Optional
 
 import torch
@@ -29,7 +30,7 @@ from lib.checker.measure import Work, counted_flops, counted_work
 from lib.models import mlp, param_bytes, sharded_batches
 from lib.sim import CostModel, RankDied, per_rank
 from lib.sim.cost import bus_factor
-from lib.checker.terms import Formula, Q, ceil, formula, maximum, term
+from lib.checker.terms import Formula, Q, ceil, formula, matches, maximum, term
 from lib.units import fmt_bytes, fmt_rate, fmt_time
 from lib.viz.timeline import training_scale
 
@@ -53,11 +54,20 @@ def two_datacenters(world: int, cost: CostModel = WAN) -> CostModel:
 def diloco_reference(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
                      sign: float = 1.0, outer_steps_per_round: int = 1, nesterov: bool = True,
                      zero_grad: bool = True):
+    """The shared model after DiLoCo (diloco_run)."""
+    return diloco_run(model, shards, inner_steps, inner_lr, outer_lr, momentum, sign, outer_steps_per_round,
+                      nesterov, zero_grad)[0]
+
+
+def diloco_run(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
+               sign: float = 1.0, outer_steps_per_round: int = 1, nesterov: bool = True,
+               zero_grad: bool = True, reset: bool = True):
     """DiLoCo in one process, worker after worker in rank order: H AdamW steps each (every worker keeps its
     AdamW state), the pseudo-gradient (start - local) averaged, one Nesterov SGD step. (A known mistake passes
     `sign` = -1, or takes the outer step `outer_steps_per_round` times; another outer optimizer, nesterov=False;
     zero_grad=False: the inner gradients never zeroed, each adding onto the ones before and onto the pseudo-gradient
-    the outer step left in p.grad, as in a worker whose two optimizers share one model.)"""
+    the outer step left in p.grad, as in a worker whose two optimizers share one model; reset=False: the outer step
+    never copied into the workers.) (the shared model, the workers)"""
     start = copy.deepcopy(model)
     workers = [copy.deepcopy(model) for _ in shards]
     inner = [torch.optim.AdamW(w.parameters(), lr=inner_lr) for w in workers]
@@ -77,10 +87,11 @@ def diloco_reference(model, shards, inner_steps: int, inner_lr: float, outer_lr:
         with torch.no_grad():
             for w in workers:
                 for p, q in zip(start.parameters(), w.parameters()):
-                    q.copy_(p)
+                    if reset:
+                        q.copy_(p)
                     if not zero_grad:
                         q.grad = p.grad.clone()
-    return start
+    return start, workers
 
 
 def _diloco_mistake(message: str, sign: float = 1.0, per_inner_step: bool = False) -> Mistake:
@@ -208,7 +219,10 @@ DILOCO_VARIANTS = {"heavy-ball momentum (torch.optim.SGD without nesterov=True),
                "plain SGD, no momentum, where DiLoCo's outer optimizer is Nesterov's SGD with momentum": {
                    "momentum": 0.0},
                "the inner gradients not zeroed between inner steps, each adding onto the ones before (call "
-               "inner.zero_grad() before each backward)": {"zero_grad": False}}
+               "inner.zero_grad() before each backward)": {"zero_grad": False},
+               "the workers' parameters averaged (local SGD: an outer step of learning rate 1 without momentum), "
+               "where DiLoCo averages the pseudo-gradients and takes Nesterov's SGD step with outer_lr and momentum "
+               "on them": {"outer_lr": 1.0, "momentum": 0.0}}
 REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters: from the round's start "
                     "(p.copy_(start) before it), with the pseudo-gradient averaged over all workers. Something of a "
                     "worker's own inner steps survived it: the outer step taken from the worker's own weights, or "
@@ -217,20 +231,26 @@ REPLICAS_WHY = {"": "DiLoCo's outer step gives every worker the same parameters:
 
 def _diloco_explained(model, shards, inner_steps: int, inner_lr: float, outer_lr: float, momentum: float,
                       rtol: float, atol: float) -> Callable[[list, list], Optional[str]]:
-    """A DiLoCo case's explain (lib.checker.puzzle.Case): workers whose parameters differ from each other (replicas
-    drifting
-    apart), or a run that equals one of DILOCO_VARIANTS."""
+    """A DiLoCo case's explain (lib.checker.puzzle.Case): workers that never received the outer step, workers whose
+    parameters differ from each other (replicas drifting apart), or a run that equals one of DILOCO_VARIANTS."""
     from lib.diagnose.leaves import close, leaves
     from puzzles.replicas import drifted
 
     def explain(expected: list, got: list) -> Optional[str]:
+        mine = [dict(leaves(g)) for g in got]
+        _, workers = diloco_run(model, shards, inner_steps, inner_lr, outer_lr, momentum, reset=False)
+        if all(key in m and close(t, m[key], max(rtol, 1e-6), max(atol, 1e-9)) for m, w in zip(mine, workers)
+               for key, t in dict(leaves(w)).items() if not key.endswith(".grad")):
+            return ("Diagnosis: every worker's parameters are what DiLoCo gives with the outer step never copied "
+                    "into the workers' models: it updated the shared copy, and each worker went on from its own "
+                    "inner steps. After the outer step, copy the shared parameters into the model "
+                    "(p.copy_(shared)), so that every worker starts the next round from them.")
         apart = drifted(expected, got, {}, REPLICAS_WHY, rtol, atol)
         if apart:
             return apart
-        mine = [dict(leaves(g)) for g in got]
         for what, how in DILOCO_VARIANTS.items():
-            other = dict(leaves(diloco_reference(model, shards, inner_steps, inner_lr, outer_lr,
-                                                 **{"momentum": momentum, **how})))
+            other = dict(leaves(diloco_reference(model, shards, inner_steps, inner_lr,
+                                                 **{"outer_lr": outer_lr, "momentum": momentum, **how})))
             if all(key in m and close(t, m[key], max(rtol, 1e-6), max(atol, 1e-9)) for m in mine
                    for key, t in other.items() if not key.endswith(".grad")):
                 return f"Diagnosis: every worker's parameters are what DiLoCo gives with {what}."
@@ -274,12 +294,13 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def compressed_reference(grads: list, residuals: list, bits: int, feedback: bool = True,
-                         subtract: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                         subtract: bool = True, residual_in: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every rank's (mean, new residual), in one process: each rank's grad + residual quantized chunk by chunk
     (chunk j for rank j), the owners' float64 sums of what arrived divided by N and quantized again, gathered.
-    (Known mistakes: feedback=False ignores the residual, subtract=False keeps grad + residual as the residual.)"""
+    (Known mistakes: feedback=False ignores the residual, subtract=False keeps grad + residual as the residual,
+    residual_in=False quantises the gradient alone and keeps what that lost.)"""
     n = len(grads)
-    corrected = [g + r if feedback else g.clone() for g, r in zip(grads, residuals)]
+    corrected = [g + r if feedback and residual_in else g.clone() for g, r in zip(grads, residuals)]
     sent = [torch.cat([dequantize(*quantize(c, bits)) for c in x.chunk(n)]) for x in corrected]
     total = torch.stack([s.double() for s in sent]).sum(0) / n
     mean = torch.cat([dequantize(*quantize(c, bits)) for c in total.chunk(n)])
@@ -305,6 +326,9 @@ COMPRESSED_MISTAKES = [
                         "minus dequantize(what you sent), the part the quantisation lost.", subtract=False),
     _compressed_mistake("there is no error feedback: the residual from the last call must be added to the "
                         "gradient before quantising, and the new one kept.", feedback=False),
+    _compressed_mistake("quantising the gradient alone gives: the residual the last call kept was never added "
+                        "back, so what it lost is lost for good. Quantise c = grad + residual, and keep c minus what "
+                        "you sent.", residual_in=False),
 ]
 SCALE_BYTES = 8              # per chunk: a float32 scale, or room for a float64 one
 # A rank's FLOPs may exceed its share by this much (bookkeeping: copies, casts); one that computes every rank's share
@@ -339,8 +363,11 @@ def _compressed_explained(grads: list, residuals: list, bits: int) -> Callable[[
         arrived = [sent[i][j] for i in range(n)]
         exact = sum(dequantize(q, s).double() for q, s in arrived) / n
         added = sum(q.long() for q, _ in arrived)
-        return [("unquantised", exact.float())] + [(f"scale {k}", back((added * arrived[k][1]).double() / n))
-                                                  for k in range(n)]
+        scales = torch.stack([s for _, s in arrived])
+        return [("unquantised", exact.float()),
+                ("by the senders' mean scale", back((added * scales.mean(0)).double() / n)),
+                ("by the senders' largest scale", back((added * scales.max(0).values).double() / n))] + \
+            [(f"scale {k}", back((added * arrived[k][1]).double() / n)) for k in range(n)]
 
     def explain(expected: list, got: list) -> Optional[str]:
         return _compressed_mean(expected, got, n, readings) or _compressed_residual(expected, got, grads, residuals)
@@ -358,6 +385,11 @@ def _compressed_mean(expected: list, got: list, n: int, readings: Callable) -> O
             return (f"Diagnosis: rank {rank}'s mean is each owner's mean unquantised (float32, 4 B a value): the way "
                     "back is quantised too: quantize the mean of the chunk you own, all_gather its int8 values and "
                     "its scale, and dequantize each owner's into its place.")
+        for one in ("by the senders' mean scale", "by the senders' largest scale"):
+            if all(one in f for f in fits) and not all("unquantised" in f for f in fits):
+                return (f"Diagnosis: rank {rank}'s mean is, chunk by chunk, the int8 values that arrived added as "
+                        f"integers and multiplied {one}: each sender's integers have a scale of their own, so "
+                        "dequantize each sender's values with its scale, then add.")
         scaled = [sorted(int(w.split()[1]) for w in f if w.startswith("scale")) for f in fits]
         if all(scaled):
             who = {k[0] for k in scaled}
@@ -376,6 +408,11 @@ def _compressed_residual(expected: list, got: list, grads: list, residuals: list
         if have is None or have.shape != e[1].shape:
             continue
         off = have.detach().cpu().double() - e[1].double()
+        c = (grads[rank] + residuals[rank]).double()
+        if off.abs().max() > 0 and _near(have.detach().cpu().double(), c - e[0].double()):
+            return (f"Diagnosis: rank {rank}'s new residual is c minus the all-reduced mean, where c = grad + "
+                    "residual: the mean holds every rank's gradients, not what you lost. The residual is what "
+                    "quantising your c lost, c - dequantize(what you sent), chunk by chunk.")
         for what, x in (("the gradient", grads[rank]), ("the old residual (the input residual)", residuals[rank])):
             for sign, how in ((-1, "left out"), (1, "counted twice")):
                 if off.abs().max() > 0 and _near(off, sign * x.double()):
@@ -644,12 +681,20 @@ def _index_mistakes(files: list[dict], total: int, world: int, rank: int) -> lis
         return [f["offset"] + i for f in sorted(files, key=lambda f: f["offset"])
                 for i in range(max(a, f["offset"]), min(b, f["offset"] + len(f["param"]), len(f["param"])))]
 
+    assumed = len(files) * len(files[0]["param"])
+
+    def assumed_equal(r: int) -> list[int]:
+        return list(range(*shard_bounds(assumed, world, r)))[:max(total - shard_bounds(assumed, world, r)[0], 0)]
+
     return [(f"element {hi} is one too many, the first past the shard [{lo}, {hi}): an overlap's end taken "
              "inclusive (min(hi, end) + 1), where a half-open range [a, b) stops before b", inclusive),
             (f"this rank's bounds in the layout that saved the files ({len(files)} ranks, len(files)), not in the "
              f"new one ({world} ranks)", lambda r: list(range(*shard_bounds(total, len(files), r)))),
             ("each file sliced with the global bounds, its offset never subtracted (a file's element i is element "
-             "offset + i of the state: slice f[key][a - offset : b - offset])", by_global)]
+             "offset + i of the state: slice f[key][a - offset : b - offset])", by_global),
+            (f"this rank's bounds for {assumed} elements, len(files) × the first file's length: the files are not "
+             f"of equal lengths (the last is shorter), and the state's length is the sum of theirs, {total}",
+             assumed_equal)]
 
 
 def _runs(indices: list[int]) -> str:
@@ -676,8 +721,20 @@ def _step_explained(expected: list, got: list) -> Optional[str]:
     return None
 
 
-def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Case:
-    saved_on = rng.choice([n for n in (2, 3, 4, 5, 8) if n != world])
+def _fewer_files(saved_on: int, error: BaseException) -> Optional[str]:
+    """A list indexed past its end where fewer ranks saved the files than load them: a file read by this rank's
+    number."""
+    if "list index out of range" not in str(error):
+        return None
+    return (f"What it means: a list was read past its end. {saved_on} ranks saved these files, fewer than load them, "
+            f"so files[rank] does not exist on the ranks numbered {saved_on} and up: a rank's place in the new "
+            "layout is not a file. Read what every file holds alike (the step) from any file, files[0]['step'], and "
+            "the tensors from the files that overlap your bounds.")
+
+
+def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False, fewer_files: bool = False) -> Case:
+    """uneven: files and shards of unequal lengths; fewer_files: saved by fewer ranks than load them."""
+    saved_on = rng.choice([n for n in (2, 3, 4, 5, 8) if (n < world if fewer_files else n != world)])
     total = rng.randint(3 * max(world, saved_on), 60)
     # uneven: a shorter last shard in the new layout (its rounding matters), and a shorter last file, short enough
     # that a total taken as the first file's length times the files moves the new shards' bounds
@@ -698,7 +755,7 @@ def _checkpoint_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
     return Case(world, (files, grads), expected,
                 f"{total} parameters saved by {saved_on} ranks{unequal} after {before} Adam steps, loaded on {world}, "
                 f"{after} more steps", budgets=[_files_read(total, world)], allowed_ops=frozenset(),
-                explain=_step_explained)
+                explain=_step_explained, explain_error=functools.partial(_fewer_files, saved_on))
 
 
 READ_SLACK = 0.25          # over the bytes of the files that overlap a rank's shard: a piece read twice, in part
@@ -781,7 +838,7 @@ LOADED_AND_TRAINED = {**{f"[0][{i}]": f"the loaded {k}" for i, k in enumerate(ST
 
 reshard_checkpoint = Puzzle(
     "reshard_checkpoint", NOTEBOOK, _checkpoint_case, world_sizes=(2, 3, 4), harness=_continue_training,
-    variants=[{"uneven": True}],
+    variants=[{"uneven": True}, {"fewer_files": True}],
     takes_dist=False, outputs=LOADED_AND_TRAINED,
     hints=["Your new shard covers elements [lo, hi) of the flat state: shard_bounds(total, world, rank) with total "
            "the sum of the files' lengths. A file covers [offset, offset + len(file['param'])).",
@@ -948,8 +1005,9 @@ def _sizes_read(error: str, files: list, dist, dead: int) -> str:
     held, due = old[1] - old[0], new[1] - new[0]
     if held == due or f"({held})" not in error or f"({due})" not in error:
         return ""
-    return (f" {held} elements are rank {rank}'s shard before the failure, {due} its shard among the survivors: it "
-            "went on with the shard it held, where the last checkpoint reloaded in the survivors' layout belongs.")
+    return (f" {held} elements are rank {rank}'s shard in the layout of all {world} ranks, {due} its shard among the "
+            "survivors: it went on in the old layout (with the shard it held, or a reload in that layout), where the "
+            "last checkpoint reloaded in the survivors' layout belongs.")
 
 
 class FailureUncaught(PuzzleError):
@@ -1008,7 +1066,58 @@ def _checkpoint_traffic_ceiling(total: int, world: int, dead: int, k: int, due: 
                        "the first files.")
 
 
-def _survive_case(rng: random.Random, world: int) -> Case:
+def _survivors(world: int) -> str:
+    return f"{world - 1} survivor{'s' * (world > 2)}"
+
+
+def _survive_error(world: int, dead: int, total: int, error: BaseException) -> Optional[str]:
+    """An error a survivor raised, read against the case's layouts: a shard of the layout of all N ranks (or of a
+    survivor indexed by its global rank) meeting the survivors' gradient, uneven shards all-gathered unpadded, or a
+    checkpoint's all-gather on the whole world after regrouping."""
+    text = str(error)
+    survivors = [r for r in range(world) if r != dead]
+
+    def size(n: int, index: int) -> int:
+        lo, hi = shard_bounds(total, n, index)
+        return hi - lo
+    met = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", text)
+    said_rank = re.match(r"rank (\d+)", text)
+    rank = getattr(error, "rank", None) if hasattr(error, "rank") else int(said_rank.group(1)) if said_rank else None
+    if met and rank in survivors:
+        due, sizes = size(world - 1, survivors.index(rank)), {int(met.group(1)), int(met.group(2))}
+        if due not in sizes or len(sizes) != 2:
+            return None
+        held = (sizes - {due}).pop()
+        readings = [what for what, n in (
+            (f"its shard in the layout of all {world} ranks (the shard it held before, one reloaded in that "
+             f"layout, or a new group that still counts rank {dead}): reload the last checkpoint in the layout of "
+             f"the {_survivors(world)}, reshard_checkpoint(saved, len(members), members.index(rank)), with the "
+             "dead rank removed from members", size(world, rank)),
+            (f"the shard of survivor number {rank} among {world - 1}, its global rank taken for its index: among the "
+             f"survivors {survivors} it is number {survivors.index(rank)}, members.index(rank)",
+             size(world - 1, rank) if rank < world - 1 else 0)) if n == held]
+        if not readings:
+            return None
+        return (f"What it means: after rank {dead} failed, rank {rank}'s shard has {held} elements where the "
+                f"survivors' gradient brings {due}, its shard among the {_survivors(world)}. {held} elements are "
+                + " Or ".join(readings) + ".")
+    gathered = re.findall(r"all_gather_single\(\((?:\d+, )*(\d+)\)", text)
+    if len(gathered) == 2 and gathered[0] != gathered[1]:
+        a, b = sorted(int(g) for g in gathered)
+        for n in (world, world - 1):
+            if {a, b} <= {size(n, i) for i in range(n)}:
+                return (f"What it means: the shards are uneven ({total} elements over {n} ranks: {b} on most, {a} on "
+                        f"the last), and an all-gather takes the same size from every rank: pad each shard to "
+                        f"ceil(total / n) = {b} elements first, and cut each rank's part back to its shard_bounds "
+                        "after.")
+    if "all_gather" in text and f"world_size ({world})" in text:
+        return (f"What it means: after rank {dead} failed, this all-gather ran on the whole world ({world} ranks, "
+                "the dead one included) with the survivors' shards: the checkpoint's all-gather takes group= (the "
+                "survivors' group from dist.new_group(members)) once the survivors have regrouped.")
+    return None
+
+
+def _survive_case(rng: random.Random, world: int, dead_first: bool = False) -> Case:
     # The first files are a checkpoint, as a resumed run's are: their step is a multiple of `every`, and the run ends
     # between two checkpoints. An answer that checkpoints at the top of the loop, before the step's update, then
     # saves the first files again (and the checkpoint just reloaded after the failure): more all-gathers than due.
@@ -1023,7 +1132,8 @@ def _survive_case(rng: random.Random, world: int) -> Case:
     _adam_run(state, grads[before:], before + 1)
     # The failure cuts the second checkpoint or a later one short: one completed before it, so that replaying from
     # the first files is not what reloading the last checkpoint would do.
-    dead, k = rng.randrange(world), rng.randint(2, checkpoints)
+    # dead_first: never the last rank, so that a survivor's global rank and its index among the survivors differ.
+    dead, k = rng.randrange(world - 1 if dead_first else world), rng.randint(2, checkpoints)
     due = [t for t in range(before + 1, before + steps + 1) if t % every == 0]
     survivors = [r for r in range(world) if r != dead]
     expected = []
@@ -1039,6 +1149,7 @@ def _survive_case(rng: random.Random, world: int) -> Case:
                 f"{every}; rank {dead} fails at its communication call #{k}", faults={dead: k},
                 allowed_ops=frozenset({"all_gather"}),
                 explain=_survive_explained(world, dead, start, grads, before, due[k - 2]),
+                explain_error=functools.partial(_survive_error, world, dead, total),
                 budgets=[budget(total, world, dead, k, len(due))
                          for budget in (_checkpoint_traffic, _checkpoint_traffic_ceiling)],
                 contracts=[_checkpoints_at_most(len(due) + 1, every)])
@@ -1046,6 +1157,7 @@ def _survive_case(rng: random.Random, world: int) -> Case:
 
 survive_failure = Puzzle(
     "survive_failure", NOTEBOOK, _survive_case, world_sizes=(2, 3, 4), harness=_survive_harness,
+    variants=[{"dead_first": True}],
     min_world_size=2, min_world_size_reason="one rank fails and at least one must survive",
     hints=["Keep `members` (the global ranks still alive, all of them at first), `group` (None, the default group, at "
            "first) and `saved` (the last complete checkpoint: `files` at first). Load your shard with "
@@ -1092,25 +1204,49 @@ def _budget_case(rng: random.Random, _world: int, size: Optional[float] = None) 
                 f"{params / 1e9:.3g}B parameters, {tokens} tokens per GPU and step, {world} GPUs in 2 datacenters, "
                 f"{fmt_rate(bandwidth)} and {fmt_time(latency)} between them, {flops / 1e12:.0f} TFLOP/s achieved, "
                 f"communication at most {share:.0%} of compute",
-                formulas={"": _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, h)})
+                formulas={"": _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, h)},
+                mistakes=(_sites_mistake((params, tokens, world, bandwidth, latency, flops, share)),))
 
 
 def _inner_steps_formula(params, tokens, world, bandwidth, latency, flops, share, expected: int) -> Formula:
     """The fewest H as named terms (lib.checker.terms): a ring all-reduce's 2(N-1) latencies and 2(N-1)/N of the float32
     pseudo-gradient's bytes, over H steps' forward and backward FLOPs; checked against the simulator's answer."""
-    p, t = Q("P", params, "the parameters"), Q("tokens", tokens, "the tokens per GPU and step")
-    comm = term("the latency (2(N-1) messages × α)", Q("2(N-1)", 2 * (world - 1), "the ring's messages one after "
-                                                             "another") * Q("α", latency, "the link's latency")) \
-        + term("the bytes (2(N-1)/N × 4 B × P / bandwidth)",
-               Q("2(N-1)/N", 2 * (world - 1) / world, "the share of the bytes a ring all-reduce sends")
-               * Q("4 B", 4, "a float32 value's bytes", alternatives=((2, "2 B a value (bfloat16's)"),))
-               * p / Q("B", bandwidth, "the bandwidth"))
-    compute = (term("the forward (2 × P × tokens)", 2 * p * t) + term("the backward (4 × P × tokens)", 4 * p * t)) \
-        / Q("F", flops, "the FLOP/s achieved")
-    found = formula(maximum(1, ceil(comm / (Q("share", share, "communication's share of compute") * compute))),
-                    "steps")
+    found = _inner_steps_terms(params, tokens, world, bandwidth, latency, flops, share)
     assert found.value == expected, (found.value, expected)
     return found
+
+
+def _inner_steps_terms(params, tokens, world, bandwidth, latency, flops, share) -> Formula:
+    p, t = Q("P", params, "the parameters", kind="count"), Q("tokens", tokens, "the tokens per GPU and step",
+                                                             kind="count")
+    comm = term("the latency (2(N-1) messages × α)", Q("2(N-1)", 2 * (world - 1), "the ring's messages one after "
+                                                             "another", kind="count")
+                * Q("α", latency, "the link's latency", kind="s")) \
+        + term("the bytes (2(N-1)/N × 4 B × P / bandwidth)",
+               Q("2(N-1)/N", 2 * (world - 1) / world, "the share of the bytes a ring all-reduce sends", kind="share",
+                 alternatives=(((world - 1) / world, "(N-1)/N (what a reduce-scatter or an all-gather alone "
+                                                     "sends)"),))
+               * Q("4 B", 4, "a float32 value's bytes", alternatives=((2, "2 B a value (bfloat16's)"),), kind="B")
+               * p / Q("B", bandwidth, "the bandwidth", kind="B/s"))
+    compute = (term("the forward (2 × P × tokens)", 2 * p * t) + term("the backward (4 × P × tokens)", 4 * p * t)) \
+        / Q("F", flops, "the FLOP/s achieved", kind="FLOP/s")
+    return formula(maximum(1, ceil(comm / (Q("share", share, "communication's share of compute", kind="share")
+                                           * compute))), "steps")
+
+
+def _ring_over_the_sites(params, tokens, world, bandwidth, latency, flops, share) -> int:
+    """The fewest H for a ring over the 2 datacenters, where it runs over all N GPUs."""
+    return int(_inner_steps_terms(params, tokens, 2, bandwidth, latency, flops, share).value)
+
+
+def _sites_mistake(args: tuple) -> Mistake:
+    """A ring over the 2 datacenters, said with the slip of the formula that gives the same number on this case, if
+    one does (the case cannot tell them apart)."""
+    same = matches(_inner_steps_terms(*args), _ring_over_the_sites(*args))
+    also = f" (on this case also what the formula gives with {same[0]})" if same else ""
+    return Mistake(_ring_over_the_sites, f"a ring over the 2 datacenters gives{also}: DiLoCo's all-reduce runs over "
+                   "all N GPUs (a ring of N: 2(N-1) messages and 2(N-1)/N of the bytes), every message that crosses "
+                   "between them paying the wide-area link, not over 2 sites.")
 
 
 inner_steps_for = Puzzle(

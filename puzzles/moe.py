@@ -24,7 +24,7 @@ from lib.diagnose.leaves import listing
 from lib.errors import PuzzleError
 from lib.notebook.warm_up import import_ahead
 from lib.sim import per_rank
-from lib.checker.terms import Formula, Num, Q, formula, minimum, term
+from lib.checker.terms import Formula, Num, Q, ceil, formula, matches, minimum, term
 from lib.units import fmt_bytes
 from puzzles.replicas import drifted
 
@@ -130,14 +130,17 @@ def _route_case(rng: random.Random, _world: int, k: Optional[int] = None, factor
     return Case(1, (*_on_device(logits), k, factor), [_on_device(tokens, weights)],
                 f"T={t_count} tokens, E={experts} experts, k={k}, capacity factor {factor:g} "
                 f"({tokens.shape[1]} slot{'s' * (tokens.shape[1] > 1)} per expert, {dropped} of {t_count * k} choices "
-                f"dropped)", explain=functools.partial(_routing_explained, logits, k))
+                f"dropped)", explain=functools.partial(_routing_explained, logits, k, factor))
 
 
-def _routing_explained(logits: torch.Tensor, k: int, expected: list, got: list) -> Optional[str]:
-    """What the learner's routing shows against the case's logits: empty slots marked otherwise than -1, every
-    expert's tokens shifted by a slot, second choices in slots first choices hold, kept slots weighted by something
-    else than each token's softmax over the experts."""
+def _routing_explained(logits: torch.Tensor, k: int, factor: float, expected: list, got: list) -> Optional[str]:
+    """What the learner's routing shows against the case's logits: a capacity from another formula, empty slots
+    marked otherwise than -1, every expert's tokens shifted by a slot, second choices in slots first choices hold,
+    kept slots weighted by something else than each token's softmax over the experts."""
     (tokens, weights), answer = expected[0], got[0]
+    width = _capacity_width(logits, k, factor, tokens.shape[1], answer)
+    if width:
+        return f"Diagnosis: {width}"
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(
             isinstance(a, torch.Tensor) and a.shape == tokens.shape for a in answer)):
         return None
@@ -146,6 +149,26 @@ def _routing_explained(logits: torch.Tensor, k: int, expected: list, got: list) 
     said = [f for f in (_empty_slots(tokens, mine), _shifted(tokens, mine), _priority(logits, k, tokens, mine),
                         _weighted_by(logits, k, tokens, mine, mine_w)) if f]
     return f"Diagnosis: {' '.join(said)}" if said else None
+
+
+def _capacity_width(logits: torch.Tensor, k: int, factor: float, cap: int, answer) -> Optional[str]:
+    """Tensors of C' slots per expert where C = ceil(k·T·factor / E) belong, named by the change to that formula that
+    gives C' (lib.checker.terms: k left out, floor for ceil, ...)."""
+    if not (isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], torch.Tensor)
+            and answer[0].dim() == 2 and answer[0].shape[0] == logits.shape[1] and answer[0].shape[1] != cap):
+        return None
+    t_count, experts = logits.shape
+    mine = answer[0].shape[1]
+    found = matches(formula(ceil(Q("k", k, "the experts each token chooses") * Q("T", t_count, "the tokens")
+                                 * Num(factor) / Q("E", experts, "the experts")),
+                            "slots"), mine)
+    found.sort(key=lambda said: "round" not in said)    # the rounding before a quantity that fits by coincidence
+    if sum("round" in said for said in found) > 1:       # floor and round agree where the fraction is below a half
+        found = ["the fraction rounded away where a capacity rounds up (int(), floor() and round() all give it "
+                 "here: C is a ceil)"]
+    what = f"Your tensors have {mine} slots per expert where the capacity is C = ceil(k·T·factor / E) = " \
+           f"ceil({k}·{t_count}·{factor:g} / {experts}) = {cap}"
+    return f"{what}: {mine} is what it gives with {found[0]}." if found else f"{what}."
 
 
 def _empty_slots(tokens: torch.Tensor, mine: torch.Tensor) -> Optional[str]:
@@ -296,7 +319,41 @@ def _losses_case(rng: random.Random, _world: int, scale: Optional[float] = None,
     return Case(1, (*_on_device(logits), k, alpha, beta), [_on_device(*expected)],
                 f"T={t_count}, E={experts}, k={k}, α={alpha:g}, β={beta:g}, logits of scale {scale:g}",
                 factors={"E, the number of experts": experts, "k, the experts each token chooses": k,
-                         "T, the tokens": t_count}, explain=functools.partial(_z_explained, logits, beta))
+                         "T, the tokens": t_count},
+                explain=functools.partial(_losses_explained, logits, k, alpha, beta))
+
+
+def _losses_explained(logits: torch.Tensor, k: int, alpha: float, beta: float, expected: list,
+                      got: list) -> Optional[str]:
+    return _f_explained(logits, k, alpha, expected, got) or _z_explained(logits, beta, expected, got)
+
+
+def _f_readings(logits: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """Other things a learner may take for f_i, the share of the T·k top-k choices that pick expert i, each with
+    what it is."""
+    t_count, experts = logits.shape
+    firsts = torch.bincount(logits.argmax(-1), minlength=experts).to(logits.dtype) / t_count
+    return {"the mean probabilities P_i themselves (f = P): f_i counts the top-k choices that pick expert i, a "
+            "count with no gradient, where P_i averages the softmax": torch.softmax(logits, -1).mean(0),
+            f"the share of the first choices only: each token makes k = {k} choices, and f_i counts every one of "
+            "the T·k that picks expert i (bincount of all of topk(k).indices)": firsts}
+
+
+def _f_explained(logits: torch.Tensor, k: int, alpha: float, expected: list, got: list) -> Optional[str]:
+    """The balance loss as α·E·Σ f'·P for another reading f' of f (_f_readings), where the learner's value is
+    one of them."""
+    answer = got[0]
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 4 and isinstance(answer[0], torch.Tensor)
+            and answer[0].numel() == 1):
+        return None
+    logits = logits.cpu()
+    balance, mean_p = float(answer[0]), torch.softmax(logits, -1).mean(0)
+    right = float(expected[0][0])
+    for said, f in _f_readings(logits, k).items():
+        value = alpha * logits.shape[1] * float((f * mean_p).sum())
+        if not math.isclose(value, right, rel_tol=1e-9) and math.isclose(balance, value, rel_tol=1e-9, abs_tol=1e-15):
+            return f"Diagnosis: your balance loss takes for f {said}."
+    return None
 
 
 # Each way to read "β · mean over the tokens of logsumexp(logits)²": the log-sum-exp's dimension, then the order of
@@ -473,7 +530,9 @@ def _tokens_not_experts(layer: Layer, n: int, trips: int) -> Contract:
 
 def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
               factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
-              k: Optional[int] = None) -> Case:
+              k: Optional[int] = None, grouped: bool = False) -> Case:
+    if grouped:
+        return _grouped_case(rng, n)
     layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k, trips=2)
     expected = [moe_reference(x, layer.router, layer.experts, layer.k, layer.factor) for x in layer.xs]
     return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
@@ -481,6 +540,88 @@ def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: s
                 [e.to(device()) for e in expected], layer.label,
                 budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A,
                 contracts=[_tokens_not_experts(layer, n, 2)], explain=functools.partial(_routed_explained, layer))
+
+
+@dataclasses.dataclass
+class Grouped:
+    """The world cut into EP groups of consecutive ranks, each its own MoE layer (its router, its experts): an answer
+    must route within the group it is given (dist.get_world_size(group), group= on every collective), as moe_train's
+    EP groups need; one that takes the world for its group sends rows to another group's ranks."""
+
+    layers: list[Layer]
+    groups: list[list[int]]
+
+    @classmethod
+    def draw(cls, rng: random.Random, n: int, trips: int, size: int = 2) -> "Grouped":
+        return cls([_layer(rng, size, trips=trips) for _ in range(n // size)],
+                   [list(range(first, first + size)) for first in range(0, n, size)])
+
+    def of(self, rank: int) -> tuple[Layer, int]:
+        """The rank's layer and its place in its group."""
+        size = len(self.groups[0])
+        return self.layers[rank // size], rank % size
+
+    def args(self) -> tuple:
+        """Per rank: its tokens, its layer's router, its experts, k and factor."""
+        n = sum(len(g) for g in self.groups)
+        mine = [self.of(r) for r in range(n)]
+        return (per_rank([layer.xs[i].to(device()) for layer, i in mine]),
+                per_rank([layer.router.to(device()) for layer, _ in mine]),
+                per_rank([layer.shard(len(self.groups[0]))[i] for layer, i in mine]),
+                per_rank([layer.k for layer, _ in mine]), per_rank([layer.factor for layer, _ in mine]))
+
+    def budgets(self, trips: int, what: str) -> list[Budget]:
+        each = [_bytes_budgets(layer, len(self.groups[0]), trips, True, what) for layer in self.layers]
+        return [dataclasses.replace(b, limit=[x for group in each for x in group[i].limit])
+                for i, b in enumerate(each[0])]
+
+    def label(self) -> str:
+        size = len(self.groups[0])
+        return (f"N={size * len(self.groups)} in EP groups {listing([str(g) for g in self.groups])}, each its own "
+                f"layer: " + "; ".join(layer.label.replace(f"N={size}, ", "") for layer in self.layers))
+
+
+def _grouped_case(rng: random.Random, n: int) -> Case:
+    grouped = Grouped.draw(rng, n, trips=2)
+    expected = [moe_reference(layer.xs[i], layer.router, layer.experts, layer.k, layer.factor)
+                for layer, i in map(grouped.of, range(n))]
+    return Case(n, (*grouped.args(), grouped.groups), [e.to(device()) for e in expected], grouped.label(),
+                budgets=grouped.budgets(2, "tokens"), allowed_ops=A2A,
+                explain=functools.partial(_grouped_explained, grouped.groups),
+                explain_error=functools.partial(_grouped_error, grouped.groups))
+
+
+def _own_group(_dist, groups: list):
+    """Every rank creates every group, in order; the rank's own."""
+    made = [_dist.new_group(g) for g in groups]
+    return next(group for group, members in zip(made, groups) if _dist.get_rank() in members)
+
+
+def _in_groups(groups: list) -> str:
+    return (f"here ranks {listing([str(g) for g in groups])} are each an EP group of {len(groups[0])} in a world of "
+            f"{sum(len(g) for g in groups)}, and group= is the rank's own")
+
+
+GROUP_ADVICE = ("Your function is right on the check's other cases, where the group is the whole world, so it takes "
+                "the world for its group: the EP ranks are the group's, n = dist.get_world_size(group), and every "
+                "collective needs group=group (its ranks' positions in the group are what the splits index).")
+
+
+def _layer_harness(answer, _dist, x, router, experts, k, factor, groups=None):
+    """The answer's output; with `groups`, every rank creates every EP group and passes the answer its own."""
+    if groups is None:
+        return answer(_dist, x, router, experts, k, factor)
+    return answer(_dist, x, router, experts, k, factor, group=_own_group(_dist, groups))
+
+
+def _grouped_explained(groups: list, expected: list, got: list) -> Optional[str]:
+    return f"Diagnosis: wrong only on the case whose group is not the whole world: {_in_groups(groups)}. {GROUP_ADVICE}"
+
+
+def _grouped_error(groups: list, error: BaseException) -> str:
+    """Any error on the grouped case (the check's last: the others passed) is the group not honoured."""
+    return f"What it means: this is the one case whose group is not the whole world: {_in_groups(groups)}. " \
+           f"{GROUP_ADVICE}"
 
 
 def _kept(layer: Layer, rank: int) -> list[list[tuple[int, float]]]:
@@ -534,9 +675,13 @@ def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1)
             # Blocks arrive source-major, block i = source·(E/N) + local expert; read expert-major, block i runs
             # through local expert i // N.
             transposed = all(f == e // per * per + (rank * per + e % per) // n for e, f in moved.items())
+            round_robin = all(f == e % n * per + e // n for e, f in moved.items())
             how = (" Here the arriving blocks were read expert-major, [local expert][source rank], where they arrive "
                    "source-major, [source rank][local expert]: block i is source i // (E/N)'s rows for local expert "
-                   "i % (E/N)." if transposed else " Rows arrive as [source rank][its local expert].")
+                   "i % (E/N)." if transposed else
+                   " Here each expert e went to rank e % N as its local expert e // N (round-robin), where rank r "
+                   "holds the contiguous experts r·E/N ... (r+1)·E/N - 1: expert e's owner is e // (E/N)."
+                   if round_robin else " Rows arrive as [source rank][its local expert].")
             return (f"Diagnosis: on rank {rank}, {listing(pairs, 3)}: each block of rows that arrives must run "
                     f"through the expert it was sent to. Rank r holds experts r·E/N to (r+1)·E/N - 1 (E/N = {per}), "
                     f"as its experts[0 ...].{how}")
@@ -559,9 +704,13 @@ RANK = -1          # pooled_by=RANK: a rank's experts share their capacity
 
 def _moe_mistake(message: str, **mistake) -> Mistake:
     """Each rank computing the reference with `mistake`, all experts at hand (the values such an answer gives)."""
+    transposed = mistake.pop("transposed", False)
+
     def mistaken(dist, x, router, experts, k, factor, *_):
         pooled = {"pooled_by": experts.shape[0]} if mistake.get("pooled_by") == RANK else {}
-        return moe_reference(x, router, _all_experts_of(dist, experts), k, factor, **{**mistake, **pooled})
+        every = _all_experts_of(dist, experts)
+        return moe_reference(x, router, every.transpose(-1, -2) if transposed else every, k, factor,
+                             **{**mistake, **pooled})
     return Mistake(mistaken, message)
 
 
@@ -576,6 +725,8 @@ MOE_MISTAKES = [
                  "probability p[t, e] before a token's experts' outputs are added.", unweighted=True),
     _moe_mistake("sharing capacity between a rank's experts gives: capacity is per expert, ceil(k·T·factor / E) "
                  "slots each, even when a sibling expert on the same rank has room.", pooled_by=RANK),
+    _moe_mistake("applying each expert transposed gives: expert e maps a row v to v @ W_e, with W_e = experts[e] "
+                 "as given, (d_in, d_out); v @ W_e.T (or W_e @ v) uses it the other way round.", transposed=True),
 ]
 
 
@@ -630,12 +781,14 @@ MOE_HINTS = [
 
 
 moe_layer = Puzzle(
-    "moe_layer", NOTEBOOK, _moe_case, world_sizes=(2, 4, 2, 4),
+    "moe_layer", NOTEBOOK, _moe_case, world_sizes=(2, 4, 2, 4, 4),
     # The shifted gate's splits differ each way (rank r sends its even tokens to rank r+1): the way back cannot
     # reuse the way there's splits. A check whose every case routed alike both ways passed that answer (1 seed).
-    variants=[{"experts_kind": "identity", "k": 2}, {"gate": "round_robin", "experts_kind": "scaled"},
-              {"gate": "lopsided", "per_rank_experts": 2}, {"gate": "shifted"}],
-    oracle=padded_dispatch, oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
+    # Random experts first: a wrong placement of experts shows in the values before the identity experts' bytes.
+    variants=[{"gate": "lopsided", "per_rank_experts": 2}, {"gate": "round_robin", "experts_kind": "scaled"},
+              {"experts_kind": "identity", "k": 2}, {"gate": "shifted"}, {"grouped": True}],
+    harness=_layer_harness, oracle=padded_dispatch,
+    oracle_name="GShard's padded dispatch through all_to_all_single_autograd",
     rtol=1e-10, atol=1e-12, mistakes=MOE_MISTAKES, hints=MOE_HINTS, min_world_size=2, real_scale=_layer_scale,
     min_world_size_reason="its experts live on different ranks",
     describe="An MoE layer whose experts live on different ranks: tokens go to their experts and back by "
@@ -643,10 +796,14 @@ moe_layer = Puzzle(
 
 
 # ---- 4. backward through the all-to-all --------------------------------------------------------------------
-def _backward_harness(answer, _dist, x, router, experts, k, factor, dy):
-    """The answer's output, and the gradients of <y, dy> for the tokens, the router and the rank's experts."""
+def _backward_harness(answer, _dist, x, router, experts, k, factor, dy, groups=None):
+    """The answer's output, and the gradients of <y, dy> for the tokens, the router and the rank's experts; with
+    `groups`, in the rank's own EP group."""
     leaves = [t.detach().requires_grad_() for t in (x, router, experts)]
-    y = answer(_dist, *leaves, k, factor)
+    if groups is None:
+        y = answer(_dist, *leaves, k, factor)
+    else:
+        y = answer(_dist, *leaves, k, factor, group=_own_group(_dist, groups))
     grads = torch.autograd.grad(y, leaves, dy, allow_unused=True) if y.requires_grad else [None] * 3
     return Gradients((y.detach(), *(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))),
                      [what for what, g in zip(("the tokens", "the router", "your experts"), grads) if g is None])
@@ -679,12 +836,8 @@ def _never_arrived(expected: list, got: list) -> Optional[str]:
     return None
 
 
-def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
-                   factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
-                   k: Optional[int] = None) -> Case:
-    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k, trips=4)
-    gen = _gen(rng)
-    dys = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs]
+def _layer_gradients(layer: Layer, dys: list) -> list[list]:
+    """Per rank of the layer: [y, dx, drouter, its experts' gradient], every rank's tokens collected."""
     expected, dw = [], torch.zeros_like(layer.experts)
     for x, dy in zip(layer.xs, dys):
         leaves = [x.clone().requires_grad_(), layer.router.clone().requires_grad_(),
@@ -693,8 +846,32 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
         dx, drouter, dexperts = torch.autograd.grad(y, leaves, dy)
         expected.append([y.detach(), dx, drouter])
         dw += dexperts                                          # a rank's experts collect every rank's tokens
-    for r, mine in enumerate(dw.chunk(n)):
+    for r, mine in enumerate(dw.chunk(len(layer.xs))):
         expected[r].append(mine)
+    return expected
+
+
+def _grouped_backward_case(rng: random.Random, n: int) -> Case:
+    grouped = Grouped.draw(rng, n, trips=4)
+    gen = _gen(rng)
+    dys = [[torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs] for layer in grouped.layers]
+    expected = [e for layer, d in zip(grouped.layers, dys) for e in _layer_gradients(layer, d)]
+    return Case(n, (*grouped.args(), per_rank([dy.to(device()) for d in dys for dy in d]), grouped.groups),
+                [tuple(t.to(device()) for t in e) for e in expected], grouped.label() + "; (y, dx, drouter, dexperts)",
+                budgets=grouped.budgets(4, "tokens and their gradients"), allowed_ops=A2A,
+                explain=functools.partial(_grouped_explained, grouped.groups),
+                explain_error=functools.partial(_grouped_error, grouped.groups))
+
+
+def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
+                   factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
+                   k: Optional[int] = None, grouped: bool = False) -> Case:
+    if grouped:
+        return _grouped_backward_case(rng, n)
+    layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k, trips=4)
+    gen = _gen(rng)
+    dys = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs]
+    expected = _layer_gradients(layer, dys)
     return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
                     per_rank(layer.shard(n)), layer.k, layer.factor, per_rank([dy.to(device()) for dy in dys])),
                 [tuple(t.to(device()) for t in e) for e in expected], layer.label + "; (y, dx, drouter, dexperts)",
@@ -703,9 +880,9 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
 
 
 moe_layer_backward = Puzzle(
-    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 4), real_scale=_layer_scale,
+    "moe_layer_backward", NOTEBOOK, _backward_case, world_sizes=(2, 4, 4, 4), real_scale=_layer_scale,
     variants=[{"gate": "round_robin", "experts_kind": "scaled"}, {"gate": "shifted"},
-              {"factor": 0.5, "per_rank_experts": 2, "k": 2}],
+              {"factor": 0.5, "per_rank_experts": 2, "k": 2}, {"grouped": True}],
     harness=_backward_harness, oracle=lambda dist, *args: _backward_harness(padded_dispatch, dist, *args),
     oracle_name="GShard's padded dispatch through all_to_all_single_autograd", rtol=1e-10, atol=1e-12,
     min_world_size=2, min_world_size_reason="its experts live on different ranks",
@@ -789,9 +966,57 @@ def _train_case(rng: random.Random, n: int, ep: int = 2, k: Optional[int] = None
                 budgets=_train_traffic(batches, layer.router, layer.experts, layer.k, layer.factor, lr, ep),
                 allowed_ops=frozenset({"all_to_all", "all_reduce"}), steps=steps,
                 factors={"ep, the expert-parallel group size": ep, "dp, the data-parallel replicas": n // ep},
-                explain=functools.partial(drifted, groups={"EP group": [range(s, s + ep) for s in range(0, n, ep)],
-                                                           "DP group": [range(j, n, ep) for j in range(ep)]},
-                                          why=TRAIN_DRIFT, rtol=1e-9, atol=1e-12, outputs=TRAIN_OUTPUTS))
+                explain=functools.partial(_train_explained, batches, layer, lr, ep))
+
+
+def train_experts_summed_over(batches: list, layer: Layer, lr: float, ep: int, summed_with) -> list[tuple]:
+    """Each rank's (router, experts) after SGD where rank r's experts' gradient, once its EP group's all-to-all has
+    brought it home, is summed over the ranks summed_with(r) (its DP group in the reference) and divided by N: what
+    an all-reduce of the experts' gradient over another group gives. Ranks' experts may drift apart; each EP group
+    computes with its own members' shards."""
+    n, steps = len(batches), len(batches[0])
+    router, mine = layer.router, [layer.experts.chunk(ep)[r % ep] for r in range(n)]
+    for step in range(steps):
+        d_router, d_mine = torch.zeros_like(router), [None] * n
+        for first in range(0, n, ep):
+            members = range(first, first + ep)
+            at = router.detach().requires_grad_()
+            every = torch.cat([mine[r] for r in members]).detach().requires_grad_()
+            loss = sum(((moe_reference(batches[r][step][0], at, every, layer.k, layer.factor) - batches[r][step][1])
+                        ** 2).mean() for r in members)
+            d_at, d_every = torch.autograd.grad(loss, [at, every])
+            d_router += d_at
+            for i, r in enumerate(members):
+                d_mine[r] = d_every.chunk(ep)[i]
+        mine = [mine[r] - lr * sum(d_mine[q] for q in summed_with(r)) / n for r in range(n)]
+        router = router - lr * d_router / n
+    return [(router.detach(), m.detach()) for m in mine]
+
+
+def _train_explained(batches: list, layer: Layer, lr: float, ep: int, expected: list, got: list) -> Optional[str]:
+    """The learner's experts replayed against an all-reduce of their gradient over the wrong ranks (every rank, or
+    runs of consecutive ranks: ranks that hold different experts), else which replicas drifted apart."""
+    n = len(batches)
+    wrong_groups = {
+        "every rank": lambda r: range(n),
+        "consecutive ranks": lambda r: range(r // (n // ep) * (n // ep), (r // (n // ep) + 1) * (n // ep))}
+    for said, summed_with in wrong_groups.items():
+        members = sorted({tuple(summed_with(r)) for r in range(n)})
+        if all(sorted(summed_with(r)) == list(range(r % ep, n, ep)) for r in range(n)):
+            continue                                     # the DP groups themselves on this case
+        theirs = train_experts_summed_over(batches, layer, lr, ep, summed_with)
+        if all(isinstance(g, (tuple, list)) and len(g) == 2 and isinstance(g[1], torch.Tensor)
+               and g[1].shape == t[1].shape and torch.allclose(g[1].detach().cpu().double(), t[1].double(),
+                                                               rtol=1e-9, atol=1e-12) for g, t in zip(got, theirs)):
+            return (f"Diagnosis: your experts are exactly what all-reducing their gradients over {said} gives "
+                    f"({listing([str(list(m)) for m in members])}): those ranks hold different experts (rank r holds "
+                    f"shard r % ep_size = r % {ep}), so the sum mixes one expert's gradient into another's. An "
+                    f"expert's gradient is all-reduced over its DP group, the ranks with the same rank % ep_size "
+                    f"({listing([str(list(range(j, n, ep))) for j in range(ep)])}); the EP group's all-to-all has "
+                    "already summed its own ranks' share.")
+    return drifted(expected, got, groups={"EP group": [range(s, s + ep) for s in range(0, n, ep)],
+                                          "DP group": [range(j, n, ep) for j in range(ep)]},
+                   why=TRAIN_DRIFT, rtol=1e-9, atol=1e-12, outputs=TRAIN_OUTPUTS)
 
 
 TRAIN_OUTPUTS = {"[0]": "the router", "[1]": "your experts"}
@@ -846,21 +1071,51 @@ def allowed_drops(max_dropped: float, choices: int) -> int:
 ROUND_OFF = 1e-9        # far above a product's round-off at these counts, far below a whole choice
 
 
-# T·k for a budget whose product falls short of its whole number of choices in floating point: 0.29 × 100, 0.47 × 140
-SHORT_CHOICES = (100, 112, 140, 200, 224)
+FACTOR_STEP = Fraction(1, 20)         # the finest step of a search over capacity factors the cases outwit
+FACTOR_STEPS = (Fraction(1, 4), Fraction(1, 10), FACTOR_STEP)
 
 
-def _short_of_a_whole(rng: random.Random, experts: int, k: int) -> tuple[torch.Tensor, float]:
-    """Logits and a budget some capacity meets exactly, whose product max_dropped·T·k falls just short of that whole
-    number of choices in floating point: a count truncated (int()) is one choice short, and the capacity one more."""
+def _on_factor_grid(cap: int, t_count: int, experts: int, k: int, step: Fraction = FACTOR_STEP,
+                    round_off: bool = True) -> Optional[Fraction]:
+    """The capacity factor, a multiple of `step`, whose capacity ceil(k·T·factor / E) is `cap`, or (with round_off)
+    one more where k·T·factor / E is whole (factors summed step by step in floating point land a hair above it);
+    None if none."""
+    j = 1
+    while math.ceil(k * t_count * step * j / experts) <= cap:
+        slots = k * t_count * step * j / experts
+        if cap in (math.ceil(slots), slots + 1 if round_off else None):
+            return step * j
+        j += 1
+    return None
+
+
+def _factor_searched(mine: int, cap: int, t_count: int, experts: int, k: int) -> Optional[str]:
+    """`mine` as the first capacity a search over capacity factors in steps of 0.25, 0.1 or 0.05 reaches, where the
+    right one lies between two of its capacities."""
+    for step in FACTOR_STEPS:
+        slots = k * t_count * step / experts
+        found = _on_factor_grid(mine, t_count, experts, k, step) if mine > cap and slots > 1 else None
+        if found is not None and _on_factor_grid(cap, t_count, experts, k, step, round_off=False) is None:
+            return (f"It is the capacity of the factor {float(found):g}, ceil(k·T·factor / E): a search over capacity "
+                    f"factors in steps of {float(step):g} moves C by k·T·{float(step):g}/E = {float(slots):.3g} "
+                    f"slots a step here and skips {cap}. Search the capacity C itself, one slot at a time (or "
+                    "bisect it).")
+    return None
+
+
+def _off_the_grid(rng: random.Random, experts: int, k: int) -> tuple[torch.Tensor, float]:
+    """Logits with k·T/E of at least 60 (a step of 0.05 in the capacity factor moves C by 3 slots or more) and a
+    budget whose smallest capacity no such factor gives: a search over factors skips it. The budget is halfway
+    between two whole choices, so no comparison hinges on round-off."""
     while True:
-        choices = rng.choice(SHORT_CHOICES)
-        logits = _logits(rng, choices // k, experts, rng.choice([1.0, 2.0]))
-        load = torch.tensor(_loads(logits, k))
-        drops = {int((load - c).clamp(min=0).sum()) for c in range(1, int(load.max()))}
-        short = sorted(d for d in drops if d > 0 and d / choices * choices < d)
-        if short:
-            return logits, rng.choice(short) / choices
+        t_count = experts * rng.randint(60, 80) // k
+        logits = _logits(rng, t_count, experts, rng.choice([1.0, 2.0]))
+        load = _loads(logits, k)
+        caps = [c for c in range(2, max(load)) if _drops(load, c) < _drops(load, c - 1)
+                and _on_factor_grid(c, t_count, experts, k) is None]
+        if caps:
+            cap = rng.choice(caps)
+            return logits, (_drops(load, cap) + 0.5) / (t_count * k)
 
 
 def _exactly_met(rng: random.Random, logits: torch.Tensor, k: int) -> float:
@@ -873,12 +1128,12 @@ def _exactly_met(rng: random.Random, logits: torch.Tensor, k: int) -> float:
 
 
 def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
-                   max_dropped: Optional[float] = None, exact: bool = False, short: bool = False) -> Case:
-    """exact: a budget some capacity meets exactly; short: and whose product falls short of it in floating point."""
+                   max_dropped: Optional[float] = None, exact: bool = False, coarse: bool = False) -> Case:
+    """exact: a budget some capacity meets exactly; coarse: one whose capacity no factor k·T·(0.05 j)/E gives."""
     k = k or rng.choice([1, 2])
     experts = rng.randint(4, 16)
-    if short:
-        logits, max_dropped = _short_of_a_whole(rng, experts, k)
+    if coarse:
+        logits, max_dropped = _off_the_grid(rng, experts, k)
         t_count = logits.shape[0]
     else:
         t_count = rng.choice([64, 128]) if exact else experts * rng.randint(4, 16)
@@ -888,7 +1143,7 @@ def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
     elif max_dropped is None:
         max_dropped = rng.choice([0.0, 0.01, 0.05, 0.1, 0.25])
     cap, padded = capacity_reference(logits, k, max_dropped)
-    share = f"{max_dropped:.4g} ({allowed_drops(max_dropped, t_count * k)} choices)" if exact or short else \
+    share = f"{max_dropped:.4g} ({allowed_drops(max_dropped, t_count * k)} choices)" if exact or coarse else \
         f"{max_dropped:.0%}"
     return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
                 f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped",
@@ -931,6 +1186,8 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
         fits = [c for c, (n, _) in counts.items()
                 if _drops(load, mine) <= max_dropped * n < (_drops(load, mine - 1) if mine > 1 else math.inf)]
         product = max_dropped * t_count * k
+        firsts = _loads(logits, 1)
+        searched = _factor_searched(mine, cap, t_count, experts, k)
         if int(product) < allowed and _drops(load, mine) <= int(product) < _drops(load, mine - 1):
             said.append(f"It is the smallest capacity for {int(product)} choices, max_dropped × T·k truncated: the "
                         f"product is {product!r} in floating point, round-off short of {allowed} whole choices.")
@@ -940,13 +1197,25 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
             n, meaning = counts[fits[0]]
             said.append(f"It is the smallest capacity for a budget of max_dropped × {fits[0]} = "
                         f"{max_dropped * n:g} choices ({meaning}): the choices that claim slots number T·k.")
+        elif k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
+                           for budget in (allowed, allowed_drops(max_dropped, t_count))):
+            said.append(f"It is the smallest capacity for the loads of the first choices alone: each token makes "
+                        f"k = {k} choices and every one claims a slot, so an expert's load L_e counts all the T·k "
+                        "choices that pick it (bincount of all of topk(k).indices).")
+        elif searched:
+            said.append(searched)
         signed = next((c for c in range(1, max(load) + 2) if sum(n - c for n in load) <= allowed), None)
         if signed == mine:
             said.append("It is the smallest capacity whose Σ(load - C) meets the budget: experts below capacity "
                         "count negative and cancel the others' overflow; a drop is max(0, load - C).")
     elif mine == cap and second != padded:
         kept = sum(min(n, cap) for n in load)
-        meaning = {_drops(load, cap): "the choices it drops, not the padding",
+        meaning = {cap * experts - t_count * k: "the C × E slots less all T·k choices, the dropped ones too: a "
+                                                "dropped choice fills no slot, so only the kept ones are subtracted",
+                   cap * experts - sum(min(n, cap) for n in _loads(logits, 1)): "the C × E slots less the "
+                   "choices kept of the first choices alone: every one of a token's k choices claims a slot, so "
+                   "the loads count all T·k",
+                   _drops(load, cap): "the choices it drops, not the padding",
                    kept: "the choices it keeps, not the padding",
                    cap * experts: "all the C × E slots, not the padding"}.get(second)
         if meaning:
@@ -989,12 +1258,11 @@ smallest_capacity = Puzzle(
     "smallest_capacity", NOTEBOOK, _capacity_case, world_sizes=(1, 1, 1, 1, 1), takes_dist=False, rtol=1e-12,
     harness=_capacity_harness,
     variants=[{"k": 2, "max_dropped": 0.1}, {"k": 1, "max_dropped": 0.05}, {"max_dropped": 0.0}, {"exact": True},
-              {"short": True}],
+              {"coarse": True}],
     atol=0, off_limits=OFF_LIMITS, off_limits_advice=OFF_LIMITS_ADVICE,
     hints=["Count each expert's load L_e (how many top-k choices pick it). A capacity C drops Σ_e max(0, L_e - C) "
-           "choices; find the smallest C that drops at most max_dropped · T · k, a whole number of choices: "
-           "0.29 × 100 is 28.999999999999996 in floating point and 29 choices, so allow for round-off "
-           "(math.floor(x + 1e-9)) rather than truncate (int(x)).",
+           "choices; find the smallest C that drops at most max_dropped · T · k, trying C itself (1, 2, 3, ... or "
+           "by bisection), not capacity factors.",
            "Padded slots: the C · E slots minus the kept choices, Σ_e min(L_e, C).",
            "Return two Python ints: (C, C * E - kept). No capacity is smaller than 1; torch.bincount counts "
            "the loads, (load - C).clamp(min=0).sum() the drops."],

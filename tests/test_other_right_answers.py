@@ -219,14 +219,25 @@ def ulysses_stacked_freeing(dist, q, k, v, block):
 
 
 # ---- moe_layer(dist, x, router, experts, k, capacity_factor): this rank's output rows -----------------------------
-def moe_layer_by_list_all_to_all(dist, x, router, experts, k, capacity_factor):
+def moe_layer_by_list_all_to_all(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
     """Rows dispatched and combined with the list form, dist.all_to_all: one tensor per rank, its own included (it
     was charged (N-1)/N of every slot, its own too, and put under the byte floor)."""
-    def exchange(dist, rows, output_split_sizes, input_split_sizes):
+    def by_list(dist, rows, output_split_sizes, input_split_sizes):
         outs = [rows.new_empty(n, *rows.shape[1:]) for n in output_split_sizes]
-        dist.all_to_all(outs, list(rows.split(input_split_sizes)))
+        dist.all_to_all(outs, list(rows.split(input_split_sizes)), group=group)
         return torch.cat(outs)
-    return moe_layer(dist, x, router, experts, k, capacity_factor, exchange=exchange)
+    return moe_layer(dist, x, router, experts, k, capacity_factor, exchange=by_list, group=group)
+
+
+# ---- smallest_capacity(logits, k, max_dropped): (C, padded slots) ----------------------------------------------
+def capacity_truncating_the_budget(logits, k, max_dropped):
+    """The drop budget as int(max_dropped · T · k) whole choices: the check's budgets never hinge on round-off (the
+    statement no longer asks for it), so truncating is the same comparison as drops <= max_dropped · T · k."""
+    t_count, experts = logits.shape
+    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
+    allowed = int(max_dropped * t_count * k)
+    cap = next(c for c in range(1, int(load.max()) + 2) if (load - c).clamp(min=0).sum() <= allowed)
+    return cap, cap * experts - int(load.clamp(max=cap).sum())
 
 
 # ---- train_3d(dist, stage, tokens, targets, dp, pp, tp, m, steps, lr): this rank's trained stage ------------------
@@ -599,7 +610,9 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     [(puzzles.ring_attention.ring_attention, answer) for answer in (
         ring_key_blocks_only, ring_even_odd, ring_head_by_head, ring_attention_overlap)] + \
     [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)] + \
-    [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all), (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
+    [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all),
+     (puzzles.moe.smallest_capacity, capacity_truncating_the_budget),
+     (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
      (puzzles.beyond.diloco_train, diloco_foreach_outer_step),
      (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order),
      (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split),

@@ -78,6 +78,9 @@ class Q(Expr):
     # Other values a learner may take it for, each with its words: ((2, "2 B a value, bfloat16's"),) for a float32's
     # 4 B, so that a prediction made with the other is named as that.
     alternatives: tuple = ()
+    # What it measures ("B/s", "FLOP/s", "count"): a quantity is taken for another only of the same kind ("" for any),
+    # so that no message says "F (the FLOP/s) where P (the parameters) belongs" because the two cancel alike.
+    kind: str = ""
 
     def eval(self, change: dict) -> float:
         return self._at(change, float(self.number))
@@ -201,7 +204,8 @@ def mutations(expr: Expr) -> list[Mutation]:
         for value, words in nodes[0].alternatives:
             out.append(Mutation(f"{words} where {said} belongs", every(lambda v, w=float(value): w)))
         for other, theirs in quantities.items():
-            if other != symbol and theirs[0].number not in (nodes[0].number, 1):     # 1: "left out" says it
+            if other != symbol and theirs[0].number not in (nodes[0].number, 1) and (     # 1: "left out" says it
+                    not theirs[0].kind or not nodes[0].kind or theirs[0].kind == nodes[0].kind):
                 out.append(Mutation(f"{theirs[0].said} where {symbol} belongs",
                                     every(lambda v, w=float(theirs[0].number): w)))
         if float(nodes[0].number).is_integer():

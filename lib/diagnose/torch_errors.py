@@ -72,7 +72,8 @@ def explain(fn: Callable, case, error: BaseException, names: Sequence[str] = ())
     """A sentence for the error a rank raised inside torch, or None when there is nothing to add. `names` are the
     learner's own names for the arguments after dist. In a training run that raises only from its second step on,
     what carries from one step to the next is said too."""
-    said = _meaning(fn, case, error, names)
+    own = getattr(case, "explain_error", None)
+    said = (own(error) if own is not None else None) or _meaning(fn, case, error, names)
     if not isinstance(error, RankFailed):
         return said
     step = first_raising_step(fn, case)

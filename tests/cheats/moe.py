@@ -166,15 +166,3 @@ CHEATS = everywhere(P) + [
     ("top_k_route", route_by_a_copy_of_the_reference, "ran a copy of puzzles.moe.route_reference"),
 ]
 
-
-def capacity_truncating_the_budget(logits, k, max_dropped):
-    """The drop budget as int(max_dropped · T · k): right while the product is exact, a choice short where floating
-    point leaves it just under its whole number (0.29 × 100 = 28.999999999999996)."""
-    t_count, experts = logits.shape
-    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
-    allowed = int(max_dropped * t_count * k)
-    cap = next(c for c in range(1, int(load.max()) + 2) if (load - c).clamp(min=0).sum() <= allowed)
-    return cap, cap * experts - int(load.clamp(max=cap).sum())
-
-
-CHEATS += [("smallest_capacity", capacity_truncating_the_budget, "round-off")]

@@ -46,6 +46,27 @@ def _diloco(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum, *, 
     return model
 
 
+def diloco_outer_step_on_a_copy(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
+    """The outer Nesterov step taken on a copy of the parameters ("the global model"), which never goes back into
+    the model: each worker trains on from its own inner steps."""
+    params = list(model.parameters())
+    shared = [p.detach().clone().requires_grad_() for p in params]
+    inner = torch.optim.AdamW(params, lr=inner_lr)
+    outer = torch.optim.SGD(shared, lr=outer_lr, momentum=momentum, nesterov=True)
+    for i in range(0, len(batches), inner_steps):
+        for x, y in batches[i:i + inner_steps]:
+            inner.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            inner.step()
+        pseudo = torch.cat([(s - p).detach().flatten() for s, p in zip(shared, params)])
+        dist.all_reduce(pseudo)
+        pseudo /= dist.get_world_size()
+        for s, g in zip(shared, pseudo.split([p.numel() for p in params])):
+            s.grad = g.view_as(s).clone()
+        outer.step()
+    return model
+
+
 def diloco_summing_the_pseudo_gradients(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum):
     """The pseudo-gradients all-reduced (summed) and handed to the outer step as they are, not averaged."""
     return _diloco(dist, model, batches, inner_steps, inner_lr, outer_lr, momentum, averaged=False)
@@ -93,8 +114,10 @@ def _compressed(dist, grad, residual, bits, *, mean=True, residual_of="corrected
     dist.all_to_all_single(s_out, torch.cat([s for _, s in pieces]))
     if owners_add == "values":
         total = sum(dequantize(q_out[i], s_out[i][None]).double() for i in range(world))
-    else:                             # the integers added, then scaled by the first sender's scale
+    elif owners_add == "integers":    # the integers added, then scaled by the first sender's scale
         total = dequantize(q_out.sum(0), s_out[0][None]).double()
+    else:                             # the integers added, then scaled by the largest scale ("none overflows")
+        total = (q_out.long().sum(0) * s_out.max()).double()
     mine = total / world if mean else total
     if mean_quantized:
         q, s = quantize(mine, bits)
@@ -107,7 +130,7 @@ def _compressed(dist, grad, residual, bits, *, mean=True, residual_of="corrected
         dist.all_gather(parts, mine.float())
         result = torch.cat(parts)
     new_residual = {"corrected - sent": corrected - sent, "sent - corrected": sent - corrected,
-                    "grad - sent": grad - sent}[residual_of]
+                    "grad - sent": grad - sent, "residual + grad - result": residual + grad - result}[residual_of]
     return result, new_residual
 
 
@@ -132,6 +155,18 @@ def compressed_adding_the_integers(dist, grad, residual, bits):
     return _compressed(dist, grad, residual, bits, owners_add="integers")
 
 
+def compressed_integers_scaled_by_the_largest(dist, grad, residual, bits):
+    """The owners add the int8 values as integers and scale the sum by the largest sender's scale, so that nothing
+    overflows: each sender's integers are in units of its own scale."""
+    return _compressed(dist, grad, residual, bits, owners_add="integers, largest scale")
+
+
+def compressed_residual_updated_by_the_mean(dist, grad, residual, bits):
+    """residual += grad - result: the residual moved by what the all-reduce returned, where it keeps what
+    quantising this rank's own values lost."""
+    return _compressed(dist, grad, residual, bits, residual_of="residual + grad - result")
+
+
 def compressed_means_gathered_as_they_are(dist, grad, residual, bits):
     """The owners' means all-gathered in float32, unquantised: 4 bytes a value on the way back."""
     return _compressed(dist, grad, residual, bits, mean_quantized=False)
@@ -139,9 +174,11 @@ def compressed_means_gathered_as_they_are(dist, grad, residual, bits):
 
 # ---- reshard_checkpoint ----------------------------------------------------------------------------------------
 def _reshard(files, world, rank, *, inclusive=False, relative=True, swap_moments=False, step_after=0,
-             layout_world=None):
+             layout_world=None, total_from_offsets=False, step_of=lambda files, world, rank: files[0]["step"]):
     """reshard_checkpoint as a learner writes it, with the knob of one mistake turned."""
     total = sum(f["param"].numel() for f in files)
+    if total_from_offsets:            # where the last file starts, and one file's length
+        total = files[-1]["offset"] + files[0]["param"].numel()
     lo, hi = shard_bounds(total, layout_world or world, rank)
     keys = ("param", "exp_avg_sq", "exp_avg") if swap_moments else ("param", "exp_avg", "exp_avg_sq")
     out = []
@@ -154,7 +191,7 @@ def _reshard(files, world, rank, *, inclusive=False, relative=True, swap_moments
                 base = first if relative else 0
                 pieces.append(f[key][a - base:b - base])
         out.append(torch.cat(pieces) if pieces else files[0][key][:0])
-    return (*out, files[0]["step"] + step_after)
+    return (*out, step_of(files, world, rank) + step_after)
 
 
 def reshard_overlap_end_plus_one(files, world, rank):
@@ -178,6 +215,17 @@ def reshard_resuming_at_the_next_step(files, world, rank):
     return _reshard(files, world, rank, step_after=1)
 
 
+def reshard_total_from_the_last_offset(files, world, rank):
+    """The state's length as the last file's offset plus a file's length (files[0]'s): the last file is shorter."""
+    return _reshard(files, world, rank, total_from_offsets=True)
+
+
+def reshard_step_from_the_last_rank_file(files, world, rank):
+    """The step read from files[world - 1], "the last rank's file": the files are as many as the ranks that saved
+    them, not as the ranks that load them."""
+    return _reshard(files, world, rank, step_of=lambda files, world, rank: files[world - 1]["step"])
+
+
 def reshard_bounds_of_the_old_layout(files, world, rank):
     """shard_bounds(total, len(files), rank): this rank's bounds in the layout that saved the files."""
     return _reshard(files, world, rank, layout_world=len(files))
@@ -185,7 +233,7 @@ def reshard_bounds_of_the_old_layout(files, world, rank):
 
 # ---- survive_failure -------------------------------------------------------------------------------------------
 def _survive(dist, files, grads, every, lr, *, catch=True, reload=True, save_before_update=False, moments=True,
-             adam_step=1):
+             adam_step=1, reload_layout="survivors"):
     """Training with checkpoints and a failure to survive, as a learner writes it, with the knob of one mistake
     turned."""
     alive, group, last = list(range(dist.get_world_size())), None, files
@@ -194,7 +242,9 @@ def _survive(dist, files, grads, every, lr, *, catch=True, reload=True, save_bef
     while True:
         n, me = len(alive), alive.index(dist.get_rank())
         if param is None or reload:
-            *state, step = S.reshard_checkpoint(last, n, me)
+            world_layout = reload_layout == "world"
+            *state, step = S.reshard_checkpoint(last, *((dist.get_world_size(), dist.get_rank()) if world_layout
+                                                        else (n, me)))
             param, m, v = (t.clone() for t in state)
         try:
             while step < len(grads):
@@ -242,6 +292,12 @@ def survive_going_on_with_the_shard_it_holds(dist, files, grads, every, lr):
     return _survive(dist, files, grads, every, lr, reload=False)
 
 
+def survive_reloading_in_the_layout_of_every_rank(dist, files, grads, every, lr):
+    """After the failure the last checkpoint is reloaded, but with reshard_checkpoint(saved, world size, rank): the
+    layout of every rank, the failed one included."""
+    return _survive(dist, files, grads, every, lr, reload_layout="world")
+
+
 def survive_checkpointing_before_the_update(dist, files, grads, every, lr):
     """`if step % every == 0: checkpoint` at the top of the loop, before the step's update: what it saves is right,
     but it saves again what is already saved (the first files, where the run starts at a multiple of `every`; the
@@ -265,7 +321,8 @@ def _inner_steps(params, tokens, world, bandwidth, latency, flops, share, *, mes
                  ring_share=True, whole=math.ceil, value_bytes=4):
     """inner_steps_for as a learner derives it, with the knob of one mistake turned."""
     compute = (2 if forward_only else 6) * params * tokens / flops
-    sent = (2 * (world - 1) / world if ring_share else 1) * value_bytes * params / bandwidth
+    share_of_bytes = {True: 2 * (world - 1) / world, False: 1}.get(ring_share, ring_share)
+    sent = share_of_bytes * value_bytes * params / bandwidth
     comm = (2 * (world - 1) if messages is None else messages) * latency + sent
     return max(1, whole(comm / (share * compute)))
 
@@ -278,6 +335,16 @@ def inner_steps_one_latency(params, tokens, world, bandwidth, latency, flops, sh
 def inner_steps_forward_flops_only(params, tokens, world, bandwidth, latency, flops, share):
     """2 · params · tokens FLOPs a step, the forward's: the backward's 4 · params · tokens forgotten."""
     return _inner_steps(params, tokens, world, bandwidth, latency, flops, share, forward_only=True)
+
+
+def inner_steps_for_the_ring_between_the_sites(params, tokens, world, bandwidth, latency, flops, share):
+    """The ring drawn between the two datacenters, world=2 in the all-reduce's formula: only the wide-area hop."""
+    return _inner_steps(params, tokens, 2, bandwidth, latency, flops, share)
+
+
+def inner_steps_a_reduce_scatters_bytes(params, tokens, world, bandwidth, latency, flops, share):
+    """(N-1)/N of the bytes, what a reduce-scatter sends: the all-reduce's all-gather half forgotten."""
+    return _inner_steps(params, tokens, world, bandwidth, latency, flops, share, ring_share=(world - 1) / world)
 
 
 def inner_steps_sending_the_bytes_once(params, tokens, world, bandwidth, latency, flops, share):
@@ -296,6 +363,7 @@ def inner_steps_for_a_bf16_pseudo_gradient(params, tokens, world, bandwidth, lat
 
 
 MISTAKES = [
+    Attempt("diloco_train", diloco_outer_step_on_a_copy, "never copied into the workers"),
     Attempt("diloco_train", diloco_summing_the_pseudo_gradients, "N, the world size"),
     Attempt("diloco_train", diloco_new_adamw_every_round, "at step 2"),
     Attempt("diloco_train", diloco_new_outer_sgd_every_round, "at step 2"),
@@ -306,20 +374,27 @@ MISTAKES = [
     Attempt("compressed_all_reduce", compressed_residual_the_wrong_way_round, "the opposite sign"),
     Attempt("compressed_all_reduce", compressed_residual_without_the_old_one, ("old residual", "the input residual")),
     Attempt("compressed_all_reduce", compressed_adding_the_integers, ("scale of their own", "each sender's scale")),
+    Attempt("compressed_all_reduce", compressed_integers_scaled_by_the_largest, "largest scale"),
+    Attempt("compressed_all_reduce", compressed_residual_updated_by_the_mean, "minus the all-reduced mean"),
     Attempt("compressed_all_reduce", compressed_means_gathered_as_they_are, ("unquantised", "quantise the mean")),
     Attempt("reshard_checkpoint", reshard_overlap_end_plus_one, ("one element too many", "inclusive")),
     Attempt("reshard_checkpoint", reshard_slicing_files_by_global_index, ("offset never subtracted",
                                                                           "relative to the file")),
     Attempt("reshard_checkpoint", reshard_with_the_moments_crossed, "holds what"),
     Attempt("reshard_checkpoint", reshard_resuming_at_the_next_step, ("off by one", "step + 1")),
+    Attempt("reshard_checkpoint", reshard_total_from_the_last_offset, "the first file's length"),
+    Attempt("reshard_checkpoint", reshard_step_from_the_last_rank_file, "read past its end"),
     Attempt("reshard_checkpoint", reshard_bounds_of_the_old_layout, ("old layout", "len(files)")),
     Attempt("survive_failure", survive_without_catching_the_failure, ("try", "except RuntimeError")),
     Attempt("survive_failure", survive_going_on_with_the_shard_it_holds, ("reload the last", "the shard it held")),
+    Attempt("survive_failure", survive_reloading_in_the_layout_of_every_rank, "in the layout of all"),
     Attempt("survive_failure", survive_checkpointing_before_the_update, ("already saved", "just reloaded")),
     Attempt("survive_failure", survive_checkpointing_the_parameters_alone, ("moments", "exp_avg")),
     Attempt("survive_failure", survive_counting_adam_steps_from_the_saved_step, "bias correction"),
     Attempt("inner_steps_for", inner_steps_one_latency, "2(N-1) (the ring's messages one after another) left out"),
     Attempt("inner_steps_for", inner_steps_forward_flops_only, "the backward (4 × P × tokens) left out"),
+    Attempt("inner_steps_for", inner_steps_for_the_ring_between_the_sites, "over the 2 datacenters"),
+    Attempt("inner_steps_for", inner_steps_a_reduce_scatters_bytes, "(N-1)/N (what a reduce-scatter"),
     Attempt("inner_steps_for", inner_steps_sending_the_bytes_once, "2(N-1)/N (the share of the bytes"),
     Attempt("inner_steps_for", inner_steps_rounded_down, ("rounded down", "ceil")),
     Attempt("inner_steps_for", inner_steps_for_a_bf16_pseudo_gradient, ("2 B a value", "half the bytes")),

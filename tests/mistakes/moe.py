@@ -6,16 +6,17 @@ import torch
 
 import solutions.moe as S
 from tests.mistakes import Attempt
+from tests.wrong.moe import searching_capacity_factors
 
 
 # ---- top_k_route ----------------------------------------------------------------------------------------------
 def _claims(logits, k, capacity_factor, *, probs_dim=-1, weights_from="probs", empty=-1, first_slot=0,
-            slots_per_choice=False):
+            slots_per_choice=False, whole=math.ceil):
     """Top-k routing as a learner vectorises it, with the knob of one mistake turned."""
     t_count, experts = logits.shape
     probs = torch.softmax(logits, dim=probs_dim)                            # (T, E)
     choices = logits.topk(k, dim=-1).indices                                # (T, k)
-    cap = math.ceil(k * t_count * capacity_factor / experts)
+    cap = whole(k * t_count * capacity_factor / experts)
     hot = torch.nn.functional.one_hot(choices, experts)                     # (T, k, E)
     if slots_per_choice:                  # each column of choices counted on its own: every choice starts at slot 0
         slots = hot.cumsum(0) - 1 + first_slot                              # (T, k, E)
@@ -61,14 +62,21 @@ def route_second_choices_restart_at_slot_zero(logits, k, capacity_factor):
     return _claims(logits, k, capacity_factor, slots_per_choice=True)
 
 
+def route_capacity_rounded_to_the_nearest(logits, k, capacity_factor):
+    """C = round(k·T·factor / E): a fraction of a slot below one half rounds away, where a capacity rounds up."""
+    return _claims(logits, k, capacity_factor, whole=round)
+
+
 # ---- router_losses -------------------------------------------------------------------------------------------
 def _losses(logits, k, alpha, beta, *, e_factor=True, f_over="T·k", p_reduce="mean", z="mean of squares",
-            z_dim=-1):
+            z_dim=-1, f_from="counts"):
     """The load-balancing loss and the z-loss as a learner writes them, with the knob of one mistake turned."""
     t_count, experts = logits.shape
     probs = torch.softmax(logits, dim=-1)
     counts = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts).to(logits.dtype)
     f = counts / (t_count * k if f_over == "T·k" else t_count)
+    if f_from == "probs":
+        f = probs.mean(0).detach()
     p = probs.mean(0) if p_reduce == "mean" else probs.sum(0)
     balance = alpha * (experts if e_factor else 1) * (f * p).sum()
     lse = torch.logsumexp(logits, dim=z_dim)
@@ -101,6 +109,12 @@ def losses_z_over_the_tokens(logits, k, alpha, beta):
     return _losses(logits, k, alpha, beta, z_dim=0)
 
 
+def losses_f_from_detached_probabilities(logits, k, alpha, beta):
+    """f = probs.mean(0).detach(): the hint's "never from detached probabilities" read as "detach them", so f is the
+    mean probability without a gradient, never the count of top-k choices."""
+    return _losses(logits, k, alpha, beta, f_from="probs")
+
+
 def losses_z_summed(logits, k, alpha, beta):
     """z = β · Σ_t logsumexp(logits[t])²: summed over the tokens, where ST-MoE averages."""
     return _losses(logits, k, alpha, beta, z="sum")
@@ -113,7 +127,8 @@ def _exchange(dist, rows, output_split_sizes, input_split_sizes):
     return out
 
 
-def _by_hand(dist, x, router, experts, k, capacity_factor, *, expert_of_block, back_splits_swapped=False):
+def _by_hand(dist, x, router, experts, k, capacity_factor, *, expert_of_block, back_splits_swapped=False,
+             apply=lambda rows, w: rows @ w):
     """Dispatch, compute and combine written out: rows sorted by expert, counts exchanged first, each arriving block
     run through `expert_of_block(i, n, local)`, and the results sent back."""
     n, local = dist.get_world_size(), experts.shape[0]
@@ -126,7 +141,7 @@ def _by_hand(dist, x, router, experts, k, capacity_factor, *, expert_of_block, b
     ids = tokens[kept]
     arrived = _exchange(dist, x[ids], in_rows, out_rows)
     blocks = arrived.split(theirs.tolist())
-    done = torch.cat([b @ experts[expert_of_block(i, n, local)] for i, b in enumerate(blocks)])
+    done = torch.cat([apply(b, experts[expert_of_block(i, n, local)]) for i, b in enumerate(blocks)])
     back = _exchange(dist, done, *((in_rows, out_rows) if back_splits_swapped else (out_rows, in_rows)))
     return torch.zeros_like(x).index_add(0, ids, back * weights[kept].unsqueeze(-1))
 
@@ -158,6 +173,23 @@ def moe_same_splits_both_ways(dist, x, router, experts, k, capacity_factor):
     """The results sent back with the dispatch's split sizes as they were: the way back is the way there reversed."""
     return _by_hand(dist, x, router, experts, k, capacity_factor, expert_of_block=lambda i, n, local: i % local,
                     back_splits_swapped=True)
+
+
+def moe_rows_as_column_vectors(dist, x, router, experts, k, capacity_factor):
+    """Each block run as column vectors, (W_e @ rowsᵀ)ᵀ, the way a linear layer's W x reads: rows @ W_eᵀ, the
+    expert transposed."""
+    return _by_hand(dist, x, router, experts, k, capacity_factor, expert_of_block=lambda i, n, local: i % local,
+                    apply=lambda rows, w: (w @ rows.T).T)
+
+
+def moe_rows_exchanged_on_the_world(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
+    """The counts exchanged within the group, but the rows' all-to-all written without group=: it runs on every rank
+    of the world, with the group's splits."""
+    def rows_everywhere(dist, rows, output_split_sizes, input_split_sizes):
+        out = rows.new_empty(sum(output_split_sizes), *rows.shape[1:])
+        dist.all_to_all_single(out, rows, output_split_sizes, input_split_sizes)
+        return out
+    return S.moe_layer(dist, x, router, experts, k, capacity_factor, exchange=rows_everywhere, group=group)
 
 
 def moe_local_experts_only(dist, x, router, experts, k, capacity_factor):
@@ -234,7 +266,7 @@ def backward_returning_one_gradient(dist, x, router, experts, k, capacity_factor
 
 # ---- moe_train -----------------------------------------------------------------------------------------------
 def _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, *, divide=True, experts_by="world",
-           same_batch=False, in_place=False, router_over="world"):
+           same_batch=False, in_place=False, router_over="world", experts_over="dp"):
     """EP × DP SGD as a learner writes it, with the knob of one mistake turned."""
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = {"ep": [dist.new_group(list(range(s, s + ep_size))) for s in range(0, world, ep_size)],
@@ -247,7 +279,7 @@ def _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, *, d
         y = S.moe_layer_backward(dist, x, router, experts, k, capacity_factor, group=ep)
         d_router, d_experts = torch.autograd.grad(((y - target) ** 2).mean(), [router, experts])
         dist.all_reduce(d_router, group=ep if router_over == "ep" else None)
-        dist.all_reduce(d_experts, group=dp)
+        dist.all_reduce(d_experts, group={"dp": dp, "ep": ep}[experts_over])
         scale = {"world": world, "ep": ep_size}[experts_by] if divide else 1
         if in_place:
             router -= lr * d_router / (world if divide else 1)
@@ -266,6 +298,12 @@ def train_summing_without_dividing(dist, batches, router, experts, k, capacity_f
 def train_experts_divided_by_the_ep_size(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
     """The experts' gradient divided by ep_size ("the EP group shares an expert's tokens"), the router's by N."""
     return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, experts_by="ep")
+
+
+def train_experts_reduced_within_their_ep_group(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
+    """The experts' gradient all-reduced over the EP group (the group the experts were "shared" in), where the ranks
+    holding the same experts are the DP group."""
+    return _train(dist, batches, router, experts, k, capacity_factor, lr, ep_size, experts_over="ep")
 
 
 def train_on_the_first_batch_every_step(dist, batches, router, experts, k, capacity_factor, lr, ep_size):
@@ -333,8 +371,25 @@ def capacity_search_stopping_before_the_largest_load(logits, k, max_dropped):
     return _capacity(logits, k, max_dropped, search_to="max")
 
 
+def capacity_by_factors_of_a_tenth(logits, k, max_dropped):
+    """Tries capacity factors 0.1, 0.2, ... through C = ceil(k·T·factor / E), as the notebook's capacity formula
+    suggests, and keeps the first that meets the budget: on a large batch a tenth of factor is several slots."""
+    return searching_capacity_factors(logits, k, max_dropped, 10)
+
+
+def capacity_loads_by_argmax(logits, k, max_dropped):
+    """Each expert's load as bincount(logits.argmax(-1)): the tokens whose favourite it is, one choice a token, where
+    all k choices of every token claim a slot."""
+    t_count, experts = logits.shape
+    load = torch.bincount(logits.argmax(-1), minlength=experts)
+    allowed = max_dropped * t_count * k
+    cap = next(c for c in range(1, int(load.max()) + 2) if int((load - c).clamp(min=0).sum()) <= allowed)
+    return cap, cap * experts - int(load.clamp(max=cap).sum())
+
+
 # The words of each message that would name the mistake; named_yet=False where today's message does not.
 MISTAKES = [
+    Attempt("top_k_route", route_capacity_rounded_to_the_nearest, ("round for ceil", "round() all give")),
     Attempt("top_k_route", route_softmax_over_the_batch, ("over the tokens", "dim=0")),
     Attempt("top_k_route", route_weighting_by_the_raw_logits, ("logits where", "before the softmax")),
     Attempt("top_k_route", route_filling_empty_slots_with_zeros, ("where -1 belongs", "empty slot")),
@@ -346,11 +401,14 @@ MISTAKES = [
     Attempt("router_losses", losses_p_summed, "T, the tokens"),
     Attempt("router_losses", losses_z_over_the_tokens, ("over the tokens (dim 0)", "dim=0")),
     Attempt("router_losses", losses_z_summed, "T, the tokens"),
-    Attempt("moe_layer", moe_experts_placed_round_robin, ("e % N", "round-robin (e"), named_yet=False),
+    Attempt("router_losses", losses_f_from_detached_probabilities, "(f = P)"),
+    Attempt("moe_layer", moe_experts_placed_round_robin, ("e % N", "round-robin (e")),
     Attempt("moe_layer", moe_blocks_read_expert_major, ("[source][", "source-major")),
     Attempt("moe_layer", moe_blocks_by_global_expert_index, ("local index", "E/N experts",
                                                              "must be shifted by the shard's offset")),
     Attempt("moe_layer", moe_same_splits_both_ways, ("splits swapped", "swap")),
+    Attempt("moe_layer", moe_rows_as_column_vectors, "each expert transposed"),
+    Attempt("moe_layer", moe_rows_exchanged_on_the_world, "group=group"),
     Attempt("moe_layer", moe_local_experts_only, ("never received", "other ranks' experts")),
     Attempt("moe_layer_backward", backward_returning_the_gradient_unexchanged,
             ("reverse all-to-all", "never sent back")),
@@ -361,6 +419,7 @@ MISTAKES = [
     Attempt("moe_layer_backward", backward_returning_one_gradient, ("one gradient per input", "None for")),
     Attempt("moe_train", train_summing_without_dividing, "N, the world size"),
     Attempt("moe_train", train_experts_divided_by_the_ep_size, "dp, the data-parallel replicas"),
+    Attempt("moe_train", train_experts_reduced_within_their_ep_group, "hold different experts"),
     Attempt("moe_train", train_on_the_first_batch_every_step, "at step 2"),
     Attempt("moe_train", train_stepping_leaves_in_place, "in-place operation"),
     Attempt("moe_train", train_router_reduced_within_its_ep_group, ("EP group only", "DP replicas")),
@@ -369,5 +428,7 @@ MISTAKES = [
     Attempt("smallest_capacity", capacity_budget_of_every_logit, ("E where k", "T·E")),
     Attempt("smallest_capacity", capacity_as_the_largest_load, ("budget", "a smaller capacity")),
     Attempt("smallest_capacity", capacity_second_number_of_lost_choices, ("the choices it drops", "not the padding")),
+    Attempt("smallest_capacity", capacity_by_factors_of_a_tenth, "search over capacity factors"),
+    Attempt("smallest_capacity", capacity_loads_by_argmax, "first choices alone"),
     Attempt("smallest_capacity", capacity_search_stopping_before_the_largest_load, ("range's end", "excluded")),
 ]

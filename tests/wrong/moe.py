@@ -310,6 +310,34 @@ def capacity_with_the_budget_excluded(logits, k, max_dropped):
     return _capacity(logits, k, max_dropped, inclusive=False)
 
 
+def moe_on_the_whole_world(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
+    """The group accepted and ignored: every collective on the whole world, right only while the group is it."""
+    return moe_layer(dist, x, router, experts, k, capacity_factor, exchange=exchange)
+
+
+def backward_on_the_whole_world(dist, x, router, experts, k, capacity_factor, group=None):
+    """The same for the differentiable layer."""
+    return moe_layer_backward(dist, x, router, experts, k, capacity_factor)
+
+
+def searching_capacity_factors(logits, k, max_dropped, parts: int):
+    """The first capacity factor of 1/parts, 2/parts, ... whose C = ceil(k·T·factor / E) meets the budget: right while
+    a step of factor moves C by at most one slot."""
+    t_count, experts = logits.shape
+    load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
+    step = 1
+    while True:
+        cap = math.ceil(k * t_count * step / parts / experts)
+        if int((load - cap).clamp(min=0).sum()) <= max_dropped * t_count * k:
+            return cap, cap * experts - int(load.clamp(max=cap).sum())
+        step += 1
+
+
+def capacity_by_factor_steps(logits, k, max_dropped):
+    """Capacity factors tried in steps of 0.05."""
+    return searching_capacity_factors(logits, k, max_dropped, 20)
+
+
 WRONG = [
     ("top_k_route", route_dropping_the_first_tokens, "rank 0", "keeping the last tokens"),
     ("top_k_route", route_token_by_token, "rank 0", "every first choice outranks"),
@@ -338,4 +366,7 @@ WRONG = [
     ("moe_train", train_without_reducing_the_router, "rank"),
     ("smallest_capacity", capacity_padding_as_if_nothing_dropped, "rank 0"),
     ("smallest_capacity", capacity_from_first_choices, "rank 0"),
+    ("moe_layer", moe_on_the_whole_world, "group is not the whole world"),
+    ("moe_layer_backward", backward_on_the_whole_world, "group is not the whole world"),
+    ("smallest_capacity", capacity_by_factor_steps, "rank 0", "capacity factors"),
 ]
