@@ -737,7 +737,8 @@ ULYSSES_TILES = ("attend with your blockwise_attention, `block` keys at a time: 
 
 
 def _ulysses_case(rng: random.Random, n: int, scale: Optional[float] = None) -> Case:
-    b, _, d = _shape(rng, dims=(4, 8))
+    _, _, d = _shape(rng, dims=(4, 8))
+    b = 2                              # with a batch of 1, a layout that leaves the batch behind the heads is right
     h = n * rng.randint(2, 3)          # two heads per rank or more: heads dealt round-robin then differ from blocks
     scale = _scale(rng, scale)
     (qs, ks, vs), expected, chunk = _ring_inputs(rng, n, b, h, d, scale, pairs=ULYSSES_PAIRS, blocks_per_rank=1)

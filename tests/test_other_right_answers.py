@@ -510,6 +510,7 @@ def checkpoint_by_hand(model, tokens, targets):
         block(inp).backward(grad)
         grad = inp.grad
     model.embed(tokens).backward(grad)
+    return model
 
 
 # ---- zigzag_attention(dist, q, k, v, block): this rank's (out, lse) of causal attention on the zigzag split ------
