@@ -1144,7 +1144,17 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
                 + (": here the plan of highest HFU is not the fastest" if short else "")
                 + (": here a micro-batch of one sequence is not the fastest" if batched else "")
                 + (": here the fastest plan is a pipeline" if pipelined else ""), mistakes=mistakes,
-                explain=functools.partial(_slower_plan, model, cluster, best.plan))
+                explain=functools.partial(_slower_plan, model, cluster, best.plan), explain_error=_plan_escaped)
+
+
+def _plan_escaped(error: BaseException) -> Optional[str]:
+    """estimate()'s PlanError let out of the search: a plan the model cannot split is one to skip, not an end."""
+    raised = getattr(error, "exception", None) or error
+    if type(raised).__name__ != "PlanError":
+        return None
+    return ("What it means: your search let estimate()'s PlanError out, so one plan this model cannot split ended "
+            "the whole search. Some plans of the space do not split a given model (here a tp that does not divide "
+            "its heads): call estimate inside try/except PlanError, skip that plan and go on to the next.")
 
 
 choose_plan = Puzzle(
