@@ -26,6 +26,8 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from queue import Empty
+from time import monotonic
 from unittest import mock
 
 import nbformat
@@ -253,11 +255,40 @@ def _host_env(host: Path, remote: Path) -> dict[str, str]:
     return env
 
 
+class _Client(NotebookClient):
+    """nbclient waits for a cell's reply in one poll of the cell's whole timeout. A wake-up that pyzmq's asyncio
+    poller misses then costs all of it: the reply sits unread until the timeout's last look finds it (seen in CI:
+    notebooks 03, 05 and 06 waited 600 s after their widget cell, their kernels idle). Polling in slices of a few
+    seconds reads such a message within one slice."""
+
+    SLICE_S = 5.0
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        for channel in (kc.shell_channel, kc.iopub_channel):
+            channel.get_msg = _in_slices(channel.get_msg, self.SLICE_S)
+        return kc
+
+
+def _in_slices(get_msg, slice_s: float):
+    """get_msg(timeout) as polls of at most `slice_s` seconds each, raising Empty only once `timeout` is spent."""
+    async def get(timeout=None):
+        deadline = None if timeout is None else monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - monotonic())
+            try:
+                return await get_msg(timeout=slice_s if left is None else min(slice_s, left))
+            except Empty:
+                if left is not None and left <= slice_s:
+                    raise
+    return get
+
+
 def _run_hosted(nb: nbformat.NotebookNode, folder: Path, host: Path, remote: Path) -> nbformat.NotebookNode:
     """Execute `nb` in `folder` with the host's kernel, the course's address leading to `remote`."""
     env = _host_env(host, remote)
     with mock.patch.dict(os.environ, JUPYTER_PATH=env["JUPYTER_PATH"]):   # where jupyter_client finds the kernel
-        client = NotebookClient(nb, kernel_name="host", timeout=600, resources={"metadata": {"path": str(folder)}})
+        client = _Client(nb, kernel_name="host", timeout=600, resources={"metadata": {"path": str(folder)}})
         client.execute(env=env, cwd=str(folder))
     return nb
 
@@ -340,7 +371,7 @@ def test_every_notebook_runs_on_colabs_versions(path, tmp_path, colab_host, remo
     env = _host_env(colab_host, remote)
     pictured = checked = None
     with mock.patch.dict(os.environ, JUPYTER_PATH=env["JUPYTER_PATH"]):
-        client = NotebookClient(nb, kernel_name="host", timeout=600, resources={"metadata": {"path": str(folder)}})
+        client = _Client(nb, kernel_name="host", timeout=600, resources={"metadata": {"path": str(folder)}})
         with client.setup_kernel(env=env, cwd=str(folder)):
             for index, cell in enumerate(nb.cells):
                 tags = cell.metadata.get("tags", [])
