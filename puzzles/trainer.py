@@ -156,7 +156,7 @@ def hsdp_shards(grad: torch.Tensor, s: int) -> list[torch.Tensor]:
 def _hsdp_case(rng: random.Random, world: int) -> MeshCase:
     """`nodes` nodes of s ranks each (nodes != s where the world allows, so that a wrong factor names one of them);
     gradients whose first dimension s rarely divides, one of them longer than s rows."""
-    pairs = [(r, world // r) for r in range(2, world) if world % r == 0]
+    pairs = [(r, world // r) for r in range(2, world) if world % r == 0] or [(1, world)]   # a prime world: one node
     nodes, s = rng.choice([p for p in pairs if p[0] != p[1]] or pairs)
     gen = _gen(rng)
     shapes = [(rng.randint(s + 1, 3 * s),) + ((rng.randint(1, 4),) if rng.random() < 0.7 else ())]
@@ -234,7 +234,8 @@ def _fsdp2_hsdp(dist, grads: list[torch.Tensor], nodes: int) -> list[torch.Tenso
 
 
 hsdp_gradients = MeshPuzzle(
-    "hsdp_gradients", NOTEBOOK, _hsdp_case, world_sizes=(6, 8),
+    "hsdp_gradients", NOTEBOOK, _hsdp_case, world_sizes=(6, 8), min_world_size=4,
+    min_world_size_reason="HSDP both shards and replicates on 2 nodes of 2 ranks or more",
     hints=["mesh = device_mesh(dist, (nodes, dist.get_world_size() // nodes), ('replicate', 'shard')): "
            "mesh['shard'].get_group() is this rank's node, mesh['replicate'].get_group() the ranks of other nodes "
            "holding the same shard; i = mesh.get_local_rank('shard').",
