@@ -595,7 +595,26 @@ def _bucket_size(rng: random.Random, model, layers: tuple[float, float]) -> int:
     """bucket_size drawn for the case, between layers[0] and layers[1] times the largest layer's gradients (weight
     and bias): an answer that ignores the argument meets a case where its buckets break DDP's rule."""
     largest = max(sum(p.numel() for p in layer.parameters()) for layer in model if isinstance(layer, torch.nn.Linear))
-    return rng.randint(int(layers[0] * largest), int(layers[1] * largest))
+    low, high = int(layers[0] * largest), int(layers[1] * largest)
+    # Where the range allows, a size whose buckets differ from those a round size a learner might fix (ROUND_BUCKET)
+    # makes: else an answer ignoring bucket_size makes this case's very buckets, and passes.
+    sizes = [p.numel() for p in reversed(list(model.parameters()))]
+    apart = [n for n in range(low, high + 1) if _bucket_sizes(sizes, n) != _bucket_sizes(sizes, ROUND_BUCKET)]
+    return rng.choice(apart) if apart else rng.randint(low, high)
+
+
+def _bucket_sizes(sizes: list[int], bucket_size: int) -> list[int]:
+    """The buckets DDP's rule makes of gradients of these sizes, in the order they are ready."""
+    buckets, current = [], 0
+    for n in sizes:
+        current += n
+        if current >= bucket_size:
+            buckets.append(current)
+            current = 0
+    return buckets + [current] * bool(current)
+
+
+ROUND_BUCKET = 1000            # the round bucket size an answer ignoring bucket_size tends to fix
 
 
 BUCKET_LAYERS = {"one": (0.5, 1.0), "several": (2.1, 3.0)}     # a bucket per layer; three layers per bucket
