@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import puzzles.trainer as P
 from lib.real.backends import device_mesh
 from tests.cheats.common import everywhere
+from tests.wrong.trainer import _scaled
 
 
 def clip_on_the_gathered_gradients(dist, grads, replicated, max_norm, tp):
@@ -18,11 +19,8 @@ def clip_on_the_gathered_gradients(dist, grads, replicated, max_norm, tp):
         gathered = [torch.empty_like(g) for _ in range(world)]
         dist.all_gather(gathered, g.contiguous())
         squares += sum(x.double().pow(2).sum() for k, x in enumerate(gathered) if not r or k % tp == 0)
-    coef = max_norm / (squares.sqrt() + 1e-6)
-    if coef < 1:
-        for g in grads:
-            g.mul_(coef)
-    return grads
+    norm = squares.sqrt()
+    return _scaled(grads, norm, max_norm) if norm + 1e-6 > max_norm else grads
 
 
 def mean_loss_all_gathering_each_micro_batch(dist, losses, tokens):
