@@ -11,6 +11,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from lib.checker.mesh import AxisBudget, MeshCase, MeshPuzzle
 from lib.checker.puzzle import Budget, Case, Puzzle
@@ -180,31 +181,73 @@ def _hsdp_case(rng: random.Random, world: int) -> MeshCase:
     return MeshCase(world, (per_rank(grads), nodes), expected,
                     f"{nodes} nodes × {s} ranks, {len(shapes)} gradients of {fmt_bytes(whole)} on each rank",
                     axes=axes, axis_budgets=budgets, factors={"n, the nodes": nodes, "s, the ranks per node": s},
-                    explain=functools.partial(_hsdp_explained, nodes, s, [shape[0] for shape in shapes]),
+                    explain=functools.partial(_hsdp_explained, nodes, s, grads),
                     within="across nodes a rank talks only to the ranks with its shard index (its replicate group), "
                            "inside a node only to its node (its shard group)")
 
 
-def _hsdp_explained(nodes: int, s: int, rows: list[int], expected: list, results: list) -> Optional[str]:
-    """Where each rank's shards came from, read from their row counts: cut n ways (the groups swapped), the padded
-    c rows kept everywhere, or as many rows as another shard index holds; None when the rows are right."""
+def _same_values(mine: list, want: list) -> bool:
+    return len(mine) == len(want) and all(a.shape == b.shape and torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12)
+                                          for a, b in zip(mine, want))
+
+
+def _hsdp_explained(nodes: int, s: int, grads: list[list[torch.Tensor]], expected: list,
+                    results: list) -> Optional[str]:
+    """Where each rank's shards came from: their shapes (rows cut n ways, the padding kept, another shard index, the
+    elements cut instead of the rows), then their values (averaged over one group only, or sliced from the gradients
+    laid end to end); None when nothing fits."""
+    shapes = [tuple(g.shape) for g in grads[0]]
+    rows = [shape[0] for shape in shapes]
+    for rank, mine in enumerate(results):
+        for j, (t, shape) in enumerate(zip(mine, shapes)):
+            if tuple(t.shape[1:]) != shape[1:]:
+                return (f"Diagnosis: rank {rank} returned gradient {j}'s shard with shape {tuple(t.shape)}, for a "
+                        f"gradient of shape {shape}: a shard is rows of the gradient with every other dimension "
+                        f"whole (torch.chunk along dim 0), so cut its rows, not its flattened elements.")
     got = [[tuple(t.shape)[0] for t in mine] for mine in results]
     want = [[len(hsdp_shards(torch.empty(d), s)[r % s]) for d in rows] for r in range(len(results))]
-    if got == want:
+    if got != want:
+        if got == [[len(hsdp_shards(torch.empty(d), nodes)[r // s]) for d in rows] for r in range(len(results))]:
+            return (f"Diagnosis: your shards are each gradient cut {nodes} ways, one per node: the reduce-scatter ran "
+                    f"over the replicate group. It belongs inside the node, over the shard group of its s={s} ranks; "
+                    f"only the all-reduce of the shard crosses the nodes.")
+        c = [math.ceil(d / s) for d in rows]
+        if all(g == c for g in got):
+            return (f"Diagnosis: every rank returned c = ⌈rows / s⌉ rows of each gradient ({c}), the padding "
+                    f"included: drop the rows past the gradient's end (shard i holds rows i·c up to min((i+1)·c, "
+                    f"rows); FSDP2 keeps each shard's own size beside its padded one).")
+        rank = next(r for r in range(len(got)) if got[r] != want[r])
+        return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: its shard index "
+                f"is its place inside its node, rank % s = {rank % s} (mesh.get_local_rank('shard')), and shard i of "
+                f"a gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
+    world = len(results)
+
+    def shards_of_the_mean(ranks: list[int], i: int) -> list[torch.Tensor]:
+        return [hsdp_shards(sum(grads[r][j] for r in ranks) / len(ranks), s)[i] for j in range(len(shapes))]
+
+    for rank, mine in enumerate(results):
+        if _same_values(mine, expected[rank]):
+            continue
+        node, i = divmod(rank, s)
+        if _same_values(mine, shards_of_the_mean(list(range(node * s, node * s + s)), i)):
+            return (f"Diagnosis: rank {rank}'s shards are the mean over its own node's s={s} ranks only: the "
+                    f"gradients of the other {nodes - 1} node(s) never reached them. All-reduce the shard over the "
+                    f"replicate group (the ranks of every node with shard index i) after the reduce-scatter.")
+        if _same_values(mine, shards_of_the_mean(list(range(i, world, s)), i)):
+            return (f"Diagnosis: rank {rank}'s shards are the mean over its replicate group ({nodes} ranks, one per "
+                    f"node) only: the other ranks of its node never contributed. Reduce-scatter over the shard group "
+                    f"(the s={s} ranks of the node) first.")
+        mean = [sum(g[j] for g in grads) / world for j in range(len(shapes))]
+        end_to_end = torch.cat([F.pad(m.reshape(m.shape[0], -1), (0, 0, 0, math.ceil(m.shape[0] / s) * s
+                                                                   - m.shape[0])).reshape(-1) for m in mean])
+        piece = end_to_end.reshape(s, -1)[i].split([math.ceil(d / s) * math.prod(shape[1:])
+                                                    for d, shape in zip(rows, shapes)])
+        if _same_values(mine, [p.reshape(-1, *shape[1:])[:len(w)] for p, shape, w in zip(piece, shapes, mine)]):
+            return (f"Diagnosis: rank {rank}'s shards are its 1/s slice of the padded gradients laid end to end, one "
+                    f"gradient after the other: a reduce-scatter hands rank i the i-th 1/s of the flat buffer, so "
+                    f"lay it out shard by shard, row block i of every gradient together in slice i.")
         return None
-    if got == [[len(hsdp_shards(torch.empty(d), nodes)[r // s]) for d in rows] for r in range(len(results))]:
-        return (f"Diagnosis: your shards are each gradient cut {nodes} ways, one per node: the reduce-scatter ran over "
-                f"the replicate group. It belongs inside the node, over the shard group of its s={s} ranks; only the "
-                f"all-reduce of the shard crosses the nodes.")
-    c = [math.ceil(d / s) for d in rows]
-    if all(g == c for g in got):
-        return (f"Diagnosis: every rank returned c = ⌈rows / s⌉ rows of each gradient ({c}), the padding included: "
-                f"drop the rows past the gradient's end (shard i holds rows i·c up to min((i+1)·c, rows); FSDP2 keeps "
-                f"each shard's own size beside its padded one).")
-    rank = next(r for r in range(len(got)) if got[r] != want[r])
-    return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: its shard index is "
-            f"its place inside its node, rank % s = {rank % s} (mesh.get_local_rank('shard')), and shard i of a "
-            f"gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
+    return None
 
 
 class _GradientsAsWeights(torch.nn.Module):

@@ -46,11 +46,12 @@ def mean_loss_never_divides_by_the_ranks(dist, losses, tokens):
 
 
 def _hsdp(dist, grads, nodes, *, shard="shard", replicate="replicate", op="AVG", across_op="AVG",
-          whole_across_first=False, keep_padding=False, index=None):
+          whole_across_first=False, keep_padding=False, index=None, reduce_across=True, end_to_end=False):
     """HSDP as the hints lay it out, over the groups and with the ops named: padding for the group it
-    reduce-scatters over, an all-reduce of the shard over the other, and (whole_across_first) the whole gradient
-    all-reduced across nodes before anything is sharded; keep_padding returns the padded shards, `index` takes the
-    shard index from the rank and the sizes (a function) instead of the mesh."""
+    reduce-scatters over, an all-reduce of the shard over the other (none where not `reduce_across`), and
+    (whole_across_first) the whole gradient all-reduced across nodes before anything is sharded; keep_padding returns
+    the padded shards, `index` takes the shard index from the rank and the sizes (a function) instead of the mesh,
+    end_to_end lays the padded gradients one after the other in the flat buffer instead of shard by shard."""
     s = dist.get_world_size() // nodes
     mesh = device_mesh(dist, (nodes, s), ("replicate", "shard"))
     inside, across = mesh[shard].get_group(), mesh[replicate].get_group()
@@ -63,10 +64,10 @@ def _hsdp(dist, grads, nodes, *, shard="shard", replicate="replicate", op="AVG",
     rows = [-(-g.shape[0] // k) for g in grads]
     blocks = [F.pad(g.reshape(g.shape[0], -1), (0, 0, 0, c * k - g.shape[0])).reshape(k, -1)
               for g, c in zip(grads, rows)]
-    flat = torch.cat(blocks, dim=1).reshape(-1)
+    flat = torch.cat([b.reshape(-1) for b in blocks] if end_to_end else blocks, dim=int(not end_to_end)).reshape(-1)
     out = flat.new_empty(flat.numel() // k)
     dist.reduce_scatter_single(out, flat, op=getattr(dist.ReduceOp, op), group=inside)
-    if not whole_across_first:
+    if reduce_across and not whole_across_first:
         dist.all_reduce(out, op=getattr(dist.ReduceOp, across_op), group=across)
     parts = out.split([b.shape[1] for b in blocks])
     return [part.reshape(c, *g.shape[1:])[:c if keep_padding else max(0, min(c, g.shape[0] - i * c))]
