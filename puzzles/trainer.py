@@ -97,7 +97,9 @@ def _clip_counting_every_copy(dist, grads, replicated, max_norm, tp):
 
 clip_grad_norm = Puzzle(
     "clip_grad_norm", NOTEBOOK, _clip_case, world_sizes=(2, 4, 8),
-    variants=({"tp": 2, "scale": 0.5}, {"scale": 2.0}),       # replicas that count, and a norm already small
+    # A norm already small, then two TP groups of 2 (pp = 2) clipped: each group's replicated copy counted once, on
+    # its own first rank (one group alone, tp = world, lets "on rank 0 only" pass).
+    variants=({"scale": 2.0}, {"tp": 2, "scale": 0.5}),
     hints=["The norm is that of the whole model's gradient as one vector: the square root of the sum of every "
            "gradient's squares, each parameter counted once.",
            "A gradient flagged replicated is the same on every TP rank: add its squares on TP rank 0 only "

@@ -27,6 +27,15 @@ def clip_always_scales(dist, grads, replicated, max_norm, tp):
     return _scaled(grads, squares.sqrt(), max_norm)
 
 
+def clip_replicated_on_rank_0_only(dist, grads, replicated, max_norm, tp):
+    """Counts the replicated gradients on rank 0 alone: right with one TP group (tp = world), but the other
+    stages' TP groups never count theirs."""
+    rank = dist.get_rank()
+    squares = sum(g.pow(2).sum() for g, r in zip(grads, replicated) if not r or rank == 0).reshape(1)
+    dist.all_reduce(squares)
+    return _scaled(grads, squares.sqrt(), max_norm) if squares.sqrt() > max_norm else grads
+
+
 def mean_loss_one_all_reduce_per_micro_batch(dist, losses, tokens):
     """Right value, m all-reduces of one number each where one of two numbers does."""
     total, count = torch.zeros(1, dtype=losses[0].dtype), torch.zeros(1, dtype=losses[0].dtype)
@@ -109,6 +118,7 @@ def hsdp_sums_without_the_mean(dist, grads, nodes):
 WRONG = [
     ("clip_grad_norm", _clip_counting_every_copy, "expected", "TP-replicated"),
     ("clip_grad_norm", clip_without_all_reduce, "expected"),
+    ("clip_grad_norm", clip_replicated_on_rank_0_only, "expected"),
     ("clip_grad_norm", clip_always_scales, "expected"),
     ("mean_loss", _mean_of_means, "expected", "micro-batches' means"),
     ("mean_loss", mean_loss_one_all_reduce_per_micro_batch, "sent"),
