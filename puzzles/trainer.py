@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import functools
+import itertools
 import math
 from typing import Optional
 
@@ -80,7 +81,57 @@ def _clip_case(rng: random.Random, world: int, tp: int = 0, scale: float = 0.0) 
                 f"{max_norm / norm:.2f} × the norm", budgets=[_one_all_reduce(world, 1, "one sum of squares")],
                 factors={"the norm of the whole gradient": norm,
                          **({"tp, the TP degree": tp} if tp > 1 else {})},
-                mistakes=(Mistake(_clip_counting_every_copy, REPLICAS_COUNTED),))
+                mistakes=(Mistake(_clip_counting_every_copy, REPLICAS_COUNTED),),
+                explain=functools.partial(_clip_explained, grads, replicated, max_norm, tp))
+
+
+def _clip_explained(grads: list[list[torch.Tensor]], replicated: list[bool], max_norm: float, tp: int,
+                    expected: list, results: list) -> Optional[str]:
+    """The coefficient each rank applied, read from its results: one per gradient, one per rank, or one for all,
+    whose norm tells how many times each TP group counted its replicated squares; None where nothing fits."""
+    coefs = []
+    for rank, (mine, got) in enumerate(zip(grads, results)):
+        ratios = [(b.double() / a).reshape(-1) for a, b in zip(mine, got)]
+        each = [float(r.mean()) for r in ratios]
+        if not all(torch.allclose(r, torch.full_like(r, c), rtol=1e-9, atol=0) for r, c in zip(ratios, each)):
+            return None
+        if any(not math.isclose(c, each[0], rel_tol=1e-9) for c in each):
+            return (f"Diagnosis: rank {rank} scaled its gradients by different coefficients "
+                    f"({', '.join(f'{c:.4g}' for c in each)}): clipping scales every gradient by one coefficient, "
+                    f"max_norm / (norm + 1e-6) of the whole model's norm.")
+        coefs.append(each[0])
+    if any(not math.isclose(c, coefs[0], rel_tol=1e-9) for c in coefs):
+        rank = next(r for r, c in enumerate(coefs) if not math.isclose(c, coefs[0], rel_tol=1e-9))
+        return (f"Diagnosis: rank 0 scaled its gradients by {coefs[0]:.4g} and rank {rank} by {coefs[rank]:.4g}: each "
+                f"rank clipped by a norm of its own. Sum the squares over every rank of the model copy (one "
+                f"all-reduce) so that every rank scales by the same coefficient.")
+    sharded = sum(float(g.pow(2).sum()) for mine in grads for g, r in zip(mine, replicated) if not r)
+    copies = [sum(float(g.pow(2).sum()) for g, r in zip(grads[first], replicated) if r)
+              for first in range(0, len(grads), tp)]
+    coef, norm = coefs[0], math.sqrt(sharded + sum(copies))
+    due = max_norm / (norm + 1e-6)
+    if math.isclose(coef, 1, rel_tol=1e-9):
+        return (f"Diagnosis: you left the gradients unscaled, but the whole gradient's norm {norm:.6g} is above "
+                f"max_norm {max_norm:.6g}: scale every gradient by max_norm / (norm + 1e-6) = {due:.4g}.")
+    used = max_norm / coef - 1e-6
+    if math.isclose(used, norm ** 2, rel_tol=1e-6):
+        return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the sum of the squares itself: the norm is its "
+                f"square root, {norm:.6g}.")
+    if due >= 1:
+        return (f"Diagnosis: you scaled every gradient by {coef:.4g}, but max_norm / (norm + 1e-6) = {due:.4g} is not "
+                f"below 1: the gradients stay as they are then (torch's clip_grad_norm_ clamps the coefficient to 1).")
+    for counts in itertools.product(range(tp + 1), repeat=len(copies)):
+        if math.isclose(sharded + sum(k * q for k, q in zip(counts, copies)), used ** 2, rel_tol=1e-7):
+            break
+    else:
+        return None
+    if all(k == 1 for k in counts) or all(k == tp for k in counts) and tp > 1:
+        return None            # the right count, or every TP rank counting them: the catalogued mistake says so
+    said = ", ".join(f"{k} time{'s' * (k != 1)} in the TP group of ranks {g * tp}-{g * tp + tp - 1}"
+                     for g, k in enumerate(counts))
+    return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the whole gradient's norm being {norm:.6g}: your norm "
+            f"counts the TP-replicated gradients' squares {said}, where each TP group holds one copy to count once. "
+            f"TP is innermost: the group's first rank is the one with rank % tp == 0.")
 
 
 REPLICAS_COUNTED = ("a norm that counts each TP-replicated gradient (LayerNorms, the biases added after g, embeddings, "

@@ -7,6 +7,26 @@ from tests.mistakes import Attempt
 from tests.wrong.trainer import _hsdp
 
 
+def clip_tp_rank_taken_as_outermost(dist, grads, replicated, max_norm, tp):
+    """Counts the replicated gradients on the ranks whose index over (N / tp) is 0, as if TP were the outer axis:
+    some TP groups count their copy twice or more, others not at all."""
+    rank = dist.get_rank()
+    squares = sum(g.pow(2).sum() for g, r in zip(grads, replicated)
+                  if not r or rank // (dist.get_world_size() // tp) == 0).reshape(1)
+    dist.all_reduce(squares)
+    coef = max_norm / (squares.sqrt() + 1e-6)
+    return [g * coef if coef < 1 else g for g in grads]
+
+
+def clip_by_the_sum_of_squares(dist, grads, replicated, max_norm, tp):
+    """Forgets the square root: divides max_norm by the norm's square."""
+    rank = dist.get_rank()
+    squares = sum(g.pow(2).sum() for g, r in zip(grads, replicated) if not r or rank % tp == 0).reshape(1)
+    dist.all_reduce(squares)
+    coef = max_norm / (squares + 1e-6)
+    return [g * coef if coef < 1 else g for g in grads]
+
+
 def hsdp_keeps_the_padding(dist, grads, nodes):
     """Returns each shard as the reduce-scatter left it, padding rows included: the last shards are too long."""
     return _hsdp(dist, grads, nodes, keep_padding=True)
@@ -49,6 +69,8 @@ def hsdp_never_all_reduces_across_nodes(dist, grads, nodes):
 
 
 MISTAKES = [
+    Attempt("clip_grad_norm", clip_tp_rank_taken_as_outermost, named="rank % tp == 0"),
+    Attempt("clip_grad_norm", clip_by_the_sum_of_squares, named="square root"),
     Attempt("hsdp_gradients", hsdp_keeps_the_padding, named="padding"),
     # Its rows are often those of padding kept (shard indices below n are full ones): not named apart yet.
     Attempt("hsdp_gradients", hsdp_node_number_as_shard_index, named="shard index", named_yet=False),

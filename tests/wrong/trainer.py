@@ -117,9 +117,9 @@ def hsdp_sums_without_the_mean(dist, grads, nodes):
 
 WRONG = [
     ("clip_grad_norm", _clip_counting_every_copy, "expected", "TP-replicated"),
-    ("clip_grad_norm", clip_without_all_reduce, "expected"),
-    ("clip_grad_norm", clip_replicated_on_rank_0_only, "expected"),
-    ("clip_grad_norm", clip_always_scales, "expected"),
+    ("clip_grad_norm", clip_without_all_reduce, "expected", "a norm of its own"),
+    ("clip_grad_norm", clip_replicated_on_rank_0_only, "expected", "0 times in the TP group"),
+    ("clip_grad_norm", clip_always_scales, "expected", "not below 1"),
     ("mean_loss", _mean_of_means, "expected", "micro-batches' means"),
     ("mean_loss", mean_loss_one_all_reduce_per_micro_batch, "sent"),
     ("mean_loss", mean_loss_never_divides_by_the_ranks, "expected"),
