@@ -171,8 +171,35 @@ def _loss_case(rng: random.Random, world: int) -> Case:
     return Case(world, (per_rank(losses), per_rank(tokens)), [total] * world,
                 f"N={world} DP ranks, m={m} micro-batches of 8 to 32 tokens each",
                 budgets=[_one_all_reduce(world, 2, "a loss sum and a token count")],
-                factors={"N, the DP ranks": world, "m, the micro-batches": m},
-                mistakes=(Mistake(_mean_of_means, MEAN_OF_MEANS),))
+                factors={"m, the micro-batches": m,        # N, the world size: the DP ranks here, always named
+                         "T, the step's tokens over every rank": sum(map(sum, tokens))},
+                mistakes=(Mistake(_mean_of_means, MEAN_OF_MEANS),),
+                explain=functools.partial(_loss_explained, losses, tokens))
+
+
+def _loss_explained(losses: list[list[torch.Tensor]], tokens: list[list[int]], expected: list,
+                    results: list) -> Optional[str]:
+    """What a rank's result is made of: each rank's own token-weighted mean summed or averaged, or the step's
+    token-weighted sum over this rank's tokens alone (or N times them); None where none fits."""
+    weighted, world = float(sum(loss * n for ls, ns in zip(losses, tokens) for loss, n in zip(ls, ns))), len(tokens)
+    for rank, got in enumerate(results):
+        if math.isclose(float(got), float(expected[rank]), rel_tol=1e-9):
+            continue
+        means = [float(sum(loss * n for loss, n in zip(ls, ns))) / sum(ns) for ls, ns in zip(losses, tokens)]
+        for value, said in ((sum(means), "sum"), (sum(means) / world, "mean")):
+            if math.isclose(float(got), value, rel_tol=1e-9):
+                return (f"Diagnosis: rank {rank} returned the {said} of each rank's own token-weighted mean: a rank's "
+                        f"mean weighs only its own tokens, and ranks may hold different counts. All-reduce the "
+                        f"weighted sum and the token count, then divide once.")
+        mine, used = sum(tokens[rank]), weighted / float(got)
+        for times, said in ((1, f"rank {rank}'s own {mine} tokens"), (world, f"N = {world} × rank {rank}'s own "
+                                                                                f"{mine} tokens")):
+            if math.isclose(used, times * mine, rel_tol=1e-9):
+                return (f"Diagnosis: rank {rank} divided the step's token-weighted loss sum by {said}, where the "
+                        f"step's {sum(map(sum, tokens))} tokens over every rank belong: ranks may hold different "
+                        f"token counts, so all-reduce the count together with the sum.")
+        return None
+    return None
 
 
 MEAN_OF_MEANS = ("the mean of the micro-batches' means gives: a micro-batch of 8 tokens weighs as much as one "

@@ -1,5 +1,6 @@
 """Realistic first attempts at notebook 10's seam puzzles, none of them in tests/wrong."""
 
+import torch
 import torch.nn.functional as F
 
 from lib.real.backends import device_mesh
@@ -25,6 +26,22 @@ def clip_by_the_sum_of_squares(dist, grads, replicated, max_norm, tp):
     dist.all_reduce(squares)
     coef = max_norm / (squares + 1e-6)
     return [g * coef if coef < 1 else g for g in grads]
+
+
+def mean_loss_never_divides_by_the_tokens(dist, losses, tokens):
+    """All-reduces the token-weighted sum and the count, then divides by the ranks instead of the count."""
+    total = torch.stack([sum(loss * n for loss, n in zip(losses, tokens)),
+                         torch.tensor(float(sum(tokens)), dtype=losses[0].dtype)])
+    dist.all_reduce(total)
+    return total[0] / dist.get_world_size()
+
+
+def mean_loss_divides_by_its_own_tokens(dist, losses, tokens):
+    """All-reduces the token-weighted sum alone, then divides by N times this rank's own tokens, as if every rank
+    held as many."""
+    total = sum(loss * n for loss, n in zip(losses, tokens)).reshape(1)
+    dist.all_reduce(total)
+    return total[0] / (sum(tokens) * dist.get_world_size())
 
 
 def hsdp_keeps_the_padding(dist, grads, nodes):
@@ -71,6 +88,8 @@ def hsdp_never_all_reduces_across_nodes(dist, grads, nodes):
 MISTAKES = [
     Attempt("clip_grad_norm", clip_tp_rank_taken_as_outermost, named="rank % tp == 0"),
     Attempt("clip_grad_norm", clip_by_the_sum_of_squares, named="square root"),
+    Attempt("mean_loss", mean_loss_never_divides_by_the_tokens, named="T, the step's tokens"),
+    Attempt("mean_loss", mean_loss_divides_by_its_own_tokens, named="own"),
     Attempt("hsdp_gradients", hsdp_keeps_the_padding, named="padding"),
     # Its rows are often those of padding kept (shard indices below n are full ones): not named apart yet.
     Attempt("hsdp_gradients", hsdp_node_number_as_shard_index, named="shard index", named_yet=False),

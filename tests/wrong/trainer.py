@@ -122,7 +122,7 @@ WRONG = [
     ("clip_grad_norm", clip_always_scales, "expected", "not below 1"),
     ("mean_loss", _mean_of_means, "expected", "micro-batches' means"),
     ("mean_loss", mean_loss_one_all_reduce_per_micro_batch, "sent"),
-    ("mean_loss", mean_loss_never_divides_by_the_ranks, "expected"),
+    ("mean_loss", mean_loss_never_divides_by_the_ranks, "expected", "each rank's own token-weighted mean"),
     ("hsdp_gradients", hsdp_all_reduce_over_the_world, "none of its mesh groups"),
     ("hsdp_gradients", hsdp_whole_gradient_across_nodes_first, "REPLICATE axis, over the budget"),
     ("hsdp_gradients", hsdp_averages_over_the_node_only, "expected", "n, the nodes"),
