@@ -7,10 +7,12 @@ from __future__ import annotations
 import random
 
 import functools
+import itertools
 import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from lib.checker.mesh import AxisBudget, MeshCase, MeshPuzzle
 from lib.checker.puzzle import Budget, Case, Puzzle
@@ -79,7 +81,57 @@ def _clip_case(rng: random.Random, world: int, tp: int = 0, scale: float = 0.0) 
                 f"{max_norm / norm:.2f} × the norm", budgets=[_one_all_reduce(world, 1, "one sum of squares")],
                 factors={"the norm of the whole gradient": norm,
                          **({"tp, the TP degree": tp} if tp > 1 else {})},
-                mistakes=(Mistake(_clip_counting_every_copy, REPLICAS_COUNTED),))
+                mistakes=(Mistake(_clip_counting_every_copy, REPLICAS_COUNTED),),
+                explain=functools.partial(_clip_explained, grads, replicated, max_norm, tp))
+
+
+def _clip_explained(grads: list[list[torch.Tensor]], replicated: list[bool], max_norm: float, tp: int,
+                    expected: list, results: list) -> Optional[str]:
+    """The coefficient each rank applied, read from its results: one per gradient, one per rank, or one for all,
+    whose norm tells how many times each TP group counted its replicated squares; None where nothing fits."""
+    coefs = []
+    for rank, (mine, got) in enumerate(zip(grads, results)):
+        ratios = [(b.double() / a).reshape(-1) for a, b in zip(mine, got)]
+        each = [float(r.mean()) for r in ratios]
+        if not all(torch.allclose(r, torch.full_like(r, c), rtol=1e-9, atol=0) for r, c in zip(ratios, each)):
+            return None
+        if any(not math.isclose(c, each[0], rel_tol=1e-9) for c in each):
+            return (f"Diagnosis: rank {rank} scaled its gradients by different coefficients "
+                    f"({', '.join(f'{c:.4g}' for c in each)}): clipping scales every gradient by one coefficient, "
+                    f"max_norm / (norm + 1e-6) of the whole model's norm.")
+        coefs.append(each[0])
+    if any(not math.isclose(c, coefs[0], rel_tol=1e-9) for c in coefs):
+        rank = next(r for r, c in enumerate(coefs) if not math.isclose(c, coefs[0], rel_tol=1e-9))
+        return (f"Diagnosis: rank 0 scaled its gradients by {coefs[0]:.4g} and rank {rank} by {coefs[rank]:.4g}: each "
+                f"rank clipped by a norm of its own. Sum the squares over every rank of the model copy (one "
+                f"all-reduce) so that every rank scales by the same coefficient.")
+    sharded = sum(float(g.pow(2).sum()) for mine in grads for g, r in zip(mine, replicated) if not r)
+    copies = [sum(float(g.pow(2).sum()) for g, r in zip(grads[first], replicated) if r)
+              for first in range(0, len(grads), tp)]
+    coef, norm = coefs[0], math.sqrt(sharded + sum(copies))
+    due = max_norm / (norm + 1e-6)
+    if math.isclose(coef, 1, rel_tol=1e-9):
+        return (f"Diagnosis: you left the gradients unscaled, but the whole gradient's norm {norm:.6g} is above "
+                f"max_norm {max_norm:.6g}: scale every gradient by max_norm / (norm + 1e-6) = {due:.4g}.")
+    used = max_norm / coef - 1e-6
+    if math.isclose(used, norm ** 2, rel_tol=1e-6):
+        return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the sum of the squares itself: the norm is its "
+                f"square root, {norm:.6g}.")
+    if due >= 1:
+        return (f"Diagnosis: you scaled every gradient by {coef:.4g}, but max_norm / (norm + 1e-6) = {due:.4g} is not "
+                f"below 1: the gradients stay as they are then (torch's clip_grad_norm_ clamps the coefficient to 1).")
+    for counts in itertools.product(range(tp + 1), repeat=len(copies)):
+        if math.isclose(sharded + sum(k * q for k, q in zip(counts, copies)), used ** 2, rel_tol=1e-7):
+            break
+    else:
+        return None
+    if all(k == 1 for k in counts) or all(k == tp for k in counts) and tp > 1:
+        return None            # the right count, or every TP rank counting them: the catalogued mistake says so
+    said = ", ".join(f"{k} time{'s' * (k != 1)} in the TP group of ranks {g * tp}-{g * tp + tp - 1}"
+                     for g, k in enumerate(counts))
+    return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the whole gradient's norm being {norm:.6g}: your norm "
+            f"counts the TP-replicated gradients' squares {said}, where each TP group holds one copy to count once. "
+            f"TP is innermost: the group's first rank is the one with rank % tp == 0.")
 
 
 REPLICAS_COUNTED = ("a norm that counts each TP-replicated gradient (LayerNorms, the biases added after g, embeddings, "
@@ -96,7 +148,9 @@ def _clip_counting_every_copy(dist, grads, replicated, max_norm, tp):
 
 clip_grad_norm = Puzzle(
     "clip_grad_norm", NOTEBOOK, _clip_case, world_sizes=(2, 4, 8),
-    variants=({"tp": 2, "scale": 0.5}, {"scale": 2.0}),       # replicas that count, and a norm already small
+    # A norm already small, then two TP groups of 2 (pp = 2) clipped: each group's replicated copy counted once, on
+    # its own first rank (one group alone, tp = world, lets "on rank 0 only" pass).
+    variants=({"scale": 2.0}, {"tp": 2, "scale": 0.5}),
     hints=["The norm is that of the whole model's gradient as one vector: the square root of the sum of every "
            "gradient's squares, each parameter counted once.",
            "A gradient flagged replicated is the same on every TP rank: add its squares on TP rank 0 only "
@@ -117,8 +171,35 @@ def _loss_case(rng: random.Random, world: int) -> Case:
     return Case(world, (per_rank(losses), per_rank(tokens)), [total] * world,
                 f"N={world} DP ranks, m={m} micro-batches of 8 to 32 tokens each",
                 budgets=[_one_all_reduce(world, 2, "a loss sum and a token count")],
-                factors={"N, the DP ranks": world, "m, the micro-batches": m},
-                mistakes=(Mistake(_mean_of_means, MEAN_OF_MEANS),))
+                factors={"m, the micro-batches": m,        # N, the world size: the DP ranks here, always named
+                         "T, the step's tokens over every rank": sum(map(sum, tokens))},
+                mistakes=(Mistake(_mean_of_means, MEAN_OF_MEANS),),
+                explain=functools.partial(_loss_explained, losses, tokens))
+
+
+def _loss_explained(losses: list[list[torch.Tensor]], tokens: list[list[int]], expected: list,
+                    results: list) -> Optional[str]:
+    """What a rank's result is made of: each rank's own token-weighted mean summed or averaged, or the step's
+    token-weighted sum over this rank's tokens alone (or N times them); None where none fits."""
+    weighted, world = float(sum(loss * n for ls, ns in zip(losses, tokens) for loss, n in zip(ls, ns))), len(tokens)
+    for rank, got in enumerate(results):
+        if math.isclose(float(got), float(expected[rank]), rel_tol=1e-9):
+            continue
+        means = [float(sum(loss * n for loss, n in zip(ls, ns))) / sum(ns) for ls, ns in zip(losses, tokens)]
+        for value, said in ((sum(means), "sum"), (sum(means) / world, "mean")):
+            if math.isclose(float(got), value, rel_tol=1e-9):
+                return (f"Diagnosis: rank {rank} returned the {said} of each rank's own token-weighted mean: a rank's "
+                        f"mean weighs only its own tokens, and ranks may hold different counts. All-reduce the "
+                        f"weighted sum and the token count, then divide once.")
+        mine, used = sum(tokens[rank]), weighted / float(got)
+        for times, said in ((1, f"rank {rank}'s own {mine} tokens"), (world, f"N = {world} × rank {rank}'s own "
+                                                                                f"{mine} tokens")):
+            if math.isclose(used, times * mine, rel_tol=1e-9):
+                return (f"Diagnosis: rank {rank} divided the step's token-weighted loss sum by {said}, where the "
+                        f"step's {sum(map(sum, tokens))} tokens over every rank belong: ranks may hold different "
+                        f"token counts, so all-reduce the count together with the sum.")
+        return None
+    return None
 
 
 MEAN_OF_MEANS = ("the mean of the micro-batches' means gives: a micro-batch of 8 tokens weighs as much as one "
@@ -180,31 +261,73 @@ def _hsdp_case(rng: random.Random, world: int) -> MeshCase:
     return MeshCase(world, (per_rank(grads), nodes), expected,
                     f"{nodes} nodes × {s} ranks, {len(shapes)} gradients of {fmt_bytes(whole)} on each rank",
                     axes=axes, axis_budgets=budgets, factors={"n, the nodes": nodes, "s, the ranks per node": s},
-                    explain=functools.partial(_hsdp_explained, nodes, s, [shape[0] for shape in shapes]),
+                    explain=functools.partial(_hsdp_explained, nodes, s, grads),
                     within="across nodes a rank talks only to the ranks with its shard index (its replicate group), "
                            "inside a node only to its node (its shard group)")
 
 
-def _hsdp_explained(nodes: int, s: int, rows: list[int], expected: list, results: list) -> Optional[str]:
-    """Where each rank's shards came from, read from their row counts: cut n ways (the groups swapped), the padded
-    c rows kept everywhere, or as many rows as another shard index holds; None when the rows are right."""
+def _same_values(mine: list, want: list) -> bool:
+    return len(mine) == len(want) and all(a.shape == b.shape and torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12)
+                                          for a, b in zip(mine, want))
+
+
+def _hsdp_explained(nodes: int, s: int, grads: list[list[torch.Tensor]], expected: list,
+                    results: list) -> Optional[str]:
+    """Where each rank's shards came from: their shapes (rows cut n ways, the padding kept, another shard index, the
+    elements cut instead of the rows), then their values (averaged over one group only, or sliced from the gradients
+    laid end to end); None when nothing fits."""
+    shapes = [tuple(g.shape) for g in grads[0]]
+    rows = [shape[0] for shape in shapes]
+    for rank, mine in enumerate(results):
+        for j, (t, shape) in enumerate(zip(mine, shapes)):
+            if tuple(t.shape[1:]) != shape[1:]:
+                return (f"Diagnosis: rank {rank} returned gradient {j}'s shard with shape {tuple(t.shape)}, for a "
+                        f"gradient of shape {shape}: a shard is rows of the gradient with every other dimension "
+                        f"whole (torch.chunk along dim 0), so cut its rows, not its flattened elements.")
     got = [[tuple(t.shape)[0] for t in mine] for mine in results]
     want = [[len(hsdp_shards(torch.empty(d), s)[r % s]) for d in rows] for r in range(len(results))]
-    if got == want:
+    if got != want:
+        if got == [[len(hsdp_shards(torch.empty(d), nodes)[r // s]) for d in rows] for r in range(len(results))]:
+            return (f"Diagnosis: your shards are each gradient cut {nodes} ways, one per node: the reduce-scatter ran "
+                    f"over the replicate group. It belongs inside the node, over the shard group of its s={s} ranks; "
+                    f"only the all-reduce of the shard crosses the nodes.")
+        c = [math.ceil(d / s) for d in rows]
+        if all(g == c for g in got):
+            return (f"Diagnosis: every rank returned c = ⌈rows / s⌉ rows of each gradient ({c}), the padding "
+                    f"included: drop the rows past the gradient's end (shard i holds rows i·c up to min((i+1)·c, "
+                    f"rows); FSDP2 keeps each shard's own size beside its padded one).")
+        rank = next(r for r in range(len(got)) if got[r] != want[r])
+        return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: its shard index "
+                f"is its place inside its node, rank % s = {rank % s} (mesh.get_local_rank('shard')), and shard i of "
+                f"a gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
+    world = len(results)
+
+    def shards_of_the_mean(ranks: list[int], i: int) -> list[torch.Tensor]:
+        return [hsdp_shards(sum(grads[r][j] for r in ranks) / len(ranks), s)[i] for j in range(len(shapes))]
+
+    for rank, mine in enumerate(results):
+        if _same_values(mine, expected[rank]):
+            continue
+        node, i = divmod(rank, s)
+        if _same_values(mine, shards_of_the_mean(list(range(node * s, node * s + s)), i)):
+            return (f"Diagnosis: rank {rank}'s shards are the mean over its own node's s={s} ranks only: the "
+                    f"gradients of the other {nodes - 1} node(s) never reached them. All-reduce the shard over the "
+                    f"replicate group (the ranks of every node with shard index i) after the reduce-scatter.")
+        if _same_values(mine, shards_of_the_mean(list(range(i, world, s)), i)):
+            return (f"Diagnosis: rank {rank}'s shards are the mean over its replicate group ({nodes} ranks, one per "
+                    f"node) only: the other ranks of its node never contributed. Reduce-scatter over the shard group "
+                    f"(the s={s} ranks of the node) first.")
+        mean = [sum(g[j] for g in grads) / world for j in range(len(shapes))]
+        end_to_end = torch.cat([F.pad(m.reshape(m.shape[0], -1), (0, 0, 0, math.ceil(m.shape[0] / s) * s
+                                                                   - m.shape[0])).reshape(-1) for m in mean])
+        piece = end_to_end.reshape(s, -1)[i].split([math.ceil(d / s) * math.prod(shape[1:])
+                                                    for d, shape in zip(rows, shapes)])
+        if _same_values(mine, [p.reshape(-1, *shape[1:])[:len(w)] for p, shape, w in zip(piece, shapes, mine)]):
+            return (f"Diagnosis: rank {rank}'s shards are its 1/s slice of the padded gradients laid end to end, one "
+                    f"gradient after the other: a reduce-scatter hands rank i the i-th 1/s of the flat buffer, so "
+                    f"lay it out shard by shard, row block i of every gradient together in slice i.")
         return None
-    if got == [[len(hsdp_shards(torch.empty(d), nodes)[r // s]) for d in rows] for r in range(len(results))]:
-        return (f"Diagnosis: your shards are each gradient cut {nodes} ways, one per node: the reduce-scatter ran over "
-                f"the replicate group. It belongs inside the node, over the shard group of its s={s} ranks; only the "
-                f"all-reduce of the shard crosses the nodes.")
-    c = [math.ceil(d / s) for d in rows]
-    if all(g == c for g in got):
-        return (f"Diagnosis: every rank returned c = ⌈rows / s⌉ rows of each gradient ({c}), the padding included: "
-                f"drop the rows past the gradient's end (shard i holds rows i·c up to min((i+1)·c, rows); FSDP2 keeps "
-                f"each shard's own size beside its padded one).")
-    rank = next(r for r in range(len(got)) if got[r] != want[r])
-    return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: its shard index is "
-            f"its place inside its node, rank % s = {rank % s} (mesh.get_local_rank('shard')), and shard i of a "
-            f"gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
+    return None
 
 
 class _GradientsAsWeights(torch.nn.Module):

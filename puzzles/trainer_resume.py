@@ -46,7 +46,13 @@ def resumed(reshard: Callable, files: list[dict], dp: int, shard) -> tuple[dict,
     total = sum(f["param"].numel() for f in files)
     whole = [files[0]["param"].new_empty(total) for _ in range(3)]
     for d in range(dp):                 # gathered as an all-gather would: new rank d's slice at its place
-        *state, step = reshard(files, dp, d)
+        out = reshard(files, dp, d)
+        if not (isinstance(out, (tuple, list)) and len(out) == 4
+                and all(isinstance(t, torch.Tensor) for t in out[:3])):
+            got = f"{len(out)} values" if isinstance(out, (tuple, list)) else type(out).__name__
+            raise Misplaced(f"your reshard_checkpoint (notebook 09) returned {got} for new DP rank {d} of {dp}, where "
+                            f"its answer is four: (param, exp_avg, exp_avg_sq, step), the three slices as tensors.")
+        *state, step = out
         lo, hi = shard_bounds(total, dp, d)
         for name, got, into in zip(("param", "exp_avg", "exp_avg_sq"), state, whole):
             if got.numel() != hi - lo:

@@ -243,8 +243,19 @@ def _reshard_restarting_the_step_count(files, world, rank):
     return (*state, 0)
 
 
+def _reshard_without_the_step(files, world, rank):
+    """The three slices, the step left out."""
+    return solutions.beyond.reshard_checkpoint(files, world, rank)[:3]
+
+
+def _reshard_returning_nothing(files, world, rank):
+    """Loads its slices and forgets to return them."""
+    solutions.beyond.reshard_checkpoint(files, world, rank)
+
+
 RESHARD_WRONG = [w for w in tests.wrong.beyond.WRONG if w[0] == "reshard_checkpoint"] + [
-    ("reshard_checkpoint", _reshard_restarting_the_step_count)]
+    ("reshard_checkpoint", _reshard_restarting_the_step_count), ("reshard_checkpoint", _reshard_without_the_step),
+    ("reshard_checkpoint", _reshard_returning_nothing)]
 
 
 @pytest.mark.parametrize("fn", [w[1] for w in RESHARD_WRONG], ids=[w[1].__name__ for w in RESHARD_WRONG])
@@ -256,6 +267,8 @@ def test_a_wrong_reshard_checkpoint_is_named(fn, capsys):
     out = capsys.readouterr().out
     assert out.startswith("✗ ") and "your reshard_checkpoint (notebook 09)" in out, out
     assert "Traceback" not in out
+    if fn in (_reshard_without_the_step, _reshard_returning_nothing):      # said as returned, not as raised
+        assert "returned 3 values" in out or "returned NoneType" in out, out
 
 
 def test_the_checkpoint_says_to_finish_notebook_09_first(capsys):

@@ -27,6 +27,15 @@ def clip_always_scales(dist, grads, replicated, max_norm, tp):
     return _scaled(grads, squares.sqrt(), max_norm)
 
 
+def clip_replicated_on_rank_0_only(dist, grads, replicated, max_norm, tp):
+    """Counts the replicated gradients on rank 0 alone: right with one TP group (tp = world), but the other
+    stages' TP groups never count theirs."""
+    rank = dist.get_rank()
+    squares = sum(g.pow(2).sum() for g, r in zip(grads, replicated) if not r or rank == 0).reshape(1)
+    dist.all_reduce(squares)
+    return _scaled(grads, squares.sqrt(), max_norm) if squares.sqrt() > max_norm else grads
+
+
 def mean_loss_one_all_reduce_per_micro_batch(dist, losses, tokens):
     """Right value, m all-reduces of one number each where one of two numbers does."""
     total, count = torch.zeros(1, dtype=losses[0].dtype), torch.zeros(1, dtype=losses[0].dtype)
@@ -46,11 +55,12 @@ def mean_loss_never_divides_by_the_ranks(dist, losses, tokens):
 
 
 def _hsdp(dist, grads, nodes, *, shard="shard", replicate="replicate", op="AVG", across_op="AVG",
-          whole_across_first=False, keep_padding=False, index=None):
+          whole_across_first=False, keep_padding=False, index=None, reduce_across=True, end_to_end=False):
     """HSDP as the hints lay it out, over the groups and with the ops named: padding for the group it
-    reduce-scatters over, an all-reduce of the shard over the other, and (whole_across_first) the whole gradient
-    all-reduced across nodes before anything is sharded; keep_padding returns the padded shards, `index` takes the
-    shard index from the rank and the sizes (a function) instead of the mesh."""
+    reduce-scatters over, an all-reduce of the shard over the other (none where not `reduce_across`), and
+    (whole_across_first) the whole gradient all-reduced across nodes before anything is sharded; keep_padding returns
+    the padded shards, `index` takes the shard index from the rank and the sizes (a function) instead of the mesh,
+    end_to_end lays the padded gradients one after the other in the flat buffer instead of shard by shard."""
     s = dist.get_world_size() // nodes
     mesh = device_mesh(dist, (nodes, s), ("replicate", "shard"))
     inside, across = mesh[shard].get_group(), mesh[replicate].get_group()
@@ -63,10 +73,10 @@ def _hsdp(dist, grads, nodes, *, shard="shard", replicate="replicate", op="AVG",
     rows = [-(-g.shape[0] // k) for g in grads]
     blocks = [F.pad(g.reshape(g.shape[0], -1), (0, 0, 0, c * k - g.shape[0])).reshape(k, -1)
               for g, c in zip(grads, rows)]
-    flat = torch.cat(blocks, dim=1).reshape(-1)
+    flat = torch.cat([b.reshape(-1) for b in blocks] if end_to_end else blocks, dim=int(not end_to_end)).reshape(-1)
     out = flat.new_empty(flat.numel() // k)
     dist.reduce_scatter_single(out, flat, op=getattr(dist.ReduceOp, op), group=inside)
-    if not whole_across_first:
+    if reduce_across and not whole_across_first:
         dist.all_reduce(out, op=getattr(dist.ReduceOp, across_op), group=across)
     parts = out.split([b.shape[1] for b in blocks])
     return [part.reshape(c, *g.shape[1:])[:c if keep_padding else max(0, min(c, g.shape[0] - i * c))]
@@ -107,11 +117,12 @@ def hsdp_sums_without_the_mean(dist, grads, nodes):
 
 WRONG = [
     ("clip_grad_norm", _clip_counting_every_copy, "expected", "TP-replicated"),
-    ("clip_grad_norm", clip_without_all_reduce, "expected"),
-    ("clip_grad_norm", clip_always_scales, "expected"),
+    ("clip_grad_norm", clip_without_all_reduce, "expected", "a norm of its own"),
+    ("clip_grad_norm", clip_replicated_on_rank_0_only, "expected", "0 times in the TP group"),
+    ("clip_grad_norm", clip_always_scales, "expected", "not below 1"),
     ("mean_loss", _mean_of_means, "expected", "micro-batches' means"),
     ("mean_loss", mean_loss_one_all_reduce_per_micro_batch, "sent"),
-    ("mean_loss", mean_loss_never_divides_by_the_ranks, "expected"),
+    ("mean_loss", mean_loss_never_divides_by_the_ranks, "expected", "each rank's own token-weighted mean"),
     ("hsdp_gradients", hsdp_all_reduce_over_the_world, "none of its mesh groups"),
     ("hsdp_gradients", hsdp_whole_gradient_across_nodes_first, "REPLICATE axis, over the budget"),
     ("hsdp_gradients", hsdp_averages_over_the_node_only, "expected", "n, the nodes"),
