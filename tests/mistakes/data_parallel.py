@@ -511,6 +511,23 @@ def all_reduce_a_grad_read_before_backward(dist, model, batches, lr):
                 p -= lr * p.grad / world
     return model
 
+
+def all_reduce_gather_waits_its_send_first(dist, x):
+    """Reduce-scatter as the notebook's; the all-gather waits on each isend before posting the recv its peer needs."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = x.numel()
+    chunks = list(F.pad(x, (0, -n % world)).chunk(world))
+    buf = torch.empty_like(chunks[0])
+    for step in range(world - 1):
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(buf, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world] = chunks[(rank - step - 2) % world] + buf
+    for step in range(world - 1):
+        dist.isend(chunks[(rank - step) % world], (rank + 1) % world).wait()
+        dist.recv(chunks[(rank - step - 1) % world], (rank - 1) % world)
+    return torch.cat(chunks)[:n]
+
 MISTAKES = [
     Attempt("param_server_all_reduce", server_without_its_own_x, named=PART_OF_THE_SUM),
     Attempt("param_server_all_reduce", server_answers_as_it_goes, named=PART_OF_THE_SUM),
@@ -552,6 +569,7 @@ MISTAKES = [
             named=("never all-reduced", "training alone")),
     Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT),
     Attempt("data_parallel_train", all_reduce_a_grad_read_before_backward, named="backward never reached"),
+    Attempt("ring_all_reduce", all_reduce_gather_waits_its_send_first, named="before waiting on a send"),
     Attempt("bucketed_data_parallel_train", bucketed_waiting_in_the_hook, named="simulated time"),
     Attempt("bucketed_data_parallel_train", bucketed_zero_grad_forgotten, named=("never zeroed", "at step 2")),
     Attempt("bucketed_data_parallel_train", bucketed_without_averaging,
