@@ -380,7 +380,9 @@ class Runtime:
                     "flag set by another rank) can never come. " + SHARE_NOTHING + "\nHint: exchange data between "
                     "ranks with dist (send/recv, broadcast, all_reduce), not through Python objects or threads.")
         if self.error is None and any(not s.finished for s in self.ranks):
-            raise Deadlock(self._deadlock_report(), self._receives_waited())
+            raise Deadlock(self._deadlock_report(), self._receives_waited(),
+                           frozenset((c.rank, c.peer) for s in self.ranks for c in (*s.posted, s.waiting)
+                                     if c is not None and c.name == "send" and not c.complete))
 
     def _stop(self, state: RankState) -> None:
         """Interrupt the rank holding the baton, and wait (briefly) for it to hand the baton back."""

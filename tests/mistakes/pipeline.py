@@ -441,6 +441,43 @@ def zero_bubble_sends_the_first_layers_gradient(dist, stage, batch, targets, m):
     return _zero_bubble(dist, stage, batch, targets, m, send_index=0)
 
 
+
+def gpipe_first_stage_waits_for_the_loss(dist, stage, batch, targets, m):
+    """GPipe as the notebook's, but the first stage then receives each micro-batch's loss from the last stage, to
+    report it; the last stage was never told to send one."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    xs, ys = batch.chunk(m), targets.chunk(m)
+    sends, stash = [], []
+    for j in range(m):
+        if rank == 0:
+            x = xs[j].clone()
+        else:
+            x = torch.empty_like(xs[j])
+            dist.recv(x, rank - 1)
+        x.requires_grad_()
+        out = stage(x)
+        if rank == p - 1:
+            out = F.mse_loss(out, ys[j]) / m
+        else:
+            sends.append(dist.isend(out.detach(), rank + 1))
+        stash.append((x, out))
+    for j in range(m):
+        x, out = stash[j]
+        if rank == p - 1:
+            out.backward()
+        else:
+            grad = torch.empty_like(out)
+            dist.recv(grad, rank + 1)
+            out.backward(grad)
+        if rank > 0:
+            sends.append(dist.isend(x.grad, rank - 1))
+    for s in sends:
+        s.wait()
+    if rank == 0:
+        loss = torch.empty(())
+        dist.recv(loss, p - 1)
+    return stage
+
 MISTAKES = [
     Attempt("pipeline_stages", stages_float32_buffers, named="receives into ("),
     Attempt("pipeline_stages", stages_gradient_sent_forward, named="called send with peer"),
@@ -454,6 +491,7 @@ MISTAKES = [
                                                   "the whole batch or targets met one m-th")),
     Attempt("gpipe", gpipe_stash_of_detached_inputs, named=NO_GRADIENT),
     Attempt("gpipe", gpipe_chunks_the_features, named="cut along its last dimension"),
+    Attempt("gpipe", gpipe_first_stage_waits_for_the_loss, named="receives once more than its peer sends"),
     Attempt("gpipe", gpipe_split_instead_of_chunk, named=("split(m)", "pieces of m rows")),
     Attempt("one_f_one_b", one_f_one_b_newest_first,
             named=("newest first", "pairs the gradient of one micro-batch with the activations of another")),
