@@ -443,39 +443,11 @@ def zero_bubble_sends_the_first_layers_gradient(dist, stage, batch, targets, m):
 
 
 def gpipe_first_stage_waits_for_the_loss(dist, stage, batch, targets, m):
-    """GPipe as the notebook's, but the first stage then receives each micro-batch's loss from the last stage, to
-    report it; the last stage was never told to send one."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    xs, ys = batch.chunk(m), targets.chunk(m)
-    sends, stash = [], []
-    for j in range(m):
-        if rank == 0:
-            x = xs[j].clone()
-        else:
-            x = torch.empty_like(xs[j])
-            dist.recv(x, rank - 1)
-        x.requires_grad_()
-        out = stage(x)
-        if rank == p - 1:
-            out = F.mse_loss(out, ys[j]) / m
-        else:
-            sends.append(dist.isend(out.detach(), rank + 1))
-        stash.append((x, out))
-    for j in range(m):
-        x, out = stash[j]
-        if rank == p - 1:
-            out.backward()
-        else:
-            grad = torch.empty_like(out)
-            dist.recv(grad, rank + 1)
-            out.backward(grad)
-        if rank > 0:
-            sends.append(dist.isend(x.grad, rank - 1))
-    for s in sends:
-        s.wait()
-    if rank == 0:
-        loss = torch.empty(())
-        dist.recv(loss, p - 1)
+    """GPipe as the hints lay it out; the first stage then receives the loss from the last stage, to report it, and the
+    last stage was never told to send one."""
+    _gpipe(dist, stage, batch, targets, m)
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty(()), dist.get_world_size() - 1)
     return stage
 
 MISTAKES = [
