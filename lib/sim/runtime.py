@@ -521,7 +521,7 @@ class Runtime:
                 said.append(f"rank {s.rank} sends to rank {call.peer}, but rank {call.peer} waits for a message "
                             f"from rank {other.waiting.peer}: the two sides disagree on who is whose neighbour.")
         blocked = [s for s in self.ranks if not s.finished and s.waiting is not None]
-        if not said and blocked and all(s.waiting.name == "recv" for s in blocked) \
+        if not said and len(blocked) == len(self.ranks) and all(s.waiting.name == "recv" for s in blocked) \
                 and not any(sends(s.rank) for s in blocked):
             said.append("every rank waits to receive and none has sent: each recv needs a send posted by its peer "
                         "(send before receiving on some ranks, or post isend first).")
