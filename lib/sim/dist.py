@@ -653,7 +653,7 @@ def _argument(source: str, arg: str) -> str:
                 if c != ",":
                     break
             depth -= c in ")]}"
-        named = dict(p.split("=", 1) for p in parts if re.match(r"\w+\s*=[^=]", p))
+        named = {k.strip(): v for k, v in (p.split("=", 1) for p in parts if re.match(r"\w+\s*=[^=]", p))}
         if arg in named:
             return named[arg].strip()
         code = method.__code__
