@@ -359,7 +359,7 @@ def _waited(error: BaseException, case) -> Optional[str]:
     waits = getattr(error, "waits", ())
     if not waits or case.messages is None:
         return None
-    said = _never_sent(waits, case.messages)
+    said = _never_sent(waits, case.messages, getattr(error, "unreceived", frozenset()))
     if said:
         return said
     by_rank = {w[0]: w for w in waits}
@@ -382,20 +382,28 @@ def _waited(error: BaseException, case) -> Optional[str]:
     return " ".join(said)
 
 
-def _never_sent(waits: tuple, messages) -> Optional[str]:
+def _never_sent(waits: tuple, messages, unreceived: frozenset) -> Optional[str]:
     """A rank waiting for a message its peer's part of the schedule never sends that way (more than `messages.count`
-    says): it waits on the wrong peer, whatever else the others wait for."""
+    says): it waits on the wrong peer where another rank's message to it lies unreceived (or the schedule sends none
+    that way), else it receives once more than the schedule sends."""
     count = getattr(messages, "count", None)
     if count is None:
         return None
     for rank, peer, nth, _, _ in waits:
         k = count(peer, rank)
-        if nth > k:
-            what = f"only {k} message{'s' if k != 1 else ''}" if k else "no message"
-            return (f"rank {rank} waits for a {ordinal(nth)} message from rank {peer}, where the schedule sends "
-                    f"{what} from rank {peer} to rank {rank}: it waits on the wrong peer. "
-                    + getattr(messages, "from_where", "Receive each message from the rank that sends it.")
-                    .rstrip(".") + ".")
+        if nth <= k:
+            continue
+        what = f"only {k} message{'s' if k != 1 else ''}" if k else "no message"
+        said = (f"rank {rank} waits for a {ordinal(nth)} message from rank {peer}, where the schedule sends {what} "
+                f"from rank {peer} to rank {rank}")
+        others = sorted(src for src, dst in unreceived if dst == rank and src != peer)
+        if k and not others:
+            return (f"{said}, and rank {rank} had received them all: it receives once more than its peer sends (a "
+                    "recv the schedule has no message for, or a loop that runs once too often on this rank).")
+        also = f" (rank {others[0]} has a message for it that is not received)" if others else ""
+        return (f"{said}: it waits on the wrong peer{also}. "
+                + getattr(messages, "from_where", "Receive each message from the rank that sends it.").rstrip(".")
+                + ".")
     return None
 
 

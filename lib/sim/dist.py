@@ -5,7 +5,9 @@ real ranks with `torch.distributed` itself."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+import re
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -138,7 +140,7 @@ class SimDist(ObjectCollectives):
     def _tensor(self, t, what: str, arg: str = "tensor") -> torch.Tensor:
         if t is None:
             raise InvalidCall(f"rank {self._rank} called {what} with {arg}=None{learner_line()}: it takes a "
-                              f"torch.Tensor. {_none_reading(learner_line())}")
+                              f"torch.Tensor. {_none_reading(learner_line(), arg)}")
         if not isinstance(t, torch.Tensor):
             raise InvalidCall(f"rank {self._rank} called {what} with {arg}={type(t).__name__}: "
                               "it takes a torch.Tensor.")
@@ -620,12 +622,44 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]):
     return deliver
 
 
-def _none_reading(line: str) -> str:
-    """What a None handed to dist most likely is, read from the learner's call: a .grad backward never made, or an
-    entry of a list (or a name) that no step had filled yet."""
-    if ".grad" in line or "grad" not in line and "[" not in line:
+def _none_reading(line: str, arg: str) -> str:
+    """What a None handed to dist as `arg` most likely is, read from the learner's expression for it: a .grad backward
+    never made (or a name that held one), or an entry of a list that no step had filled yet."""
+    said = _argument(line.partition("(`")[2].removesuffix("`)"), arg)
+    if ".grad" in said or not re.search(r"\w\s*\[", said):
         return ("A None is most often a .grad backward never reached: the tensor was detached, or never made to "
                 "require grad (a tensor received from another rank needs .requires_grad_() before the forward uses "
                 "it), or .grad was read before backward ran.")
     return ("The entry it names holds None: no earlier step wrote that slot (a list made as [None] * N is filled "
-            "only where a step stores into it), so the index sent is not one already received or owned.")
+            "only where a step stores into it), so the index sent is not one already received or owned"
+            + (", or the list was filled with .grad before backward had run." if "grad" in said else "."))
+
+
+def _argument(source: str, arg: str) -> str:
+    """The learner's expression for dist's argument `arg` in a call of dist in `source` (by keyword, or by its place
+    in SimDist's signature); the whole source where no such call is found. Read by brackets, not compiled: a line
+    that does not parse alone (`for req in [...]:`) makes compile() open a file, which a rank may not do."""
+    for found in re.finditer(r"\.(\w+)\(", source):
+        method = inspect.unwrap(getattr(SimDist, found.group(1), None) or len)
+        if not hasattr(method, "__code__"):
+            continue
+        parts, depth, start = [], 0, found.end()
+        for at in range(found.end(), len(source)):
+            c = source[at]
+            depth += c in "([{"
+            if c in ")]}" and depth == 0 or c == "," and depth == 0:
+                parts.append(source[start:at].strip())
+                start = at + 1
+                if c != ",":
+                    break
+            depth -= c in ")]}"
+        named = {k.strip(): v for k, v in (p.split("=", 1) for p in parts if re.match(r"\w+\s*=[^=]", p))}
+        if arg in named:
+            return named[arg].strip()
+        code = method.__code__
+        names = code.co_varnames[:code.co_argcount]
+        place = names.index(arg) - 1 if arg in names else -1                                  # less self
+        plain = [p for p in parts if not re.match(r"\w+\s*=[^=]", p)]
+        if 0 <= place < len(plain):
+            return plain[place]
+    return source

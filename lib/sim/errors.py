@@ -9,11 +9,12 @@ class Deadlock(PuzzleError):
     """Every live rank is blocked and none can proceed; the message lists who waits on whom. `waits` holds, for each
     rank blocked in a receive from a named peer, (rank, peer, which message from that peer it waits for (1 = the
     first), how many the peer has sent it, how many it has sent the peer): what a case's names for its messages
-    read a schedule's mistake from."""
+    read a schedule's mistake from. `unreceived` holds (src, dst) for each send posted and not yet received."""
 
-    def __init__(self, message: str, waits: tuple = ()) -> None:
+    def __init__(self, message: str, waits: tuple = (), unreceived: frozenset = frozenset()) -> None:
         super().__init__(message)
         self.waits = waits
+        self.unreceived = unreceived
 
 
 class CollectiveMismatch(PuzzleError):

@@ -380,7 +380,9 @@ class Runtime:
                     "flag set by another rank) can never come. " + SHARE_NOTHING + "\nHint: exchange data between "
                     "ranks with dist (send/recv, broadcast, all_reduce), not through Python objects or threads.")
         if self.error is None and any(not s.finished for s in self.ranks):
-            raise Deadlock(self._deadlock_report(), self._receives_waited())
+            raise Deadlock(self._deadlock_report(), self._receives_waited(),
+                           frozenset((c.rank, c.peer) for s in self.ranks for c in (*s.posted, s.waiting)
+                                     if c is not None and c.name == "send" and not c.complete))
 
     def _stop(self, state: RankState) -> None:
         """Interrupt the rank holding the baton, and wait (briefly) for it to hand the baton back."""
@@ -454,25 +456,25 @@ class Runtime:
 
     def _isends_waited(self) -> str:
         """Every rank waits on an isend of its own: the sends are already non-blocking, and each rank reached the
-        wait before the recv its peer's message needs. Said from the run: where the messages between two ranks that
-        sent each other several all carried one tag, a recv takes whichever arrived first."""
+        wait before the recv its peer's message needs. Where two ranks sent each other several messages both ways
+        under one tag, one more possible cause is said as such: the run cannot tell two kinds of message apart."""
         sent = [c for s in self.ranks for c in s.posted if c.name == "send" and c.peer is not None]
         pairs = {frozenset((c.rank, c.peer)) for c in sent}
         both_ways = [sorted(pair) for pair in pairs if len(pair) == 2 and all(
             sum(1 for c in sent if c.rank == a and c.peer == b) > 1 for a, b in (sorted(pair), sorted(pair)[::-1]))]
-        one_tag = both_ways and len({c.tag for c in sent}) == 1
-        waits = ("every rank waits on the .wait() of an isend of its own (the sends are already non-blocking), which "
-                 "completes only when the peer posts the matching recv")
-        if one_tag:
+        said = ("every rank waits on the .wait() of an isend of its own (the sends are already non-blocking), which "
+                "completes only when the peer posts the matching recv, and each reached that wait before posting the "
+                "recv its peer's message needs. Post the receives a step needs before waiting on a send (irecv "
+                "first, or dist.batch_isend_irecv), and check that both ranks run their steps in the schedule's "
+                "order.")
+        if both_ways and len({c.tag for c in sent}) == 1:
             a, b = both_ways[0]
-            return (f"every message here carried tag {sent[0].tag}, and ranks {a} and {b} sent each other several in "
-                    "both directions: where one pair of ranks carries two kinds of message (activations forward, "
-                    "gradients back), a recv takes whichever arrived first, not the one it was posted for, and the "
-                    f"two ranks' counts drift apart until {waits}. Give each kind its own tag (tag= on both the send "
-                    "and its recv), or receive in exactly the order the peer sends.")
-        return (f"{waits}, and each reached that wait before posting the recv its peer's message needs. Post the "
-                "receives a step needs before waiting on a send (irecv first, or dist.batch_isend_irecv), and check "
-                "that both ranks run their steps in the schedule's order.")
+            said += (f" Also, every message here carried tag {sent[0].tag}, and ranks {a} and {b} sent each other "
+                     "several in both directions: if one direction carries two kinds of message (activations and "
+                     "gradients), a recv takes whichever arrived first, not the one it was posted for, and the two "
+                     "ranks' schedules drift apart. Then give each kind its own tag (tag= on both the send and its "
+                     "recv), or receive in exactly the order the peer sends.")
+        return said
 
     def _receives_waited(self) -> tuple:
         """(rank, peer, which message it waits for, how many the peer sent it, how many it sent the peer) for each
@@ -519,7 +521,7 @@ class Runtime:
                 said.append(f"rank {s.rank} sends to rank {call.peer}, but rank {call.peer} waits for a message "
                             f"from rank {other.waiting.peer}: the two sides disagree on who is whose neighbour.")
         blocked = [s for s in self.ranks if not s.finished and s.waiting is not None]
-        if not said and blocked and all(s.waiting.name == "recv" for s in blocked) \
+        if not said and len(blocked) == len(self.ranks) and all(s.waiting.name == "recv" for s in blocked) \
                 and not any(sends(s.rank) for s in blocked):
             said.append("every rank waits to receive and none has sent: each recv needs a send posted by its peer "
                         "(send before receiving on some ranks, or post isend first).")

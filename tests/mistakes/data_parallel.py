@@ -496,6 +496,38 @@ def bucketed_without_averaging(dist, model, batches, lr, bucket_size):
     return _bucketed(dist, model, batches, lr, bucket_size, divide=False)
 
 
+
+def all_reduce_a_grad_read_before_backward(dist, model, batches, lr):
+    """Each gradient read into a name and all-reduced before backward has run: the name holds None."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        model.zero_grad(set_to_none=True)
+        for p in model.parameters():
+            grad = p.grad
+            dist.all_reduce(grad)
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad / world
+    return model
+
+
+def all_reduce_gather_waits_its_send_first(dist, x):
+    """Reduce-scatter as the notebook's; the all-gather waits on each isend before posting the recv its peer needs."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = x.numel()
+    chunks = list(F.pad(x, (0, -n % world)).chunk(world))
+    buf = torch.empty_like(chunks[0])
+    for step in range(world - 1):
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(buf, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world] = chunks[(rank - step - 2) % world] + buf
+    for step in range(world - 1):
+        dist.isend(chunks[(rank - step) % world], (rank + 1) % world).wait()
+        dist.recv(chunks[(rank - step - 1) % world], (rank - 1) % world)
+    return torch.cat(chunks)[:n]
+
 MISTAKES = [
     Attempt("param_server_all_reduce", server_without_its_own_x, named=PART_OF_THE_SUM),
     Attempt("param_server_all_reduce", server_answers_as_it_goes, named=PART_OF_THE_SUM),
@@ -536,6 +568,8 @@ MISTAKES = [
     Attempt("bucketed_data_parallel_train", bucketed_results_left_in_the_flat_buffer,
             named=("never all-reduced", "training alone")),
     Attempt("bucketed_data_parallel_train", bucketed_with_tensor_hooks, named=NO_GRADIENT),
+    Attempt("data_parallel_train", all_reduce_a_grad_read_before_backward, named="backward never reached"),
+    Attempt("ring_all_reduce", all_reduce_gather_waits_its_send_first, named="before waiting on a send"),
     Attempt("bucketed_data_parallel_train", bucketed_waiting_in_the_hook, named="simulated time"),
     Attempt("bucketed_data_parallel_train", bucketed_zero_grad_forgotten, named=("never zeroed", "at step 2")),
     Attempt("bucketed_data_parallel_train", bucketed_without_averaging,

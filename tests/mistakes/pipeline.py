@@ -441,6 +441,15 @@ def zero_bubble_sends_the_first_layers_gradient(dist, stage, batch, targets, m):
     return _zero_bubble(dist, stage, batch, targets, m, send_index=0)
 
 
+
+def gpipe_first_stage_waits_for_the_loss(dist, stage, batch, targets, m):
+    """GPipe as the hints lay it out; the first stage then receives the loss from the last stage, to report it, and the
+    last stage was never told to send one."""
+    _gpipe(dist, stage, batch, targets, m)
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty(()), dist.get_world_size() - 1)
+    return stage
+
 MISTAKES = [
     Attempt("pipeline_stages", stages_float32_buffers, named="receives into ("),
     Attempt("pipeline_stages", stages_gradient_sent_forward, named="called send with peer"),
@@ -454,6 +463,7 @@ MISTAKES = [
                                                   "the whole batch or targets met one m-th")),
     Attempt("gpipe", gpipe_stash_of_detached_inputs, named=NO_GRADIENT),
     Attempt("gpipe", gpipe_chunks_the_features, named="cut along its last dimension"),
+    Attempt("gpipe", gpipe_first_stage_waits_for_the_loss, named="receives once more than its peer sends"),
     Attempt("gpipe", gpipe_split_instead_of_chunk, named=("split(m)", "pieces of m rows")),
     Attempt("one_f_one_b", one_f_one_b_newest_first,
             named=("newest first", "pairs the gradient of one micro-batch with the activations of another")),
