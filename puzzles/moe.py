@@ -416,6 +416,11 @@ class Layer:
     def shard(self, n: int) -> list:
         return [c.clone().to(device()) for c in self.experts.chunk(n)]
 
+    def args(self, n: int) -> tuple:
+        """moe_layer's arguments on `n` ranks: each rank's tokens, the router, its experts, k and factor."""
+        return (per_rank([x.to(device()) for x in self.xs]), self.router.to(device()), per_rank(self.shard(n)),
+                self.k, self.factor)
+
     def routed_rows(self, n: int) -> tuple[list[int], list[int]]:
         """Per rank: the kept (token, expert) pairs whose expert lives on another rank (sent), and those other
         ranks send to its experts (received)."""
@@ -535,8 +540,7 @@ def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: s
         return _grouped_case(rng, n)
     layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k, trips=2)
     expected = [moe_reference(x, layer.router, layer.experts, layer.k, layer.factor) for x in layer.xs]
-    return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
-                    per_rank(layer.shard(n)), layer.k, layer.factor),
+    return Case(n, layer.args(n),
                 [e.to(device()) for e in expected], layer.label,
                 budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A,
                 contracts=[_tokens_not_experts(layer, n, 2)], explain=functools.partial(_routed_explained, layer))
@@ -872,8 +876,7 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
     gen = _gen(rng)
     dys = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs]
     expected = _layer_gradients(layer, dys)
-    return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
-                    per_rank(layer.shard(n)), layer.k, layer.factor, per_rank([dy.to(device()) for dy in dys])),
+    return Case(n, (*layer.args(n), per_rank([dy.to(device()) for dy in dys])),
                 [tuple(t.to(device()) for t in e) for e in expected], layer.label + "; (y, dx, drouter, dexperts)",
                 budgets=_bytes_budgets(layer, n, 4, True, "tokens and their gradients"), allowed_ops=A2A,
                 contracts=[_tokens_not_experts(layer, n, 4)], explain=functools.partial(_backward_explained, layer))
