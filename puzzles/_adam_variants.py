@@ -27,6 +27,8 @@ class Variant:
     correct_v: Optional[int] = 0
     m_corrected: bool = True
     eps_inside: bool = False
+    eps_before: bool = False    # ε added to √v before v's correction: the step size lr·√(1 - β₂ᵗ)/(1 - β₁ᵗ) on √v + ε
+    v_power: int = 1            # v's correction taken to this power (2: 1 - β₂ᵗ where its square root belongs)
     zero_grads: bool = True
     fresh_state: bool = False
     betas: tuple = BETAS
@@ -56,6 +58,12 @@ def variants(b1: float = BETAS[0], b2: float = BETAS[1]) -> list[Variant]:
         Variant("m and v made anew at every step: Adam's state must carry from one step to the next (create it once, "
                 "before the loop)", fresh_state=True),
         Variant("β₁ and β₂ swapped (m's average takes β₂, v's β₁)", betas=(b2, b1)),
+        Variant("the step size lr·√(1 - β₂ᵗ)/(1 - β₁ᵗ) on m / (√v + ε): ε is then added before v's bias correction, "
+                "an ε of ε·√(1 - β₂ᵗ) in torch.optim.Adam's terms, which adds it after, √v̂ + ε (the updates differ "
+                "where v is small); divide by (v.sqrt() / √(1 - β₂ᵗ)) + ε", eps_before=True),
+        Variant(f"v's bias correction without its square root, lr·(1 - β₂ᵗ)/(1 - β₁ᵗ) where lr·√(1 - β₂ᵗ)/(1 - β₁ᵗ) "
+                f"belongs: at step 1 every update is √(1 - β₂) = {math.sqrt(1 - b2):.4g}× Adam's", eps_before=True,
+                v_power=2),
     ]
 
 
@@ -81,8 +89,10 @@ def adam_run(model: torch.nn.Module, batches: Sequence, lr: float, loss: Callabl
                 v_i.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 m_hat = m_i / (1 - b1 ** (t + how.correct_m)) if how.m_corrected and t + how.correct_m else m_i
                 tv = None if how.correct_v is None else t + how.correct_v
-                v_hat = v_i / (1 - b2 ** tv) if tv else v_i
-                denom = (v_hat + EPS).sqrt() if how.eps_inside else v_hat.sqrt() + EPS
+                v_hat = v_i / (1 - b2 ** tv) ** how.v_power if tv else v_i
+                denom = ((v_hat + EPS).sqrt() if how.eps_inside else
+                         (v_i.sqrt() + EPS) / (1 - b2 ** tv) ** (how.v_power / 2) if how.eps_before and tv else
+                         v_hat.sqrt() + EPS)
                 p.sub_(lr * m_hat / denom)
     return {name: p.detach() for name, p in model.named_parameters()}
 

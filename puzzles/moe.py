@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import random
 from fractions import Fraction
@@ -416,6 +417,11 @@ class Layer:
     def shard(self, n: int) -> list:
         return [c.clone().to(device()) for c in self.experts.chunk(n)]
 
+    def args(self, n: int) -> tuple:
+        """moe_layer's arguments on `n` ranks: each rank's tokens, the router, its experts, k and factor."""
+        return (per_rank([x.to(device()) for x in self.xs]), self.router.to(device()), per_rank(self.shard(n)),
+                self.k, self.factor)
+
     def routed_rows(self, n: int) -> tuple[list[int], list[int]]:
         """Per rank: the kept (token, expert) pairs whose expert lives on another rank (sent), and those other
         ranks send to its experts (received)."""
@@ -535,8 +541,7 @@ def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: s
         return _grouped_case(rng, n)
     layer = _layer(rng, n, gate, experts_kind, factor, per_rank_experts, k, trips=2)
     expected = [moe_reference(x, layer.router, layer.experts, layer.k, layer.factor) for x in layer.xs]
-    return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
-                    per_rank(layer.shard(n)), layer.k, layer.factor),
+    return Case(n, layer.args(n),
                 [e.to(device()) for e in expected], layer.label,
                 budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A,
                 contracts=[_tokens_not_experts(layer, n, 2)], explain=functools.partial(_routed_explained, layer))
@@ -553,7 +558,9 @@ class Grouped:
 
     @classmethod
     def draw(cls, rng: random.Random, n: int, trips: int, size: int = 2) -> "Grouped":
-        return cls([_layer(rng, size, trips=trips) for _ in range(n // size)],
+        """The first group's layer has k = 2 with random experts: the one such layer of the check (the identity
+        experts' k = 2 case cannot tell a token's two weights apart where both choices are kept)."""
+        return cls([_layer(rng, size, trips=trips, k=2 if g == 0 else None) for g in range(n // size)],
                    [list(range(first, first + size)) for first in range(0, n, size)])
 
     def of(self, rank: int) -> tuple[Layer, int]:
@@ -587,7 +594,7 @@ def _grouped_case(rng: random.Random, n: int) -> Case:
                 for layer, i in map(grouped.of, range(n))]
     return Case(n, (*grouped.args(), grouped.groups), [e.to(device()) for e in expected], grouped.label(),
                 budgets=grouped.budgets(2, "tokens"), allowed_ops=A2A,
-                explain=functools.partial(_grouped_explained, grouped.groups),
+                explain=functools.partial(_grouped_explained, grouped, _routed_explained),
                 explain_error=functools.partial(_grouped_error, grouped.groups))
 
 
@@ -614,8 +621,28 @@ def _layer_harness(answer, _dist, x, router, experts, k, factor, groups=None):
     return answer(_dist, x, router, experts, k, factor, group=_own_group(_dist, groups))
 
 
-def _grouped_explained(groups: list, expected: list, got: list) -> Optional[str]:
-    return f"Diagnosis: wrong only on the case whose group is not the whole world: {_in_groups(groups)}. {GROUP_ADVICE}"
+def _close(want, have) -> bool:
+    """A rank's result (a tensor, or a tuple of them) equal to the reference's within the puzzles' tolerances."""
+    if isinstance(want, (tuple, list)):
+        return isinstance(have, (tuple, list)) and len(have) == len(want) and all(map(_close, want, have))
+    return isinstance(have, torch.Tensor) and have.shape == want.shape and torch.allclose(
+        have.detach().cpu().double(), want.cpu().double(), rtol=1e-10, atol=1e-12)
+
+
+def _grouped_explained(grouped: Grouped, per_layer, expected: list, got: list) -> Optional[str]:
+    """The group not honoured where the first group's ranks (whose places in it are their ranks in the world) are
+    right and a later group's wrong; otherwise a layer's own mistake, read by `per_layer` on its group's ranks."""
+    groups = grouped.groups
+    right = [_close(expected[r], got[r]) for r in range(len(expected))]
+    if all(right[r] for r in groups[0]):
+        return (f"Diagnosis: ranks {groups[0]}, whose places in their group are their ranks in the world, are right; "
+                "the other groups' are wrong, on the one case whose group is not the whole world: "
+                f"{_in_groups(groups)}. {GROUP_ADVICE}")
+    for layer, members in zip(grouped.layers, groups):
+        found = per_layer(layer, [expected[r] for r in members], [got[r] for r in members])
+        if found:
+            return found.replace("Diagnosis: ", f"Diagnosis: in EP group {members}, ", 1)
+    return None
 
 
 def _grouped_error(groups: list, error: BaseException) -> str:
@@ -654,6 +681,50 @@ def _which_expert(layer: Layer, rank: int, y: torch.Tensor, wrong: torch.Tensor)
             return {}
         seen.setdefault(e, ran)
     return seen
+
+
+def _weighted_otherwise(layer: Layer, rank: int, y: torch.Tensor, wrong: torch.Tensor) -> Optional[str]:
+    """Wrong rows that are exactly their token's kept experts' outputs weighted otherwise than by the token's softmax
+    (one weight a kept expert; one for their sum where the experts' outputs coincide, as identity experts' do): said
+    with the weights found, and named where each is the probability of another of the token's k choices."""
+    x = layer.xs[rank].cpu().double()
+    probs = torch.softmax(x @ layer.router.cpu().double(), -1)
+    choices = (x @ layer.router.cpu().double()).topk(layer.k, -1).indices
+    kept, found, others = _kept(layer, rank), [], True
+    near = functools.partial(math.isclose, rel_tol=1e-7, abs_tol=1e-9)     # above the fit's round-off
+    for t in wrong.nonzero().flatten().tolist():
+        if not kept[t] or not bool(torch.isfinite(y[t]).all()):
+            return None
+        outs = torch.stack([x[t] @ layer.experts[e].cpu().double() for e, _ in kept[t]])       # (kept, d)
+        alike = all(torch.allclose(o, outs[0], rtol=1e-12, atol=1e-15) for o in outs)
+        cols = outs[:1] if alike else outs
+        fit = torch.linalg.lstsq(cols.T, y[t].cpu().double().unsqueeze(-1)).solution.flatten()
+        if not torch.allclose(cols.T @ fit, y[t].cpu().double(), rtol=1e-9, atol=1e-12):
+            return None
+        right = [sum(w for _, w in kept[t])] if alike else [w for _, w in kept[t]]
+        if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(fit.tolist(), right)):
+            return None
+        cand = {int(f): float(probs[t, f]) for f in choices[t]}
+        mine = {e for e, _ in kept[t]}
+        if alike:
+            sums = [sum(cand[f] for f in c) for c in itertools.combinations(cand, len(mine)) if set(c) != mine]
+            others &= any(near(float(fit[0]), v) for v in sums)
+        else:
+            others &= all(any(near(w, cand[f]) for f in cand) for w in fit.tolist()) and any(
+                not near(w, cand[e]) for w, (e, _) in zip(fit.tolist(), kept[t]))
+        found.append((t, fit.tolist(), right, "their sum" if len(mine) > 1 and alike else "its kept expert"
+                      + "s" * (len(mine) > 1)))
+    if not found:
+        return None
+    t, fit, right, what = found[0]
+    are = "s are" if len(fit) > 1 else " is"
+    said = (f"on rank {rank}, the wrong rows are exactly their tokens' kept experts' outputs, weighted otherwise: "
+            f"token {t}'s weight{are} {', '.join(f'{w:.4g}' for w in fit)} ({what}) where its softmax probabilities "
+            f"give {', '.join(f'{w:.4g}' for w in right)}. Routing and the experts are right; the weights are not.")
+    if others:
+        said += (" Each weight is the probability of another of the token's k choices: the weights were paired with "
+                 "the wrong experts (topk's values and indices go together; weight expert e by probs[t, e]).")
+    return f"Diagnosis: {said}"
 
 
 def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1) -> Optional[str]:
@@ -695,7 +766,7 @@ def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1)
                                      "the exchange's backward is the reverse all-to-all, which sends each row's "
                                      "gradient back to the rank it came from (never sent back, it stays where "
                                      "it was computed)."))
-        return None
+        return _weighted_otherwise(layer, rank, have.detach(), wrong) if output < 0 else None
     return None
 
 
@@ -859,7 +930,7 @@ def _grouped_backward_case(rng: random.Random, n: int) -> Case:
     return Case(n, (*grouped.args(), per_rank([dy.to(device()) for d in dys for dy in d]), grouped.groups),
                 [tuple(t.to(device()) for t in e) for e in expected], grouped.label() + "; (y, dx, drouter, dexperts)",
                 budgets=grouped.budgets(4, "tokens and their gradients"), allowed_ops=A2A,
-                explain=functools.partial(_grouped_explained, grouped.groups),
+                explain=functools.partial(_grouped_explained, grouped, _backward_explained),
                 explain_error=functools.partial(_grouped_error, grouped.groups))
 
 
@@ -872,8 +943,7 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
     gen = _gen(rng)
     dys = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in layer.xs]
     expected = _layer_gradients(layer, dys)
-    return Case(n, (per_rank([x.to(device()) for x in layer.xs]), layer.router.to(device()),
-                    per_rank(layer.shard(n)), layer.k, layer.factor, per_rank([dy.to(device()) for dy in dys])),
+    return Case(n, (*layer.args(n), per_rank([dy.to(device()) for dy in dys])),
                 [tuple(t.to(device()) for t in e) for e in expected], layer.label + "; (y, dx, drouter, dexperts)",
                 budgets=_bytes_budgets(layer, n, 4, True, "tokens and their gradients"), allowed_ops=A2A,
                 contracts=[_tokens_not_experts(layer, n, 4)], explain=functools.partial(_backward_explained, layer))

@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 import lib
 import lib.analytic.formulas
 import puzzles.memory as P
+from puzzles.zero import adam_update
 import solutions.memory as S
 from tests.cheats.common import everywhere, under_identity_hooks
 
@@ -113,8 +114,9 @@ CHEATS += [("accumulated_step", accumulation_by_checkpointing, ("FLOPs counted",
 
 # ---- the offloaded optimizer's step taken on the device ----------------------------------------------------------
 def offload_state_stepped_on_the_device(model, batches, lr, betas=(0.9, 0.999), eps=1e-8):
-    """m and v stored in host memory, each brought to the device for its parameter's update and sent back: the
-    device's peak meets the budget one parameter at a time, while the device computes Adam's step."""
+    """m and v stored in host memory, each brought to the device for its parameter's update (notebook 03's
+    adam_update) and sent back: the device's peak meets the budget one parameter at a time, while the device computes
+    Adam's step."""
     host, device = lib.host(), lib.device()
     params = list(model.parameters())
     m = [torch.zeros_like(p, device=host) for p in params]
@@ -125,9 +127,7 @@ def offload_state_stepped_on_the_device(model, batches, lr, betas=(0.9, 0.999), 
         with torch.no_grad():
             for i, p in enumerate(params):
                 m_i, v_i = m[i].to(device), v[i].to(device)
-                m_i.mul_(betas[0]).add_(p.grad, alpha=1 - betas[0])
-                v_i.mul_(betas[1]).addcmul_(p.grad, p.grad, value=1 - betas[1])
-                p.addcdiv_(m_i / (1 - betas[0] ** t), (v_i / (1 - betas[1] ** t)).sqrt_().add_(eps), value=-lr)
+                adam_update(p, p.grad, m_i, v_i, t, lr, betas, eps)
                 m[i], v[i] = m_i.to(host), v_i.to(host)
     return model
 

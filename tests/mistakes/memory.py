@@ -1,5 +1,6 @@
 """Realistic first attempts at notebook 01's puzzles (where the memory goes), none of them in tests/wrong."""
 
+import math
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -221,7 +222,7 @@ def accumulation_cleaning_up(model, tokens, targets, k):
 
 # ---- offloaded_adam_train -----------------------------------------------------------------------------------
 def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fresh_state=False, eps_inside=False,
-                    write_back=True, betas=(0.9, 0.999), eps=1e-8, m_corrected=True):
+                    write_back=True, betas=(0.9, 0.999), eps=1e-8, m_corrected=True, step_size=None):
     """Adam with m and v on the host, written as a learner would, with the knob of one mistake turned."""
     host = lib.host()
     params = list(model.parameters())
@@ -242,6 +243,8 @@ def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fre
             v_hat = v_i / (1 - betas[1] ** step) if correct else v_i
             denom = (v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps
             update = lr * m_hat / denom
+            if step_size:                 # both corrections folded into the step size, on m / (√v + ε)
+                update = step_size(lr, step) * m_i / (v_i.sqrt() + eps)
             with torch.no_grad():
                 if write_back:
                     p.sub_(update.to(lib.device()))
@@ -278,6 +281,18 @@ def offload_fresh_state_each_step(model, batches, lr):
 def offload_eps_inside_the_root(model, batches, lr):
     """√(v̂ + ε) instead of torch.optim.Adam's √v̂ + ε."""
     return _offloaded_adam(model, batches, lr, eps_inside=True)
+
+
+def offload_corrections_in_the_step_size(model, batches, lr):
+    """lr·√(1 - β₂ᵗ)/(1 - β₁ᵗ) times m / (√v + ε), the corrections folded into one scalar: ε lands before v's
+    correction, where torch.optim.Adam adds it to √v̂."""
+    return _offloaded_adam(model, batches, lr,
+                           step_size=lambda lr, t: lr * math.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t))
+
+
+def offload_step_size_without_the_root(model, batches, lr):
+    """The same with the square root forgotten: lr·(1 - β₂ᵗ)/(1 - β₁ᵗ)."""
+    return _offloaded_adam(model, batches, lr, step_size=lambda lr, t: lr * (1 - 0.999 ** t) / (1 - 0.9 ** t))
 
 
 def offload_updating_a_host_copy(model, batches, lr):
@@ -332,5 +347,7 @@ MISTAKES = [
     Attempt("offloaded_adam_train", offload_counting_steps_from_zero, named="division by zero"),
     Attempt("offloaded_adam_train", offload_fresh_state_each_step, named="m and v made anew at every step"),
     Attempt("offloaded_adam_train", offload_eps_inside_the_root, named="ε inside the square root"),
+    Attempt("offloaded_adam_train", offload_corrections_in_the_step_size, "ε is then added before v's bias"),
+    Attempt("offloaded_adam_train", offload_step_size_without_the_root, "without its square root"),
     Attempt("offloaded_adam_train", offload_updating_a_host_copy, named="unchanged"),
 ]

@@ -11,7 +11,7 @@ from tests.wrong.moe import searching_capacity_factors
 
 # ---- top_k_route ----------------------------------------------------------------------------------------------
 def _claims(logits, k, capacity_factor, *, probs_dim=-1, weights_from="probs", empty=-1, first_slot=0,
-            slots_per_choice=False, whole=math.ceil):
+            slots_per_choice=False, whole=math.ceil, other_choice=False):
     """Top-k routing as a learner vectorises it, with the knob of one mistake turned."""
     t_count, experts = logits.shape
     probs = torch.softmax(logits, dim=probs_dim)                            # (T, E)
@@ -31,7 +31,8 @@ def _claims(logits, k, capacity_factor, *, probs_dim=-1, weights_from="probs", e
         for t in range(t_count):
             e, s = int(choices[t, j]), int(slot[t, j])
             if s < cap:
-                tokens[e, s], weights[e, s] = t, source[t, e]
+                paired = int(choices[t, k - 1 - j]) if other_choice else e      # whose probability weights it
+                tokens[e, s], weights[e, s] = t, source[t, paired]
     return tokens, weights
 
 
@@ -121,28 +122,28 @@ def losses_z_summed(logits, k, alpha, beta):
 
 
 # ---- moe_layer -----------------------------------------------------------------------------------------------
-def _exchange(dist, rows, output_split_sizes, input_split_sizes):
+def _exchange(dist, rows, output_split_sizes, input_split_sizes, group=None):
     out = rows.new_empty(sum(output_split_sizes), *rows.shape[1:])
-    dist.all_to_all_single(out, rows, output_split_sizes, input_split_sizes)
+    dist.all_to_all_single(out, rows, output_split_sizes, input_split_sizes, group=group)
     return out
 
 
 def _by_hand(dist, x, router, experts, k, capacity_factor, *, expert_of_block, back_splits_swapped=False,
-             apply=lambda rows, w: rows @ w):
+             apply=lambda rows, w: rows @ w, route=S.top_k_route, group=None):
     """Dispatch, compute and combine written out: rows sorted by expert, counts exchanged first, each arriving block
     run through `expert_of_block(i, n, local)`, and the results sent back."""
-    n, local = dist.get_world_size(), experts.shape[0]
-    tokens, weights = S.top_k_route(x @ router, k, capacity_factor)          # (E, C)
+    n, local = dist.get_world_size(group), experts.shape[0]
+    tokens, weights = route(x @ router, k, capacity_factor)                  # (E, C)
     kept = tokens >= 0
     mine = kept.sum(1)                                                       # rows I send to each expert
     theirs = torch.empty_like(mine)
-    dist.all_to_all_single(theirs, mine)                                     # rows each rank sends my experts
+    dist.all_to_all_single(theirs, mine, group=group)                        # rows each rank sends my experts
     out_rows, in_rows = mine.view(n, local).sum(1).tolist(), theirs.view(n, local).sum(1).tolist()
     ids = tokens[kept]
-    arrived = _exchange(dist, x[ids], in_rows, out_rows)
+    arrived = _exchange(dist, x[ids], in_rows, out_rows, group)
     blocks = arrived.split(theirs.tolist())
     done = torch.cat([apply(b, experts[expert_of_block(i, n, local)]) for i, b in enumerate(blocks)])
-    back = _exchange(dist, done, *((in_rows, out_rows) if back_splits_swapped else (out_rows, in_rows)))
+    back = _exchange(dist, done, *((in_rows, out_rows) if back_splits_swapped else (out_rows, in_rows)), group)
     return torch.zeros_like(x).index_add(0, ids, back * weights[kept].unsqueeze(-1))
 
 
@@ -190,6 +191,16 @@ def moe_rows_exchanged_on_the_world(dist, x, router, experts, k, capacity_factor
         dist.all_to_all_single(out, rows, output_split_sizes, input_split_sizes)
         return out
     return S.moe_layer(dist, x, router, experts, k, capacity_factor, exchange=rows_everywhere, group=group)
+
+
+def moe_weights_of_the_other_choice(dist, x, router, experts, k, capacity_factor, exchange=None, group=None):
+    """Each kept expert weighted by the probability of the token's other choice: the weights taken in ascending order
+    (probs.sort().values[:, -k:]) against topk's descending indices. Identity experts add the two weights up, so only
+    a dropped choice or a learned layer with k = 2 shows it."""
+    def route(logits, k, capacity_factor):
+        return _claims(logits, k, capacity_factor, other_choice=True)
+    return _by_hand(dist, x, router, experts, k, capacity_factor, expert_of_block=lambda i, n, local: i % local,
+                    route=route, group=group)
 
 
 def moe_local_experts_only(dist, x, router, experts, k, capacity_factor):
@@ -409,6 +420,7 @@ MISTAKES = [
     Attempt("moe_layer", moe_same_splits_both_ways, ("splits swapped", "swap")),
     Attempt("moe_layer", moe_rows_as_column_vectors, "each expert transposed"),
     Attempt("moe_layer", moe_rows_exchanged_on_the_world, "group=group"),
+    Attempt("moe_layer", moe_weights_of_the_other_choice, ("paired with the wrong experts", "probs[t, e]")),
     Attempt("moe_layer", moe_local_experts_only, ("never received", "other ranks' experts")),
     Attempt("moe_layer_backward", backward_returning_the_gradient_unexchanged,
             ("reverse all-to-all", "never sent back")),
