@@ -25,6 +25,7 @@ from lib.guard.offlimits import MODULE_INIT
 from lib.checker.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
 from puzzles import _adam_variants
+from puzzles._offload import host_step_floor
 from puzzles._sample_weights import fit, module_grads, said, vjp
 
 import_ahead("optimizer")          # offloaded_adam_train's reference builds torch.optim.Adam
@@ -478,36 +479,29 @@ def _offload_case(rng: random.Random, _world: int, steps: Optional[int] = None) 
                                 f"forward and backward belong on the device (on the host they would cost about "
                                 f"6 · parameters · tokens = {6 * param_count * tokens.numel() * len(batches):,})",
                                 hint="keep the model where it is; move gradients to the host, not the model."),
-                         _host_step(param_count, len(batches), lr)],
+                         _host_step(param_count, len(batches))],
                 steps=len(batches), explain=_adam_reading(model, batches, lr))
 
 
-HOST_STEP = 0.5      # of Adam's FLOPs on every parameter: the floor on what the host computes
-
-
 @functools.lru_cache(maxsize=16)
-def _adam_step_flops(elements: int, lr: float) -> float:
+def _adam_step_flops(elements: int) -> float:
     """One Adam update of `elements` float64 parameters as the hints write it, counted as a rank counts it."""
     p, g, m, v = (torch.ones(elements, dtype=torch.float64) for _ in range(4))
 
     def step():
         m.mul_(0.9).add_(g, alpha=0.1)
         v.mul_(0.999).addcmul_(g, g, value=0.001)
-        p.addcdiv_(m / (1 - 0.9), (v / (1 - 0.999)).sqrt().add_(1e-8), value=-lr)
+        p.addcdiv_(m / (1 - 0.9), (v / (1 - 0.999)).sqrt().add_(1e-8), value=-1e-3)
     return counted_flops(step)[1]
 
 
-def _host_step(param_count: int, steps: int, lr: float) -> Budget:
-    """ZeRO-Offload runs the optimizer's step where its state lives: state kept in host memory but brought to the
-    device for each update (and back) meets the device's budget, one parameter at a time, while the device computes
-    the step and the link carries the state both ways."""
-    adam = steps * _adam_step_flops(param_count, lr)
-    return Floor("host_flops", HOST_STEP * adam,
-                 f"{HOST_STEP:.0%} of {steps} Adam steps on the {param_count:,} parameters, {adam:,.0f} FLOPs: the "
-                 "step runs where the state lives",
-                 hint="update m and v and compute the step on the host tensors themselves; bring only the update "
-                      "back to the device (m and v carried to the device for the update leave its compute and the "
-                      "link doing the host's work).")
+def _host_step(param_count: int, steps: int) -> Budget:
+    """The step on the host (puzzles/_offload.py): elementwise, its count depends on the sizes alone."""
+    return host_step_floor(steps * _adam_step_flops(param_count),
+                           f"{steps} Adam steps on the {param_count:,} parameters",
+                           hint="update m and v and compute the step on the host tensors themselves; bring only the "
+                                "update back to the device (m and v carried to the device for the update leave its "
+                                "compute and the link doing the host's work).")
 
 
 def _adam_reading(model, batches, lr: float) -> Callable:

@@ -28,6 +28,7 @@ from lib.sim import CostModel, SimResult, per_rank
 from lib.sim.cost import bus_factor
 from lib.units import fmt_bytes, fmt_time
 from lib.viz.timeline import training_scale
+from puzzles._offload import HOST_STEP, host_step_floor
 
 import_ahead("optimizer", "explicit_gradient")      # every check builds Adam; ZeRO-3 back-propagates a gradient
 
@@ -678,9 +679,6 @@ def _offload_case(rng: random.Random, world: int, steps: Optional[int] = None) -
                                       _gradients_offloaded(s), _offload_while_training(s)])
 
 
-HOST_STEP = 0.5       # of Adam's FLOPs on this rank's shards: the floor on what the host computes
-
-
 @functools.lru_cache(maxsize=16)
 def _adam_flops(elements: int) -> float:
     """adam_update's FLOPs on a shard of `elements` float64s, as a rank counts them (elementwise: by size alone)."""
@@ -689,14 +687,12 @@ def _adam_flops(elements: int) -> float:
 
 
 def _host_step(s: _Sizes) -> Budget:
-    """ZeRO-Offload moves the optimizer's step to the host, not only its state: the host computes Adam on the
-    shard. A run that carries the state to the device to update it there, and back, leaves the host idle."""
-    adam = s.steps * _adam_flops(s.psi // s.world)
-    return Floor("host_flops", HOST_STEP * adam,
-                 f"{HOST_STEP:.0%} of {s.steps} steps × Adam on this rank's {s.psi // s.world} shard elements, "
-                 f"{adam:,.0f} FLOPs: the step runs where the state lives",
-                 hint="run adam_update on the host shards themselves (device=lib.host()); carrying m and v to the "
-                      "device to update them there leaves the device's memory and compute doing the host's work.")
+    """ZeRO-Offload moves the optimizer's step to the host, not only its state (puzzles/_offload.py)."""
+    return host_step_floor(s.steps * _adam_flops(s.psi // s.world),
+                           f"{s.steps} steps × Adam on this rank's {s.psi // s.world} shard elements",
+                           hint="run adam_update on the host shards themselves (device=lib.host()); carrying m and v "
+                                "to the device to update them there leaves the device's memory and compute doing the "
+                                "host's work.")
 
 
 @once_per_shape
