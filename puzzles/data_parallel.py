@@ -599,19 +599,9 @@ def _bucket_size(rng: random.Random, model, layers: tuple[float, float]) -> int:
     # Where the range allows, a size whose buckets differ from those a round size a learner might fix (ROUND_BUCKET)
     # makes: else an answer ignoring bucket_size makes this case's very buckets, and passes.
     sizes = [p.numel() for p in reversed(list(model.parameters()))]
-    apart = [n for n in range(low, high + 1) if _bucket_sizes(sizes, n) != _bucket_sizes(sizes, ROUND_BUCKET)]
+    round_buckets = _bucket_elements(sizes, ROUND_BUCKET)
+    apart = [n for n in range(low, high + 1) if _bucket_elements(sizes, n) != round_buckets]
     return rng.choice(apart) if apart else rng.randint(low, high)
-
-
-def _bucket_sizes(sizes: list[int], bucket_size: int) -> list[int]:
-    """The buckets DDP's rule makes of gradients of these sizes, in the order they are ready."""
-    buckets, current = [], 0
-    for n in sizes:
-        current += n
-        if current >= bucket_size:
-            buckets.append(current)
-            current = 0
-    return buckets + [current] * bool(current)
 
 
 ROUND_BUCKET = 1000            # the round bucket size an answer ignoring bucket_size tends to fix
@@ -628,12 +618,12 @@ def _phase_flops(model, x, y) -> tuple[float, float]:
     return forward, backward
 
 
-def _bucket_elements(model, bucket_size: int) -> list[int]:
-    """The elements of each bucket under DDP's rule: gradients in reverse parameter order (the order backward
-    finishes them), a bucket closed once it holds bucket_size elements."""
+def _bucket_elements(sizes: list[int], bucket_size: int) -> list[int]:
+    """The elements of each bucket under DDP's rule, of gradients of `sizes` in the order backward finishes them
+    (reverse parameter order): a bucket closed once it holds bucket_size elements."""
     buckets, current = [], 0
-    for p in reversed(list(model.parameters())):
-        current += p.numel()
+    for n in sizes:
+        current += n
         if current >= bucket_size:
             buckets.append(current)
             current = 0
@@ -643,7 +633,7 @@ def _bucket_elements(model, bucket_size: int) -> list[int]:
 def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float, bucket_size: int) -> float:
     """Backward with each bucket all-reduced on the link as soon as backward has filled it (gradients appear at
     a pace proportional to their size): when the last all-reduce ends."""
-    buckets = _bucket_elements(model, bucket_size)
+    buckets = _bucket_elements([p.numel() for p in reversed(list(model.parameters()))], bucket_size)
     total, filled, link_free = sum(buckets), 0, 0.0
     word = next(model.parameters()).element_size()
     for elements in buckets:
