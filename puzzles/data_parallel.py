@@ -144,26 +144,23 @@ def _ring_step_count(op: str, world: int, size: int) -> Contract:
                     "the ring", broken, hint="each phase of a ring loops for step in range(N - 1).")
 
 
-def _ring_padding(world: int, numel: int, word: int) -> Contract:
-    """An all-reduce's chunk: x padded to the next multiple of N, ceil(n/N) elements a message. A rank whose messages
-    are all of one larger size padded x by more than it needed, and sends that padding round the ring twice."""
-    chunk = -(-numel // world)
+def _ring_padding(world: int, numel: int, word: int) -> list[Contract]:
+    """An all-reduce's chunk: x padded to the next multiple of N, ceil(n/N) elements a message. Where N divides n, a
+    rank whose messages all hold n/N + 1 elements padded x by N zeros (N - n % N, where (-n) % N is 0), and sends
+    them round the ring twice. (Other sizes are another mistake, or chunks of unequal lengths, which are right.)"""
+    chunk = numel // world
 
     def broken(result: SimResult) -> Optional[str]:
         for rank in range(world):
-            sizes = {e.bytes / word for e in result.trace if e.rank == rank and e.op == "send"}
-            if len(sizes) != 1 or min(sizes) <= chunk + 0.5 or min(sizes) % 1:
-                continue
-            padded = int(min(sizes)) * world
-            if padded - numel > world or padded >= 2 * numel:       # not padding: a whole tensor sent, say
-                continue
-            said = (" (N - n % N is N when N divides n; (-n) % N is 0 then)" if padded - numel == world
-                    and numel % world == 0 else "")
-            return (f"rank {rank} sent chunks of {int(min(sizes))} elements: x of {numel} padded to {padded}, "
-                    f"{padded - numel} zeros, where {(-numel) % world} make N = {world} chunks of {chunk}{said}")
+            if {e.bytes / word for e in result.trace if e.rank == rank and e.op == "send"} == {chunk + 1}:
+                return (f"rank {rank} sent chunks of {chunk + 1} elements: x of {numel} padded to "
+                        f"{(chunk + 1) * world}, {world} zeros, where N = {world} already divides it into chunks of "
+                        f"{chunk} (N - n % N is N when N divides n; (-n) % N is 0 then)")
         return None
-    return Contract("x is padded only up to the next multiple of N, by (-n) % N zeros", broken,
-                    hint="pad by (-len(x)) % N: none when N already divides x's length.")
+    if numel % world or chunk + 1 >= numel:     # no such padding, or one that looks like x itself (N = n = 2)
+        return []
+    return [Contract("x is padded only up to the next multiple of N, by (-n) % N zeros", broken,
+                     hint="pad by (-len(x)) % N: none when N already divides x's length.")]
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -262,7 +259,7 @@ def _ring_case(world: int, args: tuple, expected: list, label: str, size: int, o
     cost = CostModel()
     sent = _ring_budget(factor, formula, size, f"a ring {op.replace('_', '-')}")
     x = args[0].values[0]
-    padding = [_ring_padding(world, x.numel(), x.element_size())] if op == "all_reduce" else []
+    padding = _ring_padding(world, x.numel(), x.element_size()) if op == "all_reduce" else []
     return Case(world, args, expected, label, cost=cost, allowed_ops=P2P,
                 contracts=[RING, _ring_step_count(op, world, size), *padding], explain=explain,
                 budgets=[sent, *_travels(sent), _ring_time(cost, op, size, world)])
