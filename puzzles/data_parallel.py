@@ -386,12 +386,49 @@ def _all_reduce_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
     chunk = -(-n // world)
     case = _ring_case(world, (per_rank(xs),), [_total(xs)] * world,
                       f"N={world}, x of {n} float32 per rank, not a multiple of N", 4 * world * chunk, "all_reduce",
-                      bus_factor("all_reduce", world), "2(N-1)/N, x padded to N chunks of " + str(chunk) + ",")
+                      bus_factor("all_reduce", world), "2(N-1)/N, x padded to N chunks of " + str(chunk) + ",",
+                      _padding_misplaced(_total(xs), world))
     least = 2 * 4 * (n - chunk)
     case.budgets = [b if not b.least else Floor("bytes_sent", least, f"2 × (N-1) chunks of x's {n} elements, the "
                                                 f"largest ({chunk}) left out: {fmt_bytes(least)}", hint=b.hint)
                     for b in case.budgets]
     return case
+
+
+def _padding_misplaced(total: torch.Tensor, world: int):
+    """An uneven all-reduce's explain: the result the right sum moved k places along x, zeros where nothing of the
+    sum lands, as a padding put at one end of x and cut off at the other makes (k read from the result); or the
+    padded sum, its padding never cut off."""
+    n, right = total.numel(), total.double()
+
+    def reads(answer, k: int) -> bool:
+        if not isinstance(answer, torch.Tensor) or not answer.is_floating_point() or answer.dim() != 1:
+            return False
+        if k == 0:                                       # the padding kept: the sum, then zeros
+            want = torch.cat([right, right.new_zeros(-n % world)])
+        else:
+            want = torch.zeros_like(right)
+            want[max(k, 0):n + min(k, 0)] = right[max(-k, 0):n - max(k, 0)]
+        return answer.shape == want.shape and torch.allclose(answer.detach().cpu().double(), want, rtol=1e-4,
+                                                             atol=1e-5)
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        for k in range(-world + 1, world):
+            if not all(reads(g, k) for g in got):
+                continue
+            if k == 0:
+                return (f"Diagnosis: every rank's result is the padded sum, {n} + {-n % world} entries: the padding "
+                        "was never cut off. Return the result's first len(x) entries, result[:len(x)].")
+            places, zeros = (("1 place", "entry"), (f"{abs(k)} places", f"{abs(k)} entries"))[abs(k) > 1]
+            if k > 0:
+                return (f"Diagnosis: every rank's result is the right sum moved {places} toward the end, its first "
+                        f"{zeros} 0: the padding went in front of x and was cut off its end. Pad at the end, "
+                        "F.pad(x, (0, (-len(x)) % N)), and keep the result's first len(x) entries.")
+            return (f"Diagnosis: every rank's result is the right sum moved {places} toward the start, its last "
+                    f"{zeros} 0: the padding added at the end of x was cut off its front. Keep the result's first "
+                    "len(x) entries, result[:len(x)].")
+        return None
+    return explain
 
 
 ring_all_reduce = Puzzle(
