@@ -594,7 +594,8 @@ DDP_MISTAKES = [           # each rank training alone, at any scale, is the case
 
 
 def _ddp_oracle(dist, model, batches, lr, *_, bucket_cap_mb: float = 25.0):
-    """PyTorch's DistributedDataParallel, SGD over `batches` (bench/rows.py sets its own bucket size)."""
+    """PyTorch's DistributedDataParallel, SGD over `batches` (bench/rows.py sets its own bucket size); its gradients
+    let go at the end, as the reference's are (_trained): the statement compares the parameters."""
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
@@ -603,6 +604,7 @@ def _ddp_oracle(dist, model, batches, lr, *_, bucket_cap_mb: float = 25.0):
         opt.zero_grad()
         F.mse_loss(ddp(x), y).backward()
         opt.step()
+    opt.zero_grad(set_to_none=True)
     return model
 
 
