@@ -195,7 +195,7 @@ def _shares(xs: list[torch.Tensor], op: str):
                 return index, times
         return None
 
-    def said(where: str, owner: int, c: int, index: int, times: list[int]) -> str:
+    def said(where: str, owner: int, c: int, index: int, times: list[int], doubled: str) -> str:
         held = [r for r, t in enumerate(times) if t]
         missing, twice = [r for r, t in enumerate(times) if t == 0], [r for r, t in enumerate(times) if t == 2]
         whose = f"{_ranks(held)}'s part{'s' if len(held) > 1 else ''} of the sum"
@@ -208,9 +208,7 @@ def _shares(xs: list[torch.Tensor], op: str):
             return (f"Diagnosis: {where} holds {whose} of chunk {index} of x, where it should hold chunk {c}'s: the "
                     "chunk indices of the schedule do not match the neighbours it sends to and receives from.")
         if twice:
-            text = (f"Diagnosis: {where} holds {whose}, {_ranks(twice)}'s counted twice: a phase adds what it "
-                    "receives where it should copy it (only the reduce-scatter adds; the all-gather copies), or the "
-                    "ring went one step too many")
+            text = f"Diagnosis: {where} holds {whose}, {_ranks(twice)}'s counted twice: {doubled}"
             return text + (f"; {_ranks(missing)}'s left out of the sum." if missing else ".")
         if held == [owner]:
             return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
@@ -248,9 +246,15 @@ def _shares(xs: list[torch.Tensor], op: str):
             return (f"Diagnosis: chunk {c} of rank {rank}'s result holds only rank {c}'s own part of it, every other "
                     "rank's left out of the sum, and so does every wrong chunk: the all-gather passed on each rank's "
                     "chunk of x as it was before the reduce-scatter summed it. Gather the reduce-scatter's result.")
+        # A part counted twice: the all-gather never touches a rank's own chunk r, so where every chunk r is right the
+        # all-gather added what it should copy; where one is wrong the reduce-scatter went a step too far.
+        steps = "the ring went one step too many (for step in range(N - 1) makes the N-1 steps)"
+        doubled = (steps if op == "reduce_scatter" or any(r == c for r, c, *_ in found) else
+                   "the all-gather adds what it receives where it should copy it (each rank's own chunk r, which the "
+                   "all-gather leaves alone, is right; only the chunks it received are wrong)")
         rank, c, index, times = found[0]
         where = f"rank {rank}'s chunk" if op == "reduce_scatter" else f"chunk {c} of rank {rank}'s result"
-        return said(where, rank if op == "reduce_scatter" else c, c, index, times)
+        return said(where, rank if op == "reduce_scatter" else c, c, index, times, doubled)
     return explain
 
 
