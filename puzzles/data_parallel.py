@@ -485,7 +485,7 @@ def _scale_grad(p: torch.Tensor, c: float) -> None:
     p.grad.mul_(c)
 
 
-def _alone_explain(model, shards: list, lr: float):
+def _alone_explain(model, shards: list, full: list, lr: float):
     """A data-parallel case's explain (lib.checker.puzzle.Case): every rank's parameters are those of training alone
     on its own shard, with its gradient as backward made it or scaled by N either way (a loss divided by N instead of
     an all-reduce): whatever the scale, no gradient travelled. Or those of whole-batch training whose gradients are
@@ -508,8 +508,7 @@ def _alone_explain(model, shards: list, lr: float):
                 return (f"Diagnosis: each rank's parameters are those of training alone on its own shard{scaled}: the "
                         "gradients were never all-reduced, so no rank's update saw the other ranks' samples. "
                         "All-reduce each p.grad and divide it by N before the update.")
-        carried = params(train_single(model, [_whole(shards, step) for step in range(len(shards[0]))], lr,
-                                      zero=False))
+        carried = params(train_single(model, full, lr, zero=False))
         if len(shards[0]) > 1 and all(_equal(carried, m) for m in mine):
             return ("Diagnosis: your parameters are those of single-device training whose gradients are never zeroed: "
                     "step 1 is right, and at step 2 and after, backward added each step's gradient to the last "
@@ -517,11 +516,6 @@ def _alone_explain(model, shards: list, lr: float):
                     "far. Zero the gradients each step (model.zero_grad(), or p.grad = None after the update).")
         return None
     return explain
-
-
-def _whole(shards: list, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole batch of one step: every rank's shard of it, in rank order."""
-    return tuple(torch.cat([rank[step][i] for rank in shards]) for i in range(2))
 
 
 def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -577,7 +571,7 @@ def _ddp_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Ca
                 f"N={world}, {steps} steps of {len(shards[0][0][0])} samples per rank",
                 budgets=_all_reduce_grads_budgets(model, world, steps) + [_own_work_budget(model, shards[0], lr, steps),
                                                                          floor], steps=steps,
-                explain=_alone_explain(model, shards, lr))
+                explain=_alone_explain(model, shards, full, lr))
 
 
 def _ddp_mistake(what: str, message: str) -> Mistake:
@@ -719,7 +713,7 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several", step
                 f"N={world}, {steps} steps, bucket_size={bucket_size}, all-reduce of the gradients as long as the "
                 "backward pass", budgets=budgets, cost=cost,
                 contracts=[_bucket_contract(bucket_size, largest, steps, world, word)], steps=steps,
-                explain=_alone_explain(model, shards, lr))
+                explain=_alone_explain(model, shards, full, lr))
 
 
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")     # the ways a bucket of gradients travels
