@@ -144,26 +144,23 @@ def _ring_step_count(op: str, world: int, size: int) -> Contract:
                     "the ring", broken, hint="each phase of a ring loops for step in range(N - 1).")
 
 
-def _ring_padding(world: int, numel: int, word: int) -> Contract:
-    """An all-reduce's chunk: x padded to the next multiple of N, ceil(n/N) elements a message. A rank whose messages
-    are all of one larger size padded x by more than it needed, and sends that padding round the ring twice."""
-    chunk = -(-numel // world)
+def _ring_padding(world: int, numel: int, word: int) -> list[Contract]:
+    """An all-reduce's chunk: x padded to the next multiple of N, ceil(n/N) elements a message. Where N divides n, a
+    rank whose messages all hold n/N + 1 elements padded x by N zeros (N - n % N, where (-n) % N is 0), and sends
+    them round the ring twice. (Other sizes are another mistake, or chunks of unequal lengths, which are right.)"""
+    chunk = numel // world
 
     def broken(result: SimResult) -> Optional[str]:
         for rank in range(world):
-            sizes = {e.bytes / word for e in result.trace if e.rank == rank and e.op == "send"}
-            if len(sizes) != 1 or min(sizes) <= chunk + 0.5 or min(sizes) % 1:
-                continue
-            padded = int(min(sizes)) * world
-            if padded - numel > world or padded >= 2 * numel:       # not padding: a whole tensor sent, say
-                continue
-            said = (" (N - n % N is N when N divides n; (-n) % N is 0 then)" if padded - numel == world
-                    and numel % world == 0 else "")
-            return (f"rank {rank} sent chunks of {int(min(sizes))} elements: x of {numel} padded to {padded}, "
-                    f"{padded - numel} zeros, where {(-numel) % world} make N = {world} chunks of {chunk}{said}")
+            if {e.bytes / word for e in result.trace if e.rank == rank and e.op == "send"} == {chunk + 1}:
+                return (f"rank {rank} sent chunks of {chunk + 1} elements: x of {numel} padded to "
+                        f"{(chunk + 1) * world}, {world} zeros, where N = {world} already divides it into chunks of "
+                        f"{chunk} (N - n % N is N when N divides n; (-n) % N is 0 then)")
         return None
-    return Contract("x is padded only up to the next multiple of N, by (-n) % N zeros", broken,
-                    hint="pad by (-len(x)) % N: none when N already divides x's length.")
+    if numel % world or chunk + 1 >= numel:     # no such padding, or one that looks like x itself (N = n = 2)
+        return []
+    return [Contract("x is padded only up to the next multiple of N, by (-n) % N zeros", broken,
+                     hint="pad by (-len(x)) % N: none when N already divides x's length.")]
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -198,7 +195,7 @@ def _shares(xs: list[torch.Tensor], op: str):
                 return index, times
         return None
 
-    def said(where: str, owner: int, c: int, index: int, times: list[int]) -> str:
+    def said(where: str, owner: int, c: int, index: int, times: list[int], doubled: str) -> str:
         held = [r for r, t in enumerate(times) if t]
         missing, twice = [r for r, t in enumerate(times) if t == 0], [r for r, t in enumerate(times) if t == 2]
         whose = f"{_ranks(held)}'s part{'s' if len(held) > 1 else ''} of the sum"
@@ -211,9 +208,7 @@ def _shares(xs: list[torch.Tensor], op: str):
             return (f"Diagnosis: {where} holds {whose} of chunk {index} of x, where it should hold chunk {c}'s: the "
                     "chunk indices of the schedule do not match the neighbours it sends to and receives from.")
         if twice:
-            text = (f"Diagnosis: {where} holds {whose}, {_ranks(twice)}'s counted twice: a phase adds what it "
-                    "receives where it should copy it (only the reduce-scatter adds; the all-gather copies), or the "
-                    "ring went one step too many")
+            text = f"Diagnosis: {where} holds {whose}, {_ranks(twice)}'s counted twice: {doubled}"
             return text + (f"; {_ranks(missing)}'s left out of the sum." if missing else ".")
         if held == [owner]:
             return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
@@ -251,9 +246,15 @@ def _shares(xs: list[torch.Tensor], op: str):
             return (f"Diagnosis: chunk {c} of rank {rank}'s result holds only rank {c}'s own part of it, every other "
                     "rank's left out of the sum, and so does every wrong chunk: the all-gather passed on each rank's "
                     "chunk of x as it was before the reduce-scatter summed it. Gather the reduce-scatter's result.")
+        # A part counted twice: the all-gather never touches a rank's own chunk r, so where every chunk r is right the
+        # all-gather added what it should copy; where one is wrong the reduce-scatter went a step too far.
+        steps = "the ring went one step too many (for step in range(N - 1) makes the N-1 steps)"
+        doubled = (steps if op == "reduce_scatter" or any(r == c for r, c, *_ in found) else
+                   "the all-gather adds what it receives where it should copy it (each rank's own chunk r, which the "
+                   "all-gather leaves alone, is right; only the chunks it received are wrong)")
         rank, c, index, times = found[0]
         where = f"rank {rank}'s chunk" if op == "reduce_scatter" else f"chunk {c} of rank {rank}'s result"
-        return said(where, rank if op == "reduce_scatter" else c, c, index, times)
+        return said(where, rank if op == "reduce_scatter" else c, c, index, times, doubled)
     return explain
 
 
@@ -262,7 +263,7 @@ def _ring_case(world: int, args: tuple, expected: list, label: str, size: int, o
     cost = CostModel()
     sent = _ring_budget(factor, formula, size, f"a ring {op.replace('_', '-')}")
     x = args[0].values[0]
-    padding = [_ring_padding(world, x.numel(), x.element_size())] if op == "all_reduce" else []
+    padding = _ring_padding(world, x.numel(), x.element_size()) if op == "all_reduce" else []
     return Case(world, args, expected, label, cost=cost, allowed_ops=P2P,
                 contracts=[RING, _ring_step_count(op, world, size), *padding], explain=explain,
                 budgets=[sent, *_travels(sent), _ring_time(cost, op, size, world)])
@@ -389,12 +390,49 @@ def _all_reduce_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
     chunk = -(-n // world)
     case = _ring_case(world, (per_rank(xs),), [_total(xs)] * world,
                       f"N={world}, x of {n} float32 per rank, not a multiple of N", 4 * world * chunk, "all_reduce",
-                      bus_factor("all_reduce", world), "2(N-1)/N, x padded to N chunks of " + str(chunk) + ",")
+                      bus_factor("all_reduce", world), "2(N-1)/N, x padded to N chunks of " + str(chunk) + ",",
+                      _padding_misplaced(_total(xs), world))
     least = 2 * 4 * (n - chunk)
     case.budgets = [b if not b.least else Floor("bytes_sent", least, f"2 × (N-1) chunks of x's {n} elements, the "
                                                 f"largest ({chunk}) left out: {fmt_bytes(least)}", hint=b.hint)
                     for b in case.budgets]
     return case
+
+
+def _padding_misplaced(total: torch.Tensor, world: int):
+    """An uneven all-reduce's explain: the result the right sum moved k places along x, zeros where nothing of the
+    sum lands, as a padding put at one end of x and cut off at the other makes (k read from the result); or the
+    padded sum, its padding never cut off."""
+    n, right = total.numel(), total.double()
+
+    def reads(answer, k: int) -> bool:
+        if not isinstance(answer, torch.Tensor) or not answer.is_floating_point() or answer.dim() != 1:
+            return False
+        if k == 0:                                       # the padding kept: the sum, then zeros
+            want = torch.cat([right, right.new_zeros(-n % world)])
+        else:
+            want = torch.zeros_like(right)
+            want[max(k, 0):n + min(k, 0)] = right[max(-k, 0):n - max(k, 0)]
+        return answer.shape == want.shape and torch.allclose(answer.detach().cpu().double(), want, rtol=1e-4,
+                                                             atol=1e-5)
+
+    def explain(expected: list, got: list) -> Optional[str]:
+        for k in range(-world + 1, world):
+            if not all(reads(g, k) for g in got):
+                continue
+            if k == 0:
+                return (f"Diagnosis: every rank's result is the padded sum, {n} + {-n % world} entries: the padding "
+                        "was never cut off. Return the result's first len(x) entries, result[:len(x)].")
+            places, zeros = (("1 place", "entry"), (f"{abs(k)} places", f"{abs(k)} entries"))[abs(k) > 1]
+            if k > 0:
+                return (f"Diagnosis: every rank's result is the right sum moved {places} toward the end, its first "
+                        f"{zeros} 0: the padding went in front of x and was cut off its end. Pad at the end, "
+                        "F.pad(x, (0, (-len(x)) % N)), and keep the result's first len(x) entries.")
+            return (f"Diagnosis: every rank's result is the right sum moved {places} toward the start, its last "
+                    f"{zeros} 0: the padding added at the end of x was cut off its front. Keep the result's first "
+                    "len(x) entries, result[:len(x)].")
+        return None
+    return explain
 
 
 ring_all_reduce = Puzzle(
@@ -447,7 +485,7 @@ def _scale_grad(p: torch.Tensor, c: float) -> None:
     p.grad.mul_(c)
 
 
-def _alone_explain(model, shards: list, lr: float):
+def _alone_explain(model, shards: list, full: list, lr: float):
     """A data-parallel case's explain (lib.checker.puzzle.Case): every rank's parameters are those of training alone
     on its own shard, with its gradient as backward made it or scaled by N either way (a loss divided by N instead of
     an all-reduce): whatever the scale, no gradient travelled. Or those of whole-batch training whose gradients are
@@ -470,8 +508,7 @@ def _alone_explain(model, shards: list, lr: float):
                 return (f"Diagnosis: each rank's parameters are those of training alone on its own shard{scaled}: the "
                         "gradients were never all-reduced, so no rank's update saw the other ranks' samples. "
                         "All-reduce each p.grad and divide it by N before the update.")
-        carried = params(train_single(model, [_whole(shards, step) for step in range(len(shards[0]))], lr,
-                                      zero=False))
+        carried = params(train_single(model, full, lr, zero=False))
         if len(shards[0]) > 1 and all(_equal(carried, m) for m in mine):
             return ("Diagnosis: your parameters are those of single-device training whose gradients are never zeroed: "
                     "step 1 is right, and at step 2 and after, backward added each step's gradient to the last "
@@ -479,11 +516,6 @@ def _alone_explain(model, shards: list, lr: float):
                     "far. Zero the gradients each step (model.zero_grad(), or p.grad = None after the update).")
         return None
     return explain
-
-
-def _whole(shards: list, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole batch of one step: every rank's shard of it, in rank order."""
-    return tuple(torch.cat([rank[step][i] for rank in shards]) for i in range(2))
 
 
 def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -539,7 +571,7 @@ def _ddp_case(rng: random.Random, world: int, steps: Optional[int] = None) -> Ca
                 f"N={world}, {steps} steps of {len(shards[0][0][0])} samples per rank",
                 budgets=_all_reduce_grads_budgets(model, world, steps) + [_own_work_budget(model, shards[0], lr, steps),
                                                                          floor], steps=steps,
-                explain=_alone_explain(model, shards, lr))
+                explain=_alone_explain(model, shards, full, lr))
 
 
 def _ddp_mistake(what: str, message: str) -> Mistake:
@@ -560,7 +592,8 @@ DDP_MISTAKES = [           # each rank training alone, at any scale, is the case
 
 
 def _ddp_oracle(dist, model, batches, lr, *_, bucket_cap_mb: float = 25.0):
-    """PyTorch's DistributedDataParallel, SGD over `batches` (bench/rows.py sets its own bucket size)."""
+    """PyTorch's DistributedDataParallel, SGD over `batches` (bench/rows.py sets its own bucket size); its gradients
+    let go at the end, as the reference's are (_trained): the statement compares the parameters."""
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
@@ -569,6 +602,7 @@ def _ddp_oracle(dist, model, batches, lr, *_, bucket_cap_mb: float = 25.0):
         opt.zero_grad()
         F.mse_loss(ddp(x), y).backward()
         opt.step()
+    opt.zero_grad(set_to_none=True)
     return model
 
 
@@ -599,19 +633,9 @@ def _bucket_size(rng: random.Random, model, layers: tuple[float, float]) -> int:
     # Where the range allows, a size whose buckets differ from those a round size a learner might fix (ROUND_BUCKET)
     # makes: else an answer ignoring bucket_size makes this case's very buckets, and passes.
     sizes = [p.numel() for p in reversed(list(model.parameters()))]
-    apart = [n for n in range(low, high + 1) if _bucket_sizes(sizes, n) != _bucket_sizes(sizes, ROUND_BUCKET)]
+    round_buckets = _bucket_elements(sizes, ROUND_BUCKET)
+    apart = [n for n in range(low, high + 1) if _bucket_elements(sizes, n) != round_buckets]
     return rng.choice(apart) if apart else rng.randint(low, high)
-
-
-def _bucket_sizes(sizes: list[int], bucket_size: int) -> list[int]:
-    """The buckets DDP's rule makes of gradients of these sizes, in the order they are ready."""
-    buckets, current = [], 0
-    for n in sizes:
-        current += n
-        if current >= bucket_size:
-            buckets.append(current)
-            current = 0
-    return buckets + [current] * bool(current)
 
 
 ROUND_BUCKET = 1000            # the round bucket size an answer ignoring bucket_size tends to fix
@@ -628,12 +652,12 @@ def _phase_flops(model, x, y) -> tuple[float, float]:
     return forward, backward
 
 
-def _bucket_elements(model, bucket_size: int) -> list[int]:
-    """The elements of each bucket under DDP's rule: gradients in reverse parameter order (the order backward
-    finishes them), a bucket closed once it holds bucket_size elements."""
+def _bucket_elements(sizes: list[int], bucket_size: int) -> list[int]:
+    """The elements of each bucket under DDP's rule, of gradients of `sizes` in the order backward finishes them
+    (reverse parameter order): a bucket closed once it holds bucket_size elements."""
     buckets, current = [], 0
-    for p in reversed(list(model.parameters())):
-        current += p.numel()
+    for n in sizes:
+        current += n
         if current >= bucket_size:
             buckets.append(current)
             current = 0
@@ -643,7 +667,7 @@ def _bucket_elements(model, bucket_size: int) -> list[int]:
 def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float, bucket_size: int) -> float:
     """Backward with each bucket all-reduced on the link as soon as backward has filled it (gradients appear at
     a pace proportional to their size): when the last all-reduce ends."""
-    buckets = _bucket_elements(model, bucket_size)
+    buckets = _bucket_elements([p.numel() for p in reversed(list(model.parameters()))], bucket_size)
     total, filled, link_free = sum(buckets), 0, 0.0
     word = next(model.parameters()).element_size()
     for elements in buckets:
@@ -689,7 +713,7 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several", step
                 f"N={world}, {steps} steps, bucket_size={bucket_size}, all-reduce of the gradients as long as the "
                 "backward pass", budgets=budgets, cost=cost,
                 contracts=[_bucket_contract(bucket_size, largest, steps, world, word)], steps=steps,
-                explain=_alone_explain(model, shards, lr))
+                explain=_alone_explain(model, shards, full, lr))
 
 
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")     # the ways a bucket of gradients travels

@@ -387,7 +387,9 @@ def _schedule_explain(model, batch: torch.Tensor, targets: torch.Tensor, p: int,
             return None
         r = wrong[-1]
         ref = _Reference(model, batch, targets, p)
-        found = _rows_held(ref, r, mine[r], m) or _pairs(ref, r, mine[r], m) or _sent_back(ref, r, mine[r], m)
+        found = (_rows_held(ref, r, mine[r], m) or _pairs(ref, r, mine[r], m)
+                 or (_targets_paired(ref, targets, mine[r], m) if r == p - 1 else None)
+                 or _sent_back(ref, r, mine[r], m))
         return f"Diagnosis: on rank {r}, {found}" if found else None
     return explain
 
@@ -448,6 +450,31 @@ def _pairs(ref: _Reference, r: int, got: torch.Tensor, m: int) -> Optional[str]:
             f"micro-batch → activations used: {said_pairs}): each gradient must go back through the graph of its own "
             "micro-batch. The gradients arrive in micro-batch order, oldest first: keep the stash by micro-batch and "
             "take the one whose gradient came.")
+
+
+def _targets_paired(ref: _Reference, targets: torch.Tensor, got: torch.Tensor, m: int) -> Optional[str]:
+    """The last stage's gradients when each micro-batch's loss took another micro-batch's targets: which targets
+    each micro-batch's outputs went with, read from the gradients (an m × m fit of output j against targets k)."""
+    if m < 2:
+        return None
+    r = len(ref.stages) - 1
+    with torch.no_grad():
+        out = ref.stages[r](ref.inputs[r])
+    parts = [slice(j * MICRO, (j + 1) * MICRO) for j in range(m)]
+    basis = torch.stack([ref.vjp(r, parts[j], 2 * (out[parts[j]] - targets[parts[k]]) / out.numel())
+                         for j in range(m) for k in range(m)])
+    weights = fit(basis, got)
+    if weights is None:
+        return None
+    pairs = weights.reshape(m, m).round(decimals=6)
+    if not bool(((pairs == 0) | (pairs == 1)).all()) or not bool((pairs.sum(1) == 1).all()):
+        return None
+    moved = [(j, int(k)) for j, k in enumerate(pairs.argmax(1).tolist()) if k != j]
+    if not moved:
+        return None
+    return ("the loss compares a micro-batch's outputs with another micro-batch's targets (micro-batch → targets "
+            f"used: {', '.join(f'{j} → {k}' for j, k in moved)}): micro-batch j's outputs go with "
+            "targets.chunk(m)[j], the same j as its inputs.")
 
 
 def _sent_back(ref: _Reference, r: int, got: torch.Tensor, m: int) -> Optional[str]:

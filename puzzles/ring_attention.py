@@ -9,6 +9,7 @@ log-sum-exp from its CPU flash kernel); budgets from the algorithm's formulas fo
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import random
 from typing import Optional
@@ -497,7 +498,37 @@ def _ring_meaning(rank: int, blocks: list, units: list) -> Optional[str]:
 
 
 def _ring_explained(qs: list, ks: list, vs: list, expected: list, got: list) -> Optional[str]:
-    return explain_attention(functools.partial(_ring_setup, qs, ks, vs), len(qs), got, _ring_meaning)
+    return (explain_attention(functools.partial(_ring_setup, qs, ks, vs), len(qs), got, _ring_meaning)
+            or _lse_of_some_blocks(qs, ks, expected, got))
+
+
+def _lse_of_some_blocks(qs: list, ks: list, expected: list, got: list) -> Optional[str]:
+    """A right output beside a log-sum-exp that is that of some ranks' K/V blocks alone (each block's read from the
+    case's q and k, every subset tried): the lse a merge returned was dropped after those blocks."""
+    n = len(qs)
+    for rank, (want, answer) in enumerate(zip(expected, got)):
+        if not (isinstance(answer, (tuple, list)) and len(answer) == 2
+                and all(isinstance(t, torch.Tensor) for t in answer)):
+            return None
+        out, lse = (t.detach().cpu().double() for t in answer)
+        if out.shape != want[0].shape or lse.shape != want[1].shape or not torch.allclose(
+                out, want[0].cpu().double(), rtol=1e-5, atol=1e-6):
+            return None
+        if torch.allclose(lse, want[1].cpu().double(), rtol=1e-5, atol=1e-6):
+            continue
+        q = qs[rank].cpu().double()
+        blocks = torch.stack([torch.logsumexp(q @ k.cpu().double().transpose(-2, -1) * q.shape[-1] ** -0.5, -1)
+                              for k in ks])                                                # (N, b, h, s/N)
+        for size in range(1, n):
+            for held in itertools.combinations(range(n), size):
+                if torch.allclose(lse, blocks[list(held)].logsumexp(0), rtol=1e-5, atol=1e-6):
+                    which = ", ".join(map(str, held))
+                    return (f"Diagnosis: on rank {rank}, the output is right and the log-sum-exp is that of rank"
+                            f"{'s' if size > 1 else ''} {which}'s K/V block{'s' if size > 1 else ''} alone, of the "
+                            f"N = {n}: the log-sum-exp merge_attention returned was not kept (out, lse = "
+                            "merge_attention(out, lse, block_out, block_lse) keeps both), though the output was.")
+        return None
+    return None
 
 
 def _gathered(dist, t):

@@ -271,10 +271,13 @@ def _attention_explain(x, qkv_ws, qkv_bs, proj_ws, proj_b, heads: int, world: in
 
 
 def _mlp_explain(x, w1s, b1s, w2s, b2, world: int):
-    """megatron_mlp's explain: the activation, and the place of it, whose MLP gives the learner's output."""
-    def output(act: Callable = F.gelu, place: str = "between") -> torch.Tensor:
-        inner = (lambda t: t) if place != "between" else act
-        out = sum(F.linear(inner(F.linear(x, w1s[r], b1s[r])), w2s[r]) for r in range(world))
+    """megatron_mlp's explain: the activation, the place of it, and the place of fc1's bias, whose MLP gives the
+    learner's output."""
+    def output(act: Callable = F.gelu, place: str = "between", fc1_bias: str = "in fc1") -> torch.Tensor:
+        hidden = [F.linear(x, w1s[r], b1s[r] if fc1_bias == "in fc1" else None) for r in range(world)]
+        hidden = [act(t) for t in hidden] if place == "between" else hidden
+        hidden = [t + b1s[r] for r, t in enumerate(hidden)] if fc1_bias == "after GeLU" else hidden
+        out = sum(F.linear(t, w2s[r]) for r, t in enumerate(hidden))
         return act(out + b2) if place == "after" else act(out) + b2 if place == "before the bias" else out + b2
     settings = [({"act": functools.partial(F.gelu, approximate="tanh")},
                  "GeLU's tanh approximation (F.gelu(x, approximate='tanh'), GPT-2's) where this MLP uses the exact "
@@ -285,7 +288,11 @@ def _mlp_explain(x, w1s, b1s, w2s, b2, world: int):
                                      "hidden units (fc1's output)")
                   for place, said in (("after", "GeLU applied to fc2's output (after the sum and the bias)"),
                                       ("before the bias", "GeLU applied to fc2's summed output, before its bias"),
-                                      ("nowhere", "no GeLU at all")))]
+                                      ("nowhere", "no GeLU at all"))),
+                ({"fc1_bias": "after GeLU"}, "fc1's bias added after GeLU, where it belongs inside fc1, before GeLU: "
+                                             "F.gelu(F.linear(x, fc1_w, fc1_b))"),
+                ({"fc1_bias": "nowhere"}, "fc1's bias left out, where fc1 adds it before GeLU: "
+                                          "F.gelu(F.linear(x, fc1_w, fc1_b))")]
     return _settings_explain(x, output, settings, "the MLP's")
 
 

@@ -61,6 +61,15 @@ def test_solution_passes_on_real_gloo_ranks(puzzle, solution, capsys):
     assert f"✓ real run on {n} process{'es' if n > 1 else ''}" in capsys.readouterr().out
 
 
+def test_data_parallel_answers_that_let_their_gradients_go_pass_on_real_ranks():
+    """The statement compares the parameters, so PyTorch's DDP, which the real run also compares with, lets its
+    gradients go as the reference does: a loop that ends with zero_grad(set_to_none=True) is right on real ranks too."""
+    from puzzles.data_parallel import data_parallel_train
+    from tests.test_other_right_answers import ddp_zero_grad_after_the_update
+
+    assert data_parallel_train.real(ddp_zero_grad_after_the_update, world_size=2, strict=True)
+
+
 def _stub(dist, *args):
     raise NotImplementedError
 

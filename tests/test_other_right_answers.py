@@ -583,7 +583,7 @@ def ddp_reduce_scatter_then_all_gather(dist, model, batches, lr):
         flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         pad = (-flat.numel()) % world
         flat = F.pad(flat, (0, pad))
-        shard = torch.empty(flat.numel() // world, dtype=flat.dtype)
+        shard = flat.new_empty(flat.numel() // world)
         dist.reduce_scatter_single(shard, flat)
         dist.all_gather_single(flat, shard)
         sizes = [p.numel() for p in model.parameters()]

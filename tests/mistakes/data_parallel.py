@@ -319,6 +319,30 @@ def all_reduce_chunk_as_floor_plus_one(dist, x):
                             lambda r, s, n: (r - s - 1) % n)[:x.numel()]
 
 
+def _all_reduce_padded(dist, x, front: bool):
+    """The ring all-reduce of x padded by (-len(x)) % N zeros, in front of x or after it; the padded sum returned."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pad = -x.numel() % world
+    padded = F.pad(x, (pad, 0) if front else (0, pad))
+    chunks = _ring_steps(dist, padded, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
+    return _all_gather_into(dist, chunks[rank], lambda r, n: r, lambda n: n - 1, lambda r, s, n: (r - s - 1) % n)
+
+
+def all_reduce_padding_in_front(dist, x):
+    """F.pad(x, (pad, 0)), the padding in front of x ('the first number pads the start'), then result[:len(x)]."""
+    return _all_reduce_padded(dist, x, front=True)[:x.numel()]
+
+
+def all_reduce_padding_cut_from_the_front(dist, x):
+    """The padding added at the end, and cut off as result[pad:], the front of the result."""
+    return _all_reduce_padded(dist, x, front=False)[-x.numel():]
+
+
+def all_reduce_padding_kept(dist, x):
+    """x padded to N chunks, and the padded sum returned as it is."""
+    return _all_reduce_padded(dist, x, front=False)
+
+
 def all_reduce_forgets_the_gather(dist, x):
     """Only the reduce-scatter: each rank returns its reduced chunk, 1/N of the tensor."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -558,6 +582,9 @@ MISTAKES = [
     Attempt("ring_all_reduce", all_reduce_chunk_as_floor_plus_one, named=("is padded only up to the next multiple",
                                                                          "over the budget of 8 B")),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
+    Attempt("ring_all_reduce", all_reduce_padding_in_front, named=("toward the end", "went in front of x")),
+    Attempt("ring_all_reduce", all_reduce_padding_cut_from_the_front, named=("toward the start", "cut off its front")),
+    Attempt("ring_all_reduce", all_reduce_padding_kept, named="the padding was never cut off"),
     Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
     Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),
     Attempt("data_parallel_train", ddp_average_op_then_divide, named="N, the world size"),

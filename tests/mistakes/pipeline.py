@@ -86,7 +86,7 @@ def stages_gradient_received_into_the_output(dist, stage, batch, targets):
 
 # ---- gpipe --------------------------------------------------------------------------------------------------
 def _gpipe(dist, stage, batch, targets, m, *, scale=None, split=None, keep=True, chunk_targets=True,
-           stash_input=lambda x: x):
+           stash_input=lambda x: x, target_of=lambda j, m: j):
     """GPipe as the hints lay it out, with the knob of one mistake turned."""
     rank, p = dist.get_rank(), dist.get_world_size()
     xs = (split or (lambda t: t.chunk(m)))(batch)
@@ -101,7 +101,7 @@ def _gpipe(dist, stage, batch, targets, m, *, scale=None, split=None, keep=True,
         x.requires_grad_()
         out = stage(x)
         if rank == p - 1:
-            out = F.mse_loss(out, ys[j]) / (scale or m)
+            out = F.mse_loss(out, ys[target_of(j, m)]) / (scale or m)
         else:
             sends.append(dist.isend(out.detach(), rank + 1))
         last = (stash_input(x), out)
@@ -135,6 +135,11 @@ def gpipe_divided_by_the_stages(dist, stage, batch, targets, m):
 def gpipe_targets_whole(dist, stage, batch, targets, m):
     """The batch cut into micro-batches, the targets not: each micro-batch's output compared with all targets."""
     return _gpipe(dist, stage, batch, targets, m, chunk_targets=False)
+
+
+def gpipe_targets_popped(dist, stage, batch, targets, m):
+    """ys = list(targets.chunk(m)) and ys.pop() at each micro-batch: the targets taken from the end, in reverse."""
+    return _gpipe(dist, stage, batch, targets, m, target_of=lambda j, m: m - 1 - j)
 
 
 def gpipe_stash_of_detached_inputs(dist, stage, batch, targets, m):
@@ -461,6 +466,7 @@ MISTAKES = [
     Attempt("gpipe", gpipe_divided_by_the_stages, named="m, the number of micro-batches"),
     Attempt("gpipe", gpipe_targets_whole, named=("the whole targets", "targets of the micro-batch",
                                                   "the whole batch or targets met one m-th")),
+    Attempt("gpipe", gpipe_targets_popped, named="another micro-batch's targets"),
     Attempt("gpipe", gpipe_stash_of_detached_inputs, named=NO_GRADIENT),
     Attempt("gpipe", gpipe_chunks_the_features, named="cut along its last dimension"),
     Attempt("gpipe", gpipe_first_stage_waits_for_the_loss, named="receives once more than its peer sends"),

@@ -168,7 +168,7 @@ def ring_receiving_from_the_right(dist, q, k, v, block):
     return S.ring_attention(_Dist(dist, recv_from_the_right=True), q, k, v, block)
 
 
-def _ring(dist, q, k, v, block, *, merge=True, attend_after_passing=True, send_v=True):
+def _ring(dist, q, k, v, block, *, merge=True, attend_after_passing=True, send_v=True, keep_lse=True):
     """Ring attention as a learner writes it, with the knob of one mistake turned."""
     out, lse = S.blockwise_attention(q, k, v, block)
     for step in range(dist.get_world_size() - 1):
@@ -178,7 +178,8 @@ def _ring(dist, q, k, v, block, *, merge=True, attend_after_passing=True, send_v
         k, v = _pass_right(dist, k), _pass_right(dist, v) if send_v else v
         if attend_after_passing:
             o, m = S.blockwise_attention(q, k, v, block)
-            out, lse = S.merge_attention(out, lse, o, m) if merge else (o, m)
+            merged = S.merge_attention(out, lse, o, m) if merge else (o, m)
+            out, lse = (merged[0], lse) if not keep_lse else merged
     return out, lse
 
 
@@ -191,6 +192,12 @@ def ring_never_attending_to_the_last_block(dist, q, k, v, block):
     """Each of the N-1 steps attends to the block it holds, then passes it on: the block received last is never
     attended to."""
     return _ring(dist, q, k, v, block, attend_after_passing=False)
+
+
+def ring_output_merged_lse_dropped(dist, q, k, v, block):
+    """out = merge_attention(out, lse, o, m)[0]: the merged output kept, the merged log-sum-exp dropped, so the lse
+    returned is the own block's (and at N > 2 the later merges weigh by it)."""
+    return _ring(dist, q, k, v, block, keep_lse=False)
 
 
 def ring_passing_k_only(dist, q, k, v, block):
@@ -506,6 +513,7 @@ MISTAKES = [
     Attempt("ring_attention", ring_keeping_only_the_last_block, ("last block only", "never merged")),
     Attempt("ring_attention", ring_never_attending_to_the_last_block, ("received last", "N-1 of the N blocks")),
     Attempt("ring_attention", ring_passing_k_only, ("V never travels", "its own V")),
+    Attempt("ring_attention", ring_output_merged_lse_dropped, "was not kept"),
     Attempt("ring_attention_overlap", overlap_waiting_for_everything_at_the_end, ("before its wait()", "irecv")),
     Attempt("ring_attention_overlap", overlap_attending_to_what_arrived, ("own block", "never attended")),
     Attempt("ring_attention_overlap", overlap_posting_on_the_last_step_too, "N-1 = "),

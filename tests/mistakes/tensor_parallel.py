@@ -144,6 +144,18 @@ def mlp_fc2_bias_divided_by_n(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
     return _g(dist)(F.linear(hidden, fc2_w) + fc2_b / dist.get_world_size())
 
 
+def mlp_fc1_bias_after_gelu(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """fc1's bias added to the hidden units after GeLU ('the bias goes with the layer's output')."""
+    hidden = F.gelu(F.linear(_f(dist)(x), fc1_w)) + fc1_b
+    return _g(dist)(F.linear(hidden, fc2_w)) + fc2_b
+
+
+def mlp_fc1_bias_left_out(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """fc1 without its bias, fc2's kept: 'only the row-parallel layer's bias needs care'."""
+    hidden = F.gelu(F.linear(_f(dist)(x), fc1_w))
+    return _g(dist)(F.linear(hidden, fc2_w)) + fc2_b
+
+
 # ---- parallel_attention -------------------------------------------------------------------------------------
 def _attention(dist, x, qkv_w, qkv_b, proj_w, proj_b, core):
     qkv = F.linear(_f(dist)(x), qkv_w, qkv_b)
@@ -374,6 +386,8 @@ MISTAKES = [
     Attempt("megatron_mlp", mlp_f_and_g_swapped, named=("g before fc1", "f and g in each other's place")),
     Attempt("megatron_mlp", mlp_g_averages, named="N, the world size"),
     Attempt("megatron_mlp", mlp_fc2_bias_divided_by_n, named="N, the world size"),
+    Attempt("megatron_mlp", mlp_fc1_bias_after_gelu, named="fc1's bias added after GeLU"),
+    Attempt("megatron_mlp", mlp_fc1_bias_left_out, named=("fc1's bias left out", "lacks fc1_b")),
     Attempt("parallel_attention", attention_every_head_on_every_rank, named=("all the heads", "heads per rank")),
     Attempt("parallel_attention", attention_without_the_causal_mask, named=("the future", "above the diagonal")),
     Attempt("parallel_attention", attention_scaled_by_the_hidden_size, named="√d"),
