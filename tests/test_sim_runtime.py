@@ -7,6 +7,9 @@ wrong: every failure must raise the right PuzzleError quickly and leave no rank 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +19,7 @@ import torch
 import lib
 import lib.sim
 from lib.errors import PuzzleError, RankFailed
+from lib.sim import threads
 from lib.sim import CollectiveMismatch, CostModel, Deadlock, InvalidCall, SimTimeout, per_rank
 
 
@@ -553,6 +557,45 @@ def _spin_with_torch(dist):
 def test_endless_loop_times_out(prog):
     message = str(_fails(prog, 2, SimTimeout, timeout=1.0))
     assert "rank" in message
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.exists("/proc/self/schedstat"),
+                    reason="Linux's run-queue statistics: elsewhere a rank is judged by its CPU time alone")
+def test_a_rank_starved_of_cpu_by_other_work_is_computing_not_blocked():
+    """A rank thread that computes on a machine busy with other work gets little CPU but waits for it all the while;
+    one that waits on a lock or an Event (tests/test_share_nothing.py) does neither. Here the thread runs at the
+    lowest priority on one CPU beside a busy process: it gets about 1% of that CPU, under the 5% a computing thread
+    is expected to use, and must still not count as blocked (seen in a seed sweep run with nice 19)."""
+    cpu = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    stop, started = threading.Event(), threading.Event()
+
+    def compute():
+        os.sched_setaffinity(0, {cpu})                       # 0: this thread only
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        started.set()
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    thread = threading.Thread(target=compute, name="starved")
+    try:
+        time.sleep(0.5)                                     # the busy process is running
+        thread.start()
+        started.wait(10)
+        watch, cpu_before, wall_before = threads.ProgressWatch(), threads.cpu_time(thread), time.monotonic()
+        blocked = []
+        while time.monotonic() - wall_before < threads.BLOCKED_AFTER + 1.5:
+            blocked.append(watch.blocked(thread))
+            time.sleep(threads.POLL)
+        share = (threads.cpu_time(thread) - cpu_before) / (time.monotonic() - wall_before)
+    finally:
+        stop.set()
+        busy.kill()
+        busy.wait()
+        thread.join(30)
+    assert share < threads.IDLE_SHARE, f"the thread was not starved ({share:.1%} of a CPU): the test proves nothing"
+    assert not any(blocked)
 
 
 @pytest.mark.parametrize("case", ["non_contiguous", "send_to_self", "dst_out_of_range", "all_gather_list",
