@@ -16,13 +16,16 @@ class RankFailed(PuzzleError):
     (the exception's own line, which a formatted traceback ends with, is the message already: said once).
 
     `kind` is the name of what it raised (message's prefix, "NotImplementedError: ..."), in both worlds;
-    `exception` the exception itself, in simulation only (it does not cross from a real process)."""
+    `exception` the exception itself, in simulation only (it does not cross from a real process); `posted`, in
+    simulation only, the point-to-point calls each rank had posted when it raised ({(rank, peer, "send" or "recv"):
+    how many}): how far each rank went in its schedule."""
 
     def __init__(self, rank: int, message: str, traceback: str = "",
                  exception: Optional[BaseException] = None) -> None:
         self.rank = rank
         self.traceback = traceback = _without_repeat(traceback, message)
         self.exception = exception
+        self.posted: dict = {}
         name = message.split(":", 1)[0].rsplit(".", 1)[-1]         # "module.Error: ..." from a real process
         self.kind = type(exception).__name__ if exception is not None else name if name.isidentifier() else ""
         text = f"rank {rank} raised {message}"

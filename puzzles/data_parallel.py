@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
+import re
 from typing import Optional
 
 import torch
@@ -195,7 +196,7 @@ def _shares(xs: list[torch.Tensor], op: str):
                 return index, times
         return None
 
-    def said(where: str, owner: int, c: int, index: int, times: list[int], doubled: str) -> str:
+    def said(where: str, owner: int, c: int, index: int, times: list[int], doubled: str, sent: Optional[int]) -> str:
         held = [r for r, t in enumerate(times) if t]
         missing, twice = [r for r, t in enumerate(times) if t == 0], [r for r, t in enumerate(times) if t == 2]
         whose = f"{_ranks(held)}'s part{'s' if len(held) > 1 else ''} of the sum"
@@ -210,6 +211,18 @@ def _shares(xs: list[torch.Tensor], op: str):
         if twice:
             text = f"Diagnosis: {where} holds {whose}, {_ranks(twice)}'s counted twice: {doubled}"
             return text + (f"; {_ranks(missing)}'s left out of the sum." if missing else ".")
+        if held == [owner] and sent == 0:
+            return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
+                    f"sum, and rank {owner} sent nothing: no step of the ring ran (range(N - 1) runs N-1 = "
+                    f"{world - 1} here).")
+        if held == [owner] and sent:
+            return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
+                    f"sum, though the steps ran (rank {owner} sent {sent} chunk{'s' if sent > 1 else ''}): what "
+                    "arrived was added into other chunks, never into chunk r. The chunk indices are one ahead: adding "
+                    "into (r - s - 1) % N at step s (and sending (r - s) % N, the rank's own chunk first), the N-1 "
+                    "steps add into chunks r - 1, r - 2, ..., r + 1 and stop one short of r, completing chunk "
+                    "(r + 1) % N instead. Send chunk (r - s - 1) % N and add into (r - s - 2) % N, so that the last "
+                    "step completes chunk r.")
         if held == [owner]:
             return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
                     "sum: nothing received was ever added into this chunk. Either the steps added what arrived into "
@@ -224,7 +237,7 @@ def _shares(xs: list[torch.Tensor], op: str):
                 f"{world} parts, where each of the N-1 steps adds one more: this chunk went only part of the way "
                 "round the ring (too few steps, or a chunk its schedule completes later returned early).")
 
-    def explain(expected: list, got: list) -> Optional[str]:
+    def explain(expected: list, got: list, run: Optional[SimResult] = None) -> Optional[str]:
         found = []
         for rank, (e, g) in enumerate(zip(expected, got)):
             if not isinstance(g, torch.Tensor) or g.shape != e.shape or not g.is_floating_point():
@@ -254,7 +267,9 @@ def _shares(xs: list[torch.Tensor], op: str):
                    "all-gather leaves alone, is right; only the chunks it received are wrong)")
         rank, c, index, times = found[0]
         where = f"rank {rank}'s chunk" if op == "reduce_scatter" else f"chunk {c} of rank {rank}'s result"
-        return said(where, rank if op == "reduce_scatter" else c, c, index, times, doubled)
+        sent = None if run is None or op != "reduce_scatter" else sum(
+            1 for e in run.trace if e.rank == rank and e.op == "send")
+        return said(where, rank if op == "reduce_scatter" else c, c, index, times, doubled, sent)
     return explain
 
 
@@ -266,6 +281,7 @@ def _ring_case(world: int, args: tuple, expected: list, label: str, size: int, o
     padding = _ring_padding(world, x.numel(), x.element_size()) if op == "all_reduce" else []
     return Case(world, args, expected, label, cost=cost, allowed_ops=P2P,
                 contracts=[RING, _ring_step_count(op, world, size), *padding], explain=explain,
+                explain_reads_run=True,
                 budgets=[sent, *_travels(sent), _ring_time(cost, op, size, world)])
 
 
@@ -314,15 +330,40 @@ ring_reduce_scatter = Puzzle(
            "if every rank does a blocking send first, nobody is receiving."],
     oracle=_reduce_scatter_oracle, oracle_name="dist.reduce_scatter_single", atol=1e-5, real_scale=_bucket_scale,
     mistakes=RING_MISTAKES,
-    describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring.")
+    describe="Rank r returns chunk r of the sum over ranks of x, built from send/recv in a ring (x may serve as "
+             "scratch space).")
 
 
 def _all_gather_case(rng: random.Random, world: int) -> Case:
     chunks = _vectors(rng, world, rng.randint(1, 9))
     out = torch.cat(chunks)
-    return _ring_case(world, (per_rank(chunks),), [out] * world, f"N={world}, chunk of {chunks[0].numel()} float32 "
+    case = _ring_case(world, (per_rank(chunks),), [out] * world, f"N={world}, chunk of {chunks[0].numel()} float32 "
                       "per rank", _nbytes(out), "all_gather", bus_factor("all_gather", world), "(N-1)/N",
                       _gathered_slots(chunks))
+    case.explain_error = _unfilled_slot
+    return case
+
+
+def _unfilled_slot(error: BaseException) -> Optional[str]:
+    """An all-gather's explain_error: a send of None, an entry of the rank's list of N slots that no step filled. The
+    slots a ring all-gather fills are the rank's own and the ones it stores what arrives into; the one it sends on at
+    step s + 1 is the one it stored into at step s, so a None sent means the two indices do not meet."""
+    text = str(error)
+    found = re.match(r"rank (\d+) called i?send with tensor=None", text)
+    joined = re.match(r"rank (\d+) raised TypeError: expected Tensor as element (\d+) in argument 0, but got NoneType",
+                      text)
+    if joined:
+        return (f"What it means: slot {joined.group(2)} of rank {joined.group(1)}'s list of N chunks still held None "
+                "when the list was joined: no step stored what it received there, so the slots it stored received "
+                "chunks into are not the ones the chunks belong in. What arrives from the left at step s started on "
+                "rank r - s - 1, s + 1 hops back: it is chunk (r - s - 1) % N, so store it at slot (r - s - 1) % N, "
+                "and at step s + 1 send that same slot, (r - (s + 1)) % N.")
+    if not found:
+        return None
+    return (f"What it means: rank {found.group(1)} sent on a slot no step had filled, so the slot it stored a received "
+            "chunk into is not the one it sends on one step later. What arrives from the left at step s started on "
+            "rank r - s - 1, s + 1 hops back: it is chunk (r - s - 1) % N, so store it at slot (r - s - 1) % N, "
+            "and at step s + 1 send that same slot, (r - (s + 1)) % N.")
 
 
 def _gathered_slots(chunks: list[torch.Tensor]):
@@ -336,7 +377,7 @@ def _gathered_slots(chunks: list[torch.Tensor]):
         found = [c for c, chunk in enumerate(chunks) if torch.equal(slot, chunk)]
         return found[0] if len(found) == 1 else None
 
-    def explain(expected: list, got: list) -> Optional[str]:
+    def explain(expected: list, got: list, run: Optional[SimResult] = None) -> Optional[str]:
         held = []
         for g in got:
             if not isinstance(g, torch.Tensor) or g.shape != expected[0].shape:
@@ -392,6 +433,7 @@ def _all_reduce_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
                       f"N={world}, x of {n} float32 per rank, not a multiple of N", 4 * world * chunk, "all_reduce",
                       bus_factor("all_reduce", world), "2(N-1)/N, x padded to N chunks of " + str(chunk) + ",",
                       _padding_misplaced(_total(xs), world))
+    case.explain_error = functools.partial(_unequal_chunks, n, world)
     least = 2 * 4 * (n - chunk)
     case.budgets = [b if not b.least else Floor("bytes_sent", least, f"2 × (N-1) chunks of x's {n} elements, the "
                                                 f"largest ({chunk}) left out: {fmt_bytes(least)}", hint=b.hint)
@@ -416,7 +458,7 @@ def _padding_misplaced(total: torch.Tensor, world: int):
         return answer.shape == want.shape and torch.allclose(answer.detach().cpu().double(), want, rtol=1e-4,
                                                              atol=1e-5)
 
-    def explain(expected: list, got: list) -> Optional[str]:
+    def explain(expected: list, got: list, run: Optional[SimResult] = None) -> Optional[str]:
         for k in range(-world + 1, world):
             if not all(reads(g, k) for g in got):
                 continue
@@ -433,6 +475,30 @@ def _padding_misplaced(total: torch.Tensor, world: int):
                     "len(x) entries, result[:len(x)].")
         return None
     return explain
+
+
+def _unequal_chunks(n: int, world: int, error: BaseException) -> Optional[str]:
+    """An uneven all-reduce's explain_error: a message of one chunk's length met by a buffer of another's, both lengths
+    of x.chunk(N)'s pieces of x (n not a multiple of N): x cut unpadded into chunks of unequal lengths, and a buffer
+    sized like one chunk (the rank's own) receiving another."""
+    found = re.match(r"rank (\d+) sent \((\d+),\) \S+ to rank (\d+), but rank \d+ receives into \((\d+),\)",
+                     str(error))
+    lengths = [len(c) for c in torch.empty(n).chunk(world)]
+    size = -(-n // world)
+    pad = (f"Pad x to a multiple of N first, F.pad(x, (0, (-len(x)) % N)), {world * size} elements here, so that "
+           f"every chunk has ⌈n/N⌉ = {size}, and cut the padding off the result, result[:len(x)].")
+    if found is None and len(lengths) < world and "list index out of range" in str(error):
+        return (f"What it means: x's {n} elements are not a multiple of N = {world}, and x.chunk(N) cut it into "
+                f"only {len(lengths)} chunks ({', '.join(map(str, lengths))}), fewer than N: chunk {len(lengths)} "
+                f"and after do not exist. {pad}")
+    if found is None:
+        return None
+    src, sent, dst, room = map(int, found.groups())
+    if sent == room or {sent, room} - set(lengths):
+        return None
+    return (f"What it means: x's {n} elements are not a multiple of N = {world}, so x.chunk(N) cut it into chunks of "
+            f"unequal lengths ({', '.join(map(str, lengths))}), and rank {dst}'s buffer of {room} (the length of a "
+            f"chunk of its own) met rank {src}'s chunk of {sent}. {pad}")
 
 
 ring_all_reduce = Puzzle(
@@ -485,11 +551,12 @@ def _scale_grad(p: torch.Tensor, c: float) -> None:
     p.grad.mul_(c)
 
 
-def _alone_explain(model, shards: list, full: list, lr: float):
+def _alone_explain(model, shards: list, full: list, lr: float, bucket_size: Optional[int] = None):
     """A data-parallel case's explain (lib.checker.puzzle.Case): every rank's parameters are those of training alone
     on its own shard, with its gradient as backward made it or scaled by N either way (a loss divided by N instead of
     an all-reduce): whatever the scale, no gradient travelled. Or those of whole-batch training whose gradients are
-    never zeroed: each step's gradient carried into the next."""
+    never zeroed: each step's gradient carried into the next. Or some parameters never all-reduced (with bucket_size,
+    a bucketed case: the step's last bucket never launched)."""
     world = len(shards)
     scales = {1.0: "", 1 / world: f", each gradient divided by N = {world}",
               float(world): f", each gradient × N = {world}"}
@@ -514,8 +581,71 @@ def _alone_explain(model, shards: list, full: list, lr: float):
                     "step 1 is right, and at step 2 and after, backward added each step's gradient to the last "
                     "step's still in p.grad (backward accumulates), so every update used the sum of all steps so "
                     "far. Zero the gradients each step (model.zero_grad(), or p.grad = None after the update).")
-        return None
+        return _some_never_averaged(model, shards, lr, mine, bucket_size)
     return explain
+
+
+def _some_never_averaged(model, shards: list, lr: float, mine: list, bucket_size: Optional[int]) -> Optional[str]:
+    """The parameters the ranks hold differently, replayed as data-parallel training in which those alone were never
+    all-reduced (each rank's own gradient) and every other gradient averaged: where that is the run, name them, and
+    where they are the step's last bucket under DDP's rule (the first layers, which backward finishes last), say so."""
+    names = [n for n, _ in model.named_parameters()]
+    apart = {n for i, n in enumerate(names) if not all(_equal([m[i]], [mine[0][i]]) for m in mine[1:])}
+    if not apart or len(apart) == len(names):
+        return None
+    if not all(_equal(a, b) for a, b in zip(_ranks_training(model, shards, lr, apart), mine)):
+        return None
+    listed = [n for n in names if n in apart]
+    said = listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} and {listed[-1]}"
+    last = _last_bucket(model, bucket_size) if bucket_size else set()
+    if apart == last:
+        return (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} were never "
+                f"all-reduced, each rank updating them from its own gradient, and every other gradient averaged: "
+                f"{said} are each step's last bucket, fewer than bucket_size = {bucket_size} elements (backward "
+                "reaches the first layer last), which the hook never launches because it never fills. After "
+                "backward, all-reduce the bucket still open before waiting on the others.")
+    return (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} were never "
+            "all-reduced, each rank updating them from its own gradient, and every other gradient averaged: "
+            "all-reduce every parameter's gradient (and divide by N) before the update.")
+
+
+def _last_bucket(model, bucket_size: int) -> set[str]:
+    """The names of the parameters in a step's last bucket under DDP's rule (_bucket_elements), if it is not full."""
+    named = list(reversed(list(model.named_parameters())))
+    current: list[str] = []
+    filled = 0
+    for n, p in named:
+        current.append(n)
+        filled += p.numel()
+        if filled >= bucket_size:
+            current, filled = [], 0
+    return set(current)
+
+
+def _ranks_training(model, shards: list, lr: float, alone: set[str]) -> list[list[torch.Tensor]]:
+    """Data-parallel SGD replayed on every rank's copy in lockstep: each gradient all-reduced (summed in rank order)
+    and divided by N, but those of the parameters named in `alone`, which each rank keeps as its own."""
+    world = len(shards)
+    copies = [copy.deepcopy(model) for _ in range(world)]
+    for step in range(len(shards[0])):
+        for m, shard in zip(copies, shards):
+            m.zero_grad()
+            F.mse_loss(m(shard[step][0]), shard[step][1]).backward()
+        with torch.no_grad():
+            held = [dict(m.named_parameters()) for m in copies]
+            for name in held[0]:
+                if name in alone:
+                    continue
+                grads = [h[name].grad for h in held]
+                total = grads[0].clone()
+                for g in grads[1:]:
+                    total += g
+                for g in grads:
+                    g.copy_(total / world)
+            for m in copies:
+                for p in m.parameters():
+                    p -= lr * p.grad
+    return [[p.detach() for p in m.parameters()] for m in copies]
 
 
 def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -713,7 +843,7 @@ def _bucketed_case(rng: random.Random, world: int, bucket: str = "several", step
                 f"N={world}, {steps} steps, bucket_size={bucket_size}, all-reduce of the gradients as long as the "
                 "backward pass", budgets=budgets, cost=cost,
                 contracts=[_bucket_contract(bucket_size, largest, steps, world, word)], steps=steps,
-                explain=_alone_explain(model, shards, full, lr))
+                explain=_alone_explain(model, shards, full, lr, bucket_size))
 
 
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")     # the ways a bucket of gradients travels

@@ -8,7 +8,9 @@ activations one micro-batch leaves on a stage, measured with lib.checker.measure
 from __future__ import annotations
 
 import copy
+import functools
 import random
+import re
 from typing import Callable, Optional
 
 import torch
@@ -281,13 +283,25 @@ def _all_forwards_first(pair_times: list[float]):
                          "backwards.")
 
 
-def _warm_ups(p: int, m: int, time: Budget) -> Contract:
-    """1F1B's warm-up, read from a run over its time budget: stage r < p-1 posts p-1-r forwards, then its steady
-    state's first forward, before it asks for its first gradient (min(m, p-r) activations sent by then). A run within
-    the budget is never judged by it: this only says which stages' warm-ups made a slow run slow."""
+def _warm_ups(p: int, m: int, time: Budget, memory: Budget) -> Contract:
+    """1F1B's warm-up, read from a run over its time or its memory budget: stage r < p-1 posts p-1-r forwards, then its
+    steady state's first forward, before it asks for its first gradient (min(m, p-r) activations sent by then). A run
+    within both budgets is never judged by it: this only says which stages' warm-ups made a slow run slow, or a
+    stage's stash too large."""
+
+    def over(result: SimResult) -> Optional[str]:
+        if result.time > time.limit_for(0):
+            return (f"the run's simulated time is {fmt_time(result.time)}, over the budget of "
+                    f"{fmt_time(time.limit_for(0))}")
+        for r, stats in enumerate(result.stats):
+            if stats.peak_memory > memory.limit_for(r):
+                return (f"rank {r}'s peak memory is {fmt_bytes(stats.peak_memory)}, over the budget of "
+                        f"{fmt_bytes(memory.limit_for(r))}")
+        return None
 
     def broken(result: SimResult) -> Optional[str]:
-        if result.time <= time.limit_for(0):
+        slow = over(result)
+        if slow is None:
             return None
         warm = {}
         for r in range(p - 1):
@@ -302,9 +316,11 @@ def _warm_ups(p: int, m: int, time: Budget) -> Contract:
         said = ", ".join(f"stage {r} ran {w} (1F1B: {min(m, p - r) - 1})" for r, w in off.items())
         same = ("; the same warm-up on every stage, where a stage nearer the end needs fewer (p - 1 - r)"
                 if len(set(warm.values())) == 1 and p > 2 else "")
-        return (f"the run's simulated time is {fmt_time(result.time)}, over the budget of "
-                f"{fmt_time(time.limit_for(0))}, and its warm-ups differ from 1F1B's (forwards before the first "
-                f"backward): {said}{same}")
+        more = all(w > min(m, p - r) - 1 for r, w in off.items())
+        why = (": each forward run ahead keeps its activations until its backward" if more and "memory" in slow
+               else "")
+        return (f"{slow}, and its warm-ups differ from 1F1B's (forwards before the first backward): {said}{same}"
+                f"{why}")
     return Contract("1F1B's warm-up on stage r is p - 1 - r forwards: the micro-batches in flight between it and the "
                     "last stage, no more (they cost memory and delay the backwards) and no fewer (the pipeline "
                     "drains)", broken, timed=True,
@@ -494,6 +510,121 @@ def _sent_back(ref: _Reference, r: int, got: torch.Tensor, m: int) -> Optional[s
     return None
 
 
+def _stage_error(p: int, m: int, v: int, error: BaseException) -> Optional[str]:
+    """A pipeline case's explain_error: a None sent back as a rank's input gradient (the activation it received never
+    made to require grad), or, in Megatron's interleaved order, a backward that found no stash of its forward."""
+    text = str(error)
+    sent = re.match(r"rank (\d+) called i?send with tensor=None[^(]*\(`([^`]*)`\)", text)
+    if sent and int(sent.group(1)) > 0 and ".grad" in sent.group(2):
+        r = int(sent.group(1))
+        return (f"What it means here: rank {r} sent None back to rank {r - 1} for its input's gradient. The "
+                f"activation rank {r} received from rank {r - 1} came out of dist.recv, which carries values and no "
+                "graph, into a buffer that does not require grad, so backward never reached it and its .grad stayed "
+                "None. Call x.requires_grad_() on it right after the recv, before the stage's forward uses it; after "
+                "backward, x.grad is the gradient to send back.")
+    raised = getattr(error, "exception", None)
+    if v > 1 and raised is None and getattr(error, "posted", None):          # a deadlock: how far each rank went
+        return _chunk_zero_ahead(p, error.posted) or _gradient_asked_first(p, m, v, error)
+    if v > 1 and isinstance(raised, KeyError) and raised.args and isinstance(raised.args[0], tuple):
+        return _backward_before_forward(p, m, v, getattr(error, "rank", None), raised.args[0],
+                                        getattr(error, "posted", {}))
+    return None
+
+
+def _chunk_zero_ahead(p: int, posted: dict) -> Optional[str]:
+    """A deadlock in which rank 0 had sent rank 1 more than p messages and received none: each was a chunk 0
+    forward's activation (any other work of rank 0 needs a message first), where Megatron's order runs p micro-batches
+    through chunk 0 and then needs rank p - 1's activation for chunk 1."""
+    sent = posted.get((0, 1, "send"), 0)
+    if sent <= p or any(n for (rank, _, kind), n in posted.items() if rank == 0 and kind == "recv"):
+        return None
+    return (f"What it means: rank 0 sent rank 1 {sent} activations of chunk 0 (micro-batches 0 to {sent - 1}) before "
+            f"it received anything, where Megatron's order runs p = {p} micro-batches through chunk 0 and then takes "
+            f"the same {p} through chunk 1, whose input comes from rank {p - 1}: groups of p micro-batches through "
+            "each chunk in turn (rank r's k-th forward is micro-batch (k // (p·v))·p + k % p on chunk (k // p) % v), "
+            "not all m micro-batches through chunk 0 before chunk 1. The schedule's order is at fault here, not the "
+            "way the messages are posted.")
+
+
+def _gradient_asked_first(p: int, m: int, v: int, error: BaseException) -> Optional[str]:
+    """A deadlock in which the last rank waits, under another tag, for the nth message of a peer that has sent it:
+    where Megatron's order has that message be an activation, the last rank was receiving a gradient, for a backward
+    on a chunk before its last, where Megatron's order runs the backward of its last chunk, which starts from the loss
+    and needs no message."""
+    found = re.search(r"rank (\d+) waits for tag \d+ from rank (\d+), which sends it another tag", str(error))
+    if not found or int(found.group(1)) != p - 1:
+        return None
+    rank, peer = p - 1, int(found.group(2))
+    nth = next((w[2] for w in getattr(error, "waits", ()) if w[0] == rank and w[1] == peer), None)
+    what = _interleaved_messages(p, m, v)(peer, rank, nth) if nth else ""
+    if "activation" not in what:
+        return None
+    nth_said, _, message = what.rstrip(",").partition(", the ")
+    return (f"What it means: rank {rank} asks for the {nth_said} from rank {peer} under another tag than the one "
+            f"rank {peer} sent it with. In Megatron's order that message is the {message}: rank {rank} was receiving "
+            f"the other kind, a gradient for a backward, where Megatron's order runs a forward. Rank {rank} holds "
+            f"the last virtual stage (its chunk v - 1 = {v - 1}), and Megatron's order runs its backwards on the "
+            "chunks in reverse, the k-th on chunk v - 1 - (k // p) % v: "
+            f"the first ones, on chunk {v - 1}, start from the loss and need no message. A backward that waits for "
+            f"a gradient from rank {peer} first is one on an earlier chunk, as when the backwards visit the chunks in "
+            "the forwards' order, (k // p) % v.")
+
+
+def _backward_before_forward(p: int, m: int, v: int, rank: Optional[int], key: tuple, posted: dict) -> Optional[str]:
+    """A stash looked up at (chunk, micro-batch) (either order) that no forward stored yet, where it is the first
+    backward of Megatron's order for that rank (chunk v - 1, micro-batch 0): read from the activations the rank had
+    sent by then (one per forward on a chunk but the last stage), either fewer forwards than Megatron's order runs
+    before that backward (the warm-up too short), or as many and more, none of them that one (the forwards in
+    another order)."""
+    if rank is None or len(key) != 2 or not all(isinstance(k, int) for k in key):
+        return None
+    order = schedule_orders("interleaved", p, m, v)[rank]
+    first = next(s for s in order if s.kind == "B")
+    if (first.chunk, first.mb) not in (key, key[::-1]):
+        return None
+    at = next(i for i, s in enumerate(order) if s.kind == "F" and (s.chunk, s.mb) == (first.chunk, first.mb))
+    ran = posted.get((rank, (rank + 1) % p, "send"), 0)        # forwards that sent an activation on
+    needed = at + 1 if rank < p - 1 else at                      # the last rank's chunk v - 1 sends nothing
+    opening = (f"What it means: rank {rank} ran its first backward, chunk {first.chunk}'s for micro-batch "
+               f"{first.mb}, before the forward that stores what it needs, which Megatron's order runs as rank "
+               f"{rank}'s {ordinal(at + 1)} forward")
+    if ran > needed or (ran == needed and rank < p - 1):
+        return (f"{opening}. Rank {rank} had run {ran} forwards by then, none of them that one: its forwards do not "
+                "follow Megatron's order, which takes groups of p micro-batches through each chunk in turn (rank r's "
+                "k-th forward is micro-batch (k // (p·v))·p + k % p on chunk (k // p) % v), not all m micro-batches "
+                "through one chunk before the next.")
+    formula = (p - rank - 1) * 2 + (v - 1) * p
+    return (f"{opening}: its warm-up ran too few forwards. Megatron's order runs (p - r - 1)·2 + (v - 1)·p = {formula} "
+            f"warm-up forwards on rank {rank}, then one more before each backward. Plain 1F1B's warm-up, p - r - 1 = "
+            f"{p - rank - 1}, counts one chunk per rank; each of the other v - 1 chunks adds p micro-batches.")
+
+
+def _one_backward(p: int, m: int, t_f: float, t_b: float, time: Budget) -> Contract:
+    """GPipe's backwards, read from a run over its time budget: the last stage sends its first input gradient one
+    forward and one backward (t_f + t_b of its own) after the last activation reached it. A first gradient nearer m
+    backwards later came out of one backward through every micro-batch's output joined into one loss: the stage before
+    waited for the whole batch. A run within the budget is never judged by it."""
+
+    def broken(result: SimResult) -> Optional[str]:
+        if result.time <= time.limit_for(0) or m < 2 or p < 2:
+            return None
+        arrived = [e.end for e in result.trace if e.rank == p - 1 and e.op == "recv" and e.peer == p - 2]
+        back = [e.start for e in result.trace if e.rank == p - 1 and e.op == "send" and e.peer == p - 2]
+        if not arrived or not back or min(back) - max(arrived) < t_f + t_b * (m + 1) / 2:
+            return None
+        return (f"the run's simulated time is {fmt_time(result.time)}, over the budget of "
+                f"{fmt_time(time.limit_for(0))}, and the last stage sent its first input gradient back "
+                f"{fmt_time(min(back) - max(arrived))} after the last activation reached it, where one micro-batch's "
+                f"forward and backward take {fmt_time(t_f + t_b)} there: about a forward and m = {m} backwards, what "
+                "one backward through every micro-batch's output joined into one loss takes, so that rank "
+                f"{p - 2} could start no backward before the whole batch had gone through")
+    return Contract("GPipe's last stage runs each micro-batch's backward on its own loss and sends that input gradient "
+                    "back at once, so that the stage before starts its backwards while the later ones run", broken,
+                    timed=True, hint="compute each micro-batch's loss on its own (F.mse_loss(out_j, y_j) / m), call "
+                                     "backward on it, and send its input gradient before the next micro-batch's "
+                                     "backward.")
+
+
 def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     model, batch, targets = _model_and_data(rng, p, m)
     stages = [model[s] for s in stage_slices(p)]
@@ -504,15 +635,20 @@ def _case(rng: random.Random, p: int, m: int, schedule: str) -> Case:
     if schedule == "one batch":
         return Case(p, (per_rank(stages), batch, targets), expected, f"p={p} stages, one batch of {len(batch)}",
                     budgets=[ON_DEVICE] + messages, cost=COST, factors=_factors(batch),
-                    explain=_schedule_explain(model, batch, targets, p, 1), messages=_carried(1))
+                    explain=_schedule_explain(model, batch, targets, p, 1), messages=_carried(1),
+                    explain_error=functools.partial(_stage_error, p, 1, 1))
     inputs = batch.nbytes + targets.nbytes
     time = _time_budget(schedule, stages, micro, micro_y, m)
-    budgets = [ON_DEVICE, time, _memory_budget(schedule, stages, micro, micro_y, inputs, m), *messages]
-    contracts = {"gpipe": [_gpipe_order(stages, micro, micro_y, m)], "1f1b": [_warm_ups(p, m, time)]}
+    memory = _memory_budget(schedule, stages, micro, micro_y, inputs, m)
+    budgets = [ON_DEVICE, time, memory, *messages]
+    last = stage_times(stages[-1], micro, COST, micro_y, m)
+    contracts = {"gpipe": [_gpipe_order(stages, micro, micro_y, m), _one_backward(p, m, *last, time)],
+                 "1f1b": [_warm_ups(p, m, time, memory)]}
     return Case(p, (per_rank(stages), batch, targets, m), expected, f"p={p} stages, m={m} micro-batches of {MICRO}",
                 budgets=budgets, cost=COST, factors={"m, the number of micro-batches": m, **_factors(batch)},
                 contracts=contracts.get(schedule, []),
-                explain=_schedule_explain(model, batch, targets, p, m), messages=_carried(m))
+                explain=_schedule_explain(model, batch, targets, p, m), messages=_carried(m),
+                explain_error=functools.partial(_stage_error, p, m, 1))
 
 
 def _carried(m: int) -> Callable[[int, int, int], str]:
@@ -638,7 +774,7 @@ def _interleaved_case(rng: random.Random, p: int, v: Optional[int] = None, m: Op
                 f"p={p} ranks × v={v} chunks, m={m} micro-batches of {MICRO}",
                 budgets=[ON_DEVICE] + budgets + _messages(p, v, m, boundary), cost=COST,
                 factors={"m, the number of micro-batches": m, "v, the virtual stages": v, **_factors(batch)},
-                messages=_interleaved_messages(p, m, v))
+                messages=_interleaved_messages(p, m, v), explain_error=functools.partial(_stage_error, p, m, v))
 
 
 def _torch_pipelining(schedule_name: str, multi: bool = False):

@@ -363,6 +363,19 @@ def interleaved_untagged_receiving_in_order(dist, chunks, batch, targets, m):
     return chunks
 
 
+def reduce_scatter_into_x(dist, x):
+    """Adds what arrives into x's own chunks in place (views of x), no copy: the statement lets x be scratch space."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    parts = x.chunk(n)
+    for s in range(n - 1):
+        buf = torch.empty_like(parts[(r - s - 2) % n])
+        req = dist.isend(parts[(r - s - 1) % n], (r + 1) % n)
+        dist.recv(buf, (r - 1) % n)
+        req.wait()
+        parts[(r - s - 2) % n].add_(buf)
+    return parts[r]
+
+
 def ring_all_reduce_tensor_split(dist, x):
     """Chunks of unequal lengths (x.tensor_split(N)) where N does not divide x's length, instead of padding."""
     r, n = dist.get_rank(), dist.get_world_size()
@@ -617,6 +630,7 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
      (puzzles.beyond.diloco_train, diloco_foreach_outer_step),
      (puzzles.pipeline.interleaved_1f1b, interleaved_untagged_receiving_in_order),
      (puzzles.data_parallel.ring_all_reduce, ring_all_reduce_tensor_split),
+     (puzzles.data_parallel.ring_reduce_scatter, reduce_scatter_into_x),
      (puzzles.three_d.tp_dp_train, tp_dp_train_one_flat_bucket),
      (puzzles.three_d.mesh_coordinates, coordinates_from_itertools_product),
      (puzzles.three_d.process_groups, groups_read_off_an_arange_grid),

@@ -36,6 +36,9 @@ class Case:
     # where the wrong values are, said as a reason: explain(expected, results) -> a sentence or None, for a pattern
     # no run of a known mistake can match (one that holds for any values the mistaken answer made up)
     explain: Optional[Callable[[list, list], Optional[str]]] = None
+    # explain takes the run as well, explain(expected, results, run): the SimResult whose results they are (its trace,
+    # who sent what), or None where the results come from a replay
+    explain_reads_run: bool = False
     # what an error raised on this case means for it, from the case's structure: explain_error(error) -> a sentence
     # or None (then the engine's reading of the error)
     explain_error: Optional[Callable[[BaseException], Optional[str]]] = field(default=None, repr=False)

@@ -259,7 +259,7 @@ class Puzzle:
             return None
         rank, diff = wrong
         found = diagnosis(case, result.results, mistakes=self.mistakes, wrap=self.wrap, rtol=self.rtol, atol=self.atol,
-                          outputs=self.outputs, fn=fn, others=others, names=names) if diagnosing else ""
+                          outputs=self.outputs, fn=fn, others=others, names=names, run=result) if diagnosing else ""
         return f"rank {rank}: {diff}." + (f"\n{found}" if found else "")
 
     def _success(self, result: SimResult, case: Case, heading: str = "") -> str:

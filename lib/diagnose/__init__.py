@@ -46,11 +46,12 @@ class Mistake:
 
 def diagnosis(case: Any, got: Sequence[Any], *, mistakes: Sequence[Mistake], wrap: Callable[[Callable], Callable],
               rtol: float, atol: float, outputs: Optional[dict[str, str]], fn: Optional[Callable] = None,
-              others: Sequence[Any] = (), names: Sequence[str] = ()) -> str:
-    """Stage 2b of a check, why the results differ: the case's own reading (Case.explain), or memory read before
-    anything wrote it, or the engine's readings (`diagnose`); "" if nothing fits. Each replay runs once."""
+              others: Sequence[Any] = (), names: Sequence[str] = (), run: Any = None) -> str:
+    """Stage 2b of a check, why the results differ: the case's own reading (Case.explain, given the `run` that made
+    them where the case reads its trace), or memory read before anything wrote it, or the engine's readings
+    (`diagnose`); "" if nothing fits. Each replay runs once."""
     with origins.remembering():
-        explained = moments.case_reading(case, got)
+        explained = moments.case_reading(case, got, run)
         # A reading of values that torch.empty's leftovers made (a stale block, NaN) would name a cause that changes
         # from run to run: memory read before anything wrote it is said instead.
         found = explained and unwritten_memory(case.expected, got, case, fn, rtol, atol, outputs)

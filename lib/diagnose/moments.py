@@ -135,12 +135,15 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
     return f"{text} {said}" if said else text
 
 
-def case_reading(case, results: list) -> Optional[str]:
+def case_reading(case, results: list, run=None) -> Optional[str]:
     """The case's own reading of a wrong result (Case.explain), or None: a reading that cannot make sense of a result
-    it did not foresee (None where a pair belongs, a dtype of its own) says nothing rather than fail the check."""
+    it did not foresee (None where a pair belongs, a dtype of its own) says nothing rather than fail the check. A case
+    that reads the run too (Case.explain_reads_run) is given it: the SimResult, or None for a replay's results."""
     if case.explain is None:
         return None
     try:
+        if getattr(case, "explain_reads_run", False):
+            return case.explain(case.expected, results, run)
         return case.explain(case.expected, results)
     except Exception:
         return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from lib.errors import PuzzleError
 
 
@@ -9,12 +11,16 @@ class Deadlock(PuzzleError):
     """Every live rank is blocked and none can proceed; the message lists who waits on whom. `waits` holds, for each
     rank blocked in a receive from a named peer, (rank, peer, which message from that peer it waits for (1 = the
     first), how many the peer has sent it, how many it has sent the peer): what a case's names for its messages
-    read a schedule's mistake from. `unreceived` holds (src, dst) for each send posted and not yet received."""
+    read a schedule's mistake from. `unreceived` holds (src, dst) for each send posted and not yet received.
+    `posted` counts the point-to-point calls each rank posted, {(rank, peer, "send" or "recv"): how many}: how far
+    each rank went in its schedule before it stopped."""
 
-    def __init__(self, message: str, waits: tuple = (), unreceived: frozenset = frozenset()) -> None:
+    def __init__(self, message: str, waits: tuple = (), unreceived: frozenset = frozenset(),
+                 posted: Optional[dict] = None) -> None:
         super().__init__(message)
         self.waits = waits
         self.unreceived = unreceived
+        self.posted = dict(posted or {})
 
 
 class CollectiveMismatch(PuzzleError):

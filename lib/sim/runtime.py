@@ -302,6 +302,7 @@ class Runtime:
         except BaseException as e:         # the learner's code raised
             if self.error is None:
                 failure = RankFailed(state.rank, f"{type(e).__name__}: {e}{_hint_for(e)}", _learner_traceback(e), e)
+                failure.posted = dict(self.comm.posted)
                 self.error = failure
         finally:
             state.finished = True
@@ -382,7 +383,8 @@ class Runtime:
         if self.error is None and any(not s.finished for s in self.ranks):
             raise Deadlock(self._deadlock_report(), self._receives_waited(),
                            frozenset((c.rank, c.peer) for s in self.ranks for c in (*s.posted, s.waiting)
-                                     if c is not None and c.name == "send" and not c.complete))
+                                     if c is not None and c.name == "send" and not c.complete),
+                           posted=self.comm.posted)
 
     def _stop(self, state: RankState) -> None:
         """Interrupt the rank holding the baton, and wait (briefly) for it to hand the baton back."""

@@ -645,7 +645,7 @@ ATTEMPTS = [
     ("ring_reduce_scatter", ring_reduce_scatter_blocking, "blocking send before recv on every rank (deadlock)"),
     ("ring_reduce_scatter", ring_reduce_scatter_n_steps, "ran N steps instead of N-1"),
     ("ring_reduce_scatter", ring_reduce_scatter_overwrite, "replaced the chunk with the received one instead of adding"),
-    ("ring_reduce_scatter", ring_reduce_scatter_inplace_views, "added into views of the caller's x in place"),
+    ("ring_reduce_scatter", ring_reduce_scatter_inplace_views, "correct: adds into views of x in place, which the statement lets a rank use as scratch"),
     ("ring_reduce_scatter", ring_reduce_scatter_wrong_direction, "sent left and received from the right, with the right-going indices"),
     ("ring_reduce_scatter", ring_reduce_scatter_even_odd, "correct: blocking calls, even ranks send first and odd ranks receive first"),
     ("ring_all_gather", ring_all_gather_rotated, "concatenated in arrival order, starting from my own chunk"),

@@ -120,6 +120,21 @@ def reduce_scatter_textbook_indices(dist, x):
     return chunks[(rank + 1) % world]
 
 
+def reduce_scatter_own_chunk_sent_first(dist, x):
+    """Each step posts its isend and irecv as a pair (batch_isend_irecv), sending chunk (r - s) % N, 'my own chunk
+    first', and adding what arrives into (r - s - 1) % N; it returns chunk r."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in x.chunk(world)]
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[0])
+        ops = [dist.P2POp(dist.isend, chunks[(rank - step) % world], (rank + 1) % world),
+               dist.P2POp(dist.irecv, got, (rank - 1) % world)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        chunks[(rank - step - 1) % world] += got
+    return chunks[rank]
+
+
 def reduce_scatter_returns_its_own_partial_chunk(dist, x):
     """The textbook schedule, and chunk r returned: the chunk that schedule leaves with only two ranks' sum."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -234,6 +249,21 @@ def all_gather_received_ahead(dist, chunk):
     return _all_gather_into(dist, chunk, lambda r, n: r, lambda n: n - 1, lambda r, s, n: (r + s + 1) % n)
 
 
+def all_gather_stores_by_step(dist, chunk):
+    """A list of N slots with its own chunk at r; what arrives at step s stored at slot (r + s) % N, the first one
+    over its own chunk, while it sends slot (r - s) % N on."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    slots = [None] * world
+    slots[rank] = chunk
+    for step in range(world - 1):
+        received = torch.empty_like(chunk)
+        send = dist.isend(slots[(rank - step) % world], (rank + 1) % world)
+        dist.recv(received, (rank - 1) % world)
+        send.wait()
+        slots[(rank + step) % world] = received
+    return torch.cat(slots)
+
+
 def all_gather_sends_the_slot_it_fills(dist, chunk):
     """parts = [None] * N with its own chunk at r; at step s it sends parts[(r - s - 1) % N], the slot it is about to
     receive into, where the chunk to forward is (r - s) % N."""
@@ -326,6 +356,26 @@ def _all_reduce_padded(dist, x, front: bool):
     padded = F.pad(x, (pad, 0) if front else (0, pad))
     chunks = _ring_steps(dist, padded, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
     return _all_gather_into(dist, chunks[rank], lambda r, n: r, lambda n: n - 1, lambda r, s, n: (r - s - 1) % n)
+
+
+def all_reduce_unpadded_buffers_like_its_own_chunk(dist, x):
+    """x.chunk(N) without padding, and every receive into a buffer shaped like the rank's own chunk r: where N does
+    not divide x's length the last chunk is shorter than the others."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in x.chunk(world)]
+    for step in range(world - 1):
+        buf = torch.empty_like(chunks[rank])
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(buf, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world] += buf
+    for step in range(world - 1):
+        buf = torch.empty_like(chunks[rank])
+        send = dist.isend(chunks[(rank - step) % world], (rank + 1) % world)
+        dist.recv(buf, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 1) % world] = buf
+    return torch.cat(chunks)
 
 
 def all_reduce_padding_in_front(dist, x):
@@ -438,7 +488,7 @@ def ddp_loss_divided_instead(dist, model, batches, lr):
 # ---- bucketed_data_parallel_train ---------------------------------------------------------------------------
 def _bucketed(dist, model, batches, lr, bucket_size, *, order=reversed, reset=True, write_back=True,
               wait_in_hook=False, divide=True, register=lambda p, hook: p.register_post_accumulate_grad_hook(hook),
-              zero=True):
+              zero=True, drop_partial=False):
     """Bucketed DDP as the hints lay it out, with one step changed."""
     world = dist.get_world_size()
     params = list(model.parameters())
@@ -448,12 +498,14 @@ def _bucketed(dist, model, batches, lr, bucket_size, *, order=reversed, reset=Tr
         if sum(q.numel() for q in current) >= bucket_size:
             buckets.append(current)
             current = []
-    if current:
+    if current and not drop_partial:
         buckets.append(current)
     bucket_of = {id(p): i for i, b in enumerate(buckets) for p in b}
     pending, ready = [], [0] * len(buckets)
 
     def on_grad(p):
+        if id(p) not in bucket_of:
+            return
         i = bucket_of[id(p)]
         ready[i] += 1
         if ready[i] == len(buckets[i]):
@@ -484,6 +536,12 @@ def _bucketed(dist, model, batches, lr, bucket_size, *, order=reversed, reset=Tr
     for h in hooks:
         h.remove()
     return model
+
+
+def bucketed_only_full_buckets(dist, model, batches, lr, bucket_size):
+    """Buckets planned ahead, in backward's order, and only those that reach bucket_size kept ('a bucket is launched
+    when full'): the remainder, the first layer's gradients, is in no bucket and never all-reduced."""
+    return _bucketed(dist, model, batches, lr, bucket_size, drop_partial=True)
 
 
 def bucketed_counters_never_reset(dist, model, batches, lr, bucket_size):
@@ -566,6 +624,11 @@ MISTAKES = [
     Attempt("ring_reduce_scatter", reduce_scatter_loop_from_one, named=("left out of the sum", "nothing received")),
     Attempt("ring_reduce_scatter", reduce_scatter_mirrored_neighbours, named="a ring run to the left"),
     Attempt("ring_reduce_scatter", reduce_scatter_sending_left, named=("wrong peer", "Deadlock")),
+    Attempt("ring_reduce_scatter", reduce_scatter_own_chunk_sent_first, named="The chunk indices are one ahead"),
+    Attempt("ring_all_gather", all_gather_stores_by_step, named=("is not the one it sends on one step later",
+                                                                  "no step stored what it received there")),
+    Attempt("ring_all_reduce", all_reduce_unpadded_buffers_like_its_own_chunk, named="Pad x to a multiple of N first"),
+    Attempt("bucketed_data_parallel_train", bucketed_only_full_buckets, named="each step's last bucket"),
     Attempt("ring_all_gather", all_gather_in_arrival_order, named=LAYOUT),
     Attempt("ring_all_gather", all_gather_own_chunk_first, named=LAYOUT),
     Attempt("ring_all_gather", all_gather_one_step_short, named="uninitialised"),
@@ -588,7 +651,8 @@ MISTAKES = [
     Attempt("data_parallel_train", ddp_without_zero_grad, named="at step 2"),
     Attempt("data_parallel_train", ddp_dividing_twice, named="N, the world size"),
     Attempt("data_parallel_train", ddp_average_op_then_divide, named="N, the world size"),
-    Attempt("data_parallel_train", ddp_weights_only, named="gradient was not averaged across ranks"),
+    Attempt("data_parallel_train", ddp_weights_only, named=("gradient was not averaged across ranks",
+                                                            "were never all-reduced")),
     Attempt("data_parallel_train", ddp_async_never_waited, named="wait"),
     Attempt("data_parallel_train", ddp_loss_divided_instead, named=("never all-reduced", "training alone")),
     Attempt("bucketed_data_parallel_train", bucketed_counters_never_reset, named="at step 2"),

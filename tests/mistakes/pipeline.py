@@ -9,7 +9,7 @@ from tests.mistakes import Attempt, NO_GRADIENT
 
 # ---- pipeline_stages ----------------------------------------------------------------------------------------
 def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_loss, grad_to=-1, seed_ones=False,
-            grad_from=1):
+            grad_from=1, requires_grad=True):
     """One batch through the stages as the hints lay it out, with the knob of one mistake turned."""
     rank, p = dist.get_rank(), dist.get_world_size()
     if rank == 0:
@@ -17,7 +17,8 @@ def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_
     else:
         x = buffer(batch)
         dist.recv(x, rank - 1)
-    x.requires_grad_()
+    if requires_grad:
+        x.requires_grad_()
     out = stage(x)
     if rank == p - 1:
         loss(out, targets).backward()
@@ -32,6 +33,12 @@ def _stages(dist, stage, batch, targets, *, buffer=torch.empty_like, loss=F.mse_
     if rank > 0:
         dist.send(x.grad, rank + grad_to)
     return stage
+
+
+def stages_received_input_never_requires_grad(dist, stage, batch, targets):
+    """The activation received into torch.zeros_like(batch) and fed to the stage as it is: only the rank's own
+    parameters require grad, so the input's .grad sent back is None."""
+    return _stages(dist, stage, batch, targets, buffer=torch.zeros_like, requires_grad=False)
 
 
 def stages_float32_buffers(dist, stage, batch, targets):
@@ -118,6 +125,26 @@ def _gpipe(dist, stage, batch, targets, m, *, scale=None, split=None, keep=True,
             sends.append(dist.isend(x.grad, rank - 1))
     for s in sends:
         s.wait()
+    return stage
+
+
+def gpipe_summed_losses_one_backward(dist, stage, batch, targets, m):
+    """The last stage adds up the m micro-batch losses (each / m) and calls backward once on the sum, then sends the
+    m input gradients back: the stage before it waits for the whole batch."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank != p - 1:
+        return _gpipe(dist, stage, batch, targets, m)
+    xs, ys = [], targets.chunk(m)
+    total = 0
+    for j in range(m):
+        x = torch.empty_like(batch.chunk(m)[j])
+        dist.recv(x, rank - 1)
+        x.requires_grad_()
+        total = total + F.mse_loss(stage(x), ys[j]) / m
+        xs.append(x)
+    total.backward()
+    for x in xs:
+        dist.send(x.grad, rank - 1)
     return stage
 
 
@@ -210,6 +237,12 @@ def _one_f_one_b(dist, stage, batch, targets, m, *, warm_of=lambda p, r: p - r -
     return stage
 
 
+def one_f_one_b_warm_up_counting_itself(dist, stage, batch, targets, m):
+    """The warm-up counts the stages from this one to the last, itself included: p - r forwards, one more than the
+    micro-batches in flight between it and the last stage."""
+    return _one_f_one_b(dist, stage, batch, targets, m, warm_of=lambda p, r: len(range(r, p)))
+
+
 def one_f_one_b_newest_first(dist, stage, batch, targets, m):
     """The stash kept as a stack and popped from the top: backward takes the newest micro-batch, while the
     gradients arrive oldest first."""
@@ -239,7 +272,8 @@ def one_f_one_b_cool_down_one_short(dist, stage, batch, targets, m):
 
 # ---- interleaved_1f1b ---------------------------------------------------------------------------------------
 def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, last_by_rank=False,
-                 first_by_rank=False, depth_first=False, wait_at_once=False):
+                 first_by_rank=False, depth_first=False, wait_at_once=False, chunk_major=False,
+                 backward_in_forward_order=False, warm_of=lambda p, v, r: (p - r - 1) * 2 + (v - 1) * p):
     """Interleaved 1F1B as the hints lay it out (solutions/pipeline.py's order), with the knob of one mistake."""
     rank, p = dist.get_rank(), dist.get_world_size()
     v = len(chunks)
@@ -252,8 +286,11 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
     total = m * v
 
     def unit(k, forward):
-        c, j = (k % v, k // v) if depth_first else (k // p % v, k // (p * v) * p + k % p)
-        return (c, j) if forward else (v - 1 - c, j)
+        if chunk_major:
+            c, j = k // m, k % m
+        else:
+            c, j = (k % v, k // v) if depth_first else (k // p % v, k // (p * v) * p + k % p)
+        return (c, j) if forward or backward_in_forward_order else (v - 1 - c, j)
 
     def is_first(c):
         return rank == 0 if first_by_rank else c * p + rank == 0
@@ -296,7 +333,7 @@ def _interleaved(dist, chunks, batch, targets, m, *, scale=None, refuse=True, la
             if wait_at_once:
                 sends.pop().wait()
 
-    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    warm = min(warm_of(p, v, rank), total)
     for k in range(warm):
         forward(k)
     for i in range(total - warm):
@@ -341,6 +378,23 @@ def interleaved_depth_first(dist, chunks, batch, targets, m):
     with Megatron's warm-up depth: the order the warm-up was computed for is breadth-first, p micro-batches at a
     time."""
     return _interleaved(dist, chunks, batch, targets, m, depth_first=True)
+
+
+def interleaved_warm_up_of_two_per_later_stage(dist, chunks, batch, targets, m):
+    """The warm-up (p - r - 1)·2, the first term of Megatron's alone: the (v - 1)·p forwards the other chunks add
+    are left out."""
+    return _interleaved(dist, chunks, batch, targets, m, warm_of=lambda p, v, r: (p - r - 1) * 2)
+
+
+def interleaved_every_micro_batch_per_chunk(dist, chunks, batch, targets, m):
+    """Forward k is micro-batch k % m on chunk k // m: every micro-batch through chunk 0, then through chunk 1, as
+    one would loop `for c in range(v): for j in range(m)`."""
+    return _interleaved(dist, chunks, batch, targets, m, chunk_major=True)
+
+
+def interleaved_backwards_in_forward_order(dist, chunks, batch, targets, m):
+    """The k-th backward on the k-th forward's chunk, (k // p) % v, where the backwards run the chunks in reverse."""
+    return _interleaved(dist, chunks, batch, targets, m, backward_in_forward_order=True)
 
 
 # ---- zero_bubble --------------------------------------------------------------------------------------------
@@ -457,6 +511,13 @@ def gpipe_first_stage_waits_for_the_loss(dist, stage, batch, targets, m):
 
 MISTAKES = [
     Attempt("pipeline_stages", stages_float32_buffers, named="receives into ("),
+    Attempt("pipeline_stages", stages_received_input_never_requires_grad, named="x.requires_grad_() on it right after"),
+    Attempt("gpipe", gpipe_summed_losses_one_backward, named="joined into one loss"),
+    Attempt("one_f_one_b", one_f_one_b_warm_up_counting_itself, named="its warm-ups differ from 1F1B's"),
+    Attempt("interleaved_1f1b", interleaved_warm_up_of_two_per_later_stage, named="warm-up ran too few forwards"),
+    Attempt("interleaved_1f1b", interleaved_every_micro_batch_per_chunk,
+            named="groups of p micro-batches through each chunk in turn"),
+    Attempt("interleaved_1f1b", interleaved_backwards_in_forward_order, named="backwards on the chunks in reverse"),
     Attempt("pipeline_stages", stages_gradient_sent_forward, named="called send with peer"),
     Attempt("pipeline_stages", stages_gradient_from_the_previous_rank, named="waits on the wrong peer"),
     Attempt("pipeline_stages", stages_summed_loss, named="the values of the batch (rows × width)"),
