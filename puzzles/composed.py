@@ -14,7 +14,7 @@ weights by the one backward the learner's loop runs.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -24,6 +24,7 @@ from torch import nn
 import lib
 from lib.group_as_world import GroupAsWorld
 from lib.models import GPTConfig
+from lib.sim.context import current_rank, memory_mark
 from lib.sim.mesh import coordinates as mesh_coordinates
 from lib.sim.traffic import MeshAxes
 from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
@@ -69,6 +70,12 @@ class Parts:
 def coordinates(rank: int, parts: Parts) -> tuple[int, int, int]:
     """(dp, pp, tp) of a rank, TP innermost."""
     return mesh_coordinates(rank, (parts.dp, parts.pp, parts.tp))
+
+
+def where(rank: int, parts: Parts) -> str:
+    """A rank and its coordinates, as messages name it."""
+    d, p, t = coordinates(rank, parts)
+    return f"rank {rank} (dp {d}, stage {p}, tp {t})"
 
 
 def quick(parts: Parts, **changes) -> Parts:
@@ -138,6 +145,25 @@ class Axes:
     pp: GroupAsWorld
     tp: GroupAsWorld
     replica: GroupAsWorld          # every rank of one model copy: its pp × tp ranks, TP innermost
+    marks: list = field(default_factory=list)     # Mark(...) in the order they came: simulated ranks only
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A moment of a rank's step, where its memory timeline was then (an index into RankStats.memory), for
+    puzzles.trainer_memory: "start" before the first step, "step" as a pipelined step begins ("recompute" for the
+    second run of a ZeRO-3 step), "schedule" as the learner's schedule is called, "forward" as a micro-batch's forward
+    returns (`grads`: the bytes of the stage's gradients then), "update" once the schedule has returned."""
+
+    what: str
+    index: int
+    grads: int = 0
+
+
+def mark(marks: Optional[list], what: str, grads: int = 0) -> None:
+    """Note where the memory timeline is now, on a simulated rank (nowhere on a real one)."""
+    if marks is not None and current_rank() is not None:
+        marks.append(Mark(what, memory_mark(), grads))
 
 
 def mesh_axes(dist, pieces: dict, parts: Parts) -> Axes:
@@ -176,9 +202,9 @@ class PipelineStage(nn.Module):
     """A GPTStage as notebook 05's schedules call a stage, `stage(x)`: tokens in channel 0 of the first stage's
     input; the last stage's output √(cross-entropy) of the next micro-batch, whose MSE against 0 is the loss."""
 
-    def __init__(self, shard: GPTStage, pieces: dict, tp, heads: int) -> None:
+    def __init__(self, shard: GPTStage, pieces: dict, tp, heads: int, marks: Optional[list] = None) -> None:
         super().__init__()
-        self.shard, self.pieces, self.tp, self.heads = shard, pieces, tp, heads
+        self.shard, self.pieces, self.tp, self.heads, self.marks = shard, pieces, tp, heads, marks
         self.first, self.last = hasattr(shard, "tok"), hasattr(shard, "head")
         self.targets: list = []
         self.losses: list = []
@@ -192,11 +218,12 @@ class PipelineStage(nn.Module):
             x = s.tok(x[..., 0].long()) + s.pos.weight[: x.shape[1]]
         for block in s.blocks:
             x = learner_block(self.pieces, self.tp, block, x, self.heads)
-        if not self.last:
-            return x
-        loss = s.loss(x, self.targets[len(self.losses)])
-        self.losses.append(loss.detach())
-        return loss.sqrt().reshape(1, 1)
+        if self.last:
+            loss = s.loss(x, self.targets[len(self.losses)])
+            self.losses.append(loss.detach())
+            x = loss.sqrt().reshape(1, 1)
+        mark(self.marks, "forward", sum(p.grad.nbytes for p in s.parameters() if p.grad is not None))
+        return x
 
 
 def carrier(tokens: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -206,13 +233,17 @@ def carrier(tokens: torch.Tensor, hidden: int) -> torch.Tensor:
     return out
 
 
-def pipelined_step(pieces: dict, axes: Axes, stage: PipelineStage, tokens, targets, parts: Parts) -> Optional[Any]:
+def pipelined_step(pieces: dict, axes: Axes, stage: PipelineStage, tokens, targets, parts: Parts,
+                   again: bool = False) -> Optional[Any]:
     """Forward and backward of this DP rank's rows by the learner's 1F1B; on the last stage, the step's loss by
-    their mean_loss over the DP group (None elsewhere)."""
+    their mean_loss over the DP group (None elsewhere). `again`: the step's second run (ZeRO-3's recompute)."""
     m = parts.micro_batches
     stage.begin_step(list(targets.chunk(m)))
-    zero = torch.zeros(m, 1, dtype=torch.float64, device=tokens.device)
-    pieces["one_f_one_b"](axes.pp, stage, carrier(tokens, stage.shard.hidden), zero, m)
+    mark(axes.marks, "recompute" if again else "step")
+    batch, zero = carrier(tokens, stage.shard.hidden), torch.zeros(m, 1, dtype=torch.float64, device=tokens.device)
+    mark(axes.marks, "schedule")
+    pieces["one_f_one_b"](axes.pp, stage, batch, zero, m)
+    mark(axes.marks, "update")
     if not stage.last:
         return None
     counts = [t.numel() for t in stage.targets]
@@ -240,7 +271,8 @@ class WholeStep(nn.Module):
     def __init__(self, pieces: dict, axes: Axes, stage: PipelineStage, data: list, parts: Parts) -> None:
         super().__init__()
         self.stage, self.pieces, self.axes, self.data, self.parts = stage, pieces, axes, data, parts
-        self.work = [PipelineStage(copy.deepcopy(stage.shard), pieces, stage.tp, stage.heads)]  # a list: not a module
+        self.work = [PipelineStage(copy.deepcopy(stage.shard), pieces, stage.tp, stage.heads,  # a list: not a module
+                                   axes.marks)]
         self.losses: dict[int, Any] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -252,7 +284,8 @@ class WholeStep(nn.Module):
                 c.grad = None
         with torch.enable_grad():                       # ZeRO-3 runs its forward under no_grad
             tokens, targets = self.data[step]
-            self.losses[step] = pipelined_step(self.pieces, self.axes, work, tokens, targets, self.parts)
+            self.losses[step] = pipelined_step(self.pieces, self.axes, work, tokens, targets, self.parts,
+                                               again=step in self.losses)
         moved = sum(((w - w.detach()) * c.grad).sum() for w, c in zip(weights, copies))
         return (1 + moved).sqrt().reshape(x.shape)
 
@@ -264,6 +297,7 @@ def optimizer_steps(pieces: dict, axes: Axes, stage: PipelineStage, data: list, 
     whole = WholeStep(pieces, axes, stage, data, parts)
     steps = [(torch.full((1,), float(i), dtype=torch.float64, device=where),
               torch.zeros(1, dtype=torch.float64, device=where)) for i in range(len(data))]
+    mark(axes.marks, "start")
     trained = pieces[ZERO_PIECES[parts.zero]](axes.dp, nn.Sequential(whole), steps, parts.lr)
     return [whole.losses[i] for i in range(len(data))], list(trained.values())
 
@@ -275,7 +309,7 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
     d, where = axes.coords[0], lib.device()
     shard = shard.to(where)
     mine = [(tokens.chunk(parts.dp)[d].to(where), targets.chunk(parts.dp)[d].to(where)) for tokens, targets in data]
-    stage = PipelineStage(shard, pieces, axes.tp, config().heads)
+    stage = PipelineStage(shard, pieces, axes.tp, config().heads, axes.marks)
     params, flags = list(shard.parameters()), replicated(shard)
     losses: list = []
     first: dict = {}                     # step 1's averaged gradient, what the optimizer is handed (ZeRO-0 only)
@@ -285,6 +319,7 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
             for p, w in zip(params, trained):
                 p.data = w.detach().reshape(p.shape).clone()
     else:
+        mark(axes.marks, "start")
         moments = ([(torch.zeros_like(p), torch.zeros_like(p)) for p in params] if resume is None else
                    [(m.to(where), v.to(where)) for m, v in resume["moments"]])
         for step, (tokens, targets) in enumerate(mine, start=1 if resume is None else resume["step"] + 1):
@@ -298,7 +333,8 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
                 for p, g, (m, v) in zip(params, grads, moments):
                     adam_update(p, g, m, v, step, parts.lr)
                     p.grad = None
-    return {"losses": None if losses[0] is None else losses, "first_grads": first or None,
+    mark(axes.marks, "end")
+    return {"losses": None if losses[0] is None else losses, "first_grads": first or None, "marks": axes.marks,
             "params": {n: p.detach() for n, p in shard.named_parameters()},
             "moments": None if parts.zero else moments}
 

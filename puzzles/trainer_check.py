@@ -27,6 +27,7 @@ from lib.units import fmt_bytes
 from puzzles import composed as C
 from puzzles.course_text import batches, byte_tokens, course_text
 from puzzles.trainer import PIECES, SEAMS
+from puzzles.trainer_memory import memory_problem
 from puzzles.trainer_schedule import schedule_problem
 
 LATER = ("reshard_checkpoint",)   # pieces only a later cell runs (the checkpoint resumed on another mesh)
@@ -112,11 +113,6 @@ def _batches(parts: C.Parts, text: str) -> list:
     return batches(byte_tokens(text), parts.steps, parts.rows, C.config().seq, parts.seed)
 
 
-def _where(rank: int, parts: C.Parts) -> str:
-    d, p, t = C.coordinates(rank, parts)
-    return f"rank {rank} (dp {d}, stage {p}, tp {t})"
-
-
 def _learners_frames(message: str, fns: dict[str, Callable]) -> str:
     """A rank's error with the course library's frames (lib/, puzzles/) taken out of its traceback, and the piece
     it came from named: the one whose code the outermost remaining frame runs."""
@@ -153,7 +149,7 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
                         if step == 0 else
                         f"the update, as step 1's loss is right: {update}, or the gradients your TP layers and 1F1B "
                         "leave")
-                return (f"step {step + 1}'s loss on {_where(rank, parts)}: one device's is {want:.10g}, yours "
+                return (f"step {step + 1}'s loss on {C.where(rank, parts)}: one device's is {want:.10g}, yours "
                         f"{got[step]:.10g}.\nThat points at {seam}.")
     for rank, out in enumerate(results):
         wrong = out["first_grads"] is not None and _scaled_gradient(grads[rank], out["first_grads"], rank, parts)
@@ -163,7 +159,7 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
         differs = first_difference(expected[rank], out["params"], rtol=PARAMS_RTOL, atol=PARAMS_ATOL,
                                    where="parameter")
         if differs:
-            return (f"after {parts.steps} steps, {_where(rank, parts)}: {differs}\nThe losses agree, so the "
+            return (f"after {parts.steps} steps, {C.where(rank, parts)}: {differs}\nThe losses agree, so the "
                     "forward passes were right; the last update was not.")
     return None
 
@@ -178,7 +174,7 @@ def _scaled_gradient(expected: dict, got: dict, rank: int, parts: C.Parts) -> Op
     differs = first_difference(expected, got, rtol=1e-7, atol=1e-12, where="gradient")
     if differs is None:
         return None
-    return (f"step 1's gradient, averaged over DP, on {_where(rank, parts)}: {differs}\nYours is "
+    return (f"step 1's gradient, averaged over DP, on {C.where(rank, parts)}: {differs}\nYours is "
             f"{_norm(got) / _norm(expected):.4g} × one device's in norm. Adam divides the scale of a gradient away, "
             "so the losses barely show it: look at what your 1F1B (05) divides the loss by and what your DP "
             "average (02) divides the sum by.")
@@ -248,7 +244,7 @@ def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], s
                    "tp": _tp_budget(parts, shards[rank]), "pp": _pp_budget(parts, stage)}
         for axis, (limit, why) in budgets.items():
             if by_axis[axis].sent > limit * (1 + 1e-9):
-                return (f"{_where(rank, parts)} sent {fmt_bytes(by_axis[axis].sent)} on the {axis.upper()} axis, over "
+                return (f"{C.where(rank, parts)} sent {fmt_bytes(by_axis[axis].sent)} on the {axis.upper()} axis, over "
                         f"its budget of {fmt_bytes(limit)}: {why}. Your {pieces[axis]} send(s) more than the lesson's "
                         "share.", "")
     rank0 = traffic[0]
@@ -320,10 +316,13 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
     broken, pipeline = schedule_problem([s.p2p_log for s in result.stats], parts, fns.get("plan_memory"))
     if broken:
         return f"✗ {broken}"
+    broken, memory = memory_problem(result, parts, shards, fns.get("plan_memory"))
+    if broken:
+        return f"✗ {broken}"
     print(f"✓ Your trainer equals one device for {parts.steps} steps on a (dp, pp, tp) = ({parts.dp}, {parts.pp}, "
           f"{parts.tp}) mesh, ZeRO-{parts.zero}: loss {losses[0]:.4f} → {losses[-1]:.4f}, each step's "
           f"loss within {RTOL:g} and every rank's parameters within {PARAMS_RTOL:g} (relative).\n{axes}"
-          + (f"\n{pipeline}" if pipeline else ""))
+          + (f"\n{pipeline}" if pipeline else "") + (f"\n{memory}" if memory else ""))
     if show:
         _show(result, parts)
     return None

@@ -186,6 +186,65 @@ def test_the_micro_batches_plan_memory_keeps_in_flight_are_read_from_its_answer(
     assert planned_in_flight(tests.wrong.three_d.memory_of_every_micro_batch, parts) == pytest.approx(m)
 
 
+def _zero2_keeping_full_gradients(dist, model, batches, lr):
+    """ZeRO-2 that also keeps each parameter's full gradient (referenced by parameter until the next step's replaces
+    it): right values, the gradients whole between steps where ZeRO-2 keeps a shard."""
+    kept = {}
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: kept.__setitem__(id(p), p.grad))
+    return solutions.zero.zero2_train(dist, model, batches, lr)
+
+
+def _zero3_keeping_adam_whole(dist, model, batches, lr):
+    """ZeRO-3 that also keeps Adam's three states for every parameter whole (zeros, never used): the states a rank
+    would hold without sharding them."""
+    whole = [torch.zeros(3, p.numel(), dtype=p.dtype, device=p.device) for p in model.parameters()]
+    trained = solutions.zero.zero3_train(dist, model, batches, lr)
+    return trained if whole else None
+
+
+@pytest.mark.parametrize("name,fn,parts,words", [
+    ("zero2_train", _zero2_keeping_full_gradients, C.Parts(zero=2),
+     ["rank 0 (dp 0, stage 0, tp 0) kept", "1 × the stage's float64 gradients", "the stage's gradients whole",
+      "your zero2_train (notebook 03) keeps full-size gradients alive", "p.grad = None"]),
+    ("zero2_train", _zero2_keeping_full_gradients, C.Parts(dp=2, pp=1, tp=4, zero=2),
+     ["the stage's gradients whole", "your zero2_train (notebook 03)"]),
+    ("zero3_train", _zero3_keeping_adam_whole, C.Parts(zero=3),
+     ["Adam states (master weights, momentum, variance) whole", "your zero3_train (notebook 03)"]),
+    ("one_f_one_b", tests.wrong.pipeline.one_f_one_b_stashes_everything, C.Parts(micro_batches=4),
+     ["held", "micro-batches' worth", "your plan_memory (notebook 06) keeps 2 in flight",
+      "Your one_f_one_b (notebook 05) runs 1F1B's order"]),
+    ("one_f_one_b", tests.wrong.pipeline.one_f_one_b_stashes_everything, C.Parts(zero=2, micro_batches=4),
+     ["Your one_f_one_b (notebook 05)"]),
+], ids=["zero2-full-gradients", "zero2-full-gradients-pp1", "zero3-adam-whole", "1f1b-stash", "1f1b-stash-zero2"])
+def test_memory_over_the_learners_plan_is_named_as_its_piece(name, fn, parts, words, capsys):
+    """Right values and right traffic, more memory than the learner's plan_memory counts: the ZeRO stage's states
+    between steps, or the schedule's activations at a forward's return, each named as the piece that holds them."""
+    pieces = Pieces(functions={**SOLVED, name: fn})
+    assert T.check_trainer(pieces, SEAMS, parts, own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ ") and all(w in out for w in words), out
+
+
+def test_memory_is_compared_with_the_learners_own_plan(capsys):
+    """The budget is the learner's plan_memory's: its model states (its answer less the activations, which grow
+    with b), each state at float64's size for the rank's parameters; and its micro-batches in flight: a plan that
+    counts every micro-batch lets a stash kept to the end through the memory check."""
+    from lib.planner import memory_breakdown
+    from puzzles.trainer_memory import kept_budget, plan_for, plan_model, planned_states
+
+    parts = C.Parts(zero=2)
+    course = memory_breakdown(plan_model(), plan_for(parts))
+    assert planned_states(solutions.three_d.plan_memory, parts) == pytest.approx(
+        sum(v for k, v in course.items() if k != "activations"))
+    _, by_state = kept_budget(solutions.three_d.plan_memory, parts, 1000)
+    assert by_state == pytest.approx({"gradients": 8 * 1000 / 2, "optimizer": 24 * 1000 / 2})   # weights: ZeRO-3's
+    pieces = Pieces(functions={**SOLVED, "one_f_one_b": tests.wrong.pipeline.one_f_one_b_stashes_everything,
+                               "plan_memory": tests.wrong.three_d.memory_of_every_micro_batch})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(micro_batches=4), own_checks=False, strict=False, show=False)
+    assert "of the 4 your plan_memory keeps in flight" in capsys.readouterr().out
+
+
 def _zero2_new_moments_every_step(dist, model, batches, lr):
     """ZeRO-2 run one batch at a time, so Adam's moments and step count start again at every step."""
     for batch in batches:
