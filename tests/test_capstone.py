@@ -15,6 +15,7 @@ import solutions.tensor_parallel
 import solutions.three_d
 import solutions.trainer
 import solutions.zero
+import tests.cheats.trainer
 import tests.wrong.beyond
 import tests.wrong.data_parallel
 import tests.wrong.pipeline
@@ -337,3 +338,67 @@ def test_the_checkpoint_says_to_finish_notebook_09_first(capsys):
     assert check_checkpoint(without, SEAMS, SAVED, resume_dp=3, after=2, strict=False) is False
     assert "○ The checkpoint needs this first:\n  reshard_checkpoint: not loaded" in capsys.readouterr().out
     assert T._gaps(without, SEAMS, C.Parts()) == []        # the trainer's own check does not need it
+
+
+# ---- HSDP as the DP axis ------------------------------------------------------------------------------------------
+HSDP = C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2)          # 2 nodes × 2 DP ranks, TP 2: the notebook's 8 ranks
+HSDP_SEAMS = {**SEAMS, "hsdp_gradients": solutions.trainer.hsdp_gradients}
+
+
+@pytest.mark.parametrize("parts,own", [(HSDP, True), (C.Parts(dp=4, hsdp_nodes=2, pp=2, tp=1), False),
+                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2, max_norm=None), False)],
+                         ids=["2x2-tp2", "2x2-pp2", "unclipped"])
+def test_hsdp_as_the_dp_axis_trains_as_one_device(parts, own, capsys):
+    """The learner's hsdp_gradients averages the gradients (its shard), Adam updates the shard, the node gathers the
+    weights back: one device's losses and parameters, each half of the DP axis within its bytes."""
+    assert T.check_trainer(Pieces(functions=dict(SOLVED)), HSDP_SEAMS, parts, own_checks=own, strict=False,
+                           show=False), capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "HSDP as its DP axis (2 nodes × 2)" in out and "REPLICATE" in out and "SHARD" in out, out
+
+
+def _hsdp_reduce_scattering_over_the_world(dist, grads, nodes):
+    """One reduce-scatter over every DP rank (the whole DP axis, not the node), no all-reduce: each gradient's rows
+    cut dp ways."""
+    world, i = dist.get_world_size(), dist.get_rank()
+    out = []
+    for g in grads:
+        c = -(-g.shape[0] // world)
+        flat = torch.nn.functional.pad(g, (*(0, 0) * (g.dim() - 1), 0, c * world - g.shape[0])).contiguous()
+        piece = torch.empty_like(flat[:c])
+        dist.reduce_scatter_single(piece, flat, op=dist.ReduceOp.AVG)
+        out.append(piece[:max(0, min(c, g.shape[0] - i * c))])
+    return out
+
+
+HSDP_WRONG = [(w[1], w[2]) for w in tests.wrong.trainer.WRONG if w[0] == "hsdp_gradients"] + [
+    (tests.cheats.trainer.hsdp_all_reducing_inside_the_node, "inside-node half of the DP axis (SHARD)"),
+    (_hsdp_reduce_scattering_over_the_world, "dp = 4 ways: over the whole DP axis")]
+
+
+@pytest.mark.parametrize("fn,words", HSDP_WRONG, ids=[w[0].__name__ for w in HSDP_WRONG])
+def test_a_wrong_hsdp_gradients_composed_is_named_as_the_hsdp_piece(fn, words, capsys):
+    """Without its own check: the composed run alone (values, step 1's gradient shard, bytes on each half of the DP
+    axis, the shards' shapes) names hsdp_gradients."""
+    seams = {**HSDP_SEAMS, "hsdp_gradients": fn}
+    assert T.check_trainer(Pieces(functions=dict(SOLVED)), seams, HSDP, own_checks=False, strict=False,
+                           show=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ ") and "hsdp_gradients" in out and "Traceback" not in out, out
+    if fn in (tests.cheats.trainer.hsdp_all_reducing_inside_the_node, _hsdp_reduce_scattering_over_the_world):
+        assert words in out, out
+
+
+def test_a_wrong_hsdp_gradients_fails_its_own_check_first(capsys):
+    seams = {**HSDP_SEAMS, "hsdp_gradients": _hsdp_reduce_scattering_over_the_world}
+    assert T.check_trainer(Pieces(functions=dict(SOLVED)), seams, HSDP, strict=False, show=False) is False
+    assert "✗ hsdp_gradients (notebook 10, puzzle 3) fails its own check" in capsys.readouterr().out
+
+
+def test_hsdp_needs_hsdp_gradients_instead_of_the_ring_and_is_validated_when_chosen():
+    without_ring = Pieces(functions={k: f for k, f in SOLVED.items() if k != "ring_all_reduce"})
+    assert T._gaps(without_ring, HSDP_SEAMS, HSDP) == []
+    assert T._gaps(without_ring, SEAMS, HSDP) == ["hsdp_gradients: still the stub: solve puzzle 3 above first"]
+    for bad in ({"dp": 4, "hsdp_nodes": 3}, {"dp": 4, "hsdp_nodes": 1}, {"dp": 4, "hsdp_nodes": 2, "zero": 2}):
+        with pytest.raises(ValueError, match=r"Parts\(dp=4, hsdp_nodes="):
+            C.Parts(**bad)
