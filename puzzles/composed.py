@@ -455,11 +455,11 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
 def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:
     """For lib.viz.mesh.mesh_figure: the learner's functions each rank runs, in three short lines."""
     def label(rank: int, coords: tuple) -> str:
-        p = coords[-2]
-        ends = " + ".join(["embed"] * (p == 0) + ["head"] * (p == parts.pp - 1))
-        dp = (ZERO_PIECES[parts.zero] if parts.zero else
-              f"hsdp shard {coords[1]}" if parts.hsdp else "ring") + (", clip" if parts.clips else "")
-        return f"stage {p}{' + ' + ends if ends else ''}\nattention, mlp\n1F1B, {dp}"
+        d, p, _ = coordinates(rank, parts)
+        ends = "+ embed" if p == 0 else "+ head" if p == parts.pp - 1 else ""
+        dp = (ZERO_PIECES[parts.zero] if parts.zero else f"hsdp {d % parts.per_node}" if parts.hsdp else
+              "ring") + (", clip" if parts.clips else "")
+        return f"stage {p} {ends}\nattention, mlp\n1F1B, {dp}"
     return label
 
 
