@@ -112,6 +112,8 @@ def held_activations(memory: list, marks: list) -> list[tuple[int, int, int, int
         if base is None or not forwards:
             continue
         held = [_live(memory, f.index) - _live(memory, base.index) - f.grads for f in forwards]
+        if held[0] <= 0:                # nothing kept by the first forward: no micro-batch to count in
+            continue
         top = max(range(len(held)), key=held.__getitem__)
         out.append((n, top, held[top], held[0]))
     return out
@@ -191,7 +193,8 @@ def memory_problem(result, parts: C.Parts, shards: list, plan_memory: Optional[C
                 worst_held = max(worst_held or 0, held / one)
     if worst_kept:
         lines.append(f"between steps your {C.ZERO_PIECES[parts.zero]} kept at most {fmt_bytes(worst_kept[0])} on a "
-                     f"first-stage rank of the {fmt_bytes(worst_kept[1])} your plan_memory counts")
+                     f"first-stage rank, your plan_memory counting {fmt_bytes(worst_kept[1])} for its states (within "
+                     f"{PLAN_RTOL:.0%}, with a loop's last temporaries)")
     if worst_held is not None:
         lines.append(f"the first stage held at most {worst_held:.3g} micro-batches' activations of the "
                      f"{in_flight:.3g} your plan_memory keeps in flight")
