@@ -25,14 +25,14 @@ from lib.notebook.pieces import Pieces
 from puzzles import composed as C
 from puzzles import trainer_check as T
 from puzzles import trainer_runs as R
-from puzzles.trainer import PIECES, SEAMS
+from puzzles.trainer import HSDP_SEAM, PIECES, SEAMS
 
 
 def reference_pieces() -> tuple[Pieces, dict]:
     modules = (solutions.data_parallel, solutions.zero, solutions.tensor_parallel, solutions.pipeline,
                solutions.three_d)
     functions = {name: getattr(m, name) for m in modules for name in PIECES if hasattr(m, name)}
-    return Pieces(functions=functions), {name: getattr(solutions.trainer, name) for name in SEAMS}
+    return Pieces(functions=functions), {name: getattr(solutions.trainer, name) for name in (*SEAMS, HSDP_SEAM)}
 
 
 def _timed(fn, repeats: int) -> tuple[float, object]:
@@ -54,7 +54,9 @@ def measure(repeats: int) -> list[tuple[str, float, str]]:
                          ("composed check, ZeRO-1", C.quick(check, zero=1)),
                          ("composed check, ZeRO-2", C.quick(check, zero=2)),
                          ("composed check, ZeRO-3 (the pipeline run twice a step: its recompute)",
-                          C.quick(check, zero=3))):
+                          C.quick(check, zero=3)),
+                         ("composed check, HSDP as the DP axis: (dp, pp, tp) = (4, 1, 2), 2 nodes × 2 (own checks, "
+                          "hsdp_gradients' included)", C.quick(check, dp=4, pp=1, tp=2, hsdp_nodes=2))):
         t, ok = _timed(lambda p=parts: T.check_trainer(pieces, seams, p, strict=False, show=False), repeats)
         rows.append((label, t, "passes" if ok else "FAILS"))
     t, _ = _timed(lambda: C.reference_run(run, T.data(run)), repeats)

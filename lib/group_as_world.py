@@ -7,24 +7,41 @@ runs on the group. The same wrapper serves a simulated rank's dist and torch.dis
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 
 class GroupAsWorld:
     """`dist` restricted to `group`, whose members are the global `ranks`, in the group's order."""
 
-    def __init__(self, dist: Any, group: Any, ranks: Sequence[int]) -> None:
+    def __init__(self, dist: Any, group: Any, ranks: Sequence[int],
+                 siblings: Sequence[Sequence[int]] = ()) -> None:
+        """`siblings`: every group of the same kind (each a tuple of global ranks, this one among them, the same list
+        on every rank), so that new_group can create each sibling's subgroup on every rank, as torch requires."""
         self._dist, self.group, self.ranks = dist, group, tuple(ranks)
+        self.siblings = tuple(tuple(s) for s in siblings) or (self.ranks,)
         self.ReduceOp = dist.ReduceOp
+
+    def new_group(self, ranks: Optional[Sequence[int]] = None, **kwargs) -> Any:
+        """A subgroup of this group's ranks (0..len-1, this group's numbering): every rank calls new_group for the
+        same subgroup of every sibling group, members or not, in the same order; this rank keeps its own."""
+        local = range(len(self.ranks)) if ranks is None else ranks
+        mine = None
+        for sibling in self.siblings:
+            made = self._dist.new_group([sibling[r] for r in local], **kwargs)
+            if sibling == self.ranks:
+                mine = made
+        return mine
 
     def __repr__(self) -> str:
         return f"<dist over ranks {list(self.ranks)}>"
 
     def get_rank(self, group: Any = None) -> int:
-        return self.ranks.index(self._dist.get_rank())
+        if group is None or group is self.group:
+            return self.ranks.index(self._dist.get_rank())
+        return self._dist.get_rank(group)              # a subgroup made by new_group: the rank inside it
 
     def get_world_size(self, group: Any = None) -> int:
-        return len(self.ranks)
+        return len(self.ranks) if group is None or group is self.group else self._dist.get_world_size(group)
 
     def _group(self, group: Any) -> Any:
         return self.group if group is None else group

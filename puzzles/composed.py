@@ -14,7 +14,7 @@ weights by the one backward the learner's loop runs.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -24,6 +24,7 @@ from torch import nn
 import lib
 from lib.group_as_world import GroupAsWorld
 from lib.models import GPTConfig
+from lib.sim.context import current_rank, memory_mark
 from lib.sim.mesh import coordinates as mesh_coordinates
 from lib.sim.traffic import MeshAxes
 from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
@@ -37,8 +38,10 @@ SHARDED = ("qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "f
 
 @dataclass(frozen=True)
 class Parts:
-    """What the trainer is made of: the mesh, the ZeRO stage of the optimizer, the micro-batches per step, and the
-    run (Adam's learning rate, the clipping threshold: None leaves gradients unclipped)."""
+    """What the trainer is made of: the mesh, the ZeRO stage of the optimizer (or HSDP as the DP axis: `hsdp_nodes`
+    nodes of dp / hsdp_nodes ranks, the learner's hsdp_gradients averaging the gradients and Adam updating the shard
+    it returns), the micro-batches per step, and the run (Adam's learning rate, the clipping threshold: None leaves
+    gradients unclipped)."""
 
     dp: int = 2
     pp: int = 2
@@ -50,6 +53,22 @@ class Parts:
     lr: float = 3e-3
     max_norm: Optional[float] = 0.5
     seed: int = 0
+    hsdp_nodes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hsdp_nodes and (self.hsdp_nodes < 2 or self.dp % self.hsdp_nodes or self.zero):
+            raise ValueError(f"Parts(dp={self.dp}, hsdp_nodes={self.hsdp_nodes}, zero={self.zero}): HSDP splits the "
+                             "DP axis into hsdp_nodes >= 2 nodes of dp / hsdp_nodes ranks each (hsdp_nodes must divide "
+                             "dp), and it is the optimizer's sharding itself: leave zero=0.")
+
+    @property
+    def hsdp(self) -> bool:
+        return self.hsdp_nodes > 0
+
+    @property
+    def per_node(self) -> int:
+        """HSDP's shard group: the DP ranks of one node."""
+        return self.dp // self.hsdp_nodes if self.hsdp else self.dp
 
     @property
     def clips(self) -> bool:
@@ -69,6 +88,12 @@ class Parts:
 def coordinates(rank: int, parts: Parts) -> tuple[int, int, int]:
     """(dp, pp, tp) of a rank, TP innermost."""
     return mesh_coordinates(rank, (parts.dp, parts.pp, parts.tp))
+
+
+def where(rank: int, parts: Parts) -> str:
+    """A rank and its coordinates, as messages name it."""
+    d, p, t = coordinates(rank, parts)
+    return f"rank {rank} (dp {d}, stage {p}, tp {t})"
 
 
 def quick(parts: Parts, **changes) -> Parts:
@@ -129,15 +154,47 @@ def expected_shards(model, parts: Parts, values: Optional[dict] = None) -> list[
 
 
 # ---- one rank of the composed trainer ----------------------------------------------------------------------------
+HSDP_AXES = ("replicate", "shard", "pp", "tp")     # the mesh with HSDP's DP axis split, nodes outermost
+
+
+def mesh_of(parts: Parts) -> MeshAxes:
+    """The mesh's axes: (dp, pp, tp), or with HSDP (replicate, shard, pp, tp), the DP axis split into nodes."""
+    if parts.hsdp:
+        return MeshAxes((parts.hsdp_nodes, parts.per_node, parts.pp, parts.tp), HSDP_AXES)
+    return MeshAxes((parts.dp, parts.pp, parts.tp), AXES)
+
+
 @dataclass
 class Axes:
-    """This rank's place: its coordinates, and a world-like dist along each axis (and over its model replica)."""
+    """This rank's place: its coordinates, and a world-like dist along each axis (and over its model replica; with
+    HSDP, over its node's shard group and over its node's model copies, whose gradient shards make one model)."""
 
     coords: tuple
     dp: GroupAsWorld
     pp: GroupAsWorld
     tp: GroupAsWorld
     replica: GroupAsWorld          # every rank of one model copy: its pp × tp ranks, TP innermost
+    shard: Optional[GroupAsWorld] = None        # HSDP: the DP ranks of this rank's node
+    node: Optional[GroupAsWorld] = None         # HSDP: every rank of this node (shard × pp × tp, TP innermost)
+    marks: list = field(default_factory=list)     # Mark(...) in the order they came: simulated ranks only
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A moment of a rank's step, where its memory timeline was then (an index into RankStats.memory), for
+    puzzles.trainer_memory: "start" before the first step, "step" as a pipelined step begins ("recompute" for the
+    second run of a ZeRO-3 step), "schedule" as the learner's schedule is called, "forward" as a micro-batch's forward
+    returns (`grads`: the bytes of the stage's gradients then), "update" once the schedule has returned."""
+
+    what: str
+    index: int
+    grads: int = 0
+
+
+def mark(marks: Optional[list], what: str, grads: int = 0) -> None:
+    """Note where the memory timeline is now, on a simulated rank (nowhere on a real one)."""
+    if marks is not None and current_rank() is not None:
+        marks.append(Mark(what, memory_mark(), grads))
 
 
 def mesh_axes(dist, pieces: dict, parts: Parts) -> Axes:
@@ -148,16 +205,27 @@ def mesh_axes(dist, pieces: dict, parts: Parts) -> Axes:
     coords = tuple(pieces["mesh_coordinates"](dist, mesh.shape))
     mine = {}
     for axis in AXES:
-        for ranks in sorted({mesh.group(r, axis) for r in range(mesh.world_size)}):
+        every = sorted({mesh.group(r, axis) for r in range(mesh.world_size)})
+        for ranks in every:
             group = dist.new_group(list(ranks))
             if rank in ranks:
-                mine[axis] = GroupAsWorld(dist, group, ranks)
+                mine[axis] = GroupAsWorld(dist, group, ranks, siblings=every)
     size = parts.pp * parts.tp
-    for d in range(parts.dp):
-        ranks = tuple(range(d * size, (d + 1) * size))
-        group = dist.new_group(list(ranks))
-        if rank in ranks:
-            mine["replica"] = GroupAsWorld(dist, group, ranks)
+    blocks = {"replica": size}
+    if parts.hsdp:
+        blocks["node"] = size * parts.per_node
+        hsdp = mesh_of(parts)
+        every = sorted({hsdp.group(r, "shard") for r in range(hsdp.world_size)})
+        for ranks in every:
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                mine["shard"] = GroupAsWorld(dist, group, ranks, siblings=every)
+    for name, size in blocks.items():
+        for first in range(0, parts.world, size):
+            ranks = tuple(range(first, first + size))
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                mine[name] = GroupAsWorld(dist, group, ranks)
     return Axes(coords, **mine)
 
 
@@ -176,9 +244,9 @@ class PipelineStage(nn.Module):
     """A GPTStage as notebook 05's schedules call a stage, `stage(x)`: tokens in channel 0 of the first stage's
     input; the last stage's output √(cross-entropy) of the next micro-batch, whose MSE against 0 is the loss."""
 
-    def __init__(self, shard: GPTStage, pieces: dict, tp, heads: int) -> None:
+    def __init__(self, shard: GPTStage, pieces: dict, tp, heads: int, marks: Optional[list] = None) -> None:
         super().__init__()
-        self.shard, self.pieces, self.tp, self.heads = shard, pieces, tp, heads
+        self.shard, self.pieces, self.tp, self.heads, self.marks = shard, pieces, tp, heads, marks
         self.first, self.last = hasattr(shard, "tok"), hasattr(shard, "head")
         self.targets: list = []
         self.losses: list = []
@@ -192,11 +260,12 @@ class PipelineStage(nn.Module):
             x = s.tok(x[..., 0].long()) + s.pos.weight[: x.shape[1]]
         for block in s.blocks:
             x = learner_block(self.pieces, self.tp, block, x, self.heads)
-        if not self.last:
-            return x
-        loss = s.loss(x, self.targets[len(self.losses)])
-        self.losses.append(loss.detach())
-        return loss.sqrt().reshape(1, 1)
+        if self.last:
+            loss = s.loss(x, self.targets[len(self.losses)])
+            self.losses.append(loss.detach())
+            x = loss.sqrt().reshape(1, 1)
+        mark(self.marks, "forward", sum(p.grad.nbytes for p in s.parameters() if p.grad is not None))
+        return x
 
 
 def carrier(tokens: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -206,13 +275,17 @@ def carrier(tokens: torch.Tensor, hidden: int) -> torch.Tensor:
     return out
 
 
-def pipelined_step(pieces: dict, axes: Axes, stage: PipelineStage, tokens, targets, parts: Parts) -> Optional[Any]:
+def pipelined_step(pieces: dict, axes: Axes, stage: PipelineStage, tokens, targets, parts: Parts,
+                   again: bool = False) -> Optional[Any]:
     """Forward and backward of this DP rank's rows by the learner's 1F1B; on the last stage, the step's loss by
-    their mean_loss over the DP group (None elsewhere)."""
+    their mean_loss over the DP group (None elsewhere). `again`: the step's second run (ZeRO-3's recompute)."""
     m = parts.micro_batches
     stage.begin_step(list(targets.chunk(m)))
-    zero = torch.zeros(m, 1, dtype=torch.float64, device=tokens.device)
-    pieces["one_f_one_b"](axes.pp, stage, carrier(tokens, stage.shard.hidden), zero, m)
+    mark(axes.marks, "recompute" if again else "step")
+    batch, zero = carrier(tokens, stage.shard.hidden), torch.zeros(m, 1, dtype=torch.float64, device=tokens.device)
+    mark(axes.marks, "schedule")
+    pieces["one_f_one_b"](axes.pp, stage, batch, zero, m)
+    mark(axes.marks, "update")
     if not stage.last:
         return None
     counts = [t.numel() for t in stage.targets]
@@ -231,6 +304,64 @@ def average(pieces: dict, axes: Axes, params: list, parts: Parts) -> list:
 ZERO_PIECES = {1: "zero1_train", 2: "zero2_train", 3: "zero3_train"}     # the learner's optimizer, by ZeRO stage
 
 
+class ShardsWrong(ValueError):
+    """The learner's hsdp_gradients returned shards the trainer cannot update: said with what they should be."""
+
+
+def hsdp_average(pieces: dict, axes: Axes, named: list, parts: Parts) -> list:
+    """This rank's shard of every gradient averaged over the DP axis, by the learner's hsdp_gradients: reduce-scatter
+    inside the node, all-reduce of the shard across nodes. Shapes checked: the update below needs FSDP2's rows.
+    `named`: the stage's (name, parameter) pairs."""
+    from puzzles.trainer import hsdp_shards
+
+    params = [p for _, p in named]
+    shards = pieces["hsdp_gradients"](axes.dp, [p.grad for p in params], parts.hsdp_nodes)
+    d, s = axes.dp.get_rank(), parts.per_node
+    if not isinstance(shards, (list, tuple)) or len(shards) != len(params) or \
+            not all(isinstance(g, torch.Tensor) for g in shards):
+        got = f"{len(shards)} values" if isinstance(shards, (list, tuple)) else type(shards).__name__
+        raise ShardsWrong(f"your hsdp_gradients (notebook 10) returned {got} on DP rank {d}, where the trainer needs "
+                          f"a list of {len(params)} tensors, this rank's shard of each gradient.")
+    for (name, p), g in zip(named, shards):
+        want = hsdp_shards(p.grad, s)[d % s]
+        if g.shape != want.shape:
+            ways = next((k for k in (parts.dp, parts.hsdp_nodes, *range(1, p.shape[0] + 1))
+                         if k != s and g.shape == hsdp_shards(p.grad, k)[d % k].shape), None)
+            cut = ("" if ways is None else f" (dp = {ways} ways: over the whole DP axis, every node's ranks)"
+                   if ways == parts.dp else f" (n = {ways} ways: over the replicate group, one rank a node)"
+                   if ways == parts.hsdp_nodes else f" ({ways} ways)")
+            raise ShardsWrong(f"your hsdp_gradients (notebook 10) returned a shard of shape {tuple(g.shape)} for "
+                              f"{name} {tuple(p.shape)} on DP rank {d}, where shard {d % s} of its rows cut s={s} ways "
+                              f"inside the node has shape {tuple(want.shape)}: its rows are cut another way{cut}. "
+                              f"Reduce-scatter over the shard group (the node's {s} DP ranks), then all-reduce the "
+                              f"shard over the replicate group.")
+    return list(shards)
+
+
+def hsdp_update(axes: Axes, params: list, grads: list, moments: list, step: int, parts: Parts) -> None:
+    """Adam on this rank's shard of each parameter (its master copy: `moments`' first entry), then the updated
+    shards gathered over the node's shard group, back into the whole parameters."""
+    s = parts.per_node
+    for p, g, (w, m, v) in zip(params, grads, moments):
+        with torch.no_grad():
+            adam_update(w, g, m, v, step, parts.lr)
+        rows, rest = -(-p.shape[0] // s), p[0].numel()                 # FSDP2's padded shard: c = ⌈rows / s⌉
+        mine = F.pad(w.reshape(len(w), rest), (0, 0, 0, rows - len(w)))   # (c, rest)
+        whole = torch.empty(s * rows, rest, dtype=p.dtype, device=p.device)
+        axes.shard.all_gather_single(whole, mine)
+        with torch.no_grad():
+            p.copy_(whole[:p.shape[0]].view_as(p))
+
+
+def hsdp_moments(params: list, axes: Axes, parts: Parts) -> list:
+    """(this rank's shard of each weight, Adam's m and v for it), the shard index its place in the node."""
+    from puzzles.trainer import hsdp_shards
+
+    i = axes.shard.get_rank()
+    return [(w, torch.zeros_like(w), torch.zeros_like(w))
+            for w in (hsdp_shards(p.detach(), parts.per_node)[i].clone() for p in params)]
+
+
 class WholeStep(nn.Module):
     """The one layer notebook 03's zeroK_train trains: its forward runs one pipelined step of the stage on a working
     copy of the weights (x is the step's number) and returns √(1 + Σ (w - w₀)·g), g the gradient that step left on
@@ -240,7 +371,8 @@ class WholeStep(nn.Module):
     def __init__(self, pieces: dict, axes: Axes, stage: PipelineStage, data: list, parts: Parts) -> None:
         super().__init__()
         self.stage, self.pieces, self.axes, self.data, self.parts = stage, pieces, axes, data, parts
-        self.work = [PipelineStage(copy.deepcopy(stage.shard), pieces, stage.tp, stage.heads)]  # a list: not a module
+        self.work = [PipelineStage(copy.deepcopy(stage.shard), pieces, stage.tp, stage.heads,  # a list: not a module
+                                   axes.marks)]
         self.losses: dict[int, Any] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -252,7 +384,8 @@ class WholeStep(nn.Module):
                 c.grad = None
         with torch.enable_grad():                       # ZeRO-3 runs its forward under no_grad
             tokens, targets = self.data[step]
-            self.losses[step] = pipelined_step(self.pieces, self.axes, work, tokens, targets, self.parts)
+            self.losses[step] = pipelined_step(self.pieces, self.axes, work, tokens, targets, self.parts,
+                                               again=step in self.losses)
         moved = sum(((w - w.detach()) * c.grad).sum() for w, c in zip(weights, copies))
         return (1 + moved).sqrt().reshape(x.shape)
 
@@ -264,6 +397,7 @@ def optimizer_steps(pieces: dict, axes: Axes, stage: PipelineStage, data: list, 
     whole = WholeStep(pieces, axes, stage, data, parts)
     steps = [(torch.full((1,), float(i), dtype=torch.float64, device=where),
               torch.zeros(1, dtype=torch.float64, device=where)) for i in range(len(data))]
+    mark(axes.marks, "start")
     trained = pieces[ZERO_PIECES[parts.zero]](axes.dp, nn.Sequential(whole), steps, parts.lr)
     return [whole.losses[i] for i in range(len(data))], list(trained.values())
 
@@ -275,16 +409,30 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
     d, where = axes.coords[0], lib.device()
     shard = shard.to(where)
     mine = [(tokens.chunk(parts.dp)[d].to(where), targets.chunk(parts.dp)[d].to(where)) for tokens, targets in data]
-    stage = PipelineStage(shard, pieces, axes.tp, config().heads)
+    stage = PipelineStage(shard, pieces, axes.tp, config().heads, axes.marks)
     params, flags = list(shard.parameters()), replicated(shard)
     losses: list = []
-    first: dict = {}                     # step 1's averaged gradient, what the optimizer is handed (ZeRO-0 only)
+    first: dict = {}          # step 1's averaged gradient (HSDP: its shard), what the optimizer is handed (not ZeRO-k)
     if parts.zero:
         losses, trained = optimizer_steps(pieces, axes, stage, mine, parts)
         with torch.no_grad():
             for p, w in zip(params, trained):
                 p.data = w.detach().reshape(p.shape).clone()
+    elif parts.hsdp:
+        mark(axes.marks, "start")
+        sharded = hsdp_moments(params, axes, parts)
+        for step, (tokens, targets) in enumerate(mine, start=1):
+            losses.append(pipelined_step(pieces, axes, stage, tokens, targets, parts))
+            grads = hsdp_average(pieces, axes, list(shard.named_parameters()), parts)
+            if step == 1:           # this rank's shard of step 1's averaged gradient, by parameter name
+                first = {n: g.detach().clone() for (n, _), g in zip(shard.named_parameters(), grads)}
+            if parts.clips:         # the node's shards make one whole model copy: its norm, each parameter once
+                grads = list(pieces["clip_grad_norm"](axes.node, grads, flags, parts.max_norm, parts.tp))
+            for p in params:
+                p.grad = None
+            hsdp_update(axes, params, grads, sharded, step, parts)
     else:
+        mark(axes.marks, "start")
         moments = ([(torch.zeros_like(p), torch.zeros_like(p)) for p in params] if resume is None else
                    [(m.to(where), v.to(where)) for m, v in resume["moments"]])
         for step, (tokens, targets) in enumerate(mine, start=1 if resume is None else resume["step"] + 1):
@@ -298,17 +446,19 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
                 for p, g, (m, v) in zip(params, grads, moments):
                     adam_update(p, g, m, v, step, parts.lr)
                     p.grad = None
-    return {"losses": None if losses[0] is None else losses, "first_grads": first or None,
+    mark(axes.marks, "end")
+    return {"losses": None if losses[0] is None else losses, "first_grads": first or None, "marks": axes.marks,
             "params": {n: p.detach() for n, p in shard.named_parameters()},
-            "moments": None if parts.zero else moments}
+            "moments": None if parts.zero or parts.hsdp else moments}
 
 
 def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:
     """For lib.viz.mesh.mesh_figure: the learner's functions each rank runs, in three short lines."""
     def label(rank: int, coords: tuple) -> str:
-        _, p, _ = coords
+        d, p, _ = coordinates(rank, parts)
         ends = "+ embed" if p == 0 else "+ head" if p == parts.pp - 1 else ""
-        dp = ZERO_PIECES[parts.zero] if parts.zero else "ring" + (", clip" if parts.clips else "")
+        dp = (ZERO_PIECES[parts.zero] if parts.zero else f"hsdp {d % parts.per_node}" if parts.hsdp else
+              "ring") + (", clip" if parts.clips else "")
         return f"stage {p} {ends}\nattention, mlp\n1F1B, {dp}"
     return label
 

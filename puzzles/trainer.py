@@ -34,6 +34,17 @@ PIECES = {"ring_all_reduce": "02_data_parallel", "zero1_train": "03_zero", "zero
           "plan_memory": "06_3d_parallelism", "reshard_checkpoint": "09_beyond_one_cluster"}
 BUILDS_ON = sorted(set(PIECES.values()))        # the notebooks whose saved copies this one reads
 SEAMS = ("clip_grad_norm", "mean_loss")          # this notebook's own puzzles, which the trainer also runs
+HSDP_SEAM = "hsdp_gradients"                     # and the one it runs as its DP axis when the parts choose HSDP
+
+
+def seams_of(hsdp: bool) -> tuple[str, ...]:
+    """This notebook's puzzles a trainer runs: with HSDP as its DP axis, hsdp_gradients too."""
+    return (*SEAMS, HSDP_SEAM) if hsdp else SEAMS
+
+
+def seam_number(name: str) -> int:
+    """A seam's puzzle number in this notebook."""
+    return [p.name for p in PUZZLES].index(name) + 1
 
 
 def _gen(rng: random.Random) -> torch.Generator:

@@ -22,11 +22,12 @@ from lib.errors import PuzzleError, is_the_stub
 from lib.notebook.pieces import Gap, Pieces, learner_pieces
 from lib.sim import per_rank, run
 from lib.sim.cost import bus_factor
-from lib.sim.traffic import OUTSIDE, MeshAxes, traffic_by_axis
+from lib.sim.traffic import OUTSIDE, traffic_by_axis
 from lib.units import fmt_bytes
 from puzzles import composed as C
 from puzzles.course_text import batches, byte_tokens, course_text
-from puzzles.trainer import PIECES, SEAMS
+from puzzles.trainer import PIECES, seam_number, seams_of
+from puzzles.trainer_memory import memory_problem
 from puzzles.trainer_schedule import schedule_problem
 
 LATER = ("reshard_checkpoint",)   # pieces only a later cell runs (the checkpoint resumed on another mesh)
@@ -35,9 +36,10 @@ PARAMS_RTOL, PARAMS_ATOL = 1e-7, 1e-9   # the parameters after Adam, whose 1/√
 
 
 def needed(parts: C.Parts) -> dict[str, str]:
-    """The earlier notebooks' pieces this choice of parts runs."""
-    return {k: v for k, v in PIECES.items() if k not in (*C.ZERO_PIECES.values(), *LATER)
-            or k == C.ZERO_PIECES.get(parts.zero)}
+    """The earlier notebooks' pieces this choice of parts runs (HSDP averages the gradients instead of the ring)."""
+    return {k: v for k, v in PIECES.items() if (k not in (*C.ZERO_PIECES.values(), *LATER)
+                                                or k == C.ZERO_PIECES.get(parts.zero))
+            and not (parts.hsdp and k == "ring_all_reduce")}
 
 
 def _runs_per_step(parts: C.Parts) -> int:
@@ -71,7 +73,7 @@ def _gaps(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts) -> list[st
     gaps = [str(g) for g in pieces.gaps if g.name in wanted]
     gaps += [str(Gap(name, notebook, numbers()[name], "not loaded (run the cell with T.load() above)"))
              for name, notebook in wanted.items() if name not in pieces.functions and name not in named]
-    gaps += [f"{name}: still the stub: solve puzzle {SEAMS.index(name) + 1} above first" for name in SEAMS
+    gaps += [f"{name}: still the stub: solve puzzle {seam_number(name)} above first" for name in seams_of(parts.hsdp)
              if name not in seams or is_the_stub(seams[name])]
     return gaps
 
@@ -82,14 +84,14 @@ def _own_check(name: str, fn: Callable) -> Optional[str]:
     if outcome.ok:
         return None
     notebook = PIECES.get(name, "10_your_trainer")
-    number = numbers().get(name) or SEAMS.index(name) + 1
+    number = numbers().get(name) or seam_number(name)
     lines = outcome.message.splitlines()
     return (f"✗ {name} (notebook {notebook[:2]}, puzzle {number}) fails its own check, so the trainer would too:\n  "
             + "\n  ".join(lines[:4]) + f"\nRun P.{name}.check({name}) in notebook {notebook[:2]} to see it whole.")
 
 
 def all_functions(pieces: Pieces, seams: dict[str, Callable]) -> dict[str, Callable]:
-    return {**pieces.functions, **{k: seams[k] for k in SEAMS}}
+    return {**pieces.functions, **seams}
 
 
 def one_device(parts: C.Parts) -> tuple:
@@ -112,11 +114,6 @@ def _batches(parts: C.Parts, text: str) -> list:
     return batches(byte_tokens(text), parts.steps, parts.rows, C.config().seq, parts.seed)
 
 
-def _where(rank: int, parts: C.Parts) -> str:
-    d, p, t = C.coordinates(rank, parts)
-    return f"rank {rank} (dp {d}, stage {p}, tp {t})"
-
-
 def _learners_frames(message: str, fns: dict[str, Callable]) -> str:
     """A rank's error with the course library's frames (lib/, puzzles/) taken out of its traceback, and the piece
     it came from named: the one whose code the outermost remaining frame runs."""
@@ -132,6 +129,10 @@ def _learners_frames(message: str, fns: dict[str, Callable]) -> str:
             skipping = False
         if not skipping:
             kept.append(line)
+    if outermost is None and "Traceback (most recent call last):" in kept:     # the course's own error, said whole
+        kept = kept[:kept.index("Traceback (most recent call last):")]
+        while kept and not kept[-1].strip():
+            kept.pop()
     if outermost in by_code:
         piece = by_code[outermost]
         kept.append(f"The error is in your {piece}, from notebook {PIECES.get(piece, '10_your_trainer')[:2]}.")
@@ -148,12 +149,13 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
                 continue
             if not math.isclose(got[step], want, rel_tol=RTOL, abs_tol=ATOL):
                 update = (f"your {C.ZERO_PIECES[parts.zero]} (03), which runs the update here" if parts.zero else
-                          "your DP average (02) or your clipping")
+                          "your hsdp_gradients (10), which averages the gradients over the DP axis here, or your "
+                          "clipping" if parts.hsdp else "your DP average (02) or your clipping")
                 seam = ("the forward pass: your TP layers (04), your 1F1B (05) or your mesh coordinates (06)"
                         if step == 0 else
                         f"the update, as step 1's loss is right: {update}, or the gradients your TP layers and 1F1B "
                         "leave")
-                return (f"step {step + 1}'s loss on {_where(rank, parts)}: one device's is {want:.10g}, yours "
+                return (f"step {step + 1}'s loss on {C.where(rank, parts)}: one device's is {want:.10g}, yours "
                         f"{got[step]:.10g}.\nThat points at {seam}.")
     for rank, out in enumerate(results):
         wrong = out["first_grads"] is not None and _scaled_gradient(grads[rank], out["first_grads"], rank, parts)
@@ -163,9 +165,21 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
         differs = first_difference(expected[rank], out["params"], rtol=PARAMS_RTOL, atol=PARAMS_ATOL,
                                    where="parameter")
         if differs:
-            return (f"after {parts.steps} steps, {_where(rank, parts)}: {differs}\nThe losses agree, so the "
+            return (f"after {parts.steps} steps, {C.where(rank, parts)}: {differs}\nThe losses agree, so the "
                     "forward passes were right; the last update was not.")
     return None
+
+
+def _expected_gradients(model, grads: dict, parts: C.Parts) -> list[dict]:
+    """Each rank's part of one device's step-1 gradient: its stage's TP shards, and with HSDP its node shard of
+    those (shard i = its place in the node)."""
+    from puzzles.trainer import hsdp_shards
+
+    each = C.expected_shards(model, parts, grads)
+    if not parts.hsdp:
+        return each
+    return [{n: hsdp_shards(g, parts.per_node)[C.coordinates(r, parts)[0] % parts.per_node] for n, g in mine.items()}
+            for r, mine in enumerate(each)]
 
 
 def _norm(tensors: dict) -> float:
@@ -178,10 +192,13 @@ def _scaled_gradient(expected: dict, got: dict, rank: int, parts: C.Parts) -> Op
     differs = first_difference(expected, got, rtol=1e-7, atol=1e-12, where="gradient")
     if differs is None:
         return None
-    return (f"step 1's gradient, averaged over DP, on {_where(rank, parts)}: {differs}\nYours is "
-            f"{_norm(got) / _norm(expected):.4g} × one device's in norm. Adam divides the scale of a gradient away, "
-            "so the losses barely show it: look at what your 1F1B (05) divides the loss by and what your DP "
-            "average (02) divides the sum by.")
+    average = ("what your hsdp_gradients (10) averages over: every rank of every node, reduce-scattered inside the "
+               "node, then the shard all-reduced across nodes" if parts.hsdp else
+               "what your DP average (02) divides the sum by")
+    return (f"step 1's gradient, averaged over DP{' (your shard of it)' if parts.hsdp else ''}, on "
+            f"{C.where(rank, parts)}: {differs}\nYours is {_norm(got) / _norm(expected):.4g} × one device's in norm. "
+            "Adam divides the scale of a gradient away, so the losses barely show it: look at what your 1F1B (05) "
+            f"divides the loss by and {average}.")
 
 
 def _dp_budget(parts: C.Parts, shard: torch.nn.Module, last: bool) -> tuple[float, str]:
@@ -205,6 +222,30 @@ def _dp_budget(parts: C.Parts, shard: torch.nn.Module, last: bool) -> tuple[floa
             + (", and one all-gather of the weights returned" if once else ""))
 
 
+def _hsdp_budgets(parts: C.Parts, shard: torch.nn.Module) -> dict[str, tuple[float, str]]:
+    """HSDP's two halves of the DP axis, per step: inside the node your hsdp_gradients' reduce-scatter of the
+    padded gradients and the trainer's all-gather of the updated weights ((s-1)/s of them each); across nodes the
+    all-reduce of the shard alone (2(n-1)/n of 1/s of them)."""
+    s, n = parts.per_node, parts.hsdp_nodes
+    piece = sum(-(-p.shape[0] // s) * p[0].numel() for p in shard.parameters()) * 8      # a padded shard, float64
+    return {"shard": (parts.steps * 2 * bus_factor("all_gather", s) * s * piece,
+                      f"{parts.steps} steps × (a reduce-scatter of the padded gradients and an all-gather of the "
+                      f"updated weights inside the node, s={s} shards of {fmt_bytes(piece)}), (s-1)/s of each"),
+            "replicate": (parts.steps * bus_factor("all_reduce", n) * piece,
+                          f"{parts.steps} steps × an all-reduce across n={n} nodes of this rank's shard "
+                          f"({fmt_bytes(piece)}, 1/s of the padded gradients), 2(n-1)/n of it")}
+
+
+def _outside_budget(parts: C.Parts, last: bool) -> tuple[float, str]:
+    """With HSDP, what may travel over groups that are no axis: mean_loss's two numbers over the whole DP axis (the
+    last stage) and the clipping's sum of squares over the node's ranks, once a step each."""
+    node = parts.per_node * parts.pp * parts.tp
+    per_step = (bus_factor("all_reduce", parts.dp) * 16 if last else 0) + \
+        (bus_factor("all_reduce", node) * 8 if parts.clips else 0)
+    return (parts.steps * per_step, f"{parts.steps} steps × (mean_loss's all-reduce of two numbers over the DP axis"
+            f"{'' if last else ', not on this stage'} and the clipping's one number over the node's {node} ranks)")
+
+
 def _activation_bytes(parts: C.Parts) -> int:
     """One micro-batch's activations, (b, s, h) in float64."""
     cfg = C.config()
@@ -214,7 +255,8 @@ def _activation_bytes(parts: C.Parts) -> int:
 def _clipping_bytes(parts: C.Parts, axis_is_the_replica: bool) -> float:
     """The clipping's one all-reduce of a float64 per step, on the axis whose groups are the model replicas (where
     the other model-parallel axis has size 1; else it travels outside the mesh's axes)."""
-    return parts.steps * bus_factor("all_reduce", parts.pp * parts.tp) * 8 if parts.clips and axis_is_the_replica else 0
+    replica = parts.clips and axis_is_the_replica and not parts.hsdp     # HSDP's clipping spans a node: outside
+    return parts.steps * bus_factor("all_reduce", parts.pp * parts.tp) * 8 if replica else 0
 
 
 def _tp_budget(parts: C.Parts, shard: torch.nn.Module) -> tuple[float, str]:
@@ -238,22 +280,30 @@ def _pp_budget(parts: C.Parts, stage: int) -> tuple[float, str]:
 
 def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], str]:
     """(a broken budget, or None; the bytes each axis carried, rank 0's)."""
-    axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
+    axes = C.mesh_of(parts)
     traffic = traffic_by_axis(result.trace, axes)
-    pieces = {"dp": C.ZERO_PIECES.get(parts.zero, "ring_all_reduce"),
-              "tp": "column_parallel_linear and row_parallel_linear (f and g)", "pp": "one_f_one_b"}
+    pieces = {"dp": C.ZERO_PIECES.get(parts.zero, "ring_all_reduce"), "shard": "hsdp_gradients", OUTSIDE:
+              "hsdp_gradients (whose collectives belong on the shard group or the replicate group)",
+              "replicate": "hsdp_gradients", "tp": "column_parallel_linear and row_parallel_linear (f and g)",
+              "pp": "one_f_one_b"}
     for rank, by_axis in enumerate(traffic):
         stage = C.coordinates(rank, parts)[1]
-        budgets = {"dp": _dp_budget(parts, shards[rank], stage == parts.pp - 1),
-                   "tp": _tp_budget(parts, shards[rank]), "pp": _pp_budget(parts, stage)}
+        dp = (_hsdp_budgets(parts, shards[rank]) if parts.hsdp else
+              {"dp": _dp_budget(parts, shards[rank], stage == parts.pp - 1)})
+        budgets = {**dp, "tp": _tp_budget(parts, shards[rank]), "pp": _pp_budget(parts, stage),
+                   **({OUTSIDE: _outside_budget(parts, stage == parts.pp - 1)} if parts.hsdp else {})}
         for axis, (limit, why) in budgets.items():
             if by_axis[axis].sent > limit * (1 + 1e-9):
-                return (f"{_where(rank, parts)} sent {fmt_bytes(by_axis[axis].sent)} on the {axis.upper()} axis, over "
-                        f"its budget of {fmt_bytes(limit)}: {why}. Your {pieces[axis]} send(s) more than the lesson's "
-                        "share.", "")
+                said = (f"the {'inside-node' if axis == 'shard' else 'across-node'} half of the DP axis "
+                        f"({axis.upper()})" if parts.hsdp and axis in ("shard", "replicate") else
+                        "groups that are no axis of the mesh (the whole DP axis, a node)" if axis == OUTSIDE else
+                        f"the {axis.upper()} axis")
+                return (f"{C.where(rank, parts)} sent {fmt_bytes(by_axis[axis].sent)} on {said}, over its budget of "
+                        f"{fmt_bytes(limit)}: {why}. Your {pieces[axis]} send(s) more than the lesson's share.", "")
     rank0 = traffic[0]
-    line = ", ".join(f"{axis.upper()} {fmt_bytes(rank0[axis].sent)}" for axis in C.AXES)
-    line += f", the replica's clipping sum {fmt_bytes(rank0[OUTSIDE].sent)}"
+    line = ", ".join(f"{axis.upper()} {fmt_bytes(rank0[axis].sent)}" for axis in axes.names)
+    line += (f", outside the axes (the loss over DP, the node's clipping sum) {fmt_bytes(rank0[OUTSIDE].sent)}"
+             if parts.hsdp else f", the replica's clipping sum {fmt_bytes(rank0[OUTSIDE].sent)}")
     return None, f"  sent by rank 0 over the run, each axis within its budget: {line}"
 
 
@@ -299,7 +349,7 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
                    show: bool) -> Optional[str]:
     fns = all_functions(pieces, seams)
     if own_checks:
-        for name in [*needed(parts), *SEAMS]:
+        for name in [*needed(parts), *seams_of(parts.hsdp)]:
             failed = _own_check(name, fns[name])
             if failed:
                 return failed
@@ -310,8 +360,8 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
         result = run(C.train, parts.world, fns, per_rank(shards), steps, parts)
     except PuzzleError as e:
         return f"✗ The composed trainer stopped on {parts.world} simulated ranks:\n{_learners_frames(str(e), fns)}"
-    wrong = _compare(result.results, losses, C.expected_shards(model, parts),
-                     C.expected_shards(model, parts, grads), parts)
+    wrong = _compare(result.results, losses, C.expected_shards(model, parts), _expected_gradients(model, grads, parts),
+                     parts)
     if wrong:
         return f"✗ Your trainer leaves one device's run: {wrong}"
     broken, axes = _axis_report(result, shards, parts)
@@ -320,10 +370,15 @@ def _first_problem(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, o
     broken, pipeline = schedule_problem([s.p2p_log for s in result.stats], parts, fns.get("plan_memory"))
     if broken:
         return f"✗ {broken}"
+    broken, memory = memory_problem(result, parts, shards, fns.get("plan_memory"))
+    if broken:
+        return f"✗ {broken}"
+    dp_axis = (f"HSDP as its DP axis ({parts.hsdp_nodes} nodes × {parts.per_node})" if parts.hsdp else
+               f"ZeRO-{parts.zero}")
     print(f"✓ Your trainer equals one device for {parts.steps} steps on a (dp, pp, tp) = ({parts.dp}, {parts.pp}, "
-          f"{parts.tp}) mesh, ZeRO-{parts.zero}: loss {losses[0]:.4f} → {losses[-1]:.4f}, each step's "
+          f"{parts.tp}) mesh, {dp_axis}: loss {losses[0]:.4f} → {losses[-1]:.4f}, each step's "
           f"loss within {RTOL:g} and every rank's parameters within {PARAMS_RTOL:g} (relative).\n{axes}"
-          + (f"\n{pipeline}" if pipeline else ""))
+          + (f"\n{pipeline}" if pipeline else "") + (f"\n{memory}" if memory else ""))
     if show:
         _show(result, parts)
     return None
@@ -335,6 +390,5 @@ def _show(result, parts: C.Parts) -> None:
     from lib.sim.traffic import axis_labeller
     from lib.viz.timeline import draw_timeline
 
-    axes = MeshAxes((parts.dp, parts.pp, parts.tp), C.AXES)
     display(draw_timeline(result.trace, parts.world, title="your trainer, one rank per row (simulated time)",
-                          kind_of=axis_labeller(axes)))
+                          kind_of=axis_labeller(C.mesh_of(parts))))

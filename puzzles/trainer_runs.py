@@ -10,7 +10,7 @@ from lib.notebook.pieces import Pieces, learner_pieces
 from lib.sim import per_rank, run
 from puzzles import composed as C
 from puzzles.course_text import as_text, byte_tokens
-from puzzles.trainer import PIECES, SEAMS
+from puzzles.trainer import PIECES, SEAMS, seam_number
 from puzzles.trainer_check import all_functions, data, not_ready, numbers, one_device
 
 
@@ -32,6 +32,10 @@ def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *,
     from lib.real.launch import launch
 
     if not_ready(pieces, seams, parts, strict=False):
+        return None
+    if parts.hsdp:
+        print("○ HSDP as the DP axis runs on simulated ranks here; on real ones the mesh of your hsdp_gradients would "
+              "span the whole world (device_mesh over the default group), not the DP axis: not yet.")
         return None
     steps, fns = data(parts), all_functions(pieces, seams)
     run_ = {"yours": [], "one_device": one_device(parts)[0], "params": None}
@@ -90,7 +94,7 @@ def train_from_workspace(dist, folder: str = ".", steps: int = 30) -> Optional[l
     """For torchrun: the learner's pieces from their saved notebooks in `folder` (notebook 10's seams included),
     trained on a (2, 2, 2) mesh for `steps` steps; the last stage returns its losses."""
     pieces = learner_pieces({**PIECES, **{name: "10_your_trainer" for name in SEAMS}}, folder=Path(folder),
-                            numbers={**numbers(), **{name: i + 1 for i, name in enumerate(SEAMS)}})
+                            numbers={**numbers(), **{name: seam_number(name) for name in SEAMS}})
     parts = C.Parts(steps=steps, lr=1e-2, max_norm=1.0)
     if pieces.gaps:
         raise SystemExit("\n".join(str(g) for g in pieces.gaps))

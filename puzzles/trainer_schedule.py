@@ -14,8 +14,8 @@ from typing import Callable, Optional
 
 from lib.analytic.formulas import bubble_fraction
 from lib.analytic.schedules import Step, bubble_of, peak_in_flight, play, schedule_orders
-from lib.planner import Model, Plan
 from puzzles import composed as C
+from puzzles.trainer_memory import planned_in_flight
 
 
 def _marks(stage: int, rank: int, parts: C.Parts) -> dict[tuple[str, int], str]:
@@ -51,21 +51,6 @@ def orders(p2p_logs: list[tuple], parts: C.Parts) -> dict[int, list[list[list[St
 
 def _written(order: list[Step]) -> str:
     return " ".join(f"{s.kind}{s.mb}" for s in order)
-
-
-def planned_in_flight(plan_memory: Callable, parts: C.Parts) -> float:
-    """The micro-batches of activations the learner's plan_memory holds on the first stage for this plan: its
-    answer is states + k·A, with A one micro-batch's activations (found as the change from m = 1 to m = 2, where
-    min(p, m) = m as p >= 2) and the states what is left at m = 1."""
-    cfg = C.config()
-    model = Model(layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq, vocab=cfg.vocab, tied=False)
-
-    def plan(m: int) -> Plan:
-        return Plan(tp=parts.tp, pp=parts.pp, dp=parts.dp, global_batch=parts.dp * parts.micro_batch * m,
-                    micro_batch=parts.micro_batch, zero=parts.zero)
-    one, two = plan_memory(model, plan(1)), plan_memory(model, plan(2))
-    activations = two - one
-    return (plan_memory(model, plan(parts.micro_batches)) - (one - activations)) / activations
 
 
 def _warm_up(order: list[Step]) -> int:

@@ -15,6 +15,7 @@ import solutions.tensor_parallel
 import solutions.three_d
 import solutions.trainer
 import solutions.zero
+import tests.cheats.trainer
 import tests.wrong.beyond
 import tests.wrong.data_parallel
 import tests.wrong.pipeline
@@ -186,6 +187,65 @@ def test_the_micro_batches_plan_memory_keeps_in_flight_are_read_from_its_answer(
     assert planned_in_flight(tests.wrong.three_d.memory_of_every_micro_batch, parts) == pytest.approx(m)
 
 
+def _zero2_keeping_full_gradients(dist, model, batches, lr):
+    """ZeRO-2 that also keeps each parameter's full gradient (referenced by parameter until the next step's replaces
+    it): right values, the gradients whole between steps where ZeRO-2 keeps a shard."""
+    kept = {}
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: kept.__setitem__(id(p), p.grad))
+    return solutions.zero.zero2_train(dist, model, batches, lr)
+
+
+def _zero3_keeping_adam_whole(dist, model, batches, lr):
+    """ZeRO-3 that also keeps Adam's three states for every parameter whole (zeros, never used): the states a rank
+    would hold without sharding them."""
+    whole = [torch.zeros(3, p.numel(), dtype=p.dtype, device=p.device) for p in model.parameters()]
+    trained = solutions.zero.zero3_train(dist, model, batches, lr)
+    return trained if whole else None
+
+
+@pytest.mark.parametrize("name,fn,parts,words", [
+    ("zero2_train", _zero2_keeping_full_gradients, C.Parts(zero=2),
+     ["rank 0 (dp 0, stage 0, tp 0) kept", "1 × the stage's float64 gradients", "the stage's gradients whole",
+      "your zero2_train (notebook 03) keeps full-size gradients alive", "p.grad = None"]),
+    ("zero2_train", _zero2_keeping_full_gradients, C.Parts(dp=2, pp=1, tp=4, zero=2),
+     ["the stage's gradients whole", "your zero2_train (notebook 03)"]),
+    ("zero3_train", _zero3_keeping_adam_whole, C.Parts(zero=3),
+     ["Adam states (master weights, momentum, variance) whole", "your zero3_train (notebook 03)"]),
+    ("one_f_one_b", tests.wrong.pipeline.one_f_one_b_stashes_everything, C.Parts(micro_batches=4),
+     ["held", "micro-batches' worth", "your plan_memory (notebook 06) keeps 2 in flight",
+      "Your one_f_one_b (notebook 05) runs 1F1B's order"]),
+    ("one_f_one_b", tests.wrong.pipeline.one_f_one_b_stashes_everything, C.Parts(zero=2, micro_batches=4),
+     ["Your one_f_one_b (notebook 05)"]),
+], ids=["zero2-full-gradients", "zero2-full-gradients-pp1", "zero3-adam-whole", "1f1b-stash", "1f1b-stash-zero2"])
+def test_memory_over_the_learners_plan_is_named_as_its_piece(name, fn, parts, words, capsys):
+    """Right values and right traffic, more memory than the learner's plan_memory counts: the ZeRO stage's states
+    between steps, or the schedule's activations at a forward's return, each named as the piece that holds them."""
+    pieces = Pieces(functions={**SOLVED, name: fn})
+    assert T.check_trainer(pieces, SEAMS, parts, own_checks=False, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ ") and all(w in out for w in words), out
+
+
+def test_memory_is_compared_with_the_learners_own_plan(capsys):
+    """The budget is the learner's plan_memory's: its model states (its answer less the activations, which grow
+    with b), each state at float64's size for the rank's parameters; and its micro-batches in flight: a plan that
+    counts every micro-batch lets a stash kept to the end through the memory check."""
+    from lib.planner import memory_breakdown
+    from puzzles.trainer_memory import kept_budget, plan_for, plan_model, planned_states
+
+    parts = C.Parts(zero=2)
+    course = memory_breakdown(plan_model(), plan_for(parts))
+    assert planned_states(solutions.three_d.plan_memory, parts) == pytest.approx(
+        sum(v for k, v in course.items() if k != "activations"))
+    _, by_state = kept_budget(solutions.three_d.plan_memory, parts, 1000)
+    assert by_state == pytest.approx({"gradients": 8 * 1000 / 2, "optimizer": 24 * 1000 / 2})   # weights: ZeRO-3's
+    pieces = Pieces(functions={**SOLVED, "one_f_one_b": tests.wrong.pipeline.one_f_one_b_stashes_everything,
+                               "plan_memory": tests.wrong.three_d.memory_of_every_micro_batch})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(micro_batches=4), own_checks=False, strict=False, show=False)
+    assert "of the 4 your plan_memory keeps in flight" in capsys.readouterr().out
+
+
 def _zero2_new_moments_every_step(dist, model, batches, lr):
     """ZeRO-2 run one batch at a time, so Adam's moments and step count start again at every step."""
     for batch in batches:
@@ -278,3 +338,67 @@ def test_the_checkpoint_says_to_finish_notebook_09_first(capsys):
     assert check_checkpoint(without, SEAMS, SAVED, resume_dp=3, after=2, strict=False) is False
     assert "○ The checkpoint needs this first:\n  reshard_checkpoint: not loaded" in capsys.readouterr().out
     assert T._gaps(without, SEAMS, C.Parts()) == []        # the trainer's own check does not need it
+
+
+# ---- HSDP as the DP axis ------------------------------------------------------------------------------------------
+HSDP = C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2)          # 2 nodes × 2 DP ranks, TP 2: the notebook's 8 ranks
+HSDP_SEAMS = {**SEAMS, "hsdp_gradients": solutions.trainer.hsdp_gradients}
+
+
+@pytest.mark.parametrize("parts,own", [(HSDP, True), (C.Parts(dp=4, hsdp_nodes=2, pp=2, tp=1), False),
+                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2, max_norm=None), False)],
+                         ids=["2x2-tp2", "2x2-pp2", "unclipped"])
+def test_hsdp_as_the_dp_axis_trains_as_one_device(parts, own, capsys):
+    """The learner's hsdp_gradients averages the gradients (its shard), Adam updates the shard, the node gathers the
+    weights back: one device's losses and parameters, each half of the DP axis within its bytes."""
+    assert T.check_trainer(Pieces(functions=dict(SOLVED)), HSDP_SEAMS, parts, own_checks=own, strict=False,
+                           show=False), capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "HSDP as its DP axis (2 nodes × 2)" in out and "REPLICATE" in out and "SHARD" in out, out
+
+
+def _hsdp_reduce_scattering_over_the_world(dist, grads, nodes):
+    """One reduce-scatter over every DP rank (the whole DP axis, not the node), no all-reduce: each gradient's rows
+    cut dp ways."""
+    world, i = dist.get_world_size(), dist.get_rank()
+    out = []
+    for g in grads:
+        c = -(-g.shape[0] // world)
+        flat = torch.nn.functional.pad(g, (*(0, 0) * (g.dim() - 1), 0, c * world - g.shape[0])).contiguous()
+        piece = torch.empty_like(flat[:c])
+        dist.reduce_scatter_single(piece, flat, op=dist.ReduceOp.AVG)
+        out.append(piece[:max(0, min(c, g.shape[0] - i * c))])
+    return out
+
+
+HSDP_WRONG = [(w[1], w[2]) for w in tests.wrong.trainer.WRONG if w[0] == "hsdp_gradients"] + [
+    (tests.cheats.trainer.hsdp_all_reducing_inside_the_node, "inside-node half of the DP axis (SHARD)"),
+    (_hsdp_reduce_scattering_over_the_world, "dp = 4 ways: over the whole DP axis")]
+
+
+@pytest.mark.parametrize("fn,words", HSDP_WRONG, ids=[w[0].__name__ for w in HSDP_WRONG])
+def test_a_wrong_hsdp_gradients_composed_is_named_as_the_hsdp_piece(fn, words, capsys):
+    """Without its own check: the composed run alone (values, step 1's gradient shard, bytes on each half of the DP
+    axis, the shards' shapes) names hsdp_gradients."""
+    seams = {**HSDP_SEAMS, "hsdp_gradients": fn}
+    assert T.check_trainer(Pieces(functions=dict(SOLVED)), seams, HSDP, own_checks=False, strict=False,
+                           show=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ ") and "hsdp_gradients" in out and "Traceback" not in out, out
+    if fn in (tests.cheats.trainer.hsdp_all_reducing_inside_the_node, _hsdp_reduce_scattering_over_the_world):
+        assert words in out, out
+
+
+def test_a_wrong_hsdp_gradients_fails_its_own_check_first(capsys):
+    seams = {**HSDP_SEAMS, "hsdp_gradients": _hsdp_reduce_scattering_over_the_world}
+    assert T.check_trainer(Pieces(functions=dict(SOLVED)), seams, HSDP, strict=False, show=False) is False
+    assert "✗ hsdp_gradients (notebook 10, puzzle 3) fails its own check" in capsys.readouterr().out
+
+
+def test_hsdp_needs_hsdp_gradients_instead_of_the_ring_and_is_validated_when_chosen():
+    without_ring = Pieces(functions={k: f for k, f in SOLVED.items() if k != "ring_all_reduce"})
+    assert T._gaps(without_ring, HSDP_SEAMS, HSDP) == []
+    assert T._gaps(without_ring, SEAMS, HSDP) == ["hsdp_gradients: still the stub: solve puzzle 3 above first"]
+    for bad in ({"dp": 4, "hsdp_nodes": 3}, {"dp": 4, "hsdp_nodes": 1}, {"dp": 4, "hsdp_nodes": 2, "zero": 2}):
+        with pytest.raises(ValueError, match=r"Parts\(dp=4, hsdp_nodes="):
+            C.Parts(**bad)

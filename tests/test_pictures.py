@@ -162,11 +162,13 @@ def test_mean_loss_picture_draws_each_micro_batch_as_long_as_its_tokens():
     assert widths[:5] == pytest.approx([w * widths[0] / 32 for w in (32, 16, 8, 8, 8)])
 
 
-@pytest.mark.parametrize("nodes, per_node", [(2, 4), (3, 2)])
-def test_hsdp_picture_colours_each_rank_by_the_shard_it_keeps(nodes, per_node):
+@pytest.mark.parametrize("nodes, per_node, trainer", [(2, 4, False), (3, 2, False), (2, 2, True)])
+def test_hsdp_picture_colours_each_rank_by_the_shard_it_keeps(nodes, per_node, trainer):
     from lib.viz.seams import hsdp_picture
 
-    fig = hsdp_picture(nodes=nodes, per_node=per_node)
+    fig = hsdp_picture(nodes=nodes, per_node=per_node, trainer=trainer)
+    said = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert ("then the trainer: Adam" in said and "DP rank 0" in said) == trainer     # as the trainer's DP axis
     ranks = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
     assert len(ranks) == nodes * per_node
     colours = [matplotlib.colors.to_hex(p.get_facecolor()) for p in ranks]

@@ -89,6 +89,12 @@ def flops() -> float:
     return _here().tracker.flops
 
 
+def memory_mark() -> int:
+    """Where this rank's memory timeline is now: the index its next sample takes in RankStats.memory, for code that
+    measures a phase of a run between two marks. A number to read, not the meter."""
+    return len(_here().tracker.samples)
+
+
 def _here() -> _Rank:
     here = _ranks.get(_get_ident())
     if here is None:

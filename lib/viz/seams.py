@@ -1,5 +1,6 @@
-"""Pictures before notebook 10's two puzzles, the seams only a composed trainer has: which squares a rank of one model
-copy adds to the gradient's norm, and how micro-batches of unequal length weigh in the step's loss."""
+"""Pictures of notebook 10's seams, the ones only a composed trainer has: which squares a rank of one model copy adds
+to the gradient's norm, how micro-batches of unequal length weigh in the step's loss, and HSDP's two steps (alone, and
+as the trainer's DP axis with the update that follows them)."""
 
 from __future__ import annotations
 
@@ -85,9 +86,10 @@ def mean_loss_picture(tokens: tuple = ((32, 16), (16, 16))):
                    (-1.2, 7.3), (-0.6, 0.9 * len(tokens)))
 
 
-def hsdp_picture(nodes: int = 2, per_node: int = 4):
+def hsdp_picture(nodes: int = 2, per_node: int = 4, trainer: bool = False):
     """HSDP's two steps on a (replicate, shard) mesh: each node's ranks in a row, each rank coloured by the shard
-    it keeps; a reduce-scatter inside each node, then an all-reduce across nodes among the ranks of one colour."""
+    it keeps; a reduce-scatter inside each node, then an all-reduce across nodes among the ranks of one colour.
+    `trainer`: as the trainer's DP axis, with what runs where after them (Adam on the shard, the node's all-gather)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch, Rectangle
 
@@ -96,17 +98,22 @@ def hsdp_picture(nodes: int = 2, per_node: int = 4):
         y = 1.3 * (nodes - 1 - node)
         ax.add_patch(FancyBboxPatch((-0.15, y - 0.2), 1.5 * per_node - 0.1, 0.95, boxstyle="round,pad=0.03",
                                     facecolor="none", edgecolor="0.55", linestyle="--", linewidth=0.8))
-        ax.text(1.5 * per_node - 0.1, y + 0.28, f"node {node}\nreduce-scatter\n(shard group)", ha="left",
-                va="center", fontsize=7.5, color="0.25")
+        inside = ("your hsdp_gradients:\nreduce-scatter;\nthen the trainer: Adam\non the shard, all-gather\n"
+                  "(shard group)" if trainer else "reduce-scatter\n(shard group)")
+        ax.text(1.5 * per_node - 0.1, y + 0.28, f"node {node}\n{inside}", ha="left", va="center", fontsize=7.5,
+                color="0.25")
         for i in range(per_node):
             rank, x = node * per_node + i, 1.5 * i
             ax.add_patch(Rectangle((x, y), 1.1, 0.55, facecolor=RANK_COLOURS[i % len(RANK_COLOURS)],
                                    edgecolor="0.3", linewidth=0.8))
-            ax.text(x + 0.55, y + 0.28, f"rank {rank}\nshard {i}", ha="center", va="center", fontsize=7.5)
+            ax.text(x + 0.55, y + 0.28, f"{'DP rank' if trainer else 'rank'} {rank}\nshard {i}", ha="center",
+                    va="center", fontsize=7.5)
     for i in range(per_node):                  # the replicate groups: one per shard index, across the nodes
         x = 1.5 * i + 0.55
         ax.plot([x, x], [0.55, 1.3 * (nodes - 1)], color=COMM, linewidth=3, zorder=0)
     ax.text(-0.3, 0.65 * (nodes - 1) + 0.28, "all-reduce\nacross nodes\n(replicate group):\nshard bytes only",
             ha="right", va="center", fontsize=7.5, color="0.25")
-    return _finish(fig, ax, f"hsdp_gradients on a (replicate, shard) = ({nodes}, {per_node}) mesh: one colour, one "
-                   "shard", (-2.2, 1.5 * per_node + 1.4), (-0.4, 1.3 * nodes))
+    title = (f"HSDP as the trainer's DP axis, {nodes} nodes × {per_node}: each rank updates its shard, one colour"
+             if trainer else f"hsdp_gradients on a (replicate, shard) = ({nodes}, {per_node}) mesh: one colour, one "
+             "shard")
+    return _finish(fig, ax, title, (-2.2, 1.5 * per_node + (2.2 if trainer else 1.4)), (-0.4, 1.3 * nodes))
