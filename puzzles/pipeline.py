@@ -524,7 +524,8 @@ def _stage_error(p: int, m: int, v: int, error: BaseException) -> Optional[str]:
                 "backward, x.grad is the gradient to send back.")
     raised = getattr(error, "exception", None)
     if v > 1 and raised is None and getattr(error, "posted", None):          # a deadlock: how far each rank went
-        return _chunk_zero_ahead(p, error.posted) or _gradient_asked_first(p, m, v, error)
+        return (_chunk_zero_ahead(p, error.posted) or _gradient_asked_first(p, m, v, error)
+                or _one_tag_both_kinds(p, error))
     if v > 1 and isinstance(raised, KeyError) and raised.args and isinstance(raised.args[0], tuple):
         return _backward_before_forward(p, m, v, getattr(error, "rank", None), raised.args[0],
                                         getattr(error, "posted", {}))
@@ -544,6 +545,19 @@ def _chunk_zero_ahead(p: int, posted: dict) -> Optional[str]:
             "each chunk in turn (rank r's k-th forward is micro-batch (k // (p·v))·p + k % p on chunk (k // p) % v), "
             "not all m micro-batches through chunk 0 before chunk 1. The schedule's order is at fault here, not the "
             "way the messages are posted.")
+
+
+def _one_tag_both_kinds(p: int, error: BaseException) -> Optional[str]:
+    """A deadlock at p = 2 in which every message carried one tag: between two stages rank 1 sends rank 0 two kinds of
+    message (activations for chunk k + 1, gradients of chunk k's input), and a recv takes whichever came first."""
+    tag = re.search(r"every message here carried tag (-?\d+)", str(error))
+    if p != 2 or not tag:
+        return None
+    return (f"What it means: at p = 2, rank 1 sends rank 0 two kinds of message: the activation that leaves its chunk "
+            f"k for rank 0's chunk k + 1, and the gradient of its chunk's input going back. Every message carried tag "
+            f"{tag.group(1)}, so each recv of rank 0 took whichever kind came first, not the one it was posted for, "
+            "and the two ranks' schedules drifted apart until both waited on a send. Give activations and gradients "
+            "tags of their own (tag= on the send and on its recv), as the notebook's Details say.")
 
 
 def _gradient_asked_first(p: int, m: int, v: int, error: BaseException) -> Optional[str]:
