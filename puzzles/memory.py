@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from lib.checker.puzzle import Budget, Case, Floor, Puzzle, nothing_on_the_host
+from lib.errors import PuzzleError
 from lib.notebook.warm_up import import_ahead
 from lib.analytic.formulas import model_state_bytes
 from lib.checker.measure import allocated, counted_flops, saved_activation_bytes
@@ -338,8 +339,43 @@ def _checkpoint_case(rng: random.Random, _world: int) -> Case:
                                      "use_reentrant=False) around every block).")])
 
 
+class CheckpointUnused(PuzzleError):
+    """checkpointed_step's blocks each ran twice before backward and never in it: the checkpoints' outputs unused."""
+
+
+def _checkpoint_harness(answer, _dist, model, tokens, targets):
+    """The answer, each block's runs counted before any backward and after one began (inside it, or after a first
+    backward, as checkpointing written by hand recomputes): a block run twice before backward and never after was
+    checkpointed and run plainly too, the plain output carried on (a checkpoint recomputes only where its output
+    reaches the loss). Said as that, where the peak alone would say only how much is kept."""
+    runs = [[0, 0] for _ in model.blocks]                  # [before any backward, after one began] per block
+    params = list(model.parameters())
+    grads = [p.grad for p in params]                       # a backward has begun once one of them changed
+
+    def counting(i: int):
+        def hook(module, args):
+            begun = torch._C._current_graph_task_id() != -1 or any(p.grad is not g for p, g in zip(params, grads))
+            runs[i][begun] += 1
+        return hook
+    handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(model.blocks)]
+    try:
+        result = answer(model, tokens, targets)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if runs and all(before >= 2 and inside == 0 for before, inside in runs):
+        raise CheckpointUnused(
+            f"each of the {len(runs)} blocks ran {'twice' if runs[0][0] == 2 else f'{runs[0][0]} times'} before "
+            "backward and never during it: the checkpoints ran, but what reached the loss came from plain calls "
+            "of the blocks, which keep their activations until backward (all of them alive at once, as without "
+            "checkpointing); a checkpoint whose output is not used is never recomputed. Carry the checkpoint's "
+            "output on, x = checkpoint(block, x, use_reentrant=False), and let nothing else run the blocks.")
+    return result
+
+
 checkpointed_step = Puzzle(
     "checkpointed_step", NOTEBOOK, _checkpoint_case, world_sizes=ONE_DEVICE, takes_dist=False,
+    harness=_checkpoint_harness,
     rtol=1e-10, atol=1e-12,
     hints=["Run model.embed(tokens), then the blocks one by one, then model.head_loss(x, targets).backward(). "
            "The plain version keeps every block's activations until backward reaches it.",
