@@ -550,13 +550,13 @@ def _padded_buffers(layer: Layer, n: int, trips: int) -> Contract:
             routed = sent[s.rank] + received[s.rank]
             if trips // 2 * routed * row < padded <= s.bytes_sent <= padded + counts:
                 ways = "there and back, forward and backward" if trips == 4 else "there and back"
-                return (f"rank {s.rank} sent {fmt_bytes(s.bytes_sent)}, exactly every other rank's experts' full C = "
-                        f"{cap} slots, empty ones included: (N-1)·(E/N)·C = {slots} rows of {fmt_bytes(row)}, "
-                        f"{ways}{' (+ the counts)' if s.bytes_sent > padded else ''}, where its kept pairs bound for "
-                        f"other ranks, and theirs for its experts, are {routed} rows")
+                return (f"rank {s.rank} sent {fmt_bytes(s.bytes_sent)}: exactly every other rank's experts' full "
+                        f"C = {cap} slots, empty ones included ((N-1)·(E/N)·C = {slots} rows of {fmt_bytes(row)}, "
+                        f"{ways}{' + the counts' if s.bytes_sent > padded else ''}), where the kept rows it sends "
+                        f"and sends back are {routed}")
         return None
-    return Contract("an empty slot carries no token, so it is not sent: the dispatch sends the kept (token, expert) "
-                    "rows alone, a capacity buffer's padding never", broken,
+    return Contract("an empty slot carries no token: send the kept (token, expert) rows alone, never a capacity "
+                    "buffer's padding", broken,
                     hint="send only the kept rows, sorted by expert, with uneven input_split_sizes (the per-expert "
                          "counts you exchanged first), never the (E, C) capacity buffers.")
 
