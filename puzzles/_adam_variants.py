@@ -1,7 +1,8 @@
 """Which Adam a training run took: the learner's parameters against Adam written with one of its settings changed.
 
 Adam's mistakes (a bias correction left out or counted from 0, ε inside the root, gradients never zeroed, its state
-made anew each step) each leave a run that a replay with that one change reproduces exactly. The run's own evidence
+or one of its moments made anew each step, a step count that never advances or advances per tensor) each leave a run
+that a replay with that one change reproduces exactly. The run's own evidence
 decides between them, where a factor at the first step cannot (no correction of v and a correction counted from 0
 both make step 1's update 1/√(1 - β₂) times Adam's). The factors are said from the case's own β₁ and β₂.
 """
@@ -31,6 +32,10 @@ class Variant:
     v_power: int = 1            # v's correction taken to this power (2: 1 - β₂ᵗ where its square root belongs)
     zero_grads: bool = True
     fresh_state: bool = False
+    fresh_m: bool = False       # m alone made anew each step (v carried), or v alone (fresh_v)
+    fresh_v: bool = False
+    step_count: str = "step"    # the t of the corrections: the step's number; "first": 1 at every step; "per_tensor":
+                                # advanced once per parameter tensor (t += 1 inside the loop over parameters)
     betas: tuple = BETAS
 
 
@@ -57,6 +62,15 @@ def variants(b1: float = BETAS[0], b2: float = BETAS[1]) -> list[Variant]:
                 zero_grads=False),
         Variant("m and v made anew at every step: Adam's state must carry from one step to the next (create it once, "
                 "before the loop)", fresh_state=True),
+        Variant("v made anew at every step while m carries: both moving averages are Adam's state and carry from "
+                "one step to the next (create v once, before the loop, as m is)", fresh_v=True),
+        Variant("m made anew at every step while v carries: both moving averages are Adam's state and carry from "
+                "one step to the next (create m once, before the loop, as v is)", fresh_m=True),
+        Variant("the step count t never advanced: the bias corrections use t = 1 at every step, where step t "
+                "divides by 1 - β₁ᵗ and 1 - β₂ᵗ (t = 1, 2, 3, ...: count the steps)", step_count="first"),
+        Variant("the step count t advanced once per parameter tensor (t += 1 inside the loop over the parameters), "
+                "so each tensor's bias corrections use a t of its own: t counts optimizer steps, once per step for "
+                "every parameter", step_count="per_tensor"),
         Variant("β₁ and β₂ swapped (m's average takes β₂, v's β₁)", betas=(b2, b1)),
         Variant("the step size lr·√(1 - β₂ᵗ)/(1 - β₁ᵗ) on m / (√v + ε): ε is then added before v's bias correction, "
                 "an ε of ε·√(1 - β₂ᵗ) in torch.optim.Adam's terms, which adds it after, √v̂ + ε (the updates differ "
@@ -75,16 +89,18 @@ def adam_run(model: torch.nn.Module, batches: Sequence, lr: float, loss: Callabl
     params = list(model.parameters())
     b1, b2 = how.betas
     m = v = None
-    for t, batch in enumerate(batches, start=1):
-        if how.zero_grads or t == 1:
+    for step, batch in enumerate(batches, start=1):
+        if how.zero_grads or step == 1:
             for p in params:
                 p.grad = None
-        if m is None or how.fresh_state:
+        if m is None or how.fresh_state or how.fresh_m:
             m = [torch.zeros_like(p) for p in params]
+        if v is None or how.fresh_state or how.fresh_v:
             v = [torch.zeros_like(p) for p in params]
         loss(model, batch).backward()
         with torch.no_grad():
-            for p, m_i, v_i in zip(params, m, v):
+            for i, (p, m_i, v_i) in enumerate(zip(params, m, v)):
+                t = {"step": step, "first": 1, "per_tensor": (step - 1) * len(params) + i + 1}[how.step_count]
                 m_i.mul_(b1).add_(p.grad, alpha=1 - b1)
                 v_i.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 m_hat = m_i / (1 - b1 ** (t + how.correct_m)) if how.m_corrected and t + how.correct_m else m_i

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from lib.checker.puzzle import Budget, Case, Floor, Puzzle, nothing_on_the_host
+from lib.errors import PuzzleError
 from lib.notebook.warm_up import import_ahead
 from lib.analytic.formulas import model_state_bytes
 from lib.checker.measure import allocated, counted_flops, saved_activation_bytes
@@ -137,57 +138,72 @@ def mixed_precision_adam_step(cfg: GPTConfig, tokens: torch.Tensor, targets: tor
     return model, master, momentum, variance
 
 
+# The pieces of puzzle 2's answer, by the key the statement asks for: (bytes a parameter, dtype, what it is).
+STATE_PIECES = {"weights": (2, "bf16", "the weights"), "gradients": (2, "bf16", "the gradients"),
+                "master": (4, "fp32", "the master copy of the weights"), "m": (4, "fp32", "Adam's momentum m"),
+                "v": (4, "fp32", "Adam's variance v")}
+PLURAL = {"weights", "gradients"}
+
+
 def _adam_case(rng: random.Random, _world: int, **kind) -> Case:
     cfg = _config(rng, **kind)
     tokens = torch.randint(0, cfg.vocab, (2, cfg.seq))
-    _, _, kept = allocated(lambda: mixed_precision_adam_step(cfg, tokens, tokens))
+    (model, master, momentum, variance), _, kept = allocated(lambda: mixed_precision_adam_step(cfg, tokens, tokens))
+    measured = {"weights": sum(p.nbytes for p in model.parameters()),
+                "gradients": sum(p.grad.nbytes for p in model.parameters()),
+                "master": sum(t.nbytes for t in master), "m": sum(t.nbytes for t in momentum),
+                "v": sum(t.nbytes for t in variance)}
     n = sum(p.numel() for p in TinyGPT(cfg).parameters())
-    assert kept == model_state_bytes(n), "the reference step should keep exactly the ZeRO paper's (2+2+12)Ψ"
-    expr = term("Ψ, the parameter count", parameter_count(cfg)) * (
-        term("the bf16 weights (2 B each)", 2) + term("the bf16 gradients (2 B each)", 2)
-        + term("the fp32 master weights (4 B each)", 4) + term("Adam's momentum (4 B each)", 4)
-        + term("Adam's variance (4 B each)", 4))
-    assert expr.value == kept
+    assert kept == sum(measured.values()) == model_state_bytes(n), \
+        "the reference step should keep exactly the ZeRO paper's (2+2+12)Ψ, piece by piece"
+    count = term("Ψ, the parameter count", parameter_count(cfg))
+    formulas = {}
+    for key, (size, dtype, what) in STATE_PIECES.items():
+        formulas[f"[{key!r}]"] = formula(count * term(f"{dtype}'s {size} B", size), "B")
+        assert formulas[f"[{key!r}]"].value == measured[key], f"{what}: {size} B a parameter"
     # The label names the configuration only: a replayed seed must not print the answer.
-    return Case(1, (cfg,), [kept], _describe(cfg), formulas={"": formula(expr, "B")},
-                explain=_bytes_per_parameter(n))
+    return Case(1, (cfg,), [measured], _describe(cfg), formulas=formulas, explain=_bytes_per_parameter(n))
 
 
-STATE_PIECES = "2 (bf16 weights) + 2 (bf16 gradients) + 4 (fp32 master weights) + 4 (Adam's m) + 4 (Adam's v)"
-# Bytes a parameter over (+) or short (-) of the 16, and the mistakes of precision or of a piece that give them,
-# the likelier first. Weights and gradients are both 2 B, the master copy, m and v all 4 B: a number alone cannot
-# tell one of each kind from another, and the reading says so.
-PER_PARAMETER = {
-    2: ["a bf16 piece (the weights or their gradients) counted at fp32's 4 B: in mixed precision both are bf16, "
-        "2 B", "a bf16 piece counted twice"],
-    4: ["the bf16 weights and gradients both counted at fp32's 4 B (4 + 4 where 2 + 2 belong): only the master "
-        "copy and Adam's m and v are fp32", "one of the fp32 pieces (the master weights, m or v) counted twice"],
-    -2: ["a bf16 piece (the weights or their gradients) left out", "an fp32 piece (the master weights, m or v) "
-         "counted at bf16's 2 B"],
-    -4: ["one of the fp32 pieces (the master weights, m or v) left out", "the bf16 weights and gradients both "
-         "left out (only the optimizer's 12 B)", "Adam's m and v counted at bf16's 2 B"],
-    -8: ["two of the fp32 pieces (the master weights, m and v) left out"],
-    -12: ["the fp32 master weights, m and v all left out (the bf16 weights and gradients only)"],
-}
+def _piece(key: str) -> str:
+    size, dtype, what = STATE_PIECES[key]
+    return f"{what} ({dtype}, {size} B a parameter)"
 
 
 def _bytes_per_parameter(count: int) -> Callable:
-    """training_state_bytes's explain: an answer that is a whole number of bytes per parameter said per parameter,
-    against the 16 of mixed-precision Adam, with the pieces that make up the difference."""
+    """training_state_bytes's explain: each piece of the answer said per parameter against its dtype's bytes (a piece
+    left out, one at another dtype's size); None where every piece has its right bytes a parameter (then the count
+    itself is off, and the formula's terms say by which)."""
 
     def explain(expected: list, got: list) -> Optional[str]:
         answer = got[0]
-        if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            return (f"Diagnosis: your answer is one number ({answer / count:g} B a parameter, Ψ = {count:,}) where the "
+                    f"statement asks for the bytes of each piece: a dict with the keys {', '.join(STATE_PIECES)} "
+                    "(the five kinds of tensor the step keeps).")
+        if not isinstance(answer, dict):
             return None
-        per = answer / count
-        if per == 16 or not float(per).is_integer() or int(per) - 16 not in PER_PARAMETER:
+        said = [f"{_piece(key)} left out" for key in STATE_PIECES if key not in answer]
+        for key, value in answer.items():
+            if key not in STATE_PIECES or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                continue
+            size, dtype, what = STATE_PIECES[key]
+            per = value / count
+            if per == 0:
+                said.append(f"{_piece(key)} left out (0 B)")
+            elif per != size and float(per).is_integer():
+                kind = {2: "bf16's ", 4: "fp32's ", 8: "float64's "}.get(int(per), "")
+                said.append(f"{what} counted at {kind}{per:g} B a parameter where mixed precision keeps "
+                            f"{'them' if key in PLURAL else 'it'} in {dtype}, {size} B")
+        strays = [key for key in answer if key not in STATE_PIECES]
+        if strays:
+            said.append(f"{', '.join(map(repr, strays))} is no piece the statement names (its keys: "
+                        f"{', '.join(STATE_PIECES)})")
+        if not said:
             return None
-        readings = PER_PARAMETER[int(per) - 16]
-        said_ = readings[0] if len(readings) == 1 else (
-            "; or ".join(readings) + " (the same bytes a parameter: the number cannot tell which, so count your "
-            "five pieces against these)")
-        return (f"Diagnosis: your answer is {per:g} B per parameter (Ψ = {count:,} parameters) where mixed-precision "
-                f"Adam keeps 16 = {STATE_PIECES}: {said_}.")
+        return (f"Diagnosis: per parameter (Ψ = {count:,}), mixed-precision Adam keeps 2 + 2 + 4 + 4 + 4 = 16 B: "
+                f"{'; '.join(said)}.")
     return explain
 
 
@@ -195,9 +211,10 @@ training_state_bytes = Puzzle(
     "training_state_bytes", NOTEBOOK, _adam_case, rtol=0, atol=0, variants=MODEL_KINDS, **PREDICTION,
     hints=["Between two steps, mixed-precision Adam keeps: the bf16 weights, their bf16 gradients, and in fp32 "
            "a master copy of the weights plus Adam's two moving averages.",
-           "Bytes per parameter: 2 + 2 + (4 + 4 + 4). Multiply by the parameter count (your count_parameters).",
+           "Bytes per parameter: 2 + 2 + (4 + 4 + 4). Multiply each by the parameter count (your count_parameters): "
+           "{'weights': 2 * n, 'gradients': 2 * n, 'master': ..., 'm': ..., 'v': ...}.",
            "The fp32 master copy exists because bf16 cannot hold small updates: w + lr·u rounds back to w."],
-    describe="Bytes that mixed-precision Adam keeps alive between steps, for TinyGPT(config).")
+    describe="Bytes that mixed-precision Adam keeps alive between steps, for TinyGPT(config), piece by piece.")
 
 
 # ---- 3. activations of one layer -------------------------------------------------------------
@@ -322,8 +339,43 @@ def _checkpoint_case(rng: random.Random, _world: int) -> Case:
                                      "use_reentrant=False) around every block).")])
 
 
+class CheckpointUnused(PuzzleError):
+    """checkpointed_step's blocks each ran twice before backward and never in it: the checkpoints' outputs unused."""
+
+
+def _checkpoint_harness(answer, _dist, model, tokens, targets):
+    """The answer, each block's runs counted before any backward and after one began (inside it, or after a first
+    backward, as checkpointing written by hand recomputes): a block run twice before backward and never after was
+    checkpointed and run plainly too, the plain output carried on (a checkpoint recomputes only where its output
+    reaches the loss). Said as that, where the peak alone would say only how much is kept."""
+    runs = [[0, 0] for _ in model.blocks]                  # [before any backward, after one began] per block
+    params = list(model.parameters())
+    grads = [p.grad for p in params]                       # a backward has begun once one of them changed
+
+    def counting(i: int):
+        def hook(module, args):
+            begun = torch._C._current_graph_task_id() != -1 or any(p.grad is not g for p, g in zip(params, grads))
+            runs[i][begun] += 1
+        return hook
+    handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(model.blocks)]
+    try:
+        result = answer(model, tokens, targets)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if runs and all(before >= 2 and inside == 0 for before, inside in runs):
+        raise CheckpointUnused(
+            f"each of the {len(runs)} blocks ran {'twice' if runs[0][0] == 2 else f'{runs[0][0]} times'} before "
+            "backward and never during it: the checkpoints ran, but what reached the loss came from plain calls "
+            "of the blocks, which keep their activations until backward (all of them alive at once, as without "
+            "checkpointing); a checkpoint whose output is not used is never recomputed. Carry the checkpoint's "
+            "output on, x = checkpoint(block, x, use_reentrant=False), and let nothing else run the blocks.")
+    return result
+
+
 checkpointed_step = Puzzle(
     "checkpointed_step", NOTEBOOK, _checkpoint_case, world_sizes=ONE_DEVICE, takes_dist=False,
+    harness=_checkpoint_harness,
     rtol=1e-10, atol=1e-12,
     hints=["Run model.embed(tokens), then the blocks one by one, then model.head_loss(x, targets).backward(). "
            "The plain version keeps every block's activations until backward reaches it.",

@@ -13,7 +13,7 @@ import itertools
 import math
 import random
 from fractions import Fraction
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -534,6 +534,33 @@ def _tokens_not_experts(layer: Layer, n: int, trips: int) -> Contract:
              "numbers per (token, expert), never an expert's d×d weights.")
 
 
+def _padded_buffers(layer: Layer, n: int, trips: int) -> Contract:
+    """What a rank over its bytes budget sent, where it is every other rank's experts' full C slots, empty ones
+    included (the counts on top, or not): capacity buffers sent padded, named by their size, where the routed rows
+    weigh less."""
+    e_count = layer.experts.shape[0]
+    per, row = e_count // n, layer.xs[0].shape[1] * ITEM
+    cap = math.ceil(layer.k * layer.xs[0].shape[0] * layer.factor / e_count)
+    slots = (n - 1) * per * cap                     # one way: every other rank's experts, C slots each
+    padded, counts = trips * slots * row, e_count * 8
+    sent, received = layer.routed_rows(n)
+
+    def broken(result) -> Optional[str]:
+        for s in result.stats:
+            routed = sent[s.rank] + received[s.rank]
+            if trips // 2 * routed * row < padded <= s.bytes_sent <= padded + counts:
+                ways = "there and back, forward and backward" if trips == 4 else "there and back"
+                return (f"rank {s.rank} sent {fmt_bytes(s.bytes_sent)}: exactly every other rank's experts' full "
+                        f"C = {cap} slots, empty ones included ((N-1)·(E/N)·C = {slots} rows of {fmt_bytes(row)}, "
+                        f"{ways}{' + the counts' if s.bytes_sent > padded else ''}), where the kept rows it sends "
+                        f"and sends back are {routed}")
+        return None
+    return Contract("an empty slot carries no token: send the kept (token, expert) rows alone, never a capacity "
+                    "buffer's padding", broken,
+                    hint="send only the kept rows, sorted by expert, with uneven input_split_sizes (the per-expert "
+                         "counts you exchanged first), never the (E, C) capacity buffers.")
+
+
 def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: str = "random",
               factor: Optional[float] = None, per_rank_experts: Optional[int] = None,
               k: Optional[int] = None, grouped: bool = False) -> Case:
@@ -544,7 +571,8 @@ def _moe_case(rng: random.Random, n: int, gate: str = "learned", experts_kind: s
     return Case(n, layer.args(n),
                 [e.to(device()) for e in expected], layer.label,
                 budgets=_bytes_budgets(layer, n, 2, True, "tokens"), allowed_ops=A2A,
-                contracts=[_tokens_not_experts(layer, n, 2)], explain=functools.partial(_routed_explained, layer))
+                contracts=[_tokens_not_experts(layer, n, 2), _padded_buffers(layer, n, 2)],
+                explain=functools.partial(_routed_explained, layer))
 
 
 @dataclasses.dataclass
@@ -946,7 +974,8 @@ def _backward_case(rng: random.Random, n: int, gate: str = "learned", experts_ki
     return Case(n, (*layer.args(n), per_rank([dy.to(device()) for dy in dys])),
                 [tuple(t.to(device()) for t in e) for e in expected], layer.label + "; (y, dx, drouter, dexperts)",
                 budgets=_bytes_budgets(layer, n, 4, True, "tokens and their gradients"), allowed_ops=A2A,
-                contracts=[_tokens_not_experts(layer, n, 4)], explain=functools.partial(_backward_explained, layer))
+                contracts=[_tokens_not_experts(layer, n, 4), _padded_buffers(layer, n, 4)],
+                explain=functools.partial(_backward_explained, layer))
 
 
 moe_layer_backward = Puzzle(
@@ -1176,16 +1205,18 @@ def _factor_searched(mine: int, cap: int, t_count: int, experts: int, k: int) ->
 def _off_the_grid(rng: random.Random, experts: int, k: int) -> tuple[torch.Tensor, float]:
     """Logits with k·T/E of at least 60 (a step of 0.05 in the capacity factor moves C by 3 slots or more) and a
     budget whose smallest capacity no such factor gives: a search over factors skips it. The budget is halfway
-    between two whole choices, so no comparison hinges on round-off."""
+    between two whole choices, so no comparison hinges on round-off, and one choice above what that capacity drops:
+    the case where a strict < for "at most" gives the right capacity too (the others meet their budgets exactly),
+    which tells it from a capacity one slot too large."""
     while True:
         t_count = experts * rng.randint(60, 80) // k
         logits = _logits(rng, t_count, experts, rng.choice([1.0, 2.0]))
         load = _loads(logits, k)
-        caps = [c for c in range(2, max(load)) if _drops(load, c) < _drops(load, c - 1)
+        caps = [c for c in range(2, max(load)) if _drops(load, c) + 1 < _drops(load, c - 1)
                 and _on_factor_grid(c, t_count, experts, k) is None]
         if caps:
             cap = rng.choice(caps)
-            return logits, (_drops(load, cap) + 0.5) / (t_count * k)
+            return logits, (_drops(load, cap) + 1.5) / (t_count * k)
 
 
 def _exactly_met(rng: random.Random, logits: torch.Tensor, k: int) -> float:
@@ -1218,7 +1249,7 @@ def _capacity_case(rng: random.Random, _world: int, k: Optional[int] = None,
     return Case(1, (*_on_device(logits), k, max_dropped), [(cap, padded)],
                 f"T={t_count}, E={experts}, k={k}, at most {share} of the choices dropped",
                 formulas={"[1]": _padding_formula(logits, k, cap, padded)},
-                explain=functools.partial(_capacity_explained, logits, k, max_dropped))
+                explain=functools.partial(_capacity_explained, logits, k, max_dropped), reads_others=True)
 
 
 def _loads(logits: torch.Tensor, k: int) -> list[int]:
@@ -1231,10 +1262,11 @@ def _drops(load: list[int], cap: int) -> int:
 
 
 def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expected: list,
-                        got: list) -> Optional[str]:
+                        got: list, others: Callable = lambda wanted=None: iter(())) -> Optional[str]:
     """The learner's capacity against the case's loads: what it drops against the budget, a smaller one that meets
-    it, the budget it is the smallest capacity for (max_dropped × which count of the case), or drops counted without
-    clamping; and what the second number is, where the capacity is right."""
+    it, the budget it is the smallest capacity for (max_dropped × which count of the case, or max_dropped itself as a
+    count), a budget met exactly and refused (< for "at most", told from one slot too many by the answer's other
+    cases), or drops counted without clamping; and what the second number is, where the capacity is right."""
     (cap, padded), answer = expected[0], got[0]
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(isinstance(a, int) for a in answer)):
         return None
@@ -1258,11 +1290,17 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
         product = max_dropped * t_count * k
         firsts = _loads(logits, 1)
         searched = _factor_searched(mine, cap, t_count, experts, k)
+        past = _one_past(cap, allowed, _drops(load, cap) == allowed, others) if mine == cap + 1 else None
         if int(product) < allowed and _drops(load, mine) <= int(product) < _drops(load, mine - 1):
             said.append(f"It is the smallest capacity for {int(product)} choices, max_dropped × T·k truncated: the "
                         f"product is {product!r} in floating point, round-off short of {allowed} whole choices.")
+        elif past and past[0]:
+            said.append(past[1])
         elif drops == 0 and mine == max(load) and allowed > 0:
-            said.append("It is the busiest expert's load, which drops nothing: the budget never used.")
+            counted = (f" (read as a number of choices, {max_dropped:g} allows none)" if max_dropped < 1 else "")
+            said.append(f"It is the busiest expert's load, the smallest capacity that drops nothing, as if no drop "
+                        f"were allowed: max_dropped = {max_dropped:g} is a share of the T·k = {t_count * k} choices, "
+                        f"not a number of them{counted}: {max_dropped:g} × {t_count * k} = {allowed:g} may drop.")
         elif max_dropped > 0 and len(fits) == 1:
             n, meaning = counts[fits[0]]
             said.append(f"It is the smallest capacity for a budget of max_dropped × {fits[0]} = "
@@ -1274,6 +1312,8 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
                         "choices that pick it (bincount of all of topk(k).indices).")
         elif searched:
             said.append(searched)
+        elif past:
+            said.append(past[1])
         signed = next((c for c in range(1, max(load) + 2) if sum(n - c for n in load) <= allowed), None)
         if signed == mine:
             said.append("It is the smallest capacity whose Σ(load - C) meets the budget: experts below capacity "
@@ -1294,6 +1334,37 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
     return f"Diagnosis: {' '.join(said)}" if said else None
 
 
+def _one_past(cap: int, allowed: int, exactly: bool, others: Callable) -> Optional[tuple[bool, str]]:
+    """A capacity one above the smallest: one slot too many everywhere, or, where the smallest drops `exactly` the
+    budget, a strict < for "at most". The answer's other cases tell: where the smallest capacity drops less than the
+    budget, < and <= agree, and one slot too many is still wrong. (Whether they told, the words), or None."""
+    strict = f"{cap} drops exactly the budget of {allowed}, and \"at most\" allows it: dropped <= budget, not <."
+    for other, results in others(_met_below):
+        answer = results[0] if results else None
+        if not (isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], int)):
+            continue
+        right = other.expected[0][0]
+        if answer[0] == right and exactly:
+            return True, (f"Your capacity is right where the smallest capacity drops less than the budget "
+                          f"({other.label}), and one too many here, where {strict}")
+        if answer[0] == right + 1:
+            return True, ("Your capacity is one slot too many on the check's other cases too: stop at the first C "
+                          "that fits.")
+        break
+    if not exactly:
+        return None
+    return False, (f"Either {strict[0].lower()}{strict[1:-1]}; or the search returns one slot past the first C that "
+                   "fits.")
+
+
+def _met_below(case) -> bool:
+    """Whether `case` is smallest_capacity's and its smallest capacity drops fewer choices than its budget allows."""
+    if not case.reads_others:
+        return False
+    logits, k, max_dropped = case.args[:3]
+    return _drops(_loads(logits, k), case.expected[0][0]) < allowed_drops(max_dropped, logits.shape[0] * k)
+
+
 class SearchFoundNothing(PuzzleError):
     """smallest_capacity's search ran out without a capacity."""
 
@@ -1309,8 +1380,26 @@ def _capacity_harness(answer, _dist, logits, k, max_dropped):
         raise SearchFoundNothing(
             "your search for a capacity ran out without one (StopIteration: a next() over candidates that all "
             f"failed). The smallest capacity that meets this budget is {cap}"
-            + (f", the busiest expert's load: a range(1, {largest}) stops before it (a range's end is excluded)"
-               if cap == largest else "") + ".") from None
+            + (_strictly_under(answer, logits, k, max_dropped, cap) or
+               (f", the busiest expert's load: a range(1, {largest}) stops before it (a range's end is excluded)"
+                if cap == largest else "")) + ".") from None
+
+
+def _strictly_under(answer, logits: torch.Tensor, k: int, max_dropped: float, cap: int) -> Optional[str]:
+    """Words for a search that found nothing because it asks for fewer drops than the budget (dropped < budget):
+    the answer, given half a choice more of budget (so that < lets through what <= lets through here), returns the
+    capacity that drops exactly this budget."""
+    choices = logits.shape[0] * k
+    allowed = allowed_drops(max_dropped, choices)
+    try:
+        found = answer(logits, k, (allowed + 0.5) / choices)
+    except Exception:
+        return None
+    if not (isinstance(found, (tuple, list)) and found and found[0] == cap):
+        return None
+    return (f", which drops {_drops(_loads(logits, k), cap)}, exactly the budget of {allowed}; given half a choice "
+            f"more of budget your search returns {cap}: it asks for fewer drops than the budget, where \"at most\" "
+            "allows the budget itself: dropped <= budget, not <")
 
 
 def _padding_formula(logits: torch.Tensor, k: int, cap: int, padded: int) -> Formula:

@@ -19,7 +19,8 @@ def count_parameters(config):
 
 def training_state_bytes(config):
     # bf16 weights (2) + bf16 gradients (2) + fp32 master weights, Adam momentum and variance (4 + 4 + 4)
-    return 16 * count_parameters(config)
+    n = count_parameters(config)
+    return {"weights": 2 * n, "gradients": 2 * n, "master": 4 * n, "m": 4 * n, "v": 4 * n}
 
 
 def layer_activation_bytes(s, b, h, a):

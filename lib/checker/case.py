@@ -39,6 +39,11 @@ class Case:
     # explain takes the run as well, explain(expected, results, run): the SimResult whose results they are (its trace,
     # who sent what), or None where the results come from a replay
     explain_reads_run: bool = False
+    # explain reads the answer on the check's other cases too, for a mistake this case alone cannot tell from another
+    # (a strict < and a capacity one too large agree where the smallest capacity drops exactly the budget): it is then
+    # called explain(expected, results, others): others(wanted) runs the answer on each other case wanted(case)
+    # keeps, as the reading asks, and yields (that case, the answer's results there or None)
+    reads_others: bool = False
     # what an error raised on this case means for it, from the case's structure: explain_error(error) -> a sentence
     # or None (then the engine's reading of the error)
     explain_error: Optional[Callable[[BaseException], Optional[str]]] = field(default=None, repr=False)

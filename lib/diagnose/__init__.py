@@ -51,7 +51,9 @@ def diagnosis(case: Any, got: Sequence[Any], *, mistakes: Sequence[Mistake], wra
     them where the case reads its trace), or memory read before anything wrote it, or the engine's readings
     (`diagnose`); "" if nothing fits. Each replay runs once."""
     with origins.remembering():
-        explained = moments.case_reading(case, got, run)
+        explained = moments.case_reading(
+            case, got, run, lambda wanted=lambda _: True: ((other, _results(fn, other)) for other in others
+                                                           if fn is not None and wanted(other)))
         # A reading of values that torch.empty's leftovers made (a stale block, NaN) would name a cause that changes
         # from run to run: memory read before anything wrote it is said instead.
         found = explained and unwritten_memory(case.expected, got, case, fn, rtol, atol, outputs)
@@ -174,11 +176,18 @@ def _formulas(case: Any, got: Sequence[Any], fn: Optional[Callable] = None, othe
     return None
 
 
+def _results(fn: Callable, case: Any) -> Optional[list]:
+    """The learner's results on another case of the check (each rank's, plain), or None if it fails there."""
+    try:
+        return as_plain(run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected).results)
+    except Exception:
+        return None
+
+
 def _answer(fn: Callable, case: Any, key: str) -> Optional[float]:
     """The learner's number for leaf `key` on another case (a prediction: one rank), or None if it fails there."""
-    try:
-        results = as_plain(run(fn, case.world_size, *case.args, timeout=10.0, protect=case.expected).results)
-    except Exception:
+    results = _results(fn, case)
+    if results is None:
         return None
     leaf = dict(leaves(results[0])).get(key)
     return float(leaf.item()) if leaf is not None and leaf.numel() == 1 else None

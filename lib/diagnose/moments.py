@@ -113,13 +113,16 @@ def explain(fn: Callable, case, named: dict[str, float], rtol: float, atol: floa
 
 def _said(step: int, total: int, case, results: list, rank: int, before: Optional[list], reference: list,
           handed: dict, named: dict, rtol: float, atol: float, outputs: Optional[dict]) -> str:
+    # The case's own reading of the run cut there, where what went wrong has not yet been carried into later steps:
+    # where it names the mistake, the kinds of mistake a wrong step may be are not listed beside it.
+    reading = _reading_at_the_step(case, results) if step < total else None    # at `total` the check asked it already
     if step == 1:
         text = f"The run leaves the reference at its first step (of {total}): the update itself is wrong."
     else:
         right = "step 1 is right" if step == 2 else f"steps 1 to {step - 1} are right"
-        text = (f"The run first leaves the reference at step {step} of {total} ({right}): "
-                "what carries from one step to the next is wrong: the optimizer's state (its moments, the step "
-                "count), gradients not zeroed between steps, momentum, or a buffer reused.")
+        text = f"The run first leaves the reference at step {step} of {total} ({right})" + (
+            "." if reading else ": what carries from one step to the next is wrong: the optimizer's state (its "
+            "moments, the step count), gradients not zeroed between steps, momentum, or a buffer reused.")
     wrong = differing(case.expected[rank], results[rank], rtol, atol)
     if wrong:
         keys = [name(k, outputs).replace("the result", "") or "the result" for k, *_ in wrong]
@@ -128,22 +131,26 @@ def _said(step: int, total: int, case, results: list, rank: int, before: Optiona
     # Replicas that drift apart first: which parameters, not only by how much. Then the gradients handed to the
     # optimizer: they carry a scale as it is, where an update through Adam (about lr times a sign at its first step)
     # fits almost any factor once a per-feature offset is allowed.
-    said = _reading_at_the_step(case, results) if step < total else None      # at `total` the check asked it already
-    said = said or _replicas_apart(case.expected, results, rtol, atol, outputs) or \
+    said = reading or _replicas_apart(case.expected, results, rtol, atol, outputs) or \
         _handed_factor(reference, handed, step, named) or \
         _update_factor(step, case, results, rank, before, named, atol, outputs)
     return f"{text} {said}" if said else text
 
 
-def case_reading(case, results: list, run=None) -> Optional[str]:
+def case_reading(case, results: list, run=None, others: Callable[..., Iterator] = lambda wanted=None: iter(())
+                 ) -> Optional[str]:
     """The case's own reading of a wrong result (Case.explain), or None: a reading that cannot make sense of a result
     it did not foresee (None where a pair belongs, a dtype of its own) says nothing rather than fail the check. A case
-    that reads the run too (Case.explain_reads_run) is given it: the SimResult, or None for a replay's results."""
+    that reads the run too (Case.explain_reads_run) is given it: the SimResult, or None for a replay's results.
+    `others(wanted)`: for a reading that asks for them (Case.reads_others), the answer's results on the check's
+    other cases that `wanted(case)` keeps, run one at a time as the reading asks: (case, results or None)."""
     if case.explain is None:
         return None
     try:
-        if getattr(case, "explain_reads_run", False):
+        if case.explain_reads_run:
             return case.explain(case.expected, results, run)
+        if case.reads_others:
+            return case.explain(case.expected, results, others)
         return case.explain(case.expected, results)
     except Exception:
         return None

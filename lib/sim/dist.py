@@ -19,6 +19,7 @@ from lib.sim.errors import CollectiveMismatch, InvalidCall
 from lib.sim.in_flight import RECEIVING, SENDING, UNSPECIFIED
 from lib.sim.objects import OBJECT_CALLS, ObjectCollectives, refuse_unknown
 from lib.sim.ownership import learner_line
+from lib.units import ordinal
 from lib.sim.reduction import REDUCERS, reduce_tensors
 
 
@@ -47,6 +48,32 @@ def _rule(method):
         except PuzzleError as e:
             self._rt.fail(e)
     return wrapper
+
+
+def _guessed_splits(rank: int, sends: list[int], receives: list[int]) -> str:
+    """An all-to-all's receiving side sized from its own sends: said, with why no rank can size it alone."""
+    if sends != receives:
+        return ""
+    return (f" Rank {rank}'s output_split_sizes {receives} are its own input_split_sizes: it expects from each rank "
+            "as many rows as it sends that rank, but what another rank sends depends on that rank's data, which "
+            f"rank {rank} cannot see.")
+
+
+def _swapped_splits(rank: int, nth: str, inp: torch.Tensor, output_split_sizes, input_split_sizes) -> None:
+    """Refuse an all_to_all_single whose two split lists are each other's: the input splits do not add up to the
+    input's rows, and the output splits do."""
+    if output_split_sizes is None or input_split_sizes is None:
+        return
+    rows = inp.shape[0] if inp.dim() else 0
+    outs, ins = [int(s) for s in output_split_sizes], [int(s) for s in input_split_sizes]
+    if sum(ins) != rows and sum(outs) == rows and len(outs) == len(ins):
+        raise InvalidCall(
+            f"rank {rank}'s {nth} all-to-all (all_to_all_single) has input_split_sizes={ins}, adding up to "
+            f"{sum(ins)}, not the input's {rows} rows, and output_split_sizes={outs}, adding up to {rows}: the two "
+            "are swapped. input_split_sizes[s] is how many of the input's rows go to rank s (what this rank sends), "
+            "output_split_sizes[s] how many arrive from rank s, in torch's order all_to_all_single(output, input, "
+            "output_split_sizes, input_split_sizes); an exchange's way back (a combine, a backward) takes the way "
+            "there's splits the other way round.")
 
 
 class P2POp:
@@ -384,6 +411,8 @@ class SimDist(ObjectCollectives):
         inp = self._tensor(input, "all_to_all_single", "input")
         g = self._comm.resolve(self._rank, group, "all_to_all_single")
         n = g.size()
+        nth = ordinal(self._rt.ranks[self._rank].calls["all_to_all"] + 1)
+        _swapped_splits(self._rank, nth, inp, output_split_sizes, input_split_sizes)
         in_splits = self._splits(input_split_sizes, inp, n, "input")
         out_splits = self._splits(output_split_sizes, out, n, "output")
 
@@ -397,8 +426,11 @@ class SimDist(ObjectCollectives):
                             raise CollectiveMismatch(
                                 f"all_to_all_single on {g}: rank {s} sends {payloads[s][2][i]} rows to rank {r}, "
                                 f"but rank {r} expects {payloads[r][3][j]} rows from rank {s} "
-                                "(its output_split_sizes).\nHint: rank r's output_split_sizes[s] must equal "
-                                "rank s's input_split_sizes[r].")
+                                f"(its output_split_sizes).{_guessed_splits(r, payloads[r][2], payloads[r][3])}"
+                                "\nHint: rank r's output_split_sizes[s] must equal rank s's input_split_sizes[r]"
+                                + (": exchange the split sizes first, an all_to_all_single of each rank's "
+                                   "input_split_sizes, and take what arrives as output_split_sizes."
+                                   if payloads[r][2] == payloads[r][3] else "."))
                     data = torch.cat([chunks[s][i] for s in g.ranks]) if n else None
                     deliveries[r] = _copy(payloads[r][0], data)
             return deliveries

@@ -106,33 +106,37 @@ def _count(config):
 
 
 def training_state_bytes_optimizer_only(config):
-    return 12 * _count(config)
+    n = _count(config)
+    return {"master": 4 * n, "m": 4 * n, "v": 4 * n}
 
 
 def training_state_bytes_fp32_grads(config):
     # gradients are accumulated in fp32, I thought
-    return (2 + 4 + 12) * _count(config)
+    n = _count(config)
+    return {"weights": 2 * n, "gradients": 4 * n, "master": 4 * n, "m": 4 * n, "v": 4 * n}
 
 
 def training_state_bytes_no_master(config):
     # bf16 weights and grads, Adam m and v in fp32: I forgot the fp32 master copy
-    return (2 + 2 + 4 + 4) * _count(config)
+    n = _count(config)
+    return {"weights": 2 * n, "gradients": 2 * n, "m": 4 * n, "v": 4 * n}
 
 
 def training_state_bytes_all_fp32(config):
-    return 4 * 4 * _count(config) + 4 * _count(config)
+    n = _count(config)
+    return {"weights": 4 * n, "gradients": 4 * n, "master": 4 * n, "m": 4 * n, "v": 4 * n}
 
 
 def training_state_bytes_ignores_tied(config):
     # counted the head as a separate matrix even when tied
     n = _count(config) + (config.vocab * config.hidden if config.tied else 0)
-    return 16 * n
+    return {"weights": 2 * n, "gradients": 2 * n, "master": 4 * n, "m": 4 * n, "v": 4 * n}
 
 
 def training_state_bytes_spelled_out(config):
     n = _count(config)
     weights, grads, master, m, v = 2 * n, 2 * n, 4 * n, 4 * n, 4 * n
-    return weights + grads + master + m + v
+    return {"weights": weights, "gradients": grads, "master": master, "m": m, "v": v}
 
 
 # ---------------------------------------------------------------- puzzle 3: layer_activation_bytes

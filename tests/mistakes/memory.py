@@ -57,34 +57,45 @@ def _params(config):
     return _count(config)
 
 
+def _state(n, **sizes):
+    """The five pieces at mixed precision's bytes a parameter, with the sizes given changed (None: left out)."""
+    pieces = {"weights": 2, "gradients": 2, "master": 4, "m": 4, "v": 4, **sizes}
+    return {key: size * n for key, size in pieces.items() if size is not None}
+
+
 def state_bytes_with_fp32_gradients(config):
     """bf16 weights, fp32 gradients, fp32 master weights, m and v: 2 + 4 + 12 bytes a parameter."""
-    return (2 + 4 + 12) * _params(config)
+    return _state(_params(config), gradients=4)
 
 
 def state_bytes_master_copy_is_the_weights(config):
-    """The fp32 master copy taken to be the weights themselves: 4 + 2 (gradients) + 4 + 4 bytes a parameter."""
-    return (4 + 2 + 4 + 4) * _params(config)
+    """The fp32 master copy taken to be the weights themselves: weights at 4 B, no master piece."""
+    return _state(_params(config), weights=4, master=None)
 
 
 def state_bytes_from_a_count_without_the_final_norm(config):
     """16 bytes a parameter, times a count that forgot the final LayerNorm."""
-    return 16 * params_without_the_final_norm(config)
+    return _state(params_without_the_final_norm(config))
 
 
 def state_bytes_from_a_count_without_positions(config):
     """16 bytes a parameter, times a count that left out the position embedding."""
-    return 16 * params_without_the_position_embedding(config)
+    return _state(params_without_the_position_embedding(config))
 
 
 def state_bytes_from_a_count_without_the_head(config):
     """16 bytes a parameter, times a count that never counts the output head (untied or not)."""
-    return 16 * params_head_always_tied(config)
+    return _state(params_head_always_tied(config))
 
 
 def state_bytes_with_bf16_moments(config):
     """Adam's m and v kept in bf16 to save memory (as 8-bit optimizers do): 2 + 2 + 4 + 2 + 2 bytes a parameter."""
-    return (2 + 2 + 4 + 2 + 2) * _params(config)
+    return _state(_params(config), m=2, v=2)
+
+
+def state_bytes_as_one_number(config):
+    """The total, 16 B a parameter, where the statement asks for the pieces."""
+    return 16 * _params(config)
 
 
 # ---- layer_activation_bytes ---------------------------------------------------------------------------------
@@ -222,20 +233,28 @@ def accumulation_cleaning_up(model, tokens, targets, k):
 
 # ---- offloaded_adam_train -----------------------------------------------------------------------------------
 def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fresh_state=False, eps_inside=False,
-                    write_back=True, betas=(0.9, 0.999), eps=1e-8, m_corrected=True, step_size=None):
-    """Adam with m and v on the host, written as a learner would, with the knob of one mistake turned."""
+                    write_back=True, betas=(0.9, 0.999), eps=1e-8, m_corrected=True, step_size=None, fresh=(),
+                    count="step"):
+    """Adam with m and v on the host, written as a learner would, with the knob of one mistake turned. `fresh`: the
+    moments made anew inside the step loop; `count`: how t goes ("step": the step's number; "never": t = 1 set once;
+    "per_tensor": t += 1 in the loop over the parameters)."""
     host = lib.host()
     params = list(model.parameters())
     m = [torch.zeros_like(p, device=host) for p in params]
     v = [torch.zeros_like(p, device=host) for p in params]
+    t = first - 1 if count == "per_tensor" else first
     for step, (tokens, targets) in enumerate(batches, start=first):
         if zero:
             model.zero_grad()
-        if fresh_state:
+        if fresh_state or "m" in fresh:
             m = [torch.zeros_like(p, device=host) for p in params]
+        if fresh_state or "v" in fresh:
             v = [torch.zeros_like(p, device=host) for p in params]
         model.loss(tokens, targets).backward()
         for p, m_i, v_i in zip(params, m, v):
+            if count == "per_tensor":
+                t += 1
+            step = step if count == "step" else t
             g = p.grad.to(host)
             m_i.mul_(betas[0]).add_(g, alpha=1 - betas[0])
             v_i.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
@@ -251,6 +270,21 @@ def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fre
                 else:
                     p.detach().to(host).sub_(update)
     return model
+
+
+def offload_variance_made_each_step(model, batches, lr):
+    """v = torch.zeros_like(...) at the top of the step loop (m made once, before it): v restarts every step."""
+    return _offloaded_adam(model, batches, lr, fresh=("v",))
+
+
+def offload_step_count_never_advanced(model, batches, lr):
+    """t = 1 set before the loop and never incremented: every step corrected as the first."""
+    return _offloaded_adam(model, batches, lr, count="never")
+
+
+def offload_step_count_per_tensor(model, batches, lr):
+    """t += 1 inside the loop over the parameters: t counts tensors, not steps."""
+    return _offloaded_adam(model, batches, lr, count="per_tensor")
 
 
 def offload_momentum_uncorrected(model, batches, lr):
@@ -314,10 +348,13 @@ MISTAKES = [
     Attempt("count_parameters", params_head_always_tied, named=V_BY_H_LEFT_OUT),
     Attempt("count_parameters", params_norms_always_with_bias,
             named=("LayerNorms counted twice", "no bias in this model) counted twice")),
-    Attempt("training_state_bytes", state_bytes_with_fp32_gradients, named="counted at fp32's 4 B"),
+    Attempt("training_state_bytes", state_bytes_with_fp32_gradients,
+            named="the gradients counted at fp32's 4 B a parameter where mixed precision keeps them in bf16"),
     Attempt("training_state_bytes", state_bytes_master_copy_is_the_weights,
-            named="a bf16 piece (the weights or their gradients) left out"),
-    Attempt("training_state_bytes", state_bytes_with_bf16_moments, named="Adam's m and v counted at bf16's 2 B"),
+            named=("the master copy of the weights (fp32, 4 B a parameter) left out", "the weights counted at fp32's")),
+    Attempt("training_state_bytes", state_bytes_with_bf16_moments,
+            named=("Adam's momentum m counted at bf16's 2 B", "Adam's variance v counted at bf16's 2 B")),
+    Attempt("training_state_bytes", state_bytes_as_one_number, named="the statement asks for the bytes of each piece"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_the_final_norm,
             named="the final LayerNorm left out"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_positions, named=POSITIONS_LEFT_OUT),
@@ -334,7 +371,7 @@ MISTAKES = [
     Attempt("checkpointed_step", checkpoint_reentrant_on_a_detached_embedding, named=NO_GRADIENT),
     Attempt("checkpointed_step", checkpoint_around_all_blocks, named="peak memory"),
     Attempt("checkpointed_step", checkpoint_head_without_the_final_norm, named="ln_f.weight.grad"),
-    Attempt("checkpointed_step", checkpoint_then_the_plain_loss, named="peak memory"),
+    Attempt("checkpointed_step", checkpoint_then_the_plain_loss, named="a checkpoint whose output is not used"),
     Attempt("accumulated_step", accumulation_zeroing_each_micro_batch, named="the last micro-batch"),
     Attempt("accumulated_step", accumulation_dividing_twice, named="k, the number of micro-batches"),
     Attempt("accumulated_step", accumulation_of_the_losses, named="peak memory"),
@@ -346,6 +383,9 @@ MISTAKES = [
     Attempt("offloaded_adam_train", offload_without_zero_grad, named="gradients never zeroed between steps"),
     Attempt("offloaded_adam_train", offload_counting_steps_from_zero, named="division by zero"),
     Attempt("offloaded_adam_train", offload_fresh_state_each_step, named="m and v made anew at every step"),
+    Attempt("offloaded_adam_train", offload_variance_made_each_step, named="v made anew at every step while m carries"),
+    Attempt("offloaded_adam_train", offload_step_count_never_advanced, named="the step count t never advanced"),
+    Attempt("offloaded_adam_train", offload_step_count_per_tensor, named="advanced once per parameter tensor"),
     Attempt("offloaded_adam_train", offload_eps_inside_the_root, named="ε inside the square root"),
     Attempt("offloaded_adam_train", offload_corrections_in_the_step_size, "ε is then added before v's bias"),
     Attempt("offloaded_adam_train", offload_step_size_without_the_root, "without its square root"),

@@ -129,7 +129,8 @@ def _exchange(dist, rows, output_split_sizes, input_split_sizes, group=None):
 
 
 def _by_hand(dist, x, router, experts, k, capacity_factor, *, expert_of_block, back_splits_swapped=False,
-             apply=lambda rows, w: rows @ w, route=S.top_k_route, group=None):
+             apply=lambda rows, w: rows @ w, route=S.top_k_route, group=None, counts_exchanged=True,
+             there_splits_swapped=False):
     """Dispatch, compute and combine written out: rows sorted by expert, counts exchanged first, each arriving block
     run through `expert_of_block(i, n, local)`, and the results sent back."""
     n, local = dist.get_world_size(group), experts.shape[0]
@@ -137,10 +138,13 @@ def _by_hand(dist, x, router, experts, k, capacity_factor, *, expert_of_block, b
     kept = tokens >= 0
     mine = kept.sum(1)                                                       # rows I send to each expert
     theirs = torch.empty_like(mine)
-    dist.all_to_all_single(theirs, mine, group=group)                        # rows each rank sends my experts
+    if counts_exchanged:
+        dist.all_to_all_single(theirs, mine, group=group)                    # rows each rank sends my experts
+    else:
+        theirs = mine.clone()
     out_rows, in_rows = mine.view(n, local).sum(1).tolist(), theirs.view(n, local).sum(1).tolist()
     ids = tokens[kept]
-    arrived = _exchange(dist, x[ids], in_rows, out_rows, group)
+    arrived = _exchange(dist, x[ids], *((out_rows, in_rows) if there_splits_swapped else (in_rows, out_rows)), group)
     blocks = arrived.split(theirs.tolist())
     done = torch.cat([apply(b, experts[expert_of_block(i, n, local)]) for i, b in enumerate(blocks)])
     back = _exchange(dist, done, *((in_rows, out_rows) if back_splits_swapped else (out_rows, in_rows)), group)
@@ -157,6 +161,19 @@ def moe_experts_placed_round_robin(dist, x, router, experts, k, capacity_factor)
     placed = torch.empty_like(router)
     placed[:, at] = router                                       # the routing of expert e lands on that expert
     return S.moe_layer(dist, x, placed, experts, k, capacity_factor)
+
+
+def moe_receiving_what_it_sends(dist, x, router, experts, k, capacity_factor):
+    """No count exchange: each rank sizes what it receives from each rank by what it sends that rank."""
+    return _by_hand(dist, x, router, experts, k, capacity_factor, expert_of_block=lambda i, n, local: i % local,
+                    counts_exchanged=False)
+
+
+def moe_dispatch_with_the_splits_in_the_wrong_slots(dist, x, router, experts, k, capacity_factor):
+    """all_to_all_single(out, rows, send_counts, recv_counts): the splits passed in the order the learner thinks of
+    them, where torch takes output_split_sizes first."""
+    return _by_hand(dist, x, router, experts, k, capacity_factor, expert_of_block=lambda i, n, local: i % local,
+                    there_splits_swapped=True)
 
 
 def moe_blocks_read_expert_major(dist, x, router, experts, k, capacity_factor):
@@ -213,6 +230,22 @@ def moe_local_experts_only(dist, x, router, experts, k, capacity_factor):
         ids = tokens[first + j][kept]
         y.index_add_(0, ids, (x[ids] @ experts[j]) * weights[first + j][kept].unsqueeze(-1))
     return y
+
+
+def moe_capacity_buffers_sent_whole(dist, x, router, experts, k, capacity_factor):
+    """The (E, C) capacity buffer sent as it is, with even splits: every slot travels, zeros in the empty ones, so
+    no counts need exchanging."""
+    n, local = dist.get_world_size(), experts.shape[0]
+    tokens, weights = S.top_k_route(x @ router, k, capacity_factor)          # (E, C)
+    kept = tokens >= 0
+    slots = x[tokens.clamp(min=0)] * kept.unsqueeze(-1)                      # (E, C, d), empty slots zero
+    arrived = torch.empty_like(slots.flatten(0, 1))
+    dist.all_to_all_single(arrived, slots.flatten(0, 1).contiguous())       # [source][my expert][slot]
+    done = torch.einsum("sjcd,jdo->sjco", arrived.view(n, local, -1, x.shape[1]), experts)
+    back = torch.empty_like(done.flatten(0, 2))
+    dist.all_to_all_single(back, done.flatten(0, 2).contiguous())
+    back = back.view(*tokens.shape, -1)
+    return torch.zeros_like(x).index_add(0, tokens[kept], back[kept] * weights[kept].unsqueeze(-1))
 
 
 # ---- moe_layer_backward -------------------------------------------------------------------------------------
@@ -335,18 +368,19 @@ def train_router_reduced_within_its_ep_group(dist, batches, router, experts, k, 
 
 # ---- smallest_capacity --------------------------------------------------------------------------------------
 def _capacity(logits, k, max_dropped, *, clamp=True, allowed_of="T·k", ignore_budget=False, second="padded",
-              search_to="max + 1"):
+              search_to="max + 1", strictly=False, past=0):
     """The capacity search as a learner writes it, with the knob of one mistake turned."""
     t_count, experts = logits.shape
     load = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts)
-    allowed = max_dropped * {"T·k": t_count * k, "T": t_count, "T·E": logits.numel()}[allowed_of]
+    allowed = max_dropped * {"T·k": t_count * k, "T": t_count, "T·E": logits.numel(), "a count": 1}[allowed_of]
     most = int(load.max())
 
     def drops(c):
         over = load - c
         return int((over.clamp(min=0) if clamp else over).sum())
     ends = {"max + 1": most + 1, "max": most}
-    cap = most if ignore_budget else next(c for c in range(1, ends[search_to]) if drops(c) <= allowed)
+    fits = (lambda c: drops(c) < allowed) if strictly else (lambda c: drops(c) <= allowed)
+    cap = most if ignore_budget else next(c for c in range(1, ends[search_to] + strictly) if fits(c)) + past
     kept = int(load.clamp(max=cap).sum())
     return cap, cap * experts - kept if second == "padded" else drops(cap)
 
@@ -364,6 +398,21 @@ def capacity_budget_of_tokens(logits, k, max_dropped):
 def capacity_budget_of_every_logit(logits, k, max_dropped):
     """The drop budget as max_dropped · logits.numel(): T·E, where only the T·k top-k choices claim slots."""
     return _capacity(logits, k, max_dropped, allowed_of="T·E")
+
+
+def capacity_budget_as_a_number_of_choices(logits, k, max_dropped):
+    """drops(c) <= max_dropped: the share taken for a number of choices, so 0.05 lets none drop."""
+    return _capacity(logits, k, max_dropped, allowed_of="a count")
+
+
+def capacity_one_past_the_last_slot_index(logits, k, max_dropped):
+    """The first fitting capacity taken for the last slot's index (slots 0 .. C), and one added to count the slots."""
+    return _capacity(logits, k, max_dropped, past=1)
+
+
+def capacity_strictly_under_the_budget(logits, k, max_dropped):
+    """drops(c) < max_dropped · T·k: "at most" read as "less than", a capacity that drops the budget exactly refused."""
+    return _capacity(logits, k, max_dropped, strictly=True)
 
 
 def capacity_as_the_largest_load(logits, k, max_dropped):
@@ -418,6 +467,9 @@ MISTAKES = [
     Attempt("moe_layer", moe_blocks_by_global_expert_index, ("local index", "E/N experts",
                                                              "must be shifted by the shard's offset")),
     Attempt("moe_layer", moe_same_splits_both_ways, ("splits swapped", "swap")),
+    Attempt("moe_layer", moe_receiving_what_it_sends, "exchange the split sizes first"),
+    Attempt("moe_layer", moe_capacity_buffers_sent_whole, "empty ones included"),
+    Attempt("moe_layer", moe_dispatch_with_the_splits_in_the_wrong_slots, "the two are swapped"),
     Attempt("moe_layer", moe_rows_as_column_vectors, "each expert transposed"),
     Attempt("moe_layer", moe_rows_exchanged_on_the_world, "group=group"),
     Attempt("moe_layer", moe_weights_of_the_other_choice, ("paired with the wrong experts", "probs[t, e]")),
@@ -439,6 +491,9 @@ MISTAKES = [
     Attempt("smallest_capacity", capacity_budget_of_tokens, "k left out"),
     Attempt("smallest_capacity", capacity_budget_of_every_logit, ("E where k", "T·E")),
     Attempt("smallest_capacity", capacity_as_the_largest_load, ("budget", "a smaller capacity")),
+    Attempt("smallest_capacity", capacity_budget_as_a_number_of_choices, "is a share of the T·k"),
+    Attempt("smallest_capacity", capacity_strictly_under_the_budget, "dropped <= budget, not <"),
+    Attempt("smallest_capacity", capacity_one_past_the_last_slot_index, "one slot too many"),
     Attempt("smallest_capacity", capacity_second_number_of_lost_choices, ("the choices it drops", "not the padding")),
     Attempt("smallest_capacity", capacity_by_factors_of_a_tenth, "search over capacity factors"),
     Attempt("smallest_capacity", capacity_loads_by_argmax, "first choices alone"),
