@@ -448,7 +448,8 @@ def _mlp_case(rng: random.Random, world: int) -> Case:
                  **{f"{k}.grad": ref[k].chunk(world, d)[r] for k, d in split.items()}} for r in range(world)]
     args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*w1.chunk(world, 0))),
             per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
-            per_rank([_req(b2)[0] for _ in range(world)]), per_rank([Upstream(dy, pattern, activations)] * world))
+            per_rank([_req(b2)[0] for _ in range(world)]),
+            per_rank([Upstream(dy, pattern, activations, ref["output"])] * world))
     w1s, b1s, w2s = w1.chunk(world, 0), b1.chunk(world, 0), w2.chunk(world, 1)
 
     def part(t: torch.Tensor, r: int) -> torch.Tensor:
@@ -538,7 +539,7 @@ def _attention_case(rng: random.Random, world: int, heads_per_rank: Optional[int
     args = (per_rank([_req(x)[0] for _ in range(world)]), per_rank(_req(*qkv_ws)),
             per_rank(_req(*qkv_bs)), per_rank(_req(*proj_ws)),
             per_rank([_req(proj_b)[0] for _ in range(world)]), a,
-            per_rank([Upstream(dy, pattern, activations)] * world))
+            per_rank([Upstream(dy, pattern, activations, ref["output"])] * world))
     return Case(world, args, expected, _label(world, s, b, h, f", {a} heads"),
                 budgets=_bytes_budgets(pattern, world, "g's forward and f's backward"),
                 allowed_ops=frozenset({"all_reduce"}),
@@ -630,7 +631,8 @@ def _sp_case(rng: random.Random, world: int, narrow: bool = False) -> Case:
                 for r in range(world)]
     args = (per_rank(_req(*x.chunk(world, 0))), per_rank(_req(*w1.chunk(world, 0))),
             per_rank(_req(*b1.chunk(world, 0))), per_rank(_req(*w2.chunk(world, 1))),
-            per_rank([Upstream(d, pattern, activations) for d in dy.chunk(world, 0)]))
+            per_rank([Upstream(d, pattern, activations, o) for d, o in zip(dy.chunk(world, 0),
+                                                                           ref["output"].chunk(world, 0))]))
     return Case(world, args, expected, _label(world, s, b, h, f", {s // world} tokens of the sequence per rank"),
                 explain=_sp_explain(x, w1, b1, w2, world),
                 budgets=_bytes_budgets(pattern, world, "the all-gather before and the reduce-scatter after the "
@@ -643,14 +645,24 @@ def _sp_case(rng: random.Random, world: int, narrow: bool = False) -> Case:
 
 def _sp_explain(x, w1, b1, w2, world: int):
     """sequence_parallel_mlp's explain: the residual whose block gives the learner's output (rank 0's tokens)."""
-    def output(residual: str = "x") -> torch.Tensor:
-        normed = F.layer_norm(x, x.shape[-1:])
+    centred = x - x.mean(-1, keepdim=True)
+    norms = {"F.layer_norm": lambda: F.layer_norm(x, x.shape[-1:]),
+             "unbiased": lambda: centred / x.std(-1, keepdim=True),
+             "no eps": lambda: centred / x.var(-1, unbiased=False, keepdim=True).sqrt()}
+
+    def output(residual: str = "x", norm: str = "F.layer_norm") -> torch.Tensor:
+        normed = norms[norm]()
         added = {"x": x, "none": 0, "normed": normed}[residual]
         return (added + _mlp(normed, w1, b1, w2, None)).chunk(world, 0)[0]
+    by_hand = ("where LayerNorm divides by the biased standard deviation (the variance over h, not h - 1) with "
+               "eps = 1e-5 inside the root: use F.layer_norm(x, x.shape[-1:])")
     settings = [({"residual": "none"}, "no residual: the block returns MLP(LayerNorm(x)), where it returns x + "
                                        "MLP(LayerNorm(x)): add this rank's x after the reduce-scatter"),
                 ({"residual": "normed"}, "the residual adds LayerNorm(x), the normed input, where it adds x itself, "
-                                         "the block's input: x + MLP(LayerNorm(x))")]
+                                         "the block's input: x + MLP(LayerNorm(x))"),
+                ({"norm": "unbiased"}, "LayerNorm written by hand with the unbiased std (torch's x.std divides by "
+                                       f"h - 1) and no eps, {by_hand}"),
+                ({"norm": "no eps"}, f"LayerNorm written by hand without eps, {by_hand}")]
     return _settings_explain(x, output, settings, "the block's")
 
 

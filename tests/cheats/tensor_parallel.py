@@ -83,21 +83,21 @@ def sp_norm_on_the_whole_sequence_keeping_only_its_output(dist, x, fc1_w, fc1_b,
 
 
 def mlp_gelu_intermediates_on_ctx(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
-    """A tanh GeLU whose intermediates are kept as ctx attributes instead of save_for_backward, where saved-tensor
-    hooks do not see them."""
+    """GeLU (the exact erf form, as F.gelu) whose intermediates are kept as ctx attributes instead of
+    save_for_backward, where saved-tensor hooks do not see them."""
     import math
 
     class Gelu(torch.autograd.Function):
         @staticmethod
         def forward(ctx, h):
-            t = torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3))
-            ctx.h, ctx.t = h, t
-            return 0.5 * h * (1 + t)
+            cdf = 0.5 * (1 + torch.erf(h / math.sqrt(2)))
+            ctx.h, ctx.cdf = h, cdf
+            return h * cdf
 
         @staticmethod
         def backward(ctx, g):
-            h, t = ctx.h, ctx.t
-            return g * (0.5 * (1 + t) + 0.5 * h * (1 - t ** 2) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * h ** 2))
+            h, cdf = ctx.h, ctx.cdf
+            return g * (cdf + h * torch.exp(-h * h / 2) / math.sqrt(2 * math.pi))
     return S.row_parallel_linear(dist, Gelu.apply(S.column_parallel_linear(dist, x, fc1_w, fc1_b)), fc2_w, fc2_b)
 
 

@@ -279,6 +279,14 @@ def sp_layer_norm_by_hand(dist, x, fc1_w, fc1_b, fc2_w):
                norm=lambda t: (t - t.mean(-1, keepdim=True)) / t.std(-1, keepdim=True))
 
 
+def sp_layer_norm_without_eps(dist, x, fc1_w, fc1_b, fc2_w):
+    """LayerNorm by hand as the formula reads, biased variance and all, but the eps forgotten."""
+    def norm(t):
+        mu = t.mean(dim=-1, keepdim=True)
+        return (t - mu) * ((t - mu) ** 2).mean(dim=-1, keepdim=True).rsqrt()
+    return _sp(dist, x, fc1_w, fc1_b, fc2_w, norm=norm)
+
+
 def sp_norm_reassigns_x(dist, x, fc1_w, fc1_b, fc2_w):
     """x = F.layer_norm(x, ...) at the top, as a pre-norm block is often sketched: the residual then adds the normed
     x, not the block's input."""
@@ -397,6 +405,7 @@ MISTAKES = [
     Attempt("sequence_parallel_mlp", sp_residual_before_the_scatter, named="2 × all_gather"),
     Attempt("sequence_parallel_mlp", sp_gather_backward_slices, named="one reduce_scatter"),
     Attempt("sequence_parallel_mlp", sp_layer_norm_by_hand, named=("of activations for backward", "unbiased std")),
+    Attempt("sequence_parallel_mlp", sp_layer_norm_without_eps, named=("without eps", "of activations for backward")),
     Attempt("sequence_parallel_mlp", sp_norm_reassigns_x, named="the residual adds LayerNorm(x)"),
     Attempt("sequence_parallel_mlp", sp_all_reduce_and_slice, named="one all_reduce of"),
     Attempt("sequence_parallel_mlp", sp_gathers_the_hidden_dimension, named=("hidden dimension", "along dim -1")),
