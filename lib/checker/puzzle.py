@@ -35,6 +35,7 @@ from lib.checker.plain import as_plain
 from lib.checker.contract import Contract, judge_contracts, ops_outside
 from lib.checker.run import Answer, answer_on_rank, fresh_seed, one_thread, run_case
 from lib.checker.spec import SpecError
+from lib.checker.terms import amount
 from lib.checker.verdict import FAILING, NOT_SOLVED, PASSED, UNATTEMPTED, CheckFailed, NotSolved, Outcome, failing, \
     not_refused, refused_as_asked, strict_default
 from lib.device import device
@@ -265,7 +266,7 @@ class Puzzle:
     def _success(self, result: SimResult, case: Case, heading: str = "") -> str:
         sizes = ", ".join(str(n) for n in self.world_sizes)
         where = f" (world sizes {sizes})" if self.takes_dist else ""
-        text = heading or f"✓ {self.name} is correct on {len(self.world_sizes)} cases{where}."
+        text = heading or f"✓ {self.name} is correct on {amount(len(self.world_sizes), 'cases')}{where}."
         return text + budget_lines(case, result, self.takes_dist)
 
     def at_scale(self, fn: Callable, world_size: int, show: bool = True, strict: Optional[bool] = None,
