@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 
+_MESHES: dict = {}        # a real process's meshes over groups, by (sibling groups, shape, names, device type)
+
+
 class GroupAsWorld:
     """`dist` restricted to `group`, whose members are the global `ranks`, in the group's order."""
 
@@ -31,6 +34,24 @@ class GroupAsWorld:
             if sibling == self.ranks:
                 mine = made
         return mine
+
+    def device_mesh(self, shape: tuple[int, ...], names: Optional[tuple[str, ...]], device_type: str) -> Any:
+        """torch's DeviceMesh over this group's ranks laid out as `shape` (a real process's; lib.real.backends'
+        device_mesh asks for it). DeviceMesh makes its groups with new_group, which every rank must call alike, so
+        every rank builds each sibling group's mesh, in the same order, and keeps its own: once per shape, since a
+        training step asks for it again."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        key = (self.siblings, shape, names, device_type)
+        if key not in _MESHES:
+            made = [DeviceMesh(device_type, torch.tensor(s).reshape(shape), mesh_dim_names=names)
+                    for s in self.siblings]
+            _MESHES[key] = made[self.siblings.index(self.ranks)]
+        return _MESHES[key]
+
+    def get_backend(self, group: Any = None) -> Any:
+        return self._dist.get_backend(self._group(group))
 
     def __repr__(self) -> str:
         return f"<dist over ranks {list(self.ranks)}>"

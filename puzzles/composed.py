@@ -404,7 +404,8 @@ def optimizer_steps(pieces: dict, axes: Axes, stage: PipelineStage, data: list, 
 
 def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume: Optional[dict] = None) -> dict:
     """One rank of the composed trainer. Returns its losses (on the last stage), its trained parameters and (ZeRO-0)
-    Adam's moments; `resume` ({"step", "moments"} of an earlier call) continues a run where that call stopped."""
+    Adam's moments (HSDP: with the master copy of its shard); `resume` ({"step", "moments"} of an earlier call)
+    continues a run where that call stopped."""
     axes = mesh_axes(dist, pieces, parts)
     d, where = axes.coords[0], lib.device()
     shard = shard.to(where)
@@ -420,8 +421,9 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
                 p.data = w.detach().reshape(p.shape).clone()
     elif parts.hsdp:
         mark(axes.marks, "start")
-        sharded = hsdp_moments(params, axes, parts)
-        for step, (tokens, targets) in enumerate(mine, start=1):
+        sharded = (hsdp_moments(params, axes, parts) if resume is None else
+                   [tuple(t.to(where) for t in kept) for kept in resume["moments"]])
+        for step, (tokens, targets) in enumerate(mine, start=1 if resume is None else resume["step"] + 1):
             losses.append(pipelined_step(pieces, axes, stage, tokens, targets, parts))
             grads = hsdp_average(pieces, axes, list(shard.named_parameters()), parts)
             if step == 1:           # this rank's shard of step 1's averaged gradient, by parameter name
@@ -449,7 +451,7 @@ def train(dist, pieces: dict, shard: GPTStage, data: list, parts: Parts, resume:
     mark(axes.marks, "end")
     return {"losses": None if losses[0] is None else losses, "first_grads": first or None, "marks": axes.marks,
             "params": {n: p.detach() for n, p in shard.named_parameters()},
-            "moments": None if parts.zero or parts.hsdp else moments}
+            "moments": None if parts.zero else sharded if parts.hsdp else moments}
 
 
 def where_each_runs(parts: Parts) -> Callable[[int, tuple], str]:

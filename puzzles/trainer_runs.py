@@ -33,10 +33,6 @@ def real_training(pieces: Pieces, seams: dict[str, Callable], parts: C.Parts, *,
 
     if not_ready(pieces, seams, parts, strict=False):
         return None
-    if parts.hsdp:
-        print("○ HSDP as the DP axis runs on simulated ranks here; on real ones the mesh of your hsdp_gradients would "
-              "span the whole world (device_mesh over the default group), not the DP axis: not yet.")
-        return None
     steps, fns = data(parts), all_functions(pieces, seams)
     run_ = {"yours": [], "one_device": one_device(parts)[0], "params": None}
     shards, resumes, live = C.shards(parts), None, None

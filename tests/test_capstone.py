@@ -357,6 +357,22 @@ def test_hsdp_as_the_dp_axis_trains_as_one_device(parts, own, capsys):
     assert "HSDP as its DP axis (2 nodes × 2)" in out and "REPLICATE" in out and "SHARD" in out, out
 
 
+def test_hsdp_as_the_dp_axis_runs_on_real_processes_as_on_simulated_ones():
+    """The same HSDP trainer on 8 gloo processes: each rank's hsdp_gradients gets its DP group as its world and
+    device_mesh lays that group's ranks out (lib.group_as_world); two launches of two steps, the second resuming
+    each rank's shard of the master weights and its moments, give one device's losses and the simulated ranks'
+    parameters."""
+    from puzzles import trainer_runs as R
+
+    parts = C.quick(HSDP, steps=4, lr=1e-2)
+    real = R.real_training(Pieces(functions=dict(SOLVED)), HSDP_SEAMS, parts, every=2, show=False)
+    simulated = R.simulated_training(Pieces(functions=dict(SOLVED)), HSDP_SEAMS, parts)
+    assert real is not None and len(real["yours"]) == 4
+    assert real["yours"] == pytest.approx(real["one_device"], rel=1e-9, abs=1e-10)
+    for mine, theirs in zip(real["params"], simulated["params"]):
+        assert all(torch.allclose(mine[n], theirs[n], rtol=1e-7, atol=1e-9) for n in mine)
+
+
 def _hsdp_reduce_scattering_over_the_world(dist, grads, nodes):
     """One reduce-scatter over every DP rank (the whole DP axis, not the node), no all-reduce: each gradient's rows
     cut dp ways."""

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from lib.device import device
+from lib.group_as_world import GroupAsWorld
 from lib.sim.context import current_rank
 from lib.sim.mesh import refuse_answer_key
 
@@ -51,7 +52,8 @@ def mesh_device_type(dist: Any, group: Any = None) -> str:
 
 
 def device_mesh(dist: Any, shape: Optional[tuple[int, ...]] = None, names: Optional[tuple[str, ...]] = None):
-    """torch's DeviceMesh over every rank of the default group (one dimension unless `shape` says otherwise),
+    """torch's DeviceMesh over every rank of the default group (one dimension unless `shape` says otherwise; over
+    the group's ranks where `dist` is a group seen as the world, lib.group_as_world),
     on the device type of the group's backend; on a simulated rank, lib.sim.mesh's mesh with the same methods,
     so that one function asks a mesh for its groups in both worlds."""
     refuse_answer_key("device_mesh (torch's DeviceMesh)")
@@ -63,6 +65,8 @@ def device_mesh(dist: Any, shape: Optional[tuple[int, ...]] = None, names: Optio
         return SimDeviceMesh(dist, shape, names, "cpu")     # its ranks stand for NCCL, but their tensors are the CPU's
     from torch.distributed.device_mesh import init_device_mesh
 
+    if isinstance(dist, GroupAsWorld):       # a mesh over the group's ranks
+        return dist.device_mesh(shape, names, mesh_device_type(dist))
     return init_device_mesh(mesh_device_type(dist), shape, mesh_dim_names=names)
 
 
