@@ -105,6 +105,22 @@ class GroupAsWorld:
     def all_gather(self, tensor_list, tensor, group: Any = None, async_op: bool = False):
         return self._dist.all_gather(tensor_list, tensor, group=self._group(group), async_op=async_op)
 
+    def reduce_scatter(self, output, input_list, op: Any = None, group: Any = None, async_op: bool = False):
+        op = self.ReduceOp.SUM if op is None else op
+        return self._dist.reduce_scatter(output, input_list, op=op, group=self._group(group), async_op=async_op)
+
+    def all_to_all(self, output_tensor_list, input_tensor_list, group: Any = None, async_op: bool = False):
+        return self._dist.all_to_all(output_tensor_list, input_tensor_list, group=self._group(group),
+                                     async_op=async_op)
+
+    def gather(self, tensor, gather_list=None, dst: int = 0, group: Any = None, async_op: bool = False):
+        return self._dist.gather(tensor, gather_list, dst=self.ranks[dst], group=self._group(group),
+                                 async_op=async_op)
+
+    def scatter(self, tensor, scatter_list=None, src: int = 0, group: Any = None, async_op: bool = False):
+        return self._dist.scatter(tensor, scatter_list, src=self.ranks[src], group=self._group(group),
+                                  async_op=async_op)
+
     def _collective(self, name: str, *args, group: Any = None, **kwargs):
         return getattr(self._dist, name)(*args, group=self._group(group), **kwargs)
 

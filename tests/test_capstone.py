@@ -373,6 +373,20 @@ def test_hsdp_as_the_dp_axis_runs_on_real_processes_as_on_simulated_ones():
         assert all(torch.allclose(mine[n], theirs[n], rtol=1e-7, atol=1e-9) for n in mine)
 
 
+@pytest.mark.parametrize("name,parts", [("zero1_train", C.quick(C.Parts(), zero=1)), ("ring_all_reduce", C.Parts()),
+                                        ("hsdp_gradients", HSDP)])
+def test_a_right_piece_unlike_the_reference_trains_as_one_device(name, parts, capsys):
+    """The right answers of tests/test_other_right_answers, composed: torch's Adam over a ZeRO-1 shard, a ring cut by
+    tensor_split, an HSDP whose groups are made by hand with reduce_scatter's list form (the axis's dist has every
+    collective torch has)."""
+    import tests.test_other_right_answers as R
+
+    answer = next(a for p, a in R.RIGHT if p.name == name)
+    fns, seams = dict(SOLVED), dict(HSDP_SEAMS if parts.hsdp else SEAMS)
+    (seams if name in seams else fns)[name] = answer
+    assert T.check_trainer(Pieces(functions=fns), seams, parts, strict=False, show=False), capsys.readouterr().out
+
+
 def _hsdp_reduce_scattering_over_the_world(dist, grads, nodes):
     """One reduce-scatter over every DP rank (the whole DP axis, not the node), no all-reduce: each gradient's rows
     cut dp ways."""
