@@ -980,6 +980,21 @@ def _whole_replica_batches_only(model, cluster, plan: Plan, tokens_per_second: f
     return bool(whole) and abs(top(whole).tokens_per_second - tokens_per_second) <= 1e-9 * tokens_per_second
 
 
+def _plan_too_big(model, cluster, plan: Plan, fastest: Plan) -> Optional[str]:
+    """A plan returned that does not fit: the search kept plans whatever their memory."""
+    from lib.planner import PlanError
+
+    try:
+        mine, best = estimate(model, cluster, plan), estimate(model, cluster, fastest)
+    except PlanError:
+        return None
+    faster = (" It is faster than the fastest plan that fits, which is why a search ranking every plan by speed picks "
+              "it." if mine.tokens_per_second > best.tokens_per_second else "")
+    return (f"Diagnosis: the plan you returned, {plan}, does not fit: it needs {mine.memory / 1e9:.1f} GB a GPU, over "
+            f"the {cluster.gpu.name}'s {cluster.gpu.memory / 1e9:.0f} GB (estimate(...).fits is False).{faster} Keep "
+            "only the plans whose estimate fits (e.fits), then take the fastest of those.")
+
+
 def _slower_plan(model, cluster, fastest: Plan, expected: list, got: list) -> Optional[str]:
     """A plan that fits but is slower than the fastest: which of its settings differ, where its step loses the time,
     and what each setting of the fastest plan, taken alone, would make of it."""
@@ -988,8 +1003,10 @@ def _slower_plan(model, cluster, fastest: Plan, expected: list, got: list) -> Op
     from lib.planner import PlanError
 
     plan = getattr(got[0], "plan", None)
-    if not isinstance(plan, Plan) or not got[0].get("fits"):
+    if not isinstance(plan, Plan):
         return None
+    if not got[0].get("fits"):
+        return _plan_too_big(model, cluster, plan, fastest)
     mine, best = estimate(model, cluster, plan), estimate(model, cluster, fastest)
     changes = [{f: getattr(fastest, f)} for f in SEARCHED if getattr(plan, f) != getattr(fastest, f)]
     layout = {f: getattr(fastest, f) for f in ("tp", "pp", "dp")}

@@ -449,7 +449,7 @@ MISTAKES = [
     Attempt("plan_memory", memory_full_recomputation_keeps_nothing, "the activations (blocks × a block's"),
     Attempt("choose_plan", plan_never_splitting_the_replica_batch, "the whole replica batch"),
     Attempt("choose_plan", plan_first_that_fits, "a faster plan"),
-    Attempt("choose_plan", plan_fastest_fitting_or_not, "['fits']: expected True, got False"),
+    Attempt("choose_plan", plan_fastest_fitting_or_not, "Keep only the plans whose estimate fits"),
     Attempt("choose_plan", plan_least_memory, "a faster plan"),
     Attempt("choose_plan", plan_recomputing_all_or_nothing, "recompute='selective'"),
 ]
