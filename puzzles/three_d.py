@@ -1064,12 +1064,22 @@ def _best_with(fitting, field: str, value):
     return top(kept) if kept else None
 
 
+WHOLE_BATCH = ("never splitting the replica batch (micro_batch = global_batch // dp)",
+               "micro_batch among the divisors of global_batch // dp, not only the whole of it")
+
+
 def _searches_of_part_of_the_space(fitting, fastest: float) -> tuple:
-    """Mistakes naming each search that fixes one field and so finds a slower plan than the fastest; searches that
-    find the same plan are named together."""
+    """Mistakes naming each search that fixes one field (or never splits the replica batch) and so finds a slower
+    plan than the fastest; searches that find the same plan are named together."""
+    from lib.planner.search import top
+
+    searches = [(functools.partial(_best_with, fitting, field, value), search, instead)
+                for field, (value, search, instead) in PART_OF_THE_SPACE.items()]
+    whole = [f for f in fitting if f.plan.micro_batch == f.plan.global_batch // f.plan.dp]
+    searches.append((lambda: top(whole) if whole else None, *WHOLE_BATCH))
     by_plan: dict = {}
-    for field, (value, search, instead) in PART_OF_THE_SPACE.items():
-        best = _best_with(fitting, field, value)
+    for best_of, search, instead in searches:
+        best = best_of()
         if best is not None and best.tokens_per_second < (1 - PLAN_RTOL) * fastest:     # slower as the check sees it
             by_plan.setdefault(repr(best.plan), (best.plan, []))[1].append((search, instead))
     return tuple(Mistake(lambda model, cluster, global_batch, plan=plan: plan,
@@ -1161,17 +1171,39 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
                 + (": here the plan of highest HFU is not the fastest" if short else "")
                 + (": here a micro-batch of one sequence is not the fastest" if batched else "")
                 + (": here the fastest plan is a pipeline" if pipelined else ""), mistakes=mistakes,
-                explain=functools.partial(_slower_plan, model, cluster, best.plan), explain_error=_plan_escaped)
+                explain=functools.partial(_slower_plan, model, cluster, best.plan),
+                explain_error=functools.partial(_plan_escaped, model, cluster, batch))
 
 
-def _plan_escaped(error: BaseException) -> Optional[str]:
-    """estimate()'s PlanError let out of the search: a plan the model cannot split is one to skip, not an end."""
+def _plan_escaped(model, cluster, batch: int, error: BaseException) -> Optional[str]:
+    """estimate()'s PlanError let out of the search: a plan the model cannot split is one to skip, not an end; or a
+    search that kept no plan (max() of nothing), where some fit: which part of the space it searched has none."""
     raised = getattr(error, "exception", None) or error
+    if isinstance(raised, ValueError) and "empty" in str(raised):
+        return _kept_nothing(model, cluster, batch)
     if type(raised).__name__ != "PlanError":
         return None
     return ("What it means: your search let estimate()'s PlanError out, so one plan this model cannot split ended "
             "the whole search. Some plans of the space do not split a given model (here a tp that does not divide "
             "its heads): call estimate inside try/except PlanError, skip that plan and go on to the next.")
+
+
+def _kept_nothing(model, cluster, batch: int) -> Optional[str]:
+    """What a search that found no plan looked at, where plans fit: the part of the space with none that fits."""
+    from lib.planner.search import fitting_plans
+
+    fitting = fitting_plans(model, cluster, batch, virtual_stages=[1])
+    if not fitting:
+        return None
+    parts = {WHOLE_BATCH[0]: lambda p: p.micro_batch == p.global_batch // p.dp}
+    parts.update({search: lambda p, f=field, v=value: getattr(p, f) == v
+                  for field, (value, search, _) in PART_OF_THE_SPACE.items()})
+    empty = [search for search, keeps in parts.items() if not any(keeps(f.plan) for f in fitting)]
+    said = (f" None of them is in the part of the space a search {empty[0]} looks at, so such a search finds "
+            "nothing here." if empty else "")
+    return (f"What it means: your search kept no plan on this case (a max() or min() over nothing), where "
+            f"{len(fitting)} plans fit.{said} Search the whole space the hints list, and keep every plan whose "
+            "estimate fits.")
 
 
 choose_plan = Puzzle(
