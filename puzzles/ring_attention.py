@@ -199,6 +199,9 @@ def _merge_explained(o1, l1, o2, l2, expected: list, got: list) -> Optional[str]
         if found:
             said.append(f"your log-sum-exp is {found}, where the union's is the log of a sum of exponentials, "
                         "log(e^lse + e^block_lse) = torch.logaddexp(lse, block_lse)")
+    unaligned = _weights_unaligned(o1, l1, o2, l2, out)
+    if unaligned:
+        said.append(unaligned)
     apart = o1 - o2
     spread = (apart ** 2).sum(-1)
     rows = spread > 1e-12
@@ -217,6 +220,21 @@ def _merge_explained(o1, l1, o2, l2, expected: list, got: list) -> Optional[str]
             if found:
                 said.append(f"your output is {found}")
     return f"Diagnosis: {'; '.join(said)}." if said else _merge_unnormalised(o1, l1, o2, l2, out)
+
+
+def _weights_unaligned(o1, l1, o2, l2, out) -> Optional[str]:
+    """The weights, (b, h, s), multiplied into the outputs, (b, h, s, d), without a last dimension: torch lines shapes
+    up from the right, so where s = d (or s = 1) row i's weight scales feature i of every row."""
+    try:
+        made = o1 - torch.sigmoid(l2 - l1) * (o1 - o2)
+    except RuntimeError:
+        return None
+    right = o1 - torch.sigmoid(l2 - l1).unsqueeze(-1) * (o1 - o2)
+    if made.shape != out.shape or torch.allclose(made, right) or not torch.allclose(out, made, rtol=1e-7, atol=1e-9):
+        return None
+    return (f"your weights, of shape {tuple(l1.shape)}, met the outputs, {tuple(o1.shape)}, without a last "
+            "dimension: torch lines shapes up from the last dimension, so the weight of row i scaled feature i of "
+            "every row. Give each weight its row: weight.unsqueeze(-1)")
 
 
 # exp() of a number above this is inf in float64, and of one below -EXP_RANGE is 0 (so is its log's -inf)

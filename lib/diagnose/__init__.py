@@ -227,6 +227,12 @@ def _shapes(expected: Sequence[Any], got: Sequence[Any], named: dict[str, float]
             shapes = f"{tuple(mine_.shape)} where {tuple(want.shape)} belongs"
             if not mine_.numel():
                 return f"{where} is empty ({shapes}): nothing was put in it."
+            if _broadcast_without_last_dim(mine_.shape, want.shape):
+                short = tuple(want.shape[:-1])
+                return (f"{where} has the shape a {short} tensor makes when it meets a {tuple(want.shape)} one "
+                        f"({shapes}): torch lines shapes up from the last dimension, so the first one's sizes met "
+                        "the second's last ones, not its first. Add the missing dimension (t.unsqueeze(-1), or "
+                        "t[..., None]) so that each row's value meets its row.")
             ratio = mine_.numel() / want.numel()
             if ratio == 1:
                 return (f"{where} has the right number of elements in another shape ({shapes}): transposed, or "
@@ -242,6 +248,16 @@ def _shapes(expected: Sequence[Any], got: Sequence[Any], named: dict[str, float]
             return (f"{where} has 1/{1 / ratio:g} of the elements it should ({shapes}; {what}): a rank's part where "
                     "the whole tensor belongs (the gather that puts the parts together is missing?).")
     return None
+
+
+def _broadcast_without_last_dim(got: torch.Size, want: torch.Size) -> bool:
+    """Whether `got` is what a tensor of `want` less its last dimension, broadcast against one of `want`, gives."""
+    if len(want) < 2:
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(want[:-1], want)) == tuple(got)
+    except RuntimeError:
+        return False
 
 
 # ---- the values themselves ---------------------------------------------------------------------------------

@@ -221,11 +221,11 @@ def _unaligned(fn: Callable, case, rank: Optional[int]) -> Optional[str]:
     shapes = failed[1]
     for short in shapes:
         for long in shapes:
-            if len(short) >= 1 and len(long) == len(short) + 1 and tuple(long[:-1]) == tuple(short) \
-                    and short[-1] != long[-1]:
+            if len(short) >= 1 and len(long) == len(short) + 1 and tuple(long[:-1]) == tuple(short):
                 return (f"a {short} tensor met a {long} one, and torch lines shapes up from the last dimension, so "
-                        f"the first one's last size, {short[-1]}, met the second's {long[-1]}. Add the missing "
-                        "dimension (t.unsqueeze(-1), or t[..., None]) so that each row's value meets its row.")
+                        f"the first one's sizes met the second's last ones, {tuple(long[1:])}, not its first. Add "
+                        "the missing dimension (t.unsqueeze(-1), or t[..., None]) so that each row's value meets its "
+                        "row.")
     return None
 
 
