@@ -10,9 +10,6 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 
-_MESHES: dict = {}        # a real process's meshes over groups, by (sibling groups, shape, names, device type)
-
-
 class GroupAsWorld:
     """`dist` restricted to `group`, whose members are the global `ranks`, in the group's order."""
 
@@ -23,6 +20,7 @@ class GroupAsWorld:
         self._dist, self.group, self.ranks = dist, group, tuple(ranks)
         self.siblings = tuple(tuple(s) for s in siblings) or (self.ranks,)
         self.ReduceOp = dist.ReduceOp
+        self._meshes: dict = {}        # a real process's meshes over this group, by (shape, names, device type)
 
     def new_group(self, ranks: Optional[Sequence[int]] = None, **kwargs) -> Any:
         """A subgroup of this group's ranks (0..len-1, this group's numbering): every rank calls new_group for the
@@ -43,12 +41,12 @@ class GroupAsWorld:
         import torch
         from torch.distributed.device_mesh import DeviceMesh
 
-        key = (self.siblings, shape, names, device_type)
-        if key not in _MESHES:
+        key = (shape, names, device_type)
+        if key not in self._meshes:
             made = [DeviceMesh(device_type, torch.tensor(s).reshape(shape), mesh_dim_names=names)
                     for s in self.siblings]
-            _MESHES[key] = made[self.siblings.index(self.ranks)]
-        return _MESHES[key]
+            self._meshes[key] = made[self.siblings.index(self.ranks)]
+        return self._meshes[key]
 
     def get_backend(self, group: Any = None) -> Any:
         return self._dist.get_backend(self._group(group))
