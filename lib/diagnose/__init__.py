@@ -24,7 +24,8 @@ import torch
 from lib.checker.compare import first_difference
 from lib.checker.plain import as_plain
 from lib.diagnose import factors, layouts, moments, origins, values
-from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, listing, mine, name, on_rank, span
+from lib.diagnose.leaves import arguments, differing, f64, given, holes, leaves, lined_up_from_the_end, listing, mine, \
+    name, on_rank, span
 from lib.sim import run
 
 __all__ = ["Mistake", "case_reading", "diagnose", "diagnosis", "hands_gradient", "unwritten_memory"]
@@ -230,9 +231,7 @@ def _shapes(expected: Sequence[Any], got: Sequence[Any], named: dict[str, float]
             if _broadcast_without_last_dim(mine_.shape, want.shape):
                 short = tuple(want.shape[:-1])
                 return (f"{where} has the shape a {short} tensor makes when it meets a {tuple(want.shape)} one "
-                        f"({shapes}): torch lines shapes up from the last dimension, so the first one's sizes met "
-                        "the second's last ones, not its first. Add the missing dimension (t.unsqueeze(-1), or "
-                        "t[..., None]) so that each row's value meets its row.")
+                        f"({shapes}): " + lined_up_from_the_end())
             ratio = mine_.numel() / want.numel()
             if ratio == 1:
                 return (f"{where} has the right number of elements in another shape ({shapes}): transposed, or "

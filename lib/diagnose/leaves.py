@@ -111,6 +111,14 @@ def f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().to(torch.float64)
 
 
+def lined_up_from_the_end(met: str = "") -> str:
+    """Why a tensor missing its last dimension met a longer one's wrong sizes (`met`: those sizes, said), and the fix:
+    said alike for the error torch raised and for the wrong shape a broadcast made."""
+    return ("torch lines shapes up from the last dimension, so the first one's sizes met the second's last ones"
+            f"{met}, not its first. Add the missing dimension (t.unsqueeze(-1), or t[..., None]) so that each row's "
+            "value meets its row.")
+
+
 def close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
     return a.shape == b.shape and bool(torch.isclose(f64(b), f64(a), rtol=rtol, atol=atol, equal_nan=True).all())
 

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from lib.diagnose import factors
-from lib.diagnose.leaves import arguments, given, mine
+from lib.diagnose.leaves import arguments, given, lined_up_from_the_end, mine
 from lib.diagnose.moments import first_raising_step
 from lib.diagnose.origins import replay
 from lib.errors import RankFailed
@@ -222,10 +222,7 @@ def _unaligned(fn: Callable, case, rank: Optional[int]) -> Optional[str]:
     for short in shapes:
         for long in shapes:
             if len(short) >= 1 and len(long) == len(short) + 1 and tuple(long[:-1]) == tuple(short):
-                return (f"a {short} tensor met a {long} one, and torch lines shapes up from the last dimension, so "
-                        f"the first one's sizes met the second's last ones, {tuple(long[1:])}, not its first. Add "
-                        "the missing dimension (t.unsqueeze(-1), or t[..., None]) so that each row's value meets its "
-                        "row.")
+                return f"a {short} tensor met a {long} one, and " + lined_up_from_the_end(f", {tuple(long[1:])}")
     return None
 
 
