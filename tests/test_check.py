@@ -547,6 +547,13 @@ def test_a_formula_must_be_a_lib_terms_formula():
         Case(1, (), [3], "one", formulas={"": 3})
 
 
+def test_a_case_reads_either_the_run_or_the_other_cases_not_both():
+    """Each flag gives Case.explain its third argument: both set, one would be ignored without a word."""
+    from lib.checker.puzzle import SpecError
+    with pytest.raises(SpecError, match="explain_reads_run=True and reads_others=True"):
+        Case(1, (), [3], "one", explain=lambda expected, got, third: None, explain_reads_run=True, reads_others=True)
+
+
 def test_a_budget_missed_by_less_than_its_rounding_says_by_how_much():
     from lib.checker.budgets import over
     """504.33 KiB over a budget of 504.33 KiB reads as no excess: the message adds what rounding hid."""

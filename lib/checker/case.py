@@ -91,6 +91,9 @@ def _validate_case(case: "Case") -> None:
                         "nth message from src to dst carries.")
     if case.steps is not None and (not isinstance(case.steps, int) or case.steps < 1):
         raise SpecError(f"Case {case.label!r}: steps={case.steps!r}: a positive integer.")
+    if case.explain_reads_run and case.reads_others:
+        raise SpecError(f"Case {case.label!r}: explain_reads_run=True and reads_others=True: each gives explain its "
+                        "third argument (the run, or the answer on the other cases), so a case sets one of them.")
     from lib.checker.terms import Formula
     for key, formula in case.formulas.items():
         if not isinstance(formula, Formula):
