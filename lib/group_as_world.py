@@ -51,6 +51,19 @@ class GroupAsWorld:
     def get_backend(self, group: Any = None) -> Any:
         return self._dist.get_backend(self._group(group))
 
+    def __getattr__(self, name: str) -> Any:
+        """A name this wrapper does not carry: the whole world's dist's own refusal where it has none, else a
+        refusal in the learner's terms (its rank numbers are the world's, not this group's)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in ("is_available", "is_initialized"):  # the world's answer is the group's
+            return getattr(self._dist, name)
+        getattr(self._dist, name)                        # the world's dist lacks it too: its refusal says so
+        raise AttributeError(
+            f"dist.{name} is not offered by the dist of a group seen as the world (ranks {list(self.ranks)} as 0.."
+            f"{len(self.ranks) - 1}): it has get_rank, get_world_size, new_group, point-to-point calls and the tensor "
+            "collectives, with ranks in the group's numbering.")
+
     def __repr__(self) -> str:
         return f"<dist over ranks {list(self.ranks)}>"
 

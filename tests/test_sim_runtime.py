@@ -910,3 +910,25 @@ def test_a_deadlock_of_two_ranks_receiving_from_each_other_says_one_must_send_fi
         return buf
     message = str(_fails(prog, 2, Deadlock, torch.ones(2)))
     assert "ranks 0 and 1 each wait to receive from the other" in message, message
+
+
+def test_a_group_seen_as_the_world_refuses_a_call_it_lacks_in_the_learners_terms():
+    """A mesh axis's dist (lib.group_as_world) asked for a call of torch.distributed it does not carry says which
+    dist it is and what it has, not "'GroupAsWorld' object has no attribute"; a name torch lacks too gets the
+    simulator's own refusal."""
+    from lib.group_as_world import GroupAsWorld
+
+    def prog(dist, name):
+        mine = [r for r in ((0, 1), (2, 3)) if dist.get_rank() in r][0]
+        groups = {ranks: dist.new_group(list(ranks)) for ranks in ((0, 1), (2, 3))}
+        axis = GroupAsWorld(dist, groups[mine], mine, siblings=[(0, 1), (2, 3)])
+        assert axis.is_initialized()
+        getattr(axis, name)
+
+    with pytest.raises(RankFailed) as caught:
+        lib.sim.run(prog, 4, "all_gather_object")
+    message = str(caught.value)
+    assert "dist.all_gather_object is not offered by the dist of a group seen as the world" in message, message
+    assert "GroupAsWorld" not in message, message
+    with pytest.raises(RankFailed, match="torch.distributed has no attribute 'all_gather_objects'"):
+        lib.sim.run(prog, 4, "all_gather_objects")
