@@ -932,3 +932,31 @@ def test_a_group_seen_as_the_world_refuses_a_call_it_lacks_in_the_learners_terms
     assert "GroupAsWorld" not in message, message
     with pytest.raises(RankFailed, match="torch.distributed has no attribute 'all_gather_objects'"):
         lib.sim.run(prog, 4, "all_gather_objects")
+
+
+def _all_to_all_with_splits(dist, mistake):
+    """Rank s sends 3s + r + 1 rows to rank r (the two directions differ), with its split lists as `mistake` has
+    them."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sends = [3 * rank + r + 1 for r in range(world)]
+    receives = [3 * s + rank + 1 for s in range(world)]
+    inp = torch.zeros(sum(sends), 2)
+    out = torch.empty(sum(receives), 2)
+    if mistake == "swapped":
+        dist.all_to_all_single(out, inp, sends, receives)
+    else:                                                       # its own rows left out of what it sends
+        sent = [0 if r == rank else n for r, n in enumerate(sends)]
+        dist.all_to_all_single(torch.empty(sum(sends), 2), inp, sends, sent)
+    return out
+
+
+def test_all_to_all_single_split_lists_swapped_are_named_and_a_wrong_input_list_is_not_called_a_swap():
+    """The two lists in each other's places: each adds up to the other tensor's rows, and the rank's own entry is
+    the same in both. An input list that leaves the rank's own rows out, beside an output list that happens to add
+    up to the input's rows, is not a swap."""
+    with pytest.raises(InvalidCall, match="the two are swapped"):
+        lib.sim.run(_all_to_all_with_splits, 3, "swapped")
+    with pytest.raises(InvalidCall) as caught:
+        lib.sim.run(_all_to_all_with_splits, 3, "own rows left out")
+    assert "the two are swapped" not in str(caught.value), str(caught.value)
+    assert "input_split_sizes=[0, 2, 3]" in str(caught.value), str(caught.value)

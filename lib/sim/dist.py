@@ -59,14 +59,16 @@ def _guessed_splits(rank: int, sends: list[int], receives: list[int]) -> str:
             f"rank {rank} cannot see.")
 
 
-def _swapped_splits(rank: int, nth: str, inp: torch.Tensor, output_split_sizes, input_split_sizes) -> None:
+def _swapped_splits(rank: int, me: int, nth: str, inp: torch.Tensor, output_split_sizes, input_split_sizes) -> None:
     """Refuse an all_to_all_single whose two split lists are each other's: the input splits do not add up to the
-    input's rows, and the output splits do."""
+    input's rows, the output splits do, and both hold the same rows for the rank itself (`me`, its index in the
+    group: what a rank sends itself is what it receives from itself, swapped or not; an input split wrong there,
+    the rank's own rows left out, is no swap)."""
     if output_split_sizes is None or input_split_sizes is None:
         return
     rows = inp.shape[0] if inp.dim() else 0
     outs, ins = [int(s) for s in output_split_sizes], [int(s) for s in input_split_sizes]
-    if sum(ins) != rows and sum(outs) == rows and len(outs) == len(ins):
+    if sum(ins) != rows and sum(outs) == rows and len(outs) == len(ins) > me and outs[me] == ins[me]:
         raise InvalidCall(
             f"rank {rank}'s {nth} all-to-all (all_to_all_single) has input_split_sizes={ins}, adding up to "
             f"{sum(ins)}, not the input's {rows} rows, and output_split_sizes={outs}, adding up to {rows}: the two "
@@ -412,7 +414,7 @@ class SimDist(ObjectCollectives):
         g = self._comm.resolve(self._rank, group, "all_to_all_single")
         n = g.size()
         nth = ordinal(self._rt.ranks[self._rank].calls["all_to_all"] + 1)
-        _swapped_splits(self._rank, nth, inp, output_split_sizes, input_split_sizes)
+        _swapped_splits(self._rank, g.ranks.index(self._rank), nth, inp, output_split_sizes, input_split_sizes)
         in_splits = self._splits(input_split_sizes, inp, n, "input")
         out_splits = self._splits(output_split_sizes, out, n, "output")
 
