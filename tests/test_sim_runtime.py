@@ -960,3 +960,23 @@ def test_all_to_all_single_split_lists_swapped_are_named_and_a_wrong_input_list_
         lib.sim.run(_all_to_all_with_splits, 3, "own rows left out")
     assert "the two are swapped" not in str(caught.value), str(caught.value)
     assert "input_split_sizes=[0, 2, 3]" in str(caught.value), str(caught.value)
+
+
+def _reversed_sends(dist):
+    """Rank 0 sends [1, 2] rows and receives [1, 2] (alike by chance, and right); rank 1 should send [2, 3] and
+    receive [2, 3], and sends its rows in reversed order of ranks, [3, 2]."""
+    rank = dist.get_rank()
+    sends, receives = ([1, 2], [1, 2]) if rank == 0 else ([3, 2], [2, 3])
+    out = torch.empty(sum(receives), 1)
+    dist.all_to_all_single(out, torch.zeros(sum(sends), 1), receives, sends)
+    return out
+
+
+def test_a_receiver_whose_splits_match_its_sends_by_chance_is_not_told_it_guessed():
+    """'its output_split_sizes are its own input_split_sizes' is the mistake only where every rank sized what it
+    receives from what it sends; here rank 1's sends are wrong, and rank 0's lists are alike and right."""
+    with pytest.raises(CollectiveMismatch) as caught:
+        lib.sim.run(_reversed_sends, 2)
+    message = str(caught.value)
+    assert "rank 1 sends 3 rows to rank 0, but rank 0 expects 2" in message, message
+    assert "are its own input_split_sizes" not in message, message
