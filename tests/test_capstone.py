@@ -227,6 +227,22 @@ def test_memory_over_the_learners_plan_is_named_as_its_piece(name, fn, parts, wo
     assert out.startswith("✗ ") and all(w in out for w in words), out
 
 
+def _zero2_updating_the_last_parameter_first(dist, model, batches, lr):
+    """The reference ZeRO-2 over the parameters in reverse (the order backward's hooks fire): its last gathered
+    buffer, alive until the next step, is the stage's first parameter's, not its last's."""
+    order = list(reversed(list(model.parameters())))
+    model.parameters = lambda recurse=True: iter(order)
+    return solutions.zero.zero2_train(dist, model, batches, lr)
+
+
+def test_a_right_zero2_ending_its_loop_on_another_parameter_is_within_the_plan(capsys):
+    """A loop's last temporaries are those of the parameter it ended on, read from the run (its last all-gather
+    over DP): the stage's embedding here, 0.54 × the stage's gradients, where the reference ends on a bias."""
+    pieces = Pieces(functions={**SOLVED, "zero2_train": _zero2_updating_the_last_parameter_first})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(zero=2), own_checks=False, strict=False, show=False), \
+        capsys.readouterr().out
+
+
 def test_memory_is_compared_with_the_learners_own_plan(capsys):
     """The budget is the learner's plan_memory's: its model states (its answer less the activations, which grow
     with b), each state at float64's size for the rank's parameters; and its micro-batches in flight: a plan that
