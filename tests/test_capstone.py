@@ -362,15 +362,20 @@ HSDP_SEAMS = {**SEAMS, "hsdp_gradients": solutions.trainer.hsdp_gradients}
 
 
 @pytest.mark.parametrize("parts,own", [(HSDP, True), (C.Parts(dp=4, hsdp_nodes=2, pp=2, tp=1), False),
-                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2, max_norm=None), False)],
-                         ids=["2x2-tp2", "2x2-pp2", "unclipped"])
+                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2, max_norm=None), False),
+                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=1), False),
+                                       (C.Parts(dp=2, hsdp_nodes=2, pp=2, tp=1), False)],
+                         ids=["2x2-tp2", "2x2-pp2", "unclipped", "node-is-the-shard-axis", "dp-is-the-replicate-axis"])
 def test_hsdp_as_the_dp_axis_trains_as_one_device(parts, own, capsys):
     """The learner's hsdp_gradients averages the gradients (its shard), Adam updates the shard, the node gathers the
-    weights back: one device's losses and parameters, each half of the DP axis within its bytes."""
+    weights back: one device's losses and parameters, each half of the DP axis within its bytes. Where the node's
+    ranks are the shard axis (no TP, no PP) or the DP axis is the replicate one (one DP rank a node), the clipping's
+    and the loss's sums travel on that axis, within its budget."""
     assert T.check_trainer(Pieces(functions=dict(SOLVED)), HSDP_SEAMS, parts, own_checks=own, strict=False,
                            show=False), capsys.readouterr().out
     out = capsys.readouterr().out
-    assert "HSDP as its DP axis (2 nodes × 2)" in out and "REPLICATE" in out and "SHARD" in out, out
+    said = f"HSDP as its DP axis ({parts.hsdp_nodes} nodes × {parts.per_node})"
+    assert said in out and "REPLICATE" in out and "SHARD" in out, out
 
 
 def test_hsdp_as_the_dp_axis_runs_on_real_processes_as_on_simulated_ones():
