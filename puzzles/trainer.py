@@ -128,6 +128,12 @@ def _clip_explained(grads: list[list[torch.Tensor]], replicated: list[bool], max
     if math.isclose(used, norm ** 2, rel_tol=1e-6):
         return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the sum of the squares itself: the norm is its "
                 f"square root, {norm:.6g}.")
+    own = [math.sqrt(sum(float(g.pow(2).sum()) for g, r in zip(mine, replicated) if not r or rank % tp == 0))
+           for rank, mine in enumerate(grads)]                 # each rank's own norm, its replicas counted as due
+    if len(own) > 1 and math.isclose(used, sum(own), rel_tol=1e-7):
+        return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the sum of the ranks' own norms, where the whole "
+                f"gradient's norm is {norm:.6g}: norms do not add. All-reduce the sum of squares, then take its "
+                f"square root once.")
     if due >= 1:
         return (f"Diagnosis: you scaled every gradient by {coef:.4g}, but max_norm / (norm + 1e-6) = {due:.4g} is not "
                 f"below 1: the gradients stay as they are then (torch's clip_grad_norm_ clamps the coefficient to 1).")

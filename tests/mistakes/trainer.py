@@ -28,6 +28,16 @@ def clip_by_the_sum_of_squares(dist, grads, replicated, max_norm, tp):
     return [g * coef if coef < 1 else g for g in grads]
 
 
+def clip_by_the_sum_of_the_ranks_norms(dist, grads, replicated, max_norm, tp):
+    """Takes each rank's own norm (its replicas counted on TP rank 0), then all-reduces the norms: a sum of norms,
+    not the norm of the whole."""
+    rank = dist.get_rank()
+    norm = sum(g.pow(2).sum() for g, r in zip(grads, replicated) if not r or rank % tp == 0).sqrt().reshape(1)
+    dist.all_reduce(norm)
+    coef = max_norm / (norm + 1e-6)
+    return [g * coef if coef < 1 else g for g in grads]
+
+
 def mean_loss_never_divides_by_the_tokens(dist, losses, tokens):
     """All-reduces the token-weighted sum and the count, then divides by the ranks instead of the count."""
     total = torch.stack([sum(loss * n for loss, n in zip(losses, tokens)),
@@ -88,6 +98,7 @@ def hsdp_never_all_reduces_across_nodes(dist, grads, nodes):
 MISTAKES = [
     Attempt("clip_grad_norm", clip_tp_rank_taken_as_outermost, named="rank % tp == 0"),
     Attempt("clip_grad_norm", clip_by_the_sum_of_squares, named="square root"),
+    Attempt("clip_grad_norm", clip_by_the_sum_of_the_ranks_norms, named="norms do not add"),
     Attempt("mean_loss", mean_loss_never_divides_by_the_tokens, named="T, the step's tokens"),
     Attempt("mean_loss", mean_loss_divides_by_its_own_tokens, named="own"),
     Attempt("hsdp_gradients", hsdp_keeps_the_padding, named="padding"),
