@@ -208,6 +208,11 @@ def _loss_explained(losses: list[list[torch.Tensor]], tokens: list[list[int]], e
                 return (f"Diagnosis: rank {rank} returned the {said} of each rank's own token-weighted mean: a rank's "
                         f"mean weighs only its own tokens, and ranks may hold different counts. All-reduce the "
                         f"weighted sum and the token count, then divide once.")
+        unweighted, steps_tokens = float(sum(sum(ls) for ls in losses)), sum(map(sum, tokens))
+        if math.isclose(float(got), unweighted / steps_tokens, rel_tol=1e-9):
+            return (f"Diagnosis: rank {rank} divided the sum of the micro-batches' mean losses by the step's "
+                    f"{steps_tokens} tokens: each loss is a mean over its micro-batch, so weigh it by its token count "
+                    "(loss × tokens is that micro-batch's sum) before adding.")
         mine, used = sum(tokens[rank]), weighted / float(got)
         for times, said in ((1, f"rank {rank}'s own {mine} tokens"), (world, f"N = {world} × rank {rank}'s own "
                                                                                 f"{mine} tokens")):

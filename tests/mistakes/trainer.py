@@ -54,6 +54,13 @@ def mean_loss_divides_by_its_own_tokens(dist, losses, tokens):
     return total[0] / (sum(tokens) * dist.get_world_size())
 
 
+def mean_loss_without_the_token_weights(dist, losses, tokens):
+    """All-reduces the micro-batches' mean losses, unweighted, and the token count, then divides one by the other."""
+    total = torch.stack([sum(losses), torch.tensor(float(sum(tokens)), dtype=losses[0].dtype)])
+    dist.all_reduce(total)
+    return total[0] / total[1]
+
+
 def hsdp_keeps_the_padding(dist, grads, nodes):
     """Returns each shard as the reduce-scatter left it, padding rows included: the last shards are too long."""
     return _hsdp(dist, grads, nodes, keep_padding=True)
@@ -101,6 +108,7 @@ MISTAKES = [
     Attempt("clip_grad_norm", clip_by_the_sum_of_the_ranks_norms, named="norms do not add"),
     Attempt("mean_loss", mean_loss_never_divides_by_the_tokens, named="T, the step's tokens"),
     Attempt("mean_loss", mean_loss_divides_by_its_own_tokens, named="own"),
+    Attempt("mean_loss", mean_loss_without_the_token_weights, named="weigh it by its token count"),
     Attempt("hsdp_gradients", hsdp_keeps_the_padding, named="padding"),
     # Its rows are often those of padding kept (shard indices below n are full ones): not named apart yet.
     Attempt("hsdp_gradients", hsdp_node_number_as_shard_index, named="shard index", named_yet=False),
