@@ -256,15 +256,19 @@ def hsdp_shards(grad: torch.Tensor, s: int) -> list[torch.Tensor]:
     return chunks + [grad[:0]] * (s - len(chunks))
 
 
-def _hsdp_case(rng: random.Random, world: int) -> MeshCase:
-    """`nodes` nodes of s ranks each (nodes != s where the world allows, so that a wrong factor names one of them);
-    gradients whose first dimension s rarely divides, one of them longer than s rows and never a multiple of s (a
-    shard padded for the reduce-scatter on every case: an answer keeping the padding passed one seed in 30)."""
+def _hsdp_case(rng: random.Random, world: int, per_node: Optional[int] = None) -> MeshCase:
+    """`nodes` nodes of s ranks each (nodes != s where the world allows, so that a wrong factor names one of them;
+    s = per_node where given); gradients whose first dimension s rarely divides, one of them longer than s rows and
+    never a multiple of s (a shard padded for the reduce-scatter on every case: an answer keeping the padding passed
+    one seed in 30) whose rows have 2 columns or more (a cut of the flattened elements passed where every gradient
+    was 1-D), and from s = 3 on its torch.chunk sizes are not torch.tensor_split's (a cut by tensor_split passed
+    wherever s = 2)."""
     pairs = [(r, world // r) for r in range(2, world) if world % r == 0] or [(1, world)]   # a prime world: one node
-    nodes, s = rng.choice([p for p in pairs if p[0] != p[1]] or pairs)
+    nodes, s = ((world // per_node, per_node) if per_node else
+                rng.choice([p for p in pairs if p[0] != p[1]] or pairs))
     gen = _gen(rng)
-    first = rng.choice([r for r in range(s + 1, 3 * s) if r % s])
-    shapes = [(first,) + ((rng.randint(1, 4),) if rng.random() < 0.7 else ())]
+    first = rng.choice([r for r in range(s + 1, 3 * s) if r % s and (s < 3 or r % s != s - 1)])
+    shapes = [(first, rng.randint(2, 4))]           # rows of 2 or more: a cut of the flattened elements shows
     shapes += [(rng.randint(1, 3 * s),) + ((rng.randint(1, 4),) if rng.random() < 0.7 else ())
                for _ in range(rng.randint(1, 3))]
     grads = [[torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes] for _ in range(world)]
@@ -321,6 +325,11 @@ def _hsdp_explained(nodes: int, s: int, grads: list[list[torch.Tensor]], expecte
                     f"included: drop the rows past the gradient's end (shard i holds rows i·c up to min((i+1)·c, "
                     f"rows); FSDP2 keeps each shard's own size beside its padded one).")
         rank = next(r for r in range(len(got)) if got[r] != want[r])
+        if got == [[len(torch.empty(d).tensor_split(s)[r % s]) for d in rows] for r in range(len(results))]:
+            return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: your shards "
+                    f"have torch.tensor_split's sizes (⌊d / s⌋ or one more each), where FSDP2's are torch.chunk's: "
+                    f"c = ⌈d / s⌉ rows each until the gradient's rows run out, as the reduce-scatter's padded "
+                    f"blocks of c rows lie.")
         return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: its shard index "
                 f"is its place inside its node, rank % s = {rank % s} (mesh.get_local_rank('shard')), and shard i of "
                 f"a gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
@@ -382,6 +391,7 @@ def _fsdp2_hsdp(dist, grads: list[torch.Tensor], nodes: int) -> list[torch.Tenso
 
 hsdp_gradients = MeshPuzzle(
     "hsdp_gradients", NOTEBOOK, _hsdp_case, world_sizes=(6, 8), min_world_size=4,
+    variants=({"per_node": 3},),                # 2 nodes of 3 on every check: chunk's sizes apart from tensor_split's
     min_world_size_reason="HSDP both shards and replicates on 2 nodes of 2 ranks or more",
     hints=["mesh = device_mesh(dist, (nodes, dist.get_world_size() // nodes), ('replicate', 'shard')): "
            "mesh['shard'].get_group() is this rank's node, mesh['replicate'].get_group() the ranks of other nodes "

@@ -102,6 +102,13 @@ def hsdp_never_all_reduces_across_nodes(dist, grads, nodes):
     return _hsdp(dist, grads, nodes, reduce_across=False)
 
 
+def hsdp_cut_by_tensor_split(dist, grads, nodes):
+    """Reduce-scatters the padded blocks right, then cuts each shard to torch.tensor_split's size for its index
+    (rows spread as evenly as they go) instead of torch.chunk's."""
+    s, _, i = _shard_mesh(dist, nodes)
+    return [t[:len(g.tensor_split(s)[i])] for t, g in zip(_hsdp(dist, grads, nodes, keep_padding=True), grads)]
+
+
 MISTAKES = [
     Attempt("clip_grad_norm", clip_tp_rank_taken_as_outermost, named="rank % tp == 0"),
     Attempt("clip_grad_norm", clip_by_the_sum_of_squares, named="square root"),
@@ -115,4 +122,5 @@ MISTAKES = [
     Attempt("hsdp_gradients", hsdp_gradients_laid_end_to_end, named="laid end to end"),
     Attempt("hsdp_gradients", hsdp_shards_the_flattened_elements, named="not its flattened elements"),
     Attempt("hsdp_gradients", hsdp_never_all_reduces_across_nodes, named="own node's"),
+    Attempt("hsdp_gradients", hsdp_cut_by_tensor_split, named="tensor_split's sizes"),
 ]
