@@ -26,7 +26,7 @@ from lib.sim.traffic import OUTSIDE, traffic_by_axis
 from lib.units import fmt_bytes
 from puzzles import composed as C
 from puzzles.course_text import batches, byte_tokens, course_text
-from puzzles.trainer import PIECES, seam_number, seams_of
+from puzzles.trainer import PIECES, hsdp_shards, seam_number, seams_of
 from puzzles.trainer_memory import memory_problem
 from puzzles.trainer_schedule import schedule_problem
 
@@ -173,8 +173,6 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
 def _expected_gradients(model, grads: dict, parts: C.Parts) -> list[dict]:
     """Each rank's part of one device's step-1 gradient: its stage's TP shards, and with HSDP its node shard of
     those (shard i = its place in the node)."""
-    from puzzles.trainer import hsdp_shards
-
     each = C.expected_shards(model, parts, grads)
     if not parts.hsdp:
         return each
