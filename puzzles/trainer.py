@@ -134,6 +134,10 @@ def _clip_explained(grads: list[list[torch.Tensor]], replicated: list[bool], max
         return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the sum of the ranks' own norms, where the whole "
                 f"gradient's norm is {norm:.6g}: norms do not add. All-reduce the sum of squares, then take its "
                 f"square root once.")
+    if math.isclose(used, norm / math.sqrt(len(grads)), rel_tol=1e-6):
+        return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the whole gradient's norm {norm:.6g} over √N = "
+                f"√{len(grads)}: your all-reduce averaged the squares (ReduceOp.AVG, or a / N after it), where the "
+                f"norm adds them up.")
     if due >= 1:
         return (f"Diagnosis: you scaled every gradient by {coef:.4g}, but max_norm / (norm + 1e-6) = {due:.4g} is not "
                 f"below 1: the gradients stay as they are then (torch's clip_grad_norm_ clamps the coefficient to 1).")

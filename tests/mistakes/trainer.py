@@ -38,6 +38,15 @@ def clip_by_the_sum_of_the_ranks_norms(dist, grads, replicated, max_norm, tp):
     return [g * coef if coef < 1 else g for g in grads]
 
 
+def clip_by_the_mean_of_the_squares(dist, grads, replicated, max_norm, tp):
+    """Averages the squares over the ranks, as a data-parallel gradient is averaged, before the square root."""
+    rank = dist.get_rank()
+    squares = sum(g.pow(2).sum() for g, r in zip(grads, replicated) if not r or rank % tp == 0).reshape(1)
+    dist.all_reduce(squares)
+    coef = max_norm / ((squares / dist.get_world_size()).sqrt() + 1e-6)
+    return [g * coef if coef < 1 else g for g in grads]
+
+
 def mean_loss_never_divides_by_the_tokens(dist, losses, tokens):
     """All-reduces the token-weighted sum and the count, then divides by the ranks instead of the count."""
     total = torch.stack([sum(loss * n for loss, n in zip(losses, tokens)),
@@ -113,6 +122,7 @@ MISTAKES = [
     Attempt("clip_grad_norm", clip_tp_rank_taken_as_outermost, named="rank % tp == 0"),
     Attempt("clip_grad_norm", clip_by_the_sum_of_squares, named="square root"),
     Attempt("clip_grad_norm", clip_by_the_sum_of_the_ranks_norms, named="norms do not add"),
+    Attempt("clip_grad_norm", clip_by_the_mean_of_the_squares, named="averaged the squares"),
     Attempt("mean_loss", mean_loss_never_divides_by_the_tokens, named="T, the step's tokens"),
     Attempt("mean_loss", mean_loss_divides_by_its_own_tokens, named="own"),
     Attempt("mean_loss", mean_loss_without_the_token_weights, named="weigh it by its token count"),
