@@ -28,6 +28,7 @@ from lib.sim.context import current_rank, memory_mark
 from lib.sim.mesh import coordinates as mesh_coordinates
 from lib.sim.traffic import MeshAxes
 from puzzles.parallel_gpt import GPTStage, shard_gpt, tiny_gpt
+from puzzles.trainer import hsdp_shards
 from puzzles.zero import adam_update
 
 AXES = ("dp", "pp", "tp")
@@ -312,8 +313,6 @@ def hsdp_average(pieces: dict, axes: Axes, named: list, parts: Parts) -> list:
     """This rank's shard of every gradient averaged over the DP axis, by the learner's hsdp_gradients: reduce-scatter
     inside the node, all-reduce of the shard across nodes. Shapes checked: the update below needs FSDP2's rows.
     `named`: the stage's (name, parameter) pairs."""
-    from puzzles.trainer import hsdp_shards
-
     params = [p for _, p in named]
     shards = pieces["hsdp_gradients"](axes.dp, [p.grad for p in params], parts.hsdp_nodes)
     d, s = axes.dp.get_rank(), parts.per_node
@@ -355,8 +354,6 @@ def hsdp_update(axes: Axes, params: list, grads: list, moments: list, step: int,
 
 def hsdp_moments(params: list, axes: Axes, parts: Parts) -> list:
     """(this rank's shard of each weight, Adam's m and v for it), the shard index its place in the node."""
-    from puzzles.trainer import hsdp_shards
-
     i = axes.shard.get_rank()
     return [(w, torch.zeros_like(w), torch.zeros_like(w))
             for w in (hsdp_shards(p.detach(), parts.per_node)[i].clone() for p in params)]

@@ -128,6 +128,16 @@ def _clip_explained(grads: list[list[torch.Tensor]], replicated: list[bool], max
     if math.isclose(used, norm ** 2, rel_tol=1e-6):
         return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the sum of the squares itself: the norm is its "
                 f"square root, {norm:.6g}.")
+    own = [math.sqrt(sum(float(g.pow(2).sum()) for g, r in zip(mine, replicated) if not r or rank % tp == 0))
+           for rank, mine in enumerate(grads)]                 # each rank's own norm, its replicas counted as due
+    if len(own) > 1 and math.isclose(used, sum(own), rel_tol=1e-7):
+        return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the sum of the ranks' own norms, where the whole "
+                f"gradient's norm is {norm:.6g}: norms do not add. All-reduce the sum of squares, then take its "
+                f"square root once.")
+    if math.isclose(used, norm / math.sqrt(len(grads)), rel_tol=1e-6):
+        return (f"Diagnosis: you scaled by max_norm / {used:.6g}, the whole gradient's norm {norm:.6g} over √N = "
+                f"√{len(grads)}: your all-reduce averaged the squares (ReduceOp.AVG, or a / N after it), where the "
+                f"norm adds them up.")
     if due >= 1:
         return (f"Diagnosis: you scaled every gradient by {coef:.4g}, but max_norm / (norm + 1e-6) = {due:.4g} is not "
                 f"below 1: the gradients stay as they are then (torch's clip_grad_norm_ clamps the coefficient to 1).")
@@ -202,6 +212,11 @@ def _loss_explained(losses: list[list[torch.Tensor]], tokens: list[list[int]], e
                 return (f"Diagnosis: rank {rank} returned the {said} of each rank's own token-weighted mean: a rank's "
                         f"mean weighs only its own tokens, and ranks may hold different counts. All-reduce the "
                         f"weighted sum and the token count, then divide once.")
+        unweighted, steps_tokens = float(sum(sum(ls) for ls in losses)), sum(map(sum, tokens))
+        if math.isclose(float(got), unweighted / steps_tokens, rel_tol=1e-9):
+            return (f"Diagnosis: rank {rank} divided the sum of the micro-batches' mean losses by the step's "
+                    f"{steps_tokens} tokens: each loss is a mean over its micro-batch, so weigh it by its token count "
+                    "(loss × tokens is that micro-batch's sum) before adding.")
         mine, used = sum(tokens[rank]), weighted / float(got)
         for times, said in ((1, f"rank {rank}'s own {mine} tokens"), (world, f"N = {world} × rank {rank}'s own "
                                                                                 f"{mine} tokens")):
@@ -245,15 +260,19 @@ def hsdp_shards(grad: torch.Tensor, s: int) -> list[torch.Tensor]:
     return chunks + [grad[:0]] * (s - len(chunks))
 
 
-def _hsdp_case(rng: random.Random, world: int) -> MeshCase:
-    """`nodes` nodes of s ranks each (nodes != s where the world allows, so that a wrong factor names one of them);
-    gradients whose first dimension s rarely divides, one of them longer than s rows and never a multiple of s (a
-    shard padded for the reduce-scatter on every case: an answer keeping the padding passed one seed in 30)."""
+def _hsdp_case(rng: random.Random, world: int, per_node: Optional[int] = None) -> MeshCase:
+    """`nodes` nodes of s ranks each (nodes != s where the world allows, so that a wrong factor names one of them;
+    s = per_node where given); gradients whose first dimension s rarely divides, one of them longer than s rows and
+    never a multiple of s (a shard padded for the reduce-scatter on every case: an answer keeping the padding passed
+    one seed in 30) whose rows have 2 columns or more (a cut of the flattened elements passed where every gradient
+    was 1-D), and from s = 3 on its torch.chunk sizes are not torch.tensor_split's (a cut by tensor_split passed
+    wherever s = 2)."""
     pairs = [(r, world // r) for r in range(2, world) if world % r == 0] or [(1, world)]   # a prime world: one node
-    nodes, s = rng.choice([p for p in pairs if p[0] != p[1]] or pairs)
+    nodes, s = ((world // per_node, per_node) if per_node else
+                rng.choice([p for p in pairs if p[0] != p[1]] or pairs))
     gen = _gen(rng)
-    first = rng.choice([r for r in range(s + 1, 3 * s) if r % s])
-    shapes = [(first,) + ((rng.randint(1, 4),) if rng.random() < 0.7 else ())]
+    first = rng.choice([r for r in range(s + 1, 3 * s) if r % s and (s < 3 or r % s != s - 1)])
+    shapes = [(first, rng.randint(2, 4))]           # rows of 2 or more: a cut of the flattened elements shows
     shapes += [(rng.randint(1, 3 * s),) + ((rng.randint(1, 4),) if rng.random() < 0.7 else ())
                for _ in range(rng.randint(1, 3))]
     grads = [[torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes] for _ in range(world)]
@@ -310,6 +329,11 @@ def _hsdp_explained(nodes: int, s: int, grads: list[list[torch.Tensor]], expecte
                     f"included: drop the rows past the gradient's end (shard i holds rows i·c up to min((i+1)·c, "
                     f"rows); FSDP2 keeps each shard's own size beside its padded one).")
         rank = next(r for r in range(len(got)) if got[r] != want[r])
+        if got == [[len(torch.empty(d).tensor_split(s)[r % s]) for d in rows] for r in range(len(results))]:
+            return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: your shards "
+                    f"have torch.tensor_split's sizes (⌊d / s⌋ or one more each), where FSDP2's are torch.chunk's: "
+                    f"c = ⌈d / s⌉ rows each until the gradient's rows run out, as the reduce-scatter's padded "
+                    f"blocks of c rows lie.")
         return (f"Diagnosis: rank {rank} returned {got[rank]} rows where its shard holds {want[rank]}: its shard index "
                 f"is its place inside its node, rank % s = {rank % s} (mesh.get_local_rank('shard')), and shard i of "
                 f"a gradient of d rows holds rows i·c up to min((i+1)·c, d), c = ⌈d / s⌉.")
@@ -371,6 +395,7 @@ def _fsdp2_hsdp(dist, grads: list[torch.Tensor], nodes: int) -> list[torch.Tenso
 
 hsdp_gradients = MeshPuzzle(
     "hsdp_gradients", NOTEBOOK, _hsdp_case, world_sizes=(6, 8), min_world_size=4,
+    variants=({"per_node": 3},),                # 2 nodes of 3 on every check: chunk's sizes apart from tensor_split's
     min_world_size_reason="HSDP both shards and replicates on 2 nodes of 2 ranks or more",
     hints=["mesh = device_mesh(dist, (nodes, dist.get_world_size() // nodes), ('replicate', 'shard')): "
            "mesh['shard'].get_group() is this rank's node, mesh['replicate'].get_group() the ranks of other nodes "

@@ -26,7 +26,7 @@ from lib.sim.traffic import OUTSIDE, traffic_by_axis
 from lib.units import fmt_bytes
 from puzzles import composed as C
 from puzzles.course_text import batches, byte_tokens, course_text
-from puzzles.trainer import PIECES, seam_number, seams_of
+from puzzles.trainer import PIECES, hsdp_shards, seam_number, seams_of
 from puzzles.trainer_memory import memory_problem
 from puzzles.trainer_schedule import schedule_problem
 
@@ -173,8 +173,6 @@ def _compare(results: list, losses: list[float], expected: list[dict], grads: li
 def _expected_gradients(model, grads: dict, parts: C.Parts) -> list[dict]:
     """Each rank's part of one device's step-1 gradient: its stage's TP shards, and with HSDP its node shard of
     those (shard i = its place in the node)."""
-    from puzzles.trainer import hsdp_shards
-
     each = C.expected_shards(model, parts, grads)
     if not parts.hsdp:
         return each
@@ -236,14 +234,25 @@ def _hsdp_budgets(parts: C.Parts, shard: torch.nn.Module) -> dict[str, tuple[flo
                           f"({fmt_bytes(piece)}, 1/s of the padded gradients), 2(n-1)/n of it")}
 
 
-def _outside_budget(parts: C.Parts, last: bool) -> tuple[float, str]:
-    """With HSDP, what may travel over groups that are no axis: mean_loss's two numbers over the whole DP axis (the
-    last stage) and the clipping's sum of squares over the node's ranks, once a step each."""
-    node = parts.per_node * parts.pp * parts.tp
-    per_step = (bus_factor("all_reduce", parts.dp) * 16 if last else 0) + \
-        (bus_factor("all_reduce", node) * 8 if parts.clips else 0)
-    return (parts.steps * per_step, f"{parts.steps} steps × (mean_loss's all-reduce of two numbers over the DP axis"
-            f"{'' if last else ', not on this stage'} and the clipping's one number over the node's {node} ranks)")
+def _hsdp_small_sums(parts: C.Parts, rank: int) -> dict[str, tuple[float, str]]:
+    """With HSDP, the step's two small all-reduces by the axis their group is (OUTSIDE where it is none):
+    mean_loss's two numbers over the whole DP axis (the last stage) and the clipping's one over the node's ranks,
+    once a step each. A DP axis of one rank a node (s = 1) is the replicate axis; a node without TP and PP is the
+    shard axis, and a node of one DP rank is the other model-parallel axis where one of them has size 1."""
+    mesh, (_, stage, _) = C.mesh_of(parts), C.coordinates(rank, parts)
+    size = parts.per_node * parts.pp * parts.tp
+    node = tuple(range(rank - rank % size, rank - rank % size + size))
+    dp = tuple(r for r in range(parts.world) if C.coordinates(r, parts)[1:] == C.coordinates(rank, parts)[1:])
+    sums: dict[str, tuple[float, str]] = {}
+    loss, clipping = "mean_loss's all-reduce of two numbers over the DP axis", "the clipping's one number over the node"
+    for ranks, nbytes, what, runs in ((dp, 16, loss, stage == parts.pp - 1), (node, 8, clipping, parts.clips)):
+        if not runs:
+            continue
+        axis = next((a for a in mesh.names if mesh.group(rank, a) == ranks), OUTSIDE)
+        limit, why = sums.get(axis, (0.0, ""))
+        sums[axis] = (limit + parts.steps * bus_factor("all_reduce", len(ranks)) * nbytes,
+                      "; ".join(filter(None, (why, f"{parts.steps} steps × {what}"))))
+    return sums
 
 
 def _activation_bytes(parts: C.Parts) -> int:
@@ -291,7 +300,9 @@ def _axis_report(result, shards: list, parts: C.Parts) -> tuple[Optional[str], s
         dp = (_hsdp_budgets(parts, shards[rank]) if parts.hsdp else
               {"dp": _dp_budget(parts, shards[rank], stage == parts.pp - 1)})
         budgets = {**dp, "tp": _tp_budget(parts, shards[rank]), "pp": _pp_budget(parts, stage),
-                   **({OUTSIDE: _outside_budget(parts, stage == parts.pp - 1)} if parts.hsdp else {})}
+                   **({OUTSIDE: (0, "")} if parts.hsdp else {})}
+        for axis, (limit, why) in (_hsdp_small_sums(parts, rank) if parts.hsdp else {}).items():
+            budgets[axis] = (budgets[axis][0] + limit, "; ".join(filter(None, (budgets[axis][1], why))))
         for axis, (limit, why) in budgets.items():
             if by_axis[axis].sent > limit * (1 + 1e-9):
                 said = (f"the {'inside-node' if axis == 'shard' else 'across-node'} half of the DP axis "

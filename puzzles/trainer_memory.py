@@ -36,7 +36,9 @@ WIDER = {"weights": FLOAT64 / BYTES, "gradients": FLOAT64 / BYTES, "optimizer": 
 
 
 # A loop over the parameters leaves its last parameter's temporaries alive until the next step begins (a padded
-# gradient, a gathered buffer): so many full-size copies of the last parameter are allowed beside the plan's states.
+# gradient, a gathered buffer): so many full-size copies of that parameter are allowed beside the plan's states. The
+# parameter a loop ends on is the learner's choice (backward's hooks fire last layer first): it is read from the run,
+# the whole buffer of the rank's last all-gather or reduce-scatter over DP before the step, or the stage's last one.
 LEFTOVER = 2
 
 
@@ -119,6 +121,16 @@ def held_activations(memory: list, marks: list) -> list[tuple[int, int, int, int
     return out
 
 
+def _last_buffer(trace: list, rank: int, time: float, parts: C.Parts) -> float:
+    """The whole (padded) buffer of `rank`'s last all-gather or reduce-scatter over DP that ended by `time`, in
+    bytes (each sends (dp-1)/dp of it); 0 where none did."""
+    mesh, last = C.mesh_of(parts), None
+    for e in trace:
+        if e.rank == rank and e.end <= time and e.op in ("all_gather", "reduce_scatter") and mesh.axis_of(e) == "dp":
+            last = e if last is None or e.end >= last.end else last
+    return 0.0 if last is None else last.bytes * parts.dp / (parts.dp - 1)
+
+
 def _stage_zero(parts: C.Parts) -> list[int]:
     return [r for r in range(parts.world) if C.coordinates(r, parts)[1] == 0]
 
@@ -137,7 +149,8 @@ def _said_kept(extra: float, leftover: float, parts: C.Parts, params: int) -> st
                     f"gradients ({fmt_bytes(grads)}): the stage's {kind} whole. Between steps your {piece} (notebook "
                     f"03) keeps full-size {kind} alive, where ZeRO-{parts.zero} keeps only this rank's 1/dp shard of "
                     "them" + (" (free each p.grad once its shard is reduce-scattered: p.grad = None, and keep no "
-                              "other reference to it)" if kind == "gradients" else ""))
+                              "other reference to it), or a whole copy of the weights, the same bytes (the gathered "
+                              "buffers kept in a list until the next step)" if kind == "gradients" else ""))
     return (f"Beyond its shards it keeps {fmt_bytes(extra)}, {extra / grads:.3g} × the stage's float64 gradients "
             f"({fmt_bytes(grads)}): your {piece} (notebook 03) keeps more between steps than ZeRO-{parts.zero} leaves "
             "a rank")
@@ -171,16 +184,19 @@ def memory_problem(result, parts: C.Parts, shards: list, plan_memory: Optional[C
         where = C.where(rank, parts)
         if parts.zero:
             start = next(m for m in marks if m.what == "start")
-            kept = max(_live(memory, m.index) - _live(memory, start.index) for m in marks if m.what == "step")
             budget, by_state = kept_budget(plan_memory, parts, params)
-            leftover = LEFTOVER * FLOAT64 * math.ceil(list(shards[rank].parameters())[-1].numel() / parts.dp) * \
-                parts.dp
+            stage_last = FLOAT64 * math.ceil(list(shards[rank].parameters())[-1].numel() / parts.dp) * parts.dp
+            over = [(_live(memory, m.index) - _live(memory, start.index),
+                     LEFTOVER * max(stage_last, _last_buffer(result.trace, rank, memory[m.index - 1][0], parts)))
+                    for m in marks if m.what == "step"]
+            kept, leftover = max(over, key=lambda kl: kl[0] - kl[1])
             if kept > budget * (1 + PLAN_RTOL) + leftover:
                 return (f"between steps, {where} kept {fmt_bytes(kept)} beyond the trainer's own tensors, where your "
                         f"plan_memory (notebook 06) counts {fmt_bytes(budget)} for its ZeRO-{parts.zero} states "
                         f"({_said_states(by_state, params)}), and a loop's last temporaries {fmt_bytes(leftover)} "
-                        f"({LEFTOVER} padded copies of the stage's last parameter). "
+                        f"({LEFTOVER} padded copies of the parameter your loop ended on). "
                         f"{_said_kept(kept - sharded_states(parts, params), leftover, parts, params)}.", "")
+            kept = max(k for k, _ in over)
             worst_kept = max(worst_kept or (kept, budget), (kept, budget), key=lambda kb: kb[0] / kb[1])
         if in_flight is not None:
             for run_, top, held, one in held_activations(memory, marks):

@@ -227,6 +227,22 @@ def test_memory_over_the_learners_plan_is_named_as_its_piece(name, fn, parts, wo
     assert out.startswith("✗ ") and all(w in out for w in words), out
 
 
+def _zero2_updating_the_last_parameter_first(dist, model, batches, lr):
+    """The reference ZeRO-2 over the parameters in reverse (the order backward's hooks fire): its last gathered
+    buffer, alive until the next step, is the stage's first parameter's, not its last's."""
+    order = list(reversed(list(model.parameters())))
+    model.parameters = lambda recurse=True: iter(order)
+    return solutions.zero.zero2_train(dist, model, batches, lr)
+
+
+def test_a_right_zero2_ending_its_loop_on_another_parameter_is_within_the_plan(capsys):
+    """A loop's last temporaries are those of the parameter it ended on, read from the run (its last all-gather
+    over DP): the stage's embedding here, 0.54 × the stage's gradients, where the reference ends on a bias."""
+    pieces = Pieces(functions={**SOLVED, "zero2_train": _zero2_updating_the_last_parameter_first})
+    assert T.check_trainer(pieces, SEAMS, C.Parts(zero=2), own_checks=False, strict=False, show=False), \
+        capsys.readouterr().out
+
+
 def test_memory_is_compared_with_the_learners_own_plan(capsys):
     """The budget is the learner's plan_memory's: its model states (its answer less the activations, which grow
     with b), each state at float64's size for the rank's parameters; and its micro-batches in flight: a plan that
@@ -346,15 +362,20 @@ HSDP_SEAMS = {**SEAMS, "hsdp_gradients": solutions.trainer.hsdp_gradients}
 
 
 @pytest.mark.parametrize("parts,own", [(HSDP, True), (C.Parts(dp=4, hsdp_nodes=2, pp=2, tp=1), False),
-                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2, max_norm=None), False)],
-                         ids=["2x2-tp2", "2x2-pp2", "unclipped"])
+                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=2, max_norm=None), False),
+                                       (C.Parts(dp=4, hsdp_nodes=2, pp=1, tp=1), False),
+                                       (C.Parts(dp=2, hsdp_nodes=2, pp=2, tp=1), False)],
+                         ids=["2x2-tp2", "2x2-pp2", "unclipped", "node-is-the-shard-axis", "dp-is-the-replicate-axis"])
 def test_hsdp_as_the_dp_axis_trains_as_one_device(parts, own, capsys):
     """The learner's hsdp_gradients averages the gradients (its shard), Adam updates the shard, the node gathers the
-    weights back: one device's losses and parameters, each half of the DP axis within its bytes."""
+    weights back: one device's losses and parameters, each half of the DP axis within its bytes. Where the node's
+    ranks are the shard axis (no TP, no PP) or the DP axis is the replicate one (one DP rank a node), the clipping's
+    and the loss's sums travel on that axis, within its budget."""
     assert T.check_trainer(Pieces(functions=dict(SOLVED)), HSDP_SEAMS, parts, own_checks=own, strict=False,
                            show=False), capsys.readouterr().out
     out = capsys.readouterr().out
-    assert "HSDP as its DP axis (2 nodes × 2)" in out and "REPLICATE" in out and "SHARD" in out, out
+    said = f"HSDP as its DP axis ({parts.hsdp_nodes} nodes × {parts.per_node})"
+    assert said in out and "REPLICATE" in out and "SHARD" in out, out
 
 
 def test_hsdp_as_the_dp_axis_runs_on_real_processes_as_on_simulated_ones():
