@@ -340,36 +340,37 @@ def _checkpoint_case(rng: random.Random, _world: int) -> Case:
 
 
 class CheckpointUnused(PuzzleError):
-    """checkpointed_step's blocks each ran twice before backward and never in it: the checkpoints' outputs unused."""
+    """checkpointed_step's blocks each ran twice before the head and never after it: the checkpoints' outputs unused."""
 
 
 def _checkpoint_harness(answer, _dist, model, tokens, targets):
-    """The answer, each block's runs counted before any backward and after one began (inside it, or after a first
-    backward, as checkpointing written by hand recomputes): a block run twice before backward and never after was
-    checkpointed and run plainly too, the plain output carried on (a checkpoint recomputes only where its output
-    reaches the loss). Said as that, where the peak alone would say only how much is kept."""
-    runs = [[0, 0] for _ in model.blocks]                  # [before any backward, after one began] per block
-    params = list(model.parameters())
-    grads = [p.grad for p in params]                       # a backward has begun once one of them changed
+    """The answer, each block's runs counted before the head (model.ln_f) first ran and after: a block run twice
+    before it and never after was checkpointed and run plainly too, the plain output carried on (a checkpoint
+    recomputes only where its output reaches the loss, so after the head). Recomputation by hand (autograd.grad or
+    backward(grad) block by block) also runs after the head. Said as that, where the peak alone would say only how
+    much is kept."""
+    runs = [[0, 0] for _ in model.blocks]                  # [before the head first ran, after] per block
+    head = []
 
     def counting(i: int):
         def hook(module, args):
-            begun = torch._C._current_graph_task_id() != -1 or any(p.grad is not g for p, g in zip(params, grads))
-            runs[i][begun] += 1
+            runs[i][bool(head) or torch._C._current_graph_task_id() != -1] += 1
         return hook
     handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(model.blocks)]
+    handles.append(model.ln_f.register_forward_pre_hook(lambda module, args: head.append(True)))
     try:
         result = answer(model, tokens, targets)
     finally:
         for handle in handles:
             handle.remove()
-    if runs and all(before >= 2 and inside == 0 for before, inside in runs):
+    if runs and all(before >= 2 and after == 0 for before, after in runs):
         raise CheckpointUnused(
             f"each of the {len(runs)} blocks ran {'twice' if runs[0][0] == 2 else f'{runs[0][0]} times'} before "
-            "backward and never during it: the checkpoints ran, but what reached the loss came from plain calls "
-            "of the blocks, which keep their activations until backward (all of them alive at once, as without "
-            "checkpointing); a checkpoint whose output is not used is never recomputed. Carry the checkpoint's "
-            "output on, x = checkpoint(block, x, use_reentrant=False), and let nothing else run the blocks.")
+            "the head and never after it (in backward): the checkpoints ran, but what reached the loss came from "
+            "plain calls of the blocks, which keep their activations until backward (all of them alive at once, as "
+            "without checkpointing); a checkpoint whose output is not used is never recomputed. Carry the "
+            "checkpoint's output on, x = checkpoint(block, x, use_reentrant=False), and let nothing else run the "
+            "blocks.")
     return result
 
 

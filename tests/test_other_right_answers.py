@@ -526,6 +526,34 @@ def checkpoint_by_hand(model, tokens, targets):
     return model
 
 
+def checkpoint_by_hand_with_autograd_grad(model, tokens, targets):
+    """Checkpointing written out with torch.autograd.grad, block by block, every gradient collected and set on the
+    parameters only at the end: no p.grad changes before the last block is recomputed, outside any backward."""
+    with torch.no_grad():
+        inputs, x = [], model.embed(tokens)
+        for block in model.blocks:
+            inputs.append(x)
+            x = block(x)
+    params, grads = list(model.parameters()), {}
+
+    def through(output, inp=None, grad=None):
+        """The gradient of `output` for inp (returned) and the parameters (collected)."""
+        found = torch.autograd.grad(output, [*params, *([inp] if inp is not None else [])], grad, allow_unused=True)
+        for p, g in zip(params, found):
+            if g is not None:
+                grads[p] = grads[p] + g if p in grads else g
+        return found[-1]
+    x = x.detach().requires_grad_()
+    grad = through(model.head_loss(x, targets), x)
+    for block, inp in zip(reversed(model.blocks), reversed(inputs)):
+        inp = inp.detach().requires_grad_()
+        grad = through(block(inp), inp, grad)
+    through(model.embed(tokens), grad=grad)
+    for p, g in grads.items():
+        p.grad = g
+    return model
+
+
 # ---- zigzag_attention(dist, q, k, v, block): this rank's (out, lse) of causal attention on the zigzag split ------
 def zigzag_merging_by_max(dist, q, k, v, block):
     """The reference's schedule, each merge written the textbook way, m = max(lse_a, lse_b), weights e^(lse - m),
@@ -617,7 +645,8 @@ def bucketed_freeing_each_gradient(dist, model, batches, lr, bucket_size):
 
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
-    [(puzzles.memory.checkpointed_step, checkpoint_by_hand)] + \
+    [(puzzles.memory.checkpointed_step, answer) for answer in (checkpoint_by_hand,
+                                                           checkpoint_by_hand_with_autograd_grad)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \
