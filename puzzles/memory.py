@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import numbers
 import random
 from typing import Callable, Optional
 
@@ -175,31 +176,42 @@ def _bytes_per_parameter(count: int) -> Callable:
     left out, one at another dtype's size); None where every piece has its right bytes a parameter (then the count
     itself is off, and the formula's terms say by which)."""
 
+    def number(value) -> Optional[float]:
+        """A plain or numpy number as a float (the comparison takes both); None for anything else."""
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
     def explain(expected: list, got: list) -> Optional[str]:
         answer = got[0]
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            return (f"Diagnosis: your answer is one number ({answer / count:g} B a parameter, Ψ = {count:,}) where the "
-                    f"statement asks for the bytes of each piece: a dict with the keys {', '.join(STATE_PIECES)} "
-                    "(the five kinds of tensor the step keeps).")
+        if number(answer) is not None:
+            return (f"Diagnosis: your answer is one number ({number(answer) / count:g} B a parameter, Ψ = {count:,}) "
+                    f"where the statement asks for the bytes of each piece: a dict with the keys "
+                    f"{', '.join(STATE_PIECES)} (the five kinds of tensor the step keeps).")
         if not isinstance(answer, dict):
             return None
         said = [f"{_piece(key)} left out" for key in STATE_PIECES if key not in answer]
+        one = []                                           # the pieces given per parameter, never times Ψ
         for key, value in answer.items():
-            if key not in STATE_PIECES or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
+            if key not in STATE_PIECES or number(value) is None:
                 continue
             size, dtype, what = STATE_PIECES[key]
-            per = value / count
+            per = number(value) / count
             if per == 0:
                 said.append(f"{_piece(key)} left out (0 B)")
-            elif per != size and float(per).is_integer():
+            elif number(value) == size:
+                one.append(key)
+            elif per != size and per.is_integer():
                 kind = {2: "bf16's ", 4: "fp32's ", 8: "float64's "}.get(int(per), "")
                 said.append(f"{what} counted at {kind}{per:g} B a parameter where mixed precision keeps "
                             f"{'them' if key in PLURAL else 'it'} in {dtype}, {size} B")
+        if one:
+            said.append(f"{', '.join(one)} given as {'its' if len(one) == 1 else 'their'} bytes for one parameter "
+                        f"({', '.join(str(STATE_PIECES[key][0]) for key in one)}), where the statement asks for the "
+                        f"whole model's: times Ψ")
         strays = [key for key in answer if key not in STATE_PIECES]
         if strays:
-            said.append(f"{', '.join(map(repr, strays))} is no piece the statement names (its keys: "
-                        f"{', '.join(STATE_PIECES)})")
+            said.append(f"{', '.join(map(repr, strays))} {'is' if len(strays) == 1 else 'are'} no piece the "
+                        f"statement names (its keys: {', '.join(STATE_PIECES)})")
         if not said:
             return None
         return (f"Diagnosis: per parameter (Ψ = {count:,}), mixed-precision Adam keeps 2 + 2 + 4 + 4 + 4 = 16 B: "

@@ -26,6 +26,7 @@ import puzzles.three_d
 import puzzles.trainer
 from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
+from solutions.memory import count_parameters
 from solutions.moe import moe_layer
 from solutions.three_d import train_3d
 from solutions.zero import zero_offload_train
@@ -507,6 +508,14 @@ def offload_returning_copies(dist, model, batches, lr):
     return {name: p.clone() for name, p in zero_offload_train(dist, model, batches, lr).items()}
 
 
+def state_bytes_in_numpy_floats(config):
+    """The pieces as numpy floats, in another order than the statement's: a dict compares by its keys."""
+    import numpy as np
+
+    n = np.float64(count_parameters(config))
+    return {"v": 4 * n, "m": 4 * n, "master": 4 * n, "gradients": 2 * n, "weights": 2 * n}
+
+
 def checkpoint_by_hand(model, tokens, targets):
     """Checkpointing written out: forward under no_grad keeping each block's input, then backward block by block,
     each block run again with autograd on and its gradient pushed through with backward(grad)."""
@@ -645,6 +654,7 @@ def bucketed_freeing_each_gradient(dist, model, batches, lr, bucket_size):
 
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
+    [(puzzles.memory.training_state_bytes, state_bytes_in_numpy_floats)] + \
     [(puzzles.memory.checkpointed_step, answer) for answer in (checkpoint_by_hand,
                                                            checkpoint_by_hand_with_autograd_grad)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (

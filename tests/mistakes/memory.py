@@ -93,6 +93,11 @@ def state_bytes_with_bf16_moments(config):
     return _state(_params(config), m=2, v=2)
 
 
+def state_bytes_per_parameter(config):
+    """Each piece's bytes for one parameter, 2, 2, 4, 4, 4, never multiplied by the count."""
+    return _state(1)
+
+
 def state_bytes_as_one_number(config):
     """The total, 16 B a parameter, where the statement asks for the pieces."""
     return 16 * _params(config)
@@ -355,6 +360,7 @@ MISTAKES = [
     Attempt("training_state_bytes", state_bytes_with_bf16_moments,
             named=("Adam's momentum m counted at bf16's 2 B", "Adam's variance v counted at bf16's 2 B")),
     Attempt("training_state_bytes", state_bytes_as_one_number, named="the statement asks for the bytes of each piece"),
+    Attempt("training_state_bytes", state_bytes_per_parameter, named="given as their bytes for one parameter"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_the_final_norm,
             named="the final LayerNorm left out"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_positions, named=POSITIONS_LEFT_OUT),
