@@ -216,13 +216,16 @@ def _shares(xs: list[torch.Tensor], op: str):
                     f"sum, and rank {owner} sent nothing: no step of the ring ran (range(N - 1) runs N-1 = "
                     f"{world - 1} here).")
         if held == [owner] and sent:
+            # The returned chunk and the trace's sizes are all the run shows: they cannot tell the adds that went
+            # elsewhere from the adds that never landed, so both are said.
             return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
-                    f"sum, though the steps ran (rank {owner} sent {sent} chunk{'s' if sent > 1 else ''}): what "
-                    "arrived was added into other chunks, never into chunk r. The chunk indices are one ahead: adding "
-                    "into (r - s - 1) % N at step s (and sending (r - s) % N, the rank's own chunk first), the N-1 "
-                    "steps add into chunks r - 1, r - 2, ..., r + 1 and stop one short of r, completing chunk "
-                    "(r + 1) % N instead. Send chunk (r - s - 1) % N and add into (r - s - 2) % N, so that the last "
-                    "step completes chunk r.")
+                    f"sum, though the steps ran (rank {owner} sent {sent} chunk{'s' if sent > 1 else ''}): nothing "
+                    "received reached chunk r. Either the adds went into other chunks: if the chunk indices are one "
+                    "ahead (sending (r - s) % N, the rank's own chunk first, and adding into (r - s - 1) % N), the "
+                    "N-1 steps stop one short of r and complete chunk (r + 1) % N instead; send (r - s - 1) % N and "
+                    "add into (r - s - 2) % N. Or the adds never landed in the chunk returned: chunk.add(buf) "
+                    "returns a new tensor (chunk += buf, or add_, changes it), or the result was read from x where "
+                    "the adds went into a copy.")
         if held == [owner]:
             return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
                     "sum: nothing received was ever added into this chunk. Either the steps added what arrived into "

@@ -135,6 +135,19 @@ def reduce_scatter_own_chunk_sent_first(dist, x):
     return chunks[rank]
 
 
+def reduce_scatter_add_not_in_place(dist, x):
+    """The right schedule, each received chunk added with chunk.add(got), whose result (a new tensor) is dropped."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in x.chunk(world)]
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[0])
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(got, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world].add(got)
+    return chunks[rank]
+
+
 def reduce_scatter_returns_its_own_partial_chunk(dist, x):
     """The textbook schedule, and chunk r returned: the chunk that schedule leaves with only two ranks' sum."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -624,7 +637,8 @@ MISTAKES = [
     Attempt("ring_reduce_scatter", reduce_scatter_loop_from_one, named=("left out of the sum", "nothing received")),
     Attempt("ring_reduce_scatter", reduce_scatter_mirrored_neighbours, named="a ring run to the left"),
     Attempt("ring_reduce_scatter", reduce_scatter_sending_left, named=("wrong peer", "Deadlock")),
-    Attempt("ring_reduce_scatter", reduce_scatter_own_chunk_sent_first, named="The chunk indices are one ahead"),
+    Attempt("ring_reduce_scatter", reduce_scatter_own_chunk_sent_first, named="if the chunk indices are one ahead"),
+    Attempt("ring_reduce_scatter", reduce_scatter_add_not_in_place, named="chunk.add(buf) returns a new tensor"),
     Attempt("ring_all_gather", all_gather_stores_by_step, named=("is not the one it sends on one step later",
                                                                   "no step stored what it received there")),
     Attempt("ring_all_reduce", all_reduce_unpadded_buffers_like_its_own_chunk, named="Pad x to a multiple of N first"),
