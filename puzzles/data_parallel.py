@@ -429,7 +429,9 @@ def _all_reduce_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
         return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
                           "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N",
                           _shares(xs, "all_reduce"))
-    xs = _vectors(rng, world, world * rng.randint(1, 9) + rng.randint(1, world - 1))
+    # n % N = N - 1: there a padding of n % N zeros (where (-n) % N belongs) makes chunks longer than ⌈n/N⌉; at
+    # N = 3 with n % N = 1 it makes the chunks x.tensor_split(N) does, right by its bytes on that n alone.
+    xs = _vectors(rng, world, world * rng.randint(1, 9) + world - 1)
     n = xs[0].numel()
     chunk = -(-n // world)
     case = _ring_case(world, (per_rank(xs),), [_total(xs)] * world,

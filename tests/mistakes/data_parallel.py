@@ -362,6 +362,25 @@ def all_reduce_chunk_as_floor_plus_one(dist, x):
                             lambda r, s, n: (r - s - 1) % n)[:x.numel()]
 
 
+def all_reduce_padded_by_n_mod_n(dist, x):
+    """x padded by len(x) % N zeros where (-len(x)) % N belong (the sign forgotten), then cut into N chunks."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in F.pad(x, (0, x.numel() % world)).chunk(world)]
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[(rank - step - 2) % world])
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(got, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world] += got
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[(rank - step - 1) % world])
+        send = dist.isend(chunks[(rank - step) % world], (rank + 1) % world)
+        dist.recv(got, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 1) % world] = got
+    return torch.cat(chunks)[:x.numel()]
+
+
 def _all_reduce_padded(dist, x, front: bool):
     """The ring all-reduce of x padded by (-len(x)) % N zeros, in front of x or after it; the padded sum returned."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -659,6 +678,7 @@ MISTAKES = [
     Attempt("ring_all_reduce", all_reduce_chunk_as_floor_plus_one, named=("is padded only up to the next multiple",
                                                                          "over the budget of 8 B")),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
+    Attempt("ring_all_reduce", all_reduce_padded_by_n_mod_n, named="over the budget"),
     Attempt("ring_all_reduce", all_reduce_padding_in_front, named=("toward the end", "went in front of x")),
     Attempt("ring_all_reduce", all_reduce_padding_cut_from_the_front, named=("toward the start", "cut off its front")),
     Attempt("ring_all_reduce", all_reduce_padding_kept, named="the padding was never cut off"),
