@@ -400,6 +400,17 @@ def _gathered_slots(chunks: list[torch.Tensor]):
             return ("Diagnosis: every wrong slot holds what rank r - 1 holds, the left neighbour's own chunk: each "
                     "step received it again, because each rank sent its own chunk at every step. A ring all-gather "
                     "forwards at step s the chunk it received at step s - 1 (chunk (r - s) % N).")
+        wrong = [r for r, h in enumerate(held) if h != list(range(world))]
+        twice = [[c for c in set(held[r]) if c is not None and held[r].count(c) > 1] for r in wrong]
+        if world > 2 and all(twice):
+            r, c = wrong[0], twice[0][0]
+            slots = [i for i, h in enumerate(held[r]) if h == c]
+            return (f"Diagnosis: slots {', '.join(map(str, slots))} of rank {r}'s result hold the same "
+                    f"chunk, rank {c}'s (every wrong rank's result holds a chunk twice): the slots share one tensor, a "
+                    "receive buffer made once before the loop and stored at every step, so each receive overwrites "
+                    "what the earlier steps stored there and what was sent on from it. Make a new buffer each step "
+                    "(torch.empty_like inside the loop), or receive straight into the output's chunk "
+                    "(out.chunk(N)[i]).")
         return None
     return explain
 

@@ -277,6 +277,21 @@ def all_gather_stores_by_step(dist, chunk):
     return torch.cat(slots)
 
 
+def all_gather_one_receive_buffer(dist, chunk):
+    """A list of N slots with its own chunk at r, and one receive buffer made before the loop, stored in the slot
+    of each step's chunk: every slot it fills is that one tensor."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    slots = [None] * world
+    slots[rank] = chunk
+    received = torch.empty_like(chunk)
+    for step in range(world - 1):
+        send = dist.isend(slots[(rank - step) % world], (rank + 1) % world)
+        dist.recv(received, (rank - 1) % world)
+        send.wait()
+        slots[(rank - step - 1) % world] = received
+    return torch.cat(slots)
+
+
 def all_gather_sends_the_slot_it_fills(dist, chunk):
     """parts = [None] * N with its own chunk at r; at step s it sends parts[(r - s - 1) % N], the slot it is about to
     receive into, where the chunk to forward is (r - s) % N."""
@@ -658,6 +673,7 @@ MISTAKES = [
     Attempt("ring_reduce_scatter", reduce_scatter_sending_left, named=("wrong peer", "Deadlock")),
     Attempt("ring_reduce_scatter", reduce_scatter_own_chunk_sent_first, named="if the chunk indices are one ahead"),
     Attempt("ring_reduce_scatter", reduce_scatter_add_not_in_place, named="chunk.add(buf) returns a new tensor"),
+    Attempt("ring_all_gather", all_gather_one_receive_buffer, named="the slots share one tensor"),
     Attempt("ring_all_gather", all_gather_stores_by_step, named=("is not the one it sends on one step later",
                                                                   "no step stored what it received there")),
     Attempt("ring_all_reduce", all_reduce_unpadded_buffers_like_its_own_chunk, named="Pad x to a multiple of N first"),
