@@ -24,6 +24,7 @@ from lib.analytic.formulas import model_state_bytes
 from lib.checker.measure import allocated, counted_flops, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
 from lib.guard.offlimits import MODULE_INIT
+from lib.checker import terms
 from lib.checker.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
 from puzzles import _adam_variants
@@ -163,7 +164,8 @@ def _adam_case(rng: random.Random, _world: int, **kind) -> Case:
         formulas[f"[{key!r}]"] = formula(count * term(f"{dtype}'s {size} B", size), "B")
         assert formulas[f"[{key!r}]"].value == measured[key], f"{what}: {size} B a parameter"
     # The label names the configuration only: a replayed seed must not print the answer.
-    return Case(1, (cfg,), [measured], _describe(cfg), formulas=formulas, explain=_bytes_per_parameter(n))
+    return Case(1, (cfg,), [measured], _describe(cfg), formulas=formulas,
+                explain=_bytes_per_parameter(n, formulas))
 
 
 def _piece(key: str) -> str:
@@ -171,15 +173,27 @@ def _piece(key: str) -> str:
     return f"{what} ({dtype}, {size} B a parameter)"
 
 
-def _bytes_per_parameter(count: int) -> Callable:
+def _bytes_per_parameter(count: int, formulas: dict) -> Callable:
     """training_state_bytes's explain: each piece of the answer said per parameter against its dtype's bytes (a piece
-    left out, one at another dtype's size); None where every piece has its right bytes a parameter (then the count
-    itself is off, and the formula's terms say by which)."""
+    left out, one at another dtype's size); where every piece has its right bytes a parameter of one count that is
+    not Ψ, None if the formula's terms name the difference (the engine says it), else the count said as off."""
 
     def number(value) -> Optional[float]:
         """A plain or numpy number as a float (the comparison takes both); None for anything else."""
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
         return float(value) if ok else None
+
+    def count_off(answer: dict) -> Optional[str]:
+        """Every piece its bytes a parameter times one count, Ψ' ≠ Ψ, that no term of the formula explains."""
+        if any(number(answer[key]) is None for key in STATE_PIECES):
+            return None
+        counts = {number(answer[key]) / size for key, (size, _, _) in STATE_PIECES.items()}
+        if len(counts) != 1 or counts == {count} or terms.explain(formulas["['weights']"], 2 * min(counts)):
+            return None
+        other = min(counts)
+        return (f"Diagnosis: every piece has its right bytes a parameter, for {other:,g} parameters where "
+                f"TinyGPT(config) has Ψ = {count:,} ({abs(other - count):,g} {'more' if other > count else 'fewer'}): "
+                "the count is off; your count_parameters(config) is what each piece multiplies.")
 
     def explain(expected: list, got: list) -> Optional[str]:
         answer = got[0]
@@ -213,7 +227,7 @@ def _bytes_per_parameter(count: int) -> Callable:
             said.append(f"{', '.join(map(repr, strays))} {'is' if len(strays) == 1 else 'are'} no piece the "
                         f"statement names (its keys: {', '.join(STATE_PIECES)})")
         if not said:
-            return None
+            return count_off(answer)
         return (f"Diagnosis: per parameter (Ψ = {count:,}), mixed-precision Adam keeps 2 + 2 + 4 + 4 + 4 = 16 B: "
                 f"{'; '.join(said)}.")
     return explain

@@ -98,6 +98,11 @@ def state_bytes_per_parameter(config):
     return _state(1)
 
 
+def state_bytes_from_a_count_with_the_head_bias(config):
+    """16 bytes a parameter, times a count that gives the output head a bias of V (the model's head has none)."""
+    return _state(_params(config) + config.vocab)
+
+
 def state_bytes_as_one_number(config):
     """The total, 16 B a parameter, where the statement asks for the pieces."""
     return 16 * _params(config)
@@ -374,6 +379,7 @@ MISTAKES = [
             named=("Adam's momentum m counted at bf16's 2 B", "Adam's variance v counted at bf16's 2 B")),
     Attempt("training_state_bytes", state_bytes_as_one_number, named="the statement asks for the bytes of each piece"),
     Attempt("training_state_bytes", state_bytes_per_parameter, named="given as their bytes for one parameter"),
+    Attempt("training_state_bytes", state_bytes_from_a_count_with_the_head_bias, named="the count is off"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_the_final_norm,
             named="the final LayerNorm left out"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_positions, named=POSITIONS_LEFT_OUT),
