@@ -626,16 +626,10 @@ def _some_never_averaged(model, shards: list, lr: float, mine: list, bucket_size
 
 
 def _last_bucket(model, bucket_size: int) -> set[str]:
-    """The names of the parameters in a step's last bucket under DDP's rule (_bucket_elements), if it is not full."""
+    """The names of the parameters in a step's last bucket under DDP's rule (_buckets), if it is not full."""
     named = list(reversed(list(model.named_parameters())))
-    current: list[str] = []
-    filled = 0
-    for n, p in named:
-        current.append(n)
-        filled += p.numel()
-        if filled >= bucket_size:
-            current, filled = [], 0
-    return set(current)
+    last = _buckets([p.numel() for _, p in named], bucket_size)[-1]
+    return {named[i][0] for i in last} if sum(named[i][1].numel() for i in last) < bucket_size else set()
 
 
 def _ranks_training(model, shards: list, lr: float, alone: set[str]) -> list[list[torch.Tensor]]:
@@ -798,16 +792,22 @@ def _phase_flops(model, x, y) -> tuple[float, float]:
     return forward, backward
 
 
-def _bucket_elements(sizes: list[int], bucket_size: int) -> list[int]:
-    """The elements of each bucket under DDP's rule, of gradients of `sizes` in the order backward finishes them
-    (reverse parameter order): a bucket closed once it holds bucket_size elements."""
-    buckets, current = [], 0
-    for n in sizes:
-        current += n
-        if current >= bucket_size:
+def _buckets(sizes: list[int], bucket_size: int) -> list[list[int]]:
+    """Which gradients (indices into `sizes`, in the order backward finishes them: reverse parameter order) each
+    bucket holds under DDP's rule: a bucket closed once it holds bucket_size elements."""
+    buckets, current, held = [], [], 0
+    for i, n in enumerate(sizes):
+        current.append(i)
+        held += n
+        if held >= bucket_size:
             buckets.append(current)
-            current = 0
+            current, held = [], 0
     return buckets + [current] if current else buckets
+
+
+def _bucket_elements(sizes: list[int], bucket_size: int) -> list[int]:
+    """The elements of each bucket under DDP's rule (_buckets)."""
+    return [sum(sizes[i] for i in bucket) for bucket in _buckets(sizes, bucket_size)]
 
 
 def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float, bucket_size: int) -> float:
