@@ -613,16 +613,15 @@ def _some_never_averaged(model, shards: list, lr: float, mine: list, bucket_size
         return None
     listed = [n for n in names if n in apart]
     said = listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} and {listed[-1]}"
+    were, them, are = ("was", "it", "is") if len(listed) == 1 else ("were", "them", "are")
     last = _last_bucket(model, bucket_size) if bucket_size else set()
+    opening = (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} {were} never "
+               f"all-reduced, each rank updating {them} from its own gradient, and every other gradient averaged: ")
     if apart == last:
-        return (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} were never "
-                f"all-reduced, each rank updating them from its own gradient, and every other gradient averaged: "
-                f"{said} are each step's last bucket, fewer than bucket_size = {bucket_size} elements (backward "
-                "reaches the first layer last), which the hook never launches because it never fills. After "
+        return (f"{opening}{said} {are} each step's last bucket, fewer than bucket_size = {bucket_size} elements "
+                "(backward reaches the first layer last), which the hook never launches because it never fills. After "
                 "backward, all-reduce the bucket still open before waiting on the others.")
-    return (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} were never "
-            "all-reduced, each rank updating them from its own gradient, and every other gradient averaged: "
-            "all-reduce every parameter's gradient (and divide by N) before the update.")
+    return f"{opening}all-reduce every parameter's gradient (and divide by N) before the update."
 
 
 def _last_bucket(model, bucket_size: int) -> set[str]:

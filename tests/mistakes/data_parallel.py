@@ -520,6 +520,21 @@ def ddp_async_never_waited(dist, model, batches, lr):
                 after_backward=lambda p: (dist.all_reduce(p.grad, async_op=True), p.grad.div_(world)))
 
 
+def ddp_last_parameter_left_out(dist, model, batches, lr):
+    """The all-reduce loop over list(model.parameters())[:-1]: the output layer's bias keeps each rank's gradient."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in list(model.parameters())[:-1]:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            for p in model.parameters():
+                p -= lr * p.grad
+    return model
+
+
 def ddp_loss_divided_instead(dist, model, batches, lr):
     """The loss divided by the world size before backward 'to average', and no all-reduce at all."""
     world = dist.get_world_size()
@@ -704,6 +719,7 @@ MISTAKES = [
     Attempt("data_parallel_train", ddp_weights_only, named=("gradient was not averaged across ranks",
                                                             "were never all-reduced")),
     Attempt("data_parallel_train", ddp_async_never_waited, named="wait"),
+    Attempt("data_parallel_train", ddp_last_parameter_left_out, named="was never all-reduced, each rank updating it"),
     Attempt("data_parallel_train", ddp_loss_divided_instead, named=("never all-reduced", "training alone")),
     Attempt("bucketed_data_parallel_train", bucketed_counters_never_reset, named="at step 2"),
     Attempt("bucketed_data_parallel_train", bucketed_results_left_in_the_flat_buffer,
