@@ -34,6 +34,8 @@ class Variant:
     fresh_state: bool = False
     fresh_m: bool = False       # m alone made anew each step (v carried), or v alone (fresh_v)
     fresh_v: bool = False
+    momentum: bool = True       # False: the gradient g where m̂ belongs in the update
+    root: bool = True           # False: v̂ where √v̂ belongs in the update
     step_count: str = "step"    # the t of the corrections: the step's number; "first": 1 at every step; "per_tensor":
                                 # advanced once per parameter tensor (t += 1 inside the loop over parameters)
     betas: tuple = BETAS
@@ -72,6 +74,10 @@ def variants(b1: float = BETAS[0], b2: float = BETAS[1]) -> list[Variant]:
                 "so each tensor's bias corrections use a t of its own: t counts optimizer steps, once per step for "
                 "every parameter", step_count="per_tensor"),
         Variant("β₁ and β₂ swapped (m's average takes β₂, v's β₁)", betas=(b2, b1)),
+        Variant("the gradient g where m̂ belongs in the update: step 1 is Adam's (m̂ = g there), and from step 2 on "
+                "the update has no momentum; the numerator is m̂ = m / (1 - β₁ᵗ)", momentum=False),
+        Variant("v̂ where √v̂ belongs: the update divides by the second moment itself, not by its square root "
+                "(m̂ / (v̂.sqrt() + ε))", root=False),
         Variant("the step size lr·√(1 - β₂ᵗ)/(1 - β₁ᵗ) on m / (√v + ε): ε is then added before v's bias correction, "
                 "an ε of ε·√(1 - β₂ᵗ) in torch.optim.Adam's terms, which adds it after, √v̂ + ε (the updates differ "
                 "where v is small); divide by (v.sqrt() / √(1 - β₂ᵗ)) + ε", eps_before=True),
@@ -108,8 +114,8 @@ def adam_run(model: torch.nn.Module, batches: Sequence, lr: float, loss: Callabl
                 v_hat = v_i / (1 - b2 ** tv) ** how.v_power if tv else v_i
                 denom = ((v_hat + EPS).sqrt() if how.eps_inside else
                          (v_i.sqrt() + EPS) / (1 - b2 ** tv) ** (how.v_power / 2) if how.eps_before and tv else
-                         v_hat.sqrt() + EPS)
-                p.sub_(lr * m_hat / denom)
+                         (v_hat.sqrt() if how.root else v_hat) + EPS)
+                p.sub_(lr * (m_hat if how.momentum else p.grad) / denom)
     return {name: p.detach() for name, p in model.named_parameters()}
 
 

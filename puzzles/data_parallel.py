@@ -216,13 +216,16 @@ def _shares(xs: list[torch.Tensor], op: str):
                     f"sum, and rank {owner} sent nothing: no step of the ring ran (range(N - 1) runs N-1 = "
                     f"{world - 1} here).")
         if held == [owner] and sent:
+            # The returned chunk and the trace's sizes are all the run shows: they cannot tell the adds that went
+            # elsewhere from the adds that never landed, so both are said.
             return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
-                    f"sum, though the steps ran (rank {owner} sent {sent} chunk{'s' if sent > 1 else ''}): what "
-                    "arrived was added into other chunks, never into chunk r. The chunk indices are one ahead: adding "
-                    "into (r - s - 1) % N at step s (and sending (r - s) % N, the rank's own chunk first), the N-1 "
-                    "steps add into chunks r - 1, r - 2, ..., r + 1 and stop one short of r, completing chunk "
-                    "(r + 1) % N instead. Send chunk (r - s - 1) % N and add into (r - s - 2) % N, so that the last "
-                    "step completes chunk r.")
+                    f"sum, though the steps ran (rank {owner} sent {sent} chunk{'s' if sent > 1 else ''}): nothing "
+                    "received reached chunk r. Either the adds went into other chunks: if the chunk indices are one "
+                    "ahead (sending (r - s) % N, the rank's own chunk first, and adding into (r - s - 1) % N), the "
+                    "N-1 steps stop one short of r and complete chunk (r + 1) % N instead; send (r - s - 1) % N and "
+                    "add into (r - s - 2) % N. Or the adds never landed in the chunk returned: chunk.add(buf) "
+                    "returns a new tensor (chunk += buf, or add_, changes it), or the result was read from x where "
+                    "the adds went into a copy.")
         if held == [owner]:
             return (f"Diagnosis: {where} holds only {_ranks(held)}'s own part, every other rank's left out of the "
                     "sum: nothing received was ever added into this chunk. Either the steps added what arrived into "
@@ -397,6 +400,17 @@ def _gathered_slots(chunks: list[torch.Tensor]):
             return ("Diagnosis: every wrong slot holds what rank r - 1 holds, the left neighbour's own chunk: each "
                     "step received it again, because each rank sent its own chunk at every step. A ring all-gather "
                     "forwards at step s the chunk it received at step s - 1 (chunk (r - s) % N).")
+        wrong = [r for r, h in enumerate(held) if h != list(range(world))]
+        twice = [[c for c in set(held[r]) if c is not None and held[r].count(c) > 1] for r in wrong]
+        if world > 2 and all(twice):
+            r, c = wrong[0], twice[0][0]
+            slots = [i for i, h in enumerate(held[r]) if h == c]
+            return (f"Diagnosis: slots {', '.join(map(str, slots))} of rank {r}'s result hold the same "
+                    f"chunk, rank {c}'s (every wrong rank's result holds a chunk twice): the slots share one tensor, a "
+                    "receive buffer made once before the loop and stored at every step, so each receive overwrites "
+                    "what the earlier steps stored there and what was sent on from it. Make a new buffer each step "
+                    "(torch.empty_like inside the loop), or receive straight into the output's chunk "
+                    "(out.chunk(N)[i]).")
         return None
     return explain
 
@@ -426,7 +440,9 @@ def _all_reduce_case(rng: random.Random, world: int, uneven: bool = False) -> Ca
         return _ring_case(world, (per_rank(xs),), [_total(xs)] * world, f"N={world}, x of {xs[0].numel()} float32 "
                           "per rank", _nbytes(xs[0]), "all_reduce", bus_factor("all_reduce", world), "2(N-1)/N",
                           _shares(xs, "all_reduce"))
-    xs = _vectors(rng, world, world * rng.randint(1, 9) + rng.randint(1, world - 1))
+    # n % N = N - 1: there a padding of n % N zeros (where (-n) % N belongs) makes chunks longer than ⌈n/N⌉; at
+    # N = 3 with n % N = 1 it makes the chunks x.tensor_split(N) does, right by its bytes on that n alone.
+    xs = _vectors(rng, world, world * rng.randint(1, 9) + world - 1)
     n = xs[0].numel()
     chunk = -(-n // world)
     case = _ring_case(world, (per_rank(xs),), [_total(xs)] * world,
@@ -597,29 +613,22 @@ def _some_never_averaged(model, shards: list, lr: float, mine: list, bucket_size
         return None
     listed = [n for n in names if n in apart]
     said = listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} and {listed[-1]}"
+    were, them, are = ("was", "it", "is") if len(listed) == 1 else ("were", "them", "are")
     last = _last_bucket(model, bucket_size) if bucket_size else set()
+    opening = (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} {were} never "
+               f"all-reduced, each rank updating {them} from its own gradient, and every other gradient averaged: ")
     if apart == last:
-        return (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} were never "
-                f"all-reduced, each rank updating them from its own gradient, and every other gradient averaged: "
-                f"{said} are each step's last bucket, fewer than bucket_size = {bucket_size} elements (backward "
-                "reaches the first layer last), which the hook never launches because it never fills. After "
+        return (f"{opening}{said} {are} each step's last bucket, fewer than bucket_size = {bucket_size} elements "
+                "(backward reaches the first layer last), which the hook never launches because it never fills. After "
                 "backward, all-reduce the bucket still open before waiting on the others.")
-    return (f"Diagnosis: your ranks' parameters are those of data-parallel training in which {said} were never "
-            "all-reduced, each rank updating them from its own gradient, and every other gradient averaged: "
-            "all-reduce every parameter's gradient (and divide by N) before the update.")
+    return f"{opening}all-reduce every parameter's gradient (and divide by N) before the update."
 
 
 def _last_bucket(model, bucket_size: int) -> set[str]:
-    """The names of the parameters in a step's last bucket under DDP's rule (_bucket_elements), if it is not full."""
+    """The names of the parameters in a step's last bucket under DDP's rule (_buckets), if it is not full."""
     named = list(reversed(list(model.named_parameters())))
-    current: list[str] = []
-    filled = 0
-    for n, p in named:
-        current.append(n)
-        filled += p.numel()
-        if filled >= bucket_size:
-            current, filled = [], 0
-    return set(current)
+    last = _buckets([p.numel() for _, p in named], bucket_size)[-1]
+    return {named[i][0] for i in last} if sum(named[i][1].numel() for i in last) < bucket_size else set()
 
 
 def _ranks_training(model, shards: list, lr: float, alone: set[str]) -> list[list[torch.Tensor]]:
@@ -782,16 +791,22 @@ def _phase_flops(model, x, y) -> tuple[float, float]:
     return forward, backward
 
 
-def _bucket_elements(sizes: list[int], bucket_size: int) -> list[int]:
-    """The elements of each bucket under DDP's rule, of gradients of `sizes` in the order backward finishes them
-    (reverse parameter order): a bucket closed once it holds bucket_size elements."""
-    buckets, current = [], 0
-    for n in sizes:
-        current += n
-        if current >= bucket_size:
+def _buckets(sizes: list[int], bucket_size: int) -> list[list[int]]:
+    """Which gradients (indices into `sizes`, in the order backward finishes them: reverse parameter order) each
+    bucket holds under DDP's rule: a bucket closed once it holds bucket_size elements."""
+    buckets, current, held = [], [], 0
+    for i, n in enumerate(sizes):
+        current.append(i)
+        held += n
+        if held >= bucket_size:
             buckets.append(current)
-            current = 0
+            current, held = [], 0
     return buckets + [current] if current else buckets
+
+
+def _bucket_elements(sizes: list[int], bucket_size: int) -> list[int]:
+    """The elements of each bucket under DDP's rule (_buckets)."""
+    return [sum(sizes[i] for i in bucket) for bucket in _buckets(sizes, bucket_size)]
 
 
 def _overlapped_backward(model, cost: CostModel, world: int, t_bwd: float, bucket_size: int) -> float:

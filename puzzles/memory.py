@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import numbers
 import random
 from typing import Callable, Optional
 
@@ -23,6 +24,7 @@ from lib.analytic.formulas import model_state_bytes
 from lib.checker.measure import allocated, counted_flops, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
 from lib.guard.offlimits import MODULE_INIT
+from lib.checker import terms
 from lib.checker.terms import Expr, Q, formula, term
 from lib.units import fmt_bytes
 from puzzles import _adam_variants
@@ -162,7 +164,8 @@ def _adam_case(rng: random.Random, _world: int, **kind) -> Case:
         formulas[f"[{key!r}]"] = formula(count * term(f"{dtype}'s {size} B", size), "B")
         assert formulas[f"[{key!r}]"].value == measured[key], f"{what}: {size} B a parameter"
     # The label names the configuration only: a replayed seed must not print the answer.
-    return Case(1, (cfg,), [measured], _describe(cfg), formulas=formulas, explain=_bytes_per_parameter(n))
+    return Case(1, (cfg,), [measured], _describe(cfg), formulas=formulas,
+                explain=_bytes_per_parameter(n, formulas))
 
 
 def _piece(key: str) -> str:
@@ -170,38 +173,61 @@ def _piece(key: str) -> str:
     return f"{what} ({dtype}, {size} B a parameter)"
 
 
-def _bytes_per_parameter(count: int) -> Callable:
+def _bytes_per_parameter(count: int, formulas: dict) -> Callable:
     """training_state_bytes's explain: each piece of the answer said per parameter against its dtype's bytes (a piece
-    left out, one at another dtype's size); None where every piece has its right bytes a parameter (then the count
-    itself is off, and the formula's terms say by which)."""
+    left out, one at another dtype's size); where every piece has its right bytes a parameter of one count that is
+    not Ψ, None if the formula's terms name the difference (the engine says it), else the count said as off."""
+
+    def number(value) -> Optional[float]:
+        """A plain or numpy number as a float (the comparison takes both); None for anything else."""
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    def count_off(answer: dict) -> Optional[str]:
+        """Every piece its bytes a parameter times one count, Ψ' ≠ Ψ, that no term of the formula explains."""
+        if any(number(answer[key]) is None for key in STATE_PIECES):
+            return None
+        counts = {number(answer[key]) / size for key, (size, _, _) in STATE_PIECES.items()}
+        if len(counts) != 1 or counts == {count} or terms.explain(formulas["['weights']"], 2 * min(counts)):
+            return None
+        other = min(counts)
+        return (f"Diagnosis: every piece has its right bytes a parameter, for {other:,g} parameters where "
+                f"TinyGPT(config) has Ψ = {count:,} ({abs(other - count):,g} {'more' if other > count else 'fewer'}): "
+                "the count is off; your count_parameters(config) is what each piece multiplies.")
 
     def explain(expected: list, got: list) -> Optional[str]:
         answer = got[0]
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            return (f"Diagnosis: your answer is one number ({answer / count:g} B a parameter, Ψ = {count:,}) where the "
-                    f"statement asks for the bytes of each piece: a dict with the keys {', '.join(STATE_PIECES)} "
-                    "(the five kinds of tensor the step keeps).")
+        if number(answer) is not None:
+            return (f"Diagnosis: your answer is one number ({number(answer) / count:g} B a parameter, Ψ = {count:,}) "
+                    f"where the statement asks for the bytes of each piece: a dict with the keys "
+                    f"{', '.join(STATE_PIECES)} (the five kinds of tensor the step keeps).")
         if not isinstance(answer, dict):
             return None
         said = [f"{_piece(key)} left out" for key in STATE_PIECES if key not in answer]
+        one = []                                           # the pieces given per parameter, never times Ψ
         for key, value in answer.items():
-            if key not in STATE_PIECES or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
+            if key not in STATE_PIECES or number(value) is None:
                 continue
             size, dtype, what = STATE_PIECES[key]
-            per = value / count
+            per = number(value) / count
             if per == 0:
                 said.append(f"{_piece(key)} left out (0 B)")
-            elif per != size and float(per).is_integer():
+            elif number(value) == size:
+                one.append(key)
+            elif per != size and per.is_integer():
                 kind = {2: "bf16's ", 4: "fp32's ", 8: "float64's "}.get(int(per), "")
                 said.append(f"{what} counted at {kind}{per:g} B a parameter where mixed precision keeps "
                             f"{'them' if key in PLURAL else 'it'} in {dtype}, {size} B")
+        if one:
+            said.append(f"{', '.join(one)} given as {'its' if len(one) == 1 else 'their'} bytes for one parameter "
+                        f"({', '.join(str(STATE_PIECES[key][0]) for key in one)}), where the statement asks for the "
+                        f"whole model's: times Ψ")
         strays = [key for key in answer if key not in STATE_PIECES]
         if strays:
-            said.append(f"{', '.join(map(repr, strays))} is no piece the statement names (its keys: "
-                        f"{', '.join(STATE_PIECES)})")
+            said.append(f"{', '.join(map(repr, strays))} {'is' if len(strays) == 1 else 'are'} no piece the "
+                        f"statement names (its keys: {', '.join(STATE_PIECES)})")
         if not said:
-            return None
+            return count_off(answer)
         return (f"Diagnosis: per parameter (Ψ = {count:,}), mixed-precision Adam keeps 2 + 2 + 4 + 4 + 4 = 16 B: "
                 f"{'; '.join(said)}.")
     return explain
@@ -340,36 +366,37 @@ def _checkpoint_case(rng: random.Random, _world: int) -> Case:
 
 
 class CheckpointUnused(PuzzleError):
-    """checkpointed_step's blocks each ran twice before backward and never in it: the checkpoints' outputs unused."""
+    """checkpointed_step's blocks each ran twice before the head and never after it: the checkpoints' outputs unused."""
 
 
 def _checkpoint_harness(answer, _dist, model, tokens, targets):
-    """The answer, each block's runs counted before any backward and after one began (inside it, or after a first
-    backward, as checkpointing written by hand recomputes): a block run twice before backward and never after was
-    checkpointed and run plainly too, the plain output carried on (a checkpoint recomputes only where its output
-    reaches the loss). Said as that, where the peak alone would say only how much is kept."""
-    runs = [[0, 0] for _ in model.blocks]                  # [before any backward, after one began] per block
-    params = list(model.parameters())
-    grads = [p.grad for p in params]                       # a backward has begun once one of them changed
+    """The answer, each block's runs counted before the head (model.ln_f) first ran and after: a block run twice
+    before it and never after was checkpointed and run plainly too, the plain output carried on (a checkpoint
+    recomputes only where its output reaches the loss, so after the head). Recomputation by hand (autograd.grad or
+    backward(grad) block by block) also runs after the head. Said as that, where the peak alone would say only how
+    much is kept."""
+    runs = [[0, 0] for _ in model.blocks]                  # [before the head first ran, after] per block
+    head = []
 
     def counting(i: int):
         def hook(module, args):
-            begun = torch._C._current_graph_task_id() != -1 or any(p.grad is not g for p, g in zip(params, grads))
-            runs[i][begun] += 1
+            runs[i][bool(head) or torch._C._current_graph_task_id() != -1] += 1
         return hook
     handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(model.blocks)]
+    handles.append(model.ln_f.register_forward_pre_hook(lambda module, args: head.append(True)))
     try:
         result = answer(model, tokens, targets)
     finally:
         for handle in handles:
             handle.remove()
-    if runs and all(before >= 2 and inside == 0 for before, inside in runs):
+    if runs and all(before >= 2 and after == 0 for before, after in runs):
         raise CheckpointUnused(
             f"each of the {len(runs)} blocks ran {'twice' if runs[0][0] == 2 else f'{runs[0][0]} times'} before "
-            "backward and never during it: the checkpoints ran, but what reached the loss came from plain calls "
-            "of the blocks, which keep their activations until backward (all of them alive at once, as without "
-            "checkpointing); a checkpoint whose output is not used is never recomputed. Carry the checkpoint's "
-            "output on, x = checkpoint(block, x, use_reentrant=False), and let nothing else run the blocks.")
+            "the head and never after it (in backward): the checkpoints ran, but what reached the loss came from "
+            "plain calls of the blocks, which keep their activations until backward (all of them alive at once, as "
+            "without checkpointing); a checkpoint whose output is not used is never recomputed. Carry the "
+            "checkpoint's output on, x = checkpoint(block, x, use_reentrant=False), and let nothing else run the "
+            "blocks.")
     return result
 
 

@@ -26,6 +26,7 @@ import puzzles.three_d
 import puzzles.trainer
 from lib.analytic.cross_site import shard_bounds
 from puzzles.beyond import STATE
+from solutions.memory import count_parameters
 from solutions.moe import moe_layer
 from solutions.three_d import train_3d
 from solutions.zero import zero_offload_train
@@ -507,6 +508,14 @@ def offload_returning_copies(dist, model, batches, lr):
     return {name: p.clone() for name, p in zero_offload_train(dist, model, batches, lr).items()}
 
 
+def state_bytes_in_numpy_floats(config):
+    """The pieces as numpy floats, in another order than the statement's: a dict compares by its keys."""
+    import numpy as np
+
+    n = np.float64(count_parameters(config))
+    return {"v": 4 * n, "m": 4 * n, "master": 4 * n, "gradients": 2 * n, "weights": 2 * n}
+
+
 def checkpoint_by_hand(model, tokens, targets):
     """Checkpointing written out: forward under no_grad keeping each block's input, then backward block by block,
     each block run again with autograd on and its gradient pushed through with backward(grad)."""
@@ -523,6 +532,34 @@ def checkpoint_by_hand(model, tokens, targets):
         block(inp).backward(grad)
         grad = inp.grad
     model.embed(tokens).backward(grad)
+    return model
+
+
+def checkpoint_by_hand_with_autograd_grad(model, tokens, targets):
+    """Checkpointing written out with torch.autograd.grad, block by block, every gradient collected and set on the
+    parameters only at the end: no p.grad changes before the last block is recomputed, outside any backward."""
+    with torch.no_grad():
+        inputs, x = [], model.embed(tokens)
+        for block in model.blocks:
+            inputs.append(x)
+            x = block(x)
+    params, grads = list(model.parameters()), {}
+
+    def through(output, inp=None, grad=None):
+        """The gradient of `output` for inp (returned) and the parameters (collected)."""
+        found = torch.autograd.grad(output, [*params, *([inp] if inp is not None else [])], grad, allow_unused=True)
+        for p, g in zip(params, found):
+            if g is not None:
+                grads[p] = grads[p] + g if p in grads else g
+        return found[-1]
+    x = x.detach().requires_grad_()
+    grad = through(model.head_loss(x, targets), x)
+    for block, inp in zip(reversed(model.blocks), reversed(inputs)):
+        inp = inp.detach().requires_grad_()
+        grad = through(block(inp), inp, grad)
+    through(model.embed(tokens), grad=grad)
+    for p, g in grads.items():
+        p.grad = g
     return model
 
 
@@ -617,7 +654,9 @@ def bucketed_freeing_each_gradient(dist, model, batches, lr, bucket_size):
 
 RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     adam_backward_step_zero_grad, adam_freeing_each_gradient)] + \
-    [(puzzles.memory.checkpointed_step, checkpoint_by_hand)] + \
+    [(puzzles.memory.training_state_bytes, state_bytes_in_numpy_floats)] + \
+    [(puzzles.memory.checkpointed_step, answer) for answer in (checkpoint_by_hand,
+                                                           checkpoint_by_hand_with_autograd_grad)] + \
     [(puzzles.beyond.reshard_checkpoint, answer) for answer in (
     slice_then_clone, copy_into_buffer, assign_into_zeros, index_per_file, mask_per_file, index_select_per_file,
     views_when_one_file_holds_the_shard, narrow_and_stack)] + \

@@ -135,6 +135,19 @@ def reduce_scatter_own_chunk_sent_first(dist, x):
     return chunks[rank]
 
 
+def reduce_scatter_add_not_in_place(dist, x):
+    """The right schedule, each received chunk added with chunk.add(got), whose result (a new tensor) is dropped."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in x.chunk(world)]
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[0])
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(got, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world].add(got)
+    return chunks[rank]
+
+
 def reduce_scatter_returns_its_own_partial_chunk(dist, x):
     """The textbook schedule, and chunk r returned: the chunk that schedule leaves with only two ranks' sum."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -264,6 +277,21 @@ def all_gather_stores_by_step(dist, chunk):
     return torch.cat(slots)
 
 
+def all_gather_one_receive_buffer(dist, chunk):
+    """A list of N slots with its own chunk at r, and one receive buffer made before the loop, stored in the slot
+    of each step's chunk: every slot it fills is that one tensor."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    slots = [None] * world
+    slots[rank] = chunk
+    received = torch.empty_like(chunk)
+    for step in range(world - 1):
+        send = dist.isend(slots[(rank - step) % world], (rank + 1) % world)
+        dist.recv(received, (rank - 1) % world)
+        send.wait()
+        slots[(rank - step - 1) % world] = received
+    return torch.cat(slots)
+
+
 def all_gather_sends_the_slot_it_fills(dist, chunk):
     """parts = [None] * N with its own chunk at r; at step s it sends parts[(r - s - 1) % N], the slot it is about to
     receive into, where the chunk to forward is (r - s) % N."""
@@ -347,6 +375,25 @@ def all_reduce_chunk_as_floor_plus_one(dist, x):
     chunks = _ring_steps(dist, padded, world - 1, lambda r, s, n: (r - s - 1) % n, lambda r, s, n: (r - s - 2) % n)
     return _all_gather_into(dist, chunks[rank], lambda r, n: r, lambda n: n - 1,
                             lambda r, s, n: (r - s - 1) % n)[:x.numel()]
+
+
+def all_reduce_padded_by_n_mod_n(dist, x):
+    """x padded by len(x) % N zeros where (-len(x)) % N belong (the sign forgotten), then cut into N chunks."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in F.pad(x, (0, x.numel() % world)).chunk(world)]
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[(rank - step - 2) % world])
+        send = dist.isend(chunks[(rank - step - 1) % world], (rank + 1) % world)
+        dist.recv(got, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 2) % world] += got
+    for step in range(world - 1):
+        got = torch.empty_like(chunks[(rank - step - 1) % world])
+        send = dist.isend(chunks[(rank - step) % world], (rank + 1) % world)
+        dist.recv(got, (rank - 1) % world)
+        send.wait()
+        chunks[(rank - step - 1) % world] = got
+    return torch.cat(chunks)[:x.numel()]
 
 
 def _all_reduce_padded(dist, x, front: bool):
@@ -471,6 +518,21 @@ def ddp_async_never_waited(dist, model, batches, lr):
     world = dist.get_world_size()
     return _ddp(dist, model, batches, lr,
                 after_backward=lambda p: (dist.all_reduce(p.grad, async_op=True), p.grad.div_(world)))
+
+
+def ddp_last_parameter_left_out(dist, model, batches, lr):
+    """The all-reduce loop over list(model.parameters())[:-1]: the output layer's bias keeps each rank's gradient."""
+    world = dist.get_world_size()
+    for x, y in batches:
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in list(model.parameters())[:-1]:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            for p in model.parameters():
+                p -= lr * p.grad
+    return model
 
 
 def ddp_loss_divided_instead(dist, model, batches, lr):
@@ -624,7 +686,9 @@ MISTAKES = [
     Attempt("ring_reduce_scatter", reduce_scatter_loop_from_one, named=("left out of the sum", "nothing received")),
     Attempt("ring_reduce_scatter", reduce_scatter_mirrored_neighbours, named="a ring run to the left"),
     Attempt("ring_reduce_scatter", reduce_scatter_sending_left, named=("wrong peer", "Deadlock")),
-    Attempt("ring_reduce_scatter", reduce_scatter_own_chunk_sent_first, named="The chunk indices are one ahead"),
+    Attempt("ring_reduce_scatter", reduce_scatter_own_chunk_sent_first, named="if the chunk indices are one ahead"),
+    Attempt("ring_reduce_scatter", reduce_scatter_add_not_in_place, named="chunk.add(buf) returns a new tensor"),
+    Attempt("ring_all_gather", all_gather_one_receive_buffer, named="the slots share one tensor"),
     Attempt("ring_all_gather", all_gather_stores_by_step, named=("is not the one it sends on one step later",
                                                                   "no step stored what it received there")),
     Attempt("ring_all_reduce", all_reduce_unpadded_buffers_like_its_own_chunk, named="Pad x to a multiple of N first"),
@@ -645,6 +709,7 @@ MISTAKES = [
     Attempt("ring_all_reduce", all_reduce_chunk_as_floor_plus_one, named=("is padded only up to the next multiple",
                                                                          "over the budget of 8 B")),
     Attempt("ring_all_reduce", all_reduce_by_passing_sums, named="over the budget"),
+    Attempt("ring_all_reduce", all_reduce_padded_by_n_mod_n, named="over the budget"),
     Attempt("ring_all_reduce", all_reduce_padding_in_front, named=("toward the end", "went in front of x")),
     Attempt("ring_all_reduce", all_reduce_padding_cut_from_the_front, named=("toward the start", "cut off its front")),
     Attempt("ring_all_reduce", all_reduce_padding_kept, named="the padding was never cut off"),
@@ -654,6 +719,7 @@ MISTAKES = [
     Attempt("data_parallel_train", ddp_weights_only, named=("gradient was not averaged across ranks",
                                                             "were never all-reduced")),
     Attempt("data_parallel_train", ddp_async_never_waited, named="wait"),
+    Attempt("data_parallel_train", ddp_last_parameter_left_out, named="was never all-reduced, each rank updating it"),
     Attempt("data_parallel_train", ddp_loss_divided_instead, named=("never all-reduced", "training alone")),
     Attempt("bucketed_data_parallel_train", bucketed_counters_never_reset, named="at step 2"),
     Attempt("bucketed_data_parallel_train", bucketed_results_left_in_the_flat_buffer,

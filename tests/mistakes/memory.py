@@ -93,6 +93,16 @@ def state_bytes_with_bf16_moments(config):
     return _state(_params(config), m=2, v=2)
 
 
+def state_bytes_per_parameter(config):
+    """Each piece's bytes for one parameter, 2, 2, 4, 4, 4, never multiplied by the count."""
+    return _state(1)
+
+
+def state_bytes_from_a_count_with_the_head_bias(config):
+    """16 bytes a parameter, times a count that gives the output head a bias of V (the model's head has none)."""
+    return _state(_params(config) + config.vocab)
+
+
 def state_bytes_as_one_number(config):
     """The total, 16 B a parameter, where the statement asks for the pieces."""
     return 16 * _params(config)
@@ -234,10 +244,11 @@ def accumulation_cleaning_up(model, tokens, targets, k):
 # ---- offloaded_adam_train -----------------------------------------------------------------------------------
 def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fresh_state=False, eps_inside=False,
                     write_back=True, betas=(0.9, 0.999), eps=1e-8, m_corrected=True, step_size=None, fresh=(),
-                    count="step"):
+                    count="step", rule=None):
     """Adam with m and v on the host, written as a learner would, with the knob of one mistake turned. `fresh`: the
     moments made anew inside the step loop; `count`: how t goes ("step": the step's number; "never": t = 1 set once;
-    "per_tensor": t += 1 in the loop over the parameters)."""
+    "per_tensor": t += 1 in the loop over the parameters); `rule(lr, g, m_hat, v_hat, eps)`: the update written
+    otherwise."""
     host = lib.host()
     params = list(model.parameters())
     m = [torch.zeros_like(p, device=host) for p in params]
@@ -264,6 +275,8 @@ def _offloaded_adam(model, batches, lr, *, correct=True, zero=True, first=1, fre
             update = lr * m_hat / denom
             if step_size:                 # both corrections folded into the step size, on m / (√v + ε)
                 update = step_size(lr, step) * m_i / (v_i.sqrt() + eps)
+            if rule:
+                update = rule(lr, g, m_hat, v_hat, eps)
             with torch.no_grad():
                 if write_back:
                     p.sub_(update.to(lib.device()))
@@ -329,6 +342,16 @@ def offload_step_size_without_the_root(model, batches, lr):
     return _offloaded_adam(model, batches, lr, step_size=lambda lr, t: lr * (1 - 0.999 ** t) / (1 - 0.9 ** t))
 
 
+def offload_gradient_in_the_numerator(model, batches, lr):
+    """lr · g / (√v̂ + ε): the gradient where m̂ belongs (step 1 is Adam's, where m̂ = g)."""
+    return _offloaded_adam(model, batches, lr, rule=lambda lr, g, m_hat, v_hat, eps: lr * g / (v_hat.sqrt() + eps))
+
+
+def offload_without_the_root(model, batches, lr):
+    """lr · m̂ / (v̂ + ε): the square root of v̂ forgotten."""
+    return _offloaded_adam(model, batches, lr, rule=lambda lr, g, m_hat, v_hat, eps: lr * m_hat / (v_hat + eps))
+
+
 def offload_updating_a_host_copy(model, batches, lr):
     """The update subtracted from p.to(lib.host()), a copy in host memory: the model itself never changes."""
     return _offloaded_adam(model, batches, lr, write_back=False)
@@ -355,6 +378,8 @@ MISTAKES = [
     Attempt("training_state_bytes", state_bytes_with_bf16_moments,
             named=("Adam's momentum m counted at bf16's 2 B", "Adam's variance v counted at bf16's 2 B")),
     Attempt("training_state_bytes", state_bytes_as_one_number, named="the statement asks for the bytes of each piece"),
+    Attempt("training_state_bytes", state_bytes_per_parameter, named="given as their bytes for one parameter"),
+    Attempt("training_state_bytes", state_bytes_from_a_count_with_the_head_bias, named="the count is off"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_the_final_norm,
             named="the final LayerNorm left out"),
     Attempt("training_state_bytes", state_bytes_from_a_count_without_positions, named=POSITIONS_LEFT_OUT),
@@ -389,5 +414,7 @@ MISTAKES = [
     Attempt("offloaded_adam_train", offload_eps_inside_the_root, named="ε inside the square root"),
     Attempt("offloaded_adam_train", offload_corrections_in_the_step_size, "ε is then added before v's bias"),
     Attempt("offloaded_adam_train", offload_step_size_without_the_root, "without its square root"),
+    Attempt("offloaded_adam_train", offload_gradient_in_the_numerator, named="the gradient g where m̂ belongs"),
+    Attempt("offloaded_adam_train", offload_without_the_root, named="v̂ where √v̂ belongs"),
     Attempt("offloaded_adam_train", offload_updating_a_host_copy, named="unchanged"),
 ]
