@@ -784,11 +784,14 @@ def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1)
             return (f"Diagnosis: on rank {rank}, {listing(pairs, 3)}: each block of rows that arrives must run "
                     f"through the expert it was sent to. Rank r holds experts r·E/N to (r+1)·E/N - 1 (E/N = {per}), "
                     f"as its experts[0 ...].{how}")
-        if _routed_away(layer, rank, wrong):
+        never = output < 0 and bool((have.detach()[wrong] == 0).all())
+        home = bool((~wrong).any())         # a token whose experts are all here, right: what tells the exchange
+        if _routed_away(layer, rank, wrong) and (home or never):
             what = "outputs" if output < 0 else "gradients"
-            zero = " (0 there: never received)" if output < 0 and bool((have.detach()[wrong] == 0).all()) else ""
+            zero = " (0 there: never received)" if never else ""
+            right = "; those whose experts are here are right" if home else ""
             return (f"Diagnosis: on rank {rank}, exactly the rows of tokens routed to other ranks' experts are "
-                    f"wrong{zero}; those whose experts are here are right. Their {what} must come back the way the "
+                    f"wrong{zero}{right}. Their {what} must come back the way the "
                     "rows went: " + ("sent to the experts' owners, computed there, and sent back (the all-to-all "
                                      "with the splits swapped)." if output < 0 else
                                      "the exchange's backward is the reverse all-to-all, which sends each row's "
