@@ -742,8 +742,8 @@ def _weighted_otherwise(layer: Layer, rank: int, y: torch.Tensor, wrong: torch.T
                 not near(w, cand[e]) for w, (e, _) in zip(fit.tolist(), kept[t]))
         found.append((t, fit.tolist(), right, "their sum" if len(mine) > 1 and alike else "its kept expert"
                       + "s" * (len(mine) > 1)))
-    if not found:
-        return None
+    if not found or all(near(w, 1.0) for _, fit, _, _ in found for w in fit):
+        return None                 # every weight 1: no weights at all, which MOE_MISTAKES' unweighted reading says
     t, fit, right, what = found[0]
     are = "s are" if len(fit) > 1 else " is"
     said = (f"on rank {rank}, the wrong rows are exactly their tokens' kept experts' outputs, weighted otherwise: "
