@@ -1191,17 +1191,26 @@ def _on_factor_grid(cap: int, t_count: int, experts: int, k: int, step: Fraction
     return None
 
 
+def _factor_steps(mine: int, cap: int, t_count: int, experts: int, k: int) -> dict[Fraction, Fraction]:
+    """{step: factor} for each of FACTOR_STEPS whose search over capacity factors reaches `mine` first, where the
+    right capacity `cap` lies between two of its capacities."""
+    steps = {}
+    for step in FACTOR_STEPS:
+        found = _on_factor_grid(mine, t_count, experts, k, step) if mine > cap and k * t_count * step > experts \
+            else None
+        if found is not None and _on_factor_grid(cap, t_count, experts, k, step, round_off=False) is None:
+            steps[step] = found
+    return steps
+
+
 def _factor_searched(mine: int, cap: int, t_count: int, experts: int, k: int) -> Optional[str]:
     """`mine` as the first capacity a search over capacity factors in steps of 0.25, 0.1 or 0.05 reaches, where the
     right one lies between two of its capacities."""
-    for step in FACTOR_STEPS:
+    for step, found in _factor_steps(mine, cap, t_count, experts, k).items():
         slots = k * t_count * step / experts
-        found = _on_factor_grid(mine, t_count, experts, k, step) if mine > cap and slots > 1 else None
-        if found is not None and _on_factor_grid(cap, t_count, experts, k, step, round_off=False) is None:
-            return (f"It is the capacity of the factor {float(found):g}, ceil(k·T·factor / E): a search over capacity "
-                    f"factors in steps of {float(step):g} moves C by k·T·{float(step):g}/E = {float(slots):.3g} "
-                    f"slots a step here and skips {cap}. Search the capacity C itself, one slot at a time (or "
-                    "bisect it).")
+        return (f"It is the capacity of the factor {float(found):g}, ceil(k·T·factor / E): a search over capacity "
+                f"factors in steps of {float(step):g} moves C by k·T·{float(step):g}/E = {float(slots):.3g} slots a "
+                f"step here and skips {cap}. Search the capacity C itself, one slot at a time (or bisect it).")
     return None
 
 
@@ -1293,7 +1302,8 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
         product = max_dropped * t_count * k
         firsts = _loads(logits, 1)
         searched = _factor_searched(mine, cap, t_count, experts, k)
-        past = _one_past(cap, allowed, _drops(load, cap) == allowed, others) if mine == cap + 1 else None
+        past = (_one_past(cap, allowed, _drops(load, cap) == allowed, others,
+                          set(_factor_steps(mine, cap, t_count, experts, k))) if mine == cap + 1 else None)
         if int(product) < allowed and _drops(load, mine) <= int(product) < _drops(load, mine - 1):
             said.append(f"It is the smallest capacity for {int(product)} choices, max_dropped × T·k truncated: the "
                         f"product is {product!r} in floating point, round-off short of {allowed} whole choices.")
@@ -1337,10 +1347,12 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
     return f"Diagnosis: {' '.join(said)}" if said else None
 
 
-def _one_past(cap: int, allowed: int, exactly: bool, others: Callable) -> Optional[tuple[bool, str]]:
+def _one_past(cap: int, allowed: int, exactly: bool, others: Callable, steps: set = frozenset()
+              ) -> Optional[tuple[bool, str]]:
     """A capacity one above the smallest: one slot too many everywhere, or, where the smallest drops `exactly` the
     budget, a strict < for "at most". The answer's other cases tell: where the smallest capacity drops less than the
-    budget, < and <= agree, and one slot too many is still wrong. (Whether they told, the words), or None."""
+    budget, < and <= agree, and one slot too many is still wrong, unless a search over capacity factors in one of
+    the `steps` that reach this case's capacity reaches that one too. (Whether they told, the words), or None."""
     strict = f"{cap} drops exactly the budget of {allowed}, and \"at most\" allows it: dropped <= budget, not <."
     for other, results in others(_met_below):
         answer = results[0] if results else None
@@ -1350,10 +1362,11 @@ def _one_past(cap: int, allowed: int, exactly: bool, others: Callable) -> Option
         if answer[0] == right and exactly:
             return True, (f"Your capacity is right where the smallest capacity drops less than the budget "
                           f"({other.label}), and one too many here, where {strict}")
-        if answer[0] == right + 1:
+        (t_count, experts), k = other.args[0].shape, other.args[1]
+        if answer[0] == right + 1 and not steps & set(_factor_steps(answer[0], right, t_count, experts, k)):
             return True, ("Your capacity is one slot too many on the check's other cases too: stop at the first C "
                           "that fits.")
-        break
+        break                       # (one above there too, where the same factor step reaches it: a factor search)
     if not exactly:
         return None
     return False, (f"Either {strict[0].lower()}{strict[1:-1]}; or the search returns one slot past the first C that "
