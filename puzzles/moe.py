@@ -1301,6 +1301,8 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
                 if _drops(load, mine) <= max_dropped * n < (_drops(load, mine - 1) if mine > 1 else math.inf)]
         product = max_dropped * t_count * k
         firsts = _loads(logits, 1)
+        firsts_fit = k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
+                                   for budget in (allowed, allowed_drops(max_dropped, t_count)))
         searched = _factor_searched(mine, cap, t_count, experts, k)
         past = (_one_past(cap, allowed, _drops(load, cap) == allowed, others,
                           set(_factor_steps(mine, cap, t_count, experts, k))) if mine == cap + 1 else None)
@@ -1314,12 +1316,11 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
             said.append(f"It is the busiest expert's load, the smallest capacity that drops nothing, as if no drop "
                         f"were allowed: max_dropped = {max_dropped:g} is a share of the T·k = {t_count * k} choices, "
                         f"not a number of them{counted}: {max_dropped:g} × {t_count * k} = {allowed:g} may drop.")
-        elif max_dropped > 0 and len(fits) == 1:
+        elif max_dropped > 0 and len(fits) == 1 and not (firsts_fit and _right_where_k_is_1(others)):
             n, meaning = counts[fits[0]]
             said.append(f"It is the smallest capacity for a budget of max_dropped × {fits[0]} = "
                         f"{max_dropped * n:g} choices ({meaning}): the choices that claim slots number T·k.")
-        elif k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
-                           for budget in (allowed, allowed_drops(max_dropped, t_count))):
+        elif firsts_fit:
             said.append(f"It is the smallest capacity for the loads of the first choices alone: each token makes "
                         f"k = {k} choices and every one claims a slot, so an expert's load L_e counts all the T·k "
                         "choices that pick it (bincount of all of topk(k).indices).")
@@ -1371,6 +1372,15 @@ def _one_past(cap: int, allowed: int, exactly: bool, others: Callable, steps: se
         return None
     return False, (f"Either {strict[0].lower()}{strict[1:-1]}; or the search returns one slot past the first C that "
                    "fits.")
+
+
+def _right_where_k_is_1(others: Callable) -> bool:
+    """Whether the answer's capacity was right on another case of the check with k = 1, where a budget taken of
+    another count than T·k would be wrong too, and the first choices are all the choices."""
+    for other, results in others(lambda case: case.reads_others and case.args[1] == 1):
+        answer = results[0] if results else None
+        return isinstance(answer, (tuple, list)) and bool(answer) and answer[0] == other.expected[0][0]
+    return False
 
 
 def _met_below(case) -> bool:
