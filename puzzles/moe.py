@@ -1191,26 +1191,17 @@ def _on_factor_grid(cap: int, t_count: int, experts: int, k: int, step: Fraction
     return None
 
 
-def _factor_steps(mine: int, cap: int, t_count: int, experts: int, k: int) -> dict[Fraction, Fraction]:
-    """{step: factor} for each of FACTOR_STEPS whose search over capacity factors reaches `mine` first, where the
-    right capacity `cap` lies between two of its capacities."""
-    steps = {}
-    for step in FACTOR_STEPS:
-        found = _on_factor_grid(mine, t_count, experts, k, step) if mine > cap and k * t_count * step > experts \
-            else None
-        if found is not None and _on_factor_grid(cap, t_count, experts, k, step, round_off=False) is None:
-            steps[step] = found
-    return steps
-
-
 def _factor_searched(mine: int, cap: int, t_count: int, experts: int, k: int) -> Optional[str]:
     """`mine` as the first capacity a search over capacity factors in steps of 0.25, 0.1 or 0.05 reaches, where the
     right one lies between two of its capacities."""
-    for step, found in _factor_steps(mine, cap, t_count, experts, k).items():
+    for step in FACTOR_STEPS:
         slots = k * t_count * step / experts
-        return (f"It is the capacity of the factor {float(found):g}, ceil(k·T·factor / E): a search over capacity "
-                f"factors in steps of {float(step):g} moves C by k·T·{float(step):g}/E = {float(slots):.3g} slots a "
-                f"step here and skips {cap}. Search the capacity C itself, one slot at a time (or bisect it).")
+        found = _on_factor_grid(mine, t_count, experts, k, step) if mine > cap and slots > 1 else None
+        if found is not None and _on_factor_grid(cap, t_count, experts, k, step, round_off=False) is None:
+            return (f"It is the capacity of the factor {float(found):g}, ceil(k·T·factor / E): a search over capacity "
+                    f"factors in steps of {float(step):g} moves C by k·T·{float(step):g}/E = {float(slots):.3g} "
+                    f"slots a step here and skips {cap}. Search the capacity C itself, one slot at a time (or "
+                    "bisect it).")
     return None
 
 
@@ -1304,8 +1295,7 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
         firsts_fit = k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
                                    for budget in (allowed, allowed_drops(max_dropped, t_count)))
         searched = _factor_searched(mine, cap, t_count, experts, k)
-        past = (_one_past(cap, allowed, _drops(load, cap) == allowed, others,
-                          set(_factor_steps(mine, cap, t_count, experts, k))) if mine == cap + 1 else None)
+        past = _one_past(cap, allowed, _drops(load, cap) == allowed, others) if mine == cap + 1 else None
         if int(product) < allowed and _drops(load, mine) <= int(product) < _drops(load, mine - 1):
             said.append(f"It is the smallest capacity for {int(product)} choices, max_dropped × T·k truncated: the "
                         f"product is {product!r} in floating point, round-off short of {allowed} whole choices.")
@@ -1316,7 +1306,8 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
             said.append(f"It is the busiest expert's load, the smallest capacity that drops nothing, as if no drop "
                         f"were allowed: max_dropped = {max_dropped:g} is a share of the T·k = {t_count * k} choices, "
                         f"not a number of them{counted}: {max_dropped:g} × {t_count * k} = {allowed:g} may drop.")
-        elif max_dropped > 0 and len(fits) == 1 and not (firsts_fit and _right_where_k_is_1(others)):
+        elif max_dropped > 0 and len(fits) == 1 and not (firsts_fit and fits[0] != "T, the tokens"
+                                                         and _right_where_k_is_1(others)):
             n, meaning = counts[fits[0]]
             said.append(f"It is the smallest capacity for a budget of max_dropped × {fits[0]} = "
                         f"{max_dropped * n:g} choices ({meaning}): the choices that claim slots number T·k.")
@@ -1348,26 +1339,24 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
     return f"Diagnosis: {' '.join(said)}" if said else None
 
 
-def _one_past(cap: int, allowed: int, exactly: bool, others: Callable, steps: set = frozenset()
-              ) -> Optional[tuple[bool, str]]:
+def _one_past(cap: int, allowed: int, exactly: bool, others: Callable) -> Optional[tuple[bool, str]]:
     """A capacity one above the smallest: one slot too many everywhere, or, where the smallest drops `exactly` the
     budget, a strict < for "at most". The answer's other cases tell: where the smallest capacity drops less than the
-    budget, < and <= agree, and one slot too many is still wrong, unless a search over capacity factors in one of
-    the `steps` that reach this case's capacity reaches that one too. (Whether they told, the words), or None."""
+    budget, < and <= agree, and one slot too many is still wrong; one slot too many is one above on every case (a
+    search over capacity factors is one above on some by chance, and right where its grid has the capacity).
+    (Whether they told, the words), or None."""
     strict = f"{cap} drops exactly the budget of {allowed}, and \"at most\" allows it: dropped <= budget, not <."
-    for other, results in others(_met_below):
+    above = []              # per other case answered: (its label, its smallest capacity drops less, answer - capacity)
+    for other, results in others(lambda case: case.reads_others):
         answer = results[0] if results else None
-        if not (isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], int)):
-            continue
-        right = other.expected[0][0]
-        if answer[0] == right and exactly:
-            return True, (f"Your capacity is right where the smallest capacity drops less than the budget "
-                          f"({other.label}), and one too many here, where {strict}")
-        (t_count, experts), k = other.args[0].shape, other.args[1]
-        if answer[0] == right + 1 and not steps & set(_factor_steps(answer[0], right, t_count, experts, k)):
-            return True, ("Your capacity is one slot too many on the check's other cases too: stop at the first C "
-                          "that fits.")
-        break                       # (one above there too, where the same factor step reaches it: a factor search)
+        if isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], int):
+            above.append((other.label, _met_below(other), answer[0] - other.expected[0][0]))
+    right = [label for label, below, off in above if below and off == 0]
+    if exactly and right:
+        return True, (f"Your capacity is right where the smallest capacity drops less than the budget ({right[0]}), "
+                      f"and one too many here, where {strict}")
+    if above and all(off == 1 for _, _, off in above):
+        return True, "Your capacity is one slot too many on the check's other cases too: stop at the first C that fits."
     if not exactly:
         return None
     return False, (f"Either {strict[0].lower()}{strict[1:-1]}; or the search returns one slot past the first C that "
@@ -1376,7 +1365,7 @@ def _one_past(cap: int, allowed: int, exactly: bool, others: Callable, steps: se
 
 def _right_where_k_is_1(others: Callable) -> bool:
     """Whether the answer's capacity was right on another case of the check with k = 1, where a budget taken of
-    another count than T·k would be wrong too, and the first choices are all the choices."""
+    another count than T·k (or T, the same there) would be wrong too, and the first choices are all the choices."""
     for other, results in others(lambda case: case.reads_others and case.args[1] == 1):
         answer = results[0] if results else None
         return isinstance(answer, (tuple, list)) and bool(answer) and answer[0] == other.expected[0][0]
