@@ -742,8 +742,8 @@ def _weighted_otherwise(layer: Layer, rank: int, y: torch.Tensor, wrong: torch.T
                 not near(w, cand[e]) for w, (e, _) in zip(fit.tolist(), kept[t]))
         found.append((t, fit.tolist(), right, "their sum" if len(mine) > 1 and alike else "its kept expert"
                       + "s" * (len(mine) > 1)))
-    if not found:
-        return None
+    if not found or all(near(w, 1.0) for _, fit, _, _ in found for w in fit):
+        return None                 # every weight 1: no weights at all, which MOE_MISTAKES' unweighted reading says
     t, fit, right, what = found[0]
     are = "s are" if len(fit) > 1 else " is"
     said = (f"on rank {rank}, the wrong rows are exactly their tokens' kept experts' outputs, weighted otherwise: "
@@ -784,11 +784,14 @@ def _routed_explained(layer: Layer, expected: list, got: list, output: int = -1)
             return (f"Diagnosis: on rank {rank}, {listing(pairs, 3)}: each block of rows that arrives must run "
                     f"through the expert it was sent to. Rank r holds experts r·E/N to (r+1)·E/N - 1 (E/N = {per}), "
                     f"as its experts[0 ...].{how}")
-        if _routed_away(layer, rank, wrong):
+        never = output < 0 and bool((have.detach()[wrong] == 0).all())
+        home = bool((~wrong).any())         # a token whose experts are all here, right: what tells the exchange
+        if _routed_away(layer, rank, wrong) and (home or never):
             what = "outputs" if output < 0 else "gradients"
-            zero = " (0 there: never received)" if output < 0 and bool((have.detach()[wrong] == 0).all()) else ""
+            zero = " (0 there: never received)" if never else ""
+            right = "; those whose experts are here are right" if home else ""
             return (f"Diagnosis: on rank {rank}, exactly the rows of tokens routed to other ranks' experts are "
-                    f"wrong{zero}; those whose experts are here are right. Their {what} must come back the way the "
+                    f"wrong{zero}{right}. Their {what} must come back the way the "
                     "rows went: " + ("sent to the experts' owners, computed there, and sent back (the all-to-all "
                                      "with the splits swapped)." if output < 0 else
                                      "the exchange's backward is the reverse all-to-all, which sends each row's "
@@ -1289,6 +1292,8 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
                 if _drops(load, mine) <= max_dropped * n < (_drops(load, mine - 1) if mine > 1 else math.inf)]
         product = max_dropped * t_count * k
         firsts = _loads(logits, 1)
+        firsts_fit = k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
+                                   for budget in (allowed, allowed_drops(max_dropped, t_count)))
         searched = _factor_searched(mine, cap, t_count, experts, k)
         past = _one_past(cap, allowed, _drops(load, cap) == allowed, others) if mine == cap + 1 else None
         if int(product) < allowed and _drops(load, mine) <= int(product) < _drops(load, mine - 1):
@@ -1301,12 +1306,12 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
             said.append(f"It is the busiest expert's load, the smallest capacity that drops nothing, as if no drop "
                         f"were allowed: max_dropped = {max_dropped:g} is a share of the T·k = {t_count * k} choices, "
                         f"not a number of them{counted}: {max_dropped:g} × {t_count * k} = {allowed:g} may drop.")
-        elif max_dropped > 0 and len(fits) == 1:
+        elif max_dropped > 0 and len(fits) == 1 and not (firsts_fit and fits[0] != "T, the tokens"
+                                                         and _right_where_k_is_1(others)):
             n, meaning = counts[fits[0]]
             said.append(f"It is the smallest capacity for a budget of max_dropped × {fits[0]} = "
                         f"{max_dropped * n:g} choices ({meaning}): the choices that claim slots number T·k.")
-        elif k > 1 and any(_drops(firsts, mine) <= budget < (_drops(firsts, mine - 1) if mine > 1 else math.inf)
-                           for budget in (allowed, allowed_drops(max_dropped, t_count))):
+        elif firsts_fit:
             said.append(f"It is the smallest capacity for the loads of the first choices alone: each token makes "
                         f"k = {k} choices and every one claims a slot, so an expert's load L_e counts all the T·k "
                         "choices that pick it (bincount of all of topk(k).indices).")
@@ -1337,24 +1342,34 @@ def _capacity_explained(logits: torch.Tensor, k: int, max_dropped: float, expect
 def _one_past(cap: int, allowed: int, exactly: bool, others: Callable) -> Optional[tuple[bool, str]]:
     """A capacity one above the smallest: one slot too many everywhere, or, where the smallest drops `exactly` the
     budget, a strict < for "at most". The answer's other cases tell: where the smallest capacity drops less than the
-    budget, < and <= agree, and one slot too many is still wrong. (Whether they told, the words), or None."""
+    budget, < and <= agree, and one slot too many is still wrong; one slot too many is one above on every case (a
+    search over capacity factors is one above on some by chance, and right where its grid has the capacity).
+    (Whether they told, the words), or None."""
     strict = f"{cap} drops exactly the budget of {allowed}, and \"at most\" allows it: dropped <= budget, not <."
-    for other, results in others(_met_below):
+    above = []              # per other case answered: (its label, its smallest capacity drops less, answer - capacity)
+    for other, results in others(lambda case: case.reads_others):
         answer = results[0] if results else None
-        if not (isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], int)):
-            continue
-        right = other.expected[0][0]
-        if answer[0] == right and exactly:
-            return True, (f"Your capacity is right where the smallest capacity drops less than the budget "
-                          f"({other.label}), and one too many here, where {strict}")
-        if answer[0] == right + 1:
-            return True, ("Your capacity is one slot too many on the check's other cases too: stop at the first C "
-                          "that fits.")
-        break
+        if isinstance(answer, (tuple, list)) and answer and isinstance(answer[0], int):
+            above.append((other.label, _met_below(other), answer[0] - other.expected[0][0]))
+    right = [label for label, below, off in above if below and off == 0]
+    if exactly and right:
+        return True, (f"Your capacity is right where the smallest capacity drops less than the budget ({right[0]}), "
+                      f"and one too many here, where {strict}")
+    if above and all(off == 1 for _, _, off in above):
+        return True, "Your capacity is one slot too many on the check's other cases too: stop at the first C that fits."
     if not exactly:
         return None
     return False, (f"Either {strict[0].lower()}{strict[1:-1]}; or the search returns one slot past the first C that "
                    "fits.")
+
+
+def _right_where_k_is_1(others: Callable) -> bool:
+    """Whether the answer's capacity was right on another case of the check with k = 1, where a budget taken of
+    another count than T·k (or T, the same there) would be wrong too, and the first choices are all the choices."""
+    for other, results in others(lambda case: case.reads_others and case.args[1] == 1):
+        answer = results[0] if results else None
+        return isinstance(answer, (tuple, list)) and bool(answer) and answer[0] == other.expected[0][0]
+    return False
 
 
 def _met_below(case) -> bool:

@@ -289,20 +289,22 @@ def _warm_ups(p: int, m: int, time: Budget, memory: Budget) -> Contract:
     within both budgets is never judged by it: this only says which stages' warm-ups made a slow run slow, or a
     stage's stash too large."""
 
-    def over(result: SimResult) -> Optional[str]:
+    def over(result: SimResult) -> Optional[tuple[str, bool]]:
+        """(the budget line the run is over, whether it is memory's), or None within both."""
         if result.time > time.limit_for(0):
             return (f"the run's simulated time is {fmt_time(result.time)}, over the budget of "
-                    f"{fmt_time(time.limit_for(0))}")
+                    f"{fmt_time(time.limit_for(0))}"), False
         for r, stats in enumerate(result.stats):
             if stats.peak_memory > memory.limit_for(r):
                 return (f"rank {r}'s peak memory is {fmt_bytes(stats.peak_memory)}, over the budget of "
-                        f"{fmt_bytes(memory.limit_for(r))}")
+                        f"{fmt_bytes(memory.limit_for(r))}"), True
         return None
 
     def broken(result: SimResult) -> Optional[str]:
-        slow = over(result)
-        if slow is None:
+        found = over(result)
+        if found is None:
             return None
+        slow, stash = found
         warm = {}
         for r in range(p - 1):
             asked = [e.start for e in result.trace if e.rank == r and e.op == "recv" and e.peer == r + 1]
@@ -317,8 +319,7 @@ def _warm_ups(p: int, m: int, time: Budget, memory: Budget) -> Contract:
         same = ("; the same warm-up on every stage, where a stage nearer the end needs fewer (p - 1 - r)"
                 if len(set(warm.values())) == 1 and p > 2 else "")
         more = all(w > min(m, p - r) - 1 for r, w in off.items())
-        why = (": each forward run ahead keeps its activations until its backward" if more and "memory" in slow
-               else "")
+        why = (": each forward run ahead keeps its activations until its backward" if more and stash else "")
         return (f"{slow}, and its warm-ups differ from 1F1B's (forwards before the first backward): {said}{same}"
                 f"{why}")
     return Contract("1F1B's warm-up on stage r is p - 1 - r forwards: the micro-batches in flight between it and the "

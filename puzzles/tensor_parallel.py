@@ -274,7 +274,8 @@ def _mlp_explain(x, w1s, b1s, w2s, b2, world: int):
     """megatron_mlp's explain: the activation, the place of it, and the place of fc1's bias, whose MLP gives the
     learner's output."""
     def output(act: Callable = F.gelu, place: str = "between", fc1_bias: str = "in fc1") -> torch.Tensor:
-        hidden = [F.linear(x, w1s[r], b1s[r] if fc1_bias == "in fc1" else None) for r in range(world)]
+        scale = {"in fc1": 1, "over N": 1 / world}.get(fc1_bias)         # None: not inside fc1
+        hidden = [F.linear(x, w1s[r], None if scale is None else b1s[r] * scale) for r in range(world)]
         hidden = [act(t) for t in hidden] if place == "between" else hidden
         hidden = [t + b1s[r] for r, t in enumerate(hidden)] if fc1_bias == "after GeLU" else hidden
         out = sum(F.linear(t, w2s[r]) for r, t in enumerate(hidden))
@@ -292,7 +293,9 @@ def _mlp_explain(x, w1s, b1s, w2s, b2, world: int):
                 ({"fc1_bias": "after GeLU"}, "fc1's bias added after GeLU, where it belongs inside fc1, before GeLU: "
                                              "F.gelu(F.linear(x, fc1_w, fc1_b))"),
                 ({"fc1_bias": "nowhere"}, "fc1's bias left out, where fc1 adds it before GeLU: "
-                                          "F.gelu(F.linear(x, fc1_w, fc1_b))")]
+                                          "F.gelu(F.linear(x, fc1_w, fc1_b))"),
+                ({"fc1_bias": "over N"}, "fc1's bias divided by N, where each rank's fc1_b is its own slice of the "
+                                         "bias, added whole: only fc2's bias meets the other ranks' partial sums")]
     return _settings_explain(x, output, settings, "the MLP's")
 
 

@@ -973,10 +973,9 @@ def _whole_replica_batches_only(model, cluster, plan: Plan, tokens_per_second: f
     the best plan that does: what a search never splitting the replica batch finds."""
     from lib.planner.search import fitting_plans, top
 
-    if plan.micro_batch != plan.global_batch // plan.dp or fastest.micro_batch == plan.micro_batch:
+    if not _whole_batch(plan) or fastest.micro_batch == plan.micro_batch:
         return False
-    whole = [f for f in fitting_plans(model, cluster, plan.global_batch, virtual_stages=[1])
-             if f.plan.micro_batch == plan.global_batch // f.plan.dp]
+    whole = [f for f in fitting_plans(model, cluster, plan.global_batch, virtual_stages=[1]) if _whole_batch(f.plan)]
     return bool(whole) and abs(top(whole).tokens_per_second - tokens_per_second) <= 1e-9 * tokens_per_second
 
 
@@ -1068,18 +1067,28 @@ WHOLE_BATCH = ("never splitting the replica batch (micro_batch = global_batch //
                "micro_batch among the divisors of global_batch // dp, not only the whole of it")
 
 
+def _whole_batch(plan: Plan) -> bool:
+    """Whether `plan` runs each replica's batch as one micro-batch."""
+    return plan.micro_batch == plan.global_batch // plan.dp
+
+
+def _partial_searches() -> list[tuple[str, Callable[[Plan], bool], str]]:
+    """Each search of part of the space: (its name, whether it looks at a plan, what to search instead): the
+    replica batch never split (WHOLE_BATCH), or one field held at its simplest value (PART_OF_THE_SPACE)."""
+    return [(WHOLE_BATCH[0], _whole_batch, WHOLE_BATCH[1]),
+            *((search, lambda p, f=field, v=value: getattr(p, f) == v, instead)
+              for field, (value, search, instead) in PART_OF_THE_SPACE.items())]
+
+
 def _searches_of_part_of_the_space(fitting, fastest: float) -> tuple:
     """Mistakes naming each search that fixes one field (or never splits the replica batch) and so finds a slower
     plan than the fastest; searches that find the same plan are named together."""
     from lib.planner.search import top
 
-    searches = [(functools.partial(_best_with, fitting, field, value), search, instead)
-                for field, (value, search, instead) in PART_OF_THE_SPACE.items()]
-    whole = [f for f in fitting if f.plan.micro_batch == f.plan.global_batch // f.plan.dp]
-    searches.append((lambda: top(whole) if whole else None, *WHOLE_BATCH))
     by_plan: dict = {}
-    for best_of, search, instead in searches:
-        best = best_of()
+    for search, looks_at, instead in _partial_searches():
+        kept = [f for f in fitting if looks_at(f.plan)]
+        best = top(kept) if kept else None
         if best is not None and best.tokens_per_second < (1 - PLAN_RTOL) * fastest:     # slower as the check sees it
             by_plan.setdefault(repr(best.plan), (best.plan, []))[1].append((search, instead))
     return tuple(Mistake(lambda model, cluster, global_batch, plan=plan: plan,
@@ -1195,10 +1204,7 @@ def _kept_nothing(model, cluster, batch: int) -> Optional[str]:
     fitting = fitting_plans(model, cluster, batch, virtual_stages=[1])
     if not fitting:
         return None
-    parts = {WHOLE_BATCH[0]: lambda p: p.micro_batch == p.global_batch // p.dp}
-    parts.update({search: lambda p, f=field, v=value: getattr(p, f) == v
-                  for field, (value, search, _) in PART_OF_THE_SPACE.items()})
-    empty = [search for search, keeps in parts.items() if not any(keeps(f.plan) for f in fitting)]
+    empty = [search for search, looks_at, _ in _partial_searches() if not any(looks_at(f.plan) for f in fitting)]
     said = (f" None of them is in the part of the space a search {empty[0]} looks at, so such a search finds "
             "nothing here." if empty else "")
     return (f"What it means: your search kept no plan on this case (a max() or min() over nothing), where "

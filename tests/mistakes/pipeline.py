@@ -185,6 +185,15 @@ def gpipe_split_instead_of_chunk(dist, stage, batch, targets, m):
     return _gpipe(dist, stage, batch, targets, m, split=lambda t: t.split(m))
 
 
+def gpipe_first_stage_waits_for_the_loss(dist, stage, batch, targets, m):
+    """GPipe as the hints lay it out; the first stage then receives the loss from the last stage, to report it, and the
+    last stage was never told to send one."""
+    _gpipe(dist, stage, batch, targets, m)
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty(()), dist.get_world_size() - 1)
+    return stage
+
+
 # ---- one_f_one_b --------------------------------------------------------------------------------------------
 def _one_f_one_b(dist, stage, batch, targets, m, *, warm_of=lambda p, r: p - r - 1, lifo=False,
                  backward_first=False, cool_short=False):
@@ -508,14 +517,6 @@ def zero_bubble_sends_the_first_layers_gradient(dist, stage, batch, targets, m):
     return _zero_bubble(dist, stage, batch, targets, m, send_index=0)
 
 
-
-def gpipe_first_stage_waits_for_the_loss(dist, stage, batch, targets, m):
-    """GPipe as the hints lay it out; the first stage then receives the loss from the last stage, to report it, and the
-    last stage was never told to send one."""
-    _gpipe(dist, stage, batch, targets, m)
-    if dist.get_rank() == 0:
-        dist.recv(torch.empty(()), dist.get_world_size() - 1)
-    return stage
 
 MISTAKES = [
     Attempt("pipeline_stages", stages_float32_buffers, named="receives into ("),

@@ -156,6 +156,12 @@ def mlp_fc1_bias_left_out(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
     return _g(dist)(F.linear(hidden, fc2_w)) + fc2_b
 
 
+def mlp_fc1_bias_divided_by_n(dist, x, fc1_w, fc1_b, fc2_w, fc2_b):
+    """fc1's bias divided by N, as if the column-parallel layer's bias too were summed over the ranks."""
+    hidden = F.gelu(F.linear(_f(dist)(x), fc1_w, fc1_b / dist.get_world_size()))
+    return _g(dist)(F.linear(hidden, fc2_w)) + fc2_b
+
+
 # ---- parallel_attention -------------------------------------------------------------------------------------
 def _attention(dist, x, qkv_w, qkv_b, proj_w, proj_b, core):
     qkv = F.linear(_f(dist)(x), qkv_w, qkv_b)
@@ -396,6 +402,7 @@ MISTAKES = [
     Attempt("megatron_mlp", mlp_fc2_bias_divided_by_n, named="N, the world size"),
     Attempt("megatron_mlp", mlp_fc1_bias_after_gelu, named="fc1's bias added after GeLU"),
     Attempt("megatron_mlp", mlp_fc1_bias_left_out, named=("fc1's bias left out", "lacks fc1_b")),
+    Attempt("megatron_mlp", mlp_fc1_bias_divided_by_n, named="fc1's bias divided by N"),
     Attempt("parallel_attention", attention_every_head_on_every_rank, named=("all the heads", "heads per rank")),
     Attempt("parallel_attention", attention_without_the_causal_mask, named=("the future", "above the diagonal")),
     Attempt("parallel_attention", attention_scaled_by_the_hidden_size, named="√d"),
