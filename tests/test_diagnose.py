@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lib.checker.puzzle import Case, Puzzle
-from lib.diagnose import Mistake, diagnose, hands_gradient
+from lib.diagnose import Mistake, diagnose, factors, hands_gradient
 from lib.sim import per_rank
 from lib.units import ordinal
 
@@ -184,6 +184,19 @@ def test_a_single_device_result_is_described_without_ranks():
     assert diagnose([{"w": torch.ones(2, 4)}], [{"w": torch.tensor([[1.0, 1, 1, 1], [1, 1, 2, 3]])}], ()) == (
         "Where: the result['w'] (2 of 8 values, in [1, 2:4]).")
     assert diagnose([2560], [2496], ()) == ""      # one number: the first difference already says it all
+
+
+def test_a_quotient_is_followed_to_another_case_where_it_is_below_one():
+    # The loss divided by p where m belongs: 2 = m / N = N at p = 2, m = 4; at p = 4, m = 2 the values are half, not
+    # twice, what they should be, which is m / N there too, the same way up.
+    found = factors.matching(2.0, {"N, the world size": 2, "m, the micro-batches": 4})
+    assert [c.symbol for c in found] == ["N", "m / N"]
+    there = {"N, the world size": 4, "m, the micro-batches": 2}
+    assert [c.symbol for c in factors.consistent(found, 0.5, there, up=True)] == ["m / N"]
+    assert factors.consistent(found, 2.0, there, up=True) == []
+    words, advice = factors.said(2.0, {"N, the world size": 2, "m, the micro-batches": 4},
+                                 resolve=lambda found, up: factors.consistent(found, 0.5, there, up))
+    assert "2 = m / N" in words and advice == "Divided by N where m belongs?"
 
 
 # ---- mistakes no catalogue lists, named from the case's structure -------------------------------------------
@@ -440,26 +453,56 @@ def test_the_parts_of_a_sum_never_summed_are_named():
     assert "the ranks' result add up to the expected one" in text, text
 
 
-def test_an_equal_sized_term_is_told_apart_by_the_other_cases(capsys):
+def _two_parts_case(rng: random.Random, n: int) -> Case:
+    """A prediction of 10x + 10y + 1, whose two parts are the same size where k = 3 (x = y = 3), not where k = 5."""
     from lib.checker.terms import Q, formula, term
 
-    def case(rng, n):
-        k = rng.choice([3, 5])
-        x, y = Q("x", k, "the first"), Q("y", 4 if k == 5 else 3, "the second")
-        total = term("the x part", 10 * x) + term("the y part", 10 * y) + term("one", 1)
-        return Case(1, (k,), [total.value], f"k={k}", formulas={"": formula(total, "B")})
-    p = Puzzle("diag", "00_test", case, world_sizes=(1, 1, 1), takes_dist=False, rtol=0, atol=0)
+    k = rng.choice([3, 5])
+    x, y = Q("x", k, "the first"), Q("y", 4 if k == 5 else 3, "the second")
+    total = term("the x part", 10 * x) + term("the y part", 10 * y) + term("one", 1)
+    return Case(1, (k,), [total.value], f"k={k}", formulas={"": formula(total, "B")})
 
-    def without_y(k):
-        return 10 * k + 1
-    out = None
+
+def _without_y(k):
+    return 10 * k + 1
+
+
+def _failure_where_the_parts_are_alike(p: Puzzle, fn, capsys) -> str:
     for seed in range(20):       # a seed whose first case draws k = 3 (x = y: the two terms are the same size)
         if p.cases(seed)[0].args[0] == 3 and any(c.args[0] == 5 for c in p.cases(seed)):
-            assert p.check(without_y, strict=False, show=False, seed=seed) is False
-            out = capsys.readouterr().out
-            break
-    assert out is not None
+            assert p.check(fn, strict=False, show=False, seed=seed) is False
+            return capsys.readouterr().out
+    raise AssertionError("no seed draws k = 3 first and k = 5 after")
+
+
+def test_an_equal_sized_term_is_told_apart_by_the_other_cases(capsys):
+    p = Puzzle("diag", "00_test", _two_parts_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=0, atol=0)
+    out = _failure_where_the_parts_are_alike(p, _without_y, capsys)
     assert "30 B short: it is what the formula gives with the y part left out." in out, out
+
+
+def test_a_quantity_left_out_of_a_term_is_followed_to_a_case_where_it_is_nowhere_else():
+    # Where tp is in the activations too, its mistake is said 'tp left out of the model states'; a case whose
+    # activations have no tp (full recomputation) must still give that mistake's number, not have no place for it.
+    from lib.checker.terms import Q, formula, term, value_with
+
+    there = formula(term("the model states", 16 * Q("P", 100, "the parameters") / Q("tp", 2, "the TP degree"))
+                    + term("the activations", 50), "B")
+    assert value_with(there, "tp left out of the model states") == 1650
+    assert value_with(there, "tp left out of the activations") is None
+
+
+def test_a_catalogued_mistake_that_the_other_cases_contradict_gives_way(capsys):
+    # Leaving out the x part gives 31 where k = 3, as the learner's answer does; where k = 5 it gives 41, the learner
+    # 51: the formula's reading, which fits both, is said instead.
+    x_left_out = Mistake(lambda k: 10 * (4 if k == 5 else 3) + 1, "leaving out the x part gives.")
+    p = Puzzle("diag", "00_test", _two_parts_case, world_sizes=(1, 1, 1), takes_dist=False, rtol=0, atol=0,
+               mistakes=[x_left_out])
+    out = _failure_where_the_parts_are_alike(p, _without_y, capsys)
+    assert "the y part left out" in out and "leaving out the x part" not in out, out
+    # Where the other cases bear it out, the mistake is said first, as before.
+    out = _failure_where_the_parts_are_alike(p, x_left_out.fn, capsys)
+    assert "exactly what leaving out the x part gives." in out, out
 
 
 def test_errors_inside_torch_said_in_the_lessons_terms():

@@ -250,13 +250,24 @@ def value_with(f: Formula, said: str) -> Optional[float]:
     singles = mutations(f.expr)
     pairs = (Mutation(f"{a.said}, and {b.said}", {**a.change, **b.change})
              for a, b in itertools.combinations(singles, 2) if not set(a.change) & set(b.change))
-    for m in itertools.chain(singles, pairs):
-        if m.said == said:
-            try:
-                return f.expr.eval(m.change)
-            except (ArithmeticError, ValueError, OverflowError):
-                return None
-    return None
+    found = next((m for m in itertools.chain(singles, pairs) if m.said == said), None) or _left_out_of(f.expr, said)
+    if found is None:
+        return None
+    try:
+        return f.expr.eval(found.change)
+    except (ArithmeticError, ValueError, OverflowError):
+        return None
+
+
+def _left_out_of(expr: Expr, said: str) -> Optional[Mutation]:
+    """'tp left out of the model states' where tp is nowhere else: `mutations` says it 'tp left out (taken as 1)'
+    there, the same mistake, which another case's formula (tp in the activations too) said the first way."""
+    m = re.match(r"^(?P<symbol>\S+) left out of (?P<term>.+)$", said)
+    if not m:
+        return None
+    inside = [n for t in expr.nodes() if isinstance(t, Term) and t.name == m["term"]
+              for n in t.nodes() if isinstance(n, Q) and n.symbol == m["symbol"]]
+    return Mutation(said, {id(n): (lambda v: 1.0) for n in inside}) if inside else None
 
 
 def narrowed(found: list[str], answers: list[tuple[Formula, float]]) -> list[str]:

@@ -72,7 +72,7 @@ def constant_ratio(e: torch.Tensor, g: torch.Tensor, atol: float) -> Optional[fl
     return c
 
 
-Resolve = Callable[[list[Candidate]], list[Candidate]]
+Resolve = Callable[[list[Candidate], bool], list[Candidate]]     # (the candidates, whether the values are too big)
 
 
 def said(c: float, named: dict[str, float], one_value: bool = False,
@@ -85,7 +85,7 @@ def said(c: float, named: dict[str, float], one_value: bool = False,
     size = abs(c) if up else 1 / abs(c) if c else math.inf
     found = matching(size, named) if c > 0 else []
     if len(simplest(found)) > 1 or (len(found) > 1 and resolve is not None):
-        found = (resolve(found) if resolve is not None else None) or found
+        found = (resolve(found, up) if resolve is not None else None) or found
     found = simplest(found)
     if not found:
         if one_value:
@@ -96,8 +96,12 @@ def said(c: float, named: dict[str, float], one_value: bool = False,
     if len(found) > 1:
         names += f" (equal on this case: the factor is one of {' or '.join(c.symbol for c in found)})"
     how = f"{size:g}× what it should be" if up else f"1/{size:g} of what it should be"
-    advice = (f"A sum where a mean belongs: did you divide by {first.symbol}?" if up else
-              f"Divided by {first.symbol} once too often (or averaged what should be summed)?")
+    if " / " in first.symbol:                   # values a/b too big: divided by b where a belongs
+        a, b = first.symbol.split(" / ")
+        advice = f"Divided by {b} where {a} belongs?" if up else f"Divided by {a} where {b} belongs?"
+    else:
+        advice = (f"A sum where a mean belongs: did you divide by {first.symbol}?" if up else
+                  f"Divided by {first.symbol} once too often (or averaged what should be summed)?")
     return f"{how}: off by a factor of {size:g} = {names}", advice
 
 
@@ -133,8 +137,15 @@ def offset_ratio(e: torch.Tensor, g: torch.Tensor, atol: float) -> Optional[floa
     return constant_ratio(rows_e - rows_e.mean(0), rows_g - rows_g.mean(0), atol)
 
 
-def consistent(found: list[Candidate], ratio: float, named: dict[str, float]) -> list[Candidate]:
-    """The candidates (by symbol) that the ratio of another case, with its own quantities, also matches."""
-    size = ratio if ratio > 1 else 1 / ratio
-    there = {c.symbol for c in candidates(named) if math.isclose(size, c.value, rel_tol=CLOSE)}
-    return [c for c in found if c.symbol in there]
+def consistent(found: list[Candidate], ratio: float, named: dict[str, float], up: bool) -> list[Candidate]:
+    """The candidates that the ratio of another case, with its own quantities, also matches, the same way up: where
+    this case's values are m/N times too big, the other's must be m/N times too big with its own m and N, even where
+    that is below 1 there (m < N, where its candidates name N / m)."""
+    there = {}
+    for c in candidates(named):
+        there[c.symbol] = c.value
+        if " / " in c.symbol:
+            a, b = c.symbol.split(" / ")
+            there[f"{b} / {a}"] = 1 / c.value
+    return [c for c in found if c.symbol in there
+            and math.isclose(ratio, there[c.symbol] if up else 1 / there[c.symbol], rel_tol=CLOSE)]
