@@ -11,7 +11,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from lib.real.backends import device_mesh  # noqa: E402
-from lib.errors import PuzzleError  # noqa: E402
+from lib.errors import PuzzleError, RankFailed  # noqa: E402
+from lib.group_as_world import GroupAsWorld  # noqa: E402
 from lib.real.launch import launch  # noqa: E402
 from lib.checker.mesh import AxisBudget, MeshCase, MeshPuzzle  # noqa: E402
 from lib.planner import PUBLISHED_RUNS, Cluster, H100_80GB, Plan, best_plan, check, memory_breakdown, plans  # noqa: E402
@@ -86,6 +87,23 @@ def test_simulated_mesh_refuses_what_torch_refuses(call, words):
 def test_a_mesh_that_does_not_cover_the_world_is_refused():
     with pytest.raises(PuzzleError, match="multiply to the world size"):
         run(lambda dist: device_mesh(dist, (2, 3), ("dp", "tp")), 4)
+
+
+def _mesh_of_six(dist):
+    return device_mesh(dist, (2, 3), ("dp", "tp"))
+
+
+def _mesh_of_four_over_a_pair(dist):
+    return device_mesh(GroupAsWorld(dist, dist.new_group([0, 1]), [0, 1]), (4,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", [_mesh_of_six, _mesh_of_four_over_a_pair])
+def test_a_mesh_that_does_not_cover_the_world_is_refused_in_the_same_words_on_real_processes(fn):
+    # torch's own words were a reshape's ("shape '[4]' is invalid for input of size 2") over a group seen as the world
+    with pytest.raises(RankFailed, match=r"ValueError: rank \d asked for a device mesh of shape .*multiply to the "
+                                         r"world size, 2\."):
+        launch(fn, 2, backend="gloo", timeout=60)
 
 
 def test_ranks_creating_only_their_own_groups_end_with_a_clear_error():

@@ -15,7 +15,7 @@ import torch
 from lib.device import device
 from lib.group_as_world import GroupAsWorld
 from lib.sim.context import current_rank
-from lib.sim.mesh import refuse_answer_key
+from lib.sim.mesh import mesh_shape_problem, refuse_answer_key
 
 
 def to_device(obj: Any, where: Optional[torch.device] = None) -> Any:
@@ -65,6 +65,9 @@ def device_mesh(dist: Any, shape: Optional[tuple[int, ...]] = None, names: Optio
         return SimDeviceMesh(dist, shape, names, "cpu")     # its ranks stand for NCCL, but their tensors are the CPU's
     from torch.distributed.device_mesh import init_device_mesh
 
+    problem = mesh_shape_problem(shape, names, dist.get_world_size(), dist.get_rank())
+    if problem:                         # torch's own words would be a reshape's ("shape '[3, 2]' is invalid ...")
+        raise ValueError(problem)
     if isinstance(dist, GroupAsWorld):       # a mesh over the group's ranks
         return dist.device_mesh(shape, names, mesh_device_type(dist))
     return init_device_mesh(mesh_device_type(dist), shape, mesh_dim_names=names)

@@ -77,6 +77,18 @@ def coordinates(rank: int, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(coords))
 
 
+def mesh_shape_problem(shape: tuple[int, ...], names: Optional[Sequence[str]], world: int, rank: int
+                       ) -> Optional[str]:
+    """Why a device mesh of `shape` (dimensions `names`) cannot be laid over `world` ranks, or None: the words of
+    both worlds, a simulated rank's refusal and a real process's (lib.real.backends.device_mesh)."""
+    if not shape or min(shape) < 1 or _product(shape) != world:
+        return (f"rank {rank} asked for a device mesh of shape {shape}: its sizes must be positive and multiply to "
+                f"the world size, {world}.")
+    if names is not None and (len(names) != len(shape) or len(set(names)) != len(names)):
+        return f"mesh_dim_names {tuple(names)} must name each of the {len(shape)} dimensions of {shape} once."
+    return None
+
+
 class SimDeviceMesh:
     """A device mesh over simulated ranks; use `lib.real.backends.device_mesh(dist, shape, names)` to make one."""
 
@@ -84,12 +96,9 @@ class SimDeviceMesh:
                  device_type: str = "cpu") -> None:
         shape = tuple(int(s) for s in shape)
         world = dist.get_world_size()
-        if not shape or min(shape) < 1 or _product(shape) != world:
-            raise InvalidCall(f"rank {dist.get_rank()} asked for a device mesh of shape {shape}: its sizes must be "
-                              f"positive and multiply to the world size, {world}.")
-        if names is not None and (len(names) != len(shape) or len(set(names)) != len(names)):
-            raise InvalidCall(f"mesh_dim_names {tuple(names)} must name each of the {len(shape)} dimensions of "
-                              f"{shape} once.")
+        problem = mesh_shape_problem(shape, names, world, dist.get_rank())
+        if problem:
+            raise InvalidCall(problem)
         self._dist = dist
         self._full_shape = shape
         self._names = tuple(names) if names is not None else None
