@@ -944,6 +944,10 @@ def _all_to_all_with_splits(dist, mistake):
     out = torch.empty(sum(receives), 2)
     if mistake == "swapped":
         dist.all_to_all_single(out, inp, sends, receives)
+    elif mistake == "output sized like the input":              # the way back's buffer sized as the way there's
+        dist.all_to_all_single(torch.empty(sum(sends), 2), inp, receives, sends)
+    elif mistake == "receives for sends":                       # the receive counts passed as the send counts too
+        dist.all_to_all_single(out, inp, receives, receives)
     else:                                                       # its own rows left out of what it sends
         sent = [0 if r == rank else n for r, n in enumerate(sends)]
         dist.all_to_all_single(torch.empty(sum(sends), 2), inp, sends, sent)
@@ -960,6 +964,21 @@ def test_all_to_all_single_split_lists_swapped_are_named_and_a_wrong_input_list_
         lib.sim.run(_all_to_all_with_splits, 3, "own rows left out")
     assert "the two are swapped" not in str(caught.value), str(caught.value)
     assert "input_split_sizes=[0, 2, 3]" in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("mistake, words", [
+    ("output sized like the input", "and the output has the input's 6 rows: a buffer sized for the other "
+                                    "direction's exchange"),
+    ("receives for sends", "They add up to the output's 12 rows: the other direction's splits"),
+    ("own rows left out", "They add up to 5: size the input from them, or pass the sizes of its rows."),
+])
+def test_split_sizes_that_do_not_fit_their_tensor_are_said_from_what_the_call_holds(mistake, words):
+    """'the other direction's' only where the call's other tensor bears it out."""
+    with pytest.raises(InvalidCall) as caught:
+        lib.sim.run(_all_to_all_with_splits, 3, mistake)
+    message = str(caught.value)
+    assert words in message, message
+    assert message.count("other direction") <= 1, message
 
 
 def _reversed_sends(dist):

@@ -415,8 +415,8 @@ class SimDist(ObjectCollectives):
         n = g.size()
         nth = ordinal(self._rt.ranks[self._rank].calls["all_to_all"] + 1)
         _swapped_splits(self._rank, g.ranks.index(self._rank), nth, inp, output_split_sizes, input_split_sizes)
-        in_splits = self._splits(input_split_sizes, inp, n, "input")
-        out_splits = self._splits(output_split_sizes, out, n, "output")
+        in_splits = self._splits(input_split_sizes, inp, n, "input", out)
+        out_splits = self._splits(output_split_sizes, out, n, "output", inp)
 
         def finish(payloads):
             with self._rt.untracked():
@@ -523,7 +523,9 @@ class SimDist(ObjectCollectives):
                                   f"each must match {describe_tensor(like)}.")
         return list(tensors)
 
-    def _splits(self, sizes, t: torch.Tensor, n: int, which: str) -> list[int]:
+    def _splits(self, sizes, t: torch.Tensor, n: int, which: str, other: torch.Tensor) -> list[int]:
+        """`which`'s split sizes, checked against its rows; `other`, the call's other tensor, tells where a size
+        that does not fit came from (on the way back of an exchange, input and output swap)."""
         rows = t.shape[0] if t.dim() else 0
         if sizes is None:
             if rows % n:
@@ -534,11 +536,16 @@ class SimDist(ObjectCollectives):
         if len(sizes) != n or sum(sizes) != rows or min(sizes) < 0:
             said = (f"rank {self._rank} called all_to_all_single with {which}_split_sizes={sizes}: it needs {n} "
                     f"non-negative sizes adding up to the {which}'s {rows} rows.")
-            if len(sizes) == n and min(sizes) >= 0:
-                said += (f" They add up to {sum(sizes)}: the splits and the {which} belong to different exchanges "
-                         f"(a buffer sized for the other direction's, or the other direction's splits reused: on the "
-                         f"way back the input and output splits swap). Pass this direction's splits, and size the "
-                         f"{which} from them.")
+            others = other.shape[0] if other.dim() else 0
+            if len(sizes) == n and min(sizes) >= 0 and which == "output" and rows == others:
+                said += (f" They add up to {sum(sizes)}, and the output has the input's {rows} rows: a buffer sized "
+                         "for the other direction's exchange (on the way back the input and output swap). Size the "
+                         "output from output_split_sizes.")
+            elif len(sizes) == n and min(sizes) >= 0 and which == "input" and sum(sizes) == others:
+                said += (f" They add up to the output's {others} rows: the other direction's splits (on the way back "
+                         "the input and output splits swap). Pass input_split_sizes for the rows this input holds.")
+            elif len(sizes) == n and min(sizes) >= 0:
+                said += f" They add up to {sum(sizes)}: size the {which} from them, or pass the sizes of its rows."
             raise InvalidCall(said)
         return sizes
 
