@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import lib.sim
-from lib.checker.layer import WentAround, _went_around, counting_dist
+from lib.checker.layer import LayerPuzzle, Upstream, WentAround, _went_around, counting_dist
+from lib.checker.puzzle import Case
+from lib.sim import per_rank
 
 
 def _handed_out(dist):
@@ -47,3 +49,25 @@ def test_a_call_around_the_handed_out_dist_is_caught():
         with pytest.raises(WentAround, match="1 communication call in the forward pass around the dist"):
             _went_around(watch, "forward", dist)
     lib.sim.run(prog, 2)
+
+
+def _doubling_case(rng, world):
+    """y = 2x, whose backward needs nothing saved: a forward may keep no activations at all."""
+    x = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(rng.randrange(2**31)))
+    dy = torch.ones_like(x)
+    up = Upstream(dy, None, (0, "y = 2x keeps nothing for backward"), 2 * x)
+    return Case(world, (per_rank([x.clone().requires_grad_() for _ in range(world)]), per_rank([up] * world)),
+                [{"output": 2 * x, "x.grad": 2 * dy}] * world, "y = 2x")
+
+
+def test_an_output_the_check_accepts_has_its_memory_judged_at_the_puzzles_tolerance(capsys):
+    # Within this puzzle's rtol = 1e-3 but not within 1e-6: the memory used to go unjudged, and the answer passed.
+    p = LayerPuzzle("doubling", "00_test", _doubling_case, arg_names=["x"], world_sizes=(1,), rtol=1e-3, atol=1e-6,
+                    hints=["one"])
+
+    def keeps_an_exp(dist, x):
+        return (2 * x).exp().log() * (1 + 1e-5)
+    assert p.check(keeps_an_exp, strict=False, show=False) is False
+    out = capsys.readouterr().out
+    assert "of activations for backward; the tensor-parallel layer needs at most 0 B" in out, out
+    assert p.check(lambda dist, x: 2 * x, strict=False, show=False) is True

@@ -189,8 +189,9 @@ def _by_world(got: torch.Size, want: torch.Size, dist) -> str:
     return ""
 
 
-def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
-    """Run the learner's forward, then backward from the held-back upstream gradient.
+def forward_backward(fn: Callable, names: Sequence[str], tolerance: tuple[float, float], dist, *args) -> dict:
+    """Run the learner's forward, then backward from the held-back upstream gradient. `tolerance`: the puzzle's
+    (rtol, atol), by which an output is right before its memory is judged.
 
     Returns {"output": ..., "<input>.grad": ...}; raises UnusableOutput for an output backward cannot use,
     CollectivePattern when the collectives of either pass differ from Megatron's (forward's checked first), and
@@ -221,7 +222,8 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     # What forward leaves alive counts too (the output aside): a tensor kept by a closure, as
     # torch.utils.checkpoint keeps its inputs, is memory autograd's saved tensors do not show.
     saved = max(saved, kept - out.nbytes)
-    if upstream.activations is not None and saved > upstream.activations[0] and _right(out, upstream.output):
+    if (upstream.activations is not None and saved > upstream.activations[0]
+            and _right(out, upstream.output, *tolerance)):
         limit, why, *hint = upstream.activations
         hint = hint[0] if hint else ("a rank should keep only its 1/N of the 4h-wide activations, once each: "
                                      "use F.gelu, and gather no hidden units.")
@@ -239,13 +241,14 @@ def forward_backward(fn: Callable, names: Sequence[str], dist, *args) -> dict:
     return result
 
 
-def _right(out: torch.Tensor, expected: Optional[torch.Tensor]) -> bool:
+def _right(out: torch.Tensor, expected: Optional[torch.Tensor], rtol: float, atol: float) -> bool:
     """Whether the layer's output is the right one (True where the case did not say what that is), by the check's own
-    comparison at tolerances no stricter than a layer puzzle's, off the rank's tracker (the check's temporaries)."""
+    comparison at the puzzle's tolerances, off the rank's tracker (the check's temporaries): an output the check will
+    accept has its memory judged, whatever tolerances a layer puzzle sets."""
     if expected is None:
         return True
     with UNTRACKED():
-        return first_difference(expected, out.detach(), rtol=1e-6, atol=1e-9) is None
+        return first_difference(expected, out.detach(), rtol=rtol, atol=atol) is None
 
 
 class LayerPuzzle(Puzzle):
@@ -260,4 +263,4 @@ class LayerPuzzle(Puzzle):
         """Each rank runs the learner's forward, then backward against the kept upstream gradient."""
         if not callable(fn):
             return fn
-        return functools.partial(forward_backward, fn, self.arg_names)
+        return functools.partial(forward_backward, fn, self.arg_names, (self.rtol, self.atol))
