@@ -314,14 +314,16 @@ merge_attention = _attention_puzzle(
 
 # ---- 2. blockwise attention -----------------------------------------------------------------------------
 def _blockwise_case(rng: random.Random, _world: int, causal: Optional[bool] = None,
-                    scale: Optional[float] = None, remainder: bool = False) -> Case:
+                    scale: Optional[float] = None, remainder: bool = False, long: bool = False) -> Case:
     """`remainder`: s is never a multiple of block (elsewhere it is, two times in three), so that every check has a
-    shorter last block: a loop over whole blocks only passed every case of 1 seed in 5."""
-    b, h, d = _shape(rng)
+    shorter last block: a loop over whole blocks only passed every case of 1 seed in 5.
+    `long`: s/block of 16 to 18 at d = 4, block = 6, where a block of queries against every key at once (block × s
+    scores, no key tiles) is over the tiles' budget twice over; at s/block of 4 to 6 it fit in the tiles' room."""
+    b, h, d = _shape(rng, dims=(4,) if long else (4, 8))
     causal = rng.random() < 0.5 if causal is None else causal
     scale = _scale(rng, scale)
-    block = rng.choice([6, 8])
-    whole, extra = rng.randint(4, 6), rng.randint(1, block - 1)
+    block = 6 if long else rng.choice([6, 8])
+    whole, extra = rng.randint(16, 18) if long else rng.randint(4, 6), rng.randint(1, block - 1)
     s = block * whole + (extra if remainder else rng.choice([0, 0, extra]))     # a remainder, sometimes or always
     sk = s if causal else rng.choice([s, s + rng.randint(1, 2 * block)])
     q, k, v = _qkv(rng, b, h, s, sk, d, scale, blocks=sk / block)
@@ -398,7 +400,7 @@ def _blockwise_oracle(q, k, v, block, causal):
 blockwise_attention = _attention_puzzle(
     "blockwise_attention", NOTEBOOK, _blockwise_case, world_sizes=(1, 1, 1, 1), takes_dist=False, outputs=OUT_AND_LSE,
     variants=[{"causal": False, "scale": LARGE}, {"causal": True, "scale": LARGE},
-              {"causal": True, "scale": 1.0, "remainder": True}, {"causal": True, "scale": NEAR}],
+              {"causal": True, "scale": 1.0, "remainder": True, "long": True}, {"causal": True, "scale": NEAR}],
     oracle=lambda _dist, *args: _blockwise_oracle(*args), oracle_name="PyTorch's attention",
     hints=["Loop over blocks of `block` queries; for each, loop over blocks of `block` keys: scores of the tile, "
            "its log-sum-exp, its output exp(scores - lse) @ v, merged into the running (out, lse) with "

@@ -204,6 +204,24 @@ def blockwise_over_query_blocks_only(q, k, v, block, causal=False):
     return out, lse
 
 
+def blockwise_queries_against_earlier_keys_in_place(q, k, v, block, causal=False):
+    """Blocks of queries against every key (causal: every earlier key) at once, the block × s scores updated in
+    place: no key tiles, no merges, no masked keys computed. Found by a red team that read only the notebook
+    (2026-12-08): it passed every seed while s/block was 4 to 6, where block × s fit in the tiles' room."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
+    for i in range(0, q.shape[-2], block):
+        n = min(block, q.shape[-2] - i)
+        keys, values = (k[..., :i + n, :], v[..., :i + n, :]) if causal else (k, v)
+        scores = q[..., i:i + n, :] @ keys.transpose(-1, -2)
+        scores.mul_(scale)
+        if causal:
+            scores.masked_fill_(torch.arange(keys.shape[-2]) > torch.arange(i, i + n).unsqueeze(-1), -math.inf)
+        lse[..., i:i + n] = scores.logsumexp(-1)
+        out[..., i:i + n, :] = scores.sub_(lse[..., i:i + n].unsqueeze(-1)).exp_() @ values
+    return out, lse
+
+
 def zigzag_ignoring_block(dist, q, k, v, block):
     """The reference zigzag with each (query chunk, key chunk) pair attended as one chunk × chunk tile, `block`
     ignored. Passed every seed while every case had short chunks and blocks of about a chunk."""
@@ -287,6 +305,7 @@ CHEATS = [(name, fn, REBUILT if reason == ANSWER_KEY else reason) for name, fn, 
     ("ring_attention_overlap", overlap_computing_each_block_twice, "simulated time"),
     ("ring_attention_overlap", overlap_busy_while_waiting, "simulated time"),
     ("ring_attention", ring_softmax_over_every_score_kept, ("peak memory", "largest tensor")),
+    ("blockwise_attention", blockwise_queries_against_earlier_keys_in_place, "peak memory"),
     ("blockwise_attention", blockwise_over_query_blocks_only, ("peak memory", "FLOPs")),  # a causal case: every key
     ("ring_attention_backward", backward_by_autograd_on_the_gathered_sequence, "largest tensor"),
     ("ring_attention_backward", backward_ignoring_block, ("largest tensor", "`block` keys of the K/V block")),
