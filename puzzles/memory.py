@@ -25,7 +25,7 @@ from lib.checker.measure import allocated, counted_flops, saved_activation_bytes
 from lib.models import Block, GPTConfig, TinyGPT
 from lib.guard.offlimits import MODULE_INIT
 from lib.checker import terms
-from lib.checker.terms import Expr, Q, formula, term
+from lib.checker.terms import Expr, Q, amount, formula, term
 from lib.units import fmt_bytes
 from puzzles import _adam_variants
 from puzzles._offload import host_step_floor
@@ -372,6 +372,10 @@ class CheckpointUnused(PuzzleError):
     """checkpointed_step's blocks each ran twice before the head and never after it: the checkpoints' outputs unused."""
 
 
+class BatchSplit(PuzzleError):
+    """checkpointed_step's blocks ran on pieces of the batch: gradient accumulation, another way to save memory."""
+
+
 def _checkpoint_harness(answer, _dist, model, tokens, targets):
     """The answer, each block's runs counted before the head (model.ln_f) first ran and after: a block run twice
     before it and never after was checkpointed and run plainly too, the plain output carried on (a checkpoint
@@ -380,10 +384,13 @@ def _checkpoint_harness(answer, _dist, model, tokens, targets):
     much is kept."""
     runs = [[0, 0] for _ in model.blocks]                  # [before the head first ran, after] per block
     head = []
+    rows = set()                                           # the batch sizes the blocks ran on
 
     def counting(i: int):
         def hook(module, args):
             runs[i][bool(head) or torch._C._current_graph_task_id() != -1] += 1
+            if args and isinstance(args[0], torch.Tensor) and args[0].dim():
+                rows.add(args[0].shape[0])
         return hook
     handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(model.blocks)]
     handles.append(model.ln_f.register_forward_pre_hook(lambda module, args: head.append(True)))
@@ -392,6 +399,13 @@ def _checkpoint_harness(answer, _dist, model, tokens, targets):
     finally:
         for handle in handles:
             handle.remove()
+    if rows and max(rows) < len(tokens):
+        raise BatchSplit(
+            f"your blocks ran on pieces of the batch, at most {amount(max(rows), 'sequences')} of its {len(tokens)} "
+            "at a time: that is "
+            "gradient accumulation (the next puzzle), which meets this budget only where the batch is large against "
+            "the layers. This puzzle asks for checkpointing: run the whole batch, keep only each block's input, and "
+            "recompute one block's activations at a time in backward.")
     if runs and all(before >= 2 and after == 0 for before, after in runs):
         raise CheckpointUnused(
             f"each of the {len(runs)} blocks ran {'twice' if runs[0][0] == 2 else f'{runs[0][0]} times'} before "

@@ -113,6 +113,18 @@ def accumulation_sample_by_sample(model, tokens, targets, k):
     return S.accumulated_step(model, tokens, targets, len(tokens))
 
 
+def checkpointing_by_accumulation(model, tokens, targets):
+    """No recomputation: the batch one sequence at a time, each loss over the batch's size, gradients accumulated.
+    Found by a red team that read only the notebook (2026-12-08): it met the checkpointing budget on the seeds whose
+    case drew a batch large against the layers (1 and 2 of 0-11)."""
+    for i in range(len(tokens)):
+        (model.loss(tokens[i:i + 1], targets[i:i + 1]) / len(tokens)).backward()
+    return model
+
+
+CHEATS += [("checkpointed_step", checkpointing_by_accumulation, "gradient accumulation")]
+
+
 CHEATS += [("accumulated_step", accumulation_by_checkpointing, ("FLOPs counted", "peak memory")),
            ("accumulated_step", accumulation_sample_by_sample, "largest tensor")]
 
