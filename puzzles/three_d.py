@@ -1065,6 +1065,8 @@ def _best_with(fitting, field: str, value):
 
 WHOLE_BATCH = ("never splitting the replica batch (micro_batch = global_batch // dp)",
                "micro_batch among the divisors of global_batch // dp, not only the whole of it")
+NEVER_FULL = ("leaving full recomputation out (recompute in 'none' and 'selective' only)",
+              "recompute in 'none', 'selective' and 'full' (where activations decide, only 'full' may fit)")
 
 
 def _whole_batch(plan: Plan) -> bool:
@@ -1074,8 +1076,10 @@ def _whole_batch(plan: Plan) -> bool:
 
 def _partial_searches() -> list[tuple[str, Callable[[Plan], bool], str]]:
     """Each search of part of the space: (its name, whether it looks at a plan, what to search instead): the
-    replica batch never split (WHOLE_BATCH), or one field held at its simplest value (PART_OF_THE_SPACE)."""
+    replica batch never split (WHOLE_BATCH), full recomputation never tried (NEVER_FULL), or one field held at its
+    simplest value (PART_OF_THE_SPACE)."""
     return [(WHOLE_BATCH[0], _whole_batch, WHOLE_BATCH[1]),
+            (NEVER_FULL[0], lambda p: p.recompute != "full", NEVER_FULL[1]),
             *((search, lambda p, f=field, v=value: getattr(p, f) == v, instead)
               for field, (value, search, instead) in PART_OF_THE_SPACE.items())]
 
@@ -1117,9 +1121,18 @@ def leaving_out_costs(fitting, field: str) -> bool:
     return simplest is None or simplest.tokens_per_second < (1 - RECOMPUTE_PAYS) * top(fitting).tokens_per_second
 
 
+def _needs(fitting, field: str, value) -> bool:
+    """Whether a search that leaves `value` of `field` out finds a slower plan than the fastest, or none."""
+    from lib.planner.search import top
+
+    kept = [f for f in fitting if getattr(f.plan, field) != value]
+    return not kept or top(kept).tokens_per_second < (1 - RECOMPUTE_PAYS) * top(fitting).tokens_per_second
+
+
 def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = False, batched: bool = False,
                pipelined: bool = False) -> Case:
-    """long: 8K tokens on 8 A100s, where activations decide what fits, and heads that tp = 8 does not divide (a
+    """long: 8K tokens on 8 A100s, where activations decide what fits (drawn again until only full recomputation
+    fits, or is fastest: a search leaving 'full' out passed 2 seeds of 3), and heads that tp = 8 does not divide (a
     search that does not skip what estimate refuses fails there); short: 1K tokens, where HFU and throughput
     disagree; batched: 512 tokens on 8 H100s, where a micro-batch of one is slower than the best; pipelined: 50B to
     80B parameters on 16 or 32 H100s, where the fastest plan is a pipeline. (A search fixing the micro-batch at 1, or
@@ -1160,6 +1173,8 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
         except PlanError:
             continue
         best = top(fitting)
+        if long and not _needs(fitting, "recompute", "full"):     # activations decide: only full recomputation fits
+            continue
         if batched or pipelined:                  # keep the draw where the field left out makes a slower plan
             if leaving_out_costs(fitting, "micro_batch" if batched else "pp"):
                 break
@@ -1190,6 +1205,8 @@ def _plan_escaped(model, cluster, batch: int, error: BaseException) -> Optional[
     raised = getattr(error, "exception", None) or error
     if isinstance(raised, ValueError) and "empty" in str(raised):
         return _kept_nothing(model, cluster, batch)
+    if isinstance(raised, PlanWrong) and str(raised).endswith("got NoneType."):
+        return _kept_nothing(model, cluster, batch, "returned None")
     if type(raised).__name__ != "PlanError":
         return None
     return ("What it means: your search let estimate()'s PlanError out, so one plan this model cannot split ended "
@@ -1197,19 +1214,19 @@ def _plan_escaped(model, cluster, batch: int, error: BaseException) -> Optional[
             "its heads): call estimate inside try/except PlanError, skip that plan and go on to the next.")
 
 
-def _kept_nothing(model, cluster, batch: int) -> Optional[str]:
-    """What a search that found no plan looked at, where plans fit: the part of the space with none that fits."""
+def _kept_nothing(model, cluster, batch: int, how: str = "kept no plan on this case (a max() or min() over "
+                                                          "nothing)") -> Optional[str]:
+    """What a search that found no plan looked at, where plans fit: every part of the space with none that fits."""
     from lib.planner.search import fitting_plans
 
     fitting = fitting_plans(model, cluster, batch, virtual_stages=[1])
     if not fitting:
         return None
     empty = [search for search, looks_at, _ in _partial_searches() if not any(looks_at(f.plan) for f in fitting)]
-    said = (f" None of them is in the part of the space a search {empty[0]} looks at, so such a search finds "
-            "nothing here." if empty else "")
-    return (f"What it means: your search kept no plan on this case (a max() or min() over nothing), where "
-            f"{len(fitting)} plans fit.{said} Search the whole space the hints list, and keep every plan whose "
-            "estimate fits.")
+    said = (f" None of them is in the part of the space a search {', or a search '.join(empty)} looks at, so such "
+            "a search finds nothing here." if empty else "")
+    return (f"What it means: your search {how}, where {len(fitting)} plans fit.{said} Search the whole space the "
+            "hints list, and keep every plan whose estimate fits.")
 
 
 choose_plan = Puzzle(

@@ -408,6 +408,19 @@ def plan_recomputing_all_or_nothing(model, cluster, global_batch):
     return _fastest(_plans(model, cluster, global_batch, recomputes=("none", "full")))
 
 
+def plan_never_recomputing_everything(model, cluster, global_batch):
+    """recompute in ('none', 'selective'): full recomputation, the slowest, taken as never worth it. Where only full
+    recomputation fits (8K tokens on A100s), the search keeps nothing (found by a red team, 2026-12-08: it passed 2
+    seeds of 3)."""
+    return _fastest(_plans(model, cluster, global_batch, recomputes=("none", "selective")))
+
+
+def plan_never_recomputing_everything_or_none(model, cluster, global_batch):
+    """The same search, returning None where nothing it looked at fits, instead of max() of nothing."""
+    fits = [(p, e) for p, e in _plans(model, cluster, global_batch, recomputes=("none", "selective")) if e.fits]
+    return max(fits, key=lambda pe: pe[1].tokens_per_second)[0] if fits else None
+
+
 # The words of each message that would name the mistake; named_yet=False where today's message does not (the
 # report of issue 31 lists what each needs).
 MISTAKES = [
@@ -453,4 +466,6 @@ MISTAKES = [
     Attempt("choose_plan", plan_fastest_fitting_or_not, "Keep only the plans whose estimate fits"),
     Attempt("choose_plan", plan_least_memory, "a faster plan"),
     Attempt("choose_plan", plan_recomputing_all_or_nothing, "recompute='selective'"),
+    Attempt("choose_plan", plan_never_recomputing_everything, "leaving full recomputation out"),
+    Attempt("choose_plan", plan_never_recomputing_everything_or_none, "leaving full recomputation out"),
 ]
