@@ -373,7 +373,39 @@ class CheckpointUnused(PuzzleError):
 
 
 class BatchSplit(PuzzleError):
-    """checkpointed_step's blocks ran on pieces of the batch: gradient accumulation, another way to save memory."""
+    """The blocks ran on another part of the batch than the puzzle's technique asks: pieces of it where
+    checkpointing runs the whole batch, the whole of it where accumulation runs micro-batches."""
+
+
+class _BlockRuns:
+    """What the model's blocks did while the answer ran: each block's runs before the head (model.ln_f) first ran and
+    after it, and the (sequences, tokens) of the inputs the blocks ran on."""
+
+    def __init__(self, model) -> None:
+        self.runs = [[0, 0] for _ in model.blocks]          # [before the head first ran, after] per block
+        self.shapes: set[tuple[int, ...]] = set()
+        head = []
+
+        def counting(i: int):
+            def hook(module, args):
+                self.runs[i][bool(head) or torch._C._current_graph_task_id() != -1] += 1
+                if args and isinstance(args[0], torch.Tensor) and args[0].dim():
+                    self.shapes.add(tuple(args[0].shape[:2]))
+            return hook
+        self._handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(model.blocks)]
+        self._handles.append(model.ln_f.register_forward_pre_hook(lambda module, args: head.append(True)))
+
+    @property
+    def rows(self) -> set[int]:
+        """The batch sizes (sequences) the blocks ran on."""
+        return {shape[0] for shape in self.shapes}
+
+    def __enter__(self) -> "_BlockRuns":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 def _checkpoint_harness(answer, _dist, model, tokens, targets):
@@ -381,31 +413,16 @@ def _checkpoint_harness(answer, _dist, model, tokens, targets):
     before it and never after was checkpointed and run plainly too, the plain output carried on (a checkpoint
     recomputes only where its output reaches the loss, so after the head). Recomputation by hand (autograd.grad or
     backward(grad) block by block) also runs after the head. Said as that, where the peak alone would say only how
-    much is kept."""
-    runs = [[0, 0] for _ in model.blocks]                  # [before the head first ran, after] per block
-    head = []
-    rows = set()                                           # the batch sizes the blocks ran on
-
-    def counting(i: int):
-        def hook(module, args):
-            runs[i][bool(head) or torch._C._current_graph_task_id() != -1] += 1
-            if args and isinstance(args[0], torch.Tensor) and args[0].dim():
-                rows.add(args[0].shape[0])
-        return hook
-    handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(model.blocks)]
-    handles.append(model.ln_f.register_forward_pre_hook(lambda module, args: head.append(True)))
-    try:
+    much is kept; and blocks run on pieces of the batch, said as the accumulation they are."""
+    with _BlockRuns(model) as blocks:
         result = answer(model, tokens, targets)
-    finally:
-        for handle in handles:
-            handle.remove()
-    if rows and max(rows) < len(tokens):
+    if blocks.rows and max(blocks.rows) < len(tokens):
         raise BatchSplit(
-            f"your blocks ran on pieces of the batch, at most {amount(max(rows), 'sequences')} of its {len(tokens)} "
-            "at a time: that is "
-            "gradient accumulation (the next puzzle), which meets this budget only where the batch is large against "
-            "the layers. This puzzle asks for checkpointing: run the whole batch, keep only each block's input, and "
-            "recompute one block's activations at a time in backward.")
+            f"your blocks ran on pieces of the batch, at most {amount(max(blocks.rows), 'sequences')} of its "
+            f"{len(tokens)} at a time: that is gradient accumulation (the next puzzle), which meets this budget only "
+            "where the batch is large against the layers. This puzzle asks for checkpointing: run the whole batch, "
+            "keep only each block's input, and recompute one block's activations at a time in backward.")
+    runs = blocks.runs
     if runs and all(before >= 2 and after == 0 for before, after in runs):
         raise CheckpointUnused(
             f"each of the {len(runs)} blocks ran {'twice' if runs[0][0] == 2 else f'{runs[0][0]} times'} before "
@@ -414,6 +431,21 @@ def _checkpoint_harness(answer, _dist, model, tokens, targets):
             "without checkpointing); a checkpoint whose output is not used is never recomputed. Carry the "
             "checkpoint's output on, x = checkpoint(block, x, use_reentrant=False), and let nothing else run the "
             "blocks.")
+    return result
+
+
+def _accumulation_harness(answer, _dist, model, tokens, targets, k):
+    """The answer, the inputs its blocks ran on read: the whole batch (every sequence, every token) in a block is no
+    accumulation, whatever else (checkpointing, offloading) kept its memory down; said as that, where the budgets
+    would say only how much."""
+    with _BlockRuns(model) as blocks:
+        result = answer(model, tokens, targets, k)
+    if tuple(tokens.shape[:2]) in blocks.shapes:
+        raise BatchSplit(
+            f"your blocks ran on the whole batch of {len(tokens)} sequences at once: that is no gradient "
+            f"accumulation, whatever else kept the memory down (checkpointing the whole batch computes its forward "
+            f"twice). Run forward and backward on k = {k} micro-batches of {len(tokens) // k} sequences, one after "
+            "the other, the gradients adding up in p.grad.")
     return result
 
 
@@ -520,7 +552,7 @@ def _accumulation_work(cfg: GPTConfig, model, tokens, targets, k: int) -> list[B
 
 accumulated_step = Puzzle(
     "accumulated_step", NOTEBOOK, _accumulation_case, world_sizes=ONE_DEVICE, takes_dist=False,
-    rtol=1e-10, atol=1e-12,
+    harness=_accumulation_harness, rtol=1e-10, atol=1e-12,
     hints=["Split tokens and targets into k micro-batches (tensor.chunk(k)); forward and backward each in turn. "
            "backward() adds into p.grad, so the gradients accumulate by themselves.",
            "The loss is a mean over the batch: the mean over the whole batch is the average of the k micro-batch "

@@ -91,7 +91,7 @@ CHEATS = [c for c in everywhere(P) if c[0] in TRAINING] + [
     ("checkpointed_step", checkpoint_every_other_block, "peak memory"),
     ("checkpointed_step", _on_the_host(S.checkpointed_step), "peak host memory"),
     ("accumulated_step", _on_the_host(S.accumulated_step), "peak host memory"),
-    ("accumulated_step", under_identity_hooks(plain_accumulation), "peak memory"),
+    ("accumulated_step", under_identity_hooks(plain_accumulation), "whole batch of"),
     ("offloaded_adam_train", adam_with_the_model_on_the_host, "FLOPs computed in host memory"),
     ("training_state_bytes", training_state_by_a_copy_of_the_formula,
      "this puzzle puts lib.analytic.formulas (state_bytes)"),
@@ -125,7 +125,7 @@ def checkpointing_by_accumulation(model, tokens, targets):
 CHEATS += [("checkpointed_step", checkpointing_by_accumulation, "gradient accumulation")]
 
 
-CHEATS += [("accumulated_step", accumulation_by_checkpointing, ("FLOPs counted", "peak memory")),
+CHEATS += [("accumulated_step", accumulation_by_checkpointing, "that is no gradient accumulation"),
            ("accumulated_step", accumulation_sample_by_sample, "largest tensor")]
 
 

@@ -196,7 +196,7 @@ WRONG = [
     ("checkpointed_step", checkpoint_in_python_floats, "peak memory"),
     ("checkpointed_step", checkpoint_through_raw_addresses, "Tensor.data_ptr()"),
     ("accumulated_step", accumulation_without_dividing, "the result", "= k, the number of micro-batches"),
-    ("accumulated_step", accumulation_of_the_whole_batch, "peak memory"),
+    ("accumulated_step", accumulation_of_the_whole_batch, "whole batch of"),
     ("offloaded_adam_train", offload_that_keeps_adam_on_the_device, "peak memory"),
     ("offloaded_adam_train", offload_that_moves_the_model, "one in device memory"),
     ("offloaded_adam_train", offload_that_trains_on_the_host, "FLOPs computed in host memory"),
