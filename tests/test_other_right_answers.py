@@ -31,6 +31,7 @@ from solutions.moe import moe_layer
 from solutions.three_d import train_3d
 from solutions.zero import zero_offload_train
 from solutions.ring_attention import blockwise_attention, merge_attention, ring_attention_overlap
+from tests.attempts.nb08_ring_attention import blockwise_attention_keys_outer
 from tests.cheats.ring_attention import _pass_right
 from tests.wrong.three_d import DPAverageReplaced
 
@@ -663,6 +664,7 @@ RIGHT = [(puzzles.memory.offloaded_adam_train, answer) for answer in (
     [(puzzles.ring_attention.ring_attention, answer) for answer in (
         ring_key_blocks_only, ring_even_odd, ring_head_by_head, ring_attention_overlap)] + \
     [(puzzles.ring_attention.ulysses_attention, answer) for answer in (ulysses_stacked, ulysses_stacked_freeing)] + \
+    [(puzzles.ring_attention.blockwise_attention, blockwise_attention_keys_outer)] + \
     [(puzzles.moe.moe_layer, moe_layer_by_list_all_to_all),
      (puzzles.moe.smallest_capacity, capacity_truncating_the_budget),
      (puzzles.three_d.train_3d, train_3d_one_flat_all_reduce),
