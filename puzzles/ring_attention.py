@@ -963,7 +963,9 @@ def _backward_case(rng: random.Random, n: int, scale: Optional[float] = None) ->
                               f"N-1 = {n - 1} K/V blocks forward and N = {n} dK/dV blocks, each 2 × "
                               f"{fmt_bytes(size)}",
                               hint="dK and dV of a block travel with it; one more step brings them home."),
-                       hint="K/V blocks and their dK/dV reach the other ranks through dist only, around the ring.")
+                       hint="the ring moves exactly this: each step a K/V block with its dK/dV to the right "
+                            "neighbour, and one more step brings dK/dV home. Fewer bytes is another schedule than "
+                            "the ring's (dK/dV sent home apart from their block), or data that went around dist.")
     fixed = b * h * ITEM * chunk * (BACKWARD_CHUNKS * d + 2)
     tiles = b * h * ITEM * BACKWARD_TILES * chunk * block
     memory = Budget("peak_memory", fixed + tiles,

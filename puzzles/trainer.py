@@ -289,7 +289,9 @@ def _hsdp_case(rng: random.Random, world: int, per_node: Optional[int] = None) -
         AxisBudget("replicate", bus_factor("all_reduce", nodes) * shard,
                    f"one all-reduce across {nodes} nodes of this rank's shard ({fmt_bytes(shard)}, 1/s of the "
                    f"padded gradient), 2(n-1)/n of it",
-                   hint="reduce-scatter inside the node first: across nodes only the shard travels.")]
+                   hint="across nodes only the shard travels, reduce-scattered inside the node first, then "
+                        "all-reduced once over the replicate group: a ring all-reduce moves 2(n-1)/n of it, where "
+                        "passing the whole shard around the n nodes moves n-1 shards.")]
     return MeshCase(world, (per_rank(grads), nodes), expected,
                     f"{nodes} nodes × {s} ranks, {len(shapes)} gradients of {fmt_bytes(whole)} on each rank",
                     axes=axes, axis_budgets=budgets, factors={"n, the nodes": nodes, "s, the ranks per node": s},
