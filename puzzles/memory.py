@@ -66,9 +66,11 @@ DERIVE = {"building a module": MODULE_INIT, "lib.analytic.formulas": "lib.analyt
           "lib.viz.memory": "lib.viz.memory",
           # a prediction measured on a block written in torch ops: autograd's saved tensors counted by a hook
           "saved-tensor hooks (measuring what autograd keeps)": "torch.autograd.graph",
-          # a prediction measured as the memory a run of the block allocates
-          "torch's profiler (measuring what a run allocates)": "torch.profiler",
-          "torch's autograd profiler (measuring what a run allocates)": "torch.autograd.profiler"}
+          # a prediction measured as the memory a run of the block allocates: the profilers' profile classes, not
+          # their modules, which also hold record_function (torch.optim's step enters it on every call, and in torch
+          # 2.13 it calls into torch.profiler)
+          "torch's profiler (measuring what a run allocates)": torch.profiler.profile.__init__,
+          "torch's autograd profiler (measuring what a run allocates)": torch.autograd.profiler.profile.__init__}
 DERIVE_ADVICE = "derive it from the configuration (and from lib/models.py, read, not run)"
 PREDICTION = dict(world_sizes=ONE_DEVICE, takes_dist=False, off_limits=DERIVE, off_limits_advice=DERIVE_ADVICE,
                   real_cell=False)

@@ -115,6 +115,21 @@ def test_a_derived_answer_passes_and_the_library_works_again_afterwards(capsys):
     assert by_building(GPTConfig()) > 0 and lib.analytic.formulas.model_state_bytes(1) == 16
 
 
+def test_a_prediction_stepping_a_torch_optimizer_is_not_refused_as_a_profiler(capsys):
+    # torch.optim's step enters torch.autograd.profiler.record_function, which in torch 2.13 calls into
+    # torch.profiler: the profilers are refused by their profile classes, not by their modules.
+    import puzzles.memory
+    from solutions.memory import training_state_bytes
+
+    def derived_beside_an_adam_step(config):
+        p = torch.nn.Parameter(torch.zeros(3))
+        p.grad = torch.ones(3)
+        torch.optim.Adam([p]).step()
+        return training_state_bytes(config)
+    assert puzzles.memory.training_state_bytes.check(derived_beside_an_adam_step, strict=False, show=False), \
+        capsys.readouterr().out
+
+
 def test_watching_a_function_by_code_and_a_module_by_name():
     with pytest.raises(OffLimits, match=r"lib.analytic.formulas \(model_state_bytes\)"):
         with watching({"lib.analytic.formulas": "lib.analytic.formulas"}, ADVICE):
