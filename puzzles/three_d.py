@@ -1055,12 +1055,13 @@ PART_OF_THE_SPACE = {
 }
 
 
-def _best_with(fitting, field: str, value):
-    """The fastest of the fitting plans whose `field` is `value`, or None."""
+def _part_costs(fitting, looks_at: Callable[[Plan], bool], margin: float = 0.0) -> bool:
+    """Whether a search that looks only at the plans `looks_at` keeps finds none that fits, or only plans slower than
+    the fastest by more than `margin` (relatively)."""
     from lib.planner.search import top
 
-    kept = [f for f in fitting if getattr(f.plan, field) == value]
-    return top(kept) if kept else None
+    kept = [f for f in fitting if looks_at(f.plan)]
+    return not kept or top(kept).tokens_per_second < (1 - margin) * top(fitting).tokens_per_second
 
 
 WHOLE_BATCH = ("never splitting the replica batch (micro_batch = global_batch // dp)",
@@ -1074,12 +1075,16 @@ def _whole_batch(plan: Plan) -> bool:
     return plan.micro_batch == plan.global_batch // plan.dp
 
 
+def _never_full(plan: Plan) -> bool:
+    return plan.recompute != "full"
+
+
 def _partial_searches() -> list[tuple[str, Callable[[Plan], bool], str]]:
     """Each search of part of the space: (its name, whether it looks at a plan, what to search instead): the
     replica batch never split (WHOLE_BATCH), full recomputation never tried (NEVER_FULL), or one field held at its
     simplest value (PART_OF_THE_SPACE)."""
     return [(WHOLE_BATCH[0], _whole_batch, WHOLE_BATCH[1]),
-            (NEVER_FULL[0], lambda p: p.recompute != "full", NEVER_FULL[1]),
+            (NEVER_FULL[0], _never_full, NEVER_FULL[1]),
             *((search, lambda p, f=field, v=value: getattr(p, f) == v, instead)
               for field, (value, search, instead) in PART_OF_THE_SPACE.items())]
 
@@ -1115,18 +1120,7 @@ PIPELINED_DRAWS = (
 def leaving_out_costs(fitting, field: str) -> bool:
     """Whether, among the plans that fit, the best with `field` at its simplest value (PART_OF_THE_SPACE) is slower
     than the best, or there is none."""
-    from lib.planner.search import top
-
-    simplest = _best_with(fitting, field, PART_OF_THE_SPACE[field][0])
-    return simplest is None or simplest.tokens_per_second < (1 - RECOMPUTE_PAYS) * top(fitting).tokens_per_second
-
-
-def _needs(fitting, field: str, value) -> bool:
-    """Whether a search that leaves `value` of `field` out finds a slower plan than the fastest, or none."""
-    from lib.planner.search import top
-
-    kept = [f for f in fitting if getattr(f.plan, field) != value]
-    return not kept or top(kept).tokens_per_second < (1 - RECOMPUTE_PAYS) * top(fitting).tokens_per_second
+    return _part_costs(fitting, lambda p: getattr(p, field) == PART_OF_THE_SPACE[field][0], RECOMPUTE_PAYS)
 
 
 def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = False, batched: bool = False,
@@ -1173,7 +1167,7 @@ def _plan_case(rng: random.Random, n: int, long: bool = False, short: bool = Fal
         except PlanError:
             continue
         best = top(fitting)
-        if long and not _needs(fitting, "recompute", "full"):     # activations decide: only full recomputation fits
+        if long and not _part_costs(fitting, _never_full, RECOMPUTE_PAYS):    # activations decide: 'full' must fit
             continue
         if batched or pipelined:                  # keep the draw where the field left out makes a slower plan
             if leaving_out_costs(fitting, "micro_batch" if batched else "pp"):
