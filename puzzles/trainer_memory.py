@@ -121,6 +121,13 @@ def held_activations(memory: list, marks: list) -> list[tuple[int, int, int, int
     return out
 
 
+def leftover_room(padded: list[float], last: float) -> float:
+    """The room for a loop's leftovers: LEFTOVER copies of the parameter the loop ended on, `last` (the buffer read
+    from the run) or else the stage's last parameter, of `padded` bytes each. One parameter: never more than the
+    stage's largest, so a flat buffer of every parameter gathered last does not widen the room to the whole stage."""
+    return LEFTOVER * max(padded[-1], min(max(padded), last))
+
+
 def _last_buffer(trace: list, rank: int, time: float, parts: C.Parts) -> float:
     """The whole (padded) buffer of `rank`'s last all-gather or reduce-scatter over DP that ended by `time`, in
     bytes (each sends (dp-1)/dp of it); 0 where none did."""
@@ -185,9 +192,9 @@ def memory_problem(result, parts: C.Parts, shards: list, plan_memory: Optional[C
         if parts.zero:
             start = next(m for m in marks if m.what == "start")
             budget, by_state = kept_budget(plan_memory, parts, params)
-            stage_last = FLOAT64 * math.ceil(list(shards[rank].parameters())[-1].numel() / parts.dp) * parts.dp
+            padded = [FLOAT64 * math.ceil(p.numel() / parts.dp) * parts.dp for p in shards[rank].parameters()]
             over = [(_live(memory, m.index) - _live(memory, start.index),
-                     LEFTOVER * max(stage_last, _last_buffer(result.trace, rank, memory[m.index - 1][0], parts)))
+                     leftover_room(padded, _last_buffer(result.trace, rank, memory[m.index - 1][0], parts)))
                     for m in marks if m.what == "step"]
             kept, leftover = max(over, key=lambda kl: kl[0] - kl[1])
             if kept > budget * (1 + PLAN_RTOL) + leftover:

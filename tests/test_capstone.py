@@ -453,3 +453,12 @@ def test_hsdp_needs_hsdp_gradients_instead_of_the_ring_and_is_validated_when_cho
     for bad in ({"dp": 4, "hsdp_nodes": 3}, {"dp": 4, "hsdp_nodes": 1}, {"dp": 4, "hsdp_nodes": 2, "zero": 2}):
         with pytest.raises(ValueError, match=r"Parts\(dp=4, hsdp_nodes="):
             C.Parts(**bad)
+
+
+def test_the_room_for_a_loops_leftovers_is_one_parameter_at_most_the_stages_largest():
+    from puzzles.trainer_memory import LEFTOVER, leftover_room
+
+    padded = [800.0, 64.0, 320.0, 32.0]          # bytes of each padded parameter, the stage's last one 32
+    assert leftover_room(padded, 0.0) == LEFTOVER * 32          # no all-gather or reduce-scatter read: the last one
+    assert leftover_room(padded, 320.0) == LEFTOVER * 320       # the loop ended on another parameter
+    assert leftover_room(padded, 1216.0) == LEFTOVER * 800      # one flat buffer of all: the largest, not the stage
