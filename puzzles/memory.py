@@ -509,8 +509,13 @@ def _pieces_counted(weights: torch.Tensor, batch: int, k: int) -> Optional[str]:
         return None                   # a factor of its own (a loss divided twice): lib.diagnose names it
     text = (f"every sample counts {w:.4g}× where it should count once: the gradients of {pieces} micro-batch"
             f"{'es' if pieces > 1 else ''}, each loss divided by k = {k}, where k micro-batches belong")
-    return (f"{text}: tensor.split(k) cuts pieces of k = {k} rows ({pieces} of them from a batch of {batch}); "
+    said = (f"{text}: tensor.split(k) cuts pieces of k = {k} rows ({pieces} of them from a batch of {batch}); "
             "tensor.chunk(k) cuts k pieces.")
+    if math.isclose(w, k / batch, rel_tol=1e-6):      # batch = k²/pieces: the gradients alone cannot tell them apart
+        said += (f" The same weights come of k = {k} micro-batches whose losses were divided by the batch's {batch} "
+                 f"samples where k belongs (a micro-batch's loss is already a mean over its {batch // k}): on this "
+                 "case the gradients cannot tell the two apart.")
+    return said
 
 
 def _accumulation_case(rng: random.Random, _world: int) -> Case:

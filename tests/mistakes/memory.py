@@ -224,6 +224,13 @@ def accumulation_over_the_sequence(model, tokens, targets, k):
     return model
 
 
+def accumulation_loss_over_the_batch(model, tokens, targets, k):
+    """Micro-batches by chunk(k), each loss divided by the batch's size, len(tokens), "to average over the batch"."""
+    for micro_tokens, micro_targets in zip(tokens.chunk(k), targets.chunk(k)):
+        (model.loss(micro_tokens, micro_targets) / len(tokens)).backward()
+    return model
+
+
 def accumulation_over_split_pieces(model, tokens, targets, k):
     """Pieces of tokens.split(k), each loss backward as it is, the accumulated gradients divided by k at the end."""
     for micro_tokens, micro_targets in zip(tokens.split(k), targets.split(k)):
@@ -402,6 +409,8 @@ MISTAKES = [
     Attempt("accumulated_step", accumulation_of_the_losses, named="peak memory"),
     Attempt("accumulated_step", accumulation_over_the_sequence, named="along the sequence"),
     Attempt("accumulated_step", accumulation_over_split_pieces, named="tensor.split(k) cuts pieces of k"),
+    Attempt("accumulated_step", accumulation_loss_over_the_batch, named=("divided by the batch's",
+                                                                        "k, the number of micro-batches")),
     Attempt("accumulated_step", accumulation_cleaning_up, named=NO_GRADIENT),
     Attempt("offloaded_adam_train", offload_without_bias_correction, named="without their bias corrections"),
     Attempt("offloaded_adam_train", offload_momentum_uncorrected, named="m used without its bias correction"),
